@@ -1,0 +1,196 @@
+"""CPU-only compatibility patches for megatron-core (gloo, no CUDA).
+
+This is the ONE place where the trainer side bends megatron-core to run without a GPU, for
+development and CI.  `apply_cpu_patches()` is a no-op when CUDA is available, so GPU clusters
+run megatron-core unpatched.  Each patch says what breaks without it; each was shown necessary
+(verified on megatron-core 0.13.1 - 0.16.1, see ../shared/reference/README.md).
+
+Import this module BEFORE megatron.core (it also guards an sglang import side effect).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+
+import torch
+
+_CPU = not torch.cuda.is_available()
+
+# sglang depends on sgl-flash-mla, whose flash_mla/__init__ dlopens a CUDA .so and raises OSError
+# (libcuda.so.1 missing) on a GPU-less machine.  megatron/core/transformer/attention.py only catches
+# ImportError around `import flash_mla`, so without this 11 megatron.core modules (GPT layer specs,
+# attention) fail to import.  A None entry makes `import flash_mla` raise ImportError instead.
+if _CPU:
+    sys.modules.setdefault("flash_mla", None)
+
+_APPLIED = False
+
+
+class CpuRNGStatesTracker:
+    """Drop-in for megatron's CudaRNGStatesTracker that forks the CPU generator state.
+
+    Without it `model_parallel_cuda_manual_seed` asserts on CUDA, and attention dropout forks the
+    tracker even at p=0.
+    """
+
+    def __init__(self, *args, **kwargs):
+        self.reset()
+
+    def is_initialized(self) -> bool:
+        return self._is_initialized
+
+    def reset(self) -> None:
+        self._is_initialized = False
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+
+    def get_states(self) -> dict:
+        return dict(self.states_)
+
+    def set_states(self, states: dict) -> None:
+        self._is_initialized = True
+        self.states_ = dict(states)
+
+    def add(self, name: str, seed: int) -> None:
+        self._is_initialized = True
+        if seed in self.seeds_:
+            raise Exception(f"seed {seed} already exists")
+        if name in self.states_:
+            raise Exception(f"rng state {name} already exists")
+        self.seeds_.add(seed)
+        orig = torch.get_rng_state()
+        torch.manual_seed(seed)
+        self.states_[name] = torch.get_rng_state()
+        torch.set_rng_state(orig)
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng"):
+        if name not in self.states_:
+            raise Exception(f"rng state {name} is not added")
+        orig = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+
+def _install_cpu_rng_tracker() -> None:
+    import megatron.core.tensor_parallel.random as mrandom
+
+    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    # Activation recomputation saves/restores the "cuda" RNG state through these two helpers.
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda new_state, *a, **k: torch.set_rng_state(new_state)
+
+
+def model_parallel_cpu_manual_seed(seed: int) -> None:
+    """CPU analogue of `megatron.core.tensor_parallel.model_parallel_cuda_manual_seed`.
+
+    Seeds the default generator with `seed` and adds the data-parallel, model-parallel
+    (seed + 2718 + tp_rank) and expert-parallel trackers exactly as megatron does on GPU.
+    """
+    from megatron.core import parallel_state as ps
+    import megatron.core.tensor_parallel.random as mrandom
+
+    _install_cpu_rng_tracker()
+    tracker = mrandom._CUDA_RNG_STATE_TRACKER
+    tracker.reset()
+    torch.manual_seed(seed)
+    tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
+    tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + ps.get_tensor_model_parallel_rank())
+    tracker.add(
+        mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME,
+        seed + 1024 + 100 * ps.get_expert_model_parallel_rank() + ps.get_expert_tensor_parallel_rank(),
+    )
+
+
+def _is_cuda_device(d) -> bool:
+    if isinstance(d, str):
+        return d.startswith("cuda")
+    if isinstance(d, torch.device):
+        return d.type == "cuda"
+    return isinstance(d, int) and not isinstance(d, bool)
+
+
+_FACTORIES = ["tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint",
+              "zeros_like", "ones_like", "empty_like", "full_like", "linspace", "eye", "empty_strided"]
+
+
+def _patch_cuda_literals() -> None:
+    """Map hard-coded device='cuda' / .cuda() / .to('cuda') onto the CPU.
+
+    megatron-core allocates with device='cuda' literals in optimizer.py, clip_grads.py,
+    grad_scaler.py, pipeline_parallel/schedules.py (token counts), tensor_parallel/data.py,
+    language_module.py (tied embeddings under PP) and transformer/utils.py; without this they
+    raise "Found no NVIDIA driver".
+    """
+    for name in _FACTORIES:
+        orig = getattr(torch, name)
+
+        def make(orig):
+            @functools.wraps(orig)
+            def factory(*a, **k):
+                if "device" in k and _is_cuda_device(k["device"]):
+                    k["device"] = "cpu"
+                return orig(*a, **k)
+
+            return factory
+
+        setattr(torch, name, make(orig))
+    torch.Tensor.cuda = lambda self, *a, **k: self
+    orig_to = torch.Tensor.to
+
+    def to(self, *a, **k):
+        if a and _is_cuda_device(a[0]):
+            a = ("cpu",) + a[1:]
+        if "device" in k and _is_cuda_device(k["device"]):
+            k["device"] = "cpu"
+        return orig_to(self, *a, **k)
+
+    torch.Tensor.to = to
+
+
+def _patch_tensor_type() -> None:
+    """Report CPU float tensors under their CUDA type names.
+
+    megatron's optimizers and clip_grads dispatch on `param.type() == 'torch.cuda.FloatTensor'`
+    (optimizer.py, distrib_optimizer.py, clip_grads.py) and reject CPU tensors otherwise.
+    """
+    orig_type = torch.Tensor.type
+    names = {"torch.FloatTensor", "torch.HalfTensor", "torch.BFloat16Tensor"}
+
+    def type_(self, dtype=None, non_blocking=False, **kw):
+        if dtype is None and not kw:
+            t = orig_type(self)
+            return "torch.cuda." + t[len("torch."):] if t in names else t
+        return orig_type(self, dtype, non_blocking, **kw)
+
+    torch.Tensor.type = type_
+
+
+def apply_cpu_patches() -> bool:
+    """Apply every CPU patch once; returns True if patches are active (no CUDA), else False."""
+    global _APPLIED
+    if not _CPU:
+        return False
+    if _APPLIED:
+        return True
+    _APPLIED = True
+    _install_cpu_rng_tracker()
+    # GlobalMemoryBuffer, tensor-parallel gathers, DDP grad buffers and p2p allocate on
+    # torch.cuda.current_device() (~57 files); "cpu" is a valid device argument for all of them.
+    torch.cuda.current_device = lambda: "cpu"
+    # Pipeline p2p, dist_checkpointing save and SGLang's release_memory_occupation call
+    # torch.cuda.synchronize(), which raises without a driver; CPU ops are synchronous already.
+    torch.cuda.synchronize = lambda *a, **k: None
+    _patch_cuda_literals()
+    _patch_tensor_type()
+    return True
+
+
+def cpu_patches_active() -> bool:
+    return _APPLIED

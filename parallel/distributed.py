@@ -1,0 +1,171 @@
+"""Distributed state: torch.distributed from torchrun or Slurm, megatron model parallelism, seeding.
+
+Typical use on every rank::
+
+    from parallel.distributed import init_distributed, init_model_parallel, set_seed
+    init_distributed()                 # NCCL on GPU, gloo on CPU
+    init_model_parallel(tp=2, pp=2)    # megatron-core parallel_state
+    set_seed(1234)                     # per-rank seeding, megatron RNG trackers
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import re
+import socket
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from parallel import cpu_patches  # noqa: F401  (must precede megatron.core imports)
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """Where this process sits in the job: global rank, world size, local rank, rendezvous."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun", "slurm" or "single"
+
+
+def expand_slurm_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm node list such as ``"gpu-[01-03,07],cpu1"`` into host names.
+
+    Pure python (no `scontrol`), handles zero padding and several bracket groups per list.
+    Raises ValueError on an unbalanced bracket.
+    """
+    hosts: list[str] = []
+    # split on commas that are not inside brackets
+    parts, depth, cur = [], 0, ""
+    for ch in nodelist:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in SLURM node list {nodelist!r}")
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth != 0:
+        raise ValueError(f"unbalanced '[' in SLURM node list {nodelist!r}")
+    parts.append(cur)
+    for part in filter(None, parts):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
+        if not m:
+            hosts.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            if "-" in r:
+                lo, hi = r.split("-")
+                width = len(lo)
+                hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
+            else:
+                hosts.append(f"{prefix}{r}{suffix}")
+    return hosts
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
+    """Read rank/world size from torchrun (RANK, WORLD_SIZE, LOCAL_RANK) or Slurm (SLURM_PROCID,
+    SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR from the first host of SLURM_JOB_NODELIST).
+
+    torchrun wins when both are set (torchrun inside an srun allocation). With neither, a single
+    process job on a free local port.
+    """
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return LaunchEnv(int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                         env.get("MASTER_ADDR", "127.0.0.1"), int(env.get("MASTER_PORT", 29500)), "torchrun")
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
+        master = env.get("MASTER_ADDR") or expand_slurm_nodelist(nodelist)[0]
+        port = int(env.get("MASTER_PORT", 29500))
+        return LaunchEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                         master, port, "slurm")
+    return LaunchEnv(0, 1, 0, "127.0.0.1", _free_port(), "single")
+
+
+def init_distributed(backend: str | None = None, timeout_minutes: int = 30) -> LaunchEnv:
+    """Initialise the default process group (idempotent).
+
+    backend: None picks "nccl" when CUDA is available, else "gloo" (and applies the CPU patches).
+    Returns the LaunchEnv. Raises ValueError for an unknown backend.
+    """
+    if backend not in (None, "nccl", "gloo"):
+        raise ValueError(f"backend={backend!r}: use 'nccl' (GPU), 'gloo' (CPU) or None (auto)")
+    launch = detect_launch_env()
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo":
+        cpu_patches.apply_cpu_patches()
+    if torch.cuda.is_available():
+        torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", launch.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(launch.master_port))
+        dist.init_process_group(backend=backend, rank=launch.rank, world_size=launch.world_size,
+                                timeout=datetime.timedelta(minutes=timeout_minutes))
+    return launch
+
+
+def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None) -> None:
+    """megatron-core `initialize_model_parallel(tp, pp, vpp)`; DP is world_size / (tp * pp).
+
+    Raises ValueError when tp * pp does not divide the world size. Idempotent for the same sizes.
+    """
+    from megatron.core import parallel_state as ps
+
+    world = dist.get_world_size()
+    if tp < 1 or pp < 1 or world % (tp * pp) != 0:
+        raise ValueError(f"tp={tp} x pp={pp} must divide world_size={world}; launch tp*pp*dp processes")
+    if vpp is not None and (vpp < 1 or pp == 1):
+        raise ValueError(f"vpp={vpp} needs pp > 1 and vpp >= 1 (got pp={pp}); use vpp=None")
+    if ps.model_parallel_is_initialized():
+        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) == (tp, pp):
+            return
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                 virtual_pipeline_model_parallel_size=vpp)
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch on this rank and megatron's TP/DP/EP RNG trackers.
+
+    Same `seed` on every rank: megatron derives the per-TP-rank streams (seed + 2718 + tp_rank).
+    """
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    else:
+        cpu_patches.apply_cpu_patches()
+        cpu_patches.model_parallel_cpu_manual_seed(seed)
+
+
+def destroy_distributed() -> None:
+    """Tear down megatron parallel state and the default process group (safe to call twice)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,140 @@
+"""Actor, critic and reference models: megatron-core GPTModels built from a Hugging Face config.
+
+`build_model_chunks` returns one GPTModel per virtual pipeline stage held by this rank (a list of
+length 1 without VPP), already carrying the HF weights when `hf_path` is given.  The critic is the
+same trunk with a scalar value head in place of the LM head; the reference model is a frozen
+actor.  Transformer Engine layer spec on GPU, megatron's local spec on CPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from parallel import cpu_patches  # noqa: F401  (must precede megatron.core imports)
+from parallel.model_config import HFModelSpec, hf_model_spec, padded_vocab_size, transformer_config_from_hf
+
+ROLES = ("actor", "critic", "reference")
+
+
+class ValueHead(torch.nn.Module):
+    """Scalar value head: hidden [s, b, h] -> values [s, b, 1], replicated over TP.
+
+    Stands in for GPTModel.output_layer, so it accepts (and ignores) the LM head's keyword args.
+    Under sequence parallelism the hidden states are gathered first.
+    """
+
+    def __init__(self, hidden_size: int, sequence_parallel: bool, dtype: torch.dtype):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.empty(1, hidden_size, dtype=dtype))
+        torch.nn.init.normal_(self.weight, std=1.0 / hidden_size**0.5)
+        self.sequence_parallel = sequence_parallel
+
+    def forward(self, hidden_states, weight=None, runtime_gather_output=None, **kwargs):
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=True)
+        return torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype)), None
+
+
+@dataclass
+class ModelBundle:
+    """What the trainer holds for one role."""
+
+    role: str
+    chunks: list  # GPTModel per virtual pipeline stage
+    config: object  # megatron TransformerConfig
+    spec: HFModelSpec
+    padded_vocab_size: int
+
+
+def layer_spec(use_te: bool | None = None):
+    """Transformer Engine spec when TE and CUDA are present (or `use_te=True`), else the local spec."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    if use_te is None:
+        use_te = torch.cuda.is_available()
+        if use_te:
+            try:
+                import transformer_engine  # noqa: F401
+            except ImportError:
+                use_te = False
+    if use_te:
+        return specs.get_gpt_layer_with_transformer_engine_spec()
+    return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+
+
+def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = None, *,
+                       make_vocab_size_divisible_by: int = 128, params_dtype: torch.dtype = torch.float32,
+                       sequence_parallel: bool = False, recompute: str | None = None, use_te: bool | None = None,
+                       **config_overrides) -> ModelBundle:
+    """Build this rank's GPTModel chunk(s) for `role` in {"actor", "critic", "reference"}.
+
+    Requires `parallel.distributed.init_model_parallel` first; TP/PP/VPP come from megatron's
+    parallel_state. With `hf_path` the HF safetensors weights are loaded shard by shard.
+    Raises ValueError for an unknown role or a layout that does not divide the model (before
+    any allocation), UnsupportedModelError for an unsupported architecture.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}; expected one of {ROLES}")
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    config = transformer_config_from_hf(hf_config, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype,
+                                        sequence_parallel=sequence_parallel, recompute=recompute,
+                                        **config_overrides)
+    spec = hf_model_spec(hf_config)
+    vocab = padded_vocab_size(spec.vocab_size, make_vocab_size_divisible_by, tp)
+    is_critic = role == "critic"
+    chunks = []
+    for vp_stage in range(vpp or 1):
+        vp = vp_stage if vpp else None
+        pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
+        post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
+        model = GPTModel(
+            config=config, transformer_layer_spec=layer_spec(use_te), vocab_size=vocab,
+            max_sequence_length=spec.max_position_embeddings, pre_process=pre, post_process=post,
+            share_embeddings_and_output_weights=spec.tie_word_embeddings and not is_critic,
+            position_embedding_type="rope", rotary_base=spec.rope_theta, vp_stage=vp,
+        )
+        if is_critic and post:
+            model.output_layer = ValueHead(spec.hidden_size, config.sequence_parallel, params_dtype)
+            model.is_value_model = True
+        if role == "reference":
+            model.requires_grad_(False)
+            model.eval()
+        if torch.cuda.is_available():
+            model.cuda(torch.cuda.current_device())
+        chunks.append(model)
+    bundle = ModelBundle(role, chunks, config, spec, vocab)
+    if hf_path is not None:
+        from parallel.hf_conversion import load_hf_checkpoint
+
+        load_hf_checkpoint(chunks, hf_path, spec)
+        if spec.tie_word_embeddings and not is_critic and pp > 1:
+            # megatron syncs the last stage's output_layer copy from the embedding only at init;
+            # both were loaded from embed_tokens, so they already agree.
+            pass
+    return bundle
+
+
+def build_from_hf(hf_path_or_name: str, role: str = "actor", **kwargs) -> ModelBundle:
+    """Load the HF config from a local directory or hub name, then `build_model_chunks` with weights.
+
+    A hub name is downloaded with `huggingface_hub.snapshot_download` (safetensors only).
+    """
+    import os
+
+    from transformers import AutoConfig
+
+    path = hf_path_or_name
+    if not os.path.isdir(path):
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(hf_path_or_name, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model"])
+    hf_config = AutoConfig.from_pretrained(path)
+    return build_model_chunks(hf_config, role=role, hf_path=path, **kwargs)

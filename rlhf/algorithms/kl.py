@@ -1,0 +1,221 @@
+"""KL estimators, KL-coefficient controllers and the in-reward KL penalty.
+
+Estimators follow John Schulman, "Approximating KL Divergence" (2020),
+http://joschu.net/blog/kl-approx.html, written for KL(pi || pi_ref) with
+samples drawn from pi and ``log_ratio = logprob - ref_logprob``:
+
+* k1 ("kl"):          log_ratio                          grad wrt logprob: 1
+* "abs":              |log_ratio|                        grad: sign(log_ratio)
+* k2 ("mse"):         0.5 * log_ratio**2                 grad: log_ratio
+* k3 ("low_var_kl"):  exp(-log_ratio) + log_ratio - 1    grad: 1 - exp(ref_logprob - logprob)
+
+A "+" suffix (e.g. "k3+") returns the forward value of the named estimator
+with the gradient of k2 (straight-through), as in verl: k1/k3 are unbiased
+for the KL value but not for its gradient, while k2's gradient is.
+"""
+
+from typing import Union
+
+import numpy as np
+import torch
+
+from rlhf.algorithms._validation import check_2d, check_same_shape
+from rlhf.algorithms.masked_ops import masked_mean
+
+# log-ratio clamp before exp() and output clamp of the k3 estimator (verl values).
+_K3_LOG_RATIO_CLAMP = 20.0
+_K3_VALUE_CLAMP = 10.0
+
+_MODE_ALIASES = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
+
+
+def _kl_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, mode: str) -> torch.Tensor:
+    if mode == "full":
+        raise NotImplementedError("kl_penalty='full' needs full-vocabulary distributions and is not implemented")
+    estimator = _MODE_ALIASES.get(mode)
+    if estimator is None:
+        valid = sorted(_MODE_ALIASES) + [m + "+" for m in sorted(_MODE_ALIASES)]
+        raise ValueError(f"unknown kl_penalty {mode!r}; valid: {valid}")
+    log_ratio = logprob - ref_logprob
+    if estimator == "k1":
+        return log_ratio
+    if estimator == "abs":
+        return log_ratio.abs()
+    if estimator == "k2":
+        return 0.5 * log_ratio.square()
+    ref_minus_log = torch.clamp(-log_ratio, min=-_K3_LOG_RATIO_CLAMP, max=_K3_LOG_RATIO_CLAMP)
+    k3 = torch.exp(ref_minus_log) - ref_minus_log - 1
+    return torch.clamp(k3, min=-_K3_VALUE_CLAMP, max=_K3_VALUE_CLAMP)
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from sampled-token log-probs.
+
+    Args:
+        logprob: log pi(a_t | s_t) of the sampled tokens, nats, shape (bs, response_length)
+            (any shape is accepted as long as both inputs match).
+        ref_logprob: log pi_ref(a_t | s_t), same shape.
+        kl_penalty: "kl"/"k1", "abs", "mse"/"k2", "low_var_kl"/"k3" (clamped to
+            [-10, 10] like verl), optionally with a "+" suffix for the k2
+            straight-through gradient; "full" raises NotImplementedError.
+
+    Returns:
+        Per-token KL estimate in nats, same shape as the inputs.
+
+    Raises:
+        ValueError: shape mismatch or unknown mode.
+        NotImplementedError: mode "full".
+    """
+    check_same_shape(logprob=logprob, ref_logprob=ref_logprob)
+    straight_through = kl_penalty.endswith("+")
+    mode = kl_penalty[:-1] if straight_through else kl_penalty
+    forward = _kl_forward(logprob, ref_logprob, mode)
+    if not straight_through:
+        return forward
+    k2 = 0.5 * (logprob - ref_logprob).square()
+    return k2 - k2.detach() + forward.detach()
+
+
+class FixedKLController:
+    """Constant KL coefficient; ``update`` is a no-op.
+
+    Attributes:
+        value: the coefficient beta used in ``reward - beta * KL``.
+    """
+
+    def __init__(self, kl_coef: float):
+        self.value = float(kl_coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """No-op (kept for interface parity with AdaptiveKLController)."""
+
+    def state_dict(self) -> dict:
+        """Checkpointable state: ``{"value": beta}``."""
+        return {"value": self.value}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the state produced by :meth:`state_dict`."""
+        self.value = float(state_dict["value"])
+
+
+class AdaptiveKLController:
+    """Adaptive KL coefficient of Ziegler et al. 2019, "Fine-Tuning Language
+    Models from Human Preferences" (arXiv:1909.08593), section 2.2:
+
+        e_t = clip(KL_t / KL_target - 1, -0.2, 0.2)
+        beta_{t+1} = beta_t * (1 + K_beta * e_t),   K_beta = n_steps / horizon
+
+    Args:
+        init_kl_coef: initial beta.
+        target_kl: target KL in nats (must be > 0).
+        horizon: adaptation horizon in samples (must be > 0).
+
+    Raises:
+        ValueError: non-positive ``target_kl`` or ``horizon``.
+    """
+
+    def __init__(self, init_kl_coef: float, target_kl: float, horizon: float):
+        if target_kl <= 0:
+            raise ValueError(f"target_kl must be > 0, got {target_kl}")
+        if horizon <= 0:
+            raise ValueError(f"horizon must be > 0, got {horizon}")
+        self.value = float(init_kl_coef)
+        self.target = float(target_kl)
+        self.horizon = float(horizon)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """Multiply ``value`` by ``1 + clip(current_kl/target - 1, -0.2, 0.2) * n_steps / horizon``.
+
+        Args:
+            current_kl: measured KL of the latest batch (nats, python float).
+            n_steps: number of samples in that batch.
+        """
+        proportional_error = float(np.clip(current_kl / self.target - 1, -0.2, 0.2))
+        self.value *= 1 + proportional_error * n_steps / self.horizon
+
+    def state_dict(self) -> dict:
+        """Checkpointable state: current value, target and horizon."""
+        return {"value": self.value, "target": self.target, "horizon": self.horizon}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the state produced by :meth:`state_dict`."""
+        self.value = float(state_dict["value"])
+        self.target = float(state_dict.get("target", self.target))
+        self.horizon = float(state_dict.get("horizon", self.horizon))
+
+
+KLController = Union[FixedKLController, AdaptiveKLController]
+
+
+def get_kl_controller(
+    kl_ctrl_type: str, kl_coef: float, target_kl: float = None, horizon: float = None
+) -> KLController:
+    """Build a KL controller: ``"fixed"`` -> FixedKLController(kl_coef),
+    ``"adaptive"`` -> AdaptiveKLController(kl_coef, target_kl, horizon).
+
+    Raises:
+        ValueError: unknown ``kl_ctrl_type``, or missing / non-positive
+            ``target_kl`` / ``horizon`` for the adaptive controller.
+    """
+    if kl_ctrl_type == "fixed":
+        return FixedKLController(kl_coef=kl_coef)
+    if kl_ctrl_type == "adaptive":
+        if target_kl is None or horizon is None:
+            raise ValueError("adaptive KL controller needs target_kl and horizon")
+        return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
+    raise ValueError(f"unknown kl_ctrl_type {kl_ctrl_type!r}; valid: ['fixed', 'adaptive']")
+
+
+def apply_kl_penalty(
+    token_level_scores: torch.Tensor,
+    old_log_probs: torch.Tensor,
+    ref_log_probs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_ctrl: KLController,
+    kl_penalty: str = "kl",
+) -> tuple[torch.Tensor, dict]:
+    """Subtract a per-token KL penalty from the rewards (Ziegler et al. 2019, eq. 2;
+    Ouyang et al. 2022, eq. 2):  r_t = score_t - beta * KL_t.
+
+    As in verl's ``apply_kl_penalty``, the controller is updated in place with
+    the batch KL (mean over sequences of the per-sequence token-mean KL) and
+    ``n_steps = bs``; the reported coefficient is the beta that was applied,
+    i.e. the value *before* the update.
+
+    Args:
+        token_level_scores: reward-model scores per token, shape (bs, response_length).
+        old_log_probs: rollout-policy log-probs of the sampled tokens, nats, same shape.
+        ref_log_probs: reference-policy log-probs, nats, same shape.
+        response_mask: 1 for response tokens, 0 for padding, same shape.
+        kl_ctrl: FixedKLController or AdaptiveKLController.
+        kl_penalty: estimator name, see :func:`kl_penalty`.
+
+    Returns:
+        token_level_rewards: same shape; equals the scores at masked positions.
+        metrics: ``{"actor/reward_kl_penalty": float, "actor/reward_kl_penalty_coeff": float}``.
+
+    Raises:
+        ValueError: shape mismatch or non-2D inputs.
+    """
+    check_2d("token_level_scores", token_level_scores)
+    check_same_shape(
+        token_level_scores=token_level_scores,
+        old_log_probs=old_log_probs,
+        ref_log_probs=ref_log_probs,
+        response_mask=response_mask,
+    )
+    valid = response_mask != 0
+    kld = kl_penalty_fn(old_log_probs, ref_log_probs, kl_penalty)
+    kld = torch.where(valid, kld, torch.zeros_like(kld))
+    beta = kl_ctrl.value
+    token_level_rewards = torch.where(valid, token_level_scores - beta * kld, token_level_scores)
+
+    current_kl = masked_mean(kld, response_mask, axis=-1).mean().item()
+    kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
+    metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+    return token_level_rewards, metrics
+
+
+# ``apply_kl_penalty`` has a parameter named ``kl_penalty`` (verl's name) that
+# shadows the function inside its body; this alias keeps the function reachable.
+kl_penalty_fn = kl_penalty

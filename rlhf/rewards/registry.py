@@ -1,0 +1,391 @@
+"""Reward-function registry keyed by ``data_source``, custom-function loading, and
+fault-tolerant batch scoring.
+
+Calling convention of a reward function
+---------------------------------------
+A reward fn is called with keyword arguments, and only with the ones it accepts (or all of
+them if it takes ``**kwargs``) out of::
+
+    data_source=..., solution_str=..., ground_truth=..., extra_info=...
+
+so both ``rlhf.rewards.gsm8k.compute_score(solution_str, ground_truth, ...)`` and verl-style
+custom functions ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``
+work unchanged. It must return a number (``bool``/``int``/``float``) or a dict with a
+numeric ``"score"`` entry (verl convention); anything else counts as a failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+import math
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import gsm8k
+
+__all__ = [
+    "register_reward_fn",
+    "get_reward_fn",
+    "registered_data_sources",
+    "load_custom_reward_fn",
+    "compute_scores",
+    "call_reward_fn",
+    "ARITHMETIC_DATA_SOURCE",
+]
+
+logger = logging.getLogger(__name__)
+
+RewardFn = Callable[..., Any]
+
+# Kept in sync with rlhf.data.synthetic.DATA_SOURCE (not imported to keep this module light).
+ARITHMETIC_DATA_SOURCE = "synthetic/arithmetic"
+
+_REGISTRY: Dict[str, RewardFn] = {}
+_CALL_KEYS = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+
+def register_reward_fn(*names: str, overwrite: bool = False) -> Callable[[RewardFn], RewardFn]:
+    """Decorator registering a reward fn under one or more ``data_source`` names.
+
+    Usage::
+
+        @register_reward_fn("my/task", "my_task")
+        def my_score(solution_str, ground_truth, extra_info=None) -> float: ...
+
+    Also usable as a plain call: ``register_reward_fn("x")(fn)``.
+
+    Raises:
+        ValueError: no name given, or a name is already registered to a different function
+            and ``overwrite`` is False.
+        TypeError: a name is not a non-empty string, or the decorated object is not callable.
+    """
+    if not names:
+        raise ValueError("register_reward_fn: give at least one data_source name, e.g. @register_reward_fn('my/task').")
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"register_reward_fn: data_source names must be non-empty strings, got {name!r}.")
+
+    def decorator(fn: RewardFn) -> RewardFn:
+        if not callable(fn):
+            raise TypeError(f"register_reward_fn({names!r}): {fn!r} is not callable.")
+        for name in names:
+            old = _REGISTRY.get(name)
+            if old is not None and old is not fn and not overwrite:
+                raise ValueError(
+                    f"register_reward_fn: data_source {name!r} is already registered to {_fn_name(old)}; "
+                    "pass overwrite=True to replace it."
+                )
+        for name in names:
+            _REGISTRY[name] = fn
+        return fn
+
+    return decorator
+
+
+def registered_data_sources() -> List[str]:
+    """Sorted list of registered ``data_source`` names."""
+    return sorted(_REGISTRY)
+
+
+def get_reward_fn(data_source: str) -> RewardFn:
+    """The reward fn registered for ``data_source``.
+
+    Raises:
+        KeyError: unknown ``data_source``; the message names it and lists the registered ones.
+    """
+    try:
+        return _REGISTRY[data_source]
+    except (KeyError, TypeError):
+        raise KeyError(
+            f"No reward function registered for data_source={data_source!r}. Registered: "
+            f"{registered_data_sources()}. Register one with @rlhf.rewards.register_reward_fn({data_source!r}) "
+            "or pass a custom reward function (load_custom_reward_fn)."
+        ) from None
+
+
+def _unregister(*names: str) -> None:
+    """Remove names from the registry (for tests)."""
+    for name in names:
+        _REGISTRY.pop(name, None)
+
+
+def _fn_name(fn: Any) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+# --------------------------------------------------------------------------- built-ins
+
+
+@register_reward_fn("openai/gsm8k", "gsm8k", ARITHMETIC_DATA_SOURCE)
+def gsm8k_strict_reward(solution_str: str, ground_truth: Any) -> float:
+    """GSM8K strict scorer: 1.0 if the first ``#### N`` equals the ground truth, else 0.0."""
+    return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
+
+
+# --------------------------------------------------------------------------- custom fn
+
+
+def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score") -> RewardFn:
+    """Load the function ``name`` from the python file at ``path``.
+
+    The file is executed as a fresh module (registered in ``sys.modules`` under a private
+    name so pickling/dataclasses inside it work). Relative paths resolve against the CWD.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (message names the resolved path).
+        AttributeError: the file has no attribute ``name`` (message lists its public functions).
+        TypeError: the attribute exists but is not callable.
+        ImportError: the file failed to execute (the original error is chained).
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"load_custom_reward_fn: reward file {str(path)!r} not found (resolved to {str(p.resolve())!r}). "
+            "Pass the path of a .py file defining the reward function."
+        )
+    mod_name = f"_rlhf_custom_reward_{abs(hash(str(p.resolve())))}"
+    spec = importlib.util.spec_from_file_location(mod_name, str(p))
+    if spec is None or spec.loader is None:
+        raise ImportError(f"load_custom_reward_fn: cannot import {str(p)!r} as a python module (is it a .py file?).")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(mod_name, None)
+        raise ImportError(f"load_custom_reward_fn: executing {str(p)!r} failed: {type(e).__name__}: {e}") from e
+    if not hasattr(module, name):
+        available = sorted(
+            k for k, v in vars(module).items() if callable(v) and not k.startswith("_") and inspect.isfunction(v)
+        )
+        raise AttributeError(
+            f"load_custom_reward_fn: {str(p)!r} has no function named {name!r}; functions defined there: {available}."
+        )
+    fn = getattr(module, name)
+    if not callable(fn):
+        raise TypeError(f"load_custom_reward_fn: {name!r} in {str(p)!r} is a {type(fn).__name__}, not a function.")
+    return fn
+
+
+# --------------------------------------------------------------------------- calling
+
+
+_SIG_CACHE: Dict[int, Tuple[Any, Optional[frozenset]]] = {}
+
+
+def _accepted_keys(fn: RewardFn) -> Optional[frozenset]:
+    """Keyword names ``fn`` accepts among _CALL_KEYS; None means 'all' (**kwargs)."""
+    cached = _SIG_CACHE.get(id(fn))
+    if cached is not None and cached[0] is fn:
+        return cached[1]
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        keys: Optional[frozenset] = None
+    else:
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            keys = None
+        else:
+            keys = frozenset(
+                k
+                for k in _CALL_KEYS
+                if k in params
+                and params[k].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            )
+    _SIG_CACHE[id(fn)] = (fn, keys)
+    return keys
+
+
+def call_reward_fn(
+    fn: RewardFn, data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
+) -> float:
+    """Call ``fn`` with the keyword arguments it accepts and coerce the result to float.
+
+    Raises:
+        TypeError: the fn returned something that is not a number or a dict with ``"score"``.
+        ValueError: the fn returned NaN.
+        Any exception raised by ``fn`` itself.
+    """
+    all_kwargs = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
+    keys = _accepted_keys(fn)
+    kwargs = all_kwargs if keys is None else {k: v for k, v in all_kwargs.items() if k in keys}
+    out = fn(**kwargs)
+    if isinstance(out, dict):
+        if "score" not in out:
+            raise TypeError(f"reward fn {_fn_name(fn)} returned a dict without a 'score' key: keys={sorted(out)}.")
+        out = out["score"]
+    if hasattr(out, "item") and callable(out.item):  # numpy / torch scalars
+        out = out.item()
+    if isinstance(out, bool) or isinstance(out, (int, float)):
+        val = float(out)
+    else:
+        raise TypeError(f"reward fn {_fn_name(fn)} returned {type(out).__name__} {out!r}; expected a number.")
+    if math.isnan(val):
+        raise ValueError(f"reward fn {_fn_name(fn)} returned NaN.")
+    return val
+
+
+class _DaemonPool:
+    """Minimal pool of daemon worker threads with per-task timeouts.
+
+    ``concurrent.futures.ThreadPoolExecutor`` workers are joined at interpreter exit, so a
+    reward fn stuck in an infinite loop would hang the process on exit. Here workers are
+    daemon threads; a worker stuck past the timeout is abandoned (it keeps running in the
+    background until its fn returns, then exits) and replaced by a fresh worker.
+    """
+
+    def __init__(self, run: Callable[[int], float], n: int, max_workers: int, timeout_s: float):
+        self.run, self.n, self.timeout_s = run, n, timeout_s
+        self.tasks: "queue.Queue[int]" = queue.Queue()
+        for i in range(n):
+            self.tasks.put(i)
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.start_t: Dict[int, float] = {}
+        self.results: Dict[int, Tuple[bool, Any]] = {}
+        self.timed_out: set = set()
+        self.max_workers = max(1, min(max_workers, n))
+        for _ in range(self.max_workers):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        threading.Thread(target=self._worker, daemon=True, name="reward-worker").start()
+
+    def _worker(self) -> None:
+        while True:
+            try:
+                i = self.tasks.get_nowait()
+            except queue.Empty:
+                return
+            with self.lock:
+                self.start_t[i] = time.monotonic()
+            try:
+                res: Tuple[bool, Any] = (True, self.run(i))
+            except BaseException as e:  # noqa: BLE001 - reported back to the caller
+                res = (False, e)
+            with self.cond:
+                abandoned = i in self.timed_out
+                if not abandoned:
+                    self.results[i] = res
+                self.cond.notify_all()
+            if abandoned:
+                return  # a replacement worker was already started
+
+    def wait(self) -> Tuple[Dict[int, Tuple[bool, Any]], set]:
+        with self.cond:
+            while len(self.results) + len(self.timed_out) < self.n:
+                now = time.monotonic()
+                next_deadline = math.inf
+                for i, t0 in self.start_t.items():
+                    if i in self.results or i in self.timed_out:
+                        continue
+                    deadline = t0 + self.timeout_s
+                    if now >= deadline:
+                        self.timed_out.add(i)
+                        self._spawn()  # replace the stuck worker
+                    else:
+                        next_deadline = min(next_deadline, deadline)
+                if len(self.results) + len(self.timed_out) >= self.n:
+                    break
+                wait_s = 0.05 if next_deadline is math.inf else max(0.0, next_deadline - now) + 1e-3
+                self.cond.wait(timeout=min(wait_s, 0.05))
+            return dict(self.results), set(self.timed_out)
+
+
+def compute_scores(
+    data_sources: Sequence[str],
+    responses: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Optional[Sequence[Optional[dict]]] = None,
+    timeout_s: Optional[float] = None,
+    fallback_score: float = 0.0,
+    reward_fn: Optional[RewardFn] = None,
+    max_workers: int = 8,
+) -> Tuple[List[float], int]:
+    """Score a batch of responses with the reward fn of each sample's ``data_source``.
+
+    Args:
+        data_sources: (B,) data_source per sample, looked up with :func:`get_reward_fn`
+            (ignored for lookup when ``reward_fn`` is given, but still passed to it).
+        responses: (B,) decoded responses.
+        ground_truths: (B,) ground truths.
+        extra_infos: optional (B,) dicts passed as ``extra_info``.
+        timeout_s: per-sample time limit in seconds, measured from when the fn starts.
+            ``None`` runs sequentially in the calling thread with no limit. With a limit,
+            samples run on daemon worker threads; a fn still running after ``timeout_s`` is
+            abandoned (Python threads cannot be killed: it keeps running in the background
+            until it returns, but its result is discarded and the call does not wait for it).
+            A fn that holds the GIL inside C code (e.g. catastrophic regex backtracking)
+            stalls every thread, so the limit cannot be enforced for it.
+        fallback_score: score given to a sample whose fn raised, timed out, or returned a
+            non-number / NaN.
+        reward_fn: optional function used for every sample instead of the registry
+            (e.g. from :func:`load_custom_reward_fn`).
+        max_workers: number of worker threads when ``timeout_s`` is set.
+
+    Returns:
+        ``(scores, num_fallbacks)``: (B,) float scores and how many samples got
+        ``fallback_score`` because of an error or timeout.
+
+    Raises:
+        ValueError: the sequences have different lengths, or ``timeout_s <= 0``.
+        KeyError: a ``data_source`` has no registered reward fn (and no ``reward_fn`` given).
+    """
+    n = len(responses)
+    if len(data_sources) != n or len(ground_truths) != n or (extra_infos is not None and len(extra_infos) != n):
+        raise ValueError(
+            "compute_scores: length mismatch: "
+            f"data_sources={len(data_sources)}, responses={n}, ground_truths={len(ground_truths)}, "
+            f"extra_infos={None if extra_infos is None else len(extra_infos)}; all must be equal."
+        )
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"compute_scores: timeout_s={timeout_s!r} must be > 0 (or None for no limit).")
+    fns = [reward_fn] * n if reward_fn is not None else [get_reward_fn(ds) for ds in data_sources]
+    infos = list(extra_infos) if extra_infos is not None else [None] * n
+
+    def run(i: int) -> float:
+        return call_reward_fn(fns[i], data_sources[i], responses[i], ground_truths[i], infos[i])
+
+    scores: List[float] = [float(fallback_score)] * n
+    num_fallbacks = 0
+    if n == 0:
+        return scores, 0
+    if timeout_s is None:
+        for i in range(n):
+            try:
+                scores[i] = run(i)
+            except Exception as e:  # noqa: BLE001
+                num_fallbacks += 1
+                _log_failure(i, data_sources[i], fns[i], e)
+        return scores, num_fallbacks
+
+    results, timed_out = _DaemonPool(run, n, max_workers, float(timeout_s)).wait()
+    for i in range(n):
+        if i in timed_out:
+            num_fallbacks += 1
+            logger.warning(
+                "reward fn %s timed out after %.3gs on sample %d (data_source=%r); using fallback_score=%s",
+                _fn_name(fns[i]), timeout_s, i, data_sources[i], fallback_score,
+            )
+            continue
+        ok, val = results[i]
+        if ok:
+            scores[i] = val
+        else:
+            num_fallbacks += 1
+            _log_failure(i, data_sources[i], fns[i], val)
+    return scores, num_fallbacks
+
+
+def _log_failure(i: int, data_source: str, fn: RewardFn, err: BaseException) -> None:
+    logger.warning(
+        "reward fn %s failed on sample %d (data_source=%r): %s: %s; using fallback score",
+        _fn_name(fn), i, data_source, type(err).__name__, err,
+    )
