@@ -330,13 +330,16 @@ def test_value_loss_clip_by_hand():
     #  vpred 1.5, ret 2.0: (1.5-2)^2 = 0.25 vs (1.2-2)^2 = 0.64 -> 0.64 (clipped term wins)
     #  vpred 0.9, ret 0.0: 0.81 vs 0.81 -> 0.81
     #  vpred 2.0, ret 1.0: 1.00 vs (1.2-1)^2 = 0.04 -> 1.00
-    vpreds = t([[1.5, 0.9, 2.0, NAN]])
+    vpreds = t([[1.5, 0.9, 2.0, NAN]]).requires_grad_()
     returns = t([[2.0, 0.0, 1.0, NAN]])
     values = t([[1.0, 1.0, 1.0, NAN]])
     mask = t([[1, 1, 1, 0]])
     vf_loss, vf_clipfrac = compute_value_loss(vpreds, returns, values, mask, cliprange_value=0.2)
     assert vf_loss.item() == pytest.approx(0.5 * (0.64 + 0.81 + 1.0) / 3)
     assert vf_clipfrac.item() == pytest.approx(1 / 3)
+    vf_loss.backward()
+    # 0.5 * d(vpred - ret)^2 / 3 tokens = (vpred - ret) / 3 where unclipped; 0 where clipped or padded
+    torch.testing.assert_close(vpreds.grad, t([[0.0, 0.9 / 3, 1.0 / 3, 0.0]]))
 
 
 def test_entropy_loss_aggregation():

@@ -14,7 +14,7 @@ with the gradient of k2 (straight-through), as in verl: k1/k3 are unbiased
 for the KL value but not for its gradient, while k2's gradient is.
 """
 
-from typing import Union
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -74,6 +74,11 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         return forward
     k2 = 0.5 * (logprob - ref_logprob).square()
     return k2 - k2.detach() + forward.detach()
+
+
+# ``apply_kl_penalty`` takes a parameter named ``kl_penalty`` (verl's name) that
+# shadows the function inside its body; this private alias keeps it reachable.
+_kl_penalty = kl_penalty
 
 
 class FixedKLController:
@@ -148,7 +153,7 @@ KLController = Union[FixedKLController, AdaptiveKLController]
 
 
 def get_kl_controller(
-    kl_ctrl_type: str, kl_coef: float, target_kl: float = None, horizon: float = None
+    kl_ctrl_type: str, kl_coef: float, target_kl: Optional[float] = None, horizon: Optional[float] = None
 ) -> KLController:
     """Build a KL controller: ``"fixed"`` -> FixedKLController(kl_coef),
     ``"adaptive"`` -> AdaptiveKLController(kl_coef, target_kl, horizon).
@@ -205,7 +210,7 @@ def apply_kl_penalty(
         response_mask=response_mask,
     )
     valid = response_mask != 0
-    kld = kl_penalty_fn(old_log_probs, ref_log_probs, kl_penalty)
+    kld = _kl_penalty(old_log_probs, ref_log_probs, kl_penalty)
     kld = torch.where(valid, kld, torch.zeros_like(kld))
     beta = kl_ctrl.value
     token_level_rewards = torch.where(valid, token_level_scores - beta * kld, token_level_scores)
@@ -214,8 +219,3 @@ def apply_kl_penalty(
     kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
     metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
     return token_level_rewards, metrics
-
-
-# ``apply_kl_penalty`` has a parameter named ``kl_penalty`` (verl's name) that
-# shadows the function inside its body; this alias keeps the function reachable.
-kl_penalty_fn = kl_penalty
