@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import types
 
 import torch
 
@@ -120,27 +121,47 @@ _FACTORIES = ["tensor", "as_tensor", "zeros", "ones", "empty", "full", "arange",
               "zeros_like", "ones_like", "empty_like", "full_like", "linspace", "eye", "empty_strided"]
 
 
+class _CpuTorchProxy(types.ModuleType):
+    """Stands in for the `torch` module inside megatron.core modules: factories with a CUDA
+    device argument allocate on the CPU instead; every other attribute is torch's own."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _cpu_factory(orig):
+    @functools.wraps(orig)
+    def factory(*a, **k):
+        if "device" in k and _is_cuda_device(k["device"]):
+            k["device"] = "cpu"
+        return orig(*a, **k)
+
+    return factory
+
+
 def _patch_cuda_literals() -> None:
     """Map hard-coded device='cuda' / .cuda() / .to('cuda') onto the CPU.
 
     megatron-core allocates with device='cuda' literals in optimizer.py, clip_grads.py,
     grad_scaler.py, pipeline_parallel/schedules.py (token counts), tensor_parallel/data.py,
     language_module.py (tied embeddings under PP) and transformer/utils.py; without this they
-    raise "Found no NVIDIA driver".
+    raise "Found no NVIDIA driver".  Only megatron.core modules see the remapped factories (their
+    `torch` global is replaced by a proxy): patching torch itself broke transformers' RoPE buffer
+    initialisation.
     """
-    for name in _FACTORIES:
-        orig = getattr(torch, name)
+    import importlib
 
-        def make(orig):
-            @functools.wraps(orig)
-            def factory(*a, **k):
-                if "device" in k and _is_cuda_device(k["device"]):
-                    k["device"] = "cpu"
-                return orig(*a, **k)
-
-            return factory
-
-        setattr(torch, name, make(orig))
+    for name in ("megatron.core.optimizer", "megatron.core.optimizer.distrib_optimizer",
+                 "megatron.core.pipeline_parallel.schedules", "megatron.core.tensor_parallel.data",
+                 "megatron.core.models.gpt", "megatron.core.distributed", "megatron.core.dist_checkpointing",
+                 "megatron.core.transformer.utils"):
+        importlib.import_module(name)
+    proxy = _CpuTorchProxy("torch")
+    for fname in _FACTORIES:
+        setattr(proxy, fname, _cpu_factory(getattr(torch, fname)))
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("megatron.core") and getattr(mod, "torch", None) is torch:
+            mod.torch = proxy
     torch.Tensor.cuda = lambda self, *a, **k: self
     orig_to = torch.Tensor.to
 
