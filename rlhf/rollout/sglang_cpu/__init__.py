@@ -1,0 +1,120 @@
+"""Everything SGLang needs to run on a CPU-only machine, in one place.
+
+SGLang 0.5.x targets GPUs; its CPU engine works for dense Llama/Qwen2-style models once a few things are
+arranged. None of this is used when CUDA is available. Each item says why it is needed:
+
+Environment of the engine process (:func:`cpu_engine_env`):
+
+* ``SGLANG_USE_CPU_ENGINE=1`` -- selects SGLang's CPU code paths (device "cpu", CPU memory pools).
+* ``PYTHONPATH`` starts with :data:`STANDIN_DIR` -- the CPU engine imports ``sgl_kernel`` CPU ops that the
+  PyPI wheel lacks; ``standin/sgl_kernel`` provides them in plain torch (see its docstring). Only the
+  engine's own process tree sees it; the trainer keeps the real package.
+* ``RLHF_SGLANG_CPU_NOOP_CUDA_SYNC=1`` -- read by the stand-in: ``release_memory_occupation`` /
+  ``resume_memory_occupation`` call ``torch.cuda.synchronize`` which raises without a driver; the
+  stand-in replaces it with a no-op inside SGLang's processes.
+* for ``tp_size`` > 1, ``SGLANG_CPU_OMP_THREADS_BIND`` (one ``|``-separated core list per TP rank) --
+  without it SGLang wants one NUMA node per TP rank and asserts for ``tp_size`` > number of NUMA nodes.
+* for ``tp_size`` > 1, ``SGLANG_NCCL_SO_PATH`` pointing to a file that does not exist -- for ``tp_size`` > 1 SGLang otherwise
+  loads pynccl, which rejects CPU tensors; a missing library makes it fall back to torch.distributed (gloo).
+
+Engine keyword arguments (:func:`cpu_engine_kwargs`):
+
+* ``device="cpu"``;
+* ``attention_backend="torch_native"`` -- the default CPU backend (``intel_amx``) needs real sgl_kernel ops;
+* ``disable_cuda_graph=True``, ``skip_server_warmup=True`` -- nothing to capture on CPU; warm-up costs
+  start-up time;
+* ``max_total_tokens`` (default 2048) -- on CPU SGLang sizes the KV pool from host memory; a small fixed
+  pool keeps start-up fast and memory small (override for real workloads).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+__all__ = ["STANDIN_DIR", "use_cpu_engine", "cpu_engine_env", "cpu_engine_kwargs", "omp_threads_bind"]
+
+#: Directory holding the ``sgl_kernel`` stand-in package (put first on the engine's PYTHONPATH).
+STANDIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin")
+
+#: A path that must not exist: SGLang tries to dlopen it as libnccl and falls back when it is missing.
+_NO_NCCL_SO = "/nonexistent/rlhf-sglang-cpu/libnccl.so.2"
+
+
+def use_cpu_engine(device: Optional[str] = None) -> bool:
+    """True when the SGLang engine should run on CPU.
+
+    Args:
+        device: "cpu" / "cuda" to force a choice; None = CPU exactly when ``torch.cuda.is_available()`` is False.
+    Raises:
+        ValueError: for any other ``device`` value.
+    """
+    if device is not None:
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu', 'cuda' or None, got {device!r}")
+        return device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def omp_threads_bind(tp_size: int, num_cores: Optional[int] = None) -> str:
+    """Value for ``SGLANG_CPU_OMP_THREADS_BIND``: one core list per TP rank, joined by ``|``.
+
+    Cores are split into ``tp_size`` contiguous groups when there are enough (8 cores, tp 2 -> "0-3|4-7"; 2 cores, tp 2 -> "0|1");
+    with fewer cores than ranks, ranks share cores round-robin (2 cores, tp 4 -> "0|1|0|1").
+    """
+    if tp_size < 1:
+        raise ValueError(f"tp_size must be >= 1, got {tp_size}")
+    if num_cores is not None:
+        cores = list(range(int(num_cores)))
+    elif hasattr(os, "sched_getaffinity"):
+        cores = sorted(os.sched_getaffinity(0))
+    else:
+        cores = list(range(os.cpu_count() or 1))
+    n = len(cores)
+    if n >= tp_size:
+        per = n // tp_size
+        groups = [_core_list(cores[r * per:(r + 1) * per]) for r in range(tp_size)]
+    else:
+        groups = [str(cores[r % n]) for r in range(tp_size)]
+    return "|".join(groups)
+
+
+def _core_list(cores) -> str:
+    # SGLang's documented format: "0-31" for a contiguous range, else comma-separated ids.
+    if len(cores) > 1 and cores == list(range(cores[0], cores[-1] + 1)):
+        return f"{cores[0]}-{cores[-1]}"
+    return ",".join(str(c) for c in cores)
+
+
+def cpu_engine_env(tp_size: int = 1, base_env: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """Environment for a process that will create a CPU ``sglang.Engine`` (see module docstring).
+
+    Args:
+        tp_size: the engine's tensor-parallel size (number of SGLang scheduler ranks).
+        base_env: environment to extend (default: a copy of ``os.environ``); not modified.
+    Returns:
+        a new dict: ``base_env`` plus the CPU settings, with :data:`STANDIN_DIR` first on ``PYTHONPATH``.
+    """
+    env = dict(os.environ if base_env is None else base_env)
+    env["SGLANG_USE_CPU_ENGINE"] = "1"
+    env["RLHF_SGLANG_CPU_NOOP_CUDA_SYNC"] = "1"
+    old = env.get("PYTHONPATH", "")
+    parts = [p for p in old.split(os.pathsep) if p and os.path.abspath(p) != STANDIN_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([STANDIN_DIR] + parts)
+    if tp_size > 1:
+        env["SGLANG_CPU_OMP_THREADS_BIND"] = omp_threads_bind(tp_size)
+        env["SGLANG_NCCL_SO_PATH"] = _NO_NCCL_SO
+    return env
+
+
+def cpu_engine_kwargs(max_total_tokens: int = 2048) -> Dict[str, object]:
+    """Extra ``sglang.Engine`` keyword arguments for CPU (see module docstring)."""
+    return dict(
+        device="cpu",
+        attention_backend="torch_native",
+        disable_cuda_graph=True,
+        skip_server_warmup=True,
+        max_total_tokens=int(max_total_tokens),
+    )

@@ -1,0 +1,92 @@
+"""CPU-only stand-in for SGLang's ``sgl_kernel`` package (development / CI without a GPU).
+
+Why this exists
+---------------
+With ``SGLANG_USE_CPU_ENGINE=1`` SGLang imports CPU kernels from ``sgl_kernel`` that the PyPI wheel
+does not ship (it carries only sm90/sm100 CUDA binaries), so the CPU engine cannot even import. This
+package is put FIRST on ``PYTHONPATH`` of the engine process only (see ``rlhf.rollout.sglang_cpu``),
+shadowing the real wheel there and nowhere else:
+
+* every ``from sgl_kernel import X`` succeeds; ``X`` raises ``NotImplementedError`` when *called*, so a
+  code path that really needs a missing kernel fails loudly instead of computing garbage;
+* the few ``torch.ops.sgl_kernel.*`` CPU ops that a dense Llama/Qwen2 reaches with
+  ``attention_backend="torch_native"`` are registered here in plain torch (RMSNorm, fused add+RMSNorm,
+  SiLU-and-mul, thread binding);
+* ``convert_weight_packed`` is deliberately NOT registered: SGLang enables its Intel-AMX backend only when
+  that op exists, so leaving it out keeps every linear layer on plain ``torch.nn.functional.linear``
+  even on AMX-capable CPUs.
+
+It is never imported on a GPU machine (``rlhf.rollout.sglang_cpu`` only adds it when CUDA is absent).
+"""
+
+import os
+
+import torch
+
+__version__ = "0.0.0+rlhf-cpu-standin"
+
+
+def _missing(name):
+    def f(*args, **kwargs):
+        raise NotImplementedError(
+            f"sgl_kernel stand-in (rlhf.rollout.sglang_cpu): kernel {name!r} is not implemented on CPU; "
+            "this code path needs the real sgl_kernel (GPU) build"
+        )
+
+    f.__name__ = name
+    return f
+
+
+def __getattr__(name):
+    # Module-level __getattr__ (PEP 562): any imported name resolves to a raising placeholder.
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _missing(name)
+
+
+_lib = torch.library.Library("sgl_kernel", "DEF")
+
+
+def _def(schema, fn):
+    _lib.define(schema)
+    _lib.impl(schema.split("(")[0], fn, "CompositeExplicitAutograd")
+
+
+def _rms(x, w, eps):
+    # Same math as SGLang's RMSNorm forward_native: statistics in fp32, result cast back, then weight.
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+
+def rmsnorm_cpu(input, weight, eps):
+    return _rms(input, weight, eps)
+
+
+def fused_add_rmsnorm_cpu(input, residual, weight, eps):
+    # In-place contract of the real kernel: residual += input; input = rmsnorm(residual).
+    residual.add_(input)
+    input.copy_(_rms(residual, weight, eps))
+
+
+def silu_and_mul_cpu(input):
+    d = input.shape[-1] // 2
+    return torch.nn.functional.silu(input[..., :d]) * input[..., d:]
+
+
+def init_cpu_threads_env(cpu_ids):
+    # The real op pins OpenMP threads to cores; torch's default threading is good enough here.
+    return "sgl_kernel stand-in: no thread binding"
+
+
+_def("rmsnorm_cpu(Tensor input, Tensor weight, float eps) -> Tensor", rmsnorm_cpu)
+_def("fused_add_rmsnorm_cpu(Tensor(a!) input, Tensor(b!) residual, Tensor weight, float eps) -> ()",
+     fused_add_rmsnorm_cpu)
+_def("silu_and_mul_cpu(Tensor input) -> Tensor", silu_and_mul_cpu)
+_def("init_cpu_threads_env(str cpu_ids) -> str", init_cpu_threads_env)
+
+if os.environ.get("RLHF_SGLANG_CPU_NOOP_CUDA_SYNC") == "1":
+    # release/resume_memory_occupation call torch.get_device_module().synchronize(); with the mandatory
+    # CUDA build of torch that is torch.cuda.synchronize, which raises "Found no NVIDIA driver" on CPU.
+    # This module is imported by every SGLang process (scheduler ranks included), so patching here reaches
+    # the process that actually runs the release. Only set when the engine runs on CPU.
+    torch.cuda.synchronize = lambda *args, **kwargs: None
