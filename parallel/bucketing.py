@@ -1,0 +1,222 @@
+"""Fixed-size buckets of named tensors packed into one flat byte buffer.
+
+The weight bridge streams a model as a sequence of buckets so that no rank ever holds more than
+about one bucket of converted weights.  A bucket is a list of `TensorMeta` with byte offsets into
+one contiguous ``uint8`` buffer, laid out exactly like SGLang's ``FlattenedTensorBucket``
+(tensors back to back, no padding, every offset a multiple of the tensor's element size), so the
+same buffer can be sent as one message (p2p, broadcast, ``load_format="flattened_bucket"``) or
+handed out as per-tensor views without a copy.
+
+Pure python/torch, no communication: the planning is deterministic, so every rank that knows the
+list of tensors (names, shapes, dtypes) computes the same bucket boundaries.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024  # 512 MiB
+
+
+def dtype_from_any(dtype) -> torch.dtype:
+    """torch.dtype from a torch.dtype or a name ("float32", "torch.bfloat16", "bf16").
+
+    Raises ValueError for an unknown name.
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = str(dtype).replace("torch.", "")
+    aliases = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
+    name = aliases.get(name, name)
+    out = getattr(torch, name, None)
+    if not isinstance(out, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return out
+
+
+def dtype_name(dtype) -> str:
+    """"float32" for torch.float32 (the spelling SGLang's distributed update takes)."""
+    return str(dtype_from_any(dtype)).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Name, shape and dtype of one tensor to send."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= int(s)
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+
+@dataclass
+class BucketPlan:
+    """One bucket: tensors in send order, their byte offsets in the flat buffer, total bytes."""
+
+    index: int
+    metas: list[TensorMeta] = field(default_factory=list)
+    offsets: list[int] = field(default_factory=list)
+    nbytes: int = 0
+
+    @property
+    def names(self) -> list[str]:
+        return [m.name for m in self.metas]
+
+
+def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[BucketPlan]:
+    """Greedily split `metas` (in order) into buckets of at most `bucket_bytes` bytes.
+
+    A tensor larger than `bucket_bytes` gets a bucket of its own (the only way a bucket exceeds
+    the limit).  A new bucket is also started when the next tensor's byte offset would not be a
+    multiple of its element size (mixed dtypes), so each bucket's layout equals SGLang's
+    ``FlattenedTensorBucket`` (no padding).  Every tensor lands in exactly one bucket, order kept.
+
+    Raises ValueError for bucket_bytes < 1 or a duplicate tensor name.
+    """
+    if bucket_bytes < 1:
+        raise ValueError(f"bucket_bytes={bucket_bytes} must be >= 1")
+    buckets: list[BucketPlan] = []
+    cur = BucketPlan(0)
+    seen: set[str] = set()
+    for m in metas:
+        if m.name in seen:
+            raise ValueError(f"tensor {m.name!r} appears twice in the send plan")
+        seen.add(m.name)
+        nb = m.nbytes
+        misaligned = cur.nbytes % m.dtype.itemsize != 0
+        if cur.metas and (cur.nbytes + nb > bucket_bytes or misaligned):
+            buckets.append(cur)
+            cur = BucketPlan(len(buckets))
+        cur.metas.append(m)
+        cur.offsets.append(cur.nbytes)
+        cur.nbytes += nb
+    if cur.metas:
+        buckets.append(cur)
+    return buckets
+
+
+def bucket_views(buffer: torch.Tensor, plan: BucketPlan) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into the flat uint8 `buffer` for every tensor of `plan` (no copy)."""
+    out = []
+    for m, off in zip(plan.metas, plan.offsets):
+        out.append((m.name, buffer[off:off + m.nbytes].view(m.dtype).view(m.shape)))
+    return out
+
+
+class MemoryMeter:
+    """Accounts the bytes the bridge allocates on top of the model (bucket buffers, gathered
+    shards, converted tensors).  `peak` is the high-water mark in bytes.  Thread-safe."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.current = 0
+        self.peak = 0
+
+    def alloc(self, nbytes: int) -> None:
+        with self._lock:
+            self.current += int(nbytes)
+            self.peak = max(self.peak, self.current)
+
+    def free(self, nbytes: int) -> None:
+        with self._lock:
+            self.current -= int(nbytes)
+
+    def reset_peak(self) -> None:
+        with self._lock:
+            self.peak = self.current
+
+
+class BufferPool:
+    """At most `count` reusable flat uint8 buffers of up to `max_bytes` each.
+
+    `acquire(nbytes)` blocks until a buffer is free (so a producer thread can run at most
+    `count` buckets ahead) and returns a view of exactly `nbytes`; `release` gives it back.
+    Buffers are allocated lazily, once, and counted in `meter`.
+    """
+
+    def __init__(self, max_bytes: int, count: int = 1, device: str | torch.device = "cpu",
+                 meter: MemoryMeter | None = None):
+        import queue
+
+        self.max_bytes = int(max_bytes)
+        self.device = torch.device(device)
+        self.meter = meter or MemoryMeter()
+        self._free: "queue.Queue[int]" = queue.Queue()
+        self._buffers: list[torch.Tensor | None] = [None] * count
+        self._oversize: dict[int, torch.Tensor] = {}
+        for i in range(count):
+            self._free.put(i)
+
+    def acquire(self, nbytes: int) -> tuple[int, torch.Tensor]:
+        """Returns (slot, uint8 view of `nbytes`).  A request above `max_bytes` (a single tensor
+        larger than the bucket size) gets a one-off buffer of its own, freed on release."""
+        slot = self._free.get()
+        buf = self._buffers[slot]
+        if nbytes > self.max_bytes:
+            oversize = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            self.meter.alloc(nbytes)
+            self._oversize[slot] = oversize
+            return slot, oversize
+        if buf is None:
+            buf = torch.empty(self.max_bytes, dtype=torch.uint8, device=self.device)
+            self.meter.alloc(self.max_bytes)
+            self._buffers[slot] = buf
+        return slot, buf[:nbytes]
+
+    def release(self, slot: int) -> None:
+        over = self._oversize.pop(slot, None)
+        if over is not None:
+            self.meter.free(over.numel())
+            del over
+        self._free.put(slot)
+
+    def close(self) -> None:
+        """Drop the buffers (memory is returned once no view is referenced)."""
+        for i, b in enumerate(self._buffers):
+            if b is not None:
+                self.meter.free(b.numel())
+                self._buffers[i] = None
+
+
+def fill_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], plans: Sequence[BucketPlan],
+                 pool: BufferPool) -> Iterator[tuple[BucketPlan, int, torch.Tensor]]:
+    """Copy a stream of (name, tensor) into flat buckets following `plans`.
+
+    Yields (plan, pool slot, flat uint8 buffer) once a bucket is complete; the consumer must
+    `pool.release(slot)` when done with it.  Each incoming tensor is cast to the planned dtype
+    while copying.  Raises ValueError when the stream disagrees with the plan (name, shape, a
+    missing or extra tensor): the plan was validated against the engine, the stream must match it.
+    """
+    it = iter(named_tensors)
+    for plan in plans:
+        slot, buf = pool.acquire(plan.nbytes)
+        try:
+            for (name, view) in bucket_views(buf, plan):
+                try:
+                    got_name, t = next(it)
+                except StopIteration:
+                    raise ValueError(f"tensor stream ended before {name!r} (bucket {plan.index})") from None
+                if got_name != name or tuple(t.shape) != tuple(view.shape):
+                    raise ValueError(f"tensor stream out of plan: got {got_name!r} {tuple(t.shape)}, "
+                                     f"planned {name!r} {tuple(view.shape)}")
+                view.copy_(t)
+                del t
+        except BaseException:
+            pool.release(slot)
+            raise
+        yield plan, slot, buf
+    for extra in it:
+        raise ValueError(f"tensor {extra[0]!r} is not in the send plan")

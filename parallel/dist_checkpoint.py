@@ -1,0 +1,66 @@
+"""Training checkpoints with megatron-core `dist_checkpointing`: a checkpoint saved at one TP x PP
+(x DP) layout loads at another.  Model and optimizer state are sharded tensors; small python
+state (scheduler, RNG, KL controller, dataloader position) travels as common state.
+
+Atomicity: the caller saves into `<dir>.tmp` and renames (see `rlhf.trainer` checkpointing);
+`save_sharded` itself only writes.  Any script that saves must keep its work under
+`if __name__ == "__main__":` (dist_checkpointing starts a spawn Manager that re-imports __main__).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from parallel import cpu_patches  # noqa: F401
+from parallel.hf_conversion import unwrap_model
+
+
+def model_sharded_state_dict(chunks) -> dict:
+    """{'model': sd} for one chunk, {'model0': sd0, 'model1': sd1, ...} for VPP chunks."""
+    chunks = [unwrap_model(c) for c in chunks]
+    if len(chunks) == 1:
+        return {"model": chunks[0].sharded_state_dict()}
+    return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None) -> None:
+    """Collective: write model (+ optimizer) sharded state and `common` python state to `path`."""
+    from megatron.core import dist_checkpointing
+
+    if dist.get_rank() == 0:
+        os.makedirs(path, exist_ok=True)
+    dist.barrier()
+    sd = model_sharded_state_dict(chunks)
+    if optimizer is not None:
+        sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=False)
+    if common:
+        sd["common_state"] = common
+    dist_checkpointing.save(sd, path)
+    dist.barrier()
+
+
+def load_sharded(path: str, chunks, optimizer=None) -> dict:
+    """Collective: load model (+ optimizer) state saved by `save_sharded` at any layout into
+    `chunks`; returns the common python state. Raises FileNotFoundError if `path` is missing."""
+    from megatron.core import dist_checkpointing
+
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+    sd = model_sharded_state_dict(chunks)
+    if optimizer is not None:
+        sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=True)
+    common = dist_checkpointing.load_common_state_dict(path)
+    if "common_state" in common:
+        sd["common_state"] = common["common_state"]
+    loaded = dist_checkpointing.load(sd, path)
+    keys = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+    for key, chunk in zip(keys, chunks):
+        missing, unexpected = unwrap_model(chunk).load_state_dict(loaded[key], strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state")]
+        if missing:
+            raise RuntimeError(f"checkpoint {path!r} lacks model tensors {missing[:5]}...")
+    if optimizer is not None:
+        optimizer.load_state_dict(loaded["optimizer"])
+    return loaded.get("common_state", {})

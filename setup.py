@@ -1,0 +1,41 @@
+"""Installable package: `rlhf` (RL dataflow, algorithms, data, rewards, rollout, trainer) and
+`parallel` (megatron-core state, models, conversion, weight bridge)."""
+from setuptools import find_packages, setup
+
+# One environment holds all of these (pip check clean; see README "Environment").
+# sglang 0.5.23 pins torch==2.14.1 and transformers==5.19.0; megatron-core 0.16.1 is the newest
+# release reachable from our CI machines.
+INSTALL_REQUIRES = [
+    "torch==2.14.1",
+    "megatron-core==0.16.1",
+    "sglang==0.5.23",
+    "transformers==5.19.0",
+    "ray==2.60.0",
+    "hydra-core==1.3.8",
+    "omegaconf==2.3.1",
+    "datasets==5.2.0",
+    "pyarrow==26.0.1",
+    "tensorboard==2.21.0",
+    "safetensors>=0.6,<1",
+    "tokenizers>=0.22",
+    "numpy>=1.26,<2.4",
+    "tqdm>=4.66",
+    "rich>=13",
+]
+
+setup(
+    name="rlhf-megatron-sglang",
+    version="0.1.0",
+    description="RLHF post-training for LLMs: PPO-family algorithms on megatron-core 3D parallelism "
+                "with SGLang rollouts",
+    python_requires=">=3.10",
+    packages=find_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*"]),
+    package_data={"rlhf": ["config/**/*.yaml", "rollout/sglang_cpu/standin/**/*.py"], "": ["*.yaml"]},
+    include_package_data=True,
+    install_requires=INSTALL_REQUIRES,
+    extras_require={
+        "gpu": ["transformer-engine[pytorch]>=2.4"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+    },
+    entry_points={"console_scripts": ["rlhf=rlhf.cli:main"]},
+)

@@ -1,0 +1,303 @@
+"""Foundation checks under torchrun (gloo on CPU). Launched by tests/test_foundation_dist.py:
+
+    torchrun --nproc_per_node=4 tests/dist/foundation_checks.py --workdir DIR
+
+Every check prints one line `CHECK <name> PASS|FAIL <detail>` on global rank 0; the pytest
+wrapper turns each line into a test. Many checks share one launch because a torchrun start and
+megatron import cost ~10 s per process on 2 cores.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import traceback
+import warnings
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+
+KINDS = ["llama_gqa", "llama_mha", "qwen2_tied", "llama_square"]
+LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
+RESULTS = []
+
+
+def report(name, ok, detail=""):
+    flag = torch.tensor([1.0 if ok else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    ok = bool(flag.item())
+    if dist.get_rank() == 0:
+        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
+    RESULTS.append((name, ok))
+
+
+def run_check(name, fn):
+    try:
+        ok, detail = fn()
+    except Exception as e:  # a failure on one check must not hide the others
+        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
+        traceback.print_exc()
+    report(name, ok, detail)
+
+
+def padded_batch(seed=0, B=3, S=12, vocab=1000, extra_left=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (B, S), generator=g)
+    am = torch.ones_like(ids)
+    am[0, :4] = 0  # left-padded prompt
+    am[1, :2] = 0
+    am[2, -3:] = 0  # right-padded response
+    ids = torch.where(am.bool(), ids, torch.full_like(ids, 3))
+    if extra_left:
+        ids = torch.cat([torch.full((B, extra_left), 3), ids], 1)
+        am = torch.cat([torch.zeros(B, extra_left, dtype=am.dtype), am], 1)
+    pos = (am.cumsum(1) - 1).clamp(min=0)
+    return dict(input_ids=ids, attention_mask=am, position_ids=pos)
+
+
+def hf_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def check_logits_and_log_probs(kind, path, tp, pp):
+    from transformers import AutoConfig
+
+    from parallel.forward import forward_backward
+    from parallel.models import build_model_chunks
+
+    bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
+    batch = padded_batch()
+    mask = batch["attention_mask"].bool()
+    hf = hf_model(path)
+    with torch.no_grad():
+        ref = hf(**batch).logits.float()
+        out = forward_backward(bundle.chunks, batch, kind="logits", vocab_size=bundle.spec.vocab_size)
+    logit_diff = (out["logits"][mask] - ref[mask]).abs().max().item()
+    run_check(f"logits_{kind}_tp{tp}pp{pp}", lambda: (logit_diff <= 1e-5, f"max_abs_diff={logit_diff:.2e}"))
+
+    def log_probs_check():
+        worst = 0.0
+        for temperature in (1.0, 0.7):
+            with torch.no_grad():
+                res = forward_backward(bundle.chunks, batch, kind="log_probs", vocab_size=bundle.spec.vocab_size,
+                                       temperature=temperature, calculate_entropy=True, micro_batch_size=1)
+            logp = torch.log_softmax(ref / temperature, -1)
+            ref_lp = torch.zeros_like(res["log_probs"])
+            ref_ent = torch.zeros_like(res["log_probs"])
+            ref_lp[:, 1:] = logp[:, :-1].gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+            ref_ent[:, 1:] = -(logp.exp() * logp).sum(-1)[:, :-1]
+            valid = mask.clone()
+            valid[:, 1:] &= mask[:, :-1]  # the token and its predecessor are real
+            valid[torch.arange(3), mask.int().argmax(1)] = False  # first real token has no prediction
+            worst = max(worst, (res["log_probs"][valid] - ref_lp[valid]).abs().max().item(),
+                        (res["entropy"][valid] - ref_ent[valid]).abs().max().item())
+            if (res["log_probs"][~valid].abs().max().item() if (~valid).any() else 0) != 0:
+                return False, "non-zero log-probs at padding"
+        # the same batch padded to a longer length gives the same values
+        longer = padded_batch(extra_left=5)
+        with torch.no_grad():
+            a = forward_backward(bundle.chunks, batch, kind="log_probs", vocab_size=bundle.spec.vocab_size,
+                                 calculate_entropy=True, micro_batch_size=3)
+            b = forward_backward(bundle.chunks, longer, kind="log_probs", vocab_size=bundle.spec.vocab_size,
+                                 calculate_entropy=True, micro_batch_size=3)
+        pad_diff = max((a[k] - b[k][:, 5:]).abs().max().item() for k in ("log_probs", "entropy"))
+        return worst <= 1e-5 and pad_diff <= 1e-6, f"max_abs_diff={worst:.2e} longer_padding_diff={pad_diff:.2e}"
+
+    run_check(f"log_probs_entropy_{kind}_tp{tp}pp{pp}", log_probs_check)
+    return bundle
+
+
+def check_round_trip(kind, path, bundle, tp, pp, workdir):
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    from parallel.hf_conversion import save_hf_checkpoint
+
+    out = os.path.join(workdir, f"export_{kind}_tp{tp}pp{pp}")
+    save_hf_checkpoint(bundle.chunks, bundle.spec, AutoConfig.from_pretrained(path), out)
+
+    def compare():
+        if dist.get_rank() != 0:
+            return True, ""
+        orig = load_file(os.path.join(path, "model.safetensors"))
+        if pp == 1:
+            new = load_file(os.path.join(out, "model.safetensors"))
+        else:
+            index = json.load(open(os.path.join(out, "model.safetensors.index.json")))["weight_map"]
+            new = {}
+            for f in sorted(set(index.values())):
+                new.update(load_file(os.path.join(out, f)))
+        if set(orig) != set(new):
+            return False, f"names differ: only_hf={sorted(set(orig) - set(new))[:4]} only_export={sorted(set(new) - set(orig))[:4]}"
+        bad = [n for n in orig if orig[n].dtype != new[n].dtype or not torch.equal(orig[n], new[n])]
+        if bad:
+            return False, f"tensors differ: {bad[:4]}"
+        if bundle.spec.tie_word_embeddings and "lm_head.weight" in new:
+            return False, "tied model exported a separate lm_head"
+        hf_model(out)  # loads with transformers
+        return True, f"{len(orig)} tensors bitwise equal"
+
+    run_check(f"round_trip_{kind}_tp{tp}pp{pp}", compare)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def check_optimizer_step(path):
+    """TP2 x DP2 with the distributed optimizer vs one unsharded Adam step on the full batch."""
+    from transformers import AutoConfig
+
+    from parallel.forward import forward_backward
+    from parallel.hf_conversion import iter_hf_tensors
+    from parallel.models import build_model_chunks
+    from parallel.optim import OptimConfig, build_train_state, optimizer_step, zero_grads
+    from megatron.core import parallel_state as ps
+
+    lr, eps = 1e-3, 1e-4  # eps keeps Adam's first step smooth in g (no sign flips on ~0 grads)
+    g = torch.Generator().manual_seed(5)
+    full = torch.randint(4, 1000, (4, 16), generator=g)
+    bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
+    state = build_train_state(bundle.chunks, bundle.config, OptimConfig(lr=lr, adam_eps=eps, clip_grad=1e9,
+                                                                        use_distributed_optimizer=True))
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    ids = full.chunk(dp)[dp_rank]
+    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
+                 position_ids=torch.arange(16).expand_as(ids).contiguous())
+
+    def loss_fn(outs, mb):
+        lp = outs["log_probs"][:, 1:]
+        return -lp.mean(), {"loss": -lp.mean()}
+
+    zero_grads(state)
+    forward_backward(state.model, batch, kind="log_probs", vocab_size=bundle.spec.vocab_size, micro_batch_size=1,
+                     loss_fn=loss_fn, forward_only=False)
+    ok, grad_norm = optimizer_step(state)
+    mine = dict(iter_hf_tensors(bundle.chunks, bundle.spec))
+    # unsharded reference
+    hf = hf_model(path)
+    hf.train()
+    opt = torch.optim.Adam(hf.parameters(), lr=lr, eps=eps, betas=(0.9, 0.999))
+    logits = hf(input_ids=full).logits
+    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, full[:, 1:, None]).squeeze(-1)
+    (-lp.mean()).backward()
+    ref_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in hf.parameters())).item()
+    opt.step()
+    ref = dict(hf.named_parameters())
+    worst, worst_name = 0.0, None
+    for name, t in mine.items():
+        r = ref[name].detach()
+        d = (t - r).abs().max().item() / r.abs().max().item()
+        if d > worst:
+            worst, worst_name = d, name
+    changed = max((ref[n].detach() - t).abs().max().item() for n, t in
+                  dict(iter_hf_tensors(build_model_chunks(AutoConfig.from_pretrained(path), "reference", path).chunks,
+                                       bundle.spec)).items())
+    detail = (f"max_rel_diff={worst:.2e} ({worst_name}) grad_norm={grad_norm:.6f} ref={ref_norm:.6f} "
+              f"step_changed_weights_by={changed:.2e}")
+    return ok and worst <= 1e-6 and abs(grad_norm - ref_norm) / ref_norm < 1e-5 and changed > 1e-4, detail
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    init_distributed()
+    from tests.helpers.tiny_models import make_tiny_hf_model
+
+    paths = {k: os.path.join(args.workdir, f"hf_{k}") for k in KINDS}
+    if dist.get_rank() == 0:
+        for k, p in paths.items():
+            make_tiny_hf_model(p, k)
+    dist.barrier()
+    from megatron.core import parallel_state as ps
+
+    for tp, pp in LAYOUTS:
+        init_model_parallel(tp, pp)
+        set_seed(1234)
+        for kind in KINDS:
+            bundle = check_logits_and_log_probs(kind, paths[kind], tp, pp)
+            check_round_trip(kind, paths[kind], bundle, tp, pp, args.workdir)
+        if (tp, pp) == (2, 1):
+            run_check("optimizer_step_tp2_dp2_distributed_optimizer", lambda: check_optimizer_step(paths["llama_gqa"]))
+            # dist_checkpointing: save at TP2 here, load at TP1 below
+            from transformers import AutoConfig
+
+            from parallel.dist_checkpoint import save_sharded
+            from parallel.forward import forward_backward
+            from parallel.models import build_model_chunks
+
+            bundle = build_model_chunks(AutoConfig.from_pretrained(paths["qwen2_tied"]), "actor", paths["qwen2_tied"])
+            save_sharded(os.path.join(args.workdir, "dcp_tp2"), bundle.chunks, common={"step": 7})
+            with torch.no_grad():
+                saved_logits = forward_backward(bundle.chunks, padded_batch(), kind="logits",
+                                                vocab_size=bundle.spec.vocab_size)["logits"]
+        ps.destroy_model_parallel()
+
+    # load the TP2 checkpoint at TP1 (DP4) into differently initialised weights
+    init_model_parallel(1, 1)
+    set_seed(999)
+
+    def dcp_check():
+        from transformers import AutoConfig
+
+        from parallel.dist_checkpoint import load_sharded
+        from parallel.forward import forward_backward
+        from parallel.models import build_model_chunks
+
+        bundle = build_model_chunks(AutoConfig.from_pretrained(paths["qwen2_tied"]), "actor")
+        with torch.no_grad():
+            before = forward_backward(bundle.chunks, padded_batch(), kind="logits", vocab_size=bundle.spec.vocab_size)
+        common = load_sharded(os.path.join(args.workdir, "dcp_tp2"), bundle.chunks)
+        with torch.no_grad():
+            after = forward_backward(bundle.chunks, padded_batch(), kind="logits", vocab_size=bundle.spec.vocab_size)
+        mask = padded_batch()["attention_mask"].bool()
+        d = (after["logits"][mask] - saved_logits[mask]).abs().max().item()
+        d0 = (before["logits"][mask] - saved_logits[mask]).abs().max().item()
+        # the loaded TP1 weights are bitwise the saved TP2 weights (= the HF checkpoint)
+        from safetensors.torch import load_file
+
+        from parallel.hf_conversion import iter_hf_tensors
+
+        orig = load_file(os.path.join(paths["qwen2_tied"], "model.safetensors"))
+        exact = all(torch.equal(t, orig[n]) for n, t in iter_hf_tensors(bundle.chunks, bundle.spec))
+        return (d <= 1e-5 and exact and d0 > 1e-2 and common.get("step") == 7,
+                f"weights_bitwise_equal={exact} logits_max_abs_diff={d:.2e} (before load {d0:.2e}) common={common}")
+
+    run_check("dist_checkpoint_tp2_save_tp1_load", dcp_check)
+
+    def missing_tensor_check():
+        from safetensors.torch import load_file, save_file
+        from transformers import AutoConfig
+
+        from parallel.models import build_model_chunks
+
+        broken = os.path.join(args.workdir, "hf_missing")
+        if dist.get_rank() == 0:
+            shutil.copytree(paths["llama_gqa"], broken, dirs_exist_ok=True)
+            sd = load_file(os.path.join(broken, "model.safetensors"))
+            del sd["model.layers.1.mlp.up_proj.weight"]
+            save_file(sd, os.path.join(broken, "model.safetensors"))
+        dist.barrier()
+        try:
+            build_model_chunks(AutoConfig.from_pretrained(broken), "actor", broken)
+        except KeyError as e:
+            return "model.layers.1.mlp.up_proj.weight" in str(e), str(e)
+        return False, "no error raised"
+
+    run_check("missing_tensor_error_names_it", missing_tensor_check)
+    n_fail = sum(not ok for _, ok in RESULTS)
+    if dist.get_rank() == 0:
+        print(f"SUMMARY {len(RESULTS) - n_fail} passed, {n_fail} failed", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Megatron models vs Hugging Face under TP/PP/DP (one torchrun launch of 4 gloo processes).
+
+Each CHECK line printed by tests/dist/foundation_checks.py becomes one test here.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.dist_utils import collect_checks, run_torchrun
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "dist", "foundation_checks.py")
+KINDS = ["llama_gqa", "llama_mha", "qwen2_tied", "llama_square"]
+LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2"]
+EXPECTED = (
+    [f"{what}_{k}_{l}" for l in LAYOUTS for k in KINDS for what in ("logits", "log_probs_entropy", "round_trip")]
+    + ["optimizer_step_tp2_dp2_distributed_optimizer", "dist_checkpoint_tp2_save_tp1_load",
+       "missing_tensor_error_names_it"]
+)
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    out = run_torchrun(SCRIPT, nproc=4, args=["--workdir", str(tmp_path_factory.mktemp("foundation"))], timeout=900)
+    return collect_checks(out)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_check(checks, name):
+    assert name in checks, f"check {name} did not run; output tail:\n{checks.get('_tail', '')}"
+    ok, detail = checks[name]
+    assert ok, detail
