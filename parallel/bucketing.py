@@ -176,7 +176,10 @@ class BufferPool:
             self._buffers[slot] = buf
         return slot, buf[:nbytes]
 
-    def release(self, slot: int) -> None:
+    def release(self, slot: int | None) -> None:
+        """Give a buffer back (None: a zero-copy bucket, nothing to do)."""
+        if slot is None:
+            return
         over = self._oversize.pop(slot, None)
         if over is not None:
             self.meter.free(over.numel())
@@ -191,27 +194,50 @@ class BufferPool:
                 self._buffers[i] = None
 
 
-def fill_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], plans: Sequence[BucketPlan],
-                 pool: BufferPool) -> Iterator[tuple[BucketPlan, int, torch.Tensor]]:
-    """Copy a stream of (name, tensor) into flat buckets following `plans`.
+def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
+                 pool: BufferPool) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
+    """Copy a stream of (name, tensor[, owned]) into flat buckets following `plans`.
 
     Yields (plan, pool slot, flat uint8 buffer) once a bucket is complete; the consumer must
     `pool.release(slot)` when done with it.  Each incoming tensor is cast to the planned dtype
-    while copying.  Raises ValueError when the stream disagrees with the plan (name, shape, a
-    missing or extra tensor): the plan was validated against the engine, the stream must match it.
+    while copying.  A bucket holding one tensor larger than the pool's buffers is sent without a
+    copy when the stream marks the tensor `owned` (not aliasing model memory): its bytes are the
+    buffer (slot None).  Raises ValueError when the stream disagrees with the plan (name, shape,
+    a missing or extra tensor): the plan was validated against the engine, the stream must match.
     """
     it = iter(named_tensors)
+
+    def take(meta: TensorMeta, plan: BucketPlan):
+        try:
+            item = next(it)
+        except StopIteration:
+            raise ValueError(f"tensor stream ended before {meta.name!r} (bucket {plan.index})") from None
+        name, t = item[0], item[1]
+        if name != meta.name or tuple(t.shape) != tuple(meta.shape):
+            raise ValueError(f"tensor stream out of plan: got {name!r} {tuple(t.shape)}, "
+                             f"planned {meta.name!r} {tuple(meta.shape)}")
+        return t, (len(item) > 2 and bool(item[2]))
+
     for plan in plans:
+        if len(plan.metas) == 1 and plan.nbytes > pool.max_bytes:
+            meta = plan.metas[0]
+            t, owned = take(meta, plan)
+            if owned or t.dtype != meta.dtype:
+                t = t.to(meta.dtype).contiguous()
+                buf = t.reshape(-1).view(torch.uint8)
+                del t
+                yield plan, None, buf
+                del buf
+                continue
+            slot, buf = pool.acquire(plan.nbytes)
+            buf.view(meta.dtype).view(meta.shape).copy_(t)
+            del t
+            yield plan, slot, buf
+            continue
         slot, buf = pool.acquire(plan.nbytes)
         try:
-            for (name, view) in bucket_views(buf, plan):
-                try:
-                    got_name, t = next(it)
-                except StopIteration:
-                    raise ValueError(f"tensor stream ended before {name!r} (bucket {plan.index})") from None
-                if got_name != name or tuple(t.shape) != tuple(view.shape):
-                    raise ValueError(f"tensor stream out of plan: got {got_name!r} {tuple(t.shape)}, "
-                                     f"planned {name!r} {tuple(view.shape)}")
+            for meta, (_name, view) in zip(plan.metas, bucket_views(buf, plan)):
+                t, _owned = take(meta, plan)
                 view.copy_(t)
                 del t
         except BaseException:

@@ -724,9 +724,13 @@ class WeightBridge:
         return verdict, entries, skipped
 
     # ---- data -----------------------------------------------------------------------------
-    def _hf_stream(self, entries: Sequence[_Entry]) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full tensor) on the stage leader; the other TP ranks only take part in the
-        gathers (they yield nothing)."""
+    def _hf_stream(self, entries: Sequence[_Entry]) -> Iterator[tuple[str, torch.Tensor, bool]]:
+        """(HF name, full tensor, owned) on the stage leader; the other TP ranks only take part in
+        the gathers (they yield nothing).  owned=False: the tensor aliases model memory.
+
+        Memory: the gathered shards and their converted copy coexist only while converting one
+        parameter; the shards are dropped before the HF tensors are handed on.
+        """
         topo = self.topo
         for e in entries:
             dim = _GATHER_DIM[e.role.kind]
@@ -738,17 +742,21 @@ class WeightBridge:
                 shards = topo.gather(e, dim)
                 if not topo.is_leader:
                     continue
+            gathered = sum(x.nbytes for x in shards) if dim is not None and topo.tp_size > 1 else 0
             with torch.no_grad():
                 outs = hf_tensors_from_shards(e.role, shards, self.spec)
-            extra = (sum(s.nbytes for s in shards) if dim is not None and topo.tp_size > 1 else 0) \
-                + sum(t.nbytes for _, t in outs)
-            self.meter.alloc(extra)
+            converted = 0 if dim is None else sum(t.nbytes for _, t in outs)
+            self.meter.alloc(gathered + converted)
+            del shards
+            self.meter.free(gathered)
             try:
-                for name, t in outs:
-                    yield name, t
+                while outs:
+                    name, t = outs.pop(0)
+                    yield name, t, dim is not None
+                    del t
             finally:
-                del shards, outs
-                self.meter.free(extra)
+                del outs
+                self.meter.free(converted)
 
     def _own_buckets(self, stage: StagePlan, entries, pool: BufferPool):
         it = fill_buckets(self._hf_stream(entries), stage.buckets, pool)
@@ -794,9 +802,11 @@ class WeightBridge:
         samples: dict[str, torch.Tensor] = {}
         if topo.active:
             my_stage = next((s for s in plan.stages if s.pp_rank == topo.pp_rank), None)
-            pool = BufferPool(self.bucket_bytes if my_stage is None else
-                              min(self.bucket_bytes, max([b.nbytes for s in plan.stages for b in s.buckets] or [1])),
-                              count=2 if self.overlap else 1, device=self._device(), meter=self.meter)
+            # buffers as large as the largest bucket that fits bucket_bytes; a bigger single tensor
+            # travels in its own memory (see fill_buckets)
+            fitting = [b.nbytes for s in plan.stages for b in s.buckets if b.nbytes <= self.bucket_bytes]
+            pool = BufferPool(max(fitting or [1]), count=2 if self.overlap else 1, device=self._device(),
+                              meter=self.meter)
             try:
                 if self.transport == "tensor":
                     error = self._run_tensor(plan, my_stage, entries, pool, samples)
