@@ -17,6 +17,11 @@ from parallel import cpu_patches  # noqa: F401
 from parallel.hf_conversion import unwrap_model
 
 
+# The distributed optimizer's state is saved in the "fully_reshardable" format: it loads at any
+# TP/PP/DP layout (the default flattened-range format is rejected by dist_checkpointing).
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
 def model_sharded_state_dict(chunks) -> dict:
     """{'model': sd} for one chunk, {'model0': sd0, 'model1': sd1, ...} for VPP chunks."""
     chunks = [unwrap_model(c) for c in chunks]
@@ -34,7 +39,7 @@ def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None) 
     dist.barrier()
     sd = model_sharded_state_dict(chunks)
     if optimizer is not None:
-        sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=False)
+        sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=False, metadata=OPTIMIZER_METADATA)
     if common:
         sd["common_state"] = common
     dist_checkpointing.save(sd, path)
@@ -50,7 +55,7 @@ def load_sharded(path: str, chunks, optimizer=None) -> dict:
         raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
     sd = model_sharded_state_dict(chunks)
     if optimizer is not None:
-        sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=True)
+        sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=True, metadata=OPTIMIZER_METADATA)
     common = dist_checkpointing.load_common_state_dict(path)
     if "common_state" in common:
         sd["common_state"] = common["common_state"]

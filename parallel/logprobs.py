@@ -87,7 +87,10 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, *, voca
     entropy = None
     if calculate_entropy:
         probs = exp / sum_exp.unsqueeze(-1)
-        p_z = torch.where(valid, probs * shifted, torch.zeros_like(shifted)).sum(-1)
+        # zero the -inf padded logits BEFORE multiplying: torch.where after the product would
+        # still back-propagate 0 * -inf = NaN into the logits
+        finite = torch.where(valid, shifted, torch.zeros_like(shifted))
+        p_z = (probs * finite).sum(-1)
         entropy = log_z - _AllReduceSum.apply(p_z, tp_group)
     return log_probs, entropy
 

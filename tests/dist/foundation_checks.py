@@ -171,13 +171,13 @@ def check_optimizer_step(path):
     batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids),
                  position_ids=torch.arange(16).expand_as(ids).contiguous())
 
-    def loss_fn(outs, mb):
-        lp = outs["log_probs"][:, 1:]
-        return -lp.mean(), {"loss": -lp.mean()}
+    def loss_fn(outs, mb):  # log-likelihood plus an entropy bonus: both gradients are checked
+        loss = -outs["log_probs"][:, 1:].mean() - 0.1 * outs["entropy"][:, 1:].mean()
+        return loss, {"loss": loss}
 
     zero_grads(state)
     forward_backward(state.model, batch, kind="log_probs", vocab_size=bundle.spec.vocab_size, micro_batch_size=1,
-                     loss_fn=loss_fn, forward_only=False)
+                     loss_fn=loss_fn, forward_only=False, calculate_entropy=True)
     ok, grad_norm = optimizer_step(state)
     mine = dict(iter_hf_tensors(bundle.chunks, bundle.spec))
     # unsharded reference
@@ -185,8 +185,10 @@ def check_optimizer_step(path):
     hf.train()
     opt = torch.optim.Adam(hf.parameters(), lr=lr, eps=eps, betas=(0.9, 0.999))
     logits = hf(input_ids=full).logits
-    lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, full[:, 1:, None]).squeeze(-1)
-    (-lp.mean()).backward()
+    logp_all = torch.log_softmax(logits[:, :-1], -1)
+    lp = logp_all.gather(-1, full[:, 1:, None]).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    (-lp.mean() - 0.1 * entropy.mean()).backward()
     ref_norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in hf.parameters())).item()
     opt.step()
     ref = dict(hf.named_parameters())
