@@ -26,9 +26,12 @@ def test_split_is_contiguous_and_balanced():
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True)
+    owned = not ray.is_initialized()  # reuse a session another module started
+    if owned:
+        ray.init(num_cpus=2, include_dashboard=False)
     yield ray
-    ray.shutdown()
+    if owned:
+        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
