@@ -148,11 +148,14 @@ class BufferPool:
     """
 
     def __init__(self, max_bytes: int, count: int = 1, device: str | torch.device = "cpu",
-                 meter: MemoryMeter | None = None):
+                 meter: MemoryMeter | None = None, shared: bool = False):
         import queue
 
         self.max_bytes = int(max_bytes)
         self.device = torch.device(device)
+        # CPU buffers in shared memory from the start: handing them to another process (torch's
+        # multiprocessing pickler) then passes a file descriptor instead of copying them into shm
+        self.shared = shared and self.device.type == "cpu"
         self.meter = meter or MemoryMeter()
         self._free: "queue.Queue[int]" = queue.Queue()
         self._buffers: list[torch.Tensor | None] = [None] * count
@@ -166,15 +169,20 @@ class BufferPool:
         slot = self._free.get()
         buf = self._buffers[slot]
         if nbytes > self.max_bytes:
-            oversize = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            oversize = self._new(nbytes)
             self.meter.alloc(nbytes)
             self._oversize[slot] = oversize
             return slot, oversize
         if buf is None:
-            buf = torch.empty(self.max_bytes, dtype=torch.uint8, device=self.device)
+            buf = self._new(self.max_bytes)
             self.meter.alloc(self.max_bytes)
             self._buffers[slot] = buf
         return slot, buf[:nbytes]
+
+    def _new(self, nbytes: int) -> torch.Tensor:
+        if self.shared:
+            return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def release(self, slot: int | None) -> None:
         """Give a buffer back (None: a zero-copy bucket, nothing to do)."""

@@ -148,6 +148,16 @@ def _check_result(result, what: str) -> None:
         raise WeightBridgeError(f"{what} failed: {msg}")
 
 
+def _accepts_kwarg(fn, name: str) -> bool:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
 def _sink_label(i: int, sink) -> str:
     return getattr(sink, "name", None) or f"engine{i}"
 
@@ -331,9 +341,9 @@ def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tu
         for name, shape, _dt in stage_tensors[pp_rank]:
             shape = tuple(int(s) for s in shape)
             if name in owner:
-                problems.append(f"weight {name!r} would be sent twice (pipeline stages {owner[name]} and {pp_rank})")
-                continue
-            owner[name] = pp_rank
+                problems.append(f"weight {name!r} would be sent twice (from pipeline stage {owner[name]} and again "
+                                f"from stage {pp_rank}): two trainer tensors map to it")
+            owner.setdefault(name, pp_rank)
             if name not in exp:
                 close = difflib.get_close_matches(name, list(exp), n=3, cutoff=0.6)
                 problems.append(f"weight {name!r} (shape {shape}, pipeline stage {pp_rank}) is not a weight of "
@@ -806,7 +816,7 @@ class WeightBridge:
             # travels in its own memory (see fill_buckets)
             fitting = [b.nbytes for s in plan.stages for b in s.buckets if b.nbytes <= self.bucket_bytes]
             pool = BufferPool(max(fitting or [1]), count=2 if self.overlap else 1, device=self._device(),
-                              meter=self.meter)
+                              meter=self.meter, shared=self.transport == "tensor")
             try:
                 if self.transport == "tensor":
                     error = self._run_tensor(plan, my_stage, entries, pool, samples)
@@ -846,7 +856,9 @@ class WeightBridge:
     # ---- colocated ------------------------------------------------------------------------
     def _deliver(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for i, s in enumerate(self.sinks):
-            _check_result(s.update_weights_from_tensor(named), f"{_sink_label(i, s)}.update_weights_from_tensor")
+            # one cache flush at the end of the sync instead of one per bucket, when the sink allows
+            kw = {"flush_cache": False} if _accepts_kwarg(s.update_weights_from_tensor, "flush_cache") else {}
+            _check_result(s.update_weights_from_tensor(named, **kw), f"{_sink_label(i, s)}.update_weights_from_tensor")
 
     def _run_tensor(self, plan: SendPlan, my_stage, entries, pool: BufferPool, samples) -> str | None:
         topo = self.topo
