@@ -582,8 +582,8 @@ class WeightBridge:
         check_rows: rows per tensor read back in check mode.
         allow_missing: predicate on engine weight names that may stay unsent.
         group_prefix, backend, master_address, timeout_s: distributed transport settings
-            (backend None: nccl with CUDA, else gloo; master_address None: 127.0.0.1 when every
-            stage leader runs on the controller's host, else the leader's resolved host name).
+            (backend None: nccl with CUDA, else gloo; master_address None: each stage leader's
+            `gethostbyname(gethostname())`, where the engines reach its rendezvous store).
         topology: override (tests: SimulatedTPTopology); default MegatronTopology().
     """
 
@@ -659,10 +659,17 @@ class WeightBridge:
             with socket.socket() as s:
                 s.bind(("", 0))
                 rep["port"] = s.getsockname()[1]
+            try:  # the address engines use to reach this leader's rendezvous store
+                rep["addr"] = socket.gethostbyname(socket.gethostname())
+            except OSError:
+                rep["addr"] = "127.0.0.1"
         return rep
 
     def _controller_plan(self, reports: list) -> SendPlan:
         reports = [r for r in reports if r is not None]
+        errors = [r["error"] for r in reports if "error" in r]
+        if errors:
+            raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
         by_stage = {}
         for r in reports:
             if r["pp_rank"] in by_stage:
@@ -690,12 +697,7 @@ class WeightBridge:
             if self.transport == "distributed":
                 st.group_name = f"{self.group_prefix}_pp{p}"
                 st.master_port = r.get("port")
-                if self.master_address is not None:
-                    st.master_address = self.master_address
-                elif all(x["host"] == by_stage[0]["host"] for x in reports):
-                    st.master_address = "127.0.0.1"
-                else:
-                    st.master_address = socket.gethostbyname(r["host"])
+                st.master_address = self.master_address or r.get("addr") or "127.0.0.1"
             stages.append(st)
         names = [m.name for s in stages for m in s.metas]
         if self.check == "all":
@@ -720,8 +722,13 @@ class WeightBridge:
         if not self._collective_ready:
             self.topo.init_collective()
             self._collective_ready = True
-        entries, skipped = local_entries(self.chunks, self.spec, self.name_map) if self.topo.active else ([], [])
-        reports = self.topo.all_gather_object(self._local_report(entries))
+        try:
+            entries, skipped = local_entries(self.chunks, self.spec, self.name_map) if self.topo.active else ([], [])
+            report = self._local_report(entries)
+        except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
+            entries, skipped = [], []
+            report = {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
+        reports = self.topo.all_gather_object(report)
         verdict = None
         if self.topo.is_controller:
             try:
@@ -800,11 +807,18 @@ class WeightBridge:
         # open the session on every engine, then tell everyone whether to go
         go = None
         if topo.is_controller:
+            opened = []
             try:
                 for i, s in enumerate(self.sinks):
                     _check_result(s.begin_weight_update(), f"{_sink_label(i, s)}.begin_weight_update")
+                    opened.append(s)
             except Exception as e:  # noqa: BLE001
                 go = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{type(e).__name__}: {e}")
+                for s in opened:  # leave no session open behind us
+                    try:
+                        s.end_weight_update()
+                    except Exception:  # noqa: BLE001
+                        pass
         go = topo.broadcast_object(go)
         if isinstance(go, BaseException):
             raise go
@@ -822,6 +836,8 @@ class WeightBridge:
                     error = self._run_tensor(plan, my_stage, entries, pool, samples)
                 else:
                     error = self._run_distributed(plan, my_stage, entries, pool, samples)
+            except Exception as e:  # noqa: BLE001 - reported below so every rank raises the same error
+                error = f"rank {topo.rank}: {type(e).__name__}: {e}"
             finally:
                 pool.close()
         if topo.is_controller:
@@ -974,7 +990,7 @@ class WeightBridge:
                         _, slot, buf = next(own)
                         try:
                             self._record_samples(plan, bplan, buf, samples)
-                            if error is None:
+                            if handles:  # engines that accepted the request are waiting for the data
                                 self._broadcast_bucket(bplan, buf)
                         finally:
                             pool.release(slot)
