@@ -61,6 +61,12 @@ def validate(s: TrainerSetup) -> dict:
     return {"val/score": float(np.mean(scores)) if scores else 0.0}
 
 
+def log_prob_temperature(cfg) -> float:
+    """Temperature the trainer applies to its logits: the rollout's (SGLang divides logits by it),
+    or 1 for greedy rollouts (temperature 0), whose log-probs SGLang reports unscaled."""
+    return cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0
+
+
 def ppo_step(s: TrainerSetup, step: int) -> dict:
     """One PPO iteration on the next batch of prompts; returns the step's metrics."""
     cfg, m = s.cfg, {}
@@ -77,13 +83,13 @@ def ppo_step(s: TrainerSetup, step: int) -> dict:
     uids = np.array([x.prompt_index for x in samples])
 
     with timer(m, "old_log_prob"):
-        out = compute_log_probs(s.actor.chunks, batch, vocab_size=s.vocab_size, temperature=cfg.rollout.temperature,
+        out = compute_log_probs(s.actor.chunks, batch, vocab_size=s.vocab_size, temperature=log_prob_temperature(cfg),
                                 micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu, calculate_entropy=False)
         batch["old_log_probs"] = out["log_probs"]
     if s.reference is not None:
         with timer(m, "ref"):
             batch["ref_log_probs"] = compute_log_probs(
-                s.reference.chunks, batch, vocab_size=s.vocab_size, temperature=cfg.rollout.temperature,
+                s.reference.chunks, batch, vocab_size=s.vocab_size, temperature=log_prob_temperature(cfg),
                 micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)["log_probs"]
     if s.critic is not None:
         with timer(m, "values"):
@@ -117,7 +123,7 @@ def ppo_step(s: TrainerSetup, step: int) -> dict:
             m.update(update_critic(s.critic_state, batch, cfg.critic, step=step))
     with timer(m, "update_actor"):
         m.update(update_actor(s.actor_state, batch, cfg.actor, vocab_size=s.vocab_size,
-                              temperature=cfg.rollout.temperature, step=step))
+                              temperature=log_prob_temperature(cfg), step=step))
     with timer(m, "sync_weights"):
         s.sync_weights()
 
@@ -157,6 +163,8 @@ def run(cfg) -> dict:
             last.update(val)
         progress = s.progress_bar()
         for step in range(s.start_step + 1, s.total_steps + 1):
+            if os.environ.get("RLHF_FAIL_AT_STEP") == str(step):  # fault injection for resume tests
+                os._exit(17)
             t0 = time.perf_counter()
             metrics = ppo_step(s, step)
             metrics["timing/step"] = time.perf_counter() - t0
