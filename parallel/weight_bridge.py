@@ -16,9 +16,13 @@ What it does, per `WeightBridge.sync()` (a collective over every trainer rank):
    all-gathers) its shards on the stage leader (tp rank 0 of data-parallel replica 0), which
    converts them to HF tensors (q/k/v split out of megatron's per-group interleave, [gate; up]
    split, padded vocabulary rows trimmed) and copies them, cast to the engine dtype, into a flat
-   bucket buffer.  No rank ever holds the whole model: extra memory is about one bucket plus one
-   gathered parameter (two buckets with `overlap=True`, where a thread converts bucket k+1 while
-   bucket k is being sent).  Other data-parallel replicas do nothing.
+   bucket buffer (layout of SGLang's ``FlattenedTensorBucket``).  No rank ever holds the whole
+   model: extra memory is one bucket buffer plus, transiently, one gathered parameter and its
+   converted copy (two bucket buffers with `overlap=True`, where a thread converts bucket k+1
+   while bucket k is delivered); a single tensor larger than a bucket travels in its own memory.
+   Other data-parallel replicas do nothing.  On CPU with all TP ranks on one host the gather
+   goes through /dev/shm staging files instead of gloo (`MegatronTopology.prepare`): gloo moves a
+   few hundred MB/s over loopback TCP, shared memory is a memcpy.
 4. **Deliver**, one of two transports:
 
    * ``"tensor"`` (colocated): the controller calls ``update_weights_from_tensor(named_tensors)``
@@ -50,6 +54,12 @@ Persistent buffers: `state_dict()` entries that are not parameters are sent when
 HF tensor, either by the standard name map (`hf_conversion.param_role`, e.g. a frozen norm kept as
 a buffer under its usual name) or by a `name_map` hook (`regex_name_map`).  Unmapped buffers are
 skipped and listed in `SyncStats.skipped_buffers`; an unmapped *parameter* is an error.
+
+Failure semantics: every rank raises the same WeightBridgeError.  Refusals (plan/validation,
+`begin_weight_update`) happen before any weight moves.  An engine error during delivery leaves
+that engine with a mix of old and new weights (sync again); colocated, the controller keeps
+draining the other stages' buckets so no sender blocks; disaggregated, a dead engine makes the
+stage leaders' broadcasts fail only after the group timeout (`timeout_s`).
 
 Typical use (every trainer rank)::
 
@@ -369,10 +379,14 @@ class MegatronTopology:
     Control messages (plans, verdicts) use a gloo group over all ranks, created lazily.
     """
 
-    def __init__(self):
+    def __init__(self, shm_gather: bool | None = None):
         from megatron.core import parallel_state as ps
 
         self.ps = ps
+        self.shm_gather = shm_gather
+        self._shm = None  # same-host shared-memory gather state (see prepare)
+        self._packs = None
+        self._last_in_pack = False
         self.rank = dist.get_rank()
         self.world = dist.get_world_size()
         self.tp_size = ps.get_tensor_model_parallel_world_size()
@@ -396,14 +410,95 @@ class MegatronTopology:
         """Collective over all ranks: create the control group (call once, everyone)."""
         self._control_group()
 
+    SHM_STAGING_BYTES = 128 * 1024 * 1024
+
+    def prepare(self, entries: Sequence[_Entry]) -> None:
+        """Collective over the TP group of every active rank, before the gathers of a sync.
+
+        CPU tensors with all TP ranks on one host: set up a shared-memory gather.  gloo moves
+        data over loopback TCP at a few hundred MB/s on a busy host; instead each non-leader
+        copies its shards into a /dev/shm staging file the leader has mapped (one memcpy on each
+        side), packing consecutive parameters up to `SHM_STAGING_BYTES` (or the largest shard),
+        and the ranks exchange two tiny barriers per pack.  Used when `shm_gather` is None (auto)
+        or True; False keeps torch.distributed `gather` (gloo / NCCL).
+        """
+        self._packs = None
+        if self.tp_size == 1 or not self.active or self.shm_gather is False:
+            return
+        if {e.tensor.device.type for e in entries} - {"cpu"} or not os.path.isdir("/dev/shm"):
+            return
+        gathered = [(i, e.tensor.nbytes) for i, e in enumerate(entries) if _GATHER_DIM[e.role.kind] is not None]
+        if not gathered:
+            return
+        cap = max(max(n for _, n in gathered), min(sum(n for _, n in gathered), self.SHM_STAGING_BYTES))
+        # deterministic packing, identical on every TP rank (same entries, same shard shapes)
+        packs, cur, off = {}, [], 0
+        for i, n in gathered:
+            if cur and off + n > cap:
+                cur, off = [], 0
+            cur.append(i)
+            packs[id(entries[i])] = (cur, off)
+            off += n
+        self._entries = entries
+        if self._shm is None or self._shm["size"] < cap:
+            hosts = [None] * self.tp_size
+            dist.all_gather_object(hosts, self.hostname(), group=self.tp_group)
+            if len(set(hosts)) > 1:
+                self.shm_gather = False
+                return
+            name = None
+            if self.tp_rank != 0:
+                name = f"/dev/shm/rlhf_weight_bridge_{os.getpid()}_{self.rank}_{time.time_ns()}"
+                with open(name, "wb") as f:
+                    f.truncate(cap)
+                staging = torch.from_file(name, shared=True, size=cap, dtype=torch.uint8)
+            names = [None] * self.tp_size
+            dist.all_gather_object(names, name, group=self.tp_group)
+            state = {"size": cap}
+            if self.tp_rank == 0:
+                state["peers"] = [torch.from_file(n, shared=True, size=cap, dtype=torch.uint8) for n in names[1:]]
+            else:
+                state["staging"] = staging
+            dist.barrier(group=self.tp_group)
+            if name is not None:
+                os.unlink(name)  # the mappings stay valid; nothing is left behind in /dev/shm
+            self._shm = state
+        self._packs = packs
+
     def gather(self, entry: _Entry, dim: int) -> list[torch.Tensor] | None:
-        """TP shards of `entry.tensor` on the stage leader (rank order), None elsewhere."""
+        """TP shards of `entry.tensor` on the stage leader (rank order), None elsewhere.
+
+        The leader calls `release_gather()` once it no longer needs the shards.
+        """
         t = entry.tensor.detach().contiguous()
         if self.tp_size == 1:
             return [t]
+        if self._packs is not None:
+            pack, off = self._packs[id(entry)]
+            first = self._entries[pack[0]] is entry
+            if self.tp_rank != 0:
+                if first:  # stage the whole pack, then wait until the leader has read it
+                    staging = self._shm["staging"]
+                    for i in pack:
+                        e = self._entries[i]
+                        src = e.tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+                        _, o = self._packs[id(e)]
+                        staging[o:o + src.numel()].copy_(src)
+                    dist.barrier(group=self.tp_group)  # pack staged
+                    dist.barrier(group=self.tp_group)  # leader done with it
+                return None
+            if first:
+                dist.barrier(group=self.tp_group)
+            self._last_in_pack = self._entries[pack[-1]] is entry
+            return [t] + [p[off:off + t.nbytes].view(t.dtype).view(t.shape) for p in self._shm["peers"]]
         out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
         dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
         return out
+
+    def release_gather(self) -> None:
+        """Leader: the shards of the last `gather` are no longer needed."""
+        if self._packs is not None and self.tp_size > 1 and self._last_in_pack:
+            dist.barrier(group=self.tp_group)
 
     def all_gather_object(self, obj) -> list:
         out = [None] * self.world
@@ -445,8 +540,14 @@ class SimulatedTPTopology:
     def init_collective(self) -> None:
         pass
 
+    def prepare(self, entries) -> None:
+        pass
+
     def gather(self, entry: _Entry, dim: int) -> list[torch.Tensor]:
         return [sd[entry.chunk_index][entry.local_name].detach() for sd in self._sd]
+
+    def release_gather(self) -> None:
+        pass
 
     def all_gather_object(self, obj) -> list:
         return [obj]
@@ -521,6 +622,9 @@ class SyncStats:
     num_tensors: int = 0
     num_buckets: int = 0
     peak_extra_bytes: int = 0  # bucket buffers + gathered/converted tensors on this rank
+    produce_seconds: float = 0.0  # this rank waiting for its own buckets (TP gather, convert, pack)
+    receive_seconds: float = 0.0  # controller, colocated PP: receiving other stages' buckets
+    deliver_seconds: float = 0.0  # engine calls / p2p sends / broadcasts (and waiting for the engines)
     skipped_buffers: list[str] = field(default_factory=list)
     check: CheckReport | None = None
 
@@ -631,6 +735,7 @@ class WeightBridge:
         self._groups_ready = False
         self._pg = None  # this leader's weight-update group (distributed transport)
         self._collective_ready = False
+        self._times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
         self.version = 0
 
     # ---- planning -------------------------------------------------------------------------
@@ -760,8 +865,12 @@ class WeightBridge:
                 if not topo.is_leader:
                     continue
             gathered = sum(x.nbytes for x in shards) if dim is not None and topo.tp_size > 1 else 0
-            with torch.no_grad():
-                outs = hf_tensors_from_shards(e.role, shards, self.spec)
+            try:
+                with torch.no_grad():
+                    outs = hf_tensors_from_shards(e.role, shards, self.spec)
+            finally:
+                if dim is not None:
+                    topo.release_gather()  # every kind with a gather copies in hf_tensors_from_shards
             converted = 0 if dim is None else sum(t.nbytes for _, t in outs)
             self.meter.alloc(gathered + converted)
             del shards
@@ -777,7 +886,19 @@ class WeightBridge:
 
     def _own_buckets(self, stage: StagePlan, entries, pool: BufferPool):
         it = fill_buckets(self._hf_stream(entries), stage.buckets, pool)
-        return iter(_Threaded(it)) if self.overlap else it
+        return self._timed(iter(_Threaded(it)) if self.overlap else it, "produce")
+
+    def _timed(self, it: Iterator, key: str) -> Iterator:
+        """Charge the time spent waiting for each item of `it` to self._times[key]."""
+        while True:
+            t0 = time.perf_counter()
+            try:
+                x = next(it)
+            except StopIteration:
+                self._times[key] += time.perf_counter() - t0
+                return
+            self._times[key] += time.perf_counter() - t0
+            yield x
 
     def _record_samples(self, plan: SendPlan, bplan: BucketPlan, buf: torch.Tensor, samples: dict) -> None:
         if not plan.check_names:
@@ -797,7 +918,10 @@ class WeightBridge:
         """
         t0 = time.perf_counter()
         self.meter.reset_peak()
+        self._times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
         plan, entries, skipped = self._plan()
+        if self.topo.active:
+            self.topo.prepare(entries)
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes,
                           num_tensors=plan.num_tensors, num_buckets=sum(len(s.buckets) for s in plan.stages),
                           skipped_buffers=skipped)
@@ -866,11 +990,20 @@ class WeightBridge:
                 raise verdict
         self.version += 1
         stats.peak_extra_bytes = self.meter.peak
+        stats.produce_seconds, stats.receive_seconds = self._times["produce"], self._times["receive"]
+        stats.deliver_seconds = self._times["deliver"]
         stats.seconds = time.perf_counter() - t0
         return stats
 
     # ---- colocated ------------------------------------------------------------------------
     def _deliver(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._deliver_untimed(named)
+        finally:
+            self._times["deliver"] += time.perf_counter() - t0
+
+    def _deliver_untimed(self, named: list[tuple[str, torch.Tensor]]) -> None:
         for i, s in enumerate(self.sinks):
             # one cache flush at the end of the sync instead of one per bucket, when the sink allows
             kw = {"flush_cache": False} if _accepts_kwarg(s.update_weights_from_tensor, "flush_cache") else {}
@@ -884,7 +1017,7 @@ class WeightBridge:
                 if stage.leader == topo.rank:
                     source = self._own_buckets(stage, entries, pool)
                 else:
-                    source = self._recv_buckets(stage, pool)
+                    source = self._timed(self._recv_buckets(stage, pool), "receive")
                 for bplan, slot, buf in source:
                     try:
                         self._record_samples(plan, bplan, buf, samples)
@@ -896,10 +1029,12 @@ class WeightBridge:
                         pool.release(slot)
         elif topo.is_leader:
             for bplan, slot, buf in self._own_buckets(my_stage, entries, pool):
+                t1 = time.perf_counter()
                 try:
                     topo.send(buf, topo.controller)
                 finally:
                     pool.release(slot)
+                    self._times["deliver"] += time.perf_counter() - t1
         else:
             for _ in self._hf_stream(entries):  # gathers only
                 pass
@@ -967,8 +1102,10 @@ class WeightBridge:
         self._group_plan = {s.pp_rank: s.group_name for s in plan.stages}
 
     def _broadcast_bucket(self, bplan: BucketPlan, buf: torch.Tensor) -> None:
+        t0 = time.perf_counter()
         for _name, view in bucket_views(buf, bplan):
             dist.broadcast(view, src=0, group=self._pg)
+        self._times["deliver"] += time.perf_counter() - t0
 
     def _run_distributed(self, plan: SendPlan, my_stage, entries, pool: BufferPool, samples) -> str | None:
         topo = self.topo
@@ -994,12 +1131,14 @@ class WeightBridge:
                                 self._broadcast_bucket(bplan, buf)
                         finally:
                             pool.release(slot)
+                    t_wait = time.perf_counter()
                     for i, s, h in handles:
                         try:
                             _check_result(h.wait() if hasattr(h, "wait") else h,
                                           f"{_sink_label(i, s)}.update_weights_from_distributed")
                         except Exception as e:  # noqa: BLE001
                             error = error or f"{type(e).__name__}: {e}"
+                    self._times["deliver"] += time.perf_counter() - t_wait
                 if own is not None:
                     for _ in own:  # exhaust (raises if the stream disagrees with the plan)
                         pass

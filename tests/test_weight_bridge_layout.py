@@ -492,3 +492,30 @@ def test_check_mode_verifies_and_detects_corruption():
 
     with pytest.raises(WeightBridgeError, match="down_proj"):
         run_bridge(hf, spec, 2, check="sample", sink=Corrupting(expected_weights_from_spec(spec)))
+
+
+def test_several_engines_get_the_same_weights_or_none_does():
+    spec = make_spec(8, 4, False, True)
+    hf = random_hf_state(spec, seed=5)
+    ranks = simulated_trainer(hf, spec, 2)
+    sinks = [InMemorySink(expected_weights_from_spec(spec), name=f"e{i}") for i in range(2)]
+    WeightBridge(ranks[0], spec, sinks, topology=SimulatedTPTopology(ranks), bucket_bytes=10000).sync()
+    for n, t in hf.items():
+        assert torch.equal(sinks[0].received[n], t) and torch.equal(sinks[1].received[n], t)
+    # one engine disagrees on a shape: both are refused before anything is sent
+    bad = expected_weights_from_spec(spec)
+    bad["model.norm.weight"] = ((7,), torch.float32)
+    sinks = [InMemorySink(expected_weights_from_spec(spec), name="good"), InMemorySink(bad, name="bad")]
+    with pytest.raises(WeightBridgeError, match=r"'model.norm.weight'.*\(64,\) but bad expects \(7,\)"):
+        WeightBridge(ranks[0], spec, sinks, topology=SimulatedTPTopology(ranks)).sync()
+    assert all(s.received == {} and [c for c, _ in s.calls] == ["expected_weights"] for s in sinks)
+
+
+def test_sink_without_required_methods_is_rejected_early():
+    spec = make_spec(4, 2, False, False)
+    ranks = simulated_trainer(random_hf_state(spec), spec, 1)
+    with pytest.raises(TypeError, match="init_weights_update_group"):
+        WeightBridge(ranks[0], spec, InMemorySink(expected_weights_from_spec(spec)), transport="distributed",
+                     topology=SimulatedTPTopology(ranks))
+    with pytest.raises(ValueError, match="sinks"):
+        WeightBridge(ranks[0], spec, None, topology=SimulatedTPTopology(ranks))
