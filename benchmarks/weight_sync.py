@@ -9,15 +9,17 @@ Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, 
 one `RolloutEngine` (SGLang, rollout TP 1, fp32) owned by rank 0.
 
 Timed (after one untimed warm-up of each path, so imports, first-touch page faults and the
-engine's first load are excluded):
+engine's first load are excluded; medians of --repeats runs):
   * bridge     -- `WeightBridge.sync()`: plan + validation against the engine, TP gathers,
-                  conversion to HF layout, bucketing, delivery, end of session, cache flush
-                  (``--transport tensor``: colocated update_weights_from_tensor via shared memory;
-                  ``distributed``: gloo broadcast into the engine's weight-update group);
+                  conversion to HF layout, bucketing, delivery, end of session, cache flush.
+                  Variants (--variants transport:bucket_mb:serial|overlap, comma-separated):
+                  the default 512 MB buckets without overlap (the bridge's defaults, used for the
+                  last line), 128 MB buckets with conversion overlapped with delivery, and the
+                  disaggregated transport (gloo broadcast into the engine's weight-update group);
   * copy       -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0);
   * disk       -- `engine.update_weights_from_disk(dir)` of the same weights, exported with
                   `save_hf_checkpoint` (safetensors, file pages hot in the OS cache).
-peak_extra_mb: the largest, over the two trainer ranks, increase of resident memory during the
+peak_extra_mb: the largest, over the two trainer ranks, increase of resident memory during a
 timed sync (VmHWM after the sync minus VmRSS before it, with VmHWM reset via /proc/self/clear_refs);
 the bridge's own accounting (bucket buffers + gathered/converted tensors) is printed too.
 
@@ -79,6 +81,43 @@ def _reset_hwm():
         return False
 
 
+def time_bridge(actor, engine, transport, bucket_mb, overlap, repeats, n_params, log):
+    """Warm-up sync, then `repeats` timed syncs; returns (median seconds, peak extra RSS MB, stats)."""
+    import torch
+    import torch.distributed as dist
+
+    from parallel.weight_bridge import WeightBridge
+
+    bridge = WeightBridge(actor.chunks, actor.spec, engine, transport=transport,
+                          bucket_bytes=int(bucket_mb * 2**20), overlap=overlap, group_prefix=f"bench_{time.time_ns()}")
+    dist.barrier()
+    # warm-up: imports, weight-update group creation ("distributed"), first-touch allocations
+    stats = bridge.sync()
+    times, rss_peaks, meter_peaks = [], [], []
+    for _ in range(repeats):
+        dist.barrier()
+        hwm_ok = _reset_hwm()
+        rss0 = _rss_kb("VmRSS")
+        t0 = time.perf_counter()
+        stats = bridge.sync()
+        dist.barrier()
+        times.append(time.perf_counter() - t0)
+        peak = (_rss_kb("VmHWM") - rss0) / 1024 if hwm_ok else float("nan")
+        t = torch.tensor([peak, stats.peak_extra_bytes / 2**20], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        rss_peaks.append(t[0].item())
+        meter_peaks.append(t[1].item())
+    bridge.close()
+    med = sorted(times)[len(times) // 2]
+    log(f"bridge ({transport}, {bucket_mb:g} MB buckets{', overlap' if overlap else ''}): {stats.bytes / 1e6:.1f} MB "
+        f"({n_params / 1e6:.1f} M params at trainer TP2, {stats.num_buckets} buckets) in {med:.3f} s, median of "
+        f"{[round(t, 3) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; rank 0, last sync: plan "
+        f"{stats.plan_seconds:.3f} s, gather+convert+pack {stats.produce_seconds:.3f} s, delivery "
+        f"{stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s; peak extra RSS {max(rss_peaks):.0f} MB, "
+        f"bridge-accounted {max(meter_peaks):.0f} MB")
+    return med, max(rss_peaks), stats
+
+
 def main(args):
     warnings.filterwarnings("ignore")
     import torch
@@ -88,8 +127,6 @@ def main(args):
     from parallel.distributed import init_distributed, init_model_parallel, set_seed
     from parallel.hf_conversion import save_hf_checkpoint
     from parallel.models import build_model_chunks
-    from parallel.weight_bridge import WeightBridge
-
     init_distributed()
     rank = dist.get_rank()
     init_model_parallel(tp=2, pp=1)
@@ -136,35 +173,13 @@ def main(args):
         for c in actor.chunks:
             for p in c.parameters():
                 p.mul_(1.01)
-    bridge = WeightBridge(actor.chunks, actor.spec, engine, transport=args.transport,
-                          bucket_bytes=int(args.bucket_mb * 2**20), overlap=args.overlap)
-    dist.barrier()
-
-    # warm-up (imports, group creation for "distributed", first-touch allocation), then timed runs
-    stats = bridge.sync()
-    log(f"warm-up sync: {stats.bytes / 1e6:.1f} MB, {stats.num_tensors} tensors, {stats.num_buckets} buckets, "
-        f"{stats.seconds:.2f} s")
-    bridge_times, rss_peaks, meter_peaks = [], [], []
-    for _ in range(args.repeats):
-        dist.barrier()
-        hwm_ok = _reset_hwm()
-        rss0 = _rss_kb("VmRSS")
-        t0 = time.perf_counter()
-        stats = bridge.sync()
-        dist.barrier()
-        bridge_times.append(time.perf_counter() - t0)
-        peak = (_rss_kb("VmHWM") - rss0) / 1024 if hwm_ok else float("nan")
-        t = torch.tensor([peak, stats.peak_extra_bytes / 2**20], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        rss_peaks.append(t[0].item())
-        meter_peaks.append(t[1].item())
-    t_bridge = sorted(bridge_times)[len(bridge_times) // 2]
+    variants = [v.split(":") for v in args.variants.split(",")]
+    results = {}
+    for transport, bucket_mb, overlap in variants:
+        results[(transport, bucket_mb, overlap)] = time_bridge(
+            actor, engine, transport, float(bucket_mb), overlap == "overlap", args.repeats, n_params, log)
+    t_bridge, peak_mb, stats = results[tuple(variants[0])]
     nbytes = stats.bytes
-    log(f"bridge ({args.transport}, {args.bucket_mb:g} MB buckets{', overlap' if args.overlap else ''}): {nbytes / 1e6:.1f} MB ({n_params / 1e6:.1f} M params at trainer TP2) in "
-        f"{t_bridge:.3f} s median of {[round(t, 3) for t in bridge_times]} -> {nbytes / t_bridge / 1e9:.2f} GB/s; "
-        f"rank 0 last sync: plan {stats.plan_seconds:.3f} s, gather+convert+pack {stats.produce_seconds:.3f} s, "
-        f"engine calls {stats.deliver_seconds:.3f} s; "
-        f"peak extra RSS {max(rss_peaks):.0f} MB, bridge-accounted {max(meter_peaks):.0f} MB")
 
     # (a) a plain copy of the same bytes
     t_copy = None
@@ -203,19 +218,18 @@ def main(args):
         log(f"engine down_proj[0, :3] after both paths: {w[0, :3].tolist()}")
         engine.shutdown()
     dist.barrier()
-    bridge.close()
     if rank == 0:
-        print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} vs_disk={t_bridge / t_disk:.3f} "
-              f"peak_extra_mb={max(rss_peaks):.0f}", flush=True)
+        log(f"final line: first variant {args.variants.split(',')[0]}")
+        print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} vs_disk={t_bridge / t_disk:.2f} "
+              f"peak_extra_mb={peak_mb:.0f}", flush=True)
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--transport", choices=["tensor", "distributed"], default="tensor")
-    ap.add_argument("--bucket-mb", type=float, default=512)
-    ap.add_argument("--overlap", action="store_true", help="convert bucket k+1 while bucket k is delivered")
+    ap.add_argument("--variants", default="tensor:512:serial,tensor:128:overlap,distributed:512:serial",
+                    help="comma-separated transport:bucket_mb:serial|overlap; the first one gives the last line")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_weight_sync_bench"))
     a = ap.parse_args()

@@ -39,7 +39,9 @@ What it does, per `WeightBridge.sync()` (a collective over every trainer rank):
      group with several sources.  Stages are sent one after the other (the engine processes one
      request at a time).
 
-   Then ``flush_cache()`` on every sink (the KV/radix cache holds activations of the old weights).
+   The engine's KV/radix cache (activations of the old weights) is flushed once per sync: with the
+   last update call when the sink's method takes ``flush_cache=`` (all others pass False), else
+   by a final ``flush_cache()``.
 
 SGLang slices its own TP shards out of the full HF tensors (including rollout TP > number of KV
 heads, where it replicates KV heads), so the bridge is independent of the rollout TP size.
@@ -625,6 +627,7 @@ class SyncStats:
     produce_seconds: float = 0.0  # this rank waiting for its own buckets (TP gather, convert, pack)
     receive_seconds: float = 0.0  # controller, colocated PP: receiving other stages' buckets
     deliver_seconds: float = 0.0  # engine calls / p2p sends / broadcasts (and waiting for the engines)
+    finish_seconds: float = 0.0  # controller: end_weight_update + flush_cache on every engine
     skipped_buffers: list[str] = field(default_factory=list)
     check: CheckReport | None = None
 
@@ -736,6 +739,8 @@ class WeightBridge:
         self._pg = None  # this leader's weight-update group (distributed transport)
         self._collective_ready = False
         self._times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
+        self._flushed: dict[int, bool] = {}
+        self._flush_kwarg: dict[int, bool] = {}
         self.version = 0
 
     # ---- planning -------------------------------------------------------------------------
@@ -919,6 +924,7 @@ class WeightBridge:
         t0 = time.perf_counter()
         self.meter.reset_peak()
         self._times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
+        self._flushed: dict[int, bool] = {}  # sink index -> its cache was flushed by an update call
         plan, entries, skipped = self._plan()
         if self.topo.active:
             self.topo.prepare(entries)
@@ -964,13 +970,16 @@ class WeightBridge:
                 error = f"rank {topo.rank}: {type(e).__name__}: {e}"
             finally:
                 pool.close()
+        t_finish = time.perf_counter()
         if topo.is_controller:
             for i, s in enumerate(self.sinks):
                 try:
                     _check_result(s.end_weight_update(), f"{_sink_label(i, s)}.end_weight_update")
-                    _check_result(s.flush_cache(), f"{_sink_label(i, s)}.flush_cache")
+                    if not self._flushed.get(i):
+                        _check_result(s.flush_cache(), f"{_sink_label(i, s)}.flush_cache")
                 except Exception as e:  # noqa: BLE001
                     error = error or f"{type(e).__name__}: {e}"
+        stats.finish_seconds = time.perf_counter() - t_finish
         # everyone learns the outcome; samples for check mode travel with it
         outcome = topo.all_gather_object((error, samples if plan.check_names else None))
         errors = [e for e, _ in outcome if e]
@@ -996,18 +1005,25 @@ class WeightBridge:
         return stats
 
     # ---- colocated ------------------------------------------------------------------------
-    def _deliver(self, named: list[tuple[str, torch.Tensor]]) -> None:
+    def _deliver(self, named: list[tuple[str, torch.Tensor]], last: bool) -> None:
         t0 = time.perf_counter()
         try:
-            self._deliver_untimed(named)
+            for i, s in enumerate(self.sinks):
+                kw = self._flush_kw(i, s.update_weights_from_tensor, last)
+                _check_result(s.update_weights_from_tensor(named, **kw), f"{_sink_label(i, s)}.update_weights_from_tensor")
+                if kw.get("flush_cache"):
+                    self._flushed[i] = True
         finally:
             self._times["deliver"] += time.perf_counter() - t0
 
-    def _deliver_untimed(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        for i, s in enumerate(self.sinks):
-            # one cache flush at the end of the sync instead of one per bucket, when the sink allows
-            kw = {"flush_cache": False} if _accepts_kwarg(s.update_weights_from_tensor, "flush_cache") else {}
-            _check_result(s.update_weights_from_tensor(named, **kw), f"{_sink_label(i, s)}.update_weights_from_tensor")
+    def _flush_kw(self, i: int, method, last: bool) -> dict:
+        """Flush the engine's cache once per sync, with the last update when the sink's method
+        takes `flush_cache` (inside the update call SGLang flushes at once; a separate
+        `flush_cache()` request costs ~0.6 s on the CPU engine).  Otherwise `flush_cache()` is
+        called at the end."""
+        if i not in self._flush_kwarg:
+            self._flush_kwarg[i] = _accepts_kwarg(method, "flush_cache")
+        return {"flush_cache": last} if self._flush_kwarg[i] else {}
 
     def _run_tensor(self, plan: SendPlan, my_stage, entries, pool: BufferPool, samples) -> str | None:
         topo = self.topo
@@ -1022,7 +1038,8 @@ class WeightBridge:
                     try:
                         self._record_samples(plan, bplan, buf, samples)
                         if error is None:  # after a failure keep draining so no sender blocks forever
-                            self._deliver(bucket_views(buf, bplan))
+                            self._deliver(bucket_views(buf, bplan),
+                                          last=stage is plan.stages[-1] and bplan is stage.buckets[-1])
                     except Exception as e:  # noqa: BLE001
                         error = f"{type(e).__name__}: {e}"
                     finally:
@@ -1118,9 +1135,13 @@ class WeightBridge:
                     try:
                         if error is None:
                             for i, s in enumerate(self.sinks):
+                                last = stage is plan.stages[-1] and bplan is stage.buckets[-1]
+                                kw = self._flush_kw(i, s.update_weights_from_distributed_async, last)
                                 handles.append((i, s, s.update_weights_from_distributed_async(
                                     bplan.names, [dtype_name(m.dtype) for m in bplan.metas],
-                                    [list(m.shape) for m in bplan.metas], stage.group_name)))
+                                    [list(m.shape) for m in bplan.metas], stage.group_name, **kw)))
+                                if kw.get("flush_cache"):
+                                    self._flushed[i] = True
                     except Exception as e:  # noqa: BLE001
                         error = f"{type(e).__name__}: {e}"
                     if own is not None:
