@@ -584,6 +584,9 @@ class StagePlan:
 
 @dataclass
 class SendPlan:
+    """The validated plan of one sync: per-stage tensors and buckets (stage order = send order),
+    names read back in check mode, size of each weight-update group (distributed transport)."""
+
     stages: list[StagePlan]
     check_names: list[str]
     group_world_size: int | None = None
