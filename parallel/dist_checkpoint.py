@@ -46,6 +46,60 @@ def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None) 
     dist.barrier()
 
 
+def _init_empty_optimizer_state(optimizer) -> None:
+    """Give a fresh (never stepped) optimizer zero Adam state and step 0, in place.
+
+    Without Apex/Transformer Engine, megatron's DistributedOptimizer.state_dict() asserts that every
+    param has a 'step' (it reads the single shared step), so loading a checkpoint into an optimizer
+    that has not stepped yet fails. The values are overwritten by the load.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                state = inner.state[p]
+                if len(state) == 0 and isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+                    state["exp_avg"] = torch.zeros_like(p.data)
+                    state["exp_avg_sq"] = torch.zeros_like(p.data)
+                    state["step"] = torch.tensor(0.0)
+
+
+_PATCHED = False
+
+
+def _patch_step_key_on_load() -> None:
+    """Work around megatron-core 0.16.1 loading the distributed optimizer without Apex/TE.
+
+    Without Apex or Transformer Engine (our CPU runs; GPU images without TE), DistributedOptimizer.
+    load_state_dict first writes the shared 'step' into every param's state, then copies the
+    fully-reshardable tensors {param, exp_avg, exp_avg_sq} over `{"param": p, **state}`, which
+    now includes 'step' and raises KeyError. We set 'step' aside during that copy.
+    """
+    global _PATCHED
+    if _PATCHED:
+        return
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    orig = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        if "step" in tensors:
+            return orig(self, model_param, tensors)
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        state = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]]
+        step = state.pop("step", None)
+        try:
+            return orig(self, model_param, tensors)
+        finally:
+            if step is not None:
+                state["step"] = step
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+    _PATCHED = True
+
+
 def load_sharded(path: str, chunks, optimizer=None) -> dict:
     """Collective: load model (+ optimizer) state saved by `save_sharded` at any layout into
     `chunks`; returns the common python state. Raises FileNotFoundError if `path` is missing."""
@@ -55,6 +109,8 @@ def load_sharded(path: str, chunks, optimizer=None) -> dict:
         raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
     sd = model_sharded_state_dict(chunks)
     if optimizer is not None:
+        _init_empty_optimizer_state(optimizer)
+        _patch_step_key_on_load()
         sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=True, metadata=OPTIMIZER_METADATA)
     common = dist_checkpointing.load_common_state_dict(path)
     if "common_state" in common:

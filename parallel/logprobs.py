@@ -86,12 +86,14 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, *, voca
     log_probs = target - log_z
     entropy = None
     if calculate_entropy:
-        probs = exp / sum_exp.unsqueeze(-1)
-        # zero the -inf padded logits BEFORE multiplying: torch.where after the product would
-        # still back-propagate 0 * -inf = NaN into the logits
+        # H = log Z - sum_v p_v z_v = log Z - (sum_v e^{z_v} z_v) / Z.  Both sums are all-reduced
+        # BEFORE they are combined, so everything downstream of a reduction is replicated on every
+        # TP rank and the identity backward of _AllReduceSum is exact (dividing a per-rank partial by
+        # the global Z first would leave each rank with only its share of dH/dZ).
+        # Padded (-inf) logits are zeroed BEFORE multiplying: 0 * -inf would back-propagate NaN.
         finite = torch.where(valid, shifted, torch.zeros_like(shifted))
-        p_z = (probs * finite).sum(-1)
-        entropy = log_z - _AllReduceSum.apply(p_z, tp_group)
+        weighted = _AllReduceSum.apply((exp * finite).sum(-1), tp_group)
+        entropy = log_z - weighted / sum_exp
     return log_probs, entropy
 
 

@@ -27,6 +27,11 @@ def tiny_model(tmp_path_factory):
 
 
 def run_main(overrides, nproc=1, env=None, expect_rc=0, timeout=900):
+    """Run the trainer in its own process group; output goes to a file (orphans of a killed run, such
+    as dist_checkpointing's manager process, must not keep a pipe open) and the group is killed after."""
+    import signal
+    import tempfile
+
     if nproc == 1:
         cmd = [sys.executable, "-m", "rlhf.main", *overrides]
     else:
@@ -35,9 +40,19 @@ def run_main(overrides, nproc=1, env=None, expect_rc=0, timeout=900):
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
                f"--master_port={free_port()}", "-m", "rlhf.main", *overrides]
     full_env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **(env or {}))
-    proc = subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == expect_rc, f"exit {proc.returncode}:\n{out[-6000:]}"
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        log.seek(0)
+        out = log.read()
+    assert rc == expect_rc, f"exit {rc}:\n{out[-6000:]}"
     return out
 
 
