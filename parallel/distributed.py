@@ -137,7 +137,9 @@ def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None) -> Non
     if vpp is not None and (vpp < 1 or pp == 1):
         raise ValueError(f"vpp={vpp} needs pp > 1 and vpp >= 1 (got pp={pp}); use vpp=None")
     if ps.model_parallel_is_initialized():
-        if (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size()) == (tp, pp):
+        current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+                   ps.get_virtual_pipeline_model_parallel_world_size())
+        if current == (tp, pp, vpp):
             return
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,

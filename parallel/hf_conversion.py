@@ -308,12 +308,18 @@ def iter_local_params(model_chunks, spec: HFModelSpec, include_value_head: bool 
     """
     for chunk in model_chunks:
         chunk = unwrap_model(chunk)
+        param_names = {n for n, _ in chunk.named_parameters()}
         for name, tensor in chunk.state_dict(keep_vars=True).items():
             if tensor is None or name.endswith("_extra_state") or not torch.is_tensor(tensor):
                 continue
             if name == "output_layer.weight" and spec.tie_word_embeddings and not getattr(chunk, "is_value_model", False):
                 continue
-            role = param_role(name, chunk, spec)
+            try:
+                role = param_role(name, chunk, spec)
+            except KeyError:
+                if name in param_names:
+                    raise  # an unmapped parameter is a bug; an unmapped persistent buffer has no HF tensor
+                continue
             if role is None and not include_value_head:
                 continue
             yield chunk, name, tensor, role
