@@ -73,7 +73,7 @@ __all__ = [
 
 QUICKSTART_SCHEME = "tiny://quickstart"
 META_FILE = "warmup_meta.json"
-_META_VERSION = 1
+_META_VERSION = 2  # 2: max_position_embeddings 1024
 
 # Task the quickstart model is warmed up on (and the RL dataset must use): "7+1=" ->
 # "7+1=8\n#### 8<|im_end|>" (10-11 response tokens with EOS, so max_response_length 16 fits;
@@ -337,7 +337,7 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
     model = build_tiny_hf_model(
         "llama_gqa", vocab_size=len(tok), hidden_size=hidden_size, num_layers=num_layers, seed=seed,
         init="hf", dtype=torch.float32, bos_token_id=IM_START_ID, eos_token_id=IM_END_ID, pad_token_id=PAD_ID,
-        max_position_embeddings=256)
+        max_position_embeddings=1024)  # room for GSM8K prompts (<= 562 tokens) + responses
 
     task_kw = quickstart_task_kwargs(max_operand, task)
     rows = make_arithmetic_dataset(max(1, warmup_steps * batch_size), seed=seed + _WARMUP_DATA_SEED_OFFSET,
