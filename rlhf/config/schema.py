@@ -36,7 +36,7 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = 128
     dtype: str = "float32"  # float32 | bfloat16
     # tiny://quickstart only: supervised warm-up so PPO starts with some signal
-    warmup_steps: int = 150
+    warmup_steps: int = 300
     warmup_lr: float = 3e-3
 
 
@@ -58,7 +58,7 @@ class OptimConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
-    use_distributed_optimizer: bool = True
+    use_distributed_optimizer: bool = False  # True shards Adam state over DP (see README: resume caveat)
     lr_warmup_steps: int = 0
     lr_decay_style: str = "constant"
 
@@ -127,6 +127,23 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling (rlhf/dapo.py): drop prompt groups whose responses all got the same
+    `metric`, generate more prompt batches until data.train_batch_size groups are kept."""
+    enable: bool = False
+    metric: str = "score"  # score (reward) | seq_reward (reward + overlong shaping)
+    max_num_gen_batches: int = 10  # generation rounds per step at most (<= 0: no cap)
+
+
+@dataclass
+class DPOConfig:
+    """algorithm.name=dpo (rlhf/dpo_trainer.py): offline preference pairs, sigmoid loss."""
+    beta: float = 0.1
+    loss_type: str = "sigmoid"  # sigmoid | ipo | hinge
+    label_smoothing: float = 0.0
+
+
+@dataclass
 class AlgorithmConfig:
     name: str = "ppo"  # ppo (critic-free estimators too) | dpo
     adv_estimator: str = "gae"  # gae | grpo | rloo | reinforce_plus_plus | reinforce_plus_plus_baseline
@@ -136,6 +153,8 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
 
 
 @dataclass
@@ -145,10 +164,35 @@ class CustomRewardConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong punishment: the last `len` tokens before data.max_response_length cost up
+    to `penalty_factor` (rlhf.algorithms.compute_overlong_penalty)."""
+    enable: bool = False
+    len: Optional[int] = None  # None: data.max_response_length // 4
+    penalty_factor: float = 1.0
+
+
+@dataclass
+class RewardSourceConfig:
+    """One entry of reward.sources (rlhf/rewards/sources.py); the score is sum(weight x source)."""
+    type: str = "rule"  # rule (registry by data_source) | model (HF sequence classifier) | custom (.py)
+    weight: float = 1.0
+    path: Optional[str] = None  # model: HF dir / hub name; custom: python file
+    name: str = "compute_score"  # custom: function name
+    placement: str = "ray"  # model: ray (its own Ray worker) | local (in-process on rank 0)
+    num_gpus: float = 0.0  # model, placement=ray: GPUs of the worker
+    micro_batch_size: int = 16  # model: sequences per forward
+    max_length: int = 2048  # model: prompt + response tokens (truncated from the left)
+
+
+@dataclass
 class RewardConfig:
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     timeout_s: Optional[float] = None
     fallback_score: float = 0.0
+    # empty: the rule reward of each data_source (or custom_reward_function when set)
+    sources: list[RewardSourceConfig] = field(default_factory=list)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
