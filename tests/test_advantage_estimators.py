@@ -224,3 +224,41 @@ def test_registry_lookup_by_string_and_enum(name, fn):
 def test_registry_unknown_name_lists_valid_ones():
     with pytest.raises(ValueError, match=r"'ppo2'.*'gae'.*'grpo'"):
         get_adv_estimator_fn("ppo2")
+
+
+# ----------------------------------------------------------------- critic-free estimators: edge cases
+
+GROUP_ESTIMATORS = [compute_grpo_outcome_advantage, compute_rloo_outcome_advantage,
+                    compute_reinforce_plus_plus_baseline_outcome_advantage]
+
+
+@pytest.mark.parametrize("fn", GROUP_ESTIMATORS, ids=lambda f: f.__name__)
+def test_all_equal_groups_give_zero_advantage(fn):
+    # two groups of three, each with equal scores (0.7 and 0): nothing to prefer within a group
+    rewards, mask = outcome_rewards([0.7, 0.7, 0.7, 0.0, 0.0, 0.0], [1, 2, 3, 3, 1, 2], width=3)
+    adv, _ = fn(rewards, mask, ["a", "a", "a", "b", "b", "b"])
+    torch.testing.assert_close(adv, torch.zeros_like(adv), atol=1e-9, rtol=0)  # up to round-off of mean(0.7)
+
+
+@pytest.mark.parametrize("fn", GROUP_ESTIMATORS, ids=lambda f: f.__name__)
+def test_masked_middle_span_is_ignored_by_outcome_estimators(fn):
+    # row 0 has a masked span (e.g. a tool observation) holding junk reward 9 at t=1
+    rewards = t([[0.0, 9.0, 1.0], [0.0, 0.0, 0.0]])
+    mask = t([[1, 0, 1], [1, 1, 1]])
+    adv, _ = fn(rewards, mask, [0, 0])
+    clean, _ = fn(t([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]), mask, [0, 0])
+    torch.testing.assert_close(adv, clean)
+    assert adv[0, 1] == 0 and adv[0, 0] == adv[0, 2] > 0 > adv[1, 0]
+
+
+@pytest.mark.parametrize("fn", GROUP_ESTIMATORS + [compute_reinforce_plus_plus_outcome_advantage],
+                         ids=lambda f: f.__name__)
+def test_padding_width_and_value_invariance(fn):
+    scores, lengths, index = [1.0, 0.0, 0.5, 2.0], [2, 3, 1, 2], [0, 0, 1, 1]
+    narrow = outcome_rewards(scores, lengths, width=3, pad=0.0)
+    wide = outcome_rewards(scores, lengths, width=7, pad=1e9)
+    args = (1.0,) if fn is compute_reinforce_plus_plus_outcome_advantage else (index,)
+    a3, _ = fn(*narrow, *args)
+    a7, _ = fn(*wide, *args)
+    torch.testing.assert_close(a7[:, :3], a3)
+    assert torch.equal(a7[:, 3:], torch.zeros_like(a7[:, 3:]))

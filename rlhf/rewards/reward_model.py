@@ -1,7 +1,13 @@
-"""Interface for model-based rewards (a learned reward model, a judge LLM, ...).
+"""Model-based rewards: the :class:`RewardModelScorer` interface and two implementations.
 
-Only the interface lives here; concrete scorers (e.g. a Megatron/HF sequence-classification
-reward model) implement :class:`RewardModelScorer` elsewhere.
+* :class:`HFRewardModelScorer`: a Hugging Face sequence-classification model
+  (``AutoModelForSequenceClassification``, e.g. a Llama/Qwen2 reward model); the score of a
+  (prompt, response) pair is the first logit at the pair's last token.
+* :class:`RayRewardModelScorer`: the same scorer inside its own Ray actor (a separate worker
+  process, optionally with GPUs of its own); ``score`` blocks on the actor, with an optional
+  timeout.
+
+The trainer combines these with rule and custom rewards in :mod:`rlhf.rewards.sources`.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ import abc
 import math
 from typing import Any, List, Sequence, Union
 
-__all__ = ["RewardModelScorer", "check_scores"]
+__all__ = ["RewardModelScorer", "HFRewardModelScorer", "RayRewardModelScorer", "check_scores"]
 
 # A prompt is either plain text or a chat-message list [{"role": ..., "content": ...}, ...].
 Prompt = Union[str, List[dict]]
@@ -78,3 +84,113 @@ def check_scores(scores: Sequence[Any], expected_len: int, owner: str = "scorer"
             raise ValueError(f"{owner} returned non-finite score {f} at index {i}.")
         out.append(f)
     return out
+
+
+# --------------------------------------------------------------------------- implementations
+
+
+def _as_messages(prompt: Prompt) -> List[dict]:
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
+class HFRewardModelScorer(RewardModelScorer):
+    """A Hugging Face sequence-classification reward model, run in this process.
+
+    Each pair is rendered with the reward model's own chat template (prompt messages plus an
+    ``assistant`` turn holding the response) when its tokenizer has one, else as
+    ``prompt + response`` (chat prompts joined by newlines); truncated from the left to
+    ``max_length`` tokens.  The score is ``logits[0]`` of the classification head at the last
+    token of the pair (padding never counts, whatever the pad id).
+
+    Args:
+        path: HF model directory or hub name (config, weights and tokenizer).
+        micro_batch_size: pairs per forward pass.
+        max_length: token limit per pair.
+        device: torch device; default ``cuda`` when available, else ``cpu``.
+        dtype: ``"float32"`` / ``"bfloat16"`` / ``"float16"``, or None for the checkpoint's.
+    """
+
+    def __init__(self, path: str, micro_batch_size: int = 16, max_length: int = 2048, device: Any = None,
+                 dtype: Any = None):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.path = path
+        self.micro_batch_size = max(1, int(micro_batch_size))
+        self.max_length = int(max_length)
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        kwargs = {"dtype": getattr(torch, dtype)} if isinstance(dtype, str) else {}
+        self.model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs).to(self.device).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.tokenizer.truncation_side = "left"
+        self.tokenizer.padding_side = "right"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
+
+    def render(self, prompt: Prompt, response: str) -> str:
+        if getattr(self.tokenizer, "chat_template", None):
+            messages = _as_messages(prompt) + [{"role": "assistant", "content": response}]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        return text + response
+
+    def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> List[float]:
+        import torch
+
+        texts = [self.render(p, r) for p, r in zip(prompts, responses)]
+        out: List[float] = []
+        with torch.no_grad():
+            for i in range(0, len(texts), self.micro_batch_size):
+                enc = self.tokenizer(texts[i:i + self.micro_batch_size], return_tensors="pt", padding=True,
+                                     truncation=True, max_length=self.max_length,
+                                     add_special_tokens=not getattr(self.tokenizer, "chat_template", None))
+                enc = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask")}
+                out += self._last_token_logit(enc).float().cpu().tolist()
+        return out
+
+    def _last_token_logit(self, enc: dict):
+        import torch
+
+        mask = enc["attention_mask"]
+        last = mask.sum(1) - 1  # right padding: the last real token
+        head = getattr(self.model, "score", None)
+        backbone = getattr(self.model, getattr(self.model, "base_model_prefix", ""), None)
+        if head is None or backbone is None:  # other heads: the model's own pooling
+            return self.model(**enc).logits[:, 0]
+        position_ids = (mask.cumsum(1) - 1).clamp(min=0)
+        hidden = backbone(**enc, position_ids=position_ids).last_hidden_state
+        return head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])[:, 0]
+
+
+class RayRewardModelScorer(RewardModelScorer):
+    """:class:`HFRewardModelScorer` in a Ray actor of its own (``num_gpus`` GPUs, 0 = CPU).
+
+    Needs a running Ray session (the trainer's; else one is started locally).  ``score`` waits
+    for the actor at most ``timeout_s`` seconds (None: no limit) and raises
+    ``ray.exceptions.GetTimeoutError`` beyond it; exceptions in the actor re-raise here.
+    """
+
+    def __init__(self, path: str, num_gpus: float = 0.0, timeout_s: float | None = None, **scorer_kwargs: Any):
+        import os
+
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {"PYTHONPATH": os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH", "")] if p)}
+        self.timeout_s = timeout_s
+        self.actor = ray.remote(HFRewardModelScorer).options(
+            num_cpus=0, num_gpus=num_gpus, runtime_env={"env_vars": env}).remote(path, **scorer_kwargs)
+
+    def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> List[float]:
+        import ray
+
+        return ray.get(self.actor.score.remote(list(prompts), list(responses)), timeout=self.timeout_s)
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
