@@ -43,7 +43,7 @@ class TrainerSetup:
     tracker: Any
     rollout: Any = None  # RolloutManager on rank 0
     bridge: Any = None
-    custom_reward_fn: Any = None
+    reward: Any = None  # rlhf.rewards.sources.RewardSources on rank 0
     start_step: int = 0
     total_steps: int = 0
     extra: dict = field(default_factory=dict)
@@ -107,6 +107,8 @@ class TrainerSetup:
 
     def close(self) -> None:
         self.tracker.close()
+        if self.reward is not None:
+            self.reward.close()
         if self.bridge is not None:
             self.bridge.close()
         if self.rollout is not None:
@@ -156,7 +158,8 @@ class RolloutSink:
 def _collate(items):
     return {"input_ids_list": [list(it["input_ids"]) for it in items],
             "data_source": [it["data_source"] for it in items], "ground_truth": [it["ground_truth"] for it in items],
-            "extra_info": [it.get("extra_info") or {} for it in items], "index": [it["index"] for it in items]}
+            "extra_info": [it.get("extra_info") or {} for it in items], "index": [it["index"] for it in items],
+            "raw_prompt": [it.get("raw_prompt") for it in items]}
 
 
 def _resolve_data(files, cfg, split: str) -> Any:
@@ -265,6 +268,9 @@ def build_trainer(cfg) -> TrainerSetup:
     need_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
     reference = build_model_chunks(hf_config, "reference", model_path, **common) if need_ref else None
     use_critic = cfg.critic.enable if cfg.critic.enable is not None else cfg.algorithm.adv_estimator == "gae"
+    if use_critic and cfg.algorithm.adv_estimator != "gae" and rank0:
+        print(f"note: critic.enable=true with algorithm.adv_estimator={cfg.algorithm.adv_estimator}: a critic is "
+              f"trained but its values are unused (critic.enable=null builds one only for gae)", flush=True)
     critic = critic_state = None
     if use_critic:
         critic_path = cfg.model.critic_path or model_path
@@ -295,17 +301,17 @@ def build_trainer(cfg) -> TrainerSetup:
 
     kc = cfg.algorithm.kl_ctrl
     kl_ctrl = algos.get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
-    custom_fn = None
-    if cfg.reward.custom_reward_function.path:
-        from rlhf.rewards import load_custom_reward_fn
+    reward = None
+    if rank0:  # the reward (rule / custom / reward-model sources, rlhf/rewards/sources.py) runs on rank 0
+        from rlhf.rewards.sources import build_reward_sources
 
-        custom_fn = load_custom_reward_fn(cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name)
+        reward = build_reward_sources(cfg.reward)
     tracker = Tracking(os.path.join(out_dir, "tensorboard"), backends=list(cfg.trainer.logger), enabled=rank0)
     s = TrainerSetup(cfg=cfg, tokenizer=tokenizer, hf_config=hf_config, model_path=model_path, actor=actor,
                      actor_state=actor_state, reference=reference, critic=critic, critic_state=critic_state,
                      train_loader=loader, val_dataset=val_ds, train_sampling=train_sampling,
                      val_sampling=val_sampling, kl_ctrl=kl_ctrl, tracker=tracker, rollout=rollout, bridge=bridge,
-                     custom_reward_fn=custom_fn, total_steps=total_steps)
+                     reward=reward, total_steps=total_steps)
     _maybe_resume(s)
     return s
 

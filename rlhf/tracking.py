@@ -34,7 +34,8 @@ class Tracking:
             self.writer.flush()
         if self.console:
             keys = ["critic/score/mean", "val/score", "actor/pg_loss", "critic/vf_loss", "actor/kl",
-                    "response_length/mean", "timing/step"]
+                    "response_length/mean", "dapo/num_gen_batches", "reward/num_fallbacks", "dpo/loss",
+                    "dpo/accuracy", "val/preference_accuracy", "timing/step"]
             shown = " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
             print(f"step {step}: {shown}", flush=True)
 

@@ -6,7 +6,8 @@
 Every trainer rank (torchrun or srun, one per device) runs `run(cfg)`.  Megatron work is SPMD over
 all ranks; the rollout engines (SGLang, supervised by Ray) and the reward are driven by global rank
 0, which broadcasts the generated batch.  Critic-free estimators (GRPO, RLOO, REINFORCE++) build
-no critic.
+no critic.  DAPO's dynamic sampling and overlong shaping live in rlhf/dapo.py; `algorithm.name=dpo`
+runs rlhf/dpo_trainer.py instead of this loop.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf import algorithms as algos
+from rlhf import dapo
 from rlhf.batch import build_rollout_batch, outcome_token_scores
 from rlhf.setup import TrainerSetup, build_trainer
 from rlhf.workers import compute_log_probs, compute_values, update_actor, update_critic
@@ -31,23 +33,21 @@ def timer(metrics: dict, name: str):
     metrics[f"timing/{name}"] = time.perf_counter() - start
 
 
-def generate_and_score(s: TrainerSetup, batch: dict, sampling, step_seed: int | None) -> tuple[list, list, int]:
-    """Rank 0 generates and scores; every rank receives (samples, scores, num_reward_fallbacks)."""
+def generate_and_score(s: TrainerSetup, batch: dict, sampling, step_seed: int | None) -> tuple[list, list, dict]:
+    """Rank 0 generates and scores (rlhf/rewards/sources.py); every rank receives
+    (samples, scores, reward metrics incl. reward/num_fallbacks)."""
     payload = [None]
     if dist.get_rank() == 0:
-        from rlhf.rewards import compute_scores
-
         if step_seed is not None:
             sampling = type(sampling)(**{**sampling.__dict__, "seed": step_seed})
         samples = s.rollout.generate(batch["input_ids_list"], sampling)
         texts = s.tokenizer.batch_decode([x.response_ids for x in samples], skip_special_tokens=True)
         idx = [x.prompt_index for x in samples]
-        scores, fallbacks = compute_scores([batch["data_source"][i] for i in idx], texts,
-                                           [batch["ground_truth"][i] for i in idx],
-                                           extra_infos=[batch["extra_info"][i] for i in idx],
-                                           timeout_s=s.cfg.reward.timeout_s, fallback_score=s.cfg.reward.fallback_score,
-                                           reward_fn=s.custom_reward_fn)
-        payload = [(samples, scores, fallbacks)]
+        scores, reward_metrics = s.reward.score(texts, [batch["data_source"][i] for i in idx],
+                                                [batch["ground_truth"][i] for i in idx],
+                                                extra_infos=[batch["extra_info"][i] for i in idx],
+                                                prompts=[batch["raw_prompt"][i] for i in idx])
+        payload = [(samples, scores, reward_metrics)]
     dist.broadcast_object_list(payload, src=0)
     return payload[0]
 
@@ -70,17 +70,16 @@ def log_prob_temperature(cfg) -> float:
 def ppo_step(s: TrainerSetup, step: int) -> dict:
     """One PPO iteration on the next batch of prompts; returns the step's metrics."""
     cfg, m = s.cfg, {}
-    prompts = s.train_loader.next_batch()
-    with timer(m, "gen"):
+    with timer(m, "gen"):  # one prompt batch; several with DAPO dynamic sampling (rlhf/dapo.py)
         s.rollout_resume()
-        samples, scores, fallbacks = generate_and_score(s, prompts, s.train_sampling,
-                                                        cfg.trainer.seed * 100_003 + step * 1009)
+        samples, scores, rewards, reward_metrics = dapo.generate_batch(s, step, generate_and_score)
         s.rollout_release()
+    m.update(reward_metrics)
     batch = build_rollout_batch(samples, s.tokenizer.pad_token_id, cfg.data.max_response_length)
     batch["n"] = cfg.rollout.n
     mask = batch["response_mask"]
-    batch["token_level_scores"] = outcome_token_scores(scores, mask)
-    uids = np.array([x.prompt_index for x in samples])
+    batch["token_level_scores"] = outcome_token_scores(rewards, mask)  # scores + DAPO overlong shaping
+    uids = np.array([x.prompt_index for x in samples])  # one uid per prompt group (GRPO / RLOO baselines)
 
     with timer(m, "old_log_prob"):
         out = compute_log_probs(s.actor.chunks, batch, vocab_size=s.vocab_size, temperature=log_prob_temperature(cfg),
@@ -142,7 +141,6 @@ def ppo_step(s: TrainerSetup, step: int) -> dict:
         if s.reference is not None else 0.0,
         "actor/rollout_log_prob_diff": algos.masked_mean((batch["old_log_probs"] - batch["rollout_log_probs"]).abs(),
                                                          mask).item(),
-        "reward/num_fallbacks": float(fallbacks),
     })
     if s.critic is not None:
         m["critic/values/mean"] = algos.masked_mean(batch["values"], mask).item()
@@ -153,7 +151,13 @@ def ppo_step(s: TrainerSetup, step: int) -> dict:
 
 
 def run(cfg) -> dict:
-    """Train with `cfg` (the composed Hydra config, see rlhf/config/). Returns the last metrics."""
+    """Train with `cfg` (the composed Hydra config, see rlhf/config/). Returns the last metrics.
+    `algorithm.name=dpo` trains on offline preference pairs instead (rlhf/dpo_trainer.py)."""
+    if cfg.algorithm.name == "dpo":
+        from rlhf.dpo_trainer import run_dpo
+
+        return run_dpo(cfg)
+    dapo.check_config(cfg)
     s = build_trainer(cfg)
     last: dict = {}
     try:
