@@ -6,7 +6,8 @@ Public API::
     compute_score, extract_solution          # rlhf.rewards.gsm8k
     register_reward_fn, get_reward_fn, registered_data_sources,
     load_custom_reward_fn, compute_scores, call_reward_fn   # rlhf.rewards.registry
-    RewardModelScorer                         # rlhf.rewards.reward_model
+    RewardModelScorer, HFRewardModelScorer, RayRewardModelScorer   # rlhf.rewards.reward_model
+    RewardSources, build_reward_sources       # rlhf.rewards.sources (weighted sources, fallbacks)
 """
 
 from .gsm8k import compute_score, extract_solution
@@ -19,7 +20,8 @@ from .registry import (
     register_reward_fn,
     registered_data_sources,
 )
-from .reward_model import RewardModelScorer, check_scores
+from .reward_model import HFRewardModelScorer, RayRewardModelScorer, RewardModelScorer, check_scores
+from .sources import RewardSource, RewardSources, build_reward_sources
 
 __all__ = [
     "compute_score",
@@ -32,5 +34,10 @@ __all__ = [
     "call_reward_fn",
     "ARITHMETIC_DATA_SOURCE",
     "RewardModelScorer",
+    "HFRewardModelScorer",
+    "RayRewardModelScorer",
+    "RewardSource",
+    "RewardSources",
+    "build_reward_sources",
     "check_scores",
 ]
