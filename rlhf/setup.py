@@ -193,9 +193,11 @@ def _resolve_model(cfg) -> str:
 
         cache = os.path.join(cfg.trainer.default_local_dir, "tiny_model")
         if dist.get_rank() == 0:
-            resolve_model_path(path, cache, warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr)
+            resolve_model_path(path, cache, warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr,
+                               max_operand=cfg.data.embedded_max_operand)
         dist.barrier()
-        return resolve_model_path(path, cache, warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr)
+        return resolve_model_path(path, cache, warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr,
+                               max_operand=cfg.data.embedded_max_operand)
     if not os.path.isdir(path):
         if dist.get_rank() == 0:
             from huggingface_hub import snapshot_download

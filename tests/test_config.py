@@ -63,7 +63,7 @@ def test_recipe_values():
     q = compose_config([], recipe="quickstart")
     assert q.data.train_files == "embedded://arithmetic" and q.model.path == "tiny://quickstart"
     assert q.parallel.tensor_model_parallel_size == 1 and q.rollout.num_engines == 1
-    assert q.algorithm.adv_estimator == "gae" and q.critic.enable is True
+    assert q.algorithm.adv_estimator == "gae" and q.critic.enable is None
     assert 20 <= q.trainer.total_training_steps <= 30 and q.trainer.save_freq == 10 and q.trainer.test_freq == 10
 
     t = compose_config([], recipe="gsm8k_ppo_tiny_cpu")
