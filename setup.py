@@ -1,6 +1,6 @@
 """Installable package: `rlhf` (RL dataflow, algorithms, data, rewards, rollout, trainer) and
 `parallel` (megatron-core state, models, conversion, weight bridge)."""
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 # One environment holds all of these (pip check clean; see README "Environment").
 # sglang 0.5.23 pins torch==2.14.1 and transformers==5.19.0; megatron-core 0.16.1 is the newest
@@ -29,7 +29,7 @@ setup(
     description="RLHF post-training for LLMs: PPO-family algorithms on megatron-core 3D parallelism "
                 "with SGLang rollouts",
     python_requires=">=3.10",
-    packages=find_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*"]),
+    packages=find_namespace_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*"]),
     package_data={"rlhf": ["config/**/*.yaml", "rollout/sglang_cpu/standin/**/*.py"], "": ["*.yaml"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
