@@ -88,6 +88,16 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
             raise UsageError(f"unknown option {a!r}")
         elif "=" not in a and not a.startswith("~"):
             raise UsageError(f"{a!r} is not a key=value override (did you mean recipe={a}?)")
+        elif a.startswith("algorithm=") or a.startswith("+algorithm="):
+            # shorthand for an algorithm preset, e.g. algorithm=dpo or algorithm=grpo (rlhf.api.ALGORITHMS);
+            # expanded in place, so overrides after it still win
+            from rlhf.api import ALGORITHMS
+
+            name = a.split("=", 1)[1]
+            if name not in ALGORITHMS:
+                raise UsageError(f"algorithm={name!r} is not a preset; use one of {sorted(ALGORITHMS)} "
+                                 f"(or set algorithm.name / algorithm.adv_estimator directly)")
+            overrides.extend(ALGORITHMS[name])
         else:
             overrides.append(a)
     return opts, overrides
