@@ -65,9 +65,9 @@ DEFAULT_CORPUS = [
     "Ann has 7 books and gives away 2. How many books does Ann have left?",
     "Sam has 2 boxes with 5 pens in each box. How many pens does Sam have?",
     "Let's think step by step and output the final answer after \"####\".",
-    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-    "How many clips did Natalia sell altogether in April and May?",
-    "Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.",
+    "Maria sold cookies to 36 of her neighbours in June, and then she sold half as many cookies in July.",
+    "How many cookies did Maria sell altogether in June and July?",
+    "Leo earns $15 an hour for gardening. Yesterday, he just did 40 minutes of gardening.",
     "The answer is 72. #### 72",
     "user assistant system",
     "3+4=7 5-2=3 6*7=42 1,000 18.00",
@@ -102,7 +102,7 @@ def make_tiny_tokenizer(
         vocab_size: BPE vocabulary size (>= 260: 4 specials + 256 bytes). The trainer may
             stop below it when the corpus has no more merges.
         chat_template: True = the ChatML template above, False = none, or a custom jinja string.
-        corpus: training texts (default: :data:`DEFAULT_CORPUS`, a few GSM8K / arithmetic sentences).
+        corpus: training texts (default: :data:`DEFAULT_CORPUS`, a few GSM8K-style word-problem / arithmetic sentences written for this project).
     """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
