@@ -280,8 +280,7 @@ def build_trainer(cfg) -> TrainerSetup:
         critic_state = build_train_state(critic.chunks, critic.config, _optim(cfg.critic.optim))
 
     # rollout + weight bridge
-    stop_ids = None
-    rollout = bridge = None
+    rollout = None
     from rlhf.rollout.sampling import stop_token_ids_for
 
     stop_ids = stop_token_ids_for(model_path)

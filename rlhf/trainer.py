@@ -11,6 +11,7 @@ runs rlhf/dpo_trainer.py instead of this loop.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from contextlib import contextmanager
@@ -39,7 +40,7 @@ def generate_and_score(s: TrainerSetup, batch: dict, sampling, step_seed: int | 
     payload = [None]
     if dist.get_rank() == 0:
         if step_seed is not None:
-            sampling = type(sampling)(**{**sampling.__dict__, "seed": step_seed})
+            sampling = dataclasses.replace(sampling, seed=step_seed)
         samples = s.rollout.generate(batch["input_ids_list"], sampling)
         texts = s.tokenizer.batch_decode([x.response_ids for x in samples], skip_special_tokens=True)
         idx = [x.prompt_index for x in samples]
