@@ -30,7 +30,7 @@ WORKDIR /workspace/rlhf
 
 # 1) Dependencies first (cached while only the source changes): setup.py with empty packages.
 COPY setup.py README.md ./
-RUN mkdir -p rlhf parallel && touch rlhf/__init__.py parallel/__init__.py \
+RUN mkdir -p rlhf && touch rlhf/__init__.py \
     && pip install . \
     && pip uninstall -y rlhf-megatron-sglang \
     && rm -rf rlhf parallel build *.egg-info

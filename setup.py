@@ -1,5 +1,5 @@
-"""Installable package: `rlhf` (RL dataflow, algorithms, data, rewards, rollout, trainer) and
-`parallel` (megatron-core state, models, conversion, weight bridge)."""
+"""Installable package `rlhf`: RL dataflow, algorithms, data, rewards, rollout, trainer, and `rlhf.mcore`
+(megatron-core state, models, conversion, weight sync)."""
 from setuptools import find_namespace_packages, setup
 
 # One environment holds all of these (pip check clean; see README "Environment").
@@ -29,7 +29,7 @@ setup(
     description="RLHF post-training for LLMs: PPO-family algorithms on megatron-core 3D parallelism "
                 "with SGLang rollouts",
     python_requires=">=3.10",
-    packages=find_namespace_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*"]),
+    packages=find_namespace_packages(include=["rlhf", "rlhf.*"]),
     package_data={"rlhf": ["config/**/*.yaml", "rollout/sglang_cpu/standin/**/*.py"], "": ["*.yaml"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,

@@ -86,7 +86,7 @@ def time_bridge(actor, engine, transport, bucket_mb, overlap, repeats, n_params,
     import torch
     import torch.distributed as dist
 
-    from parallel.weight_bridge import WeightBridge
+    from rlhf.mcore.weight_sync import WeightBridge
 
     bridge = WeightBridge(actor.chunks, actor.spec, engine, transport=transport,
                           bucket_bytes=int(bucket_mb * 2**20), overlap=overlap, group_prefix=f"bench_{time.time_ns()}")
@@ -124,9 +124,9 @@ def main(args):
     import torch.distributed as dist
     from transformers import AutoConfig, LlamaConfig
 
-    from parallel.distributed import init_distributed, init_model_parallel, set_seed
-    from parallel.hf_conversion import save_hf_checkpoint
-    from parallel.models import build_model_chunks
+    from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+    from rlhf.mcore.convert import save_hf_checkpoint
+    from rlhf.mcore.models import build_model_chunks
     init_distributed()
     rank = dist.get_rank()
     init_model_parallel(tp=2, pp=1)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from parallel.dist_checkpoint import load_sharded, save_sharded
+from rlhf.mcore.dist_checkpoint import load_sharded, save_sharded
 
 TRACKER = "latest_checkpointed_iteration.txt"
 

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from parallel.forward import forward_backward
-from parallel.optim import optimizer_step, zero_grads
+from rlhf.mcore.forward import forward_backward
+from rlhf.mcore.optim import optimizer_step, zero_grads
 from rlhf.algorithms import compute_dpo_loss
 from rlhf.batch import build_rollout_batch, dp_slice
 from rlhf.rollout.types import RolloutSample
@@ -157,9 +157,9 @@ def build_dpo(cfg) -> DPOSetup:
     """Collective: distributed state, actor + optimizer, frozen reference, pairs, tracker, resume."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from parallel.distributed import init_distributed, init_model_parallel, set_seed
-    from parallel.models import build_model_chunks
-    from parallel.optim import build_train_state
+    from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+    from rlhf.mcore.models import build_model_chunks
+    from rlhf.mcore.optim import build_train_state
     from rlhf.data.rl_dataset import StatefulPromptLoader
     from rlhf.setup import _optim, _resolve_model
     from rlhf.tracking import Tracking
@@ -244,7 +244,7 @@ def run_dpo(cfg) -> dict:
                 save_checkpoint(checkpoint_root(t.default_local_dir), step, {"actor": s.actor_state},
                                 {"train_loader": s.train_loader.state_dict()}, t.max_ckpt_to_keep)
         if t.export_hf_at_end:
-            from parallel.hf_conversion import save_hf_checkpoint
+            from rlhf.mcore.convert import save_hf_checkpoint
 
             save_hf_checkpoint(s.actor.chunks, s.actor.spec, s.hf_config, os.path.join(t.default_local_dir, "hf_export"),
                                tokenizer=s.tokenizer)

@@ -55,7 +55,7 @@ def _launch_rank() -> int:
 
 def _launch_world_size() -> Optional[int]:
     """Number of trainer processes when launched by torchrun or Slurm (same rules as
-    ``parallel.distributed.detect_launch_env``), else None (unknown: world-size checks are skipped)."""
+    ``rlhf.mcore.distributed.detect_launch_env``), else None (unknown: world-size checks are skipped)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return int(os.environ["WORLD_SIZE"])
     if "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:

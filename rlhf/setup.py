@@ -9,9 +9,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from parallel.distributed import init_distributed, init_model_parallel, set_seed
-from parallel.models import ModelBundle, build_model_chunks
-from parallel.optim import OptimConfig, TrainState, build_train_state
+from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+from rlhf.mcore.models import ModelBundle, build_model_chunks
+from rlhf.mcore.optim import OptimConfig, TrainState, build_train_state
 
 
 def _optim(cfg_optim) -> OptimConfig:
@@ -92,7 +92,7 @@ class TrainerSetup:
                                self.cfg.trainer.max_ckpt_to_keep)
 
     def export_hf(self) -> str:
-        from parallel.hf_conversion import save_hf_checkpoint
+        from rlhf.mcore.convert import save_hf_checkpoint
 
         out = os.path.join(self.cfg.trainer.default_local_dir, "hf_export")
         save_hf_checkpoint(self.actor.chunks, self.actor.spec, self.hf_config, out, tokenizer=self.tokenizer)
@@ -293,7 +293,7 @@ def build_trainer(cfg) -> TrainerSetup:
     if rank0:
         rollout = _start_rollout(cfg, model_path)
     dist.barrier()
-    from parallel.weight_bridge import WeightBridge
+    from rlhf.mcore.weight_sync import WeightBridge
 
     bridge = WeightBridge(actor.chunks, actor.spec, [RolloutSink(rollout)] if rank0 else None,
                           transport="tensor" if r.mode == "colocated" else "distributed",

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from parallel.forward import forward_backward
-from parallel.optim import optimizer_step, zero_grads
+from rlhf.mcore.forward import forward_backward
+from rlhf.mcore.optim import optimizer_step, zero_grads
 from rlhf import algorithms as algos
 from rlhf.batch import dp_all_gather, dp_slice
 

@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     import torch.distributed as dist
     from transformers import AutoConfig
 
-    from parallel.distributed import destroy_distributed, init_distributed, init_model_parallel, set_seed
-    from parallel.models import build_model_chunks
+    from rlhf.mcore.distributed import destroy_distributed, init_distributed, init_model_parallel, set_seed
+    from rlhf.mcore.models import build_model_chunks
 
     init_distributed()
     if dist.get_world_size() != args.tp * args.pp:
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     init_model_parallel(args.tp, args.pp)
     set_seed(0)
     if args.command == "hf-to-mcore":
-        from parallel.dist_checkpoint import save_sharded
+        from rlhf.mcore.dist_checkpoint import save_sharded
 
         hf_path = args.hf_path
         if not os.path.isdir(hf_path):
@@ -90,8 +90,8 @@ def main(argv=None) -> int:
             os.replace(tmp, args.out)
             print(f"wrote megatron checkpoint {args.out} (from {args.hf_path}, tp={args.tp} pp={args.pp})")
     else:
-        from parallel.dist_checkpoint import load_sharded
-        from parallel.hf_conversion import save_hf_checkpoint
+        from rlhf.mcore.dist_checkpoint import load_sharded
+        from rlhf.mcore.convert import save_hf_checkpoint
 
         hf_dir = os.path.join(args.mcore_path, "hf")
         if not os.path.isdir(hf_dir):

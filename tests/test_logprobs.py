@@ -2,7 +2,7 @@
 the TP>1 path is covered by tests/test_foundation_dist.py)."""
 import torch
 
-from parallel.logprobs import vocab_parallel_log_probs
+from rlhf.mcore.logprobs import vocab_parallel_log_probs
 
 
 def reference(logits, labels, vocab_size, temperature):

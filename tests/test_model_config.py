@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, Qwen2Config, GPT2Config
 
-from parallel.distributed import detect_launch_env, expand_slurm_nodelist
-from parallel.model_config import (UnsupportedModelError, hf_model_spec, padded_vocab_size,
+from rlhf.mcore.distributed import detect_launch_env, expand_slurm_nodelist
+from rlhf.mcore.model_config import (UnsupportedModelError, hf_model_spec, padded_vocab_size,
                                    transformer_config_from_hf, validate_parallel_layout)
 
 

@@ -18,10 +18,10 @@ import re
 import pytest
 import torch
 
-from parallel.bucketing import (BucketPlan, BufferPool, MemoryMeter, TensorMeta, bucket_views, fill_buckets,
+from rlhf.mcore.weight_sync.bucketing import (BucketPlan, BufferPool, MemoryMeter, TensorMeta, bucket_views, fill_buckets,
                                 plan_buckets)
-from parallel.model_config import HFModelSpec
-from parallel.weight_bridge import (InMemorySink, SimulatedTPTopology, WeightBridge, WeightBridgeError,
+from rlhf.mcore.model_config import HFModelSpec
+from rlhf.mcore.weight_sync import (InMemorySink, SimulatedTPTopology, WeightBridge, WeightBridgeError,
                                     expected_weights_from_spec, regex_name_map, validate_against_expected)
 
 # ----------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def pad_rows(t, rows):
 
 
 def megatron_local_tensors(hf, spec: HFModelSpec, tp: int, r: int, divisible_by=128) -> dict[str, torch.Tensor]:
-    """Megatron-core's TP-rank-r layout, written independently of parallel.hf_conversion."""
+    """Megatron-core's TP-rank-r layout, written independently of rlhf.mcore.convert."""
     d, G, nq = spec.head_dim, spec.num_query_groups, spec.num_attention_heads // spec.num_query_groups
     padded = -(-spec.vocab_size // (divisible_by * tp)) * divisible_by * tp
     per = padded // tp
@@ -239,7 +239,7 @@ def test_golden_layout_through_sglang_loaders(case, trainer_tp):
 
 def test_hand_built_shards_match_hf_conversion_import():
     """The test's hand-built megatron layout agrees with hf_conversion.local_shard_from_hf."""
-    from parallel.hf_conversion import ParamRole, local_shard_from_hf
+    from rlhf.mcore.convert import ParamRole, local_shard_from_hf
 
     class DictReader:
         path = "<dict>"

@@ -461,7 +461,7 @@ MODEL_DTYPES = ("float32", "bfloat16")
 ROLLOUT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 RECOMPUTE_MODES = (None, "full", "selective")
 LOGGER_BACKENDS = ("console", "tensorboard")
-LR_DECAY_STYLES = ("constant", "linear", "cosine")  # parallel/optim.py
+LR_DECAY_STYLES = ("constant", "linear", "cosine")  # rlhf/mcore/optim.py
 #: estimators whose baseline is computed over the rollout.n responses of a prompt
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 

@@ -9,8 +9,8 @@ Phase "tp2" (trainer TP2): A <- "tensor" transport (colocated), B <- "distribute
 Phase "pp2" (trainer PP2, megatron re-initialised in the same processes): A <- "distributed" (one
 weight-update group per PP stage), B <- "tensor" (stage 1 routes its buckets to rank 0).
 Phase "pp2vpp2" (PP2 x virtual PP2, one layer per chunk, one step): A <- "tensor", B <- "distributed".
-Per phase and model: two optimizer steps (megatron DDP + optimizer via parallel.optim, gradients
-from parallel.forward.forward_backward); after each step bridge.sync(), then the engine's greedy
+Per phase and model: two optimizer steps (megatron DDP + optimizer via rlhf.mcore.optim, gradients
+from rlhf.mcore.forward.forward_backward); after each step bridge.sync(), then the engine's greedy
 output must equal HF `generate` of the model exported with save_hf_checkpoint, and the weights
 must have changed.  The Llama keeps its final norm as a persistent buffer (frozen for the
 optimizer) that is changed between steps outside the optimizer, so the sync must carry it.
@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 
 MODELS = {"A": "qwen2_tied", "B": "llama_gqa"}
 ENGINE_TP = {"A": 1, "B": 2}
@@ -119,7 +119,7 @@ def load_dir(d):
 
 def freeze_final_norm_as_buffer(chunks):
     """Turn the final RMSNorm weight (last stage) into a persistent buffer under the same name."""
-    from parallel.hf_conversion import unwrap_model
+    from rlhf.mcore.convert import unwrap_model
 
     bufs = []
     for c in chunks:
@@ -143,8 +143,8 @@ def train_batch(vocab, seed):
 
 
 def train_step(actor, state, step):
-    from parallel.forward import forward_backward
-    from parallel.optim import optimizer_step, zero_grads
+    from rlhf.mcore.forward import forward_backward
+    from rlhf.mcore.optim import optimizer_step, zero_grads
 
     def loss_fn(outputs, mb):
         mask = mb["attention_mask"].float()
@@ -160,10 +160,10 @@ def train_step(actor, state, step):
 def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initial_outputs):
     from transformers import AutoConfig
 
-    from parallel.hf_conversion import save_hf_checkpoint
-    from parallel.models import build_model_chunks
-    from parallel.optim import OptimConfig, build_train_state
-    from parallel.weight_bridge import WeightBridge
+    from rlhf.mcore.convert import save_hf_checkpoint
+    from rlhf.mcore.models import build_model_chunks
+    from rlhf.mcore.optim import OptimConfig, build_train_state
+    from rlhf.mcore.weight_sync import WeightBridge
     from rlhf.rollout.sampling import stop_token_ids_for
 
     from megatron.core import parallel_state as ps
@@ -189,7 +189,7 @@ def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initi
         engine_threads.clear()
         if rank0:
             log("engines up: " + ", ".join(f"{k} {e.startup_seconds:.0f}s alive={e.is_alive()}" for k, e in engines.items()))
-    from parallel.weight_bridge import MegatronTopology
+    from rlhf.mcore.weight_sync import MegatronTopology
 
     for key in paths:
         # TP gathers: A through same-host shared memory (the CPU default), B through gloo `gather`
@@ -252,7 +252,7 @@ def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initi
 
 def check_refusals(actor, state, engines, last, paths):
     """A bad name map is refused before anything is sent; the engine keeps serving the same weights."""
-    from parallel.weight_bridge import WeightBridge, WeightBridgeError, regex_name_map
+    from rlhf.mcore.weight_sync import WeightBridge, WeightBridgeError, regex_name_map
     from rlhf.rollout.sampling import stop_token_ids_for
 
     rank0 = dist.get_rank() == 0

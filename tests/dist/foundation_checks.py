@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 
 KINDS = ["llama_gqa", "llama_mha", "qwen2_tied", "llama_square"]
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
@@ -50,7 +50,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 def fb(*args, **kwargs):
     """forward_backward (forward only) with its outputs moved to the CPU for comparison with HF."""
-    from parallel.forward import forward_backward
+    from rlhf.mcore.forward import forward_backward
 
     return {k: v.cpu() for k, v in forward_backward(*args, **kwargs).items()}
 
@@ -79,8 +79,8 @@ def hf_model(path):
 def check_logits_and_log_probs(kind, path, tp, pp):
     from transformers import AutoConfig
 
-    from parallel.forward import forward_backward
-    from parallel.models import build_model_chunks
+    from rlhf.mcore.forward import forward_backward
+    from rlhf.mcore.models import build_model_chunks
 
     bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
     batch = padded_batch()
@@ -128,7 +128,7 @@ def check_round_trip(kind, path, bundle, tp, pp, workdir):
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
-    from parallel.hf_conversion import save_hf_checkpoint
+    from rlhf.mcore.convert import save_hf_checkpoint
 
     out = os.path.join(workdir, f"export_{kind}_tp{tp}pp{pp}")
     save_hf_checkpoint(bundle.chunks, bundle.spec, AutoConfig.from_pretrained(path), out)
@@ -168,8 +168,8 @@ def train_batch(seed):
 def megatron_step(state, bundle, full):
     from megatron.core import parallel_state as ps
 
-    from parallel.forward import forward_backward
-    from parallel.optim import optimizer_step, zero_grads
+    from rlhf.mcore.forward import forward_backward
+    from rlhf.mcore.optim import optimizer_step, zero_grads
 
     dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
     ids = full.chunk(dp)[dp_rank]
@@ -194,10 +194,10 @@ def check_optimizer_step(path, ckpt_dir):
     Then saves model + optimizer to `ckpt_dir`, takes a second step and returns its weights."""
     from transformers import AutoConfig
 
-    from parallel.dist_checkpoint import save_sharded
-    from parallel.hf_conversion import iter_hf_tensors
-    from parallel.models import build_model_chunks
-    from parallel.optim import OptimConfig, build_train_state
+    from rlhf.mcore.dist_checkpoint import save_sharded
+    from rlhf.mcore.convert import iter_hf_tensors
+    from rlhf.mcore.models import build_model_chunks
+    from rlhf.mcore.optim import OptimConfig, build_train_state
 
     full = train_batch(5)
     bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
@@ -246,10 +246,10 @@ def check_optimizer_resume(path, ckpt_dir, step2_ref):
     optimizer; the next step must give the weights of the uninterrupted run."""
     from transformers import AutoConfig
 
-    from parallel.dist_checkpoint import load_sharded
-    from parallel.hf_conversion import iter_hf_tensors
-    from parallel.models import build_model_chunks
-    from parallel.optim import OptimConfig, build_train_state
+    from rlhf.mcore.dist_checkpoint import load_sharded
+    from rlhf.mcore.convert import iter_hf_tensors
+    from rlhf.mcore.models import build_model_chunks
+    from rlhf.mcore.optim import OptimConfig, build_train_state
 
     bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor")  # random init, overwritten by the load
     state = build_train_state(bundle.chunks, bundle.config, OptimConfig(clip_grad=1e9, use_distributed_optimizer=True,
@@ -298,9 +298,9 @@ def main():
             # dist_checkpointing: save at TP2 here, load at TP1 below
             from transformers import AutoConfig
 
-            from parallel.dist_checkpoint import save_sharded
-            from parallel.forward import forward_backward
-            from parallel.models import build_model_chunks
+            from rlhf.mcore.dist_checkpoint import save_sharded
+            from rlhf.mcore.forward import forward_backward
+            from rlhf.mcore.models import build_model_chunks
 
             bundle = build_model_chunks(AutoConfig.from_pretrained(paths["qwen2_tied"]), "actor", paths["qwen2_tied"])
             save_sharded(os.path.join(args.workdir, "dcp_tp2"), bundle.chunks, common={"step": 7})
@@ -316,9 +316,9 @@ def main():
     def dcp_check():
         from transformers import AutoConfig
 
-        from parallel.dist_checkpoint import load_sharded
-        from parallel.forward import forward_backward
-        from parallel.models import build_model_chunks
+        from rlhf.mcore.dist_checkpoint import load_sharded
+        from rlhf.mcore.forward import forward_backward
+        from rlhf.mcore.models import build_model_chunks
 
         bundle = build_model_chunks(AutoConfig.from_pretrained(paths["qwen2_tied"]), "actor")
         with torch.no_grad():
@@ -332,7 +332,7 @@ def main():
         # the loaded TP1 weights are bitwise the saved TP2 weights (= the HF checkpoint)
         from safetensors.torch import load_file
 
-        from parallel.hf_conversion import iter_hf_tensors
+        from rlhf.mcore.convert import iter_hf_tensors
 
         orig = load_file(os.path.join(paths["qwen2_tied"], "model.safetensors"))
         exact = all(torch.equal(t.cpu(), orig[n]) for n, t in iter_hf_tensors(bundle.chunks, bundle.spec))
@@ -352,7 +352,7 @@ def main():
         from safetensors.torch import load_file, save_file
         from transformers import AutoConfig
 
-        from parallel.models import build_model_chunks
+        from rlhf.mcore.models import build_model_chunks
 
         broken = os.path.join(args.workdir, "hf_missing")
         if dist.get_rank() == 0:

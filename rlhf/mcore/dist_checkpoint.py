@@ -13,8 +13,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from parallel import cpu_patches  # noqa: F401
-from parallel.hf_conversion import unwrap_model
+from rlhf.mcore import cpu_patches  # noqa: F401
+from rlhf.mcore.convert import unwrap_model
 
 
 # The distributed optimizer's state is saved in the "fully_reshardable" format: it loads at any

@@ -87,10 +87,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 import torch
 import torch.distributed as dist
 
-from parallel.bucketing import (DEFAULT_BUCKET_BYTES, BucketPlan, BufferPool, MemoryMeter, TensorMeta,
+from rlhf.mcore.weight_sync.bucketing import (DEFAULT_BUCKET_BYTES, BucketPlan, BufferPool, MemoryMeter, TensorMeta,
                                 bucket_views, dtype_from_any, dtype_name, fill_buckets, plan_buckets)
-from parallel.hf_conversion import _GATHER_DIM, ParamRole, hf_tensors_from_shards, param_role, unwrap_model
-from parallel.model_config import HFModelSpec
+from rlhf.mcore.convert import GATHER_DIM, ParamRole, hf_tensors_from_shards, param_role, unwrap_model
+from rlhf.mcore.model_config import HFModelSpec
 
 __all__ = [
     "WeightBridgeError", "WeightSink", "DistributedWeightSink", "WeightBridge", "SyncStats", "CheckReport",
@@ -208,8 +208,8 @@ def regex_name_map(rules: Mapping[str, tuple[str, str]]) -> NameMap:
     """
     compiled = [(re.compile(p), kind, tmpl) for p, (kind, tmpl) in rules.items()]
     for _, kind, _ in compiled:
-        if kind not in _GATHER_DIM:
-            raise ValueError(f"unknown kind {kind!r}; use one of {sorted(_GATHER_DIM)}")
+        if kind not in GATHER_DIM:
+            raise ValueError(f"unknown kind {kind!r}; use one of {sorted(GATHER_DIM)}")
 
     def name_map(chunk, local_name: str, tensor: torch.Tensor):
         for rx, kind, tmpl in compiled:
@@ -271,7 +271,7 @@ def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = No
                     continue
                 if role is None:
                     continue
-            if role.kind not in _GATHER_DIM:
+            if role.kind not in GATHER_DIM:
                 raise WeightBridgeError(f"{name!r}: unknown role kind {role.kind!r}")
             entries.append(_Entry(ci, name, tensor, role, name in params))
     return entries, skipped
@@ -280,7 +280,7 @@ def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = No
 def _meta_shards(entry: _Entry, tp: int) -> list[torch.Tensor]:
     t = entry.tensor
     meta = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
-    return [meta] if _GATHER_DIM[entry.role.kind] is None else [meta] * tp
+    return [meta] if GATHER_DIM[entry.role.kind] is None else [meta] * tp
 
 
 def plan_local_tensors(entries: Sequence[_Entry], spec: HFModelSpec, tp: int) -> list[tuple[str, tuple, torch.dtype]]:
@@ -429,7 +429,7 @@ class MegatronTopology:
             return
         if {e.tensor.device.type for e in entries} - {"cpu"} or not os.path.isdir("/dev/shm"):
             return
-        gathered = [(i, e.tensor.nbytes) for i, e in enumerate(entries) if _GATHER_DIM[e.role.kind] is not None]
+        gathered = [(i, e.tensor.nbytes) for i, e in enumerate(entries) if GATHER_DIM[e.role.kind] is not None]
         if not gathered:
             return
         cap = max(max(n for _, n in gathered), min(sum(n for _, n in gathered), self.SHM_STAGING_BYTES))
@@ -863,7 +863,7 @@ class WeightBridge:
         """
         topo = self.topo
         for e in entries:
-            dim = _GATHER_DIM[e.role.kind]
+            dim = GATHER_DIM[e.role.kind]
             if dim is None:
                 if not topo.is_leader:
                     continue

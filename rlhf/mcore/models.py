@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from parallel import cpu_patches  # noqa: F401  (must precede megatron.core imports)
-from parallel.model_config import HFModelSpec, hf_model_spec, padded_vocab_size, transformer_config_from_hf
+from rlhf.mcore import cpu_patches  # noqa: F401  (must precede megatron.core imports)
+from rlhf.mcore.model_config import HFModelSpec, hf_model_spec, padded_vocab_size, transformer_config_from_hf
 
 ROLES = ("actor", "critic", "reference")
 
@@ -71,7 +71,7 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
                        **config_overrides) -> ModelBundle:
     """Build this rank's GPTModel chunk(s) for `role` in {"actor", "critic", "reference"}.
 
-    Requires `parallel.distributed.init_model_parallel` first; TP/PP/VPP come from megatron's
+    Requires `rlhf.mcore.distributed.init_model_parallel` first; TP/PP/VPP come from megatron's
     parallel_state. With `hf_path` the HF safetensors weights are loaded shard by shard.
     Raises ValueError for an unknown role or a layout that does not divide the model (before
     any allocation), UnsupportedModelError for an unsupported architecture.
@@ -112,7 +112,7 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
         chunks.append(model)
     bundle = ModelBundle(role, chunks, config, spec, vocab)
     if hf_path is not None:
-        from parallel.hf_conversion import load_hf_checkpoint
+        from rlhf.mcore.convert import load_hf_checkpoint
 
         load_hf_checkpoint(chunks, hf_path, spec)
         if spec.tie_word_embeddings and not is_critic and pp > 1:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from parallel import cpu_patches  # noqa: F401
+from rlhf.mcore import cpu_patches  # noqa: F401
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Typical use on every rank::
 
-    from parallel.distributed import init_distributed, init_model_parallel, set_seed
+    from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
     init_distributed()                 # NCCL on GPU, gloo on CPU
     init_model_parallel(tp=2, pp=2)    # megatron-core parallel_state
     set_seed(1234)                     # per-rank seeding, megatron RNG trackers
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from parallel import cpu_patches  # noqa: F401  (must precede megatron.core imports)
+from rlhf.mcore import cpu_patches  # noqa: F401  (must precede megatron.core imports)
 
 
 @dataclass(frozen=True)

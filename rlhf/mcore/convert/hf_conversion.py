@@ -30,7 +30,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
-from parallel.model_config import HFModelSpec
+from rlhf.mcore.model_config import HFModelSpec
 
 _LAYER_RE = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
 
@@ -296,7 +296,7 @@ def hf_tensors_from_shards(role: ParamRole, shards: list[torch.Tensor], spec: HF
     raise AssertionError(kind)
 
 
-_GATHER_DIM = {"replicated": None, "vocab": 0, "row": 1, "fc1": 0, "qkv": 0, "qkv_bias": 0}
+GATHER_DIM = {"replicated": None, "vocab": 0, "row": 1, "fc1": 0, "qkv": 0, "qkv_bias": 0}
 
 
 def iter_local_params(model_chunks, spec: HFModelSpec, include_value_head: bool = False):
@@ -332,7 +332,7 @@ def iter_hf_tensors(model_chunks, spec: HFModelSpec, dtype: torch.dtype | None =
     TP rank receives the full tensor. Peak extra memory: one full parameter.
     """
     for _chunk, _name, tensor, role in iter_local_params(model_chunks, spec):
-        dim = _GATHER_DIM[role.kind]
+        dim = GATHER_DIM[role.kind]
         shards = [tensor.detach()] if dim is None else _gather_tp(tensor.detach(), dim)
         for hf_name, t in hf_tensors_from_shards(role, shards, spec):
             yield hf_name, (t if dtype is None else t.to(dtype)).contiguous()

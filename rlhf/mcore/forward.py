@@ -52,7 +52,7 @@ def split_micro_batches(batch: dict, micro_batch_size: int) -> list[dict]:
 def _token_outputs(output: torch.Tensor, mb: dict, kind: str, vocab_size: int, temperature: float,
                    calculate_entropy: bool) -> dict:
     """Model output in left-aligned layout -> token outputs in the original layout."""
-    from parallel.logprobs import log_probs_from_megatron_logits
+    from rlhf.mcore.logprobs import log_probs_from_megatron_logits
 
     shifts = mb["_shifts"]
     mask = mb["attention_mask"].bool()
