@@ -390,3 +390,9 @@ def test_filter_groups_exact_equality_despite_round_off():
     assert kept.tolist() == [False, False, False, True, True]
     with pytest.raises(ValueError, match="index has 2 entries"):
         filter_groups_by_metric([0.1, 0.2, 0.3], [0, 0])
+
+
+def test_filter_groups_refuses_non_finite_metric():
+    """A NaN metric would drop its group silently (NaN > NaN is False); it is refused, naming the sample."""
+    with pytest.raises(ValueError, match=r"non-finite at sample\(s\) \[2\]"):
+        filter_groups_by_metric([1.0, 0.0, NAN, 1.0], [0, 0, 1, 1])
