@@ -83,7 +83,7 @@ def kl_cov(ratio, delta):
 DELTA = (0.1, 0.2, -0.3, 0.4)
 
 
-@pytest.mark.parametrize("ratio,penalised", [(0.25, [0]), (0.5, [0, 3])])
+@pytest.mark.parametrize("ratio,penalised", [(0.25, [0]), (0.5, [0, 3]), (5.0, [0, 1, 2, 3])])  # k <= N
 def test_kl_cov_penalises_the_top_covariance_tokens(ratio, penalised):
     """k = max(1, int(4 * ratio)).  Token loss -A e^delta (no clip) + 0.1 |delta| on the top-k Cov tokens;
     gradient w.r.t. log pi: (-A e^delta + 0.1 sign(delta) [penalised]) / 4."""

@@ -97,7 +97,7 @@ def compute_policy_loss_kl_cov(old_log_prob: Tensor, log_prob: Tensor, advantage
     penalised = torch.zeros(x.valid.numel(), dtype=torch.bool, device=log_prob.device)
     if n_valid:
         cov = token_covariance(x.advantages, x.log_prob, x.valid).flatten()
-        penalised[torch.topk(cov, max(1, int(n_valid * ratio_arg))).indices] = True
+        penalised[torch.topk(cov, min(n_valid, max(1, int(n_valid * ratio_arg)))).indices] = True
     pg_losses = -x.advantages * ratio + torch.where(penalised.view_as(ratio), coef * abs_kl, torch.zeros_like(abs_kl))
     pg_losses = apply_weights(pg_losses, rollout_is_weights, x.valid)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs(config))
