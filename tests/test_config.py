@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 import rlhf
 from rlhf.config import (ConfigError, ConfigKeyError, ConfigValidationError, compose_config, list_recipes,
                          schema_keys, validate_config)
+from rlhf.config.overrides import format_value
 from rlhf.config.schema import RLHFConfig
 from rlhf.main import main, parse_args
 
@@ -262,11 +263,11 @@ def quickstart_cfg():
     ([("actor.use_kl_loss", True), ("actor.kl_loss_type", 'low_var')], None, ["actor.kl_loss_type"]),
     ([("reward.custom_reward_function.path", '/nonexistent/reward.py')], None, ["is not a file"]),
 ])
-def test_semantic_validation(quickstart_cfg, overrides, world, expected):
-    cfg = copy.deepcopy(quickstart_cfg)
-    for key, value in overrides:
-        OmegaConf.update(cfg, key, value, merge=False)
+def test_semantic_validation(overrides, world, expected):
+    """A bad value, given as a command-line override, fails while composing (a type or a choice: the schema's
+    field types) or validating (ranges, rules across sections), naming the key, the value and the fix."""
     with pytest.raises(ConfigValidationError) as ei:
+        cfg = compose_config([f"{k}={format_value(v)}" for k, v in overrides], recipe="quickstart")
         validate_config(cfg, world_size=world)
     msg = str(ei.value)
     for s in expected:
@@ -285,9 +286,8 @@ def test_context_length_checked_against_local_model(quickstart_cfg, tmp_path):
 
 
 def test_all_problems_reported_together():
-    cfg = compose_config(["rollout.mode=x", "trainer.resume_mode=y", "actor.loss_agg_mode=z"])
     with pytest.raises(ConfigValidationError) as ei:
-        validate_config(cfg)
+        validate_config(compose_config(["rollout.mode=x", "trainer.resume_mode=y", "actor.loss_agg_mode=z"]))
     assert len(ei.value.problems) == 3
 
 
