@@ -4,17 +4,21 @@ CPU only, fast."""
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
+from omegaconf import OmegaConf
 
 from rlhf import Trainer
 from rlhf.api import ALGORITHMS, build_overrides, format_value
 from rlhf.cli import main as cli_main
 from rlhf.config import ConfigError, compose_config, validate_config
+from rlhf.main import main as main_cli
 
 REPO = Path(__file__).resolve().parents[1]
 # recipe -> trainer processes it is written for
@@ -61,6 +65,24 @@ def test_every_algorithm_preset_validates(algorithm):
         assert (c.actor.clip_ratio_low, c.actor.clip_ratio_high, c.actor.loss_agg_mode) == (0.2, 0.28, "token-mean")
     if algorithm == "dr_grpo":
         assert not c.algorithm.norm_adv_by_std_in_grpo and c.actor.loss_agg_mode == "seq-mean-token-sum-norm"
+
+
+@pytest.mark.parametrize("recipe", [None, "quickstart"])
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_preset_gives_the_same_config_through_cli_api_and_launch(algorithm, recipe, capsys):
+    """`python -m rlhf.main algorithm=X`, `Trainer(algorithm=X)` and `rlhf launch --algorithm X` (the command it
+    runs) compose the same resolved config, which validates: one source, rlhf/config/algorithm/X.yaml."""
+    args = ([f"recipe={recipe}"] if recipe else []) + [f"algorithm={algorithm}"]
+    assert cli_main(["launch", "--algorithm", algorithm, "--nproc", "1", "--dry_run"]
+                    + (["--recipe", recipe] if recipe else [])) == 0
+    launched = shlex.split(capsys.readouterr().out.strip())
+    assert launched[launched.index("rlhf.main") + 1:] == args  # launch runs exactly this command line
+    assert main_cli(args + ["--cfg"]) == 0
+    cli = capsys.readouterr().out
+    trainer = Trainer(algorithm=algorithm, recipe=recipe)
+    assert OmegaConf.to_yaml(trainer.config) == cli and trainer.command()[6:] == args
+    c = yaml.safe_load(cli)
+    assert c["rollout"]["n"] >= 2 or algorithm in ("ppo", "reinforce_plus_plus", "dpo")
 
 
 def test_named_arguments_and_reward_forms(tmp_path):

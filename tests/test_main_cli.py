@@ -23,3 +23,18 @@ def test_algorithm_preset_on_the_command_line():
 def test_unknown_algorithm_names_the_presets():
     with pytest.raises(UsageError, match="algorithm='foo' is not a preset.*'dpo'"):
         parse_args(["algorithm=foo"])
+
+
+def test_launch_env_reads_torchrun_then_slurm():
+    from rlhf.launch_env import LaunchEnv, launch_env
+    from rlhf.mcore.distributed import detect_launch_env
+
+    cases = [({}, LaunchEnv(0, None, 0, "single")),
+             ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, LaunchEnv(3, 8, 1, "torchrun")),
+             ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"}, LaunchEnv(5, 16, 1, "slurm")),
+             ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "9", "SLURM_NTASKS": "16"}, LaunchEnv(1, 2, 0, "torchrun")),
+             ({"RANK": "1"}, LaunchEnv(0, None, 0, "single"))]  # torchrun always sets both
+    for env, expected in cases:
+        assert launch_env(env) == expected
+        mc = detect_launch_env({**env, "SLURM_JOB_NODELIST": "n1"})  # the same rules as the process-group set-up
+        assert (mc.rank, mc.world_size, mc.local_rank) == (expected.rank, expected.world_size or 1, expected.local_rank)

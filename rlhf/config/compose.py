@@ -52,7 +52,9 @@ def register_configs() -> None:
 
     from rlhf.config.schema import RLHFConfig
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=RLHFConfig)
+    store = ConfigStore.instance()
+    if f"{SCHEMA_NAME}.yaml" not in store.repo:  # storing converts the dataclass again (~0.5 s)
+        store.store(name=SCHEMA_NAME, node=RLHFConfig)
     if not OmegaConf.has_resolver("rlhf.rollout_n"):
         OmegaConf.register_new_resolver("rlhf.rollout_n", default_rollout_n)
 

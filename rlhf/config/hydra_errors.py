@@ -42,14 +42,12 @@ def _composition_source(e: BaseException, overrides: Sequence[str]) -> str:
 
 def _unknown_option(msg: str) -> Optional[ConfigKeyError]:
     """``Could not find 'recipe/NAME'`` -> the unknown recipe (or preset), close names and all names."""
-    from rlhf.config.compose import list_options
-
     m = re.search(r"Could not find '(recipe|algorithm)/([^']+)'", msg)
     if not m:
         return None
     group, name = m.groups()
     am = re.search(rf"Available options in '{group}':\n((?:\t[^\n]*\n?)*)", msg)
-    avail = [s.strip() for s in am.group(1).splitlines() if s.strip()] if am else list_options(group)
+    avail = [s.strip() for s in am.group(1).splitlines() if s.strip()] if am else []
     close = difflib.get_close_matches(name, avail, n=3, cutoff=0.5)
     one, many = _GROUP_WORDS[group]
     return ConfigKeyError(f"Unknown {one} {name!r}." + (f" Did you mean: {', '.join(close)}?" if close else "")
