@@ -19,10 +19,10 @@ EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_CONFIG_ERROR = 0, 1, 2
 _PROG = "python -m rlhf.main"
 USAGE = f"""usage: {_PROG} [--help] [--cfg] recipe=NAME [algorithm=NAME] [key=value ...]
 
-Compose the training config (schema defaults < rlhf/config/ppo_trainer.yaml < recipe < algorithm preset <
-key=value) and train.  Overrides use Hydra syntax: trainer.total_training_steps=5, data.train_files=[a.jsonl,b.jsonl],
-model.path=/ckpt/Qwen2-7B-Instruct.  Extra recipe directories: hydra.searchpath=[file:///abs/dir]
-(recipes in <dir>/recipe/NAME.yaml).
+Compose the training config (schema defaults < rlhf/config/ppo_trainer.yaml < recipe < algorithm preset
+< key=value) and train.  Overrides use Hydra syntax: trainer.total_training_steps=5,
+data.train_files=[a.jsonl,b.jsonl], model.path=/ckpt/Qwen2-7B-Instruct.  Extra recipe directories:
+hydra.searchpath=[file:///abs/dir] (recipes in <dir>/recipe/NAME.yaml).
 
 options:
   -h, --help      show this message, the recipes and the algorithm presets

@@ -244,6 +244,22 @@ def test_user_recipe_from_search_path(tmp_path):
     assert compose_config([], recipe="mine", search_paths=[tmp_path]).trainer.total_training_steps == 7
 
 
+def test_user_recipe_on_a_shared_base(tmp_path):
+    """A recipe of your own can start from the built-in bases and presets (docs/api.md)."""
+    _write_recipe(tmp_path, "my_grpo", """
+        defaults:
+          - _base/tiny_cpu
+          - /algorithm/grpo
+          - _self_
+        rollout:
+          n: 8
+    """)
+    cfg = compose_config([], recipe="my_grpo", search_paths=[tmp_path])
+    assert (cfg.model.path, cfg.actor.optim.lr, cfg.algorithm.adv_estimator, cfg.rollout.n) == \
+        ("tiny://quickstart", 2e-4, "grpo", 8)
+    validate_config(cfg, world_size=1)
+
+
 def test_unknown_recipe():
     with pytest.raises(ConfigKeyError) as ei:
         compose_config([], recipe="quickstrat")
@@ -378,6 +394,10 @@ def test_choices_read_as_strings_and_match_the_algorithms():
     cfg = compose_config([], recipe="gsm8k_ppo_qwen2_7b")
     assert cfg.rollout.mode == "colocated" and f"{cfg.model.dtype}" == "bfloat16" and isinstance(cfg.model.dtype, str)
     assert {"bfloat16": 1}[cfg.rollout.dtype] == 1 and list(cfg.trainer.logger) == ["console", "tensorboard"]
+    import pickle
+
+    assert type(pickle.loads(pickle.dumps(cfg.rollout.dtype))) is str  # e.g. sent to a Ray actor
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
     assert tuple(LossAggMode.__members__) == tuple(LOSS_AGG_MODES)
     import torch
 

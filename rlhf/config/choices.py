@@ -2,7 +2,8 @@
 composing), and the message for a value that is not one of them.
 
 Each Enum's docstring is the hint printed after the allowed values.  The members are ``StrEnum``s named
-by their values, so ``cfg.rollout.mode == "colocated"`` and ``f"{cfg.model.dtype}"`` read as strings.
+by their values, so ``cfg.rollout.mode == "colocated"`` and ``f"{cfg.model.dtype}"`` read as strings, and they
+pickle as plain strings.
 """
 from __future__ import annotations
 
@@ -14,8 +15,16 @@ from typing import Any, Optional, Sequence, Union
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 
 
-def _choices(name: str, members: str, hint: str) -> type[StrEnum]:
-    enum = StrEnum(name, [(m, m) for m in members.split()], module=__name__)
+class Choice(StrEnum):
+    """Base of the choices: a member is its value as a string, and pickles as a plain ``str`` (a process
+    that receives ``cfg.rollout.dtype``, e.g. a Ray actor, needs no import of rlhf.config)."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return str, (self.value,)
+
+
+def _choices(name: str, members: str, hint: str) -> type[Choice]:
+    enum = Choice(name, [(m, m) for m in members.split()], module=__name__)
     enum.__doc__ = hint
     return enum
 

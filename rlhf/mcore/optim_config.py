@@ -10,6 +10,9 @@ from typing import Optional
 class LRDecayStyle(StrEnum):
     """constant keeps lr after warm-up; linear and cosine decay it to min_lr over lr_decay_steps"""
 
+    def __reduce_ex__(self, protocol):  # pickles as a plain str: readers need not import this module
+        return str, (self.value,)
+
     constant = "constant"
     linear = "linear"
     cosine = "cosine"
