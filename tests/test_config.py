@@ -175,6 +175,8 @@ def test_algorithm_presets_compose():
     c = compose_config(["algorithm=dr_grpo"], recipe="quickstart")  # the preset wins over the recipe
     assert (c.algorithm.adv_estimator, c.critic.enable, c.algorithm.norm_adv_by_std_in_grpo) == ("grpo", None, False)
     assert c.actor.loss_agg_mode == "seq-mean-token-sum-norm" and c.actor.optim.lr == 1e-4  # recipe's lr kept
+    assert compose_config(["+algorithm=grpo"]) == compose_config(["algorithm=grpo"])
+    assert compose_config(["algorithm=null"]) == compose_config([])  # no preset, the default
     with pytest.raises(ConfigKeyError) as ei:
         compose_config(["algorithm=grpoo"])
     assert "Unknown algorithm preset 'grpoo'" in str(ei.value) and ei.value.suggestions[0] == "grpo"

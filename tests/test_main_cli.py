@@ -32,7 +32,8 @@ def test_launch_env_reads_torchrun_then_slurm():
     cases = [({}, LaunchEnv(0, None, 0, "single")),
              ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}, LaunchEnv(3, 8, 1, "torchrun")),
              ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1"}, LaunchEnv(5, 16, 1, "slurm")),
-             ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "9", "SLURM_NTASKS": "16"}, LaunchEnv(1, 2, 0, "torchrun")),
+             ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "9", "SLURM_NTASKS": "16"},
+              LaunchEnv(1, 2, 0, "torchrun")),
              ({"RANK": "1"}, LaunchEnv(0, None, 0, "single"))]  # torchrun always sets both
     for env, expected in cases:
         assert launch_env(env) == expected

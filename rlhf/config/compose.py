@@ -22,7 +22,8 @@ from rlhf.config.keys import check_closed, nearest_keys
 from rlhf.config.overrides import check_overrides
 
 __all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
-           "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP", "ALGORITHM_GROUP"]
+           "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
+           "ALGORITHM_GROUP"]
 
 #: Name of the structured schema node in Hydra's ConfigStore (first entry of ppo_trainer.yaml's defaults).
 SCHEMA_NAME = "ppo_trainer_schema"
@@ -160,7 +161,8 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
                               "hydra.searchpath override, not both.")
         uris = [s if re.match(r"^(file|pkg)://", s) else f"file://{Path(s).resolve()}" for s in map(str, search_paths)]
         overrides.append("hydra.searchpath=[" + ",".join(uris) + "]")
-    overrides = [o for o in overrides if o not in checked.bad]  # reported below, with the rest
+    overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o  # a group choice, not an addition
+                 for o in overrides if o not in checked.skip]  # bad values are reported below, with the rest
 
     register_configs()
     backup = get_gh_backup()
@@ -170,7 +172,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         with initialize_config_module(config_module=_CONFIG_MODULE, version_base="1.3"):
             try:
                 cfg = compose(config_name=BASE_CONFIG_NAME, overrides=overrides)
-            except (HydraException, OmegaConfBaseException) as e:
+            except (HydraException, OmegaConfBaseException, ValueError) as e:
                 raise translate_hydra_error(e, overrides) from None
     finally:
         restore_gh_from_backup(backup)

@@ -112,7 +112,10 @@ def first_unresolvable_key(cfg: DictConfig) -> Optional[str]:
     def walk(node: Any, prefix: str) -> Optional[str]:
         keys = node.keys() if isinstance(node, DictConfig) else range(len(node))
         for k in keys:
-            full = f"{prefix}.{k}" if prefix and isinstance(node, DictConfig) else (f"{prefix}[{k}]" if prefix else str(k))
+            if not prefix:
+                full = str(k)
+            else:
+                full = f"{prefix}.{k}" if isinstance(node, DictConfig) else f"{prefix}[{k}]"
             try:
                 child = node[k]
             except OmegaConfBaseException:

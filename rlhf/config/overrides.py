@@ -24,7 +24,7 @@ class CheckedOverrides(NamedTuple):
 
     choices: dict  # group -> selected option names, in order (``{"recipe": ["quickstart"]}``)
     problems: list  # one line per bad value
-    bad: list  # the override lines with a bad value (left out when composing)
+    skip: list  # override lines left out when composing: bad values (in problems) and ``group=null``
 
 
 def override_source(line: str) -> str:
@@ -57,7 +57,10 @@ def check_overrides(overrides: Sequence[str]) -> CheckedOverrides:
         if key == "hydra" or key.startswith("hydra."):
             continue
         if key in GROUPS and not ov.is_delete():
-            out.choices[key].append(str(ov.value()) if ov.value() is not None else "null")
+            if ov.value() is None:  # no recipe / no preset: the default
+                out.skip.append(ov.input_line)
+            else:
+                out.choices[key].append(str(ov.value()))
             continue
         if ov.is_delete():
             raise ConfigError(f"{override_source(ov.input_line)}: keys of the schema cannot be deleted; "
@@ -68,7 +71,7 @@ def check_overrides(overrides: Sequence[str]) -> CheckedOverrides:
             problem = _value_problem(key, ov.value(), ov.input_line)
             if problem:
                 out.problems.append(problem)
-                out.bad.append(ov.input_line)
+                out.skip.append(ov.input_line)
     return out
 
 
