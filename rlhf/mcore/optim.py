@@ -58,7 +58,8 @@ class StepResult:
     lr: learning rate this step used (would have used, when skipped).
     breaker: set when the gradient circuit breaker fired on this step (warm-up restarted).
 
-    Unpacks as the former `(update_successful, grad_norm)` pair: `ok, grad_norm = optimizer_step(s)`.
+    Unpacks and indexes as the former `(update_successful, grad_norm)` pair, so existing callers
+    (`ok, grad_norm = optimizer_step(s)`, `optimizer_step(s)[1]`) keep working.
     """
 
     skipped: bool
@@ -68,6 +69,9 @@ class StepResult:
 
     def __iter__(self):
         return iter((not self.skipped, self.grad_norm))
+
+    def __getitem__(self, i):
+        return (not self.skipped, self.grad_norm)[i]
 
 
 def wrap_ddp(chunks, config, use_distributed_optimizer: bool = True) -> list:
