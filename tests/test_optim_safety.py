@@ -114,7 +114,8 @@ def test_consecutive_skips_raise_clear_error():
     guard.record(1.0, False, sched)  # a finite step resets the run
     guard.record(math.inf, True, sched)
     guard.record(math.inf, True, sched)
-    with pytest.raises(SkippedStepsError, match=r"critic: 3 consecutive .*critic\.optim\.max_consecutive_skipped_steps=3"):
+    msg = r"critic: 3 consecutive .*critic\.optim\.max_consecutive_skipped_steps=3"
+    with pytest.raises(SkippedStepsError, match=msg):
         guard.record(math.inf, True, sched)
     assert guard.num_skipped_steps == 5
     check_consecutive_skips(2, 3)
@@ -128,6 +129,17 @@ def test_skipped_steps_do_not_feed_breaker():
     assert guard.record(20.0, False, sched) is None
     assert guard.record(math.inf, True, sched) is None  # skipped: streak kept, not extended
     assert guard.record(30.0, False, sched) is not None
+
+
+def test_guard_config_from_optim_mapping():
+    from omegaconf import OmegaConf
+
+    optim = OmegaConf.create({"lr": 1e-6, "max_consecutive_skipped_steps": 3,
+                              "breaker": {"grad_norm": 50.0, "steps": 2}})
+    cfg = StepGuardConfig.from_optim(optim)
+    assert cfg.max_consecutive_skipped_steps == 3
+    assert cfg.breaker == BreakerConfig(enable=True, grad_norm=50.0, steps=2, warmup_steps=None)
+    assert StepGuardConfig.from_optim({"lr": 1.0}) == StepGuardConfig()
 
 
 @pytest.mark.parametrize("bad", [dict(max_consecutive_skipped_steps=0), dict(breaker=dict(steps=0)),

@@ -13,7 +13,8 @@ The guard's counters live in the scheduler's `state_dict()` so a resumed run con
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -34,8 +35,8 @@ class StepGuardConfig:
     breaker: BreakerConfig = field(default_factory=BreakerConfig)
 
     def __post_init__(self):
-        if isinstance(self.breaker, dict):
-            self.breaker = BreakerConfig(**self.breaker)
+        if isinstance(self.breaker, Mapping):
+            self.breaker = BreakerConfig(**dict(self.breaker))
         if self.max_consecutive_skipped_steps < 1:
             raise ValueError(f"max_consecutive_skipped_steps={self.max_consecutive_skipped_steps}: must be >= 1")
         b = self.breaker
@@ -44,6 +45,13 @@ class StepGuardConfig:
                              "steps >= 1 (or breaker.enable=false)")
         if b.warmup_steps is not None and b.warmup_steps < 1:
             raise ValueError(f"breaker.warmup_steps={b.warmup_steps}: must be >= 1 or null")
+
+
+    @classmethod
+    def from_optim(cls, optim: Mapping) -> "StepGuardConfig":
+        """From a role's `optim` config mapping (dict or OmegaConf); absent keys keep the defaults."""
+        kw = {f.name: optim[f.name] for f in fields(cls) if f.name in optim and optim[f.name] is not None}
+        return cls(**kw)
 
 
 class SkippedStepsError(RuntimeError):

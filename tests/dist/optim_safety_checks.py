@@ -125,8 +125,6 @@ def max_rel_diff(a, b):
 
 def check_megatron_steps_on_inf(path):
     """megatron-core's own optimizer.step() with an inf grad in fp32 (no grad scaler)."""
-    from rlhf.mcore.optim import build_train_state  # noqa: F401  (imports cpu patches)
-
     bundle, state = build(path, distopt=False)
     backward(state, bundle, 1, inf_on_rank0=True)
     ok_flag, grad_norm, _ = state.optimizer.step()
