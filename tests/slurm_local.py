@@ -61,8 +61,10 @@ class LocalSlurm:
 
     def __init__(self, nodes: int = 2, cpus: int | None = None, base_dir: str | None = None):
         self.nodes = nodes
-        self.cpus = cpus or os.cpu_count() or 1
+        # at least 2 CPUs a node (config_overrides: slurmd trusts the config), so two 1-CPU jobs fit side by side
+        self.cpus = cpus or max(2, os.cpu_count() or 1)
         # short path: Slurm and Ray put unix sockets below it
+        self._own_dir = base_dir is None  # a temp dir of ours is removed by stop()
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
         self.conf = self.dir / "slurm.conf"
         self.procs: list[subprocess.Popen] = []
@@ -82,7 +84,7 @@ class LocalSlurm:
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={d}/munge/munge.socket",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
-            "ReturnToService=2", "SlurmUser=root", "SchedulerType=sched/backfill",
+            "ReturnToService=2", "SlurmdParameters=config_overrides", "SlurmUser=root", "SchedulerType=sched/backfill",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "MinJobAge=600",
             f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n",
             f"SlurmctldPidFile={d}/run/slurmctld.pid", f"SlurmdPidFile={d}/run/slurmd.%n.pid",
@@ -189,7 +191,8 @@ class LocalSlurm:
 
     # ------------------------------------------------------------------ tear-down
     def stop(self) -> None:
-        """Cancel every job, then stop the daemons (our children) by pid: TERM, then KILL after 15 s."""
+        """Cancel every job, then stop the daemons (our children) by pid: TERM, then KILL after 15 s; remove
+        the cluster's temp dir (call :meth:`logs_tail` before, for the logs)."""
         if any(p.poll() is None for p in self.procs):
             self.run(["scancel", "--full", "--user", str(os.geteuid())], check=False, timeout=30)
             deadline = time.time() + 30
@@ -206,6 +209,8 @@ class LocalSlurm:
                 p.kill()
                 p.wait()
         self.procs.clear()
+        if self._own_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> "LocalSlurm":
         return self.start()

@@ -15,6 +15,7 @@ set -uo pipefail
 node=${SLURMD_NODENAME:-$(hostname -s)}
 say() { echo "[${RLHF_RECIPE:-rlhf} $node] $*"; }
 
+say "rank ${SLURM_PROCID:-0}/${SLURM_NTASKS:-1} (local ${SLURM_LOCALID:-0}) on $node"
 if [ "${SLURM_LOCALID:-0}" != 0 ]; then
     exec "$@"
 fi
