@@ -19,7 +19,7 @@
 # Every task's output, Ray's and the engines' (Ray worker logs, prefixed "[ray <node>]") included, goes to
 # the job's output file.
 #
-# Knobs (environment): RAY_JOIN_TIMEOUT, RAY_TMPDIR (default /tmp), PYTHON (interpreter), REPO_DIR
+# Knobs (environment): RAY_JOIN_TIMEOUT, RAY_STOP_WAIT, RAY_TMPDIR (default /tmp), PYTHON (interpreter), REPO_DIR
 # (default: the submit directory), EXTRA_SRUN_ARGS (e.g. "--container-image=..." with pyxis).
 set -euo pipefail
 : "${RECIPE:?set RECIPE=<recipe name> before sourcing recipes/_launch/slurm_body.sh}"
