@@ -16,6 +16,7 @@ Ctrl-C stops it.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -80,7 +81,9 @@ class LocalSlurm:
         host = socket.gethostname().split(".")[0]
         mem = max(1000, (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") >> 20) // (2 * self.nodes))
         lines = [
-            "ClusterName=local", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={_free_port()}",
+            # a random first job id: job-id-derived ports and temp dirs differ from another local cluster's
+            "ClusterName=local", f"FirstJobId={random.randint(1000, 999_000)}",
+            f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={_free_port()}",
             "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={d}/munge/munge.socket",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",

@@ -100,6 +100,7 @@ def check_job(slurm: LocalSlurm, out: Path, job: int, state: tuple[str, int]) ->
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
     assert (run / "hf_export" / "config.json").is_file() and list((run / "hf_export").glob("*.safetensors"))
     assert not leftover_ray(job), leftover_ray(job)
+    assert not list(Path("/tmp").glob(f"rlhf-ray-{job}-*")), "a successful job leaves no Ray temp dir"
     return text
 
 

@@ -38,12 +38,18 @@ fi
 ray_pid=$!   # = its process group id
 
 stop_ray() {   # TERM, up to 15 s to shut down, then KILL whatever is left in its process group
+    local rc=$?
     kill -TERM "$ray_pid" 2>/dev/null
     for _ in $(seq 15); do
         kill -0 "$ray_pid" 2>/dev/null || break
         sleep 1
     done
     kill -KILL -- "-$ray_pid" 2>/dev/null
+    if [ "$rc" = 0 ]; then
+        rm -rf "$ray_tmp"   # its worker logs are in the job output already
+    else
+        say "Ray's logs of this node: $ray_tmp/session_latest/logs"
+    fi
     return 0
 }
 trap stop_ray EXIT
