@@ -1,42 +1,23 @@
 """Hugging Face config -> megatron-core TransformerConfig and GPTModel arguments.
 
-Supported: LlamaForCausalLM and Qwen2ForCausalLM families (RoPE with theta from the config,
-RMSNorm, SwiGLU, GQA or MHA, Qwen2's q/k/v bias, tied or untied embeddings).  Every check runs
+Supported architectures are those of the converter registry (`rlhf.mcore.convert.registry`, one
+family file each: features there).  Every check runs
 before any weight is allocated, so a bad layout fails in milliseconds with a message naming the
 offending value and the fix.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+from rlhf.mcore.convert.registry import get_converter, resolve_architecture, supported_architectures
+from rlhf.mcore.convert.spec import HFModelSpec, UnsupportedModelError
 
+__all__ = ["HFModelSpec", "SUPPORTED_ARCHITECTURES", "UnsupportedModelError", "hf_model_spec", "padded_vocab_size",
+           "transformer_config_from_hf", "validate_parallel_layout"]
 
-class UnsupportedModelError(ValueError):
-    """The Hugging Face model cannot be mapped onto our megatron-core GPTModel."""
-
-
-@dataclass
-class HFModelSpec:
-    """The facts of a HF decoder config the trainer and the weight bridge need."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_query_groups: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    extra: dict = field(default_factory=dict)
+SUPPORTED_ARCHITECTURES = supported_architectures()
+"""HF architecture names with a registered converter (`rlhf.mcore.convert.registry`)."""
 
 
 def _rope_theta(hf_config) -> float:
@@ -57,18 +38,11 @@ def _rope_theta(hf_config) -> float:
 def hf_model_spec(hf_config) -> HFModelSpec:
     """Read a `transformers.PretrainedConfig` into an HFModelSpec.
 
-    Raises UnsupportedModelError for an architecture outside SUPPORTED_ARCHITECTURES, a
-    non-SwiGLU activation or an unsupported RoPE scaling.
+    The architecture is looked up in the converter registry, whose family adds its own fields
+    (bias, q/k norm, MoE).  Raises UnsupportedModelError for an architecture outside
+    SUPPORTED_ARCHITECTURES, a non-SwiGLU activation or an unsupported RoPE scaling.
     """
-    archs = list(getattr(hf_config, "architectures", None) or [])
-    if not archs:
-        archs = {"llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"],
-                 "mistral": ["MistralForCausalLM"]}.get(getattr(hf_config, "model_type", ""), [])
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
-        raise UnsupportedModelError(
-            f"unsupported architecture {archs or getattr(hf_config, 'model_type', None)!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    arch = resolve_architecture(hf_config)
     act = getattr(hf_config, "hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"hidden_act={act!r}: only SwiGLU ('silu') MLPs are supported")
@@ -77,19 +51,14 @@ def hf_model_spec(hf_config) -> HFModelSpec:
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    if arch == "Qwen2ForCausalLM":
-        qkv_bias = True
-    else:
-        qkv_bias = bool(getattr(hf_config, "attention_bias", False))
-    if getattr(hf_config, "mlp_bias", False):
-        raise UnsupportedModelError("mlp_bias=True is not supported (Llama variants with MLP bias)")
+    family_fields = get_converter(arch).spec_fields(hf_config, arch)
     return HFModelSpec(
         architecture=arch, vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
         ffn_hidden_size=hf_config.intermediate_size, num_layers=hf_config.num_hidden_layers,
         num_attention_heads=heads, num_query_groups=kv_heads, head_dim=head_dim,
         rms_norm_eps=float(hf_config.rms_norm_eps), rope_theta=_rope_theta(hf_config),
         max_position_embeddings=hf_config.max_position_embeddings,
-        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)), qkv_bias=qkv_bias)
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)), **family_fields)
 
 
 def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: int) -> int:
