@@ -4,8 +4,8 @@ Layout of this package (one job per module):
 
 * `registry`: the converter registry, HF `architectures[0]` -> `ModelFamily`
   (`get_converter`, `resolve_architecture`, `supported_architectures`, `CONVERTERS`);
-* one file per model family with ONE name map used in both directions: `llama` (Llama, Qwen2,
-  Mistral);
+* one file per model family with ONE name map used in both directions: `llama` (Llama 2/3.x,
+  Qwen2/2.5, Mistral), `qwen3` (Qwen3 dense and Qwen3-MoE), `mixtral` (Mixtral);
 * `spec`: `HFModelSpec` (the config facts) and `UnsupportedModelError`;
 * `layout`: how megatron shards/packs each tensor kind (`ParamRole`, `GATHER_DIM`,
   `local_shard_from_hf`, `hf_tensors_from_shards`), pure functions;

@@ -7,11 +7,11 @@ here.  Re-exported by `rlhf.mcore.convert`.
 """
 from __future__ import annotations
 
-from rlhf.mcore.convert import llama
+from rlhf.mcore.convert import llama, mixtral, qwen3
 from rlhf.mcore.convert.family import ModelFamily
 from rlhf.mcore.convert.spec import UnsupportedModelError
 
-FAMILIES: tuple[ModelFamily, ...] = (llama.FAMILY,)
+FAMILIES: tuple[ModelFamily, ...] = (llama.FAMILY, qwen3.FAMILY, mixtral.FAMILY)
 
 CONVERTERS: dict[str, ModelFamily] = {arch: fam for fam in FAMILIES for arch in fam.architectures}
 """HF architecture name -> ModelFamily."""
