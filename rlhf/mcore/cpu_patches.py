@@ -254,6 +254,62 @@ def patch_moe_without_te() -> None:
         moe_utils.te_general_gemm = None
 
 
+def _patch_moe_host_copies() -> None:
+    """Make the MoE all-to-all dispatcher's "device -> host" copies of split sizes work on CPU.
+
+    `maybe_move_tensor_to_cpu(t, as_numpy=True)` only converts CUDA tensors; on the CPU the split
+    sizes stay tensors and `all_to_all_single` rejects them (TypeError) as soon as EP > 1.
+    """
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    orig = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if torch.is_tensor(tensor) and not tensor.is_cuda and as_numpy:
+            return tensor.numpy()
+        return orig(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+
+
+def _patch_uneven_gloo_collectives() -> None:
+    """All-gather / reduce-scatter with uneven split sizes for gloo.
+
+    The MoE all-to-all dispatcher with expert tensor parallelism gathers (and in backward
+    reduce-scatters) a different number of tokens per TP rank through
+    `tensor_parallel.mappings._gather_along_first_dim(..., output_split_sizes)`, i.e.
+    `dist.all_gather` into unequal tensors, which gloo rejects ("invalid tensor size").  Here the
+    gather pads every rank's rows to the largest split and trims; the reduce-scatter all-reduces
+    the whole tensor and keeps this rank's rows (same values, more traffic; CPU only).
+    """
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import mappings
+
+    orig_gather, orig_rs = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return orig_gather(input_, group, output_split_sizes, use_global_buffer)
+        rows = max(output_split_sizes)
+        padded = input_.new_zeros((rows, *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in range(group.size())]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        return torch.cat([p[:n] for p, n in zip(parts, output_split_sizes)], 0)
+
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return orig_rs(input_, group, input_split_sizes, use_global_buffer)
+        full = input_.contiguous().clone()
+        dist.all_reduce(full, group=group)
+        start = sum(input_split_sizes[: group.rank()])
+        return full[start: start + input_split_sizes[group.rank()]].contiguous()
+
+    mappings._gather_along_first_dim = gather
+    mappings._reduce_scatter_along_first_dim = reduce_scatter
+
+
 def apply_cpu_patches() -> bool:
     """Apply every CPU patch once; returns True if patches are active (no CUDA), else False."""
     global _APPLIED
@@ -272,6 +328,8 @@ def apply_cpu_patches() -> bool:
     _patch_cuda_literals()
     _patch_tensor_type()
     patch_moe_without_te()
+    _patch_moe_host_copies()
+    _patch_uneven_gloo_collectives()
     return True
 
 

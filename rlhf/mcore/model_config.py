@@ -113,7 +113,8 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     (Switch-Transformer aux loss, Fedus et al. 2021, eq. 4); None takes the HF config's
     `router_aux_loss_coef`, 0 turns the loss off.  MoE routing follows the HF model: softmax
     over the top-k logits when `norm_topk_prob` (Mixtral, Qwen3-MoE releases), else top-k of the
-    softmax over all experts.  `overrides` are passed to TransformerConfig last.
+    softmax over all experts.  MoE with tp > 1 turns sequence parallelism on (megatron-core
+    refuses MoE x TP without it).  `overrides` are passed to TransformerConfig last.
     Raises UnsupportedModelError / ValueError from hf_model_spec / validate_parallel_layout.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -122,6 +123,8 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     validate_parallel_layout(spec, tp, pp, vpp, num_layers_in_first_pipeline_stage,
                              num_layers_in_last_pipeline_stage, ep=ep,
                              etp=overrides.get("expert_tensor_parallel_size"))
+    if spec.is_moe and tp > 1:
+        sequence_parallel = True
     kw = dict(
         num_layers=spec.num_layers, hidden_size=spec.hidden_size, ffn_hidden_size=spec.ffn_hidden_size,
         num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,

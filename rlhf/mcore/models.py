@@ -39,6 +39,20 @@ class ValueHead(torch.nn.Module):
         return torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype)), None
 
 
+class TorchRMSNorm(torch.nn.RMSNorm):
+    """torch RMSNorm for megatron's local spec that also works under sequence parallelism.
+
+    megatron's WrappedTorchNorm asserts `not config.sequence_parallel` (Apex/TE norms are the
+    SP-capable ones).  Norms on sequence-parallel activations (layer inputs, final norm) mark their
+    weight `.sequence_parallel` so megatron's finalize_model_grads all-reduces its gradient over
+    TP; q/k norms see full heads on every rank and stay unmarked.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, mark_sequence_parallel: bool = True, **_):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = bool(config.sequence_parallel and mark_sequence_parallel)
+
+
 @dataclass
 class ModelBundle:
     """What the trainer holds for one role."""
@@ -50,13 +64,16 @@ class ModelBundle:
     padded_vocab_size: int
 
 
-def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None):
+def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None, config=None, vp_stage: int | None = None):
     """Transformer Engine spec when TE and CUDA are present (or `use_te=True`), else the local spec.
 
     With `spec`: q/k layernorm (Qwen3) and MoE layers (router + SequentialMLP experts, no grouped
-    GEMM, so expert names are the same on CPU and GPU) as the model needs.
+    GEMM, so expert names are the same on CPU and GPU) as the model needs.  With a `config` under
+    sequence parallelism the local spec becomes a block spec whose norms are `TorchRMSNorm`.
     """
     from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     if use_te is None:
         use_te = torch.cuda.is_available()
@@ -70,7 +87,16 @@ def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None):
         kw = dict(num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm)
     if use_te:
         return specs.get_gpt_layer_with_transformer_engine_spec(**kw)
-    return specs.get_gpt_layer_local_spec(normalization="RMSNorm", **kw)
+    local = specs.get_gpt_layer_local_spec(normalization="RMSNorm", **kw)
+    if config is None or not config.sequence_parallel:
+        return local
+    sub = local.submodules
+    sub.input_layernorm = sub.pre_mlp_layernorm = TorchRMSNorm
+    attn = sub.self_attention.submodules
+    if spec is not None and spec.qk_norm:
+        attn.q_layernorm = attn.k_layernorm = ModuleSpec(module=TorchRMSNorm, params={"mark_sequence_parallel": False})
+    return TransformerBlockSubmodules(layer_specs=[local] * get_num_layers_to_build(config, vp_stage=vp_stage),
+                                      layer_norm=TorchRMSNorm)
 
 
 def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = None, *,
@@ -109,7 +135,7 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
         pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
         model = GPTModel(
-            config=config, transformer_layer_spec=layer_spec(use_te, spec), vocab_size=vocab,
+            config=config, transformer_layer_spec=layer_spec(use_te, spec, config, vp), vocab_size=vocab,
             max_sequence_length=spec.max_position_embeddings, pre_process=pre, post_process=post,
             share_embeddings_and_output_weights=spec.tie_word_embeddings and not is_critic,
             vp_stage=vp, **gpt_rope_kwargs(spec),
