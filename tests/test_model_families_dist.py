@@ -19,6 +19,8 @@ def _expected():
             names += [f"logits_{kind}_{lay}", f"round_trip_{kind}_{lay}"]
             if (tp, pp, ep) == (2, 1, 1):
                 names.append(f"log_probs_{kind}_{lay}")
+                if kind == "qwen3":
+                    names.append(f"walk_{kind}_{lay}")
             if kind == "qwen3_moe" and (tp, pp, ep) == (2, 1, 2):
                 names.append(f"moe_metrics_{kind}_{lay}")
     return names + ["dist_checkpoint_qwen3_moe_tp2ep2_save_pp2_load"]

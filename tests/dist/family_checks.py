@@ -205,6 +205,29 @@ def moe_metrics_check(bundle, path):
     return ok, f"got={got} hand=(min {lo}, max {hi}, aux {aux:.6f})"
 
 
+def walk_check(bundle):
+    """walk_local_tensors: unmapped persistent buffers are listed as skipped, a name_map hook maps
+    them, the tied output copy is skipped, and the order is identical on every rank of the TP group."""
+    from megatron.core import parallel_state as ps
+
+    from rlhf.mcore.convert import ParamRole, walk_local_tensors
+
+    chunk = bundle.chunks[0]
+    chunk.register_buffer("frozen_gain", torch.ones(bundle.spec.hidden_size), persistent=True)
+    try:
+        skipped = []
+        names = [t.local_name for t in walk_local_tensors(bundle.chunks, bundle.spec, skipped=skipped)]
+        hook = lambda c, n, t: ParamRole("replicated", ("model.norm.weight",)) if n == "frozen_gain" else None  # noqa
+        mapped = {t.local_name: t.role for t in walk_local_tensors(bundle.chunks, bundle.spec, name_map=hook)}
+    finally:
+        del chunk._buffers["frozen_gain"]
+    everyone = [None] * ps.get_tensor_model_parallel_world_size()
+    dist.all_gather_object(everyone, names, group=ps.get_tensor_model_parallel_group())
+    ok = (skipped == ["chunk0.frozen_gain"] and "frozen_gain" not in names and "output_layer.weight" not in names
+          and mapped["frozen_gain"].hf_names == ("model.norm.weight",) and all(e == names for e in everyone))
+    return ok, f"skipped={skipped} walked={len(names)}"
+
+
 def dcp_save(bundle, ckpt):
     from rlhf.mcore.dist_checkpoint import save_sharded
 
@@ -267,6 +290,8 @@ def main():
                       lambda: round_trip_check(bundle, paths[kind], os.path.join(args.workdir, f"rt_{kind}_{lay}")))
             if (tp, pp, ep) == (2, 1, 1):
                 run_check(f"log_probs_{kind}_{lay}", lambda: log_probs_check(bundle, kind, paths[kind]))
+                if kind == "qwen3":  # tied: the last stage's output_layer copy must be skipped
+                    run_check(f"walk_{kind}_{lay}", lambda: walk_check(bundle))
             if kind == "qwen3_moe" and (tp, pp, ep) == (2, 1, 2):
                 run_check(f"moe_metrics_{kind}_{lay}", lambda: moe_metrics_check(bundle, paths[kind]))
                 dcp_save(bundle, ckpt)  # the training pass left the weights unchanged (no optimizer step)
