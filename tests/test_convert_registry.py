@@ -13,7 +13,8 @@ from rlhf.mcore.convert.spec import HFModelSpec
 
 
 def test_registry_lists_every_family_architecture():
-    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"} <= set(supported_architectures())
+    assert set(supported_architectures()) == {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
+                                              "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"}
     assert get_converter("Qwen2ForCausalLM") is CONVERTERS["LlamaForCausalLM"]
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
         get_converter("GPT2LMHeadModel")
@@ -125,3 +126,46 @@ def test_checkpoint_reader_needs_safetensors(tmp_path):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="convert .bin"):
         HFCheckpointReader(str(tmp_path / "empty"))
+
+
+def _fake_chunk(layer_numbers, local_expert_indices):
+    """The attributes param_role reads from a GPTModel chunk: layer_number and the MoE layer's experts."""
+    from types import SimpleNamespace as NS
+
+    mlp = NS(local_expert_indices=local_expert_indices, num_local_experts=len(local_expert_indices))
+    return NS(decoder=NS(layers=[NS(layer_number=n, mlp=mlp) for n in layer_numbers]))
+
+
+@pytest.mark.parametrize("arch,prefix,names", [
+    ("Qwen3MoeForCausalLM", "mlp", ("experts.{e}.gate_proj", "experts.{e}.up_proj", "experts.{e}.down_proj", "gate")),
+    ("MixtralForCausalLM", "block_sparse_moe", ("experts.{e}.w1", "experts.{e}.w3", "experts.{e}.w2", "gate")),
+])
+def test_expert_names_are_global_for_sequential_and_grouped_layouts(arch, prefix, names):
+    """Local expert i on EP rank r is global expert r * num_local + i (from the MoE layer), in both
+    SequentialMLP (local_experts.<i>.) and TEGroupedMLP (weight<i>) names; layer indices are global."""
+    from rlhf.mcore.convert import param_role
+
+    spec = _spec(architecture=arch, qkv_bias=False)
+    chunk = _fake_chunk([7, 8], [4, 5, 6, 7])  # this rank holds layers 6-7 (PP) and experts 4-7 (EP rank 1)
+    gate, up, down, router = (f"model.layers.7.{prefix}.{n}.weight" for n in names)
+    role = param_role("decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight", chunk, spec)
+    assert role == ParamRole("expert_fc1", (gate.format(e=6), up.format(e=6))) and role.is_expert
+    role = param_role("decoder.layers.1.mlp.experts.linear_fc2.weight3", chunk, spec)
+    assert role == ParamRole("expert_row", (down.format(e=7),))
+    assert param_role("decoder.layers.1.mlp.experts.local_experts.2.linear_fc1.weight", chunk, spec,
+                      ep_rank=0).hf_names[0] == gate.format(e=2)
+    assert param_role("decoder.layers.1.mlp.router.weight", chunk, spec) == ParamRole("replicated", (router,))
+    with pytest.raises(KeyError, match="no Hugging Face mapping.*mlp.experts.local_experts.2.linear_fc3"):
+        param_role("decoder.layers.1.mlp.experts.local_experts.2.linear_fc3.weight", chunk, spec)
+
+
+def test_qwen3_q_k_norms_and_tied_output():
+    from rlhf.mcore.convert import param_role
+
+    spec = _spec(architecture="Qwen3ForCausalLM", qk_norm=True, tie_word_embeddings=True)
+    chunk = _fake_chunk([1], [])
+    assert param_role("decoder.layers.0.self_attention.q_layernorm.weight", chunk, spec) == \
+        ParamRole("replicated", ("model.layers.0.self_attn.q_norm.weight",))
+    assert param_role("decoder.layers.0.self_attention.k_layernorm.weight", chunk, spec).hf_names == \
+        ("model.layers.0.self_attn.k_norm.weight",)
+    assert param_role("output_layer.weight", chunk, spec) == ParamRole("vocab", ("model.embed_tokens.weight",))
