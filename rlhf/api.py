@@ -93,7 +93,8 @@ def _reward_source(ref: Any, weight: float) -> dict:
     return {"type": "model", "path": path, "weight": weight}
 
 
-def _reward_overrides(reward_model: Any, safety_reward_model: Any = None, safety_reward_weight: float = 1.0) -> list[str]:
+def _reward_overrides(reward_model: Any, safety_reward_model: Any = None,
+                      safety_reward_weight: float = 1.0) -> list[str]:
     if reward_model is None and safety_reward_model is None:
         return []
     if isinstance(reward_model, (list, tuple)):  # reward.sources entries

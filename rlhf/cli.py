@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     la.add_argument("--algorithm", choices=sorted(ALGORITHMS), default=None,
                     help="algorithm preset (default: the recipe's, else PPO with GAE)")
-    la.add_argument("--model_name_or_path", help="actor model: HF directory, hub name or tiny://quickstart (model.path)")
+    la.add_argument("--model_name_or_path",
+                    help="actor model: HF directory, hub name or tiny://quickstart (model.path)")
     la.add_argument("--critic_model", help="critic initialisation for --algorithm ppo (model.critic_path)")
     la.add_argument("--reward_model", "--reward_model_name_or_path", dest="reward_model",
                     help="HF reward model, or file.py[:function] reward function")

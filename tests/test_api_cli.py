@@ -240,8 +240,8 @@ def test_tutorial_launch_flags_map_onto_the_config(tmp_path, capsys):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"prompt": "1+1=", "data_source": "arithmetic", "reward_model": {"ground_truth": "2"}}\n')
     flags = ["launch", "--algorithm", "ppo", "--model_name_or_path", "tiny://quickstart", "--reward_model_name_or_path",
-             str(rm), "--dataset_name", str(data), "--per_device_train_batch_size", "4", "--gradient_accumulation_steps",
-             "8", "--num_rollout_samples", "128", "--output_dir", str(tmp_path / "out"), "--logging_steps", "10",
+             str(rm), "--dataset_name", str(data), "--per_device_train_batch_size", "4",
+             "--gradient_accumulation_steps", "8", "--num_rollout_samples", "128", "--output_dir", str(tmp_path / "out"), "--logging_steps", "10",
              "--save_steps", "100"]
     assert cli_main([*flags, "--nproc", "1", "--dry_run"]) == 0
     argv, c = _launched_config(capsys)

@@ -264,7 +264,8 @@ def test_neutral_verl_values_are_accepted(gsm8k):
     knobs = ["actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.actor.use_dynamic_bsz=False",
              "actor_rollout_ref.rollout.enforce_eager=True", "actor_rollout_ref.model.use_remove_padding=True",
              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000", "trainer.balance_batch=True",
-             "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True", "critic.model.fsdp_config.param_offload=False",
+             "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True",
+             "critic.model.fsdp_config.param_offload=False",
              "actor_rollout_ref.actor.optim.lr_warmup_steps=-1", "algorithm.rollout_correction.rollout_is=null"]
     assert compose_config([*_lines(VERL_QUICKSTART, **gsm8k), *knobs]) == base
 

@@ -163,7 +163,8 @@ def check_closed(cfg: DictConfig, source: str = "composed config") -> None:
             if k not in known:
                 raise unknown_key_error(full, source)
             child, schild = node._get_node(k), known._get_node(k)
-            if isinstance(child, DictConfig) and isinstance(schild, DictConfig) and OmegaConf.get_type(schild) is not dict:
+            section = isinstance(schild, DictConfig) and OmegaConf.get_type(schild) is not dict  # not a dict field
+            if isinstance(child, DictConfig) and section:
                 walk(child, schild, full + ".")
 
     walk(cfg, schema(), "")

@@ -32,7 +32,8 @@ __all__ = ["DataRef", "ModelRef", "parse_data_ref", "parse_model_ref", "DATA_EXT
 DATA_EXTENSIONS = (".parquet", ".jsonl", ".json")
 #: split used when a hub dataset reference names none: train files, validation files (first that exists)
 DEFAULT_SPLITS = {"train": ("train",), "val": ("test", "validation")}
-_HUB_DATA = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<config>[\w.-]+))?(?:@(?P<split>[\w.+%:\[\]-]+))?$")
+_HUB_DATA = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<config>[\w.-]+))?"
+                       r"(?:@(?P<split>[\w.+%:\[\]-]+))?$")
 _HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 TINY_MODELS = ("tiny://quickstart",)
 
@@ -94,7 +95,8 @@ def parse_model_ref(ref: str) -> ModelRef:
     if s.startswith("object://"):
         return ModelRef("object", s)
     if "://" in s:
-        return ModelRef("invalid", s, why="unknown scheme; use an HF directory, a hub name OWNER/NAME or tiny://quickstart")
+        return ModelRef("invalid", s,
+                        why="unknown scheme; use an HF directory, a hub name OWNER/NAME or tiny://quickstart")
     local = os.path.expanduser(s)
     if os.path.exists(local):
         return ModelRef("local", local, exists=True)

@@ -147,7 +147,8 @@ def _model_common(at: str) -> list[tuple]:
         (f"{at}.lora.adapter_path", "neutral", ((None,), "LoRA is not supported")),
         (f"{at}.lora.**", "ignore", "LoRA is off (rank 0)"),
         (f"{at}.enable_activation_offload", "neutral", ((False,), "activation offload is not supported")),
-        (f"{at}.enable_gradient_checkpointing", "ignore", "verl's FSDP switch; megatron recompute is parallel.recompute"),
+        (f"{at}.enable_gradient_checkpointing", "ignore",
+         "verl's FSDP switch; megatron recompute is parallel.recompute"),
         (f"{at}.tiled_mlp.enabled", "neutral", ((False,), "tiled MLP is not supported")),
         (f"{at}.mtp.enable", "neutral", ((False,), "multi-token prediction is not supported")),
         (f"{at}.hf_config_path", "neutral", ((None,), "the config.json next to the weights is used")),
@@ -163,8 +164,8 @@ RULES: list[tuple] = [
     # ----------------------------------------------------------------- actor_rollout_ref.model
     ("actor_rollout_ref.model.path", "map", "model.path"),
     ("actor_rollout_ref.model.tokenizer_path", "map", "model.tokenizer_path"),
-    ("actor_rollout_ref.model.custom_chat_template", "neutral", ((None,), "set chat_template in the tokenizer's "
-                                                                         "tokenizer_config.json (model.tokenizer_path)")),
+    ("actor_rollout_ref.model.custom_chat_template", "neutral",
+     ((None,), "set chat_template in the tokenizer's tokenizer_config.json (model.tokenizer_path)")),
     *_model_common("actor_rollout_ref.model"),
     # ----------------------------------------------------------------- actor_rollout_ref.actor
     *_optim("actor_rollout_ref.actor.optim", "actor.optim"),
@@ -180,14 +181,15 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.router_replay.mode", "neutral", (("disabled",), "MoE router replay is not supported")),
     ("actor_rollout_ref.actor.load_weight", "neutral", ((True,), "the actor starts from model.path")),
     *_ignore("actor_rollout_ref.actor", "strategy rollout_n shuffle data_loader_seed use_torch_compile "
-             "calculate_entropy freeze_vision_tower use_fused_kernels use_remove_padding entropy_from_logits_with_chunking "
-             "entropy_checkpointing checkpoint.** profiler.** router_replay.** fsdp_config.**",
+             "calculate_entropy freeze_vision_tower use_fused_kernels use_remove_padding "
+             "entropy_from_logits_with_chunking entropy_checkpointing checkpoint.** profiler.** router_replay.** "
+             "fsdp_config.**",
              "a verl actor-worker detail (compilation, checkpoint contents, profiler, ...)"),
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
     *_megatron("actor_rollout_ref.ref.megatron", same=True),
-    ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral", ((None,), "give it per device: "
-                                                                             "actor.log_prob_micro_batch_size_per_gpu")),
+    ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
+     ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.ref.**", "ignore", "the reference is the frozen initial actor, in the actor's layout and "
                                            "micro batches (actor.log_prob_micro_batch_size_per_gpu)"),
     # ----------------------------------------------------------------- actor_rollout_ref.rollout
@@ -199,7 +201,8 @@ RULES: list[tuple] = [
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size")),
     ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "ignore", _THROUGHPUT),
-    ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "map", "rollout.weight_sync_bucket_mb"),
+    ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "map",
+     "rollout.weight_sync_bucket_mb"),
     ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", "map", "rollout.weight_sync_bucket_mb"),
     ("actor_rollout_ref.rollout.do_sample", "neutral", ((True,), "for greedy decoding set rollout.temperature=0")),
     ("actor_rollout_ref.rollout.val_kwargs.do_sample", "ignore", "validation is greedy when "
@@ -226,8 +229,9 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.val_kwargs.**", "prefix", "rollout.val_kwargs"),
     *_ignore("actor_rollout_ref.rollout", "prompt_length response_length", "taken from data.max_prompt_length / "
                                                                        "data.max_response_length"),
-    *_ignore("actor_rollout_ref.rollout", "enforce_eager cudagraph_capture_sizes free_cache_engine max_num_batched_tokens "
-             "max_model_len max_num_seqs enable_chunked_prefill enable_prefix_caching logprobs_mode scheduling_policy "
+    *_ignore("actor_rollout_ref.rollout", "enforce_eager cudagraph_capture_sizes free_cache_engine "
+             "max_num_batched_tokens max_model_len max_num_seqs enable_chunked_prefill enable_prefix_caching "
+             "logprobs_mode scheduling_policy "
              "load_format disable_log_stats multi_stage_wake_up skip_tokenizer_init layered_summon calculate_log_probs "
              "skip_dump_dir limit_images engine_kwargs.** checkpoint_engine.** multi_turn.** agent.** trace.** "
              "profiler.** prometheus.** layer_name_map.** mtp.** mtp", _ENGINE),
@@ -244,9 +248,11 @@ RULES: list[tuple] = [
     ("critic.use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; set "
                                                      "critic.ppo_micro_batch_size_per_gpu")),
     ("critic.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
-    *_ignore("critic", "rollout_n strategy ppo_max_token_len_per_gpu forward_max_token_len_per_gpu forward_micro_batch_size "
-             "forward_micro_batch_size_per_gpu shuffle data_loader_seed nccl_timeout load_weight checkpoint.** "
-             "profiler.** fsdp.** fsdp_config.**", "a verl critic-worker detail (token budgets, checkpoints, profiler)"),
+    *_ignore("critic", "rollout_n strategy ppo_max_token_len_per_gpu forward_max_token_len_per_gpu "
+             "forward_micro_batch_size forward_micro_batch_size_per_gpu shuffle data_loader_seed nccl_timeout "
+             "load_weight checkpoint.** "
+             "profiler.** fsdp.** fsdp_config.**",
+             "a verl critic-worker detail (token budgets, checkpoints, profiler)"),
     # ----------------------------------------------------------------- data
     ("data.train_max_samples", "fn", _samples("data.max_train_samples")),
     ("data.val_max_samples", "fn", _samples("data.max_val_samples")),
@@ -279,7 +285,8 @@ RULES: list[tuple] = [
     ("trainer.device", "neutral", (("cuda", "cpu"), "cuda is used when available, else the CPU")),
     *_ignore("trainer", "balance_batch esi_redundant_time del_local_ckpt_after_load ray_wait_register_center_timeout "
              "use_legacy_worker_impl profile_steps profile_continuous_steps controller_nsight_options.** "
-             "worker_nsight_options.** npu_profile.**", "a verl trainer detail (batch balancing, Ray timeouts, profiling)"),
+             "worker_nsight_options.** npu_profile.**",
+             "a verl trainer detail (batch balancing, Ray timeouts, profiling)"),
     # ----------------------------------------------------------------- algorithm
     # our layout, verl's names
     ("rollout.gpu_memory_utilization", "map", "rollout.mem_fraction_static"),
