@@ -270,6 +270,19 @@ def test_neutral_verl_values_are_accepted(gsm8k):
     assert compose_config([*_lines(VERL_QUICKSTART, **gsm8k), *knobs]) == base
 
 
+def test_verl_algorithm_keys_and_override_prefixes():
+    """issue 14's config side through verl's names; verl's `+key` for a key we have; dict-valued fields."""
+    c = compose_config(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "algorithm.adv_estimator=remax",
+                        "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001", "actor_rollout_ref.actor.tau_neg=1.2",
+                        "+actor_rollout_ref.actor.clip_ratio=0.3", "data.chat_template_kwargs.enable_thinking=false"])
+    assert (c.actor.policy_loss.loss_mode, c.algorithm.adv_estimator, c.rollout.n) == ("gspo", "remax", 1)
+    assert (c.actor.policy_loss.clip_cov_ratio, c.actor.tau_neg, c.actor.clip_ratio) == (0.001, 1.2, 0.3)
+    assert dict(c.data.chat_template_kwargs) == {"enable_thinking": False}
+    validate_config(c, world_size=1)
+    with pytest.raises(ConfigValidationError, match="algorithm.adv_estimator=grpo_passk .* needs rollout.n >= 2"):
+        validate_config(compose_config(["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"]))
+
+
 @pytest.mark.skipif(not VERL_MIRROR.exists(), reason="no fetched copy of verl")
 def test_verl_generated_megatron_config_file(tmp_path, gsm8k, capsys):
     """verl's full flattened Megatron config (read from a fetched copy of verl, never copied into the project)

@@ -125,8 +125,18 @@ def _line(item: Item, key: str, value: Any = None, verbatim: bool = False) -> st
     from rlhf.config.overrides import format_value
 
     text = item.raw if verbatim and item.raw is not None else format_value(_rewrite_interpolation(value))
-    prefix = item.prefix or ("++" if isinstance(value, dict) and is_dict_field(key) else "")  # replace, not merge
-    return f"{prefix}{key}={text}"
+    return f"{_prefix(item, key, value)}{key}={text}"
+
+
+def _prefix(item: Item, key: str, value: Any) -> str:
+    """``++`` (add or replace) where Hydra's plain ``key=`` or ``+key=`` would refuse: a whole dict for a
+    dict-valued field, a key inside one, and verl's ``+key`` (a key verl's base lacks) for one that we have."""
+    if item.prefix:
+        return "++" if item.prefix == "+" and key != item.key else item.prefix
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    if (isinstance(value, dict) and is_dict_field(key)) or (parent and is_dict_field(parent)):
+        return "++"
+    return ""
 
 
 def _where(item: Item) -> str:
