@@ -354,8 +354,16 @@ def test_data_and_model_references_are_classified():
 
 
 def _model_dir(root: Path, arch: str = "Qwen2ForCausalLM", **extra) -> Path:
+    """A model directory with a real (small) config.json of ``arch``."""
+    from transformers import AutoConfig
+
+    model_type = {"Qwen2ForCausalLM": "qwen2", "LlamaForCausalLM": "llama", "GPT2LMHeadModel": "gpt2",
+                  "BertForMaskedLM": "bert"}[arch]
+    cfg = AutoConfig.for_model(model_type, num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=128, vocab_size=256).to_dict()
     root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(json.dumps({"architectures": [arch], "max_position_embeddings": 4096, **extra}))
+    (root / "config.json").write_text(json.dumps({**cfg, "architectures": [arch], "max_position_embeddings": 4096,
+                                                  **extra}))
     return root
 
 
@@ -380,12 +388,12 @@ def test_file_checks_run_before_any_download(tmp_path, capsys):
     msg = str(ei.value)
     assert len(ei.value.problems) == 6, msg
     for s in ["data.train_files[1]=", "missing.parquet': no such file or directory", "data.val_files='gsm8k': not a "
-              "local file", "architecture ['BertForMaskedLM'] is not supported", "has no config.json",
+              "local file", "unsupported architecture ['BertForMaskedLM']", "has no config.json",
               "model.tokenizer_path=", "reward.sources[0].path='/no/rm'"]:
         assert s in msg, f"{s!r} not in\n{msg}"
     validate_config(compose_config(bad), world_size=1)  # without check_files: no file is looked at
     assert main(["--cfg", *bad]) == 2
-    with pytest.raises(ConfigValidationError, match="rope type 'yarn' is not supported"):
+    with pytest.raises(ConfigValidationError, match="rope_type='yarn' is not supported"):
         validate_config(compose_config([f"model.path={yarn}"]), check_files=True)
 
 
@@ -397,7 +405,7 @@ def test_hub_model_checked_only_from_the_local_cache(tmp_path, monkeypatch):
     (tmp_path / "models--acme--bert-7b" / "refs").mkdir()
     (tmp_path / "models--acme--bert-7b" / "refs" / "main").write_text("abc123")
     monkeypatch.setattr(hc, "HF_HUB_CACHE", str(tmp_path))
-    with pytest.raises(ConfigValidationError, match=r"model.path='acme/bert-7b': architecture \['BertForMaskedLM'\]"):
+    with pytest.raises(ConfigValidationError, match=r"model.path='acme/bert-7b': unsupported architecture \['BertForMaskedLM'\]"):
         validate_config(compose_config(["model.path=acme/bert-7b"]), check_files=True)
     validate_config(compose_config(["model.path=acme/not-downloaded"]), check_files=True)  # no network: passes
 
@@ -407,5 +415,7 @@ def test_check_model_config_hook(tmp_path):
 
     assert check_model_config(_model_dir(tmp_path / "a")) == []
     assert check_model_config(_model_dir(tmp_path / "b", "LlamaForCausalLM") / "config.json") == []
-    assert "not supported" in check_model_config(_model_dir(tmp_path / "c", "GPT2LMHeadModel"))[0]
+    assert "unsupported architecture" in check_model_config(_model_dir(tmp_path / "c", "GPT2LMHeadModel"))[0]
+    # the parallel layout is checked from config.json too (2 layers do not split over 4 pipeline stages)
+    assert "pipeline" in check_model_config(_model_dir(tmp_path / "d"), dict(pp=4))[0]
     assert check_model_config(tmp_path / "missing") == []  # unreadable: reported by the caller's own rules

@@ -25,31 +25,32 @@ from rlhf.config.schema import field_problems
 
 __all__ = ["validate_config", "config_problems", "check_model_config", "SUPPORTED_ARCHITECTURES"]
 
-#: architectures the megatron model builder maps (rlhf.mcore.model_config.SUPPORTED_ARCHITECTURES, which imports
-#: torch; tests/test_config.py keeps the two equal)
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+#: architectures the megatron model builder maps (the converter registry, rlhf.mcore.convert.supported_architectures,
+#: which imports torch; tests/test_config.py keeps the two equal)
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
+                           "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 
-def check_model_config(path: str | os.PathLike) -> list[str]:
-    """Problems of the HF model whose ``config.json`` is at ``path`` (a model directory or the file): an
-    architecture the trainer cannot build, a RoPE scaling it does not implement.  One line each, without the
-    config key (the caller prefixes it); [] when the model is supported or the file cannot be read.
-    The hook for the converter's registry (issue 11)."""
+def check_model_config(path: str | os.PathLike, layout: dict | None = None) -> list[str]:
+    """Problems of the HF model whose ``config.json`` is at ``path`` (a model directory or the file), from that
+    file alone (rlhf.mcore.preflight.check_model): an architecture the trainer cannot build, a RoPE scaling it
+    does not implement, and with ``layout`` (tp, pp, vpp, ep, num_layers_in_first/last_pipeline_stage) a
+    parallel layout that does not shard the model.  One line each, without the config key (the caller prefixes
+    it); [] when the model is supported or the file cannot be read (the caller's own rules report that)."""
     p = Path(path)
     p = p / "config.json" if p.is_dir() else p
     try:
-        hf = json.loads(p.read_text(encoding="utf-8"))
+        json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    out = []
-    archs = list(hf.get("architectures") or [])
-    if archs and not set(archs) & set(SUPPORTED_ARCHITECTURES):
-        out.append(f"architecture {archs} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in ("default", None):
-        out.append(f"rope type {rope_type!r} is not supported yet (only plain RoPE, 'default')")
-    return out
+    from rlhf.mcore.convert.spec import UnsupportedModelError
+    from rlhf.mcore.preflight import check_model
+
+    try:
+        check_model(str(p.parent), **(layout or {}))
+    except (UnsupportedModelError, ValueError) as e:
+        return [str(e).rstrip(".")]
+    return []
 
 
 # --------------------------------------------------------------------------- names the algorithms accept
@@ -184,7 +185,7 @@ def _data_problems(key: str, value: Any) -> list[str]:
     return out
 
 
-def _model_problems(key: str, value: Optional[str], architecture: bool = True) -> list[str]:
+def _model_problems(key: str, value: Optional[str], architecture: bool = True, layout: dict | None = None) -> list[str]:
     if not value:
         return []
     ref = parse_model_ref(value)
@@ -198,13 +199,16 @@ def _model_problems(key: str, value: Optional[str], architecture: bool = True) -
                     f"or a hub name."]
     elif ref.kind == "hub":
         config = cached_hub_file(ref.path)  # only what is already downloaded: no network at start-up
-    return [f"{key}={value!r}: {p}." for p in check_model_config(config)] if config and architecture else []
+    return [f"{key}={value!r}: {p}." for p in check_model_config(config, layout)] if config and architecture else []
 
 
 def _file_problems(cfg: DictConfig) -> list[str]:
     out = _data_problems("data.train_files", cfg.data.train_files)
     out += _data_problems("data.val_files", cfg.data.val_files)
-    out += _model_problems("model.path", cfg.model.path)
+    p = cfg.parallel
+    layout = dict(tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+                  vpp=p.virtual_pipeline_model_parallel_size)
+    out += _model_problems("model.path", cfg.model.path, layout=layout)
     if _critic_on(cfg):
         out += _model_problems("model.critic_path", cfg.model.critic_path)
     tok = cfg.model.tokenizer_path
