@@ -36,8 +36,11 @@ def _single_process(monkeypatch):
 
 
 def _model_dir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text('{"architectures": ["Qwen2ForCausalLM"]}')
+    """A model directory with a real (small) Qwen2 config.json (the start-up checks read it)."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, vocab_size=256, architectures=["Qwen2ForCausalLM"]).save_pretrained(path)
     return path
 
 
