@@ -55,8 +55,7 @@ class DPOSetup:
 def load_pairs(files, cfg, split: str) -> list[dict]:
     """Preference rows from files, or generated for embedded://preference (and embedded://arithmetic)."""
     if isinstance(files, str) and files in ("embedded://preference", "embedded://arithmetic"):
-        from rlhf.data.preference import make_synthetic_preference_dataset
-        from rlhf.models.warmup import quickstart_task_kwargs
+        from rlhf.quickstart.arithmetic import make_synthetic_preference_dataset, quickstart_task_kwargs
 
         n = cfg.data.embedded_num_train if split == "train" else cfg.data.embedded_num_val
         return make_synthetic_preference_dataset(n, seed=cfg.data.seed + (split != "train"),
@@ -160,7 +159,7 @@ def build_dpo(cfg) -> DPOSetup:
     from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
     from rlhf.mcore.models import build_model_chunks
     from rlhf.mcore.optim import build_train_state
-    from rlhf.data.rl_dataset import StatefulPromptLoader
+    from rlhf.data.loader import StatefulPromptLoader
     from rlhf.setup import _optim, _resolve_model
     from rlhf.tracking import Tracking
 

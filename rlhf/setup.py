@@ -70,7 +70,7 @@ class TrainerSetup:
         return stats
 
     def val_batches(self):
-        from rlhf.data.rl_dataset import StatefulPromptLoader
+        from rlhf.data.loader import StatefulPromptLoader
 
         n = len(self.val_dataset)
         bs = min(self.cfg.data.val_batch_size, n)
@@ -170,7 +170,7 @@ def _resolve_data(files, cfg, split: str) -> Any:
             raise ValueError(f"data files {files!r}: the embedded task is 'embedded://arithmetic'")
         out = os.path.join(cfg.trainer.default_local_dir, "data")
         if dist.get_rank() == 0:
-            from rlhf.data.synthetic import write_arithmetic_parquet
+            from rlhf.quickstart.arithmetic import write_arithmetic_parquet
 
             write_arithmetic_parquet(out, cfg.data.embedded_num_train, cfg.data.embedded_num_val, seed=cfg.data.seed,
                                      **_embedded_task_kwargs(cfg.data.embedded_max_operand))
@@ -181,7 +181,7 @@ def _resolve_data(files, cfg, split: str) -> Any:
 
 def _embedded_task_kwargs(max_operand: int) -> dict:
     """The embedded task in exactly the form the tiny://quickstart model was warmed up on."""
-    from rlhf.models.warmup import quickstart_task_kwargs
+    from rlhf.quickstart.arithmetic import quickstart_task_kwargs
 
     return dict(quickstart_task_kwargs(max_operand))
 
@@ -189,7 +189,7 @@ def _embedded_task_kwargs(max_operand: int) -> dict:
 def _resolve_model(cfg) -> str:
     path = cfg.model.path
     if path.startswith("tiny://"):
-        from rlhf.models.warmup import resolve_model_path
+        from rlhf.quickstart.model import resolve_model_path
 
         cache = os.path.join(cfg.trainer.default_local_dir, "tiny_model")
         if dist.get_rank() == 0:
@@ -233,7 +233,8 @@ def build_trainer(cfg) -> TrainerSetup:
     from transformers import AutoConfig, AutoTokenizer
 
     from rlhf import algorithms as algos
-    from rlhf.data.rl_dataset import RLDataset, StatefulPromptLoader
+    from rlhf.data.loader import StatefulPromptLoader
+    from rlhf.data.rl_dataset import RLDataset
     from rlhf.rollout import SamplingConfig
     from rlhf.tracking import Tracking
 
@@ -304,7 +305,7 @@ def build_trainer(cfg) -> TrainerSetup:
     kl_ctrl = algos.get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
     reward = None
     if rank0:  # the reward (rule / custom / reward-model sources, rlhf/rewards/sources.py) runs on rank 0
-        from rlhf.rewards.sources import build_reward_sources
+        from rlhf.rewards.manager import build_reward_sources
 
         reward = build_reward_sources(cfg.reward)
     tracker = Tracking(os.path.join(out_dir, "tensorboard"), backends=list(cfg.trainer.logger), enabled=rank0)

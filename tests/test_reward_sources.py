@@ -22,7 +22,7 @@ def make_tiny_rm(path, seed=0):
     """A random LlamaForSequenceClassification (1 label) with the tiny chat tokenizer."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from rlhf.models.tiny import make_tiny_tokenizer
+    from rlhf.quickstart.tiny import make_tiny_tokenizer
 
     tok = make_tiny_tokenizer()
     torch.manual_seed(seed)

@@ -1,4 +1,4 @@
-"""``tiny://quickstart``: the locally built, warmed-up tiny Llama (rlhf.models.warmup / tiny).
+"""``tiny://quickstart``: the locally built, warmed-up tiny Llama (rlhf/quickstart/).
 
 Fast tests build with a handful of warm-up steps; the slow one builds the default model
 (~15-30 s on 2 cores) and checks it lands in the tuned band:
@@ -19,20 +19,12 @@ import os
 import pytest
 import torch
 
-from rlhf.data.synthetic import make_arithmetic_dataset, write_arithmetic_parquet
-from rlhf.models import tiny
-from rlhf.models.warmup import (
-    META_FILE,
-    QUICKSTART_DEFAULTS,
-    _prompt_ids,
-    build_quickstart_model,
-    corrupt_answers,
-    encode_example,
-    evaluate_model,
-    quickstart_task_kwargs,
-    resolve_model_path,
-    response_loss,
-)
+from rlhf.quickstart import tiny
+from rlhf.quickstart.arithmetic import make_arithmetic_dataset, quickstart_task_kwargs, write_arithmetic_parquet
+from rlhf.quickstart.evaluate import evaluate_model
+from rlhf.quickstart.model import META_FILE, QUICKSTART_DEFAULTS, build_quickstart_model, resolve_model_path
+from rlhf.quickstart.sft import corrupt_answers, response_loss
+from rlhf.quickstart.tokenizer import encode_example, prompt_ids
 from rlhf.rewards.gsm8k import compute_score
 
 FEW = dict(warmup_steps=60, batch_size=16)
@@ -70,40 +62,40 @@ def test_build_loads_with_auto_classes_and_tokenizer_round_trips(small_model):
 
 
 def test_prompts_encoded_like_rl_dataset(small_model, tmp_path):
-    from rlhf.data.rl_dataset import RLDataset
+    from rlhf.data.rl_dataset import RLHFDataset
 
     _, tok = _load(small_model)
     paths = write_arithmetic_parquet(tmp_path, n_train=8, n_test=2, seed=3, **quickstart_task_kwargs())
-    ds = RLDataset(paths["train"], tok, max_prompt_length=64)
+    ds = RLHFDataset(paths["train"], tok, max_prompt_length=64)
     assert len(ds) == 8  # every quickstart prompt fits the default max_prompt_length
     rows = make_arithmetic_dataset(8, seed=3, split="train", **quickstart_task_kwargs())
     for i, r in enumerate(rows):
-        assert ds[i]["input_ids"] == _prompt_ids(tok, r["prompt"])
+        assert ds[i]["input_ids"] == prompt_ids(tok, r["prompt"])
         p, resp = encode_example(tok, r["prompt"], r["solution"])
         assert resp[-1] == tok.eos_token_id and len(resp) <= 12  # fits max_response_length 16
         assert tok.decode(resp, skip_special_tokens=True) == r["solution"]
 
 
 def test_cache_reuse_and_rebuild_on_changed_args(small_model, monkeypatch):
-    from rlhf.models import warmup
+    from rlhf.quickstart import model as quickstart_model
 
     weights = os.path.join(small_model, "model.safetensors")
     mtime = os.stat(weights).st_mtime_ns
-    monkeypatch.setattr(warmup, "_build", lambda *a, **k: pytest.fail("cache not reused"))
+    monkeypatch.setattr(quickstart_model, "_build", lambda *a, **k: pytest.fail("cache not reused"))
     assert build_quickstart_model(small_model, **FEW) == str(small_model)
     assert os.stat(weights).st_mtime_ns == mtime
     monkeypatch.undo()
     calls = []
-    monkeypatch.setattr(warmup, "_build", lambda *a, **k: calls.append(k))
+    monkeypatch.setattr(quickstart_model, "_build", lambda *a, **k: calls.append(k))
     build_quickstart_model(small_model, warmup_steps=FEW["warmup_steps"] + 1, batch_size=FEW["batch_size"])
     assert len(calls) == 1  # any changed argument invalidates the cache
 
 
 def test_resolve_model_path(tmp_path, monkeypatch):
-    from rlhf.models import warmup
+    from rlhf.quickstart import model as quickstart_model
 
     seen = []
-    monkeypatch.setattr(warmup, "build_quickstart_model", lambda out, **kw: seen.append((out, kw)) or str(out))
+    monkeypatch.setattr(quickstart_model, "build_quickstart_model", lambda out, **kw: seen.append((out, kw)) or str(out))
     assert resolve_model_path("/some/hf/dir", tmp_path) == "/some/hf/dir"
     assert resolve_model_path("Qwen/Qwen2.5-0.5B", tmp_path) == "Qwen/Qwen2.5-0.5B"
     out = resolve_model_path("tiny://quickstart", tmp_path, warmup_steps=7, warmup_lr=None)
