@@ -7,7 +7,7 @@ Public API (imported lazily so ``import rlhf.data`` stays cheap)::
                           load_gsm8k_raw, default_local_gsm8k_dir, INSTRUCTION
     rlhf.data.rl_dataset: RLHFDataset (alias RLDataset), load_rl_dataset
     rlhf.data.loader:     StatefulPromptLoader
-    rlhf.data.collate:    pad_sequences, position_ids_from_mask, collate_left_pad
+    rlhf.data.collate:    pad_sequences, position_ids_from_mask, collate_left_pad, collate_prompts
     rlhf.data.files:      resolve_data_files, read_rows
     rlhf.data.prompts:    normalize_row, render_prompt
     rlhf.data.preference: load_preference_dataset, write_preference_parquet, encode_preference_pair,
@@ -34,6 +34,7 @@ _EXPORTS = {
     "pad_sequences": "collate",
     "position_ids_from_mask": "collate",
     "collate_left_pad": "collate",
+    "collate_prompts": "collate",
     "resolve_data_files": "files",
     "read_rows": "files",
     "normalize_row": "prompts",

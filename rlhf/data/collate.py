@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-__all__ = ["pad_sequences", "position_ids_from_mask", "collate_left_pad"]
+__all__ = ["pad_sequences", "position_ids_from_mask", "collate_left_pad", "collate_prompts"]
 
 
 def pad_sequences(seqs: Sequence[Sequence[Any]], pad_value: Any, *, side: str = "left",
@@ -94,3 +94,13 @@ def collate_left_pad(
     for k in keys:
         batch[k] = [it.get(k) for it in items]
     return batch
+
+
+def collate_prompts(items: Sequence[Dict[str, Any]]) -> Dict[str, List[Any]]:
+    """RLHFDataset items -> the rollout's prompt batch, lists of length B: ``input_ids_list`` (token ids,
+    unpadded: the engine takes them as they are), ``data_source``, ``ground_truth``, ``extra_info``
+    ({} when missing), ``index``, ``raw_prompt``."""
+    return {"input_ids_list": [list(it["input_ids"]) for it in items],
+            "data_source": [it["data_source"] for it in items], "ground_truth": [it["ground_truth"] for it in items],
+            "extra_info": [it.get("extra_info") or {} for it in items], "index": [it["index"] for it in items],
+            "raw_prompt": [it.get("raw_prompt") for it in items]}
