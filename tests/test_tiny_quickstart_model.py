@@ -164,3 +164,65 @@ def test_default_model_is_in_the_tuned_band(tmp_path):
     assert 0.6 <= greedy["reward"] <= 1.0, greedy
     assert 0.2 <= sampled["reward"] <= 0.5, sampled
     assert sampled["format"] >= 0.9 and sampled["eos"] >= 0.95, sampled
+
+
+# --------------------------------------------------------------------------- the hook (rlhf/quickstart/resolve.py)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _hook_cfg(tmp_path, algorithm="ppo", train="embedded://arithmetic", val="embedded://arithmetic", model="x"):
+    from types import SimpleNamespace as NS
+
+    return NS(data=NS(train_files=train, val_files=val, embedded_num_train=6, embedded_num_val=3,
+                      embedded_max_operand=5, seed=11),
+              trainer=NS(default_local_dir=str(tmp_path / "run")), algorithm=NS(name=algorithm),
+              model=NS(path=model, warmup_steps=7, warmup_lr=None))
+
+
+def test_resolve_data_writes_the_embedded_tasks(tmp_path, one_rank):
+    from rlhf.data.files import read_rows
+    from rlhf.quickstart.arithmetic import make_synthetic_preference_dataset
+    from rlhf.quickstart.resolve import resolve_data
+
+    cfg = _hook_cfg(tmp_path)
+    train, val = resolve_data(cfg, "train"), resolve_data(cfg, "val")
+    assert train == str(tmp_path / "run" / "data" / "train.parquet") and val.endswith("test.parquet")
+    expect = make_arithmetic_dataset(6, seed=11, split="train", **quickstart_task_kwargs(5))
+    assert [(r["prompt"], r["ground_truth"]) for r in read_rows(train)] == [
+        (r["prompt"], r["ground_truth"]) for r in expect]
+    assert len(read_rows(val)) == 3
+    # DPO: preference pairs (embedded://arithmetic means the same), the validation split seeded + 1
+    cfg = _hook_cfg(tmp_path, "dpo", train="embedded://preference")
+    rows = read_rows(resolve_data(cfg, "val"))
+    expect = make_synthetic_preference_dataset(3, seed=12, **quickstart_task_kwargs(5))
+    assert [(r["chosen"], r["rejected"]) for r in rows] == [(r["chosen"], r["rejected"]) for r in expect]
+    assert len(read_rows(resolve_data(cfg, "train"))) == 6
+    # anything else is returned as it is; unknown tasks name the valid ones
+    assert resolve_data(_hook_cfg(tmp_path, train=["a.jsonl"]), "train") == ["a.jsonl"]
+    with pytest.raises(ValueError, match="'embedded://arithmetic'"):
+        resolve_data(_hook_cfg(tmp_path, train="embedded://preference"), "train")
+    with pytest.raises(ValueError, match="embedded://preference"):
+        resolve_data(_hook_cfg(tmp_path, "dpo", val="embedded://poems"), "val")
+
+
+def test_resolve_model_builds_tiny_only(tmp_path, one_rank, monkeypatch):
+    from rlhf.quickstart import model as quickstart_model
+    from rlhf.quickstart.resolve import resolve_model
+
+    seen = []
+    monkeypatch.setattr(quickstart_model, "build_quickstart_model", lambda out, **kw: seen.append((out, kw)) or str(out))
+    assert resolve_model(_hook_cfg(tmp_path, model="/models/hf")) == "/models/hf" and not seen
+    out = resolve_model(_hook_cfg(tmp_path, model="tiny://quickstart"))
+    assert out == str(tmp_path / "run" / "tiny_model" / "tiny_quickstart_model")
+    assert seen[-1][1] == {"warmup_steps": 7, "max_operand": 5}  # None (warmup_lr) means the default

@@ -14,47 +14,9 @@ Modules::
     rlhf.quickstart.arithmetic: make_arithmetic_dataset, write_arithmetic_parquet, quickstart_task_kwargs,
                                 make_synthetic_preference_dataset, QUICKSTART_TASK
 
-Names are imported lazily so ``import rlhf.quickstart`` stays cheap.
+Importing the package is cheap: only the hook is imported here (it imports the rest when used).
 """
 
-from __future__ import annotations
+from .resolve import resolve_data, resolve_model
 
-import importlib
-from typing import Any
-
-_EXPORTS = {
-    "resolve_model": "resolve",
-    "resolve_data": "resolve",
-    "make_tiny_tokenizer": "tiny",
-    "save_tiny_tokenizer": "tiny",
-    "make_tiny_hf_model": "tiny",
-    "build_tiny_hf_model": "tiny",
-    "TINY_CONFIGS": "tiny",
-    "build_quickstart_model": "model",
-    "resolve_model_path": "model",
-    "QUICKSTART_DEFAULTS": "model",
-    "QUICKSTART_SCHEME": "model",
-    "make_quickstart_tokenizer": "tokenizer",
-    "evaluate_model": "evaluate",
-    "quickstart_task_kwargs": "arithmetic",
-    "QUICKSTART_TASK": "arithmetic",
-    "make_arithmetic_dataset": "arithmetic",
-    "make_arithmetic_problem": "arithmetic",
-    "write_arithmetic_parquet": "arithmetic",
-    "make_synthetic_preference_dataset": "arithmetic",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    mod = _EXPORTS.get(name)
-    if mod is None:
-        raise AttributeError(f"module 'rlhf.quickstart' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__all__ = ["resolve_model", "resolve_data"]
