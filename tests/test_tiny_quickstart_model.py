@@ -95,7 +95,8 @@ def test_resolve_model_path(tmp_path, monkeypatch):
     from rlhf.quickstart import model as quickstart_model
 
     seen = []
-    monkeypatch.setattr(quickstart_model, "build_quickstart_model", lambda out, **kw: seen.append((out, kw)) or str(out))
+    monkeypatch.setattr(quickstart_model, "build_quickstart_model",
+                        lambda out, **kw: seen.append((out, kw)) or str(out))
     assert resolve_model_path("/some/hf/dir", tmp_path) == "/some/hf/dir"
     assert resolve_model_path("Qwen/Qwen2.5-0.5B", tmp_path) == "Qwen/Qwen2.5-0.5B"
     out = resolve_model_path("tiny://quickstart", tmp_path, warmup_steps=7, warmup_lr=None)
@@ -221,7 +222,8 @@ def test_resolve_model_builds_tiny_only(tmp_path, one_rank, monkeypatch):
     from rlhf.quickstart.resolve import resolve_model
 
     seen = []
-    monkeypatch.setattr(quickstart_model, "build_quickstart_model", lambda out, **kw: seen.append((out, kw)) or str(out))
+    monkeypatch.setattr(quickstart_model, "build_quickstart_model",
+                        lambda out, **kw: seen.append((out, kw)) or str(out))
     assert resolve_model(_hook_cfg(tmp_path, model="/models/hf")) == "/models/hf" and not seen
     out = resolve_model(_hook_cfg(tmp_path, model="tiny://quickstart"))
     assert out == str(tmp_path / "run" / "tiny_model" / "tiny_quickstart_model")

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from rlhf.mcore.optim import StepResult
 from rlhf.rollout.types import RolloutSample
 from rlhf.workers import worker as worker_mod
 from rlhf.workers.batch import (
@@ -19,7 +20,7 @@ from rlhf.workers.batch import (
     outcome_token_scores,
 )
 from rlhf.workers.losses import DPOLoss, PPOPolicyLoss
-from rlhf.workers.worker import MegatronWorker
+from rlhf.workers.worker import MegatronWorker, step_metrics
 
 
 def test_build_rollout_batch_layout():
@@ -84,7 +85,8 @@ def recorder(monkeypatch):
 
     monkeypatch.setattr(worker_mod, "forward_backward", forward_backward)
     monkeypatch.setattr(worker_mod, "zero_grads", lambda state: log.__setitem__("zero", log["zero"] + 1))
-    monkeypatch.setattr(worker_mod, "optimizer_step", lambda state: (True, float(len(log["steps"]))))
+    monkeypatch.setattr(worker_mod, "optimizer_step",
+                        lambda state: StepResult(skipped=False, grad_norm=float(len(log["steps"])), lr=0.0))
     return log
 
 
@@ -99,10 +101,10 @@ def test_update_loop_ppo_epochs_shuffle_and_micro(recorder):
     w = MegatronWorker(None, state=SimpleNamespace(model=None), forward_micro_batch_size=4)
     loss = PPOPolicyLoss(SimpleNamespace(use_kl_loss=False))
     # 4 prompts x n=2 = 8 rows; mini batch of 2 prompts = 4 rows -> 2 optimizer steps per epoch
-    _, norms = w.train_mini_batches(_batch(8, 2), ("input_ids", "attention_mask", "position_ids") + loss.keys, loss,
+    _, steps = w.train_mini_batches(_batch(8, 2), ("input_ids", "attention_mask", "position_ids") + loss.keys, loss,
                                     mini_batch_size=2, micro_batch_size_per_gpu=3, epochs=2, step=3,
                                     kind="log_probs", calculate_entropy=True)
-    assert norms == [1.0, 2.0, 3.0, 4.0] and recorder["zero"] == 4
+    assert [r.grad_norm for r in steps] == [1.0, 2.0, 3.0, 4.0] and recorder["zero"] == 4
     rows = [r for r, _, _, _ in recorder["steps"]]
     for epoch in range(2):  # each epoch a permutation seeded by step * 1000 + epoch
         perm = torch.randperm(8, generator=torch.Generator().manual_seed(3000 + epoch)).tolist()
@@ -121,3 +123,49 @@ def test_update_loop_dpo_pairs_in_order(recorder):
                          mini_batch_size=2, micro_batch_size_per_gpu=3, epochs=1, step=9, micro_group=loss.micro_group)
     assert [r for r, _, _, _ in recorder["steps"]] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     assert [m for _, m, _, _ in recorder["steps"]] == [2, 2, 2]
+
+
+def test_step_metrics_count_skips_and_breaker_events():
+    steps = [StepResult(False, 2.0, 0.1), StepResult(True, float("inf"), 0.1),
+             StepResult(False, 4.0, 0.1, breaker="ev")]
+    m = step_metrics("critic", steps[::2])
+    assert m == {"critic/grad_norm": 3.0, "critic/num_skipped_steps": 0.0, "critic/num_breaker_events": 1.0}
+    assert step_metrics("actor", steps)["actor/num_skipped_steps"] == 1.0
+
+
+def _ppo_cfg(**kw):
+    return SimpleNamespace(**{**dict(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None, clip_ratio_c=3.0,
+                                     loss_agg_mode="token-mean", entropy_coeff=0.01, use_kl_loss=True,
+                                     kl_loss_type="low_var_kl", kl_loss_coef=0.1), **kw})
+
+
+def test_losses_read_the_response_columns_even_when_the_forward_padded_the_sequence():
+    """rlhf.mcore.forward pads S at the right under sequence parallelism: the response is columns [P, P + R),
+    not the last R; the loss on padded outputs equals the loss on unpadded ones."""
+    g = torch.Generator().manual_seed(0)
+    P, R, b = 3, 4, 2
+    lp, ent = -torch.rand(b, P + R, generator=g), torch.rand(b, P + R, generator=g)
+    mb = {"response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), "old_log_probs": -torch.rand(b, R, generator=g),
+          "advantages": torch.randn(b, R, generator=g), "ref_log_probs": -torch.rand(b, R, generator=g),
+          "ref_logps": torch.tensor([-1.0, -2.0])}
+    junk = torch.full((b, 5), 7.0)
+    padded = {"log_probs": torch.cat([lp, junk], 1), "entropy": torch.cat([ent, junk], 1)}
+    loss = PPOPolicyLoss(_ppo_cfg())
+    a, ma = loss({"log_probs": lp, "entropy": ent}, mb, P)
+    c, mc = loss(padded, mb, P)
+    assert torch.equal(a, c) and all(torch.equal(ma[k], mc[k]) for k in ma)
+    # the value by hand: ratio on the response tokens, token-mean clipped loss, entropy bonus, KL loss
+    mask = mb["response_mask"].bool()
+    ratio = (lp[:, P:] - mb["old_log_probs"]).exp()
+    adv = mb["advantages"]
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    pg = torch.where(adv < 0, torch.minimum(pg, -adv * 3.0), pg)[mask].mean()
+    d = mb["ref_log_probs"] - lp[:, P:]
+    kl = (d.exp() - d - 1).clamp(-10, 10)[mask].mean()
+    assert torch.allclose(a, pg - 0.01 * ent[:, P:][mask].mean() + 0.1 * kl, atol=1e-6)
+    dpo = DPOLoss(SimpleNamespace(beta=0.1, label_smoothing=0.0, loss_type="sigmoid"))
+    x, _ = dpo({"log_probs": lp}, mb, P)
+    y, _ = dpo({"log_probs": padded["log_probs"]}, mb, P)
+    seq = (lp[:, P:] * mb["response_mask"]).sum(1)
+    h = (seq[0] - mb["ref_logps"][0]) - (seq[1] - mb["ref_logps"][1])
+    assert torch.equal(x, y) and torch.allclose(x, -torch.nn.functional.logsigmoid(0.1 * h), atol=1e-6)

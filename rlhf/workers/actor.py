@@ -1,10 +1,8 @@
 """The actor (and the frozen reference) on megatron: per-token log-probs and the policy update."""
 from __future__ import annotations
 
-import numpy as np
-
 from .batch import MODEL_KEYS, dp_all_gather, dp_info
-from .worker import MegatronWorker, gather_metrics
+from .worker import MegatronWorker, gather_metrics, step_metrics
 
 __all__ = ["MegatronActor"]
 
@@ -32,16 +30,16 @@ class MegatronActor(MegatronWorker):
         """Update the actor on `batch` with `loss` (rlhf.workers.losses: PPOPolicyLoss, DPOLoss):
         `epochs` (default ``actor.ppo_epochs``) passes, one optimizer step per ``actor.ppo_mini_batch_size``
         prompts, micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences.  Returns the loss's
-        metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps)
-        and actor/lr."""
-        cfg = self.cfg
-        per_micro, grad_norms = self.train_mini_batches(
-            batch, MODEL_KEYS + tuple(loss.keys), loss, mini_batch_size=cfg.ppo_mini_batch_size,
+        metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps),
+        actor/num_skipped_steps, actor/num_breaker_events (rlhf.workers.worker.step_metrics) and actor/lr."""
+        cfg, P = self.cfg, batch["prompt_length"]
+        per_micro, steps = self.train_mini_batches(
+            batch, MODEL_KEYS + tuple(loss.keys), lambda outs, mb: loss(outs, mb, P),
+            mini_batch_size=cfg.ppo_mini_batch_size,
             micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
             epochs=cfg.ppo_epochs if epochs is None else epochs, step=step, micro_group=loss.micro_group,
             kind="log_probs", vocab_size=self.vocab_size, temperature=self.temperature,
             calculate_entropy=loss.needs_entropy)
-        metrics = gather_metrics(per_micro)
-        metrics["actor/grad_norm"] = float(np.mean(grad_norms))
+        metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}
         metrics["actor/lr"] = float(self.state.optimizer.param_groups[0]["lr"])
         return metrics

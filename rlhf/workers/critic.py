@@ -1,12 +1,10 @@
 """The critic on megatron: values V(s_t) of the response positions and the value update."""
 from __future__ import annotations
 
-import numpy as np
-
 from rlhf import algorithms as algos
 
 from .batch import MODEL_KEYS, dp_all_gather, dp_info, dp_slice
-from .worker import MegatronWorker, gather_metrics
+from .worker import MegatronWorker, gather_metrics, step_metrics
 
 __all__ = ["MegatronCritic"]
 
@@ -32,21 +30,20 @@ class MegatronCritic(MegatronWorker):
     def update_critic(self, batch: dict, *, step: int) -> dict:
         """Clipped value loss (PPO2 / verl convention, ``cliprange_value``, ``loss_agg_mode``) against
         ``returns``, with the actor's batching (``critic.ppo_epochs``, mini and micro batch sizes).
-        Returns critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean, critic/grad_norm."""
+        Returns critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean and the step metrics
+        (rlhf.workers.worker.step_metrics: critic/grad_norm, critic/num_skipped_steps, ...)."""
         cfg = self.cfg
         P, R = batch["prompt_length"], batch["responses"].shape[1]
 
         def loss_fn(outs, mb):
-            vpreds = outs["values"][:, P - 1:P - 1 + R]
+            vpreds = outs["values"][:, P - 1:P - 1 + R]  # the value head at the token before each response token
             vf_loss, vf_clipfrac = algos.compute_value_loss(vpreds, mb["returns"], mb["values"], mb["response_mask"],
                                                             cfg.cliprange_value, cfg.loss_agg_mode)
             return vf_loss, {"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac.detach(),
                              "critic/vpred_mean": algos.masked_mean(vpreds, mb["response_mask"]).detach()}
 
-        per_micro, grad_norms = self.train_mini_batches(
+        per_micro, steps = self.train_mini_batches(
             batch, MODEL_KEYS + ("values", "returns", "response_mask"), loss_fn,
             mini_batch_size=cfg.ppo_mini_batch_size, micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
             epochs=cfg.ppo_epochs, step=step, seed_offset=7, kind="values")
-        metrics = gather_metrics(per_micro)
-        metrics["critic/grad_norm"] = float(np.mean(grad_norms))
-        return metrics
+        return {**gather_metrics(per_micro), **step_metrics("critic", steps)}

@@ -1,10 +1,11 @@
 """Policy losses plugged into :meth:`rlhf.workers.actor.MegatronActor.update_policy`.
 
-A loss is a callable ``loss(outputs, micro_batch) -> (loss scalar, metrics)`` with three attributes
-the update loop reads: ``keys`` (batch keys it needs besides the model inputs), ``needs_entropy``
-(the forward computes per-token entropy) and ``micro_group`` (rows that must share a micro batch).
-``outputs["log_probs"]`` is [b, P + R] (rlhf.mcore.forward); the response part is its last R columns,
-R = ``micro_batch["response_mask"].shape[1]``.
+A loss is a callable ``loss(outputs, micro_batch, prompt_length) -> (loss scalar, metrics)`` with three
+attributes the update loop reads: ``keys`` (batch keys it needs besides the model inputs),
+``needs_entropy`` (the forward computes per-token entropy) and ``micro_group`` (rows that must share a
+micro batch).  ``outputs["log_probs"]`` is [b, S] with S >= P + R (rlhf.mcore.forward pads S at the
+right under sequence parallelism); the response is columns [P, P + R) (:func:`response_part`),
+P = `prompt_length`, R = ``micro_batch["response_mask"].shape[1]``.
 """
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ import torch
 
 from rlhf import algorithms as algos
 
-__all__ = ["PPOPolicyLoss", "DPOLoss", "dpo_loss_and_metrics"]
+__all__ = ["PPOPolicyLoss", "DPOLoss", "dpo_loss_and_metrics", "response_part"]
+
+
+def response_part(t: torch.Tensor, mb: dict, prompt_length: int) -> torch.Tensor:
+    """The response columns [P, P + R) of a token output [b, S] (R from ``mb["response_mask"]``)."""
+    return t[:, prompt_length:prompt_length + mb["response_mask"].shape[1]]
 
 
 class PPOPolicyLoss:
@@ -29,9 +35,9 @@ class PPOPolicyLoss:
         self.cfg = cfg
         self.keys = ("old_log_probs", "advantages", "response_mask") + (("ref_log_probs",) if cfg.use_kl_loss else ())
 
-    def __call__(self, outs: dict, mb: dict):
-        cfg, R = self.cfg, mb["response_mask"].shape[1]
-        log_prob, entropy, mask = outs["log_probs"][:, -R:], outs["entropy"][:, -R:], mb["response_mask"]
+    def __call__(self, outs: dict, mb: dict, prompt_length: int):
+        cfg, P, mask = self.cfg, prompt_length, mb["response_mask"]
+        log_prob, entropy = response_part(outs["log_probs"], mb, P), response_part(outs["entropy"], mb, P)
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = algos.compute_policy_loss(
             old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"], response_mask=mask,
             cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low, cliprange_high=cfg.clip_ratio_high,
@@ -72,7 +78,6 @@ class DPOLoss:
     def __init__(self, dcfg):
         self.dcfg = dcfg
 
-    def __call__(self, outs: dict, mb: dict):
-        R = mb["response_mask"].shape[1]
-        logps = (outs["log_probs"][:, -R:] * mb["response_mask"]).sum(1)
+    def __call__(self, outs: dict, mb: dict, prompt_length: int):
+        logps = (response_part(outs["log_probs"], mb, prompt_length) * mb["response_mask"]).sum(1)
         return dpo_loss_and_metrics(logps, mb["ref_logps"], self.dcfg)

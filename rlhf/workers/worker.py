@@ -18,7 +18,7 @@ from rlhf.mcore.optim import optimizer_step, zero_grads
 
 from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batches
 
-__all__ = ["MegatronWorker", "gather_metrics"]
+__all__ = ["MegatronWorker", "gather_metrics", "step_metrics"]
 
 
 def gather_metrics(per_micro: list[dict]) -> dict:
@@ -34,6 +34,15 @@ def gather_metrics(per_micro: list[dict]) -> dict:
         for k, v in (o or {}).items():
             merged[k].extend(v)
     return {k: float(np.mean(v)) for k, v in merged.items()}
+
+
+def step_metrics(role: str, steps: list) -> dict:
+    """Metrics of a role's optimizer steps (rlhf.mcore.optim.StepResult): <role>/grad_norm (mean pre-clip
+    norm), <role>/num_skipped_steps (non-finite gradient norm: the update was skipped),
+    <role>/num_breaker_events (the gradient circuit breaker restarted the LR warm-up)."""
+    return {f"{role}/grad_norm": float(np.mean([s.grad_norm for s in steps])),
+            f"{role}/num_skipped_steps": float(sum(s.skipped for s in steps)),
+            f"{role}/num_breaker_events": float(sum(s.breaker is not None for s in steps))}
 
 
 class MegatronWorker:
@@ -65,7 +74,7 @@ class MegatronWorker:
 
     def train_mini_batches(self, batch: dict, keys: Sequence[str], loss_fn: Callable, *, mini_batch_size: int,
                            micro_batch_size_per_gpu: int, epochs: int, step: int, seed_offset: int = 0,
-                           micro_group: int = 1, **forward_kwargs) -> tuple[list[dict], list[float]]:
+                           micro_group: int = 1, **forward_kwargs) -> tuple[list[dict], list]:
         """The mini-batch update loop (verl's / PPO's): `epochs` passes over the batch, one optimizer
         step per mini batch of `mini_batch_size` prompts (x batch["n"] sequences), gradients
         accumulated over micro batches of at most `micro_batch_size_per_gpu` sequences (whole groups
@@ -73,11 +82,11 @@ class MegatronWorker:
         by `step * 1000 + seed_offset + epoch`; with one, in order.  `loss_fn(outputs, micro_batch) ->
         (loss, metrics)` sees the micro batch's `keys`.
 
-        Returns (per-micro-batch metrics of this rank, grad norm of every optimizer step).
+        Returns (per-micro-batch metrics of this rank, rlhf.mcore.optim.StepResult of every optimizer step).
         """
         rank, size, _ = dp_info()
         n_mini = max(1, batch["input_ids"].shape[0] // (mini_batch_size * batch["n"]))
-        per_micro, grad_norms = [], []
+        per_micro, steps = [], []
         for epoch in range(epochs):
             seed = None if epochs == 1 else step * 1000 + seed_offset + epoch
             for mb in mini_batches(batch, keys, n_mini, seed, rank, size):
@@ -85,5 +94,5 @@ class MegatronWorker:
                 mbs = micro_batch_size(mb["input_ids"].shape[0], micro_batch_size_per_gpu, micro_group)
                 per_micro += forward_backward(self.state.model, mb, forward_only=False, loss_fn=loss_fn,
                                               micro_batch_size=mbs, **forward_kwargs)
-                grad_norms.append(optimizer_step(self.state)[1])
-        return per_micro, grad_norms
+                steps.append(optimizer_step(self.state))
+        return per_micro, steps
