@@ -62,6 +62,7 @@ class RewardSource:
             return [float(fallback_score)] * n, n
 
     def close(self) -> None:
+        """Release the reward model (its Ray worker), if any."""
         if self.scorer is not None and hasattr(self.scorer, "close"):
             self.scorer.close()
 
@@ -103,6 +104,7 @@ class RewardManager:
         return total, metrics
 
     def close(self) -> None:
+        """Close every source."""
         for src in self.sources:
             src.close()
 

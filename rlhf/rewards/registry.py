@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import gsm8k
+from .gsm8k import compute_score as gsm8k_compute_score
 from .timeout import run_with_timeouts
 
 __all__ = [
@@ -124,7 +124,7 @@ def _fn_name(fn: Any) -> str:
 @register_reward_fn("openai/gsm8k", "gsm8k", ARITHMETIC_DATA_SOURCE)
 def gsm8k_strict_reward(solution_str: str, ground_truth: Any) -> float:
     """GSM8K strict scorer: 1.0 if the first ``#### N`` equals the ground truth, else 0.0."""
-    return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
+    return gsm8k_compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
 
 
 # --------------------------------------------------------------------------- custom fn

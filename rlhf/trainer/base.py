@@ -19,7 +19,9 @@ import torch.distributed as dist
 from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
 
-from . import checkpoint as ckpt
+from .checkpoint import checkpoint_root, latest_checkpoint
+from .checkpoint import load_checkpoint as load_checkpoint_dir
+from .checkpoint import save_checkpoint as save_checkpoint_dir
 from .metrics import add_step_timing
 from .tracking import Tracking
 
@@ -149,8 +151,8 @@ class BaseTrainer:
     def save_checkpoint(self, step: int) -> str:
         """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint)."""
         t = self.cfg.trainer
-        return ckpt.save_checkpoint(ckpt.checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(),
-                                    self.trainer_state(), t.max_ckpt_to_keep)
+        return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(),
+                                   self.trainer_state(), t.max_ckpt_to_keep)
 
     def load_checkpoint(self) -> None:
         """Collective. Resume per ``trainer.resume_mode``: auto (the latest checkpoint, if any), resume_path
@@ -166,10 +168,10 @@ class BaseTrainer:
                 raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
             path = t.resume_from_path
         else:
-            path = ckpt.latest_checkpoint(ckpt.checkpoint_root(t.default_local_dir))
+            path = latest_checkpoint(checkpoint_root(t.default_local_dir))
             if path is None:
                 return
-        state = ckpt.load_checkpoint(path, self.checkpoint_roles())
+        state = load_checkpoint_dir(path, self.checkpoint_roles())
         self.load_trainer_state(state)
         self.start_step = int(state["step"])
         if dist.get_rank() == 0:

@@ -30,6 +30,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 
 
 def checkpoint_root(default_local_dir: str) -> str:
+    """``<default_local_dir>/checkpoints``: where the ``global_step_<k>`` folders and the tracker file live."""
     return os.path.join(default_local_dir, "checkpoints")
 
 

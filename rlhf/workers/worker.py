@@ -55,6 +55,7 @@ class MegatronWorker:
 
     @property
     def chunks(self) -> list:
+        """The model's GPTModel chunks (one per virtual pipeline stage on this rank)."""
         return self.bundle.chunks
 
     @property
