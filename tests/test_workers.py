@@ -169,3 +169,8 @@ def test_losses_read_the_response_columns_even_when_the_forward_padded_the_seque
     seq = (lp[:, P:] * mb["response_mask"]).sum(1)
     h = (seq[0] - mb["ref_logps"][0]) - (seq[1] - mb["ref_logps"][1])
     assert torch.equal(x, y) and torch.allclose(x, -torch.nn.functional.logsigmoid(0.1 * h), atol=1e-6)
+    # IPO compares the per-token-averaged margin (lengths from the response mask: 3 and 2 tokens)
+    ipo = DPOLoss(SimpleNamespace(beta=0.1, label_smoothing=0.0, loss_type="ipo"))
+    z, _ = ipo(padded, mb, P)
+    h_avg = (seq[0] - mb["ref_logps"][0]) / 3 - (seq[1] - mb["ref_logps"][1]) / 2
+    assert torch.allclose(z, (h_avg - 1 / (2 * 0.1)) ** 2, atol=1e-5)

@@ -84,16 +84,17 @@ class DPOTrainer(BaseTrainer):
         """Preference accuracy and DPO loss of the current actor on the validation pairs."""
         dp = dp_info()[1]
         bs = max(dp, self.cfg.data.val_batch_size // dp * dp)  # pairs per batch; a multiple of dp, like len(val_pairs)
-        logps, refs = [], []
+        logps, refs, lengths = [], [], []
         for i in range(0, len(self.val_pairs), bs):
             batch = self._batch(self.val_pairs[i:i + bs])
             logps.append(sequence_log_probs(self.actor, batch))
+            lengths.append(batch["response_mask"].sum(1))
             if self.val_ref_logps is None:
                 refs.append(sequence_log_probs(self.reference, batch))
         if self.val_ref_logps is None:
             self.val_ref_logps = torch.cat(refs)
         logps = torch.cat(logps)
-        _, m = dpo_loss_and_metrics(logps, self.val_ref_logps, self.cfg.algorithm.dpo)
+        _, m = dpo_loss_and_metrics(logps, self.val_ref_logps, torch.cat(lengths), self.cfg.algorithm.dpo)
         return {"val/preference_accuracy": float(m["dpo/accuracy"]), "val/dpo_loss": float(m["dpo/loss"]),
                 "val/margin": float(m["dpo/margin"]),
                 "val/logp_accuracy": float((logps[0::2] > logps[1::2]).float().mean())}

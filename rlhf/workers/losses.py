@@ -55,13 +55,16 @@ class PPOPolicyLoss:
         return loss, metrics
 
 
-def dpo_loss_and_metrics(logps: torch.Tensor, ref_logps: torch.Tensor, dcfg) -> tuple[torch.Tensor, dict]:
+def dpo_loss_and_metrics(logps: torch.Tensor, ref_logps: torch.Tensor, lengths: torch.Tensor,
+                         dcfg) -> tuple[torch.Tensor, dict]:
     """DPO loss (rlhf.algorithms.compute_dpo_loss, Rafailov et al. 2023 eq. 7 and variants) of sequence
-    log-probs [2B] laid out [chosen_1, rejected_1, ...] against the reference's [2B]; `dcfg` is
-    ``algorithm.dpo`` (beta, label_smoothing, loss_type).  Metrics: dpo/loss, dpo/accuracy (implicit
-    reward of chosen > rejected), dpo/margin, dpo/chosen_rewards, dpo/rejected_rewards."""
-    loss, chosen_r, rejected_r, _ = algos.compute_dpo_loss(logps[0::2], logps[1::2], ref_logps[0::2], ref_logps[1::2],
-                                                           dcfg.beta, dcfg.label_smoothing, dcfg.loss_type)
+    log-probs [2B] laid out [chosen_1, rejected_1, ...] against the reference's [2B]; `lengths` [2B] are
+    the response lengths in tokens (IPO averages per token); `dcfg` is ``algorithm.dpo`` (beta,
+    label_smoothing, loss_type).  Metrics: dpo/loss, dpo/accuracy (implicit reward of chosen >
+    rejected), dpo/margin, dpo/chosen_rewards, dpo/rejected_rewards."""
+    loss, chosen_r, rejected_r, _ = algos.compute_dpo_loss(
+        logps[0::2], logps[1::2], ref_logps[0::2], ref_logps[1::2], dcfg.beta, dcfg.label_smoothing, dcfg.loss_type,
+        chosen_lengths=lengths[0::2], rejected_lengths=lengths[1::2])
     return loss, {"dpo/loss": loss.detach(), "dpo/accuracy": (chosen_r > rejected_r).float().mean(),
                   "dpo/margin": (chosen_r - rejected_r).mean(), "dpo/chosen_rewards": chosen_r.mean(),
                   "dpo/rejected_rewards": rejected_r.mean()}
@@ -80,4 +83,4 @@ class DPOLoss:
 
     def __call__(self, outs: dict, mb: dict, prompt_length: int):
         logps = (response_part(outs["log_probs"], mb, prompt_length) * mb["response_mask"]).sum(1)
-        return dpo_loss_and_metrics(logps, mb["ref_logps"], self.dcfg)
+        return dpo_loss_and_metrics(logps, mb["ref_logps"], mb["response_mask"].sum(1), self.dcfg)
