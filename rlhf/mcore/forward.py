@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 
+_PADDED_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
 def left_align(x: torch.Tensor, shifts: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """Rotate each row of x [b, s, ...] left by shifts[b] (right when inverse)."""
     b, s = x.shape[:2]
@@ -109,6 +112,8 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         kind: "log_probs" (actor/reference) or "values" (critic).
         loss_fn: `loss_fn(outputs: dict, micro_batch: dict) -> (loss scalar, metrics dict)`; required
             when forward_only is False. megatron divides the loss by the number of micro batches.
+            It sees [b, S] outputs and inputs for the caller's S (any padding for sequence
+            parallelism is already cut off), on the compute device.
         seq_length_multiple: pad S to a multiple of this; under sequence parallelism S is padded to
             a multiple of tp as well (automatically, read from the model's config).
     Returns:
@@ -137,7 +142,7 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
     B, S = input_ids.shape
     pad = (-S) % seq_length_multiple
     if pad:
-        for k in ("input_ids", "attention_mask", "position_ids"):
+        for k in _PADDED_KEYS:
             batch[k] = torch.nn.functional.pad(batch[k], (0, pad), value=0)
         S += pad
     mask = batch["attention_mask"].bool()
@@ -155,6 +160,10 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         if loss_fn is None:
             collected.append({k: v.detach() for k, v in outs.items()})
             return torch.zeros((), device=output.device), {}
+        # loss_fn sees the caller's layout: [b, S] outputs and inputs (the padding for sequence parallelism
+        # cut off again), so `[:, -R:]` is the response
+        outs = {k: v[:, :S - pad] for k, v in outs.items()}
+        mb = {k: (v[:, :S - pad] if k in _PADDED_KEYS else v) for k, v in mb.items() if not k.startswith("_")}
         loss, metrics = loss_fn(outs, mb)
         return loss, {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in metrics.items()}
 
