@@ -4,7 +4,7 @@ import logging
 import pytest
 
 from rlhf.mcore import kernels
-from rlhf.mcore.kernels import (ALLOW_NO_TE_ENV, FUSION_REQUIREMENTS, TE_INSTALL_COMMAND, TransformerEngineMissingError,
+from rlhf.mcore.kernels import (ALLOW_NO_TE_ENV, C_COMPILER, FUSION_REQUIREMENTS, TE_INSTALL_COMMAND, TransformerEngineMissingError,
                                 emit_warnings, kernel_metrics, select_kernels)
 
 ALL_MODULES = {m for mods in FUSION_REQUIREMENTS.values() for m in mods} | {"transformer_engine"}
@@ -41,7 +41,7 @@ def test_gpu_without_te_is_an_error_naming_the_install_command_and_the_env_var()
 @pytest.mark.parametrize("how", ["env", "flag"])
 def test_gpu_without_te_allowed_warns_loudly_once_and_unfuses_rope(how):
     importable = only("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda", "scaled_softmax_cuda",
-                      "triton", "fused_weight_gradient_mlp_cuda")
+                      "triton", C_COMPILER, "fused_weight_gradient_mlp_cuda")
     kw = {"environ": {ALLOW_NO_TE_ENV: "1"}} if how == "env" else {"allow_no_te": True, "environ": {}}
     choice = select_kernels(True, importable=importable, **kw)
     assert choice.use_te is False and choice.te_missing
@@ -54,7 +54,7 @@ def test_gpu_without_te_allowed_warns_loudly_once_and_unfuses_rope(how):
 
 
 def test_explicit_local_spec_on_gpu_needs_no_te():
-    choice = select_kernels(True, importable=only("triton"), use_te=False, environ={})
+    choice = select_kernels(True, importable=only("triton", C_COMPILER), use_te=False, environ={})
     assert choice.use_te is False and not choice.te_missing and choice.fusions["bias_activation_fusion"]
 
 
@@ -62,7 +62,7 @@ def test_missing_extensions_fall_back_with_one_warning_listing_them(caplog, monk
     """TE present, Apex's kernels and megatron's softmax kernels absent: those two fusions are off, named in
     ONE warning, which is logged once however often the choice is resolved."""
     monkeypatch.setattr(kernels, "_WARNED", set())
-    choice = select_kernels(True, importable=only("transformer_engine", "triton"))
+    choice = select_kernels(True, importable=only("transformer_engine", "triton", C_COMPILER))
     assert choice.use_te and choice.fusions == {"masked_softmax_fusion": False, "bias_activation_fusion": True,
                                                 "apply_rope_fusion": True, "gradient_accumulation_fusion": False}
     assert len(choice.warnings) == 1
@@ -92,6 +92,15 @@ def test_flags_are_transformer_config_fields_and_off_on_this_cpu():
     assert not any(getattr(cfg, name) for name in FUSION_REQUIREMENTS)
 
 
-def test_module_available_does_not_import():
+def test_module_available_does_not_import(monkeypatch):
     assert kernels.module_available("json") and not kernels.module_available("no_such_module_xyz")
     assert not kernels.module_available("no_such_pkg.sub")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CC", raising=False)
+    assert not kernels.module_available(C_COMPILER)
+
+
+def test_triton_without_a_c_compiler_keeps_swiglu_unfused():
+    choice = select_kernels(True, importable=only("transformer_engine", "triton"))
+    assert not choice.fusions["bias_activation_fusion"]
+    assert choice.missing["bias_activation_fusion"] == (C_COMPILER,)

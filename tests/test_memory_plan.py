@@ -53,12 +53,18 @@ def test_small_activations_by_hand():
     mlp = 5 * 2 * 64 * 256 / 2
     assert a.stored == a.full_layer == norms + attn + scores + mlp == 189440
     assert a.backward_transient == max(4 * 2 * 4 * 32 * 32, 2 * 2 * 64 * 256 / 2) + 2 * 64 * 64 / 2
+    fused = layer_activations(SMALL, 32, 2, 2, sequence_parallel=True, act_bytes=2, flash_attention=False,
+                              recompute=None, fused_norm=True)  # CUDA: torch's fused RMSNorm keeps input + 1/rms
+    assert fused.stored == 2 * (2 * 64 * 64 + 4 * 64) / 2 + 2 * 2 * 64 * 64 / 2 + attn + scores + mlp == 165120
     full = layer_activations(SMALL, 32, 2, 2, sequence_parallel=True, act_bytes=2, flash_attention=False,
                              recompute="full")
     assert full.stored == 2 * 64 * 64 / 2  # only the layer input
     sel = layer_activations(SMALL, 32, 2, 2, sequence_parallel=True, act_bytes=2, flash_attention=False,
                             recompute="selective")
     assert sel.stored == norms + 2 * 64 * 8 * (3 * 4 + 3 * 1) + mlp  # no s x s terms
+    swiglu = layer_activations(SMALL, 32, 2, 2, sequence_parallel=True, act_bytes=2, flash_attention=False,
+                               recompute=None, fused_swiglu=True)  # fc1 output + the fc2 input only
+    assert swiglu.stored == norms + attn + scores + 3 * 2 * 64 * 256 / 2
     te = layer_activations(SMALL, 32, 2, 2, sequence_parallel=True, act_bytes=2, flash_attention=True, recompute=None)
     assert te.stored == 4 * 2 * 64 * 64 / 2 + 2 * 64 * 8 * (2 * 4 + 2 * 1) + 4 * 2 * 4 * 32 + 3 * 2 * 64 * 256 / 2
     with pytest.raises(ValueError, match="recompute='some'"):
@@ -89,7 +95,7 @@ def small_input(**kw):
                 workload=Workload(seq_length=31, log_prob_micro_batch=4), gpu_bytes=1 * GiB, num_gpus=4,
                 engine=EngineSetup(tp=2, num_engines=2, mem_fraction_static=0.5, runtime_bytes=1 << 20,
                                    sync_bucket_bytes=1 << 20),
-                params_bytes=2, recompute=None, flash_attention=False, fused_adam=False,
+                params_bytes=2, recompute=None, flash_attention=False, fused_adam=False, fused_swiglu=False,
                 cuda_context_bytes=100 << 20, nccl_bytes=50 << 20)
     base.update(kw)
     return PlanInput(**base)
@@ -111,16 +117,17 @@ def test_small_plan_phases_by_hand():
     assert plan.phase("generate").peak == build.peak + adam + engine
     assert plan.max_mem_fraction_static == 1 - (adam + (1 << 20)) / free
     released = (100 << 20) + (1 << 20)  # engine context + its runtime pool stay while released
-    layer = 189440
+    layer = 165120  # test_small_activations_by_hand, CUDA's fused RMSNorm
     logits = 64 * 512 * 26  # micro batch 2 x 32 tokens, with entropy
-    final_norm = (8 + 2) * 64 * 64 / 2
+    final_norm = (2 + 2) * 64 * 64 / 2  # final norm input + LM head input, SP-sharded
     fwd_bwd = plan.phase("actor fwd/bwd")
     assert fwd_bwd.peak == build.peak + adam + released + 4 * layer + max(final_norm + logits, 0)
     assert fwd_bwd.torch_peak == weights + grads + main + ref + adam + 4 * layer + final_norm + logits
     lp = plan.phase("actor log-probs")  # micro batch 4 x 32 tokens, no entropy, no autograd
     assert lp.peak == build.peak + adam + released + max(128 * 512 * 18, 12 * 4 * 4 * 32 * 32 + 2 * 2 * 128 * 64 / 2)
-    step = plan.phase("actor optimizer step")  # torch Adam (foreach): one fp32 temporary per optimizer parameter
-    assert step.peak == build.peak + adam + released + 4 * p / 2
+    # torch Adam (foreach): one fp32 temporary per optimizer parameter + the clip's copy of the largest tensor
+    step = plan.phase("actor optimizer step")
+    assert step.peak == build.peak + adam + released + 4 * p / 2 + 4 * (512 * 64)
     assert plan.fits and "fits" in format_plan(plan)
 
 

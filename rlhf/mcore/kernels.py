@@ -28,14 +28,16 @@ from typing import Callable
 
 TE_INSTALL_COMMAND = "pip install --no-build-isolation -e '.[gpu]'"
 ALLOW_NO_TE_ENV = "RLHF_ALLOW_NO_TE"
+C_COMPILER = "<c compiler>"  # pseudo-requirement: $CC, cc, gcc or clang on PATH
 
 #: TransformerConfig flag -> the modules it needs (all of them), in megatron-core 0.16.1.
 FUSION_REQUIREMENTS: dict[str, tuple[str, ...]] = {
     # megatron.core.fusions.fused_softmax: the causal / masked / plain softmax kernels (local spec)
     "masked_softmax_fusion": ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda",
                               "scaled_softmax_cuda"),
-    # megatron.core.fusions.fused_bias_swiglu: torch.compile (inductor -> triton) of silu(a) * b
-    "bias_activation_fusion": ("triton",),
+    # megatron.core.fusions.fused_bias_swiglu: torch.compile (inductor -> triton, which builds its launcher
+    # with the system C compiler at the first call) of silu(a) * b
+    "bias_activation_fusion": ("triton", C_COMPILER),
     # megatron.core.models.common.embeddings.rope_utils: Transformer Engine's fused RoPE
     "apply_rope_fusion": ("transformer_engine",),
     # megatron.core.tensor_parallel.layers: Apex's wgrad GEMM accumulating into main_grad (the
@@ -51,7 +53,12 @@ class TransformerEngineMissingError(RuntimeError):
 
 
 def module_available(name: str) -> bool:
-    """True when `import name` would find the module (nothing is imported)."""
+    """True when `import name` would find the module (nothing is imported); for `C_COMPILER`, whether a
+    C compiler is on PATH."""
+    if name == C_COMPILER:
+        import shutil
+
+        return any(shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c)
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):

@@ -102,6 +102,7 @@ class PlanInput:
     flash_attention: bool = True  # Transformer Engine spec (False: megatron's local spec)
     fused_adam: bool = True  # TE/Apex FusedAdam (False: torch Adam, foreach on CUDA: one fp32 temp per param)
     cuda: bool = True  # False: CPU run (no contexts, per-parameter Adam temporaries)
+    fused_swiglu: bool = True  # megatron's bias_activation_fusion (on with TE; needs triton + a C compiler)
     divisible_by: int = 128
     cuda_context_bytes: float = 0.75 * GiB
     nccl_bytes: float = 0.5 * GiB
@@ -191,7 +192,8 @@ def _seq(inp: PlanInput) -> int:
 def _acts(inp: PlanInput, micro_batch: int):
     return layer_activations(inp.model, _seq(inp), micro_batch, inp.layout.tp,
                              sequence_parallel=inp.layout.sequence_parallel and inp.layout.tp > 1,
-                             act_bytes=inp.params_bytes, flash_attention=inp.flash_attention, recompute=inp.recompute)
+                             act_bytes=inp.params_bytes, flash_attention=inp.flash_attention, recompute=inp.recompute,
+                             fused_norm=inp.cuda, fused_swiglu=inp.fused_swiglu)
 
 
 def _forward_peak(inp: PlanInput, role: Role, stage: int) -> float:
@@ -217,7 +219,7 @@ def _train_peak(inp: PlanInput, role: Role, stage: int) -> tuple[float, float]:
     layer_bwd = acts.backward_transient + (acts.full_layer if inp.recompute == "full" else 0.0)
     top = 0.0
     if stage == lay.pp - 1:
-        final_norm = (2 * e if inp.flash_attention else 8 + e) * x * h / t_sp
+        final_norm = (2 * e if inp.flash_attention or inp.cuda else 8 + e) * x * h / t_sp  # norm in + LM head in
         top = final_norm
         if not role.value_head:
             top += logits_bytes(inp.model, x, lay.tp, act_bytes=e, entropy=role.entropy,
@@ -354,7 +356,10 @@ def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_r
             n = s[r.name]["_optimizer_params"]
             if inp.fused_adam:
                 return []
-            temp = 4 * n if inp.cuda else 8 * s[r.name]["_max_param"]
+            # CUDA: foreach Adam's sqrt(exp_avg_sq) for the whole group + the gradient clip's scaled copy of the
+            # largest tensor (megatron's local multi_tensor_scale); CPU: two temporaries of the largest tensor
+            big = s[r.name]["_max_param"]
+            temp = 4 * n + 4 * big if inp.cuda else 8 * big
             return [Item("Adam step temporaries (torch Adam, no fused kernel)", temp)]
 
         worst(f"{role.name} optimizer step", step,

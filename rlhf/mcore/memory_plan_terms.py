@@ -10,10 +10,11 @@ recompute drops the s x s attention terms).  Their 34 s b h + 5 a s^2 b assumes 
 4h MLP, dropout, fp16 softmax); the terms below are recounted for our blocks (RMSNorm, GQA, RoPE,
 SwiGLU, no dropout) in megatron-core 0.16.1 and torch 2.14:
 
-* local spec (no Transformer Engine): torch's RMSNorm on bf16 input keeps two fp32 copies of its
-  input (8 bytes/element), GQA keys/values are expanded to all heads before the unfused attention,
+* local spec (no Transformer Engine): torch's composite RMSNorm (CPU) keeps two fp32 copies of its
+  input (8 bytes/element; torch's fused CUDA kernel keeps the input and the fp32 1/rms), GQA keys/values are expanded to all heads before the unfused attention,
   whose fp32 softmax output and bf16 probabilities are kept (6 bytes per score; 4 in fp32), and the
-  SwiGLU keeps fc1's output, silu's output and the product (5 f per token).  These were checked
+  SwiGLU keeps fc1's output, silu's output and the product (5 f per token; 3 f with megatron's
+  bias_activation_fusion).  These were checked
   tensor by tensor with `torch.autograd.graph.saved_tensors_hooks` (5.23 MB counted vs 5.23 MB
   saved for h=256, f=704, 8 heads / 2 groups, s=128, b=2, bf16).
 * Transformer Engine spec: fused norm+linear keeps the norm input and output, flash attention keeps
@@ -150,12 +151,16 @@ class ActivationBytes:
 
 
 def layer_activations(m: ModelShape, seq: int, micro_batch: int, tp: int, *, sequence_parallel: bool,
-                      act_bytes: int, flash_attention: bool, recompute: str | None) -> ActivationBytes:
+                      act_bytes: int, flash_attention: bool, recompute: str | None,
+                      fused_norm: bool = False, fused_swiglu: bool = False) -> ActivationBytes:
     """Per-layer activation bytes (see the module docstring for the counting).
 
     seq: tokens per sequence (after padding to a multiple of tp under sequence parallelism);
     act_bytes: 2 (bf16) or 4 (fp32); flash_attention: Transformer Engine spec (else the local spec);
-    recompute: None, "selective" (attention core) or "full" (uniform, one layer per checkpoint).
+    recompute: None, "selective" (attention core) or "full" (uniform, one layer per checkpoint);
+    fused_norm: the local spec's torch RMSNorm runs torch's fused kernel (CUDA), which keeps its input
+    and the fp32 1/rms instead of the composite's two fp32 copies (CPU); fused_swiglu: megatron's
+    bias_activation_fusion keeps only fc1's output for the SwiGLU (3 f per token instead of 5 f).
     """
     x, e, h = seq * micro_batch, act_bytes, m.hidden_size
     t_sp = tp if sequence_parallel else 1
@@ -169,12 +174,13 @@ def layer_activations(m: ModelShape, seq: int, micro_batch: int, tp: int, *, seq
         scores = 0.0
         attn_selective = attn
     else:
-        norms = 2 * 8 * x * h / t_sp + 2 * e * x * h / t_sp  # fp32 norm copies + the QKV / fc1 inputs
+        norm = (e * x * h + 4 * x) if fused_norm else 8 * x * h  # input + 1/rms, or two fp32 copies (composite)
+        norms = 2 * norm / t_sp + 2 * e * x * h / t_sp  # the two norms + the QKV / fc1 inputs
         expanded = groups < heads
         attn = e * x * d * (4 * heads if expanded else 6 * heads)  # q, k and v (expanded or the fused qkv), context
         attn_selective = e * x * d * (3 * heads + 3 * groups)  # checkpoint inputs q, k, the qkv output; context
         scores = s2 * (4 + (2 if e == 2 else 0)) + seq * seq  # fp32 softmax out (+ bf16 probs) + the causal mask
-        mlp = 5 * e * x * f / tp
+        mlp = (3 if fused_swiglu else 5) * e * x * f / tp
     full = norms + attn + scores + mlp
     grad_mlp = 2 * e * x * f / tp
     if flash_attention:

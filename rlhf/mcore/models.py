@@ -98,6 +98,20 @@ def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None, conf
                                       layer_norm=TorchRMSNorm)
 
 
+def cast_params_(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Give every floating-point parameter `dtype`, in place (what Megatron-LM's Float16Module does to
+    parameters; buffers such as RoPE frequencies are left alone).  megatron's local spec builds its torch
+    RMSNorm weights in fp32 whatever `params_dtype` is; a bf16 model with fp32 norms breaks megatron's
+    fp16/bf16 optimizer checkpoint (its state is matched to the model by position and shape) and
+    exports mixed dtypes.  Returns how many parameters were cast."""
+    n = 0
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            n += 1
+    return n
+
+
 def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = None, *,
                        make_vocab_size_divisible_by: int = 128, params_dtype: torch.dtype = torch.float32,
                        sequence_parallel: bool = False, recompute: str | None = None, use_te: bool | None = None,
@@ -140,6 +154,7 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
             vp_stage=vp, **gpt_rope_kwargs(spec),
         )
         apply_rope_scaling(model, hf_config, spec)
+        cast_params_(model, params_dtype)
         if is_critic and post:
             model.output_layer = ValueHead(spec.hidden_size, config.sequence_parallel, params_dtype)
             model.is_value_model = True
