@@ -157,7 +157,7 @@ class SmokeRun:
         scale = expected.squeeze(-1)[mask].abs().mean()
         S = self.batch["input_ids"].shape[1]
         self.values = values[:, S - self.R - 1:S - 1]  # V(s_t) for each response token t (the token before it)
-        ok = bool(diff.mean() < 0.05 * scale) and bool((values[~mask] == 0).all()) and bool(torch.isfinite(values).all())
+        ok = bool(diff.mean() < 0.05 * scale and (values[~mask] == 0).all() and torch.isfinite(values).all())
         return ok, f"vs HF trunk x value head: mean_abs_diff={diff.mean():.2e} (mean |value| {scale:.2e})"
 
     def check_actor_update(self):

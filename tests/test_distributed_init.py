@@ -60,7 +60,8 @@ def test_ep_and_etp_reach_megatron(fake_ps):
     assert fake_ps.destroyed == 1 and fake_ps.calls[-1]["expert_model_parallel_size"] == 8
     assert fake_ps.calls[-1]["expert_tensor_parallel_size"] == 1
     init_model_parallel(2, 2, vpp=2)  # dense defaults: ep 1, etp = tp
-    assert fake_ps.calls[-1]["expert_model_parallel_size"] == 1 and fake_ps.calls[-1]["expert_tensor_parallel_size"] == 2
+    last = fake_ps.calls[-1]
+    assert last["expert_model_parallel_size"] == 1 and last["expert_tensor_parallel_size"] == 2
 
 
 @pytest.mark.parametrize("sizes,match", [

@@ -4,8 +4,8 @@ import logging
 import pytest
 
 from rlhf.mcore import kernels
-from rlhf.mcore.kernels import (ALLOW_NO_TE_ENV, C_COMPILER, FUSION_REQUIREMENTS, TE_INSTALL_COMMAND, TransformerEngineMissingError,
-                                emit_warnings, kernel_metrics, select_kernels)
+from rlhf.mcore.kernels import (ALLOW_NO_TE_ENV, C_COMPILER, FUSION_REQUIREMENTS, TE_INSTALL_COMMAND,
+                                TransformerEngineMissingError, emit_warnings, kernel_metrics, select_kernels)
 
 ALL_MODULES = {m for mods in FUSION_REQUIREMENTS.values() for m in mods} | {"transformer_engine"}
 

@@ -1,4 +1,4 @@
-"""Memory planner (rlhf/mcore/memory_plan*.py) against hand-computed numbers, and the Qwen2-7B recipes on 80 GiB GPUs."""
+"""Memory planner (rlhf/mcore/memory_plan*.py) against hand-computed numbers; the Qwen2-7B recipes on 80 GiB GPUs."""
 import pytest
 
 from rlhf.mcore.memory_plan import (EngineSetup, GiB, Item, Layout, PlanInput, Role, Workload, format_plan,

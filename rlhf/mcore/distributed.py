@@ -177,8 +177,9 @@ def check_parallel_sizes(world: int, tp: int = 1, pp: int = 1, vpp: int | None =
         raise ValueError(f"vpp={vpp} needs pp > 1 and vpp >= 1 (got pp={pp}); use vpp=None")
     etp_ = tp if etp is None else etp
     if ep < 1 or etp_ < 1 or world % (ep * etp_ * pp) != 0:
+        room = world // (etp_ * pp) if world % (etp_ * pp) == 0 else "n/a"
         raise ValueError(f"expert parallel ep={ep} x expert tp={etp_} x pp={pp} must divide world_size={world}; "
-                         f"choose ep dividing world_size / (pp * expert tp) = {world // (etp_ * pp) if world % (etp_ * pp) == 0 else 'n/a'}")
+                         f"choose ep dividing world_size / (pp * expert tp) = {room}")
 
 
 def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1,

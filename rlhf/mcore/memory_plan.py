@@ -180,7 +180,8 @@ def _role_static(inp: PlanInput, role: Role, stage: int) -> dict[str, float]:
         out["main params"] = shard * 4 if inp.params_bytes < 4 else 0.0
         out["adam"] = shard * 8
         out["_optimizer_params"] = shard
-        out["_max_param"] = padded_vocab(inp.model.vocab_size, inp.divisible_by, lay.tp) / lay.tp * inp.model.hidden_size
+        vocab = padded_vocab(inp.model.vocab_size, inp.divisible_by, lay.tp)
+        out["_max_param"] = vocab / lay.tp * inp.model.hidden_size  # the largest tensor: embedding / LM head
     return out
 
 
@@ -274,8 +275,8 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
         engine_hold = ([engine_ctx] if engine_ctx else []) + [
             Item("engine weights + KV cache (mem_fraction_static x free at start)", static, False),
             Item("engine runtime pool (activations, CUDA graphs)", eng.runtime_bytes, False)]
-        engine_released = engine_hold if not eng.memory_saver else (
-            ([engine_ctx] if engine_ctx else []) + [Item("engine runtime pool (released: kept)", eng.runtime_bytes, False)])
+        kept = Item("engine runtime pool (released: kept)", eng.runtime_bytes, False)
+        engine_released = engine_hold if not eng.memory_saver else ([engine_ctx] if engine_ctx else []) + [kept]
         phases.append(Phase("build", ctx + at_start, "use the distributed optimizer, raise tp/pp, or drop a role",
                             stage))
         phases.append(Phase("engine start", ctx + at_start + engine_hold, "lower rollout.mem_fraction_static", stage))

@@ -11,7 +11,8 @@ recompute drops the s x s attention terms).  Their 34 s b h + 5 a s^2 b assumes 
 SwiGLU, no dropout) in megatron-core 0.16.1 and torch 2.14:
 
 * local spec (no Transformer Engine): torch's composite RMSNorm (CPU) keeps two fp32 copies of its
-  input (8 bytes/element; torch's fused CUDA kernel keeps the input and the fp32 1/rms), GQA keys/values are expanded to all heads before the unfused attention,
+  input (8 bytes/element; torch's fused CUDA kernel keeps the input and the fp32 1/rms), GQA
+  keys/values are expanded to all heads before the unfused attention,
   whose fp32 softmax output and bf16 probabilities are kept (6 bytes per score; 4 in fp32), and the
   SwiGLU keeps fc1's output, silu's output and the product (5 f per token; 3 f with megatron's
   bias_activation_fusion).  These were checked
