@@ -28,7 +28,7 @@ from typing import Callable
 
 TE_INSTALL_COMMAND = "pip install --no-build-isolation -e '.[gpu]'"
 ALLOW_NO_TE_ENV = "RLHF_ALLOW_NO_TE"
-C_COMPILER = "<c compiler>"  # pseudo-requirement: $CC, cc, gcc or clang on PATH
+C_COMPILER = "<c compiler>"  # pseudo-requirement: $CC, cc, gcc or clang on PATH, and Python's headers
 
 #: TransformerConfig flag -> the modules it needs (all of them), in megatron-core 0.16.1.
 FUSION_REQUIREMENTS: dict[str, tuple[str, ...]] = {
@@ -55,10 +55,12 @@ class TransformerEngineMissingError(RuntimeError):
 def module_available(name: str) -> bool:
     """True when `import name` would find the module (nothing is imported); for `C_COMPILER`, whether a
     C compiler is on PATH."""
-    if name == C_COMPILER:
+    if name == C_COMPILER:  # triton compiles its launcher against Python.h with the system compiler
         import shutil
+        import sysconfig
 
-        return any(shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c)
+        headers = os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+        return headers and any(shutil.which(c) for c in (os.environ.get("CC"), "cc", "gcc", "clang") if c)
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
