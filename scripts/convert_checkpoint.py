@@ -67,16 +67,10 @@ def preflight(args, config_path: str) -> None:
 
 
 def init_parallel(args) -> None:
-    """megatron parallel state; with --ep, megatron's own initializer (init_model_parallel has no ep)."""
-    from megatron.core import parallel_state as ps
-
+    """megatron parallel state (tp, pp and, for MoE, ep)."""
     from rlhf.mcore.distributed import init_model_parallel
 
-    if args.ep == 1:
-        init_model_parallel(args.tp, args.pp)
-    else:
-        ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                                     expert_model_parallel_size=args.ep)
+    init_model_parallel(args.tp, args.pp, ep=args.ep)
 
 
 def relaunch(args) -> int:

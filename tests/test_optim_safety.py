@@ -72,6 +72,24 @@ def test_scheduler_state_round_trip_keeps_next_lr():
     assert sched2.num_steps == 2 and opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] == 0.75 * 0.5
 
 
+@pytest.mark.parametrize("style", ["constant", "cosine"])
+def test_scheduler_state_loads_with_weights_only(style):
+    """The state goes into dist_checkpointing's common state, which torch.load reads with weights_only=True:
+    an LRDecayStyle member (pickled as a call to str) was refused, so every resume failed."""
+    import io
+
+    import torch
+
+    from rlhf.mcore.optim_config import LRDecayStyle
+
+    opt, sched = make_scheduler(style=LRDecayStyle(style), decay_steps=10)
+    buf = io.BytesIO()
+    torch.save({"scheduler": sched.state_dict()}, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)["scheduler"]
+    assert type(loaded["lr_decay_style"]) is str and loaded["lr_decay_style"] == style
+
+
 def test_breaker_restarts_warmup_after_consecutive_spikes():
     # peak 1.0, warm-up 2; breaker: 3 steps above 100 -> warm-up of 4 steps restarts
     opt, sched = make_scheduler(lr=1.0, warmup=2)

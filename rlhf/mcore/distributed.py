@@ -4,7 +4,7 @@ Typical use on every rank::
 
     from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
     init_distributed()                 # NCCL on GPU, gloo on CPU
-    init_model_parallel(tp=2, pp=2)    # megatron-core parallel_state
+    init_model_parallel(tp=2, pp=2)    # megatron-core parallel_state (ep= for MoE)
     set_seed(1234)                     # per-rank seeding, megatron RNG trackers
 """
 from __future__ import annotations
@@ -163,26 +163,60 @@ def init_distributed(backend: str | None = None, timeout_minutes: int = 30) -> L
     return launch
 
 
-def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None) -> None:
-    """megatron-core `initialize_model_parallel(tp, pp, vpp)`; DP is world_size / (tp * pp).
+def check_parallel_sizes(world: int, tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1,
+                         etp: int | None = None) -> None:
+    """Check a megatron-core process grid before building it; raises ValueError naming the value and the fix.
 
-    Raises ValueError when tp * pp does not divide the world size. Idempotent for the same sizes.
+    Dense grid: world = tp x pp x dp.  Expert grid (megatron-core's second decomposition of the same
+    ranks): world = etp x ep x pp x edp with etp (expert tensor parallel) defaulting to tp, so
+    ep x etp x pp must divide the world size as well.
     """
-    from megatron.core import parallel_state as ps
-
-    world = dist.get_world_size()
     if tp < 1 or pp < 1 or world % (tp * pp) != 0:
         raise ValueError(f"tp={tp} x pp={pp} must divide world_size={world}; launch tp*pp*dp processes")
     if vpp is not None and (vpp < 1 or pp == 1):
         raise ValueError(f"vpp={vpp} needs pp > 1 and vpp >= 1 (got pp={pp}); use vpp=None")
+    etp_ = tp if etp is None else etp
+    if ep < 1 or etp_ < 1 or world % (ep * etp_ * pp) != 0:
+        room = world // (etp_ * pp) if world % (etp_ * pp) == 0 else "n/a"
+        raise ValueError(f"expert parallel ep={ep} x expert tp={etp_} x pp={pp} must divide world_size={world}; "
+                         f"choose ep dividing world_size / (pp * expert tp) = {room}")
+
+
+def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1,
+                        etp: int | None = None) -> None:
+    """megatron-core `initialize_model_parallel`: tensor (tp), pipeline (pp, virtual vpp) and expert
+    (ep, expert tensor parallel etp, default tp) parallel groups; DP is world_size / (tp * pp).
+
+    Uneven pipelines are not a process-group setting: pass `num_layers_in_first/last_pipeline_stage`
+    to `rlhf.mcore.models.build_model_chunks` (they go to the TransformerConfig).
+    Raises ValueError for sizes that do not divide the world (see `check_parallel_sizes`).
+    Idempotent for the same sizes; different sizes tear the old groups down first.
+    """
+    from megatron.core import parallel_state as ps
+
+    check_parallel_sizes(dist.get_world_size(), tp, pp, vpp, ep, etp)
+    etp_ = tp if etp is None else etp
     if ps.model_parallel_is_initialized():
         current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
-                   ps.get_virtual_pipeline_model_parallel_world_size())
-        if current == (tp, pp, vpp):
+                   ps.get_virtual_pipeline_model_parallel_world_size(), ps.get_expert_model_parallel_world_size(),
+                   ps.get_expert_tensor_parallel_world_size())
+        if current == (tp, pp, vpp, ep, etp_):
             return
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 virtual_pipeline_model_parallel_size=vpp)
+                                 virtual_pipeline_model_parallel_size=vpp, expert_model_parallel_size=ep,
+                                 expert_tensor_parallel_size=etp_)
+
+
+def compute_device() -> torch.device:
+    """The device this rank computes on: ``cuda:<current>`` when CUDA is available, else ``cpu``.
+
+    The one device rule (see `rlhf.mcore.forward`): the trainer moves each batch here once after
+    building it; models live here; forward outputs come back on the batch's device.
+    """
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def set_seed(seed: int) -> None:

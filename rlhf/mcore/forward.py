@@ -10,6 +10,17 @@ caller's (first real token 0), rotated with the tokens.
 
 Token outputs are aligned with `input_ids`: `log_probs[:, t] = log p(input_ids[:, t] | input_ids[:, <t])`
 (position 0 and padding hold 0). Callers slice the response part with `[:, -response_length:]`.
+
+Sequence parallelism needs S to be a multiple of tp: rows are padded on the RIGHT of the
+left-aligned layout (after every real token), so causal attention leaves the real tokens' outputs
+unchanged, and the padding is cut off again before anything is returned: callers get [B, S] for
+the S they passed, and `[:, -R:]` slices the same response tokens as without padding.
+
+Device rule (one for CPU and GPU): compute happens on the device of the model's parameters (the
+micro batches are moved there); everything returned (token outputs and loss_fn metrics) is on the
+device of the batch's `input_ids`.  The trainer moves each batch to `rlhf.mcore.distributed.
+compute_device()` once after building it (`batch_to_device`), so masks, scores and outputs then
+share that device and no copy happens here.
 """
 from __future__ import annotations
 
@@ -21,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 
+_PADDED_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
 def left_align(x: torch.Tensor, shifts: torch.Tensor, inverse: bool = False) -> torch.Tensor:
     """Rotate each row of x [b, s, ...] left by shifts[b] (right when inverse)."""
     b, s = x.shape[:2]
@@ -29,6 +43,11 @@ def left_align(x: torch.Tensor, shifts: torch.Tensor, inverse: bool = False) -> 
     if x.dim() > 2:
         idx = idx.view(b, s, *([1] * (x.dim() - 2))).expand_as(x)
     return x.gather(1, idx)
+
+
+def batch_to_device(batch: dict, device) -> dict:
+    """A copy of `batch` with every tensor value moved to `device` (other values as they are)."""
+    return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
 
 
 def split_micro_batches(batch: dict, micro_batch_size: int) -> list[dict]:
@@ -93,12 +112,15 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         kind: "log_probs" (actor/reference) or "values" (critic).
         loss_fn: `loss_fn(outputs: dict, micro_batch: dict) -> (loss scalar, metrics dict)`; required
             when forward_only is False. megatron divides the loss by the number of micro batches.
+            It sees [b, S] outputs and inputs for the caller's S (any padding for sequence
+            parallelism is already cut off), on the compute device.
         seq_length_multiple: pad S to a multiple of this; under sequence parallelism S is padded to
             a multiple of tp as well (automatically, read from the model's config).
     Returns:
         forward_only without loss_fn: dict of [B, S] float32 tensors (`log_probs`, `entropy` or
         `values`) on EVERY rank (broadcast from the last pipeline stage).
         Otherwise: list of the per-micro-batch metrics dicts (last stage; empty elsewhere).
+        Either way on the device of `batch["input_ids"]` (see the module's device rule).
     """
     from megatron.core import parallel_state as ps
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -116,10 +138,11 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         seq_length_multiple = seq_length_multiple * tp // math.gcd(seq_length_multiple, tp)
     batch = dict(batch)
     input_ids = batch["input_ids"]
+    out_device = input_ids.device
     B, S = input_ids.shape
     pad = (-S) % seq_length_multiple
     if pad:
-        for k in ("input_ids", "attention_mask", "position_ids"):
+        for k in _PADDED_KEYS:
             batch[k] = torch.nn.functional.pad(batch[k], (0, pad), value=0)
         S += pad
     mask = batch["attention_mask"].bool()
@@ -137,6 +160,10 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         if loss_fn is None:
             collected.append({k: v.detach() for k, v in outs.items()})
             return torch.zeros((), device=output.device), {}
+        # loss_fn sees the caller's layout: [b, S] outputs and inputs (the padding for sequence parallelism
+        # cut off again), so `[:, -R:]` is the response
+        outs = {k: v[:, :S - pad] for k, v in outs.items()}
+        mb = {k: (v[:, :S - pad] if k in _PADDED_KEYS else v) for k, v in mb.items() if not k.startswith("_")}
         loss, metrics = loss_fn(outs, mb)
         return loss, {k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in metrics.items()}
 
@@ -153,7 +180,7 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         model=model_chunks, num_microbatches=len(micro_batches), seq_length=S,
         micro_batch_size=micro_batch_size, forward_only=forward_only)
     if loss_fn is not None:
-        return metrics
+        return [{k: (v.to(out_device) if torch.is_tensor(v) else v) for k, v in m.items()} for m in metrics]
     # gather the token outputs from the last pipeline stage onto every rank
     names = {"values": ["values"], "logits": ["logits"]}.get(
         kind, ["log_probs", "entropy"] if calculate_entropy else ["log_probs"])
@@ -166,5 +193,5 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
             t = torch.empty(shape, dtype=torch.float32, device=device)
         if ps.get_pipeline_model_parallel_world_size() > 1:
             dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
-        result[name] = t[:, : S - pad] if pad else t
+        result[name] = (t[:, : S - pad] if pad else t).to(out_device)
     return result

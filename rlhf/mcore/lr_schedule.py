@@ -87,6 +87,7 @@ def build_scheduler(optimizer, *, lr: float, min_lr: float, weight_decay: float,
     decay_steps: step index at which the decay reaches min_lr (None: never decays).
     Raises ValueError for an unknown decay_style or a negative warm-up.
     """
+    decay_style = str(getattr(decay_style, "value", decay_style))  # a plain str: the state must load weights_only
     if decay_style not in ("constant", "linear", "cosine"):
         raise ValueError(f"lr_decay_style={decay_style!r}: use constant, linear or cosine")
     if warmup_steps < 0:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from rlhf.mcore.convert.registry import get_converter, resolve_architecture, supported_architectures
 from rlhf.mcore.convert.spec import HFModelSpec, UnsupportedModelError
+from rlhf.mcore.kernels import resolve_kernels
 from rlhf.mcore.rope import rope_parameters
 
 __all__ = ["HFModelSpec", "SUPPORTED_ARCHITECTURES", "UnsupportedModelError", "hf_model_spec", "padded_vocab_size",
@@ -103,10 +104,13 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
                                recompute: str | None = None, ep: int = 1,
                                num_layers_in_first_pipeline_stage: int | None = None,
                                num_layers_in_last_pipeline_stage: int | None = None,
-                               moe_aux_loss_coeff: float | None = None, **overrides):
+                               moe_aux_loss_coeff: float | None = None, use_te: bool | None = None,
+                               **overrides):
     """Build a megatron-core TransformerConfig matching the HF model numerics.
 
-    Dropout is 0 (RLHF needs deterministic log-probs); bias_activation_fusion off (no bias).
+    Dropout is 0 (RLHF needs deterministic log-probs).  The fusions (masked softmax, SwiGLU, RoPE,
+    gradient accumulation) are on only on CUDA with their extension importable (`rlhf.mcore.kernels`;
+    `use_te` as there: None checks that Transformer Engine is installed on GPU).
     `ep`: expert-parallel size (MoE; experts are also split over TP unless
     `expert_tensor_parallel_size` is overridden).  `num_layers_in_first/last_pipeline_stage`:
     uneven pipelines.  `moe_aux_loss_coeff`: the router load-balancing loss coefficient
@@ -135,8 +139,7 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
         virtual_pipeline_model_parallel_size=vpp, sequence_parallel=sequence_parallel and tp > 1,
         params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16, use_cpu_initialization=not torch.cuda.is_available(),
-        persist_layer_norm=False, apply_rope_fusion=False, masked_softmax_fusion=torch.cuda.is_available(),
-        gradient_accumulation_fusion=False,
+        persist_layer_norm=False,
         # batch_p2p_comm=True gives silently wrong results for interleaved PP=2 on gloo (the previous
         # and next peer are the same rank); unbatched p2p is exact everywhere.
         batch_p2p_comm=False,
@@ -144,6 +147,7 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
         num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage,
         qk_layernorm=spec.qk_norm,
     )
+    kw.update(resolve_kernels(use_te).fusions)  # fused kernels only where their extension imports (rlhf.mcore.kernels)
     if spec.is_moe:
         coeff = spec.moe_aux_loss_coef if moe_aux_loss_coeff is None else float(moe_aux_loss_coeff)
         kw.update(num_moe_experts=spec.num_experts, moe_ffn_hidden_size=spec.moe_ffn_hidden_size,

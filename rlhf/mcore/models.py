@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhf.mcore import cpu_patches  # noqa: F401  (must precede megatron.core imports)
+from rlhf.mcore.kernels import resolve_kernels
 from rlhf.mcore.model_config import HFModelSpec, hf_model_spec, padded_vocab_size, transformer_config_from_hf
 from rlhf.mcore.rope import apply_rope_scaling, gpt_rope_kwargs
 
@@ -67,6 +68,9 @@ class ModelBundle:
 def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None, config=None, vp_stage: int | None = None):
     """Transformer Engine spec when TE and CUDA are present (or `use_te=True`), else the local spec.
 
+    `use_te=None` takes `rlhf.mcore.kernels.resolve_kernels()`: on GPU without TE that raises
+    TransformerEngineMissingError unless ``RLHF_ALLOW_NO_TE=1``.
+
     With `spec`: q/k layernorm (Qwen3) and MoE layers (router + SequentialMLP experts, no grouped
     GEMM, so expert names are the same on CPU and GPU) as the model needs.  With a `config` under
     sequence parallelism the local spec becomes a block spec whose norms are `TorchRMSNorm`.
@@ -76,12 +80,7 @@ def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None, conf
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     if use_te is None:
-        use_te = torch.cuda.is_available()
-        if use_te:
-            try:
-                import transformer_engine  # noqa: F401
-            except ImportError:
-                use_te = False
+        use_te = resolve_kernels(use_te).use_te
     kw = {}
     if spec is not None:
         kw = dict(num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm)
@@ -97,6 +96,20 @@ def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None, conf
         attn.q_layernorm = attn.k_layernorm = ModuleSpec(module=TorchRMSNorm, params={"mark_sequence_parallel": False})
     return TransformerBlockSubmodules(layer_specs=[local] * get_num_layers_to_build(config, vp_stage=vp_stage),
                                       layer_norm=TorchRMSNorm)
+
+
+def cast_params_(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Give every floating-point parameter `dtype`, in place (what Megatron-LM's Float16Module does to
+    parameters; buffers such as RoPE frequencies are left alone).  megatron's local spec builds its torch
+    RMSNorm weights in fp32 whatever `params_dtype` is; a bf16 model with fp32 norms breaks megatron's
+    fp16/bf16 optimizer checkpoint (its state is matched to the model by position and shape) and
+    exports mixed dtypes.  Returns how many parameters were cast."""
+    n = 0
+    for p in model.parameters():
+        if p.is_floating_point() and p.dtype != dtype:
+            p.data = p.data.to(dtype)
+            n += 1
+    return n
 
 
 def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = None, *,
@@ -123,7 +136,7 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
     ep = ps.get_expert_model_parallel_world_size()
     config = transformer_config_from_hf(hf_config, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype,
                                         sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
-                                        **config_overrides)
+                                        use_te=use_te, **config_overrides)
     spec = hf_model_spec(hf_config)
     if spec.is_moe:
         cpu_patches.patch_moe_without_te()
@@ -141,6 +154,7 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
             vp_stage=vp, **gpt_rope_kwargs(spec),
         )
         apply_rope_scaling(model, hf_config, spec)
+        cast_params_(model, params_dtype)
         if is_critic and post:
             model.output_layer = ValueHead(spec.hidden_size, config.sequence_parallel, params_dtype)
             model.is_value_model = True

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from rlhf.mcore.distributed import init_distributed, set_seed  # noqa: E402
+from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 
 DENSE = ["llama3", "llama3_custom", "qwen2_5", "qwen3"]
 MOE = ["qwen3_moe", "mixtral"]
@@ -53,14 +53,8 @@ def run_check(name, fn):
 
 
 def init_parallel(tp, pp, ep):
-    """megatron parallel state with expert parallelism (rlhf.mcore.distributed.init_model_parallel
-    has no `ep` yet)."""
-    from megatron.core import parallel_state as ps
-
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                 expert_model_parallel_size=ep)
+    """megatron parallel state with expert parallelism."""
+    init_model_parallel(tp, pp, ep=ep)
 
 
 def padded_batch(seed=0, B=3, S=12, vocab=1000):

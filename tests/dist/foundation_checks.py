@@ -262,6 +262,95 @@ def check_optimizer_resume(path, ckpt_dir, step2_ref):
     return worst <= 1e-6, f"max_rel_diff_after_resumed_step={worst:.2e}"
 
 
+def sp_batch(S, seed=11, B=4, vocab=1000):
+    """Rows of an odd length S: left-padded prompts, right-padded responses, both, neither."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(4, vocab, (B, S), generator=g)
+    am = torch.ones_like(ids)
+    am[0, :3] = 0
+    am[1, -4:] = 0
+    am[2, :1] = 0
+    am[2, -2:] = 0
+    ids = torch.where(am.bool(), ids, torch.full_like(ids, 3))
+    return dict(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(1) - 1).clamp(min=0))
+
+
+def sp_run(path, sp, head):
+    """Log-probs, entropy and values for odd lengths, then one training step; all on the CPU."""
+    from megatron.core import parallel_state as ps
+    from transformers import AutoConfig
+
+    from rlhf.mcore.convert import iter_hf_tensors
+    from rlhf.mcore.forward import forward_backward
+    from rlhf.mcore.models import build_model_chunks
+    from rlhf.mcore.optim import OptimConfig, build_train_state, optimizer_step, zero_grads
+
+    hf = AutoConfig.from_pretrained(path)
+    actor = build_model_chunks(hf, "actor", path, sequence_parallel=sp)
+    critic = build_model_chunks(hf, "critic", path, sequence_parallel=sp)
+    critic.chunks[-1].output_layer.weight.data.copy_(head)  # the same value head with SP on and off
+    out = {"sp_config": actor.config.sequence_parallel}
+    for S in (11, 13):
+        with torch.no_grad():
+            out[f"lp{S}"] = fb(actor.chunks, sp_batch(S), kind="log_probs", vocab_size=actor.spec.vocab_size,
+                               calculate_entropy=True, micro_batch_size=1)
+            out[f"v{S}"] = fb(critic.chunks, sp_batch(S), kind="values", micro_batch_size=2)
+    state = build_train_state(actor.chunks, actor.config, OptimConfig(lr=1e-3, adam_eps=1e-4, clip_grad=1e9))
+    full = sp_batch(13, seed=5)
+    R = 6  # responses are the last 6 tokens; row 1 and 2 end with padding
+    resp_mask = full["attention_mask"][:, -R:].float()
+    full["response_mask"] = resp_mask
+    dp, r = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    local = {k: v.chunk(dp)[r] for k, v in full.items()}
+
+    def loss_fn(outs, mb):
+        m = mb["response_mask"]
+        lp, ent = outs["log_probs"][:, -R:], outs["entropy"][:, -R:]
+        loss = -(lp * m).sum() / m.sum() - 0.1 * (ent * m).sum() / m.sum()
+        return loss, {"loss": loss}
+
+    zero_grads(state)
+    metrics = forward_backward(state.model, local, kind="log_probs", vocab_size=actor.spec.vocab_size,
+                               micro_batch_size=1, loss_fn=loss_fn, forward_only=False, calculate_entropy=True)
+    step = optimizer_step(state)
+    out["loss"] = [float(m["loss"]) for m in metrics]
+    out["grad_norm"], out["skipped"] = step.grad_norm, step.skipped
+    out["weights"] = {n: t.cpu().clone() for n, t in iter_hf_tensors(actor.chunks, actor.spec)}
+    return out
+
+
+def check_sequence_parallel(path):
+    """TP2 with sequence parallelism vs without, for odd lengths (11, 13: padded to a multiple of tp inside
+    forward): log-probs, entropy and values, the [:, -R:] response slices, then the loss, grad norm and
+    weights of one training step."""
+    g = torch.Generator().manual_seed(3)
+    from transformers import AutoConfig
+
+    head = torch.randn(1, AutoConfig.from_pretrained(path).hidden_size, generator=g) * 0.1
+    off, on = sp_run(path, False, head), sp_run(path, True, head)
+    if not on["sp_config"] or off["sp_config"]:
+        return (False, "sequence_parallel flag not applied"), (False, "")
+    worst, shapes_ok = 0.0, True
+    for S in (11, 13):
+        for k in ("log_probs", "entropy"):
+            a, b = off[f"lp{S}"][k], on[f"lp{S}"][k]
+            shapes_ok &= tuple(b.shape) == (4, S)
+            worst = max(worst, (a - b).abs().max().item(), (a[:, -6:] - b[:, -6:]).abs().max().item())
+        a, b = off[f"v{S}"]["values"], on[f"v{S}"]["values"]
+        shapes_ok &= tuple(b.shape) == (4, S)
+        worst = max(worst, (a - b).abs().max().item())
+        pad = sp_batch(S)["attention_mask"] == 0
+        shapes_ok &= bool((on[f"lp{S}"]["log_probs"][pad] == 0).all() and (on[f"v{S}"]["values"][pad] == 0).all())
+    fwd = (worst <= 1e-5 and shapes_ok, f"max_abs_diff={worst:.2e} shapes_and_padding_ok={shapes_ok}")
+    loss_d = max(abs(a - b) for a, b in zip(off["loss"], on["loss"])) if off["loss"] else 0.0
+    gn_rel = abs(off["grad_norm"] - on["grad_norm"]) / off["grad_norm"]
+    w = max((off["weights"][n] - t).abs().max().item() for n, t in on["weights"].items())
+    ok = (not on["skipped"] and len(on["loss"]) == len(off["loss"]) and loss_d <= 1e-6 and gn_rel <= 1e-5
+          and w <= 1e-6)
+    return fwd, (ok, f"loss_diff={loss_d:.2e} grad_norm={on['grad_norm']:.6f} (SP off {off['grad_norm']:.6f}, "
+                     f"rel {gn_rel:.1e}) weights_max_diff={w:.2e}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
@@ -285,6 +374,16 @@ def main():
         for kind in KINDS:
             bundle = check_logits_and_log_probs(kind, paths[kind], tp, pp)
             check_round_trip(kind, paths[kind], bundle, tp, pp, args.workdir)
+        if (tp, pp) == (2, 1):
+            box_sp = {}
+
+            def sp_forward():
+                box_sp["r"] = check_sequence_parallel(paths["llama_gqa"])
+                return box_sp["r"][0]
+
+            run_check("sequence_parallel_tp2_odd_lengths_log_probs_values", sp_forward)
+            run_check("sequence_parallel_tp2_train_step_loss_grad_norm",
+                      lambda: box_sp["r"][1] if "r" in box_sp else (False, "forward check failed"))
         if (tp, pp) == opt_layout:
             name = f"optimizer_step_tp{tp}_dp{world // (tp * pp)}_distributed_optimizer"
             opt_ckpt = os.path.join(args.workdir, "opt_ckpt")
