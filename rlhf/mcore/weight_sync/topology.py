@@ -1,0 +1,90 @@
+"""Who gathers, who sends, who talks to the engines: ranks and groups of a weight sync.
+
+Stage leader: TP rank 0 of data-parallel (and context-parallel) replica 0 of each PP stage.
+Controller: global rank 0 (the leader of PP stage 0), the only rank holding the engines' handle.
+Control messages (plans, payload bytes, verdicts) use a gloo group over all ranks, created once.
+"""
+from __future__ import annotations
+
+import socket
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+from rlhf.mcore.weight_sync.shm_gather import ShmGather
+
+__all__ = ["MegatronTopology"]
+
+
+class MegatronTopology:
+    """Ranks and groups from megatron's parallel_state and torch.distributed.
+
+    Args:
+        shm_gather: None (auto: CPU tensors, TP ranks on one host), True, or False (torch.distributed gather).
+    """
+
+    def __init__(self, shm_gather: bool | None = None):
+        from megatron.core import parallel_state as ps
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.tp_size = ps.get_tensor_model_parallel_world_size()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_size = ps.get_pipeline_model_parallel_world_size()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.active = ps.get_data_parallel_rank(with_context_parallel=True) == 0
+        self.is_leader = self.active and self.tp_rank == 0
+        self.controller = 0
+        self.is_controller = self.rank == self.controller
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.tp_src = ps.get_tensor_model_parallel_src_rank()
+        self._shm = ShmGather(self.tp_group, self.tp_size, self.tp_rank, self.rank)
+        self._shm.disabled = shm_gather is False
+        self._ctrl = None
+
+    def init_collective(self) -> None:
+        """Collective over all ranks: create the gloo control group (once, everyone)."""
+        if self._ctrl is None:
+            self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+
+    def prepare(self, entries: Sequence[Any]) -> None:
+        """Collective over the TP group of every active rank, before the gathers of a sync."""
+        if self.active:
+            self._shm.prepare(entries)
+
+    def gather(self, entry: Any) -> list[torch.Tensor] | None:
+        """TP shards of ``entry.tensor`` on the stage leader (rank order), None elsewhere; the leader
+        calls :meth:`release_gather` once it no longer needs them."""
+        if self.tp_size == 1:
+            return [entry.tensor.detach().contiguous()]
+        if self._shm.active:
+            return self._shm.gather(entry)
+        t = entry.tensor.detach().contiguous()
+        out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+        dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
+        return out
+
+    def release_gather(self) -> None:
+        if self._shm.active and self.tp_size > 1:
+            self._shm.release()
+
+    def all_gather_object(self, obj) -> list:
+        out = [None] * self.world
+        dist.all_gather_object(out, obj, group=self._ctrl)
+        return out
+
+    def broadcast_object(self, obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.controller, group=self._ctrl)
+        return box[0]
+
+    def send_object(self, obj, dst: int) -> None:
+        dist.send_object_list([obj], dst=dst, group=self._ctrl)
+
+    def recv_object(self, src: int):
+        box = [None]
+        dist.recv_object_list(box, src=src, group=self._ctrl)
+        return box[0]
+
+    def hostname(self) -> str:
+        return socket.gethostname()
