@@ -5,8 +5,8 @@
     rlhf launch ... --slurm          # print the sbatch command of the algorithm's GPU recipe instead
     rlhf launch ... --dry_run        # print the torchrun command without running it
 
-`launch` builds the same overrides as the Python API (:func:`rlhf.api.build_overrides`: the
-algorithm preset, then the named options, then ``key=value`` config overrides), checks them by
+`launch` builds the same overrides as the Python API (:func:`rlhf.api.build_overrides`:
+``algorithm=NAME``, then the named options, then ``key=value`` config overrides), checks them by
 composing the config, then runs ``torchrun --standalone --nproc_per_node=N -m rlhf.main ...`` on this
 node (N defaults to the number of GPUs, 1 without).  ``--slurm`` prints
 ``sbatch recipes/<recipe>/run_slurm.sbatch <overrides>`` for the recipe (``--recipe``, default the
@@ -75,10 +75,7 @@ def launch_commands(args) -> tuple[list[str], dict]:
         recipe = args.recipe or SLURM_RECIPES.get(args.algorithm or "ppo")
         compose_config(overrides, recipe=recipe)  # fail here, not in the queue
         return ["sbatch", f"recipes/{recipe}/run_slurm.sbatch", *overrides], {}
-    cfg = compose_config(overrides, recipe=args.recipe)
-    if args.algorithm in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "dapo") and cfg.rollout.n < 2 \
-            and not any(o.startswith("rollout.n=") for o in overrides):
-        overrides.append("rollout.n=4")  # same default as rlhf.api.Trainer
+    compose_config(overrides, recipe=args.recipe)
     import torch
 
     nproc = args.nproc or max(1, torch.cuda.device_count())

@@ -237,7 +237,7 @@ def test_all_equal_groups_give_zero_advantage(fn):
     # two groups of three, each with equal scores (0.7 and 0): nothing to prefer within a group
     rewards, mask = outcome_rewards([0.7, 0.7, 0.7, 0.0, 0.0, 0.0], [1, 2, 3, 3, 1, 2], width=3)
     adv, _ = fn(rewards, mask, ["a", "a", "a", "b", "b", "b"])
-    torch.testing.assert_close(adv, torch.zeros_like(adv), atol=1e-9, rtol=0)  # up to round-off of mean(0.7)
+    assert torch.equal(adv, torch.zeros_like(adv))  # exactly: no round-off residue of mean(0.7)
 
 
 @pytest.mark.parametrize("fn", GROUP_ESTIMATORS, ids=lambda f: f.__name__)

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 import rlhf
 from rlhf.config import (ConfigError, ConfigKeyError, ConfigValidationError, compose_config, list_recipes,
                          schema_keys, validate_config)
+from rlhf.config.overrides import format_value
 from rlhf.config.schema import RLHFConfig
 from rlhf.main import main, parse_args
 
@@ -130,6 +131,57 @@ def test_interpolations_are_resolved(tmp_path):
     assert cfg.trainer.default_local_dir == "outputs/exp7"
 
 
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "composed_recipes"
+
+
+@pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))
+def test_recipe_composes_to_the_captured_config(name):
+    """Recipes on shared bases (recipe/_base/*.yaml) and presets (algorithm/*.yaml) compose to exactly the
+    values captured before they were rewritten (`python -m rlhf.main recipe=NAME --cfg`).  The one key added
+    since: actor/critic.optim.lr_decay_steps (null), from the single OptimConfig of rlhf/mcore/optim_config.py."""
+    before = yaml.safe_load((FIXTURES / f"{name or '_base'}.yaml").read_text())
+    for role in ("actor", "critic"):
+        before[role]["optim"]["lr_decay_steps"] = None
+    assert yaml.safe_load(OmegaConf.to_yaml(compose_config([], recipe=name))) == before
+    if name is not None:
+        assert name in list_recipes()
+
+
+def test_every_recipe_is_captured():
+    assert sorted(list_recipes()) == sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base")
+
+
+def test_rollout_n_default_follows_the_estimator(tmp_path):
+    """rollout.n defaults to 4 for estimators that compare the responses of a prompt, 1 otherwise; a recipe's
+    or an override's value wins (also over a preset), and an explicit n < 2 with such an estimator is an error."""
+    assert compose_config([]).rollout.n == 1
+    assert compose_config(["algorithm.adv_estimator=grpo"]).rollout.n == 4
+    assert compose_config(["algorithm=rloo"]).rollout.n == 4
+    assert compose_config(["algorithm=reinforce_plus_plus"]).rollout.n == 1
+    assert compose_config(["algorithm=grpo", "rollout.n=6"]).rollout.n == 6
+    assert compose_config(["algorithm=grpo"], recipe="gsm8k_ppo_tiny_cpu").rollout.n == 2  # the recipe's
+    with pytest.raises(ConfigValidationError, match=r"needs rollout.n >= 2 \(got 1\)"):
+        validate_config(compose_config(["algorithm=grpo", "rollout.n=1"]))
+    _write_recipe(tmp_path, "one", "rollout:\n  n: 1\n")
+    with pytest.raises(ConfigValidationError, match="rollout.n >= 2"):
+        validate_config(compose_config(["algorithm=grpo"], recipe="one", search_paths=[tmp_path]))
+
+
+def test_algorithm_presets_compose():
+    from rlhf.config import list_algorithms
+
+    assert list_algorithms() == sorted(["ppo", "grpo", "dr_grpo", "rloo", "reinforce_plus_plus",
+                                        "reinforce_plus_plus_baseline", "dapo", "dpo"])
+    c = compose_config(["algorithm=dr_grpo"], recipe="quickstart")  # the preset wins over the recipe
+    assert (c.algorithm.adv_estimator, c.critic.enable, c.algorithm.norm_adv_by_std_in_grpo) == ("grpo", None, False)
+    assert c.actor.loss_agg_mode == "seq-mean-token-sum-norm" and c.actor.optim.lr == 1e-4  # recipe's lr kept
+    assert compose_config(["+algorithm=grpo"]) == compose_config(["algorithm=grpo"])
+    assert compose_config(["algorithm=null"]) == compose_config([])  # no preset, the default
+    with pytest.raises(ConfigKeyError) as ei:
+        compose_config(["algorithm=grpoo"])
+    assert "Unknown algorithm preset 'grpoo'" in str(ei.value) and ei.value.suggestions[0] == "grpo"
+
+
 # --------------------------------------------------------------------------- unknown keys
 
 
@@ -192,6 +244,22 @@ def test_user_recipe_from_search_path(tmp_path):
     """)
     assert "mine" in list_recipes([tmp_path])
     assert compose_config([], recipe="mine", search_paths=[tmp_path]).trainer.total_training_steps == 7
+
+
+def test_user_recipe_on_a_shared_base(tmp_path):
+    """A recipe of your own can start from the built-in bases and presets (docs/api.md)."""
+    _write_recipe(tmp_path, "my_grpo", """
+        defaults:
+          - _base/tiny_cpu
+          - /algorithm/grpo
+          - _self_
+        rollout:
+          n: 8
+    """)
+    cfg = compose_config([], recipe="my_grpo", search_paths=[tmp_path])
+    assert (cfg.model.path, cfg.actor.optim.lr, cfg.algorithm.adv_estimator, cfg.rollout.n) == \
+        ("tiny://quickstart", 2e-4, "grpo", 8)
+    validate_config(cfg, world_size=1)
 
 
 def test_unknown_recipe():
@@ -262,11 +330,11 @@ def quickstart_cfg():
     ([("actor.use_kl_loss", True), ("actor.kl_loss_type", 'low_var')], None, ["actor.kl_loss_type"]),
     ([("reward.custom_reward_function.path", '/nonexistent/reward.py')], None, ["is not a file"]),
 ])
-def test_semantic_validation(quickstart_cfg, overrides, world, expected):
-    cfg = copy.deepcopy(quickstart_cfg)
-    for key, value in overrides:
-        OmegaConf.update(cfg, key, value, merge=False)
+def test_semantic_validation(overrides, world, expected):
+    """A bad value, given as a command-line override, fails while composing (a type or a choice: the schema's
+    field types) or validating (ranges, rules across sections), naming the key, the value and the fix."""
     with pytest.raises(ConfigValidationError) as ei:
+        cfg = compose_config([f"{k}={format_value(v)}" for k, v in overrides], recipe="quickstart")
         validate_config(cfg, world_size=world)
     msg = str(ei.value)
     for s in expected:
@@ -285,10 +353,140 @@ def test_context_length_checked_against_local_model(quickstart_cfg, tmp_path):
 
 
 def test_all_problems_reported_together():
-    cfg = compose_config(["rollout.mode=x", "trainer.resume_mode=y", "actor.loss_agg_mode=z"])
     with pytest.raises(ConfigValidationError) as ei:
-        validate_config(cfg)
+        validate_config(compose_config(["rollout.mode=x", "trainer.resume_mode=y", "actor.loss_agg_mode=z"]))
     assert len(ei.value.problems) == 3
+
+
+def test_every_kind_of_problem_reported_together(capsys):
+    """Bad types and choices (found while composing) come with the range and cross-section problems."""
+    bad = ["rollout.mode=hybrid", "trainer.total_epochs=abc", "trainer.logger=[console,wandb]", "rollout.top_p=0",
+           "actor.optim.adam_beta1=1", "algorithm.adv_estimator=gea", "actor.ppo_mini_batch_size=3",
+           "parallel.recompute=partial"]
+    with pytest.raises(ConfigValidationError) as ei:
+        validate_config(compose_config(bad, recipe="quickstart"))
+    msg = str(ei.value)
+    assert len(ei.value.problems) == 8, msg
+    for s in ["rollout.mode='hybrid' is not one of [colocated, disaggregated]; colocated: engines share",
+              "trainer.total_epochs: Value 'abc' of type 'str' could not be converted to Integer",
+              "trainer.logger[1]='wandb' is not one of [console, tensorboard]",
+              "rollout.top_p=0.0 must be in (0, 1]", "actor.optim.adam_beta1=1.0 must be in [0, 1)",
+              "algorithm.adv_estimator='gea' is not one of [", "(did you mean algorithm.adv_estimator=gae?)",
+              "actor.ppo_mini_batch_size=3 does not divide data.train_batch_size=16",
+              "parallel.recompute='partial' is not one of [null, full, selective]"]:
+        assert s in msg, f"{s!r} not in:\n{msg}"
+    assert main(["recipe=quickstart", *bad]) == 2
+    assert "Invalid config (8 problems)" in capsys.readouterr().err
+
+
+def test_bad_choice_in_recipe_file(tmp_path):
+    _write_recipe(tmp_path, "badmode", "rollout:\n  mode: hybrid\n")
+    with pytest.raises(ConfigValidationError) as ei:
+        compose_config([], recipe="badmode", search_paths=[tmp_path])
+    msg = str(ei.value)
+    assert "rollout.mode='hybrid' is not one of [colocated, disaggregated]" in msg and "recipe/badmode" in msg
+
+
+def test_choices_read_as_strings_and_match_the_algorithms():
+    from rlhf.algorithms import kl_penalty
+    from rlhf.algorithms.advantages import ADV_ESTIMATOR_REGISTRY
+    from rlhf.algorithms.losses import LOSS_AGG_MODES
+    from rlhf.config.choices import GROUP_ESTIMATORS, KLEstimator, LossAggMode
+
+    cfg = compose_config([], recipe="gsm8k_ppo_qwen2_7b")
+    assert cfg.rollout.mode == "colocated" and f"{cfg.model.dtype}" == "bfloat16" and isinstance(cfg.model.dtype, str)
+    assert {"bfloat16": 1}[cfg.rollout.dtype] == 1 and list(cfg.trainer.logger) == ["console", "tensorboard"]
+    import pickle
+
+    assert type(pickle.loads(pickle.dumps(cfg.rollout.dtype))) is str  # e.g. sent to a Ray actor
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
+    assert tuple(LossAggMode.__members__) == tuple(LOSS_AGG_MODES)
+    import torch
+
+    lp, ref = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    for mode in KLEstimator:  # every choice is accepted by the estimator itself
+        assert torch.isfinite(kl_penalty(lp, ref, str(mode))).all()
+    with pytest.raises(Exception):
+        kl_penalty(lp, ref, "k4")
+    assert set(GROUP_ESTIMATORS) <= set(ADV_ESTIMATOR_REGISTRY)
+
+
+def test_section_rules_run_in_post_init():
+    from rlhf.config.schema import RolloutConfig, TrainerConfig
+
+    with pytest.raises(ConfigValidationError, match=r"top_p=0 must be in \(0, 1\]"):
+        RolloutConfig(top_p=0)
+    with pytest.raises(ConfigValidationError, match="resume_from_path=<checkpoint dir>"):
+        TrainerConfig(resume_mode="resume_path")
+    assert RolloutConfig(n=3).n == 3
+
+
+def test_one_optim_config():
+    """actor.optim / critic.optim are the OptimConfig that rlhf.mcore.optim.build_train_state takes."""
+    from rlhf.mcore.optim import OptimConfig as MCoreOptimConfig
+    from rlhf.mcore.optim_config import OptimConfig
+
+    cfg = compose_config(["actor.optim.lr_decay_style=cosine", "actor.optim.lr_decay_steps=100"], recipe="quickstart")
+    optim = OmegaConf.to_object(cfg).actor.optim
+    assert MCoreOptimConfig is OptimConfig and type(optim) is OptimConfig
+    assert (optim.lr, optim.lr_decay_style, optim.lr_decay_steps, optim.use_distributed_optimizer) == \
+        (1e-4, "cosine", 100, False)
+    assert OptimConfig().use_distributed_optimizer is False and OmegaConf.to_object(cfg).critic.optim.lr == 1e-3
+    with pytest.raises(ValueError, match="min_lr=0.5 is above lr=0.1"):
+        OptimConfig(lr=0.1, min_lr=0.5)
+    with pytest.raises(ValueError):
+        OptimConfig(lr_decay_style="exponential")
+    with pytest.raises(ConfigValidationError, match="actor.optim.lr_decay_style='exp' is not one of"):
+        compose_config(["actor.optim.lr_decay_style=exp"])
+
+
+def test_composing_imports_neither_torch_nor_megatron():
+    """`python -m rlhf.main --cfg` stays fast: composing (CLI, API module, presets, recipes) loads no torch."""
+    code = textwrap.dedent("""
+        import sys
+        import rlhf.api, rlhf.main
+        from rlhf.config import compose_config
+        compose_config(["algorithm=dapo"], recipe="dapo_qwen2_7b")
+        bad = [m for m in sys.modules if m.split(".")[0] in ("torch", "megatron", "sglang", "ray")]
+        assert not bad, bad[:5]
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+def test_no_import_cycles_through_the_entry_points_and_config():
+    """No module of rlhf.config, rlhf.main, rlhf.api, rlhf.cli, rlhf.launch_env is on an import cycle
+    (imports inside functions count too)."""
+    import ast
+
+    def module_of(path: Path) -> str:
+        rel = path.relative_to(REPO).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        return ".".join(parts)
+
+    graph: dict[str, set] = {}
+    for path in (REPO / "rlhf").rglob("*.py"):
+        mod, deps = module_of(path), set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps.update((node.module, f"{node.module}.{a.name}") for a in node.names)
+            elif isinstance(node, ast.Import):
+                deps.update((a.name, a.name) for a in node.names)
+        graph[mod] = deps
+    # `from pkg import submodule` depends on the submodule (a package's lazy __getattr__ is not run for it)
+    graph = {m: {sub if sub in graph else pkg for pkg, sub in ds} for m, ds in graph.items()}
+    graph = {m: {d for d in ds if d in graph and d != m} for m, ds in graph.items()}
+    ours = [m for m in graph if m.startswith("rlhf.config") or m in ("rlhf.main", "rlhf.api", "rlhf.cli",
+                                                                      "rlhf.launch_env")]
+    for start in ours:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            m, path = stack.pop()
+            for d in graph[m]:
+                assert d != start, f"import cycle: {' -> '.join(path + [d])}"
+                if d not in seen:
+                    seen.add(d)
+                    stack.append((d, path + [d]))
 
 
 def test_every_registered_estimator_validates(quickstart_cfg):

@@ -211,7 +211,8 @@ EXPECTED_AGG = {
     "token-mean": 15 / 5,  # 1+2+3+4+5 over 5 tokens
     "seq-mean-token-sum": (6 + 9) / 2,  # the empty third row is excluded
     "seq-mean-token-mean": (2.0 + 4.5) / 2,
-    "seq-mean-token-sum-norm": 15 / 4,  # constant normaliser = response_length = 4
+    # Dr.GRPO: token sums over a constant normaliser (response_length = 4), mean over the 2 non-empty rows
+    "seq-mean-token-sum-norm": (6 / 4 + 9 / 4) / 2,
 }
 
 
@@ -243,7 +244,7 @@ def test_agg_loss_gradient_weights():
 
 
 def test_agg_loss_dr_grpo_custom_normaliser_and_errors():
-    assert agg_loss(LOSS, LOSS_MASK, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(1.5)
+    assert agg_loss(LOSS, LOSS_MASK, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(0.75)
     with pytest.raises(ValueError, match="'token-sum'"):
         agg_loss(LOSS, LOSS_MASK, "token-sum")
     with pytest.raises(ValueError, match="shape mismatch"):
@@ -342,11 +343,17 @@ def test_value_loss_clip_by_hand():
     torch.testing.assert_close(vpreds.grad, t([[0.0, 0.9 / 3, 1.0 / 3, 0.0]]))
 
 
-def test_entropy_loss_aggregation():
-    entropy = t([[1.0, 2.0, NAN], [3.0, 0.0, 0.0]])
+def test_entropy_loss_from_logits_aggregation():
+    """verl's signature: compute_entropy_loss(logits (bs, L, V), mask, mode).
+    H([0, 0]) = H([5, 5]) = ln 2; H([0, ln 3]) = H(1/4, 3/4) = -(1/4 ln 1/4 + 3/4 ln 3/4); NaN padding ignored."""
+    h = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    logits = t([[[0.0, 0.0], [0.0, math.log(3)], [NAN, NAN]], [[5.0, 5.0], [NAN, INF], [NAN, NAN]]])
     mask = t([[1, 1, 0], [1, 0, 0]])
-    assert compute_entropy_loss(entropy, mask, "token-mean").item() == pytest.approx(2.0)
-    assert compute_entropy_loss(entropy, mask, "seq-mean-token-mean").item() == pytest.approx(2.25)
+    assert compute_entropy_loss(logits, mask, "token-mean").item() == pytest.approx((2 * math.log(2) + h) / 3)
+    assert compute_entropy_loss(logits, mask, "seq-mean-token-mean").item() == pytest.approx(
+        ((math.log(2) + h) / 2 + math.log(2)) / 2)
+    with pytest.raises(ValueError, match="agg_loss"):
+        compute_entropy_loss(t([[1.0, 2.0]]), t([[1, 1]]))
 
 
 # ----------------------------------------------------------------- DAPO helpers
@@ -383,3 +390,9 @@ def test_filter_groups_exact_equality_despite_round_off():
     assert kept.tolist() == [False, False, False, True, True]
     with pytest.raises(ValueError, match="index has 2 entries"):
         filter_groups_by_metric([0.1, 0.2, 0.3], [0, 0])
+
+
+def test_filter_groups_refuses_non_finite_metric():
+    """A NaN metric would drop its group silently (NaN > NaN is False); it is refused, naming the sample."""
+    with pytest.raises(ValueError, match=r"non-finite at sample\(s\) \[2\]"):
+        filter_groups_by_metric([1.0, 0.0, NAN, 1.0], [0, 0, 1, 1])

@@ -66,10 +66,41 @@ def test_label_smoothing_conservative_dpo():
     assert loss.item() == pytest.approx(sum(per_pair) / 2)
 
 
-def test_ipo_loss():
-    loss, *_ = compute_dpo_loss(**tensors(), beta=BETA, loss_type="ipo")
-    # (h - 1 / (2 beta))^2 with 1 / (2 beta) = 5: (2 - 5)^2 = 9, (-1 - 5)^2 = 36
-    assert loss.item() == pytest.approx((9 + 36) / 2)
+def test_ipo_loss_on_per_token_averaged_margin():
+    """IPO (Azar et al. 2023, eq. 17): (h_avg - 1/(2 beta))^2 with the per-token-averaged margin
+    h_avg = ratio_w / |y_w| - ratio_l / |y_l|; 1/(2 beta) = 5.
+    pair 0: lengths 2 / 4: h_avg = 1/2 - (-1)/4 = 0.75 -> (0.75 - 5)^2 = 18.0625
+    pair 1: lengths 1 / 1: h_avg = 0 - 1 = -1         -> (-1 - 5)^2   = 36"""
+    lengths = dict(chosen_lengths=torch.tensor([2.0, 1.0], dtype=torch.float64),
+                   rejected_lengths=torch.tensor([4.0, 1.0], dtype=torch.float64))
+    loss, *_ = compute_dpo_loss(**tensors(), beta=BETA, loss_type="ipo", **lengths)
+    assert loss.item() == pytest.approx((18.0625 + 36) / 2)
+
+
+def test_ipo_long_pairs_keep_learning():
+    """Per-token log-ratio +0.5 on the chosen and -0.5 on the rejected response, lengths 1 vs 100:
+    h_avg = 1 in both cases, so the loss (1 - 5)^2 = 16 and the gradient per chosen token
+    d/d(ratio_w) = 2 (h_avg - 5) / |y_w| * |y_w| per unit of per-token log-ratio are equal.
+    On the summed margin the 100-token pair would give (100 - 5)^2: pushed the wrong way."""
+    losses = []
+    for n in (1, 100):
+        chosen = torch.tensor([0.5 * n], dtype=torch.float64, requires_grad=True)
+        loss, *_ = compute_dpo_loss(chosen, torch.tensor([-0.5 * n], dtype=torch.float64),
+                                    torch.zeros(1, dtype=torch.float64), torch.zeros(1, dtype=torch.float64),
+                                    beta=BETA, loss_type="ipo", chosen_lengths=torch.tensor([float(n)]),
+                                    rejected_lengths=torch.tensor([float(n)]))
+        loss.backward()
+        losses.append(loss.item())
+        assert chosen.grad.item() * n == pytest.approx(2 * (1 - 5))  # gradient w.r.t. the per-token log-ratio
+    assert losses == [pytest.approx(16.0), pytest.approx(16.0)]
+
+
+def test_dpo_loss_split_invariant_with_global_pair_count():
+    """sum over micro-batches of sum(losses)/N * dp, averaged over dp ranks == mean over all N pairs."""
+    full, *_ = compute_dpo_loss(**tensors(), beta=BETA)
+    parts = [compute_dpo_loss(*(v[i:i + 1] for v in tensors().values()), beta=BETA, dp_size=2,
+                              global_batch_size=2)[0] for i in range(2)]
+    assert (sum(parts) / 2).item() == pytest.approx(full.item())
 
 
 def test_hinge_loss():
@@ -87,5 +118,10 @@ def test_dpo_validation():
         compute_dpo_loss(x, x, x, x, beta=0.1, loss_type="kto")
     with pytest.raises(ValueError, match="label_smoothing"):
         compute_dpo_loss(x, x, x, x, beta=0.1, label_smoothing=0.1, loss_type="ipo")
+    with pytest.raises(ValueError, match="chosen_lengths"):
+        compute_dpo_loss(x, x, x, x, beta=0.1, loss_type="ipo")
+    with pytest.raises(ValueError, match="length > 0"):
+        compute_dpo_loss(x, x, x, x, beta=0.1, loss_type="ipo", chosen_lengths=torch.tensor([1.0, 0.0]),
+                         rejected_lengths=torch.ones(2))
     with pytest.raises(ValueError, match=r"\(batch,\)"):
         compute_dpo_loss(torch.zeros(2, 2), x, x, x, beta=0.1)

@@ -5,7 +5,7 @@ hashable ids); samples that share a uid were generated from the same prompt.
 """
 
 from collections.abc import Sequence
-from typing import Union
+from typing import NamedTuple, Union
 
 import numpy as np
 import torch
@@ -30,18 +30,40 @@ def group_ids(index: GroupIndex, batch_size: int, device: torch.device = None) -
     return torch.tensor(gid, dtype=torch.long, device=device), len(dense)
 
 
-def group_count_mean_std(scores: torch.Tensor, gid: torch.Tensor, n_groups: int):
-    """Per-group size, mean and unbiased std (0 for groups of size 1) of ``scores``.
+class GroupStats(NamedTuple):
+    """Per-group statistics over the VALID samples, each of shape (n_groups,).
+
+    count: number of valid samples; mean, std: their mean and unbiased std (std 0 when
+    count < 2); constant: True when all valid scores are exactly equal (max == min) or the
+    group has no valid sample.  ``constant`` lets estimators return an exact 0 instead of a
+    rounding residue ``score - mean`` (e.g. three rewards of 0.3 have a mean 1 ulp off 0.3).
+    """
+
+    count: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    constant: torch.Tensor
+
+
+def group_stats(scores: torch.Tensor, gid: torch.Tensor, n_groups: int, valid: torch.Tensor) -> GroupStats:
+    """Statistics of ``scores`` per group over the samples where ``valid`` is True.
 
     Args:
-        scores: shape (bs,); gid: shape (bs,) from :func:`group_ids`.
-
-    Returns:
-        (count, mean, std), each of shape (n_groups,), dtype of ``scores``.
+        scores: shape (bs,), finite wherever ``valid`` (other entries are ignored).
+        gid: shape (bs,) from :func:`group_ids`.
+        n_groups: number of groups.
+        valid: bool, shape (bs,).
     """
     zeros = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device)
-    count = zeros.index_add(0, gid, torch.ones_like(scores))
-    mean = zeros.index_add(0, gid, scores) / count
-    squared_dev = zeros.index_add(0, gid, (scores - mean[gid]) ** 2)
-    std = torch.sqrt(squared_dev / (count - 1).clamp_min(1))
-    return count, mean, std
+    kept = torch.where(valid, scores, torch.zeros_like(scores))
+    count = zeros.index_add(0, gid, valid.to(scores.dtype))
+    mean = zeros.index_add(0, gid, kept) / count.clamp_min(1)
+    deviation = torch.where(valid, scores - mean[gid], torch.zeros_like(scores))
+    std = torch.sqrt(zeros.index_add(0, gid, deviation**2) / (count - 1).clamp_min(1))
+    high = torch.full_like(zeros, -torch.inf).scatter_reduce(
+        0, gid, torch.where(valid, scores, torch.full_like(scores, -torch.inf)), reduce="amax")
+    low = torch.full_like(zeros, torch.inf).scatter_reduce(
+        0, gid, torch.where(valid, scores, torch.full_like(scores, torch.inf)), reduce="amin")
+    constant = (high == low) | (count == 0)
+    std = torch.where(constant, torch.zeros_like(std), std)
+    return GroupStats(count, mean, std, constant)

@@ -79,13 +79,18 @@ def filter_groups_by_metric(
         Bool tensor of shape (bs,), True for samples to keep.
 
     Raises:
-        ValueError: non-1D metric or ``len(index) != bs``.
+        ValueError: non-1D metric, ``len(index) != bs``, or a non-finite metric value
+            (a NaN would silently drop its whole group: NaN > NaN is False).
     """
     if isinstance(metric_values, torch.Tensor):
         values = metric_values.detach().to(torch.float64)
     else:
         values = torch.as_tensor(np.asarray(metric_values, dtype=np.float64))
     check_1d("metric_values", values)
+    bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+    if bad:
+        raise ValueError(f"metric_values is non-finite at sample(s) {bad[:5]}; score unscorable samples with the "
+                         "fallback score (counted in reward/num_fallbacks) before filtering")
     gid, n_groups = group_ids(index, values.shape[0], values.device)
     group_max = torch.full((n_groups,), -torch.inf, dtype=values.dtype, device=values.device)
     group_min = torch.full((n_groups,), torch.inf, dtype=values.dtype, device=values.device)

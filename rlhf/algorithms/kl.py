@@ -14,13 +14,14 @@ with the gradient of k2 (straight-through), as in verl: k1/k3 are unbiased
 for the KL value but not for its gradient, while k2's gradient is.
 """
 
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 
 from rlhf.algorithms._validation import check_2d, check_same_shape
-from rlhf.algorithms.masked_ops import masked_mean
+from rlhf.algorithms.config_access import config_get
+from rlhf.algorithms.masked_ops import masked_mean, masked_sum
 
 # log-ratio clamp before exp() and output clamp of the k3 estimator (verl values).
 _K3_LOG_RATIO_CLAMP = 20.0
@@ -110,6 +111,10 @@ class AdaptiveKLController:
         e_t = clip(KL_t / KL_target - 1, -0.2, 0.2)
         beta_{t+1} = beta_t * (1 + K_beta * e_t),   K_beta = n_steps / horizon
 
+    KL_t is the KL of whole responses (the paper's KL(pi, rho) of the policy's
+    output distribution), so beta grows while responses drift further than
+    ``target_kl`` nats from the reference and shrinks otherwise.
+
     Args:
         init_kl_coef: initial beta.
         target_kl: target KL in nats (must be > 0).
@@ -132,7 +137,9 @@ class AdaptiveKLController:
         """Multiply ``value`` by ``1 + clip(current_kl/target - 1, -0.2, 0.2) * n_steps / horizon``.
 
         Args:
-            current_kl: measured KL of the latest batch (nats, python float).
+            current_kl: measured KL of the latest batch (nats, python float); Ziegler et al.
+                define it on whole responses, so :func:`apply_kl_penalty` passes the mean
+                sequence KL and ``target_kl`` is a per-response target.
             n_steps: number of samples in that batch.
         """
         proportional_error = float(np.clip(current_kl / self.target - 1, -0.2, 0.2))
@@ -153,22 +160,38 @@ KLController = Union[FixedKLController, AdaptiveKLController]
 
 
 def get_kl_controller(
-    kl_ctrl_type: str, kl_coef: float, target_kl: Optional[float] = None, horizon: Optional[float] = None
+    kl_ctrl: Any, kl_coef: Optional[float] = None, target_kl: Optional[float] = None, horizon: Optional[float] = None
 ) -> KLController:
-    """Build a KL controller: ``"fixed"`` -> FixedKLController(kl_coef),
-    ``"adaptive"`` -> AdaptiveKLController(kl_coef, target_kl, horizon).
+    """Build a KL controller from a config (verl: ``get_kl_controller(config.algorithm.kl_ctrl)``,
+    fields ``type``, ``kl_coef``, ``target_kl``, ``horizon``) or, as before, from separate
+    arguments ``get_kl_controller("adaptive", kl_coef, target_kl, horizon)``.
+
+    ``"fixed"`` -> FixedKLController(kl_coef); ``"adaptive"`` -> AdaptiveKLController(kl_coef,
+    target_kl, horizon), whose target is a SEQUENCE KL (see :func:`apply_kl_penalty`).
 
     Raises:
-        ValueError: unknown ``kl_ctrl_type``, or missing / non-positive
-            ``target_kl`` / ``horizon`` for the adaptive controller.
+        ValueError: unknown type, or missing / non-positive ``target_kl`` / ``horizon``
+            for the adaptive controller.
     """
+    if isinstance(kl_ctrl, str):
+        kl_ctrl_type = kl_ctrl
+    else:
+        kl_ctrl_type = config_get(kl_ctrl, "type", "fixed")
+        kl_coef = config_get(kl_ctrl, "kl_coef", 0.001)
+        target_kl, horizon = config_get(kl_ctrl, "target_kl"), config_get(kl_ctrl, "horizon")
     if kl_ctrl_type == "fixed":
         return FixedKLController(kl_coef=kl_coef)
     if kl_ctrl_type == "adaptive":
         if target_kl is None or horizon is None:
-            raise ValueError("adaptive KL controller needs target_kl and horizon")
+            raise ValueError("adaptive KL controller needs target_kl and horizon (algorithm.kl_ctrl.*)")
         return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
-    raise ValueError(f"unknown kl_ctrl_type {kl_ctrl_type!r}; valid: ['fixed', 'adaptive']")
+    raise ValueError(f"unknown kl_ctrl type {kl_ctrl_type!r}; valid: ['fixed', 'adaptive']")
+
+
+def sequence_kl(kld: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """KL of each whole response, sum_t mask_t * kld_t (nats), shape (bs,): the KL
+    between the response distributions, which Ziegler et al. 2019 control."""
+    return masked_sum(kld, response_mask, axis=-1)
 
 
 def apply_kl_penalty(
@@ -182,10 +205,12 @@ def apply_kl_penalty(
     """Subtract a per-token KL penalty from the rewards (Ziegler et al. 2019, eq. 2;
     Ouyang et al. 2022, eq. 2):  r_t = score_t - beta * KL_t.
 
-    As in verl's ``apply_kl_penalty``, the controller is updated in place with
-    the batch KL (mean over sequences of the per-sequence token-mean KL) and
-    ``n_steps = bs``; the reported coefficient is the beta that was applied,
-    i.e. the value *before* the update.
+    The controller is then updated in place, with ``n_steps = bs``, on the batch mean of
+    the SEQUENCE KL ``sum_t KL_t`` (:func:`sequence_kl`): Ziegler et al.'s adaptive
+    controller (sec. 2.2) targets KL(pi, rho) of whole responses.  (verl feeds the
+    token-mean KL, so beta can shrink while the sequence KL is above target whenever
+    responses are longer than target/token-KL.)  The reported coefficient is the beta
+    that was applied, i.e. the value *before* the update.
 
     Args:
         token_level_scores: reward-model scores per token, shape (bs, response_length).
@@ -197,7 +222,9 @@ def apply_kl_penalty(
 
     Returns:
         token_level_rewards: same shape; equals the scores at masked positions.
-        metrics: ``{"actor/reward_kl_penalty": float, "actor/reward_kl_penalty_coeff": float}``.
+        metrics: ``actor/reward_kl_penalty`` (token-mean KL, mean over sequences, as
+            verl), ``actor/reward_kl_penalty_seq`` (mean sequence KL, what the controller
+            sees), ``actor/reward_kl_penalty_coeff`` (beta applied); python floats.
 
     Raises:
         ValueError: shape mismatch or non-2D inputs.
@@ -215,7 +242,9 @@ def apply_kl_penalty(
     beta = kl_ctrl.value
     token_level_rewards = torch.where(valid, token_level_scores - beta * kld, token_level_scores)
 
-    current_kl = masked_mean(kld, response_mask, axis=-1).mean().item()
-    kl_ctrl.update(current_kl=current_kl, n_steps=token_level_scores.shape[0])
-    metrics = {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+    token_mean_kl = masked_mean(kld, response_mask, axis=-1).mean().item()
+    seq_kl = sequence_kl(kld, response_mask).mean().item()
+    kl_ctrl.update(current_kl=seq_kl, n_steps=token_level_scores.shape[0])
+    metrics = {"actor/reward_kl_penalty": token_mean_kl, "actor/reward_kl_penalty_seq": seq_kl,
+               "actor/reward_kl_penalty_coeff": beta}
     return token_level_rewards, metrics

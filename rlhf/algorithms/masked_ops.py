@@ -68,12 +68,20 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     added back (only the scale changes).  Entries where ``mask`` is zero are
     returned as 0.
 
+    When all valid entries are exactly equal the result is exactly 0 (or the
+    value itself with ``shift_mean=False``): the computed mean can be 1 ulp off
+    the common value, and dividing that residue by sqrt(0 + 1e-8) would turn it
+    into a same-signed advantage of ~1e-4 relative size.
+
     Shapes: ``values`` and ``mask`` identical; output has the same shape.
     Raises ValueError on a shape mismatch or fewer than two valid entries.
     """
     mean = masked_mean(values, mask)
     var = masked_var(values, mask)
-    whitened = (values - mean) * torch.rsqrt(var + 1e-8)
+    valid = mask != 0
+    constant = values[valid].max() == values[valid].min()
+    centered = torch.where(constant, torch.zeros_like(values), values - mean)
+    whitened = centered * torch.rsqrt(var + 1e-8)
     if not shift_mean:
-        whitened = whitened + mean
-    return torch.where(mask != 0, whitened, torch.zeros_like(whitened))
+        whitened = torch.where(constant, values, whitened + mean)
+    return torch.where(valid, whitened, torch.zeros_like(whitened))

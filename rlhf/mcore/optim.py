@@ -11,23 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from rlhf.mcore import cpu_patches  # noqa: F401
-
-
-@dataclass
-class OptimConfig:
-    """Optimizer settings (Adam; megatron's is AdamW, so weight_decay is decoupled)."""
-
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool = True
-    lr_warmup_steps: int = 0
-    lr_decay_steps: int | None = None  # None: constant LR after warm-up
-    lr_decay_style: str = "constant"  # constant | linear | cosine
+from rlhf.mcore.optim_config import LRDecayStyle, OptimConfig
 
 
 @dataclass
@@ -58,8 +42,8 @@ def build_train_state(chunks, config, optim: OptimConfig) -> TrainState:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    if optim.lr_decay_style not in ("constant", "linear", "cosine"):
-        raise ValueError(f"lr_decay_style={optim.lr_decay_style!r}: use constant, linear or cosine")
+    if optim.lr_decay_style not in tuple(LRDecayStyle):
+        raise ValueError(f"lr_decay_style={optim.lr_decay_style!r}: use one of {[s.value for s in LRDecayStyle]}")
     model = wrap_ddp(chunks, config, optim.use_distributed_optimizer)
     opt_config = OptimizerConfig(
         optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,

@@ -1,0 +1,76 @@
+"""The config's fixed choices as Enums (OmegaConf checks a value against an Enum field's members while
+composing), and the message for a value that is not one of them.
+
+Each Enum's docstring is the hint printed after the allowed values.  The members are ``StrEnum``s named
+by their values, so ``cfg.rollout.mode == "colocated"`` and ``f"{cfg.model.dtype}"`` read as strings, and they
+pickle as plain strings.
+"""
+from __future__ import annotations
+
+import typing
+from enum import Enum, StrEnum
+from typing import Any, Optional, Sequence, Union
+
+#: advantage estimators whose baseline is computed over the rollout.n responses of a prompt
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+class Choice(StrEnum):
+    """Base of the choices: a member is its value as a string, and pickles as a plain ``str`` (a process
+    that receives ``cfg.rollout.dtype``, e.g. a Ray actor, needs no import of rlhf.config)."""
+
+    def __reduce_ex__(self, protocol: Any) -> tuple:
+        return str, (self.value,)
+
+
+def _choices(name: str, members: str, hint: str) -> type[Choice]:
+    enum = Choice(name, [(m, m) for m in members.split()], module=__name__)
+    enum.__doc__ = hint
+    return enum
+
+
+ModelDtype = _choices("ModelDtype", "float32 bfloat16", "bfloat16 on GPU, float32 on CPU")
+Recompute = _choices("Recompute", "full selective", "null (off), full or selective")
+RolloutName = _choices("RolloutName", "sglang", "SGLang is the rollout engine")
+RolloutMode = _choices("RolloutMode", "colocated disaggregated", "colocated: engines share the trainer's devices; "
+                       "disaggregated: engines on devices of their own")
+RolloutDtype = _choices("RolloutDtype", "auto float32 bfloat16 float16", "auto follows the model's torch_dtype")
+AlgorithmName = _choices("AlgorithmName", "ppo dpo", "ppo (also for the critic-free estimators grpo, rloo, ...) "
+                         "or dpo")
+KLControlType = _choices("KLControlType", "fixed adaptive", "fixed keeps kl_coef, adaptive steers it to target_kl")
+ResumeMode = _choices("ResumeMode", "auto disable resume_path", "auto resumes from the latest checkpoint in "
+                      "trainer.default_local_dir, disable starts fresh, resume_path loads trainer.resume_from_path")
+LoggerBackend = _choices("LoggerBackend", "console tensorboard", "e.g. trainer.logger=[console,tensorboard]")
+#: rlhf.algorithms.losses.LOSS_AGG_MODES (tests/test_config.py checks they agree)
+LossAggMode = _choices("LossAggMode", "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm",
+                       "how rlhf.algorithms.agg_loss averages the per-token loss")
+_KL = "kl k1 abs mse k2 low_var_kl k3"
+#: estimators of rlhf.algorithms.kl_penalty; a "+" suffix: that value with k2's gradient (straight-through)
+KLEstimator = _choices("KLEstimator", _KL + " " + " ".join(k + "+" for k in _KL.split()),
+                       "k1 (kl), abs, k2 (mse), k3 (low_var_kl), each also with '+' (the k2 gradient)")
+
+
+def choice_type(section: type, key: str) -> Optional[tuple[type[Enum], bool, bool]]:
+    """(Enum type, optional, is a list) of the field ``key`` of dataclass ``section`` when it holds
+    Enum members, else None."""
+    hint = typing.get_type_hints(section).get(key)
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    inner = next((a for a in args if a is not type(None)), hint) if optional else hint
+    is_list = typing.get_origin(inner) in (list, typing.List)
+    inner = typing.get_args(inner)[0] if is_list else inner
+    return (inner, optional, is_list) if isinstance(inner, type) and issubclass(inner, Enum) else None
+
+
+def choice_problem(key: str, value: Any, choices: Union[type[Enum], Sequence[str]], optional: bool = False,
+                   hint: Optional[str] = None) -> str:
+    """``"key='bad' is not one of [a, b] (did you mean key=a?); <hint>."``; ``choices`` is an Enum type (its
+    members' names; the default hint is its docstring) or a list of names."""
+    import difflib
+
+    names = list(choices.__members__) if isinstance(choices, type) else [str(c) for c in choices]
+    hint = (choices.__doc__ if isinstance(choices, type) else "") if hint is None else hint
+    close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+    shown = ", ".join((["null"] if optional else []) + names)
+    return (f"{key}={value!r} is not one of [{shown}]" + (f" (did you mean {key}={close[0]}?)" if close else "")
+            + (f"; {hint.strip()}" if hint and hint.strip() else "") + ".")

@@ -1,0 +1,194 @@
+"""Compose the training config with Hydra from the config tree inside this package.
+
+    schema defaults (schema.py) < ppo_trainer.yaml < recipe/<NAME>.yaml < algorithm/<NAME>.yaml < key=value
+
+The tree is read with Hydra's compose API from the ``rlhf.config`` package, so composing works from any
+working directory, in tests and on every torchrun / Slurm rank.  Keys and values are checked against the
+structured schema (:mod:`rlhf.config.schema`) in struct mode; errors come as :class:`ConfigError`
+subclasses with the key, where it came from and the fix.  Composing imports neither torch nor megatron.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlhf.config.choices import GROUP_ESTIMATORS
+from rlhf.config.errors import ConfigError, ConfigValidationError
+from rlhf.config.keys import check_closed, nearest_keys
+from rlhf.config.overrides import check_overrides
+
+__all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
+           "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
+           "ALGORITHM_GROUP"]
+
+#: Name of the structured schema node in Hydra's ConfigStore (first entry of ppo_trainer.yaml's defaults).
+SCHEMA_NAME = "ppo_trainer_schema"
+#: Name of the base (primary) config file, without ``.yaml``.
+BASE_CONFIG_NAME = "ppo_trainer"
+#: The config group holding the recipes (``recipe=NAME``).
+RECIPE_GROUP = "recipe"
+#: The config group holding the algorithm presets (``algorithm=NAME``), applied on top of the recipe.
+ALGORITHM_GROUP = "algorithm"
+CONFIG_DIR = Path(__file__).resolve().parent
+_CONFIG_MODULE = "rlhf.config"
+DEFAULT_GROUP_N = 4
+
+
+def default_rollout_n(adv_estimator: str) -> int:
+    """``rollout.n`` when neither a recipe nor an override sets it (ppo_trainer.yaml interpolates this as
+    ``${rlhf.rollout_n:${algorithm.adv_estimator}}``): 4 for the estimators that compare the responses of
+    a prompt (:data:`~rlhf.config.choices.GROUP_ESTIMATORS`), else 1."""
+    return DEFAULT_GROUP_N if adv_estimator in GROUP_ESTIMATORS else 1
+
+
+def register_configs() -> None:
+    """Register the structured schema (:class:`~rlhf.config.schema.RLHFConfig`) in Hydra's ConfigStore
+    under :data:`SCHEMA_NAME` and the ``rlhf.rollout_n`` resolver.  Idempotent; :func:`compose_config`
+    calls it."""
+    from hydra.core.config_store import ConfigStore
+
+    from rlhf.config.schema import RLHFConfig
+
+    store = ConfigStore.instance()
+    if f"{SCHEMA_NAME}.yaml" not in store.repo:  # storing converts the dataclass again (~0.5 s)
+        store.store(name=SCHEMA_NAME, node=RLHFConfig)
+    if not OmegaConf.has_resolver("rlhf.rollout_n"):
+        OmegaConf.register_new_resolver("rlhf.rollout_n", default_rollout_n)
+
+
+def _search_dirs(search_paths: Iterable[Union[str, os.PathLike]]) -> list[Path]:
+    dirs = [CONFIG_DIR]
+    for sp in search_paths:
+        s = str(sp)
+        if s.startswith("pkg://"):
+            import importlib.util
+
+            spec = importlib.util.find_spec(s[len("pkg://"):])
+            if spec is not None and spec.submodule_search_locations:
+                dirs += [Path(p) for p in spec.submodule_search_locations]
+            continue
+        dirs.append(Path(s[len("file://"):] if s.startswith("file://") else s))
+    return dirs
+
+
+def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
+    """Names of the options (``<group>/<name>.yaml``) of a config group, sorted."""
+    names = set()
+    for d in _search_dirs(search_paths):
+        for ext in ("yaml", "yml"):
+            names.update(p.stem for p in (d / group).glob(f"*.{ext}"))
+    return sorted(names)
+
+
+def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
+    """Names of the recipes (``recipe/<name>.yaml``) in this package and in the extra config
+    directories ``search_paths`` (plain paths, ``file://`` or ``pkg://``), sorted."""
+    return list_options(RECIPE_GROUP, search_paths)
+
+
+def list_algorithms(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
+    """Names of the algorithm presets (``algorithm/<name>.yaml``), sorted; like :func:`list_recipes`."""
+    return list_options(ALGORITHM_GROUP, search_paths)
+
+
+def describe_options(group: str) -> list[tuple[str, str]]:
+    """(name, first descriptive comment line) of each built-in option of ``group`` (for ``--help``)."""
+    out = []
+    for name in list_options(group):
+        desc = ""
+        for line in (CONFIG_DIR / group / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
+            line = line.strip()
+            if line.startswith("#") and "@package" not in line and line.lstrip("# "):
+                desc = line.lstrip("# ")
+                desc = desc.split(":", 1)[1].strip() if desc.startswith(f"{name}:") else desc
+                break
+        out.append((name, desc))
+    return out
+
+
+def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, *,
+                   search_paths: Sequence[Union[str, os.PathLike]] = (), resolve: bool = True) -> DictConfig:
+    """Compose the training config: schema defaults < ``ppo_trainer.yaml`` < recipe < algorithm preset <
+    ``overrides``.
+
+    Args:
+        overrides: Hydra overrides, e.g. ``["trainer.total_training_steps=5", "data.train_files=x.jsonl"]``;
+            may contain ``recipe=NAME`` instead of the ``recipe`` argument, and ``algorithm=NAME`` to apply
+            the preset ``algorithm/<NAME>.yaml`` on top of the recipe.
+        recipe: name of ``recipe/<name>.yaml`` (None: the overrides' ``recipe=``, else no recipe).
+        search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``) searched after
+            this package, e.g. one holding your own ``recipe/my_run.yaml``.
+        resolve: resolve ``${...}`` interpolations in place (every rank then sees plain values).
+
+    Returns:
+        The composed DictConfig in struct mode (reading or setting an unknown key raises), typed by
+        :class:`rlhf.config.schema.RLHFConfig`; ``OmegaConf.to_object(cfg)`` gives the dataclass.
+
+    Raises:
+        ConfigKeyError: a key not in the schema (override or recipe file), an unknown recipe or algorithm
+            preset; the message names the key, its source and the nearest valid keys.
+        ConfigValidationError: values of the wrong type or not among a field's choices (every such
+            override, together with :func:`rlhf.config.validate.config_problems` of the rest), or a bad
+            interpolation.
+        ConfigError: any other composition problem (malformed override, conflicting recipes).
+    """
+    from hydra import compose, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+    from omegaconf.errors import OmegaConfBaseException
+
+    from rlhf.config.hydra_errors import first_unresolvable_key, translate_hydra_error
+
+    if isinstance(overrides, str):
+        raise TypeError("compose_config: overrides must be a list of 'key=value' strings, not one string")
+    overrides = [str(o) for o in overrides]
+    checked = check_overrides(overrides)
+    recipes = checked.choices[RECIPE_GROUP]
+    if recipe is not None:
+        if any(r != recipe for r in recipes):
+            raise ConfigError(f"compose_config: recipe={recipe!r} conflicts with override "
+                              f"'recipe={recipes[-1]}'; give the recipe once.")
+        if not recipes:
+            overrides = [f"{RECIPE_GROUP}={recipe}", *overrides]
+    if search_paths:
+        if any(o.split("=", 1)[0].lstrip("+") == "hydra.searchpath" for o in overrides):
+            raise ConfigError("compose_config: give extra config directories either as search_paths or as a "
+                              "hydra.searchpath override, not both.")
+        uris = [s if re.match(r"^(file|pkg)://", s) else f"file://{Path(s).resolve()}" for s in map(str, search_paths)]
+        overrides.append("hydra.searchpath=[" + ",".join(uris) + "]")
+    overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o  # a group choice, not an addition
+                 for o in overrides if o not in checked.skip]  # bad values are reported below, with the rest
+
+    register_configs()
+    backup = get_gh_backup()
+    if GlobalHydra.instance().is_initialized():  # e.g. called from a @hydra.main app: compose on our own
+        GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=_CONFIG_MODULE, version_base="1.3"):
+            try:
+                cfg = compose(config_name=BASE_CONFIG_NAME, overrides=overrides)
+            except (HydraException, OmegaConfBaseException, ValueError) as e:
+                raise translate_hydra_error(e, overrides) from None
+    finally:
+        restore_gh_from_backup(backup)
+
+    check_closed(cfg)
+    if resolve:
+        try:
+            OmegaConf.resolve(cfg)
+        except OmegaConfBaseException as e:
+            first = str(e).splitlines()[0]
+            m = re.search(r"Interpolation key '([^']+)' not found", first)
+            near = nearest_keys(m.group(1)) if m else []
+            raise ConfigValidationError([f"{first_unresolvable_key(cfg) or '?'}: {first}."
+                                         + (f" Did you mean: {', '.join(near)}?" if near else "")]) from None
+    if checked.problems:
+        from rlhf.config.validate import config_problems
+
+        raise ConfigValidationError(checked.problems + config_problems(cfg))
+    return cfg

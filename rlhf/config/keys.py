@@ -1,0 +1,153 @@
+"""Keys of the structured schema, and the "did you mean" error for a key that is not one of them.
+
+A misspelled or removed key, on the command line or in a recipe file, raises :class:`ConfigKeyError`
+naming the key, where it came from, the nearest valid keys (close names at the same level, or the same
+name in another section, e.g. verl's ``actor_rollout_ref.actor.clip_ratio`` for ``actor.clip_ratio``)
+and the valid keys of its section.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from typing import Any, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlhf.config.errors import ConfigKeyError
+
+__all__ = ["schema", "schema_node", "schema_keys", "all_schema_paths", "split_key", "first_bad_part",
+           "nearest_keys", "unknown_key_error", "check_closed"]
+
+
+@functools.lru_cache(maxsize=1)
+def schema() -> DictConfig:
+    """The schema with its defaults (:class:`~rlhf.config.schema.RLHFConfig`), built once; do not modify."""
+    from rlhf.config.schema import RLHFConfig
+
+    return OmegaConf.structured(RLHFConfig)
+
+
+def schema_node(path: Sequence[str]) -> Optional[DictConfig]:
+    """The schema's dict node at ``path`` (list of key parts), or None when it is not a dict node."""
+    node: Any = schema()
+    for part in path:
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node._get_node(part)
+    return node if isinstance(node, DictConfig) else None
+
+
+def schema_keys(prefix: str = "") -> list[str]:
+    """Keys of the schema directly under ``prefix`` (``""`` = top level, ``"actor.optim"``), in order.
+
+    Raises:
+        ConfigKeyError: ``prefix`` is not a section of the schema.
+    """
+    parts = [p for p in prefix.split(".") if p]
+    node = schema_node(parts)
+    if node is None:
+        raise unknown_key_error(prefix, source="schema_keys()")
+    return [str(k) for k in node.keys()]
+
+
+@functools.lru_cache(maxsize=1)
+def all_schema_paths() -> tuple[str, ...]:
+    """Every full dotted key of the schema, sections and leaves."""
+    out: list[str] = []
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for k in node.keys():
+            full = f"{prefix}{k}"
+            out.append(full)
+            child = node._get_node(k)
+            if isinstance(child, DictConfig):
+                walk(child, full + ".")
+
+    walk(schema(), "")
+    return tuple(out)
+
+
+def split_key(full_key: str) -> list[str]:
+    """``"a.b[0].c"`` -> ``["a", "b", "c"]`` (list indices dropped)."""
+    return [p for p in re.sub(r"\[[^\]]*\]", "", full_key).split(".") if p]
+
+
+def first_bad_part(parts: Sequence[str]) -> Optional[int]:
+    """Index of the first key part that is not in the schema (None when the whole path is valid or
+    leaves the schema's dict nodes, e.g. goes inside a list or an ``Any`` field)."""
+    node: Any = schema()
+    for i, part in enumerate(parts):
+        if not isinstance(node, DictConfig):
+            return None
+        if part not in node:
+            return i
+        node = node._get_node(part)
+    return None
+
+
+def nearest_keys(full_key: str, n: int = 3) -> list[str]:
+    """Nearest valid full keys for an unknown ``full_key``: close names at the same level first
+    (difflib), then keys elsewhere in the schema that end the same way (a key moved to another
+    section, or verl's ``actor_rollout_ref.actor.clip_ratio`` for our ``actor.clip_ratio``)."""
+    parts = split_key(full_key)
+    i = first_bad_part(parts)
+    if i is None:
+        return []
+    prefix, bad = parts[:i], parts[i]
+    level = [str(k) for k in schema_node(prefix).keys()]  # type: ignore[union-attr]
+    pre = ".".join(prefix) + "." if prefix else ""
+    out = [pre + m for m in difflib.get_close_matches(bad, level, n=n, cutoff=0.6)]
+    paths = all_schema_paths()
+    tail = parts[i:]
+    for k in range(len(tail), 0, -1):  # longest matching suffix first
+        found = [p for p in paths if p.split(".")[-k:] == tail[-k:]]
+        if found:
+            out += found
+            break
+    if not out:  # a fuzzy leaf-name match anywhere
+        leaf = {p.split(".")[-1]: [] for p in paths}
+        for p in paths:
+            leaf[p.split(".")[-1]].append(p)
+        for m in difflib.get_close_matches(tail[-1], list(leaf), n=n, cutoff=0.75):
+            out += leaf[m]
+    seen: list[str] = []
+    for p in out:
+        if p not in seen:
+            seen.append(p)
+    return seen[:n]
+
+
+def unknown_key_error(full_key: str, source: str = "") -> ConfigKeyError:
+    """The error for a key that is not in the schema: the key, its ``source``, the section that lacks it,
+    the nearest valid keys (:func:`nearest_keys`) and the section's valid keys, on at most three lines."""
+    parts = split_key(full_key)
+    i = first_bad_part(parts)
+    if i is None:  # should not happen; keep a useful message anyway
+        return ConfigKeyError(f"Unknown config key {full_key!r}" + (f" ({source})" if source else "") + ".",
+                              key=full_key, source=source)
+    prefix, bad = parts[:i], parts[i]
+    where = f"section {'.'.join(prefix)!r}" if prefix else "the top level"
+    level = [str(k) for k in schema_node(prefix).keys()]  # type: ignore[union-attr]
+    suggestions = nearest_keys(full_key)
+    lines = [f"Unknown config key {full_key!r}" + (f" ({source})" if source else "") + "."]
+    lines.append(f"{where[0].upper()}{where[1:]} has no key {bad!r}."
+                 + (f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""))
+    lines.append((f"Valid keys in {'.'.join(prefix)!r}: " if prefix else "Valid top-level keys: ") + ", ".join(level))
+    return ConfigKeyError("\n".join(lines), key=full_key, suggestions=suggestions, source=source)
+
+
+def check_closed(cfg: DictConfig, source: str = "composed config") -> None:
+    """Every key of ``cfg`` must exist in the schema (catches ``+key=value`` additions and anything
+    else Hydra let through)."""
+
+    def walk(node: DictConfig, known: DictConfig, prefix: str) -> None:
+        for k in node.keys():
+            full = f"{prefix}{k}"
+            if k not in known:
+                raise unknown_key_error(full, source)
+            child, schild = node._get_node(k), known._get_node(k)
+            if isinstance(child, DictConfig) and isinstance(schild, DictConfig):
+                walk(child, schild, full + ".")
+
+    walk(cfg, schema(), "")

@@ -1,0 +1,61 @@
+"""Optimizer settings as a plain dataclass (no torch import): the argument of
+:func:`rlhf.mcore.optim.build_train_state`, and the training config's ``actor.optim`` / ``critic.optim``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Optional
+
+
+class LRDecayStyle(StrEnum):
+    """constant keeps lr after warm-up; linear and cosine decay it to min_lr over lr_decay_steps"""
+
+    def __reduce_ex__(self, protocol):  # pickles as a plain str: readers need not import this module
+        return str, (self.value,)
+
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+@dataclass
+class OptimConfig:
+    """Adam settings (megatron's Adam is AdamW: weight_decay is decoupled) and the LR schedule
+    (megatron's OptimizerParamScheduler: linear warm-up over ``lr_warmup_steps`` optimizer steps, then
+    ``lr_decay_style`` from ``lr`` to ``min_lr`` over ``lr_decay_steps``; None: no decay).
+
+    Raises:
+        ValueError: at construction, listing every out-of-range value (see :meth:`problems`).
+    """
+
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool = False  # True shards Adam state over data-parallel ranks
+    lr_warmup_steps: int = 0
+    lr_decay_steps: Optional[int] = None
+    lr_decay_style: LRDecayStyle = LRDecayStyle.constant
+
+    def __post_init__(self) -> None:
+        self.lr_decay_style = LRDecayStyle(self.lr_decay_style)  # ValueError names the bad value
+        problems = OptimConfig.problems(self)
+        if problems:
+            raise ValueError("invalid OptimConfig: " + " ".join(problems))
+
+    def problems(self, at: str = "") -> list[str]:
+        """One line per out-of-range value, keys prefixed with ``at`` (e.g. ``"actor.optim."``).
+        Works on an instance or on an OmegaConf node of this type (duck-typed ``self``)."""
+        out = [f"{at}{k}={getattr(self, k)!r} must be >= 0."
+               for k in ("lr", "min_lr", "weight_decay", "clip_grad", "adam_eps", "lr_warmup_steps")
+               if getattr(self, k) is None or getattr(self, k) < 0]
+        out += [f"{at}{k}={getattr(self, k)!r} must be in [0, 1)." for k in ("adam_beta1", "adam_beta2")
+                if getattr(self, k) is None or not 0 <= getattr(self, k) < 1]
+        if self.lr_decay_steps is not None and self.lr_decay_steps < 1:
+            out.append(f"{at}lr_decay_steps={self.lr_decay_steps!r} must be >= 1 (or null: no decay).")
+        if isinstance(self.lr, (int, float)) and isinstance(self.min_lr, (int, float)) and self.min_lr > self.lr:
+            out.append(f"{at}min_lr={self.min_lr} is above {at}lr={self.lr}; lower min_lr.")
+        return out
