@@ -34,7 +34,10 @@ setup(
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "gpu": ["transformer-engine[pytorch]>=2.4"],
+        # Transformer Engine for CUDA 13 (torch 2.14.1 is cu130; the plain [pytorch] extra pulls the CUDA 12
+        # core), inside megatron-core 0.16.1's tested range (>=2.9,<2.12).  Its PyTorch extension is an sdist
+        # built against the installed torch: install with  pip install --no-build-isolation -e '.[gpu]'
+        "gpu": ["transformer-engine[pytorch,core-cu13]==2.11.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.3"],
     },
     entry_points={"console_scripts": ["rlhf=rlhf.cli:main"]},

@@ -1,12 +1,17 @@
 """Convert checkpoints between Hugging Face and megatron-core dist_checkpointing formats.
 
-    python scripts/convert_checkpoint.py hf-to-mcore --hf-path H --out M --tp T --pp P
-    python scripts/convert_checkpoint.py mcore-to-hf --mcore-path M --out H2 [--tp T --pp P]
+    python scripts/convert_checkpoint.py hf-to-mcore --hf-path H --out M --tp T --pp P [--ep E]
+    python scripts/convert_checkpoint.py mcore-to-hf --mcore-path M --out H2 [--tp T --pp P --ep E]
 
-`H` is a local directory or a hub name. The megatron checkpoint `M` is layout independent
-(dist_checkpointing reshards on load); `--tp/--pp` choose how many processes do the work. The
-HF config and tokenizer travel inside `M/hf/` so the way back needs nothing else. Without
-torchrun, the script relaunches itself with tp*pp local processes (gloo on CPU, NCCL on GPU).
+Every registered model family (rlhf.mcore.convert.registry: Llama 2/3.x, Qwen2/2.5, Mistral,
+Qwen3, Qwen3-MoE, Mixtral), experts included.  `H` is a local directory or a hub name; its
+config.json is checked first (architecture, rope type, layout: exit code 2 with the supported
+list) before any weight is downloaded.  The megatron checkpoint `M` is layout independent
+(dist_checkpointing reshards on load); `--tp/--pp/--ep` choose how the work is split over
+tp*pp*ep processes (`--ep`: expert parallelism, MoE only; `--num-layers-in-first/last-pipeline-
+stage` for layer counts pp does not divide).  The HF config and tokenizer travel inside `M/hf/`
+so the way back needs nothing else.  Without torchrun, the script relaunches itself with
+tp*pp*ep local processes (gloo on CPU, NCCL on GPU).
 """
 from __future__ import annotations
 
@@ -32,8 +37,46 @@ def parse_args(argv=None):
     for p in (a, b):
         p.add_argument("--tp", type=int, default=1)
         p.add_argument("--pp", type=int, default=1)
+        p.add_argument("--ep", type=int, default=1, help="expert-parallel size (MoE models)")
+        p.add_argument("--num-layers-in-first-pipeline-stage", type=int, default=None)
+        p.add_argument("--num-layers-in-last-pipeline-stage", type=int, default=None)
         p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     return ap.parse_args(argv)
+
+
+def world_size(args) -> int:
+    """tp * pp * ep processes: data parallel size ep, which expert parallelism subdivides."""
+    return args.tp * args.pp * args.ep
+
+
+def uneven(args) -> dict:
+    return {k: v for k, v in (("num_layers_in_first_pipeline_stage", args.num_layers_in_first_pipeline_stage),
+                              ("num_layers_in_last_pipeline_stage", args.num_layers_in_last_pipeline_stage)) if v}
+
+
+def preflight(args, config_path: str) -> None:
+    """Refuse an unsupported model or layout from config.json alone (exit code 2)."""
+    from rlhf.mcore.convert import UnsupportedModelError
+    from rlhf.mcore.preflight import check_model
+
+    try:
+        check_model(config_path, tp=args.tp, pp=args.pp, ep=args.ep, **uneven(args))
+    except (UnsupportedModelError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def init_parallel(args) -> None:
+    """megatron parallel state; with --ep, megatron's own initializer (init_model_parallel has no ep)."""
+    from megatron.core import parallel_state as ps
+
+    from rlhf.mcore.distributed import init_model_parallel
+
+    if args.ep == 1:
+        init_model_parallel(args.tp, args.pp)
+    else:
+        ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+                                     expert_model_parallel_size=args.ep)
 
 
 def relaunch(args) -> int:
@@ -42,27 +85,31 @@ def relaunch(args) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.tp * args.pp}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={world_size(args)}",
            f"--master_port={port}", os.path.abspath(__file__), *sys.argv[1:]]
     return subprocess.call(cmd)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if "RANK" not in os.environ and args.tp * args.pp > 1:
-        return relaunch(args)
+    if "RANK" not in os.environ:
+        config_path = args.hf_path if args.command == "hf-to-mcore" else os.path.join(args.mcore_path, "hf")
+        if args.command == "hf-to-mcore" or os.path.isdir(config_path):
+            preflight(args, config_path)
+        if world_size(args) > 1:
+            return relaunch(args)
     import torch
     import torch.distributed as dist
     from transformers import AutoConfig
 
-    from rlhf.mcore.distributed import destroy_distributed, init_distributed, init_model_parallel, set_seed
+    from rlhf.mcore.distributed import destroy_distributed, init_distributed, set_seed
     from rlhf.mcore.models import build_model_chunks
 
     init_distributed()
-    if dist.get_world_size() != args.tp * args.pp:
-        raise SystemExit(f"world size {dist.get_world_size()} != tp*pp = {args.tp * args.pp}; "
-                         f"launch exactly tp*pp processes")
-    init_model_parallel(args.tp, args.pp)
+    if dist.get_world_size() != world_size(args):
+        raise SystemExit(f"world size {dist.get_world_size()} != tp*pp*ep = {world_size(args)}; "
+                         f"launch exactly tp*pp*ep processes")
+    init_parallel(args)
     set_seed(0)
     if args.command == "hf-to-mcore":
         from rlhf.mcore.dist_checkpoint import save_sharded
@@ -74,7 +121,7 @@ def main(argv=None) -> int:
             hf_path = snapshot_download(hf_path, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model"])
         config = AutoConfig.from_pretrained(hf_path)
         bundle = build_model_chunks(config, "actor", hf_path,
-                                    make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
+                                    make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, **uneven(args))
         tmp = args.out.rstrip("/") + ".tmp"
         if dist.get_rank() == 0:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -88,7 +135,7 @@ def main(argv=None) -> int:
                     shutil.copy(os.path.join(hf_path, f), hf_dir)
             shutil.rmtree(args.out, ignore_errors=True)
             os.replace(tmp, args.out)
-            print(f"wrote megatron checkpoint {args.out} (from {args.hf_path}, tp={args.tp} pp={args.pp})")
+            print(f"wrote megatron checkpoint {args.out} (from {args.hf_path}, tp={args.tp} pp={args.pp} ep={args.ep})")
     else:
         from rlhf.mcore.dist_checkpoint import load_sharded
         from rlhf.mcore.convert import save_hf_checkpoint
@@ -98,7 +145,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"{args.mcore_path!r} has no hf/ config directory; was it written by hf-to-mcore "
                              f"or by the trainer's HF export?")
         config = AutoConfig.from_pretrained(hf_dir)
-        bundle = build_model_chunks(config, "actor", make_vocab_size_divisible_by=args.make_vocab_size_divisible_by)
+        bundle = build_model_chunks(config, "actor", make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+                                    **uneven(args))
         load_sharded(args.mcore_path, bundle.chunks)
         tokenizer = None
         try:

@@ -78,3 +78,123 @@ def test_slurm_nodelist_and_env():
     assert (env.rank, env.world_size, env.launcher) == (1, 2, "torchrun")
     with pytest.raises(ValueError, match="unbalanced"):
         expand_slurm_nodelist("gpu-[01-03")
+
+
+# ---------------------------------------------------------------- model families (issue 11)
+from tests.model_families import FAMILY_MODELS  # noqa: E402
+
+
+def family_config(kind, **kw):
+    import transformers
+
+    cls_name, base = FAMILY_MODELS[kind]
+    return getattr(transformers, cls_name)(**{**dict(vocab_size=1000, hidden_size=64, num_attention_heads=4,
+                                                      num_key_value_heads=2, num_hidden_layers=4), **base, **kw})
+
+
+def test_family_specs_match_release_shapes():
+    q3 = hf_model_spec(family_config("qwen3"))
+    assert (q3.architecture, q3.qk_norm, q3.qkv_bias, q3.head_dim, q3.tie_word_embeddings) == \
+        ("Qwen3ForCausalLM", True, False, 32, True)
+    moe = hf_model_spec(family_config("qwen3_moe"))
+    assert (moe.num_experts, moe.moe_topk, moe.moe_ffn_hidden_size, moe.moe_norm_topk_prob, moe.qk_norm) == \
+        (8, 2, 32, True, True)
+    mx = hf_model_spec(family_config("mixtral"))
+    assert (mx.architecture, mx.num_experts, mx.moe_ffn_hidden_size, mx.moe_norm_topk_prob, mx.qk_norm) == \
+        ("MixtralForCausalLM", 8, 48, True, False)
+    l3 = hf_model_spec(family_config("llama3"))
+    assert l3.rope_theta == 500000.0 and l3.rope_scaling["rope_type"] == "llama3" and l3.rope_scaling["factor"] == 32
+    q25 = hf_model_spec(family_config("qwen2_5"))
+    assert q25.qkv_bias and q25.rope_scaling is None and q25.rope_theta == 1e6
+
+
+def test_moe_transformer_config_routing_and_aux_loss():
+    cfg = transformer_config_from_hf(family_config("qwen3_moe"), ep=2)
+    assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size, cfg.expert_model_parallel_size) == \
+        (8, 2, 32, 2)
+    assert not cfg.moe_router_pre_softmax and cfg.qk_layernorm and cfg.moe_aux_loss_coeff == 0.001
+    # norm_topk_prob=False: top-k of the softmax over all experts (megatron's pre-softmax)
+    cfg = transformer_config_from_hf(family_config("qwen3_moe", norm_topk_prob=False), moe_aux_loss_coeff=0.0)
+    assert cfg.moe_router_pre_softmax and cfg.moe_aux_loss_coeff == 0 and cfg.moe_router_load_balancing_type == "none"
+
+
+def test_moe_layout_refusals():
+    spec = hf_model_spec(family_config("qwen3_moe"))
+    with pytest.raises(ValueError, match="ep=3 does not divide num_experts=8"):
+        validate_parallel_layout(spec, tp=1, pp=1, ep=3)
+    with pytest.raises(ValueError, match="ep=2 needs a MoE model"):
+        validate_parallel_layout(hf_model_spec(llama()), tp=1, pp=1, ep=2)
+    with pytest.raises(ValueError, match="does not divide the experts' intermediate size 32"):
+        validate_parallel_layout(spec, tp=1, pp=1, etp=3)
+    with pytest.raises(UnsupportedModelError, match="every layer must be sparse"):
+        hf_model_spec(family_config("qwen3_moe", mlp_only_layers=[0]))
+
+
+def test_uneven_pipeline_for_real_layer_counts():
+    for layers, pp, first, last in ((28, 4, 7, 7), (36, 8, 3, 3), (94, 8, 10, 12)):
+        validate_parallel_layout(hf_model_spec(llama(num_hidden_layers=layers)), tp=1, pp=pp,
+                                 num_layers_in_first_pipeline_stage=first, num_layers_in_last_pipeline_stage=last)
+    with pytest.raises(ValueError, match="pp=4 does not divide num_hidden_layers=30"):
+        validate_parallel_layout(hf_model_spec(llama(num_hidden_layers=30)), tp=1, pp=4)
+    with pytest.raises(ValueError, match="need pipeline parallelism"):
+        validate_parallel_layout(hf_model_spec(llama()), tp=1, pp=1, num_layers_in_first_pipeline_stage=1)
+    cfg = transformer_config_from_hf(llama(num_hidden_layers=6), pp=4, num_layers_in_first_pipeline_stage=1,
+                                     num_layers_in_last_pipeline_stage=1)
+    assert (cfg.num_layers_in_first_pipeline_stage, cfg.num_layers_in_last_pipeline_stage) == (1, 1)
+
+
+@pytest.mark.parametrize("rope_type,match", [("dynamic", "sequence length"), ("yarn", "attention logits"),
+                                             ("longrope", "LongRoPE"), ("su", "no megatron-core equivalent")])
+def test_unsupported_rope_types_are_refused_with_the_list(rope_type, match):
+    cfg = llama()
+    cfg.rope_parameters = {"rope_type": rope_type, "rope_theta": 1e4, "factor": 2.0}
+    with pytest.raises(UnsupportedModelError, match=f"{rope_type!r}.*{match}.*supported rope types: default, llama3, linear"):
+        hf_model_spec(cfg)
+
+
+@pytest.mark.parametrize("kind", ["llama3", "llama3_custom", "linear"])
+def test_rope_frequencies_equal_transformers_bitwise(kind):
+    """megatron's RotaryEmbedding (+ our override where megatron cannot express the config) gives
+    exactly transformers' inverse frequencies."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from rlhf.mcore.rope import apply_rope_scaling, gpt_rope_kwargs
+
+    cfg = (family_config(kind) if kind != "linear"
+           else llama(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}))
+    spec = hf_model_spec(cfg)
+    kw = gpt_rope_kwargs(spec)
+    assert kw.get("rope_scaling", False) == (kind == "llama3")  # megatron's own option for Llama 3.x values
+
+    class Chunk(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rotary_pos_emb = RotaryEmbedding(
+                kv_channels=spec.head_dim, rotary_percent=1.0, rotary_base=kw["rotary_base"],
+                rope_scaling=kw.get("rope_scaling", False), rope_scaling_factor=kw.get("rope_scaling_factor", 8.0),
+                use_cpu_initialization=True)
+
+    chunk = Chunk()
+    apply_rope_scaling(chunk, cfg, spec)
+    ref, attention_factor = ROPE_INIT_FUNCTIONS[spec.rope_scaling["rope_type"]](cfg, torch.device("cpu"))
+    assert attention_factor == 1.0
+    assert torch.equal(chunk.rotary_pos_emb.inv_freq, ref.float())
+    default = 1.0 / (spec.rope_theta ** (torch.arange(0, spec.head_dim, 2, dtype=torch.float32) / spec.head_dim))
+    assert not torch.equal(ref.float(), default)  # the scaling does change some frequencies
+
+
+def test_preflight_from_config_json_alone(tmp_path):
+    from rlhf.mcore.preflight import check_model
+
+    d = tmp_path / "qwen3"
+    family_config("qwen3").save_pretrained(str(d))  # config.json only, no weights
+    assert check_model(str(d), tp=2, pp=2).architecture == "Qwen3ForCausalLM"
+    with pytest.raises(ValueError, match="tp=4 does not divide num_key_value_heads=2"):
+        check_model(str(d), tp=4)
+    g = tmp_path / "gpt2"
+    GPT2Config(architectures=["GPT2LMHeadModel"]).save_pretrained(str(g))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM.*Qwen3MoeForCausalLM"):
+        check_model(str(g))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        check_model(str(tmp_path))

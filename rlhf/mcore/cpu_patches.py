@@ -129,6 +129,51 @@ class _CpuTorchProxy(types.ModuleType):
         return getattr(torch, name)
 
 
+class _CpuStream:
+    """Stand-in for a CUDA stream / event on the CPU, where every op is already synchronous."""
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return self
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+_CURRENT_STREAM = _CpuStream()
+
+
+class _CpuCudaProxy(types.ModuleType):
+    """Stands in for `torch.cuda` inside megatron.core modules: streams and events are no-ops.
+
+    megatron's MoE all-to-all token dispatcher (transformer/moe/token_dispatcher.py) creates a
+    `torch.cuda.Stream()` in its constructor and copies routing counts to the host on it; without
+    this, building any MoE layer raises "CUDA driver version is insufficient".
+    """
+
+    Stream = _CpuStream
+    Event = _CpuStream
+
+    def __getattr__(self, name):
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def current_stream(device=None):
+        return _CURRENT_STREAM
+
+    @staticmethod
+    def stream(s):
+        return contextlib.nullcontext()
+
+
 def _cpu_factory(orig):
     @functools.wraps(orig)
     def factory(*a, **k):
@@ -145,7 +190,8 @@ def _patch_cuda_literals() -> None:
     megatron-core allocates with device='cuda' literals in optimizer.py, clip_grads.py,
     grad_scaler.py, pipeline_parallel/schedules.py (token counts), tensor_parallel/data.py,
     language_module.py (tied embeddings under PP) and transformer/utils.py; without this they
-    raise "Found no NVIDIA driver".  Only megatron.core modules see the remapped factories (their
+    raise "Found no NVIDIA driver".  Their `torch.cuda` streams/events become no-ops
+    (`_CpuCudaProxy`, for the MoE token dispatcher).  Only megatron.core modules see the remapped factories (their
     `torch` global is replaced by a proxy): patching torch itself broke transformers' RoPE buffer
     initialisation.
     """
@@ -154,11 +200,12 @@ def _patch_cuda_literals() -> None:
     for name in ("megatron.core.optimizer", "megatron.core.optimizer.distrib_optimizer",
                  "megatron.core.pipeline_parallel.schedules", "megatron.core.tensor_parallel.data",
                  "megatron.core.models.gpt", "megatron.core.distributed", "megatron.core.dist_checkpointing",
-                 "megatron.core.transformer.utils"):
+                 "megatron.core.transformer.utils", "megatron.core.transformer.moe.token_dispatcher"):
         importlib.import_module(name)
     proxy = _CpuTorchProxy("torch")
     for fname in _FACTORIES:
         setattr(proxy, fname, _cpu_factory(getattr(torch, fname)))
+    proxy.cuda = _CpuCudaProxy("torch.cuda")
     for mod_name, mod in list(sys.modules.items()):
         if mod_name.startswith("megatron.core") and getattr(mod, "torch", None) is torch:
             mod.torch = proxy
@@ -193,6 +240,76 @@ def _patch_tensor_type() -> None:
     torch.Tensor.type = type_
 
 
+def patch_moe_without_te() -> None:
+    """Define `te_general_gemm = None` in megatron's moe_utils when Transformer Engine is absent.
+
+    megatron-core 0.16.1 imports `te_general_gemm` only inside `try: import transformer_engine`,
+    yet the MoE router's gating (`RouterGatingLinearFunction`) tests `te_general_gemm is not None`
+    unconditionally: without TE every MoE forward raises NameError.  None selects its plain torch
+    matmul path.  Needed on any machine without TE (CPU or GPU); idempotent.
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def _patch_moe_host_copies() -> None:
+    """Make the MoE all-to-all dispatcher's "device -> host" copies of split sizes work on CPU.
+
+    `maybe_move_tensor_to_cpu(t, as_numpy=True)` only converts CUDA tensors; on the CPU the split
+    sizes stay tensors and `all_to_all_single` rejects them (TypeError) as soon as EP > 1.
+    """
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    orig = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move_tensor_to_cpu(tensor, as_numpy=False, record_stream=False):
+        if torch.is_tensor(tensor) and not tensor.is_cuda and as_numpy:
+            return tensor.numpy()
+        return orig(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move_tensor_to_cpu
+
+
+def _patch_uneven_gloo_collectives() -> None:
+    """All-gather / reduce-scatter with uneven split sizes for gloo.
+
+    The MoE all-to-all dispatcher with expert tensor parallelism gathers (and in backward
+    reduce-scatters) a different number of tokens per TP rank through
+    `tensor_parallel.mappings._gather_along_first_dim(..., output_split_sizes)`, i.e.
+    `dist.all_gather` into unequal tensors, which gloo rejects ("invalid tensor size").  Here the
+    gather pads every rank's rows to the largest split and trims; the reduce-scatter all-reduces
+    the whole tensor and keeps this rank's rows (same values, more traffic; CPU only).
+    """
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import mappings
+
+    orig_gather, orig_rs = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+
+    def gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return orig_gather(input_, group, output_split_sizes, use_global_buffer)
+        rows = max(output_split_sizes)
+        padded = input_.new_zeros((rows, *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in range(group.size())]
+        dist.all_gather(parts, padded.contiguous(), group=group)
+        return torch.cat([p[:n] for p, n in zip(parts, output_split_sizes)], 0)
+
+    def reduce_scatter(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return orig_rs(input_, group, input_split_sizes, use_global_buffer)
+        full = input_.contiguous().clone()
+        dist.all_reduce(full, group=group)
+        start = sum(input_split_sizes[: group.rank()])
+        return full[start: start + input_split_sizes[group.rank()]].contiguous()
+
+    mappings._gather_along_first_dim = gather
+    mappings._reduce_scatter_along_first_dim = reduce_scatter
+
+
 def apply_cpu_patches() -> bool:
     """Apply every CPU patch once; returns True if patches are active (no CUDA), else False."""
     global _APPLIED
@@ -210,6 +327,9 @@ def apply_cpu_patches() -> bool:
     torch.cuda.synchronize = lambda *a, **k: None
     _patch_cuda_literals()
     _patch_tensor_type()
+    patch_moe_without_te()
+    _patch_moe_host_copies()
+    _patch_uneven_gloo_collectives()
     return True
 
 

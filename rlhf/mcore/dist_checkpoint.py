@@ -5,6 +5,12 @@ state (scheduler, RNG, KL controller, dataloader position) travels as common sta
 Atomicity: the caller saves into `<dir>.tmp` and renames (see `rlhf.trainer` checkpointing);
 `save_sharded` itself only writes.  Any script that saves must keep its work under
 `if __name__ == "__main__":` (dist_checkpointing starts a spawn Manager that re-imports __main__).
+
+Exact resume: the next step after `load_sharded` is bitwise the step of the uninterrupted run, with
+or without the distributed optimizer (see `_unshare_step_tensors` for the megatron-core 0.16.1 bug
+that made the distributed optimizer drift).
+
+Slim saves (`slim=True`) keep only what resuming needs; see `save_sharded`.
 """
 from __future__ import annotations
 
@@ -30,20 +36,79 @@ def model_sharded_state_dict(chunks) -> dict:
     return {f"model{i}": c.sharded_state_dict() for i, c in enumerate(chunks)}
 
 
-def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None) -> None:
-    """Collective: write model (+ optimizer) sharded state and `common` python state to `path`."""
+def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None, slim: bool = False) -> None:
+    """Collective: write model (+ optimizer) sharded state and `common` python state to `path`.
+
+    slim=False (full): every model tensor of `chunks` and the complete optimizer state.
+    slim=True: only what resuming needs.  Dropped: frozen parameters (requires_grad=False; on load
+    they keep the values the model was built with, i.e. the base weights) and the distributed
+    optimizer's fp32 main-parameter copy when the model itself is fp32 (it is bitwise the model
+    weight, which is saved; on load it is restored from it).  Tied embedding/output weights are
+    saved once in both modes (megatron-core keys the output layer as a replica of the embedding).
+    With bf16/fp16 weights the fp32 main parameters are kept: they are not recomputable.
+    """
     from megatron.core import dist_checkpointing
 
     if dist.get_rank() == 0:
         os.makedirs(path, exist_ok=True)
     dist.barrier()
     sd = model_sharded_state_dict(chunks)
+    if slim:
+        _drop_frozen(sd)
     if optimizer is not None:
         sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=False, metadata=OPTIMIZER_METADATA)
+        if slim:
+            _drop_main_param_copies(sd["optimizer"], optimizer)
     if common:
         sd["common_state"] = common
+    sd[FORMAT_KEY] = {"slim": bool(slim)}
     dist_checkpointing.save(sd, path)
     dist.barrier()
+
+
+FORMAT_KEY = "rlhf_save_format"
+
+
+def _drop_frozen(sd: dict) -> None:
+    """Remove frozen parameters (requires_grad=False) from a {'model': sharded_sd, ...} dict."""
+    for part in sd.values():
+        for key in [k for k, v in part.items()
+                    if isinstance(getattr(v, "data", None), torch.nn.Parameter) and not v.data.requires_grad]:
+            del part[key]
+
+
+def _distopt_parts(optimizer, opt_sd) -> list:
+    """[(DistributedOptimizer, its fully-reshardable sharded state), ...] for a (chained) optimizer."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    opts = getattr(optimizer, "chained_optimizers", [optimizer])
+    parts = [opt_sd] if len(opts) == 1 else [opt_sd[i] for i in range(len(opts))]
+    return [(o, p) for o, p in zip(opts, parts)
+            if isinstance(o, DistributedOptimizer) and p.get("param_state_sharding_type") == "fully_reshardable"]
+
+
+def _main_params_are_model_params(opt) -> bool:
+    """fp32 weights: the distributed optimizer's main params are views of the model params."""
+    return not (opt.config.bf16 or opt.config.fp16 or opt.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8)
+
+
+def _drop_main_param_copies(opt_sd, optimizer) -> None:
+    for opt, part in _distopt_parts(optimizer, opt_sd):
+        if _main_params_are_model_params(opt):
+            for tensors in part["param_state"].values():
+                tensors.pop("param", None)
+
+
+def _restore_main_param_copies(loaded_opt, optimizer) -> None:
+    """Slim load: give each param-state entry its 'param' back from the (already loaded) model
+    weight it belongs to.  Entry i is the i-th parameter of the optimizer's grad buffers in
+    `param_index_map` order, the order megatron uses to build and read the fully-reshardable state."""
+    for opt, part in _distopt_parts(optimizer, loaded_opt):
+        if not _main_params_are_model_params(opt):
+            continue
+        model_params = [p for buffer in opt.buffers for p in buffer.param_index_map]
+        for idx, tensors in part["param_state"].items():
+            tensors["param"] = model_params[idx].detach()
 
 
 def _init_empty_optimizer_state(optimizer) -> None:
@@ -100,28 +165,59 @@ def _patch_step_key_on_load() -> None:
     _PATCHED = True
 
 
+def _unshare_step_tensors(optimizer) -> None:
+    """Give every parameter its own Adam 'step' tensor, in place.
+
+    megatron-core 0.16.1 without Apex/TE: DistributedOptimizer.load_state_dict puts ONE step
+    tensor into every parameter's state (`s["step"] = step` in a loop), and torch's Adam increments
+    `state["step"]` in place per parameter, so the first step after a resume advanced the shared
+    counter once per parameter: parameter i saw step s+i in its bias correction instead of s+1
+    (the ~4e-4 drift of the resumed step).  Fresh runs are unaffected (torch allocates per param).
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for state in inner.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+
+
 def load_sharded(path: str, chunks, optimizer=None) -> dict:
-    """Collective: load model (+ optimizer) state saved by `save_sharded` at any layout into
-    `chunks`; returns the common python state. Raises FileNotFoundError if `path` is missing."""
+    """Collective: load model (+ optimizer) state saved by `save_sharded` (full or slim) at any
+    layout into `chunks`; returns the common python state. Raises FileNotFoundError if `path` is
+    missing, RuntimeError if it lacks model tensors."""
     from megatron.core import dist_checkpointing
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+    common = dist_checkpointing.load_common_state_dict(path)
+    slim = bool(common.get(FORMAT_KEY, {}).get("slim", False))
     sd = model_sharded_state_dict(chunks)
+    dropped = set()
+    if slim:
+        full_keys = {k for part in sd.values() for k in part}
+        _drop_frozen(sd)
+        dropped = full_keys - {k for part in sd.values() for k in part}
     if optimizer is not None:
         _init_empty_optimizer_state(optimizer)
         _patch_step_key_on_load()
         sd["optimizer"] = optimizer.sharded_state_dict(dict(sd), is_loading=True, metadata=OPTIMIZER_METADATA)
-    common = dist_checkpointing.load_common_state_dict(path)
+        if slim:
+            _drop_main_param_copies(sd["optimizer"], optimizer)
     if "common_state" in common:
         sd["common_state"] = common["common_state"]
     loaded = dist_checkpointing.load(sd, path)
     keys = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
     for key, chunk in zip(keys, chunks):
         missing, unexpected = unwrap_model(chunk).load_state_dict(loaded[key], strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state")]
+        missing = [k for k in missing if not k.endswith("_extra_state") and k not in dropped]
         if missing:
             raise RuntimeError(f"checkpoint {path!r} lacks model tensors {missing[:5]}...")
     if optimizer is not None:
+        if slim:
+            _restore_main_param_copies(loaded["optimizer"], optimizer)
         optimizer.load_state_dict(loaded["optimizer"])
+        _unshare_step_tensors(optimizer)
     return loaded.get("common_state", {})
+

@@ -36,17 +36,28 @@ class LaunchEnv:
 
 
 def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """Expand a Slurm node list such as ``"gpu-[01-03,07],cpu1"`` into host names.
+    """Expand a Slurm host list such as ``"gpu-[01-03,07],cpu1"`` into host names, in Slurm's order.
 
-    Pure python (no `scontrol`), handles zero padding and several bracket groups per list.
-    Raises ValueError on an unbalanced bracket.
+    Pure python, the same result as ``scontrol show hostnames``: zero padding kept (``[08-10]``), several
+    bracket groups per name expand as a cartesian product with the first group outermost
+    (``"rack[1-2]-node[01-02]"`` -> rack1-node01, rack1-node02, rack2-node01, rack2-node02).
+    Raises ValueError on an unbalanced bracket, an empty group or a range that is not ``lo-hi`` digits
+    with ``lo <= hi``.
     """
     hosts: list[str] = []
-    # split on commas that are not inside brackets
+    for part in _split_top_level(nodelist):
+        hosts.extend(_expand_host(part, nodelist))
+    return hosts
+
+
+def _split_top_level(nodelist: str) -> list[str]:
+    """Split on the commas outside brackets; checks the brackets balance."""
     parts, depth, cur = [], 0, ""
     for ch in nodelist:
         if ch == "[":
             depth += 1
+            if depth > 1:
+                raise ValueError(f"nested '[' in SLURM node list {nodelist!r}")
         elif ch == "]":
             depth -= 1
             if depth < 0:
@@ -59,20 +70,46 @@ def expand_slurm_nodelist(nodelist: str) -> list[str]:
     if depth != 0:
         raise ValueError(f"unbalanced '[' in SLURM node list {nodelist!r}")
     parts.append(cur)
-    for part in filter(None, parts):
-        m = re.fullmatch(r"([^\[]*)\[([^\]]+)\](.*)", part)
-        if not m:
-            hosts.append(part)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_host(part: str, nodelist: str) -> list[str]:
+    """One comma-free item: expand its first bracket group, then the rest of the name recursively."""
+    m = re.match(r"([^\[]*)\[([^\]]*)\](.*)", part)
+    if not m:
+        return [part]
+    prefix, ranges, rest = m.groups()
+    tails = _expand_host(rest, nodelist) if rest else [""]
+    values: list[str] = []
+    for r in ranges.split(","):
+        lo, sep, hi = r.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad range {r!r} in SLURM node list {nodelist!r}: use digits like [01-04,07]")
+        if not sep:
+            values.append(lo)
             continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            if "-" in r:
-                lo, hi = r.split("-")
-                width = len(lo)
-                hosts.extend(f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1))
-            else:
-                hosts.append(f"{prefix}{r}{suffix}")
-    return hosts
+        if int(lo) > int(hi):
+            raise ValueError(f"range {r!r} in SLURM node list {nodelist!r} runs backwards")
+        width = len(lo)
+        values.extend(f"{i:0{width}d}" for i in range(int(lo), int(hi) + 1))
+    return [f"{prefix}{v}{tail}" for v in values for tail in tails]
+
+
+#: First port of a Slurm job's block of three (torch.distributed rendezvous, Ray GCS, Ray client server);
+#: recipes/_launch/slurm_body.sh uses the same formula.  20000-32001 stays below Linux's ephemeral range.
+SLURM_PORT_BASE, SLURM_PORT_BLOCKS = 20000, 4000
+
+
+def slurm_job_ports(job_id: int) -> tuple[int, int, int]:
+    """Ports of a Slurm job derived from its id: ``(master_port, ray_gcs_port, ray_client_port)``.
+
+    ``base = 20000 + 3 * (job_id % 4000)``; two jobs sharing a node get different ports unless their
+    ids differ by a multiple of 4000.  Raises ValueError for a negative id.
+    """
+    if job_id < 0:
+        raise ValueError(f"SLURM_JOB_ID={job_id} must be >= 0")
+    base = SLURM_PORT_BASE + 3 * (job_id % SLURM_PORT_BLOCKS)
+    return base, base + 1, base + 2
 
 
 def _free_port() -> int:
@@ -83,7 +120,8 @@ def _free_port() -> int:
 
 def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
     """Read rank/world size from torchrun (RANK, WORLD_SIZE, LOCAL_RANK) or Slurm (SLURM_PROCID,
-    SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR from the first host of SLURM_JOB_NODELIST).
+    SLURM_NTASKS, SLURM_LOCALID, MASTER_ADDR from the first host of SLURM_JOB_NODELIST, MASTER_PORT from
+    :func:`slurm_job_ports` of SLURM_JOB_ID when unset).
 
     torchrun wins when both are set (torchrun inside an srun allocation). With neither, a single
     process job on a free local port.
@@ -95,7 +133,8 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "127.0.0.1"
         master = env.get("MASTER_ADDR") or expand_slurm_nodelist(nodelist)[0]
-        port = int(env.get("MASTER_PORT", 29500))
+        default_port = slurm_job_ports(int(env["SLURM_JOB_ID"]))[0] if env.get("SLURM_JOB_ID") else 29500
+        port = int(env.get("MASTER_PORT", default_port))
         return LaunchEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
                          master, port, "slurm")
     return LaunchEnv(0, 1, 0, "127.0.0.1", _free_port(), "single")

@@ -13,6 +13,7 @@ Token outputs are aligned with `input_ids`: `log_probs[:, t] = log p(input_ids[:
 """
 from __future__ import annotations
 
+import math
 from functools import partial
 from typing import Callable
 
@@ -92,7 +93,8 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         kind: "log_probs" (actor/reference) or "values" (critic).
         loss_fn: `loss_fn(outputs: dict, micro_batch: dict) -> (loss scalar, metrics dict)`; required
             when forward_only is False. megatron divides the loss by the number of micro batches.
-        seq_length_multiple: pad S to a multiple of this (tp under sequence parallelism).
+        seq_length_multiple: pad S to a multiple of this; under sequence parallelism S is padded to
+            a multiple of tp as well (automatically, read from the model's config).
     Returns:
         forward_only without loss_fn: dict of [B, S] float32 tensors (`log_probs`, `entropy` or
         `values`) on EVERY rank (broadcast from the last pipeline stage).
@@ -107,6 +109,11 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         raise ValueError("vocab_size (the unpadded vocabulary size) is required for log_probs")
     if not forward_only and loss_fn is None:
         raise ValueError("forward_only=False needs a loss_fn")
+    from megatron.core.utils import get_model_config
+
+    if get_model_config(model_chunks[0]).sequence_parallel:
+        tp = ps.get_tensor_model_parallel_world_size()
+        seq_length_multiple = seq_length_multiple * tp // math.gcd(seq_length_multiple, tp)
     batch = dict(batch)
     input_ids = batch["input_ids"]
     B, S = input_ids.shape

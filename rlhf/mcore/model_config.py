@@ -1,74 +1,34 @@
 """Hugging Face config -> megatron-core TransformerConfig and GPTModel arguments.
 
-Supported: LlamaForCausalLM and Qwen2ForCausalLM families (RoPE with theta from the config,
-RMSNorm, SwiGLU, GQA or MHA, Qwen2's q/k/v bias, tied or untied embeddings).  Every check runs
+Supported architectures are those of the converter registry (`rlhf.mcore.convert.registry`, one
+family file each: features there).  Every check runs
 before any weight is allocated, so a bad layout fails in milliseconds with a message naming the
 offending value and the fix.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 import torch.nn.functional as F
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+from rlhf.mcore.convert.registry import get_converter, resolve_architecture, supported_architectures
+from rlhf.mcore.convert.spec import HFModelSpec, UnsupportedModelError
+from rlhf.mcore.rope import rope_parameters
 
+__all__ = ["HFModelSpec", "SUPPORTED_ARCHITECTURES", "UnsupportedModelError", "hf_model_spec", "padded_vocab_size",
+           "transformer_config_from_hf", "validate_parallel_layout"]
 
-class UnsupportedModelError(ValueError):
-    """The Hugging Face model cannot be mapped onto our megatron-core GPTModel."""
-
-
-@dataclass
-class HFModelSpec:
-    """The facts of a HF decoder config the trainer and the weight bridge need."""
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    ffn_hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_query_groups: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    extra: dict = field(default_factory=dict)
-
-
-def _rope_theta(hf_config) -> float:
-    # transformers >= 5 keeps RoPE settings in `rope_parameters`; older configs use rope_theta.
-    params = getattr(hf_config, "rope_parameters", None) or {}
-    if isinstance(params, dict) and "rope_theta" in params:
-        rope_type = params.get("rope_type", "default")
-        if rope_type not in ("default", None):
-            raise UnsupportedModelError(
-                f"rope_parameters.rope_type={rope_type!r} is not supported yet; only plain RoPE ('default')")
-        return float(params["rope_theta"])
-    scaling = getattr(hf_config, "rope_scaling", None)
-    if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
-        raise UnsupportedModelError(f"rope_scaling={scaling!r} is not supported yet; only plain RoPE")
-    return float(getattr(hf_config, "rope_theta", 10000.0))
+SUPPORTED_ARCHITECTURES = supported_architectures()
+"""HF architecture names with a registered converter (`rlhf.mcore.convert.registry`)."""
 
 
 def hf_model_spec(hf_config) -> HFModelSpec:
     """Read a `transformers.PretrainedConfig` into an HFModelSpec.
 
-    Raises UnsupportedModelError for an architecture outside SUPPORTED_ARCHITECTURES, a
-    non-SwiGLU activation or an unsupported RoPE scaling.
+    The architecture is looked up in the converter registry, whose family adds its own fields
+    (bias, q/k norm, MoE).  Raises UnsupportedModelError for an architecture outside
+    SUPPORTED_ARCHITECTURES, a non-SwiGLU activation or an unsupported RoPE scaling.
     """
-    archs = list(getattr(hf_config, "architectures", None) or [])
-    if not archs:
-        archs = {"llama": ["LlamaForCausalLM"], "qwen2": ["Qwen2ForCausalLM"],
-                 "mistral": ["MistralForCausalLM"]}.get(getattr(hf_config, "model_type", ""), [])
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
-        raise UnsupportedModelError(
-            f"unsupported architecture {archs or getattr(hf_config, 'model_type', None)!r}; "
-            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    arch = resolve_architecture(hf_config)
     act = getattr(hf_config, "hidden_act", "silu")
     if act != "silu":
         raise UnsupportedModelError(f"hidden_act={act!r}: only SwiGLU ('silu') MLPs are supported")
@@ -77,19 +37,15 @@ def hf_model_spec(hf_config) -> HFModelSpec:
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    if arch == "Qwen2ForCausalLM":
-        qkv_bias = True
-    else:
-        qkv_bias = bool(getattr(hf_config, "attention_bias", False))
-    if getattr(hf_config, "mlp_bias", False):
-        raise UnsupportedModelError("mlp_bias=True is not supported (Llama variants with MLP bias)")
+    family_fields = get_converter(arch).spec_fields(hf_config, arch)
+    rope_theta, rope_scaling = rope_parameters(hf_config)
     return HFModelSpec(
         architecture=arch, vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
         ffn_hidden_size=hf_config.intermediate_size, num_layers=hf_config.num_hidden_layers,
         num_attention_heads=heads, num_query_groups=kv_heads, head_dim=head_dim,
-        rms_norm_eps=float(hf_config.rms_norm_eps), rope_theta=_rope_theta(hf_config),
+        rms_norm_eps=float(hf_config.rms_norm_eps), rope_theta=rope_theta, rope_scaling=rope_scaling,
         max_position_embeddings=hf_config.max_position_embeddings,
-        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)), qkv_bias=qkv_bias)
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)), **family_fields)
 
 
 def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: int) -> int:
@@ -100,11 +56,15 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
 
 def validate_parallel_layout(spec: HFModelSpec, tp: int, pp: int, vpp: int | None = None,
                              num_layers_in_first_pipeline_stage: int | None = None,
-                             num_layers_in_last_pipeline_stage: int | None = None) -> None:
-    """Check that tp/pp(/vpp) can shard this model; raises ValueError naming the value and the fix.
+                             num_layers_in_last_pipeline_stage: int | None = None, ep: int = 1,
+                             etp: int | None = None) -> None:
+    """Check that tp/pp(/vpp)/ep can shard this model; raises ValueError naming the value and the fix.
 
-    megatron-core only asserts some of these when building, and under `python -O` silently
-    builds fewer layers, so we validate ourselves.
+    `ep` is the expert-parallel size, `etp` the expert tensor-parallel size (default tp).
+    Uneven pipelines: `num_layers_in_first/last_pipeline_stage` layers go to the first/last
+    stage, the rest split evenly over the others (x vpp).  megatron-core only asserts some of
+    these when building, and under `python -O` silently builds fewer layers, so we validate
+    ourselves.
     """
     if spec.num_attention_heads % tp:
         raise ValueError(f"tensor parallel size tp={tp} does not divide num_attention_heads="
@@ -113,8 +73,20 @@ def validate_parallel_layout(spec: HFModelSpec, tp: int, pp: int, vpp: int | Non
         raise ValueError(f"tensor parallel size tp={tp} does not divide num_key_value_heads="
                          f"{spec.num_query_groups} (megatron shards whole query groups); use tp in "
                          f"{[d for d in range(1, spec.num_query_groups + 1) if spec.num_query_groups % d == 0]}")
-    if spec.ffn_hidden_size % tp:
+    if spec.ffn_hidden_size % tp and not spec.is_moe:
         raise ValueError(f"tp={tp} does not divide intermediate_size={spec.ffn_hidden_size}")
+    etp = tp if etp is None else etp
+    if ep < 1 or (ep > 1 and not spec.is_moe):
+        raise ValueError(f"expert parallel size ep={ep} needs a MoE model with experts to split "
+                         f"({spec.architecture} has none); use ep=1")
+    if spec.is_moe and spec.num_experts % ep:
+        raise ValueError(f"expert parallel size ep={ep} does not divide num_experts={spec.num_experts}; use ep in "
+                         f"{[d for d in range(1, spec.num_experts + 1) if spec.num_experts % d == 0]}")
+    if spec.is_moe and spec.moe_ffn_hidden_size % etp:
+        raise ValueError(f"expert tensor parallel size {etp} does not divide the experts' intermediate size "
+                         f"{spec.moe_ffn_hidden_size}; choose tp (or expert_tensor_parallel_size) dividing it")
+    if (num_layers_in_first_pipeline_stage or num_layers_in_last_pipeline_stage) and pp == 1:
+        raise ValueError("num_layers_in_first/last_pipeline_stage need pipeline parallelism (pp > 1); unset them")
     first, last = num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage
     middle_layers = spec.num_layers - (first or 0) - (last or 0)
     middle_stages = pp - (first is not None) - (last is not None)
@@ -128,18 +100,31 @@ def validate_parallel_layout(spec: HFModelSpec, tp: int, pp: int, vpp: int | Non
 
 def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | None = None,
                                params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
-                               recompute: str | None = None, **overrides):
+                               recompute: str | None = None, ep: int = 1,
+                               num_layers_in_first_pipeline_stage: int | None = None,
+                               num_layers_in_last_pipeline_stage: int | None = None,
+                               moe_aux_loss_coeff: float | None = None, **overrides):
     """Build a megatron-core TransformerConfig matching the HF model numerics.
 
     Dropout is 0 (RLHF needs deterministic log-probs); bias_activation_fusion off (no bias).
-    `overrides` are passed to TransformerConfig last (e.g. `num_layers_in_first_pipeline_stage`).
+    `ep`: expert-parallel size (MoE; experts are also split over TP unless
+    `expert_tensor_parallel_size` is overridden).  `num_layers_in_first/last_pipeline_stage`:
+    uneven pipelines.  `moe_aux_loss_coeff`: the router load-balancing loss coefficient
+    (Switch-Transformer aux loss, Fedus et al. 2021, eq. 4); None takes the HF config's
+    `router_aux_loss_coef`, 0 turns the loss off.  MoE routing follows the HF model: softmax
+    over the top-k logits when `norm_topk_prob` (Mixtral, Qwen3-MoE releases), else top-k of the
+    softmax over all experts.  MoE with tp > 1 turns sequence parallelism on (megatron-core
+    refuses MoE x TP without it).  `overrides` are passed to TransformerConfig last.
     Raises UnsupportedModelError / ValueError from hf_model_spec / validate_parallel_layout.
     """
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     spec = hf_model_spec(hf_config)
-    validate_parallel_layout(spec, tp, pp, vpp, overrides.get("num_layers_in_first_pipeline_stage"),
-                             overrides.get("num_layers_in_last_pipeline_stage"))
+    validate_parallel_layout(spec, tp, pp, vpp, num_layers_in_first_pipeline_stage,
+                             num_layers_in_last_pipeline_stage, ep=ep,
+                             etp=overrides.get("expert_tensor_parallel_size"))
+    if spec.is_moe and tp > 1:
+        sequence_parallel = True
     kw = dict(
         num_layers=spec.num_layers, hidden_size=spec.hidden_size, ffn_hidden_size=spec.ffn_hidden_size,
         num_attention_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups,
@@ -155,7 +140,18 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
         # batch_p2p_comm=True gives silently wrong results for interleaved PP=2 on gloo (the previous
         # and next peer are the same rank); unbatched p2p is exact everywhere.
         batch_p2p_comm=False,
+        num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
+        num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage,
+        qk_layernorm=spec.qk_norm,
     )
+    if spec.is_moe:
+        coeff = spec.moe_aux_loss_coef if moe_aux_loss_coeff is None else float(moe_aux_loss_coeff)
+        kw.update(num_moe_experts=spec.num_experts, moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+                  moe_router_topk=spec.moe_topk, moe_router_pre_softmax=not spec.moe_norm_topk_prob,
+                  moe_router_score_function="softmax", moe_aux_loss_coeff=coeff,
+                  moe_router_load_balancing_type="aux_loss" if coeff > 0 else "none",
+                  moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
+                  expert_model_parallel_size=ep)
     if recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif recompute == "selective":

@@ -13,6 +13,7 @@ import torch
 
 from rlhf.mcore import cpu_patches  # noqa: F401  (must precede megatron.core imports)
 from rlhf.mcore.model_config import HFModelSpec, hf_model_spec, padded_vocab_size, transformer_config_from_hf
+from rlhf.mcore.rope import apply_rope_scaling, gpt_rope_kwargs
 
 ROLES = ("actor", "critic", "reference")
 
@@ -38,6 +39,20 @@ class ValueHead(torch.nn.Module):
         return torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype)), None
 
 
+class TorchRMSNorm(torch.nn.RMSNorm):
+    """torch RMSNorm for megatron's local spec that also works under sequence parallelism.
+
+    megatron's WrappedTorchNorm asserts `not config.sequence_parallel` (Apex/TE norms are the
+    SP-capable ones).  Norms on sequence-parallel activations (layer inputs, final norm) mark their
+    weight `.sequence_parallel` so megatron's finalize_model_grads all-reduces its gradient over
+    TP; q/k norms see full heads on every rank and stay unmarked.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, mark_sequence_parallel: bool = True, **_):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = bool(config.sequence_parallel and mark_sequence_parallel)
+
+
 @dataclass
 class ModelBundle:
     """What the trainer holds for one role."""
@@ -49,9 +64,16 @@ class ModelBundle:
     padded_vocab_size: int
 
 
-def layer_spec(use_te: bool | None = None):
-    """Transformer Engine spec when TE and CUDA are present (or `use_te=True`), else the local spec."""
+def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None, config=None, vp_stage: int | None = None):
+    """Transformer Engine spec when TE and CUDA are present (or `use_te=True`), else the local spec.
+
+    With `spec`: q/k layernorm (Qwen3) and MoE layers (router + SequentialMLP experts, no grouped
+    GEMM, so expert names are the same on CPU and GPU) as the model needs.  With a `config` under
+    sequence parallelism the local spec becomes a block spec whose norms are `TorchRMSNorm`.
+    """
     from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     if use_te is None:
         use_te = torch.cuda.is_available()
@@ -60,9 +82,21 @@ def layer_spec(use_te: bool | None = None):
                 import transformer_engine  # noqa: F401
             except ImportError:
                 use_te = False
+    kw = {}
+    if spec is not None:
+        kw = dict(num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm)
     if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec()
-    return specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        return specs.get_gpt_layer_with_transformer_engine_spec(**kw)
+    local = specs.get_gpt_layer_local_spec(normalization="RMSNorm", **kw)
+    if config is None or not config.sequence_parallel:
+        return local
+    sub = local.submodules
+    sub.input_layernorm = sub.pre_mlp_layernorm = TorchRMSNorm
+    attn = sub.self_attention.submodules
+    if spec is not None and spec.qk_norm:
+        attn.q_layernorm = attn.k_layernorm = ModuleSpec(module=TorchRMSNorm, params={"mark_sequence_parallel": False})
+    return TransformerBlockSubmodules(layer_specs=[local] * get_num_layers_to_build(config, vp_stage=vp_stage),
+                                      layer_norm=TorchRMSNorm)
 
 
 def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = None, *,
@@ -71,8 +105,10 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
                        **config_overrides) -> ModelBundle:
     """Build this rank's GPTModel chunk(s) for `role` in {"actor", "critic", "reference"}.
 
-    Requires `rlhf.mcore.distributed.init_model_parallel` first; TP/PP/VPP come from megatron's
+    Requires `rlhf.mcore.distributed.init_model_parallel` first; TP/PP/VPP/EP come from megatron's
     parallel_state. With `hf_path` the HF safetensors weights are loaded shard by shard.
+    `config_overrides` go to `transformer_config_from_hf`, e.g. `num_layers_in_first_pipeline_stage`,
+    `num_layers_in_last_pipeline_stage` (uneven pipelines) and `moe_aux_loss_coeff` (MoE).
     Raises ValueError for an unknown role or a layout that does not divide the model (before
     any allocation), UnsupportedModelError for an unsupported architecture.
     """
@@ -84,10 +120,13 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    ep = ps.get_expert_model_parallel_world_size()
     config = transformer_config_from_hf(hf_config, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype,
-                                        sequence_parallel=sequence_parallel, recompute=recompute,
+                                        sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
                                         **config_overrides)
     spec = hf_model_spec(hf_config)
+    if spec.is_moe:
+        cpu_patches.patch_moe_without_te()
     vocab = padded_vocab_size(spec.vocab_size, make_vocab_size_divisible_by, tp)
     is_critic = role == "critic"
     chunks = []
@@ -96,11 +135,12 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
         pre = ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp)
         post = ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp)
         model = GPTModel(
-            config=config, transformer_layer_spec=layer_spec(use_te), vocab_size=vocab,
+            config=config, transformer_layer_spec=layer_spec(use_te, spec, config, vp), vocab_size=vocab,
             max_sequence_length=spec.max_position_embeddings, pre_process=pre, post_process=post,
             share_embeddings_and_output_weights=spec.tie_word_embeddings and not is_critic,
-            position_embedding_type="rope", rotary_base=spec.rope_theta, vp_stage=vp,
+            vp_stage=vp, **gpt_rope_kwargs(spec),
         )
+        apply_rope_scaling(model, hf_config, spec)
         if is_critic and post:
             model.output_layer = ValueHead(spec.hidden_size, config.sequence_parallel, params_dtype)
             model.is_value_model = True

@@ -1,8 +1,34 @@
-"""Hugging Face <-> megatron-core weight conversion (import of local shards, export, per-tensor rules)."""
-from rlhf.mcore.convert.hf_conversion import (GATHER_DIM, HFCheckpointReader, ParamRole, hf_tensors_from_shards,
-                                              iter_hf_tensors, iter_local_params, load_hf_checkpoint,
-                                              local_shard_from_hf, param_role, save_hf_checkpoint, unwrap_model)
+"""Hugging Face <-> megatron-core weight conversion.
 
-__all__ = ["GATHER_DIM", "HFCheckpointReader", "ParamRole", "hf_tensors_from_shards", "iter_hf_tensors",
-           "iter_local_params", "load_hf_checkpoint", "local_shard_from_hf", "param_role", "save_hf_checkpoint",
-           "unwrap_model"]
+Layout of this package (one job per module):
+
+* `registry`: the converter registry, HF `architectures[0]` -> `ModelFamily`
+  (`get_converter`, `resolve_architecture`, `supported_architectures`, `CONVERTERS`);
+* one file per model family with ONE name map used in both directions: `llama` (Llama 2/3.x,
+  Qwen2/2.5, Mistral), `qwen3` (Qwen3 dense and Qwen3-MoE), `mixtral` (Mixtral);
+* `spec`: `HFModelSpec` (the config facts) and `UnsupportedModelError`;
+* `layout`: how megatron shards/packs each tensor kind (`ParamRole`, `GATHER_DIM`,
+  `local_shard_from_hf`, `hf_tensors_from_shards`), pure functions;
+* `params`: `param_role` and the one parameter walk (`walk_local_tensors`, `iter_local_params`);
+* `hf_io`: safetensors I/O through `safetensors.safe_open` (`HFCheckpointReader`,
+  `read_checkpoint_metadata`);
+* `hf_import` (`load_hf_checkpoint`) and `hf_export` (`iter_hf_tensors`, `save_hf_checkpoint`).
+
+The registry lives in `registry.py` rather than here so the machinery modules can look families
+up without importing this package's `__init__` (no import cycle).
+"""
+from rlhf.mcore.convert.family import ModelFamily
+from rlhf.mcore.convert.hf_export import iter_hf_tensors, save_hf_checkpoint
+from rlhf.mcore.convert.hf_import import load_hf_checkpoint, shard_rank_and_size
+from rlhf.mcore.convert.hf_io import HFCheckpointReader, read_checkpoint_metadata
+from rlhf.mcore.convert.layout import GATHER_DIM, ParamRole, hf_tensors_from_shards, local_shard_from_hf
+from rlhf.mcore.convert.params import LocalTensor, iter_local_params, param_role, unwrap_model, walk_local_tensors
+from rlhf.mcore.convert.registry import (CONVERTERS, get_converter, resolve_architecture,
+                                         supported_architectures)
+from rlhf.mcore.convert.spec import HFModelSpec, UnsupportedModelError
+
+__all__ = ["CONVERTERS", "GATHER_DIM", "HFCheckpointReader", "HFModelSpec", "LocalTensor", "ModelFamily",
+           "ParamRole", "UnsupportedModelError", "get_converter", "hf_tensors_from_shards", "iter_hf_tensors",
+           "iter_local_params", "load_hf_checkpoint", "local_shard_from_hf", "param_role",
+           "read_checkpoint_metadata", "resolve_architecture", "save_hf_checkpoint", "shard_rank_and_size",
+           "supported_architectures", "unwrap_model", "walk_local_tensors"]
