@@ -90,33 +90,9 @@ def expected_weights_from_checkpoint(model_path: str, dtype: str = "auto"
     Raises:
         FileNotFoundError: no safetensors file in ``model_path``.
     """
+    from rlhf.mcore.convert.hf_io import read_checkpoint_metadata
+
     engine_dtype = ENGINE_DTYPES.get(dtype)
     return {n: (shape, engine_dtype if engine_dtype is not None and dt.is_floating_point else dt)
-            for n, (shape, dt) in _checkpoint_metadata(model_path).items()}
+            for n, (shape, dt) in read_checkpoint_metadata(model_path).items()}
 
-
-def _checkpoint_metadata(model_path: str) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
-    import json
-
-    from safetensors import safe_open
-
-    index = os.path.join(model_path, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = sorted(f for f in os.listdir(model_path) if f.endswith(".safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors checkpoint in {model_path!r}")
-    out = {}
-    for fname in files:
-        with safe_open(os.path.join(model_path, fname), framework="pt") as f:
-            for name in f.keys():
-                sl = f.get_slice(name)
-                out[name] = (tuple(int(s) for s in sl.get_shape()), _ST_DTYPES[sl.get_dtype()])
-    return out
-
-
-_ST_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-              "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-              "BOOL": torch.bool}

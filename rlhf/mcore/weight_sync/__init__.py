@@ -6,10 +6,10 @@ from_distributed.py are the two transports; check.py reads weights back; bucketi
 """
 from rlhf.mcore.weight_sync.bridge import SyncStats, WeightBridge
 from rlhf.mcore.weight_sync.check import CheckReport
-from rlhf.mcore.weight_sync.plan import Entry, SendPlan, local_entries, plan_local_tensors, regex_name_map
+from rlhf.mcore.weight_sync.plan import SendPlan, local_entries, plan_local_tensors, regex_name_map
 from rlhf.mcore.weight_sync.topology import MegatronTopology
 from rlhf.mcore.weight_sync.validate import WeightBridgeError, normalize_expected, validate_against_expected
 
-__all__ = ["WeightBridge", "SyncStats", "CheckReport", "WeightBridgeError", "Entry", "SendPlan", "local_entries",
+__all__ = ["WeightBridge", "SyncStats", "CheckReport", "WeightBridgeError", "SendPlan", "local_entries",
            "plan_local_tensors", "regex_name_map", "MegatronTopology", "normalize_expected",
            "validate_against_expected"]

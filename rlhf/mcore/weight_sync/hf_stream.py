@@ -16,12 +16,12 @@ import torch
 from rlhf.mcore.convert import GATHER_DIM, hf_tensors_from_shards
 from rlhf.mcore.model_config import HFModelSpec
 from rlhf.mcore.weight_sync.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
-from rlhf.mcore.weight_sync.plan import Entry
+from rlhf.mcore.convert import LocalTensor
 
 __all__ = ["hf_stream", "stage_buckets", "Threaded", "timed"]
 
 
-def hf_stream(entries: Sequence[Entry], topo, spec: HFModelSpec,
+def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
               meter: MemoryMeter) -> Iterator[tuple[str, torch.Tensor, bool]]:
     """``(HF name, full tensor, owned)`` on the stage leader; ``owned=False``: the tensor aliases model memory.
 
@@ -99,7 +99,7 @@ def timed(it: Iterator, times: dict, key: str) -> Iterator:
         yield x
 
 
-def stage_buckets(entries: Sequence[Entry], buckets: Sequence[BucketPlan], topo, spec: HFModelSpec,
+def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan], topo, spec: HFModelSpec,
                   pool: BufferPool, meter: MemoryMeter, overlap: bool,
                   times: dict) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
     """This stage's buckets ``(plan, pool slot, flat uint8 buffer)`` on the leader (release each slot to the

@@ -10,27 +10,16 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from rlhf.mcore.convert import GATHER_DIM, ParamRole, hf_tensors_from_shards, param_role, unwrap_model
+from rlhf.mcore.convert import GATHER_DIM, LocalTensor, ParamRole, hf_tensors_from_shards, walk_local_tensors
 from rlhf.mcore.model_config import HFModelSpec
 from rlhf.mcore.weight_sync.bucketing import BucketPlan, TensorMeta, dtype_from_any, plan_buckets
 from rlhf.mcore.weight_sync.validate import WeightBridgeError, validate_against_expected
 
-__all__ = ["Entry", "NameMap", "regex_name_map", "local_entries", "plan_local_tensors", "StagePlan", "SendPlan",
+__all__ = ["NameMap", "regex_name_map", "local_entries", "plan_local_tensors", "StagePlan", "SendPlan",
            "build_send_plan"]
 
 NameMap = Callable[[Any, str, torch.Tensor], "ParamRole | None"]
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
-
-
-@dataclass
-class Entry:
-    """One local megatron tensor that maps to HF tensor(s)."""
-
-    chunk_index: int
-    local_name: str
-    tensor: torch.Tensor
-    role: ParamRole
-    is_param: bool
 
 
 def regex_name_map(rules: Mapping[str, tuple[str, str]]) -> NameMap:
@@ -62,44 +51,20 @@ def regex_name_map(rules: Mapping[str, tuple[str, str]]) -> NameMap:
     return name_map
 
 
-def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = None) -> tuple[list[Entry], list[str]]:
-    """Every parameter and persistent buffer of this rank's chunks that maps to HF tensors, and the
-    unmapped persistent buffers (``"chunk<i>.<name>"``, skipped).
-
-    Order is deterministic (chunk order, then state_dict order), identical on all TP ranks of a stage.
-    `name_map(chunk, local_name, tensor)` is consulted first, then the converter's `param_role`.
-    Skipped: ``_extra_state``, the tied ``output_layer.weight`` copy, the critic's value head.
-    Raises WeightBridgeError for a parameter with no HF mapping.
-    """
-    entries, skipped = [], []
-    for ci, chunk in enumerate(model_chunks):
-        chunk = unwrap_model(chunk)
-        params = {n for n, _ in chunk.named_parameters()}
-        for name, tensor in chunk.state_dict(keep_vars=True).items():
-            if tensor is None or not torch.is_tensor(tensor) or name.endswith("_extra_state"):
-                continue
-            if name == "output_layer.weight" and spec.tie_word_embeddings and not getattr(chunk, "is_value_model", False):
-                continue
-            role = name_map(chunk, name, tensor) if name_map is not None else None
-            if role is None:
-                try:
-                    role = param_role(name, chunk, spec)
-                except KeyError:
-                    if name in params:
-                        raise WeightBridgeError(
-                            f"megatron parameter {name!r} (chunk {ci}) has no Hugging Face name: the engine "
-                            f"could not be updated with it; add a `name_map` rule for it") from None
-                    skipped.append(f"chunk{ci}.{name}")
-                    continue
-                if role is None:
-                    continue
-            if role.kind not in GATHER_DIM:
-                raise WeightBridgeError(f"{name!r}: unknown role kind {role.kind!r}")
-            entries.append(Entry(ci, name, tensor, role, name in params))
+def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = None
+                  ) -> tuple[list[LocalTensor], list[str]]:
+    """Every parameter and persistent buffer of this rank's chunks that maps to HF tensors (the converter's
+    one walk, :func:`rlhf.mcore.convert.walk_local_tensors`), and the unmapped persistent buffers
+    (``"chunk<i>.<name>"``, skipped).  Raises WeightBridgeError for a parameter with no HF mapping."""
+    skipped: list[str] = []
+    try:
+        entries = list(walk_local_tensors(model_chunks, spec, name_map=name_map, skipped=skipped))
+    except (KeyError, ValueError) as e:
+        raise WeightBridgeError(f"{e.args[0]}: the engine could not be updated with it") from None
     return entries, skipped
 
 
-def plan_local_tensors(entries: Sequence[Entry], spec: HFModelSpec, tp: int) -> list[tuple[str, tuple, torch.dtype]]:
+def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: int) -> list[tuple[str, tuple, torch.dtype]]:
     """``(HF name, full shape, source dtype)`` of every HF tensor `entries` convert to, in send order
     (the converter run on meta tensors: no data, no communication)."""
     out = []
