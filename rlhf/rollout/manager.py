@@ -21,7 +21,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from rlhf.rollout.engine_args import engine_env, engine_kwargs, expected_weights_from_checkpoint
-from rlhf.rollout.placement import engine_actor_options
+from rlhf.rollout.placement import PlacementPlan, engine_actor_options, plan_placement
 from rlhf.rollout.sampling import SamplingConfig
 from rlhf.rollout.sglang_engine import MEMORY_TAGS, SGLangEngine
 from rlhf.rollout.types import RolloutSample
@@ -95,8 +95,10 @@ class RolloutManager:
             ``engine_overrides`` = extra ``sglang.Engine`` kwargs).
         placement: "colocated" or "disaggregated".
         max_restarts: engine replacements allowed within ONE call before :class:`RolloutFailedError`.
-        use_gpu: place engines on GPUs (default: the Ray cluster has GPUs).
-        placement_group, colocate_gpu_fraction, actor_options: see :mod:`rlhf.rollout.placement`.
+        plan: the GPUs of every engine (:func:`rlhf.rollout.placement.plan_placement`); None on a GPU host:
+            engine i on this node's GPUs ``i * tp ...``; ignored on CPU.
+        node_ids: Ray node id of each plan node (None: Ray picks the node).
+        actor_options: more Ray actor options (tests).
         start: start the engines now (in parallel).
     Raises:
         ValueError: bad argument values. RuntimeError: Ray is not initialised.
@@ -105,9 +107,8 @@ class RolloutManager:
     PLACEMENTS = ("colocated", "disaggregated")
 
     def __init__(self, num_engines: int, engine_config: Dict[str, Any], placement: str = "colocated",
-                 max_restarts: int = 2, use_gpu: Optional[bool] = None, placement_group=None,
-                 colocate_gpu_fraction: float = 0.2, actor_options: Optional[Dict[str, Any]] = None,
-                 start: bool = True):
+                 max_restarts: int = 2, plan: Optional[PlacementPlan] = None, node_ids: Optional[List[str]] = None,
+                 actor_options: Optional[Dict[str, Any]] = None, start: bool = True):
         import ray
 
         if not isinstance(num_engines, int) or num_engines < 1:
@@ -122,11 +123,13 @@ class RolloutManager:
         self.kwargs = engine_kwargs(**cfg.pop("engine_overrides", None) or {}, **cfg)
         self.num_engines, self.tp_size = num_engines, int(self.kwargs["tp_size"])
         self.placement, self.max_restarts = placement, max_restarts
-        self.use_gpu = (ray.cluster_resources().get("GPU", 0) > 0) if use_gpu is None else bool(use_gpu)
+        if self.kwargs.get("device") != "cpu" and plan is None:
+            plan = plan_placement(nnodes=1, gpus_per_node=max(num_engines * self.tp_size, 1),
+                                  trainer_world_size=num_engines * self.tp_size, num_engines=num_engines,
+                                  engine_tp=self.tp_size, mode="colocated")
+        self.plan = plan if self.kwargs.get("device") != "cpu" else None
         self._expected = expected_weights_from_checkpoint(self.kwargs["model_path"], self.kwargs["dtype"])
-        self._options = dict(placement_group=placement_group, colocate_gpu_fraction=colocate_gpu_fraction,
-                             actor_options=dict(actor_options or {}))
-        self._own_pg = None
+        self._options = dict(node_ids=node_ids, actor_options=dict(actor_options or {}))
         self.restarts = [0] * num_engines  # replacements per engine, ever
         self.restart_log: List[Dict[str, Any]] = []
         self._stale: set = set()
@@ -141,12 +144,10 @@ class RolloutManager:
     def _make_actor(self, index: int):
         import ray
 
-        opts, self._own_pg = engine_actor_options(index, num_engines=self.num_engines, tp_size=self.tp_size,
-                                                  placement=self.placement, use_gpu=self.use_gpu,
-                                                  env=engine_env(self.kwargs), own_pg=self._own_pg, **self._options)
+        opts = engine_actor_options(index, env=engine_env(self.kwargs), plan=self.plan, **self._options)
         kw = dict(self.kwargs)
-        if self.use_gpu and self.placement == "colocated" and self.tp_size > 1:
-            kw.setdefault("base_gpu_id", index * self.tp_size)  # the actor sees all GPUs of its node
+        if self.plan is not None:
+            kw.setdefault("base_gpu_id", self.plan.base_gpu_id(index))  # the actor sees all GPUs of its node
         return ray.remote(SGLangEngine).options(**opts).remote(kw, index, self._expected)
 
     def start(self) -> List[Dict[str, Any]]:
@@ -333,6 +334,3 @@ class RolloutManager:
             except Exception:  # noqa: BLE001
                 pass
         self.actors = []
-        if self._own_pg is not None:
-            ray.util.remove_placement_group(self._own_pg)
-            self._own_pg = None
