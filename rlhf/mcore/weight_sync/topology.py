@@ -27,6 +27,12 @@ class MegatronTopology:
     def __init__(self, shm_gather: bool | None = None):
         from megatron.core import parallel_state as ps
 
+        from rlhf.mcore.weight_sync.validate import WeightBridgeError
+
+        if ps.get_expert_model_parallel_world_size() > 1:
+            raise WeightBridgeError("weight sync with expert parallelism > 1 is not supported yet: experts live on "
+                                    "several data-parallel replicas; train MoE models with "
+                                    "parallel.expert_model_parallel_size=1 (experts are still sharded by TP)")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.tp_size = ps.get_tensor_model_parallel_world_size()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
