@@ -159,9 +159,6 @@ class SimulatedTPTopology:
     def init_collective(self):
         pass
 
-    def prepare(self, entries):
-        pass
-
     def gather(self, entry):
         return [sd[entry.chunk_index][entry.local_name].detach() for sd in self._sd]
 

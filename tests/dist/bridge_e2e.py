@@ -196,14 +196,12 @@ def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initi
         engine_threads.clear()
         if rank0:
             log("engines up: " + ", ".join(f"{k} {e.startup_info[0]['startup_seconds']:.0f}s" for k, e in engines.items()))
-    from rlhf.mcore.weight_sync import MegatronTopology
-
     for key in paths:
-        # TP gathers: A through same-host shared memory (the CPU default), B through gloo `gather`
+        # A: every TP rank writes its shard into a shared bucket (the CPU default); B: gloo gather on the leader
         bridges[key] = WeightBridge(
             states[key].model, actors[key].spec, engines[key] if rank0 else None, transport=transports[key],
             bucket_bytes=64 * 1024, overlap=(key == "A"), check="sample" if key == "B" else None,
-            group_prefix=f"e2e_{phase}_{key}", topology=MegatronTopology(shm_gather=(key == "A")))
+            group_prefix=f"e2e_{phase}_{key}", shared_buckets=(key == "A"))
     outputs = {key: [initial_outputs.get(key)] for key in paths}  # rank 0: greedy ids per step
     for step in steps:
         for key in paths:

@@ -1,7 +1,8 @@
 """Weight sync: the actor's megatron shards -> SGLang engines (plan, validate, bucket, deliver).
 
 bridge.py orchestrates one sync (:class:`WeightBridge`); plan.py / validate.py build and check the send
-plan; hf_stream.py gathers and converts; shm_gather.py is the same-host CPU gather; from_tensor.py and
+plan; shm_buckets.py is the single-copy path (every TP rank writes its shard into a shared bucket),
+hf_stream.py the gather-and-convert path; from_tensor.py and
 from_distributed.py are the two transports; check.py reads weights back; bucketing.py lays out buckets.
 """
 from rlhf.mcore.weight_sync.bridge import SyncStats, WeightBridge

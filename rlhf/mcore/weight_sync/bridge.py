@@ -8,11 +8,12 @@ Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
    and splits the stream into buckets.  The plan is cached: later syncs only compare the reports and the
    engines' fingerprint (a replaced engine, another model) and re-plan when they changed.  A mismatch
    raises WeightBridgeError on every rank; nothing has been sent.
-2. **Stream** (hf_stream.py): per parameter the TP group gathers its shards on the stage leader (through
-   /dev/shm on CPU when all TP ranks share a host, shm_gather.py), which converts them to HF tensors
-   (q/k/v and gate/up split, padded vocab trimmed) and copies them, cast to the engine dtype, into a
-   flat bucket laid out as SGLang's ``FlattenedTensorBucket``.  Extra memory: one bucket (two with
-   ``overlap``) plus one gathered parameter and its converted copy.
+2. **Stream**: buckets laid out as SGLang's ``FlattenedTensorBucket``, in the engine dtype.  On CPU with
+   every TP rank of a stage on one host (shm_buckets.py), each rank copies its own shard into its regions
+   of a persistent shared-memory bucket, in parallel: gather + convert + pack is ONE copy, and the engine
+   maps that same memory.  Otherwise (hf_stream.py) the TP group gathers each parameter on the stage leader,
+   which converts it (q/k/v and gate/up split, padded vocab trimmed) and packs it.  Extra memory: one bucket
+   (two with ``overlap``), plus one gathered parameter and its converted copy on the gather path.
 3. **Deliver**: ``"tensor"`` (colocated, from_tensor.py: serialized bucket handles, bytes only) or
    ``"distributed"`` (disaggregated, from_distributed.py: one flat broadcast per bucket), inside
    ``begin_weight_update`` / ``end_weight_update`` on every engine; the KV/radix cache is flushed once
@@ -51,10 +52,21 @@ from rlhf.mcore.weight_sync.from_distributed import DistributedTransport
 from rlhf.mcore.weight_sync.from_tensor import TensorTransport, prepare_sharing
 from rlhf.mcore.weight_sync.hf_stream import hf_stream, stage_buckets
 from rlhf.mcore.weight_sync.plan import NameMap, build_send_plan, local_entries, plan_local_tensors
+from rlhf.mcore.weight_sync.shm_buckets import SharedBuckets
 from rlhf.mcore.weight_sync.topology import MegatronTopology
 from rlhf.mcore.weight_sync.validate import WeightBridgeError, normalize_expected
 
 __all__ = ["WeightBridge", "SyncStats"]
+
+
+class _NoPool:
+    """Release target of buckets that own no pool buffer (shared buckets)."""
+
+    def release(self, slot) -> None:
+        pass
+
+
+_NO_POOL = _NoPool()
 
 
 @dataclass
@@ -98,6 +110,8 @@ class WeightBridge:
         allow_missing: predicate on engine weight names that may stay unsent.
         group_prefix, backend, master_address, timeout_s: distributed transport settings (backend None:
             nccl with CUDA, else gloo; master_address None: each stage leader's outward interface address).
+        shared_buckets: None (auto: CPU with every TP rank of a stage on one host), True or False: each TP rank
+            writes its shard straight into a shared bucket (shm_buckets.py) instead of a gather on the leader.
         topology: override (tests: a simulated TP group); default MegatronTopology().
     Raises:
         ValueError: bad arguments, or ``engines`` given on a rank other than the controller (or missing there).
@@ -108,7 +122,7 @@ class WeightBridge:
                  name_map: NameMap | None = None, check: str | None = None, check_rows: int = 4,
                  allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
                  backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
-                 topology=None):
+                 shared_buckets: bool | None = None, topology=None):
         if transport not in ("tensor", "distributed"):
             raise ValueError(f"transport={transport!r}: use 'tensor' (colocated) or 'distributed' (broadcast)")
         if check not in (None, "sample", "all"):
@@ -129,6 +143,8 @@ class WeightBridge:
         self.dist = DistributedTransport(self.topo, engines, group_prefix, backend, master_address, timeout_s)
         self.meter = MemoryMeter()
         self._pool: BufferPool | None = None
+        self.shared_buckets = shared_buckets
+        self._shared_state = None  # SharedBuckets, or False when not usable
         self._local: tuple | None = None  # (key, planned tensors) of this rank
         self._plan_cache: tuple | None = None  # controller: (key, SendPlan)
         self._ready = False
@@ -232,7 +248,6 @@ class WeightBridge:
         times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
         verdict, entries, skipped = self._plan(engines)
         plan, targets = verdict["plan"], verdict["targets"]
-        self.topo.prepare(entries)
         if verdict["groups"] is not None:
             self.dist.setup(plan, verdict["groups"], verdict["fingerprint"])
         token, go = self._open(targets) if self.topo.is_controller else (None, None)
@@ -275,19 +290,35 @@ class WeightBridge:
         stats.seconds = time.perf_counter() - t0
         return stats
 
+    def _shared(self, entries):
+        """The single-copy shared buckets of this TP group, or None (collective over the TP group)."""
+        if self._shared_state is None:
+            tp_group = getattr(self.topo, "tp_group", None)
+            self._shared_state = False
+            if self.shared_buckets is not False and tp_group is not None:
+                sb = SharedBuckets(tp_group, self.topo.tp_size, self.topo.tp_rank, self.topo.tp_src, self.meter,
+                                   count=2 if self.overlap else 1)
+                self._shared_state = sb if sb.usable(entries) else False
+        return self._shared_state or None
+
     def _deliver(self, plan, entries, targets, engine_tp, token, record, times):
         """This rank's part of the delivery; returns (error or None, engines reached)."""
         topo = self.topo
         if not topo.active:
             return None, targets
-        if not topo.is_leader:  # TP peers only take part in the gathers
-            for _ in hf_stream(entries, topo, self.spec, self.meter):
+        my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)
+        shared = self._shared(entries)
+        if shared is not None:  # every TP rank writes its shard into the shared bucket
+            pool = _NO_POOL
+            own = lambda: shared.stream(entries, my_stage.buckets, self.spec, times)  # noqa: E731
+        else:  # the stage leader gathers, converts and packs
+            pool = self._buffers(plan) if topo.is_leader else _NO_POOL
+            own = lambda: stage_buckets(entries, my_stage.buckets, topo, self.spec, pool, self.meter,  # noqa: E731
+                                        self.overlap, times)
+        if not topo.is_leader:  # TP peers take part in the writes / gathers only
+            for _ in (own() if shared is not None else hf_stream(entries, topo, self.spec, self.meter)):
                 pass
             return None, targets
-        pool = self._buffers(plan)
-        my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)
-        own = lambda: stage_buckets(entries, my_stage.buckets, topo, self.spec, pool, self.meter,  # noqa: E731
-                                    self.overlap, times)
         try:
             if self.transport == "tensor":
                 tt = TensorTransport(topo, self.engines, targets, engine_tp, record, times, token)
@@ -297,8 +328,8 @@ class WeightBridge:
                 return None, targets
             return self._run_distributed(plan, my_stage, own, pool, record, times), targets
         finally:
-            if self.device.type != "cpu":  # GPU memory goes back to the trainer; CPU shm buffers persist
-                pool.close()
+            if self.device.type != "cpu" and self._pool is not None:  # GPU memory goes back to the trainer
+                self._pool.close()
                 self._pool = None
 
     def _run_distributed(self, plan, my_stage, own, pool, record, times) -> str | None:
@@ -357,4 +388,6 @@ class WeightBridge:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        if self._shared_state:
+            self._shared_state.close()
         self.dist.close()

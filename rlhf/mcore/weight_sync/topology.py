@@ -7,24 +7,17 @@ Control messages (plans, payload bytes, verdicts) use a gloo group over all rank
 from __future__ import annotations
 
 import socket
-from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-
-from rlhf.mcore.weight_sync.shm_gather import ShmGather
 
 __all__ = ["MegatronTopology"]
 
 
 class MegatronTopology:
-    """Ranks and groups from megatron's parallel_state and torch.distributed.
+    """Ranks and groups from megatron's parallel_state and torch.distributed."""
 
-    Args:
-        shm_gather: None (auto: CPU tensors, TP ranks on one host), True, or False (torch.distributed gather).
-    """
-
-    def __init__(self, shm_gather: bool | None = None):
+    def __init__(self):
         from megatron.core import parallel_state as ps
 
         from rlhf.mcore.weight_sync.validate import WeightBridgeError
@@ -44,8 +37,6 @@ class MegatronTopology:
         self.is_controller = self.rank == self.controller
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.tp_src = ps.get_tensor_model_parallel_src_rank()
-        self._shm = ShmGather(self.tp_group, self.tp_size, self.tp_rank, self.rank)
-        self._shm.disabled = shm_gather is False
         self._ctrl = None
 
     def init_collective(self) -> None:
@@ -53,26 +44,18 @@ class MegatronTopology:
         if self._ctrl is None:
             self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
-    def prepare(self, entries: Sequence[Any]) -> None:
-        """Collective over the TP group of every active rank, before the gathers of a sync."""
-        if self.active:
-            self._shm.prepare(entries)
-
-    def gather(self, entry: Any) -> list[torch.Tensor] | None:
+    def gather(self, entry) -> list[torch.Tensor] | None:
         """TP shards of ``entry.tensor`` on the stage leader (rank order), None elsewhere; the leader
         calls :meth:`release_gather` once it no longer needs them."""
         if self.tp_size == 1:
             return [entry.tensor.detach().contiguous()]
-        if self._shm.active:
-            return self._shm.gather(entry)
         t = entry.tensor.detach().contiguous()
         out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
         dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
         return out
 
     def release_gather(self) -> None:
-        if self._shm.active and self.tp_size > 1:
-            self._shm.release()
+        """The gathered shards are plain tensors: nothing to release."""
 
     def all_gather_object(self, obj) -> list:
         out = [None] * self.world
