@@ -4,11 +4,15 @@
         --dataset_name data/gsm8k/train.jsonl --output_dir outputs/grpo [--nproc 8] [key=value ...]
     rlhf launch ... --slurm          # print the sbatch command of the algorithm's GPU recipe instead
     rlhf launch ... --dry_run        # print the torchrun command without running it
+    rlhf launch --algorithm ppo --model_name_or_path M --reward_model_name_or_path R --dataset_name D \\
+        --per_device_train_batch_size 4 --gradient_accumulation_steps 8 --num_rollout_samples 128 \\
+        --output_dir O --logging_steps 10 --save_steps 100          # the trl-style flags
 
 `launch` builds the same overrides as the Python API (:func:`rlhf.api.build_overrides`:
-``algorithm=NAME``, then the named options, then ``key=value`` config overrides), checks them by
-composing the config, then runs ``torchrun --standalone --nproc_per_node=N -m rlhf.main ...`` on this
-node (N defaults to the number of GPUs, 1 without).  ``--slurm`` prints
+``algorithm=NAME``, then the named options, then ``key=value`` config overrides), composes and fully
+validates the config (data and model paths included) before printing or running anything, then runs
+``torchrun --standalone --nproc_per_node=N -m rlhf.main ...`` on this node (N: ``--nproc``, else
+trainer.n_gpus_per_node, else the number of GPUs, 1 without).  ``--slurm`` prints
 ``sbatch recipes/<recipe>/run_slurm.sbatch <overrides>`` for the recipe (``--recipe``, default the
 algorithm's GPU recipe, :data:`SLURM_RECIPES`), to submit from the repository root.
 """
@@ -38,14 +42,35 @@ def _parser() -> argparse.ArgumentParser:
                         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     la.add_argument("--algorithm", choices=sorted(ALGORITHMS), default=None,
                     help="algorithm preset (default: the recipe's, else PPO with GAE)")
-    la.add_argument("--model_name_or_path", help="actor model: HF directory or hub name (model.path)")
+    la.add_argument("--model_name_or_path",
+                    help="actor model: HF directory, hub name or tiny://quickstart (model.path)")
     la.add_argument("--critic_model", help="critic initialisation for --algorithm ppo (model.critic_path)")
-    la.add_argument("--reward_model", help="HF reward model, or file.py[:function] reward function")
-    la.add_argument("--dataset_name", help="training data: parquet/jsonl file(s), directory or embedded://...")
+    la.add_argument("--reward_model", "--reward_model_name_or_path", dest="reward_model",
+                    help="HF reward model, or file.py[:function] reward function")
+    la.add_argument("--safety_reward_model", "--safety_reward_model_name_or_path", dest="safety_reward_model",
+                    help="one more reward model (or file.py[:function]), added with --safety_reward_weight")
+    la.add_argument("--safety_reward_weight", type=float, default=1.0)
+    la.add_argument("--dataset_name", help="training data: parquet/jsonl file(s) or directory, a hub dataset "
+                                           "(openai/gsm8k[:CONFIG][@SPLIT]) or embedded://...")
     la.add_argument("--val_dataset_name", help="validation data (default: --dataset_name)")
     la.add_argument("--output_dir", help="trainer.default_local_dir (checkpoints, TensorBoard, HF export)")
+    la.add_argument("--per_device_train_batch_size", type=int,
+                    help="sequences per forward/backward on each device (actor/critic.ppo_micro_batch_size_per_gpu)")
+    la.add_argument("--gradient_accumulation_steps", type=int,
+                    help="micro batches per optimizer step on each device: the mini batch is per_device x "
+                         "accumulation x data-parallel size sequences (actor.ppo_mini_batch_size, in prompts)")
+    la.add_argument("--num_rollout_samples", type=int,
+                    help="responses generated per step: data.train_batch_size x rollout.n")
+    la.add_argument("--logging_steps", type=int, help="write metrics every N steps (trainer.log_freq)")
+    la.add_argument("--save_steps", type=int, help="checkpoint every N steps (trainer.save_freq)")
+    la.add_argument("--learning_rate", type=float, help="actor.optim.lr")
+    la.add_argument("--num_train_epochs", type=int, help="trainer.total_epochs")
+    la.add_argument("--max_steps", type=int, help="trainer.total_training_steps")
+    la.add_argument("--seed", type=int, help="trainer.seed")
+    la.add_argument("--config", help="a YAML config file (verl's layout or ours), as python -m rlhf.main --config")
     la.add_argument("--recipe", help="recipe to start from (rlhf/config/recipe/<name>.yaml)")
-    la.add_argument("--nproc", type=int, default=None, help="trainer processes on this node")
+    la.add_argument("--nproc", type=int, default=None, help="trainer processes (default: trainer.n_gpus_per_node "
+                                                           "x nnodes, else the GPUs of this node, 1 without)")
     la.add_argument("--slurm", action="store_true", help="print the sbatch command instead of running")
     la.add_argument("--dry_run", action="store_true", help="print the torchrun command instead of running")
     la.add_argument("overrides", nargs="*", help="config overrides key=value")
@@ -59,10 +84,72 @@ def _abs(path: Optional[str]) -> Optional[str]:
     return path
 
 
+def _simple_overrides(args) -> list[str]:
+    """The tutorial's flags that map one-to-one onto config keys."""
+    pairs = [("trainer.log_freq", args.logging_steps), ("trainer.save_freq", args.save_steps),
+             ("actor.optim.lr", args.learning_rate), ("trainer.total_epochs", args.num_train_epochs),
+             ("trainer.total_training_steps", args.max_steps), ("trainer.seed", args.seed),
+             ("actor.ppo_micro_batch_size_per_gpu", args.per_device_train_batch_size),
+             ("critic.ppo_micro_batch_size_per_gpu", args.per_device_train_batch_size)]
+    return [f"{k}={v!r}" for k, v in pairs if v is not None]
+
+
+def _processes(args, cfg) -> Optional[int]:
+    """Trainer processes: --nproc, else trainer.n_gpus_per_node x trainer.nnodes, else (torchrun on this node)
+    the GPUs here (1 without); None for --slurm when neither is given (the sbatch script decides)."""
+    if args.nproc:
+        return args.nproc
+    gpus, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes
+    if gpus:
+        return gpus * (nodes or 1)
+    if args.slurm:
+        return None
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+def _batch_overrides(args, cfg, world: Optional[int]) -> tuple[list[str], list[str]]:
+    """(overrides, problems) of --gradient_accumulation_steps and --num_rollout_samples in the config's units
+    (prompts per step and per optimizer step: each prompt gets rollout.n responses).  A problem: a flag whose
+    value does not split into whole prompts, or accumulation without a known number of processes."""
+    out, problems, n = [], [], cfg.rollout.n
+    if args.num_rollout_samples is not None:
+        if args.num_rollout_samples % n:
+            problems.append(f"--num_rollout_samples {args.num_rollout_samples} is not a multiple of rollout.n={n} "
+                            f"(responses per prompt); use a multiple of {n}.")
+        else:
+            out.append(f"data.train_batch_size={args.num_rollout_samples // n}")
+    if args.gradient_accumulation_steps is None:
+        return out, problems
+    tp, pp = cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size
+    if world is None or world % (tp * pp):
+        problems.append("--gradient_accumulation_steps needs the number of trainer processes, a multiple of tensor x "
+                        f"pipeline parallel = {tp * pp}: give --nproc (all nodes together) or "
+                        "trainer.n_gpus_per_node=... trainer.nnodes=...")
+        return out, problems
+    micro, dp = cfg.actor.ppo_micro_batch_size_per_gpu, world // (tp * pp)
+    seqs = micro * args.gradient_accumulation_steps * dp
+    if seqs % n:
+        problems.append(f"per-device batch {micro} x accumulation {args.gradient_accumulation_steps} x data-parallel "
+                        f"size {dp} = {seqs} sequences is not a whole number of prompts of rollout.n={n} responses; "
+                        f"make it a multiple of {n}.")
+    else:
+        out += [f"actor.ppo_mini_batch_size={seqs // n}", f"critic.ppo_mini_batch_size={seqs // n}"]
+    return out, problems
+
+
 def launch_commands(args) -> tuple[list[str], dict]:
-    """(argv, extra env) of the torchrun run, or of the sbatch submission with --slurm."""
+    """(argv, extra env) of the torchrun run, or of the sbatch submission with --slurm.  The full config
+    validation (data and model files included) runs first.
+
+    Raises:
+        ConfigError: the config does not compose or validate, or flags that do not map (all problems at once).
+        ValueError: a bad command line (not key=value overrides, several nodes without --slurm).
+    """
     from rlhf.api import build_overrides
-    from rlhf.config import compose_config
+    from rlhf.config import ConfigValidationError, compose_config
+    from rlhf.config.validate import config_problems
 
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
@@ -70,18 +157,31 @@ def launch_commands(args) -> tuple[list[str], dict]:
     overrides = build_overrides(args.algorithm, _abs(args.model_name_or_path), args.critic_model and
                                 _abs(args.critic_model), _abs(args.reward_model), _abs(args.dataset_name),
                                 _abs(args.val_dataset_name), args.output_dir and os.path.abspath(args.output_dir),
-                                args.overrides)
+                                [*_simple_overrides(args), *args.overrides],
+                                safety_reward_model=_abs(args.safety_reward_model),
+                                safety_reward_weight=args.safety_reward_weight)
+    recipe = args.recipe or (SLURM_RECIPES.get(args.algorithm or "ppo") if args.slurm else None)
+    config = args.config and os.path.abspath(args.config)
+    cfg = compose_config(overrides, recipe=recipe, config_file=config)
+    world = _processes(args, cfg)
+    extra, problems = _batch_overrides(args, cfg, world)
+    if extra:
+        overrides += extra
+        cfg = compose_config(overrides, recipe=recipe, config_file=config)
+    problems += config_problems(cfg, world_size=world, check_files=True)  # fail here, not on the cluster
+    if problems:
+        raise ConfigValidationError(problems)
+    head = [f"--config={config}"] if config else []
     if args.slurm:
-        recipe = args.recipe or SLURM_RECIPES.get(args.algorithm or "ppo")
-        compose_config(overrides, recipe=recipe)  # fail here, not in the queue
-        return ["sbatch", f"recipes/{recipe}/run_slurm.sbatch", *overrides], {}
-    compose_config(overrides, recipe=args.recipe)
+        return ["sbatch", f"recipes/{recipe}/run_slurm.sbatch", *head, *overrides], {}
+    if (cfg.trainer.nnodes or 1) > 1:
+        raise ValueError(f"trainer.nnodes={cfg.trainer.nnodes}: rlhf launch runs on this node; use --slurm for "
+                         f"several nodes")
     import torch
 
-    nproc = args.nproc or max(1, torch.cuda.device_count())
-    env = {} if torch.cuda.is_available() else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+    env = {} if torch.cuda.is_available() else {"OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
-            f"--nproc_per_node={nproc}", "-m", "rlhf.main", *([f"recipe={args.recipe}"] if args.recipe else []),
+            f"--nproc_per_node={world}", "-m", "rlhf.main", *head, *([f"recipe={args.recipe}"] if args.recipe else []),
             *overrides]
     return argv, env
 

@@ -11,48 +11,94 @@ short message and the process exits with code 2, before torch or any process gro
 from __future__ import annotations
 
 import sys
+from collections import deque
+from pathlib import Path
 from typing import Optional, Sequence
 
 from rlhf.launch_env import launch_env
 
 EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_CONFIG_ERROR = 0, 1, 2
 _PROG = "python -m rlhf.main"
-USAGE = f"""usage: {_PROG} [--help] [--cfg] recipe=NAME [algorithm=NAME] [key=value ...]
+MODULE_DIR = Path(__file__).resolve().parent
+USAGE = f"""usage: {_PROG} [--help] [--cfg [job]] [--config FILE | --config-path DIR --config-name NAME]
+                          [recipe=NAME] [algorithm=NAME] [key=value ...]
 
 Compose the training config (schema defaults < rlhf/config/ppo_trainer.yaml < recipe < algorithm preset
-< key=value) and train.  Overrides use Hydra syntax: trainer.total_training_steps=5,
-data.train_files=[a.jsonl,b.jsonl], model.path=/ckpt/Qwen2-7B-Instruct.  Extra recipe directories:
-hydra.searchpath=[file:///abs/dir] (recipes in <dir>/recipe/NAME.yaml).
+< config file < key=value) and train.  Overrides use Hydra syntax: trainer.total_training_steps=5,
+data.train_files=[a.jsonl,b.jsonl], model.path=/ckpt/Qwen2-7B-Instruct.  verl's keys work too
+(actor_rollout_ref.actor.optim.lr=1e-6, critic.model.path=..., trainer.n_gpus_per_node=8); settings with no
+equivalent here are all named in one error.  Extra recipe directories: hydra.searchpath=[file:///abs/dir]
+(recipes in <dir>/recipe/NAME.yaml).  hydra.run.dir=DIR: the run directory (trainer.default_local_dir unless
+that is given too; the composed config is written to DIR/.hydra/).
 
 options:
-  -h, --help      show this message, the recipes and the algorithm presets
-  --cfg           print the resolved config as YAML and exit
-  --recipe NAME   same as recipe=NAME
+  -h, --help            show this message, the recipes and the algorithm presets
+  --cfg [job], -c job   print the resolved config as YAML, check it (data and model paths included) and exit
+  --config FILE         a YAML file of settings, verl's layout or ours (the command line wins over it)
+  --config-path DIR, -cp DIR, --config-name NAME, -cn NAME
+                        the same as --config DIR/NAME.yaml (Hydra's options; DIR relative to the working
+                        directory or to rlhf/); NAME ppo_trainer or ppo_megatron_trainer alone is the base config
+  --config-dir DIR, -cd DIR
+                        an extra directory of recipes (recipe/NAME.yaml)
+  --recipe NAME         same as recipe=NAME
+  --resolve             accepted (the printed config is always resolved)
+  -m, --multirun        not supported: run one job per setting
 """
+_VALUE_OPTS = {"--config": "config", "--config-path": "config_path", "-cp": "config_path",
+               "--config-name": "config_name", "-cn": "config_name", "--config-dir": "config_dir",
+               "-cd": "config_dir", "--recipe": "recipe"}
 
 
 class UsageError(Exception):
     """Bad command line (not a config problem): unknown option, missing option value, unknown preset."""
 
 
+def _option_value(a: str, rest: deque) -> tuple[str, str]:
+    name, eq, value = a.partition("=")
+    if not eq:
+        value = rest.popleft() if rest else None
+        if value is None or value.startswith("-"):
+            raise UsageError(f"{name} needs a value, e.g. {name} {'quickstart' if name == '--recipe' else 'VALUE'}")
+    return name, value
+
+
 def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
-    """Split ``argv`` into options (``help``, ``cfg``) and Hydra overrides (``recipe=NAME`` and
-    ``algorithm=NAME`` included).
+    """Split ``argv`` into options (``help``, ``cfg``, ``config_file``, ``config_dirs``) and Hydra overrides
+    (``recipe=NAME`` and ``algorithm=NAME`` included).
 
     Raises:
-        UsageError: an unknown ``-option``, ``--recipe`` without a name, or an unknown algorithm preset.
+        UsageError: an unknown ``-option``, an option without its value, ``--cfg hydra``, ``-m`` (multirun),
+            an unknown algorithm preset, or a ``--config-name`` file that does not exist.
     """
     from rlhf.config import list_algorithms
 
-    opts, overrides, it = {"help": False, "cfg": False}, [], iter(argv)
-    for a in it:
-        if a in ("-h", "--help", "--cfg", "--cfg=job"):
-            opts["help" if a in ("-h", "--help") else "cfg"] = True
-        elif a == "--recipe" or a.startswith("--recipe="):
-            name = a.split("=", 1)[1] if "=" in a else next(it, None)
-            if name is None or name.startswith("-"):
-                raise UsageError("--recipe needs a name, e.g. --recipe quickstart")
-            overrides.append(f"recipe={name}")
+    opts: dict = {"help": False, "cfg": False, "config_file": None, "config_dirs": []}
+    overrides, rest, values = [], deque(argv), {}
+    while rest:
+        a = rest.popleft()
+        if a in ("-h", "--help"):
+            opts["help"] = True
+        elif a in ("--cfg", "-c") or a.startswith("--cfg="):
+            what = a.split("=", 1)[1] if "=" in a else "job"
+            if "=" not in a and rest and rest[0] in ("job", "hydra", "all"):
+                what = rest.popleft()
+            if what == "hydra":
+                raise UsageError("--cfg hydra: there is no Hydra runtime config here (rlhf composes with Hydra's "
+                                 "compose API); use --cfg job")
+            opts["cfg"] = True
+        elif a == "--resolve" or a in ("--run", "-r"):
+            continue
+        elif a in ("-m", "--multirun"):
+            raise UsageError("multirun (-m) sweeps are not supported: start one job per setting (a shell loop, or a "
+                             "Slurm job array) with single key=value overrides")
+        elif a.split("=", 1)[0] in _VALUE_OPTS:
+            name, value = _option_value(a, rest)
+            if _VALUE_OPTS[name] == "recipe":
+                overrides.append(f"recipe={value}")
+            elif _VALUE_OPTS[name] == "config_dir":
+                opts["config_dirs"].append(value)
+            else:
+                values[_VALUE_OPTS[name]] = value
         elif a.startswith("-") and not a.startswith("~"):
             raise UsageError(f"unknown option {a!r}")
         elif "=" not in a and not a.startswith("~"):
@@ -65,7 +111,28 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
             overrides.append(f"algorithm={name}")
         else:
             overrides.append(a)
+    opts["config_file"] = _config_file(values)
     return opts, overrides
+
+
+def _config_file(values: dict) -> Optional[Path]:
+    from rlhf.config import ConfigError
+    from rlhf.config.config_file import find_config_file
+
+    if "config" in values and ("config_name" in values or "config_path" in values):
+        raise UsageError("give either --config FILE or --config-path/--config-name, not both")
+    if "config" in values:
+        if not Path(values["config"]).is_file():
+            raise UsageError(f"--config {values['config']}: no such file")
+        return Path(values["config"])
+    if "config_name" not in values:
+        if "config_path" in values:
+            raise UsageError("--config-path needs --config-name NAME (the file NAME.yaml in that directory)")
+        return None
+    try:
+        return find_config_file(values.get("config_path"), values["config_name"], MODULE_DIR)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def help_text() -> str:
@@ -106,10 +173,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from rlhf.config import ConfigError, compose_config, validate_config
 
     try:
-        cfg = compose_config(overrides)
+        cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"])
         if opts["cfg"] and env.rank == 0:
             print(OmegaConf.to_yaml(cfg), end="", flush=True)
-        validate_config(cfg, world_size=env.world_size)
+        validate_config(cfg, world_size=env.world_size, check_files=True)
         if opts["cfg"]:
             return EXIT_OK
         try:
@@ -119,11 +186,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 raise
             err(f"{_PROG}: rlhf.trainer is not available in this checkout (config composed and validated).")
             return EXIT_RUNTIME_ERROR
+        if env.rank == 0:
+            write_run_dir(cfg, argv)
         trainer.run(cfg)
     except ConfigError as e:
         err(f"{_PROG}: config error\n{e}")
         return EXIT_CONFIG_ERROR
     return EXIT_OK
+
+
+def write_run_dir(cfg, argv: Sequence[str]) -> Optional[Path]:
+    """With ``hydra.run.dir=DIR`` on the command line, write what Hydra apps write there: ``DIR/.hydra/config.yaml``
+    (the composed config) and ``DIR/.hydra/overrides.yaml`` (the command line).  Returns DIR or None."""
+    from omegaconf import OmegaConf
+
+    raw = next((a.split("=", 1)[1] for a in reversed(list(argv)) if a.lstrip("+").startswith("hydra.run.dir=")), None)
+    if raw is None:
+        return None
+    run_dir = Path(OmegaConf.create({**OmegaConf.to_container(cfg), "_run_dir": raw})._run_dir)
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
+    (run_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(argv))),
+                                                        encoding="utf-8")
+    return run_dir
 
 
 if __name__ == "__main__":

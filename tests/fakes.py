@@ -1,5 +1,6 @@
-"""Test doubles of the rollout side: in-memory engines behind the engines' handle protocol of
-rlhf.mcore.weight_sync (RolloutManager's), and a simulated TP group for the weight sync in one process."""
+"""Test doubles: in-memory engines behind the engines' handle protocol of rlhf.mcore.weight_sync
+(RolloutManager's), a simulated TP group for the weight sync in one process, and stand-ins for the
+trainer's prompt loader and RolloutWorker."""
 from __future__ import annotations
 
 import socket
@@ -198,3 +199,32 @@ def push_weights(engines, named: Sequence[tuple[str, torch.Tensor]], bucket_byte
     engines.end_sync(token)
     pool.close()
     return len(plans)
+
+
+class FakePromptLoader:
+    """StatefulPromptLoader stand-in: `next_batch()` hands out the given batches in order."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self):
+        return self.batches.pop(0)
+
+
+class FakeRollout:
+    """RolloutWorker stand-in (rlhf/workers/rollout.py): `generate` returns the canned
+    (samples, scores, reward_metrics) results in order and records (batch, sampling, reward, seed)."""
+
+    train_sampling, val_sampling = "train", "val"
+
+    def __init__(self, results):
+        self.results = list(results)
+        self.calls = []
+        self.synced = 0
+
+    def generate(self, batch, sampling, reward, seed=None):
+        self.calls.append((batch, sampling, reward, seed))
+        return self.results.pop(0)
+
+    def sync_weights(self):
+        self.synced += 1

@@ -36,7 +36,7 @@ def compute_score(solution_str, ground_truth):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from rlhf.models.warmup import build_quickstart_model
+    from rlhf.quickstart.model import build_quickstart_model
 
     return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"))
 
@@ -113,8 +113,8 @@ def test_grpo_quickstart_python_api(tiny_model, tmp_path):
 
 
 def test_dpo_quickstart_on_generated_pairs(tiny_model, tmp_path):
-    from rlhf.data.preference import make_synthetic_preference_dataset, write_preference_parquet
-    from rlhf.models.warmup import quickstart_task_kwargs
+    from rlhf.data.preference import write_preference_parquet
+    from rlhf.quickstart.arithmetic import make_synthetic_preference_dataset, quickstart_task_kwargs
 
     pairs = write_preference_parquet(make_synthetic_preference_dataset(640, seed=5, **quickstart_task_kwargs()),
                                      tmp_path / "pairs" / "train.parquet")

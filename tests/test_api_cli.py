@@ -35,13 +35,23 @@ def _single_process(monkeypatch):
 # --------------------------------------------------------------------------- Python API
 
 
+def _model_dir(path: Path) -> Path:
+    """A model directory with a real (small) Qwen2 config.json (the start-up checks read it)."""
+    from transformers import Qwen2Config
+
+    Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                intermediate_size=128, vocab_size=256, architectures=["Qwen2ForCausalLM"]).save_pretrained(path)
+    return path
+
+
 def test_trainer_builds_the_recipe_config_with_overrides(tmp_path):
-    t = Trainer(algorithm="grpo", recipe="quickstart", actor_model="/models/actor", dataset="embedded://arithmetic",
+    actor = _model_dir(tmp_path / "models" / "actor")
+    t = Trainer(algorithm="grpo", recipe="quickstart", actor_model=actor, dataset="embedded://arithmetic",
                 output_dir=tmp_path / "out", total_training_steps=3, actor__optim__lr=2e-4,
                 **{"rollout.val_kwargs.temperature": 1.0})
     c = t.config
     assert c.algorithm.adv_estimator == "grpo" and c.critic.enable is None  # quickstart's critic switched off
-    assert c.model.path == "/models/actor" and c.trainer.default_local_dir == str(tmp_path / "out")
+    assert c.model.path == str(actor) and c.trainer.default_local_dir == str(tmp_path / "out")
     assert c.data.train_files == c.data.val_files == "embedded://arithmetic"
     assert c.trainer.total_training_steps == 3 and c.actor.optim.lr == 2e-4
     assert c.rollout.val_kwargs.temperature == 1.0
@@ -50,7 +60,7 @@ def test_trainer_builds_the_recipe_config_with_overrides(tmp_path):
     assert compose_config(t.overrides, recipe="quickstart") == c
     cmd = t.command(nproc=2)
     assert cmd[:6] == ["torchrun", "--standalone", "--nnodes=1", "--nproc_per_node=2", "-m", "rlhf.main"]
-    assert cmd[6] == "recipe=quickstart" and "model.path=/models/actor" in cmd
+    assert cmd[6] == "recipe=quickstart" and f"model.path={actor}" in cmd
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
@@ -149,7 +159,7 @@ def test_launch_dry_run_prints_torchrun(capsys, tmp_path):
 def test_launch_slurm_prints_sbatch_of_the_algorithm_recipe(capsys, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("")
-    rc = cli_main(["launch", "--algorithm", "dapo", "--model_name_or_path", "/models/q7", "--dataset_name",
+    rc = cli_main(["launch", "--algorithm", "dapo", "--model_name_or_path", "Qwen/Qwen2-7B-Instruct", "--dataset_name",
                    str(data), "--output_dir", "out/dapo", "--slurm", "trainer.save_freq=5"])
     out = capsys.readouterr().out.strip()
     assert rc == 0 and out.startswith(f"cd {REPO} && sbatch recipes/dapo_qwen2_7b/run_slurm.sbatch ")
@@ -157,7 +167,11 @@ def test_launch_slurm_prints_sbatch_of_the_algorithm_recipe(capsys, tmp_path):
     assert "algorithm=dapo" in out and "trainer.save_freq=5" in out
     assert "recipe=" not in out.split("run_slurm.sbatch")[1]  # the sbatch script names its recipe
     assert (REPO / "recipes/dapo_qwen2_7b/run_slurm.sbatch").is_file()
-    rc = cli_main(["launch", "--algorithm", "dpo", "--slurm"])
+    # the full validation runs before anything is printed: the recipe's default data is not here
+    assert cli_main(["launch", "--algorithm", "dpo", "--slurm"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "data.train_files='../shared/data/preference/train.jsonl'" in captured.err
+    rc = cli_main(["launch", "--algorithm", "dpo", "--slurm", "--dataset_name", str(data)])
     assert rc == 0 and "recipes/dpo_qwen2_7b/run_slurm.sbatch algorithm=dpo" in capsys.readouterr().out
 
 
@@ -209,3 +223,131 @@ def test_recipe_composes_validates_and_has_scripts(name):
         assert cfg.model.dtype == "bfloat16" and cfg.parallel.tensor_model_parallel_size == 4
     else:
         assert cfg.model.path == "tiny://quickstart"
+
+
+# --------------------------------------------------------------------------- the tutorial's flags, in-process objects
+
+
+def _launched_config(capsys) -> tuple[list[str], object]:
+    """The overrides of the printed torchrun command and the config they compose to."""
+    argv = shlex.split(capsys.readouterr().out.strip().splitlines()[-1])
+    overrides = argv[argv.index("rlhf.main") + 1:]
+    return argv, compose_config(overrides)
+
+
+def test_tutorial_launch_flags_map_onto_the_config(tmp_path, capsys):
+    """`rlhf launch` with the tutorial's trl-style flags: per-device micro batch, accumulation -> mini batch
+    (micro x accumulation x data-parallel size sequences, in prompts of rollout.n responses), rollout samples per
+    step -> data.train_batch_size x rollout.n, logging / save frequency."""
+    rm = _model_dir(tmp_path / "rm")
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "1+1=", "data_source": "arithmetic", "reward_model": {"ground_truth": "2"}}\n')
+    flags = ["launch", "--algorithm", "ppo", "--model_name_or_path", "tiny://quickstart", "--reward_model_name_or_path",
+             str(rm), "--dataset_name", str(data), "--per_device_train_batch_size", "4",
+             "--gradient_accumulation_steps", "8", "--num_rollout_samples", "128", "--output_dir", str(tmp_path / "out"), "--logging_steps", "10",
+             "--save_steps", "100"]
+    assert cli_main([*flags, "--nproc", "1", "--dry_run"]) == 0
+    argv, c = _launched_config(capsys)
+    assert "--nproc_per_node=1" in argv
+    assert (c.actor.ppo_micro_batch_size_per_gpu, c.critic.ppo_micro_batch_size_per_gpu) == (4, 4)
+    assert (c.rollout.n, c.data.train_batch_size, c.actor.ppo_mini_batch_size, c.critic.ppo_mini_batch_size) == \
+        (1, 128, 4 * 8 * 1, 32)
+    assert (c.trainer.log_freq, c.trainer.save_freq, c.trainer.default_local_dir) == (10, 100, str(tmp_path / "out"))
+    assert [(s.type, s.path) for s in c.reward.sources] == [("model", str(rm))]
+    # GRPO (4 responses per prompt) on 2 processes: 128 samples = 32 prompts; 4 x 8 x 2 = 64 sequences = 16 prompts
+    assert cli_main([*flags[:2], "grpo", *flags[3:], "--nproc", "2", "--dry_run"]) == 0
+    argv, c = _launched_config(capsys)
+    assert "--nproc_per_node=2" in argv
+    assert (c.rollout.n, c.data.train_batch_size, c.actor.ppo_mini_batch_size) == (4, 32, 16)
+    validate_config(c, world_size=2, check_files=True)
+    # samples that are not whole prompts, and a missing data file: refused before anything is printed or run
+    assert cli_main([*flags[:2], "grpo", *flags[3:], "--num_rollout_samples", "130", "--dry_run"]) == 2
+    err = capsys.readouterr().err
+    assert "--num_rollout_samples 130 is not a multiple of rollout.n=4" in err
+    bad = [*flags[:8], str(tmp_path / "missing.jsonl"), *flags[9:]]
+    for extra in (["--dry_run"], ["--slurm"]):
+        assert cli_main([*bad, "--nproc", "1", *extra]) == 2
+        out = capsys.readouterr()
+        assert out.out == "" and "missing.jsonl': no such file or directory" in out.err
+
+
+def test_safety_reward_model_and_reward_forms(tmp_path):
+    """safety_reward_model= is one more weighted source; a callable reward stays in this process."""
+    rm, safety = _model_dir(tmp_path / "rm"), _model_dir(tmp_path / "safety")
+    c = Trainer(reward_model=rm, safety_reward_model=safety, safety_reward_weight=0.5).config
+    assert [(s.type, s.path, s.weight) for s in c.reward.sources] == [("model", str(rm), 1.0),
+                                                                      ("model", str(safety), 0.5)]
+    c = Trainer(safety_reward_model=safety).config  # the rule reward of each data_source, plus the safety model
+    assert [(s.type, s.weight) for s in c.reward.sources] == [("rule", 1.0), ("model", 1.0)]
+
+    def my_reward(data_source, solution_str, ground_truth, extra_info=None):
+        return float(solution_str.strip() == ground_truth)
+
+    from rlhf.config.objects import get_object
+
+    c = Trainer(reward_model=my_reward, safety_reward_model=safety, safety_reward_weight=0.25).config
+    (main_src, safety_src) = c.reward.sources
+    assert main_src.type == "custom" and get_object(main_src.path) is my_reward and safety_src.weight == 0.25
+    assert Trainer(reward_model=my_reward).config.reward.sources[0].path == main_src.path  # registered once
+
+
+def test_in_process_dataset_and_tokenizer_objects():
+    import datasets
+
+    from rlhf.config.objects import get_object
+
+    rows = [{"prompt": "1+1=", "data_source": "arithmetic", "reward_model": {"ground_truth": "2"}}] * 4
+    ds = datasets.Dataset.from_list(rows)
+    t = Trainer(dataset=ds, recipe="quickstart")
+    assert get_object(t.config.data.train_files) is ds and t.config.data.val_files == t.config.data.train_files
+    dd = datasets.DatasetDict({"train": ds, "test": datasets.Dataset.from_list(rows[:2])})
+    c = Trainer(dataset=dd, recipe="quickstart").config
+    assert get_object(c.data.train_files) is dd["train"] and get_object(c.data.val_files) is dd["test"]
+    c = Trainer(dataset=rows, val_dataset="embedded://arithmetic", recipe="quickstart").config
+    assert get_object(c.data.train_files) is rows and c.data.val_files == "embedded://arithmetic"
+
+    class Tok:  # any tokenizer object
+        chat_template = None
+
+        def __call__(self, texts):
+            return {"input_ids": [[1] for _ in texts]}
+
+    tok = Tok()
+    t = Trainer(tokenizer=tok, recipe="quickstart")
+    assert get_object(t.config.model.tokenizer_path) is tok
+    with pytest.raises(ValueError, match="objects of this Python process"):
+        t.command()
+    with pytest.raises(TypeError, match="datasets.Dataset"):
+        Trainer(dataset=3.5)
+
+
+def test_model_references_for_critic_and_reward(tmp_path, capsys):
+    """critic_model and the reward models take every reference the actor takes; a model object is refused
+    with the fix; an in-process object URI on a command line is reported (it lives in another process)."""
+    c = Trainer(algorithm="ppo", actor_model="tiny://quickstart", critic_model="tiny://quickstart",
+                recipe="quickstart").config
+    assert (c.model.path, c.model.critic_path, c.critic.enable) == ("tiny://quickstart", "tiny://quickstart", True)
+    c = Trainer(algorithm="ppo", critic_model="Qwen/Qwen2.5-0.5B", reward_model="OpenRLHF/rm-0.5b").config
+    assert c.model.critic_path == "Qwen/Qwen2.5-0.5B" and c.reward.sources[0].path == "OpenRLHF/rm-0.5b"
+
+    class FakeModel:
+        def save_pretrained(self, path):
+            pass
+
+        def __call__(self, *a):
+            return 0
+
+    for kw in ({"actor_model": FakeModel()}, {"critic_model": FakeModel()}, {"reward_model": FakeModel()}):
+        with pytest.raises(TypeError, match="save_pretrained"):
+            Trainer(**kw)
+    assert main_cli(["--cfg", "data.train_files=object://dataset/999"]) == 2
+    assert "is not an object of this process" in capsys.readouterr().err
+
+
+def test_version():
+    import re
+
+    import rlhf
+
+    setup = (REPO / "setup.py").read_text()
+    assert rlhf.__version__ == re.search(r'version="([^"]+)"', setup).group(1)

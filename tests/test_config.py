@@ -132,16 +132,41 @@ def test_interpolations_are_resolved(tmp_path):
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "composed_recipes"
+#: keys added to the schema after the recipes were captured, with their defaults
+ADDED_KEYS = {
+    "actor.optim.lr_decay_steps": None, "critic.optim.lr_decay_steps": None,  # the single OptimConfig
+    # verl's policy-loss keys (issue 14)
+    "actor.policy_loss": {"loss_mode": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
+                          "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1},
+    "actor.tau_pos": 1.0, "actor.tau_neg": 1.05, "actor.loss_scale_factor": None,
+    # issue 10
+    "reward.exclude_unscorable": True, "algorithm.overlong_filter": False,
+    "reward.gsm8k": {"method": "strict", "format_score": 0.0},
+    # verl's trainer / data keys (issue 12)
+    "trainer.n_gpus_per_node": None, "trainer.nnodes": None, "trainer.critic_warmup": 0,
+    "trainer.log_val_generations": 0, "trainer.log_freq": 1,
+    "data.filter_overlong_prompts": True, "data.truncation": "error", "data.apply_chat_template": None,
+    "data.chat_template_kwargs": {},
+}
 
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))
 def test_recipe_composes_to_the_captured_config(name):
     """Recipes on shared bases (recipe/_base/*.yaml) and presets (algorithm/*.yaml) compose to exactly the
-    values captured before they were rewritten (`python -m rlhf.main recipe=NAME --cfg`).  The one key added
-    since: actor/critic.optim.lr_decay_steps (null), from the single OptimConfig of rlhf/mcore/optim_config.py."""
+    values captured before they were rewritten (`python -m rlhf.main recipe=NAME --cfg`).  Keys added since
+    (ADDED_KEYS) come with their defaults and change nothing else."""
     before = yaml.safe_load((FIXTURES / f"{name or '_base'}.yaml").read_text())
-    for role in ("actor", "critic"):
-        before[role]["optim"]["lr_decay_steps"] = None
+    if before["critic"]["ppo_mini_batch_size"] != before["actor"]["ppo_mini_batch_size"]:
+        no_critic = before["algorithm"]["name"] == "dpo" or before["algorithm"]["adv_estimator"] != "gae"
+        assert before["critic"]["enable"] is None and no_critic  # only where no critic is trained
+        before["critic"]["ppo_mini_batch_size"] = before["actor"]["ppo_mini_batch_size"]  # follows the actor now
+    for key, default in ADDED_KEYS.items():
+        *parents, leaf = key.split(".")
+        node = before
+        for part in parents:
+            node = node[part]
+        assert leaf not in node, key
+        node[leaf] = default
     assert yaml.safe_load(OmegaConf.to_yaml(compose_config([], recipe=name))) == before
     if name is not None:
         assert name in list_recipes()
@@ -190,7 +215,7 @@ def test_algorithm_presets_compose():
     ("actor.clip_ratoi=0.3", "actor.clip_ratoi", "actor.clip_ratio"),
     ("actor.optim.lrr=1e-5", "actor.optim.lrr", "actor.optim.lr"),
     ("trainr.seed=3", "trainr.seed", "trainer"),
-    ("actor_rollout_ref.actor.clip_ratio=0.3", "actor_rollout_ref.actor.clip_ratio", "actor.clip_ratio"),
+    ("actor_rollout_ref.actor.clip_ratoi=0.3", "actor_rollout_ref.actor.clip_ratoi", "actor.clip_ratio"),  # verl's
     ("actor.kl_coef=0.1", "actor.kl_coef", "algorithm.kl_ctrl.kl_coef"),
     ("+trainer.totl_training_steps=3", "trainer.totl_training_steps", "trainer.total_training_steps"),
 ])
@@ -317,7 +342,21 @@ def quickstart_cfg():
     ([("critic.enable", False)], None, ["needs a critic"]),
     ([("algorithm.adv_estimator", 'grpo'), ("rollout.n", 1)], None, ["rollout.n >= 2"]),
     ([("trainer.save_freq", 0)], None, ["trainer.save_freq=0", "-1"]),
-    ([("trainer.logger", ['console', 'wandb'])], None, ["wandb"]),
+    ([("trainer.logger", ['console', 'wandbb'])], None, ["trainer.logger[1]='wandbb'", "trainer.logger[1]=wandb?"]),
+    ([("actor.policy_loss.loss_mode", 'gspo2')], None, ["actor.policy_loss.loss_mode='gspo2'", "loss_mode=gspo?"]),
+    ([("actor.policy_loss.clip_cov_lb", 6.0)], None, ["clip_cov_lb=6.0 is above actor.policy_loss.clip_cov_ub=5.0"]),
+    ([("actor.policy_loss.kl_cov_ratio", 0.0)], None, ["actor.policy_loss.kl_cov_ratio=0.0 must be in (0, 1]"]),
+    ([("actor.tau_neg", 0.0)], None, ["actor.tau_neg=0.0 must be > 0"]),
+    ([("actor.loss_scale_factor", -1.0)], None, ["actor.loss_scale_factor=-1.0 must be > 0 (or null)"]),
+    ([("algorithm.adv_estimator", 'grpo_passk'), ("rollout.n", 1)], None, ["grpo_passk", "rollout.n >= 2"]),
+    ([("algorithm.adv_estimator", 'opo'), ("rollout.n", 1)], None, ["opo", "rollout.n >= 2"]),
+    ([("algorithm.adv_estimator", 'grpo'), ("trainer.critic_warmup", 2)], None, ["trainer.critic_warmup=2",
+                                                                                 "no critic"]),
+    ([("trainer.n_gpus_per_node", 4), ("trainer.nnodes", 1)], 2, ["= 4 but the job has 2 trainer processes"]),
+    ([("trainer.n_gpus_per_node", 3), ("trainer.nnodes", 1), ("parallel.tensor_model_parallel_size", 2)], None,
+     ["does not divide the 3 trainer processes"]),
+    ([("reward.gsm8k.method", 'loose')], None, ["reward.gsm8k.method='loose' is not one of [strict, flexible]"]),
+    ([("data.truncation", 'cut')], None, ["data.truncation='cut' is not one of [error, left, right, middle]"]),
     ([("rollout.top_p", 0)], None, ["rollout.top_p"]),
     ([("rollout.mem_fraction_static", 1.5)], None, ["rollout.mem_fraction_static"]),
     ([("model.dtype", 'fp16')], None, ["model.dtype"]),
@@ -360,7 +399,7 @@ def test_all_problems_reported_together():
 
 def test_every_kind_of_problem_reported_together(capsys):
     """Bad types and choices (found while composing) come with the range and cross-section problems."""
-    bad = ["rollout.mode=hybrid", "trainer.total_epochs=abc", "trainer.logger=[console,wandb]", "rollout.top_p=0",
+    bad = ["rollout.mode=hybrid", "trainer.total_epochs=abc", "trainer.logger=[console,wandbb]", "rollout.top_p=0",
            "actor.optim.adam_beta1=1", "algorithm.adv_estimator=gea", "actor.ppo_mini_batch_size=3",
            "parallel.recompute=partial"]
     with pytest.raises(ConfigValidationError) as ei:
@@ -369,7 +408,7 @@ def test_every_kind_of_problem_reported_together(capsys):
     assert len(ei.value.problems) == 8, msg
     for s in ["rollout.mode='hybrid' is not one of [colocated, disaggregated]; colocated: engines share",
               "trainer.total_epochs: Value 'abc' of type 'str' could not be converted to Integer",
-              "trainer.logger[1]='wandb' is not one of [console, tensorboard]",
+              "trainer.logger[1]='wandbb' is not one of [console, tensorboard, wandb, mlflow]",
               "rollout.top_p=0.0 must be in (0, 1]", "actor.optim.adam_beta1=1.0 must be in [0, 1)",
               "algorithm.adv_estimator='gea' is not one of [", "(did you mean algorithm.adv_estimator=gae?)",
               "actor.ppo_mini_batch_size=3 does not divide data.train_batch_size=16",
@@ -409,6 +448,49 @@ def test_choices_read_as_strings_and_match_the_algorithms():
     with pytest.raises(Exception):
         kl_penalty(lp, ref, "k4")
     assert set(GROUP_ESTIMATORS) <= set(ADV_ESTIMATOR_REGISTRY)
+
+
+def test_torch_free_name_lists_equal_the_algorithm_registries():
+    """rlhf.config keeps the estimator / policy-loss names and the supported architectures as plain tuples
+    (composing and validating import no torch); they must be exactly the registries'."""
+    from rlhf.algorithms import POLICY_LOSS_REGISTRY, AdvantageEstimator
+    from rlhf.algorithms.advantages import ADV_ESTIMATOR_REGISTRY
+    from rlhf.config.choices import ADV_ESTIMATORS, GROUP_ESTIMATORS, POLICY_LOSS_MODES
+    from rlhf.config.validate import SUPPORTED_ARCHITECTURES
+    from rlhf.mcore.model_config import SUPPORTED_ARCHITECTURES as MCORE_ARCHITECTURES
+
+    assert sorted(ADV_ESTIMATORS) == sorted(ADV_ESTIMATOR_REGISTRY) == sorted(e.value for e in AdvantageEstimator)
+    assert sorted(POLICY_LOSS_MODES) == sorted(POLICY_LOSS_REGISTRY)
+    assert set(GROUP_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_vectorized",
+                                     "rloo_vectorized", "opo", "gpg", "grpo_passk"}
+    assert tuple(SUPPORTED_ARCHITECTURES) == tuple(MCORE_ARCHITECTURES)
+
+
+def test_policy_loss_modes_and_estimators_compose_and_validate(quickstart_cfg):
+    """Every registered loss mode (also with a '-' spelling) and the new estimators validate;
+    the group estimators get rollout.n=4 by default, remax and gae keep 1."""
+    from rlhf.config.choices import POLICY_LOSS_MODES
+
+    for mode in POLICY_LOSS_MODES:
+        cfg = compose_config([f"actor.policy_loss.loss_mode={mode}"], recipe="quickstart")
+        validate_config(cfg, world_size=1)
+    cfg = compose_config(["actor.policy_loss.loss_mode=clip-cov"], recipe="quickstart")
+    validate_config(cfg, world_size=1)
+    for est, n in [("grpo_passk", 4), ("opo", 4), ("gpg", 4), ("grpo_vectorized", 4), ("rloo_vectorized", 4),
+                   ("remax", 1), ("gae", 1)]:
+        cfg = compose_config([f"algorithm.adv_estimator={est}"])
+        assert cfg.rollout.n == n, est
+        validate_config(cfg, world_size=1)
+
+
+def test_new_schema_keys_have_verl_defaults():
+    c = compose_config([])
+    assert dict(c.actor.policy_loss) == {"loss_mode": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0,
+                                         "clip_cov_ub": 5.0, "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1}
+    assert (c.actor.tau_pos, c.actor.tau_neg, c.actor.loss_scale_factor) == (1.0, 1.05, None)
+    assert (c.reward.exclude_unscorable, c.algorithm.overlong_filter) == (True, False)
+    assert (c.reward.gsm8k.method, c.reward.gsm8k.format_score) == ("strict", 0.0)
+    assert (c.trainer.critic_warmup, c.trainer.log_val_generations, c.trainer.n_gpus_per_node) == (0, 0, None)
 
 
 def test_section_rules_run_in_post_init():
@@ -547,8 +629,8 @@ def test_main_usage_errors(capsys):
     assert main(["quickstart"]) == 2
     assert "recipe=quickstart" in capsys.readouterr().err
     assert main(["--bogus"]) == 2
-    assert parse_args(["--recipe", "quickstart", "a.b=1"]) == ({"help": False, "cfg": False},
-                                                                ["recipe=quickstart", "a.b=1"])
+    assert parse_args(["--recipe", "quickstart", "a.b=1"]) == (
+        {"help": False, "cfg": False, "config_file": None, "config_dirs": []}, ["recipe=quickstart", "a.b=1"])
 
 
 def test_main_runs_trainer_with_composed_config(monkeypatch):

@@ -1,6 +1,7 @@
-"""DAPO in the trainer (rlhf/dapo.py): dynamic-sampling loop with a fake generator (fills the batch,
-stops at its cap, trims to what the mini-batches / DP split allow), overlong shaping values, config
-checks, and the group uids the estimators see.  CPU only, fast."""
+"""DAPO in the trainer (rlhf/trainer/dynamic_sampling.py): dynamic-sampling loop with a fake generator
+(fills the batch, stops at its cap, trims to what the mini-batches / DP split allow), overlong shaping
+values, config checks, and the group uids the estimators see; PPOTrainer.generate_round (one prompt
+batch, the step's seed, shaped rewards) with a fake rollout.  CPU only, fast."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -9,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from rlhf import dapo
 from rlhf.algorithms import compute_grpo_outcome_advantage
-from rlhf.batch import outcome_token_scores
 from rlhf.rollout.types import RolloutSample
+from rlhf.trainer import dynamic_sampling as dapo
+from rlhf.trainer.ppo_trainer import PPOTrainer
+from rlhf.workers.batch import outcome_token_scores
+from tests.fakes import FakePromptLoader, FakeRollout
 
 
 def sample(prompt: int, k: int, length: int = 3) -> RolloutSample:
@@ -140,23 +143,37 @@ def test_check_config():
         dapo.check_config(_cfg(length=17))
 
 
-def test_generate_batch_one_round_uids_and_seed():
-    """Without dynamic sampling: one prompt batch, the rollout seed of the step, shaped rewards, and
-    prompt_index as the group uid (n samples of a prompt share it, GRPO normalises within it)."""
-    seen = {}
+def test_generate_round_uids_seed_and_shaping():
+    """Plain PPO (no dynamic sampling): one prompt batch per round, the rollout seed of the step and
+    round, shaped rewards, and prompt_index as the group uid (n samples of a prompt share it, GRPO
+    normalises within it)."""
     n = 3
-
-    def generate_and_score(s, prompts, sampling, seed):
-        seen["seed"], seen["prompts"] = seed, prompts
-        samples = [sample(p, k, length=4 + p) for p in range(2) for k in range(n)]
-        return samples, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], {"reward/num_fallbacks": 0.0}
-
-    cfg = _cfg(length=4, max_len=8, n=n)
-    s = SimpleNamespace(cfg=cfg, train_loader=SimpleNamespace(next_batch=lambda: "batch"), train_sampling=None)
-    samples, scores, rewards, m = dapo.generate_batch(s, 5, generate_and_score)
-    assert seen == {"seed": 1 * 100_003 + 5 * 1009, "prompts": "batch"}
+    samples = [sample(p, k, length=4 + p) for p in range(2) for k in range(n)]
+    rollout = FakeRollout([(samples, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], {"reward/num_fallbacks": 0.0})] * 2)
+    trainer = SimpleNamespace(cfg=_cfg(length=4, max_len=8, n=n), train_loader=FakePromptLoader(["b0", "b1"]),
+                              rollout=rollout, reward="the-reward")
+    got, scores, rewards, m = PPOTrainer.generate_round(trainer, 5, 0)
+    assert rollout.calls == [("b0", "train", "the-reward", 1 * 100_003 + 5 * 1009)]
+    assert got == samples and scores == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0]
     assert rewards == pytest.approx([1.0, 0.0, 0.0, 0.75, 0.75, 0.75])  # length 5 -> -0.25 (buffer 4 of 8)
-    uids = np.array([x.prompt_index for x in samples])
+    assert m["reward/num_fallbacks"] == 0.0 and m["dapo/overlong_frac"] == pytest.approx(0.5)
+    uids = np.array([x.prompt_index for x in got])
     mask = torch.ones(6, 5, dtype=torch.long)
     adv, _ = compute_grpo_outcome_advantage(outcome_token_scores(rewards, mask), mask, uids)
     assert torch.allclose(adv[:, 0], torch.tensor([2, -1, -1, 0, 0, 0]) / torch.tensor(3.0).sqrt(), atol=1e-4)
+    PPOTrainer.generate_round(trainer, 5, 2)  # the next round of the same step draws the next batch, its own seed
+    assert rollout.calls[-1] == ("b1", "train", "the-reward", 1 * 100_003 + 5 * 1009 + 2 * 7)
+
+
+def test_dynamic_sampling_trims_to_actor_and_critic_mini_batches():
+    table = [[[0, 1], [1, 0], [0, 1], 1]] * 3  # 3 varied groups per round
+    cfg = _cfg(fg=True, n=2)
+    cfg.data.train_batch_size = 16
+    cfg.algorithm.filter_groups.max_num_gen_batches = 2
+    cfg.actor, cfg.critic = SimpleNamespace(ppo_mini_batch_size=2), SimpleNamespace(ppo_mini_batch_size=4)
+    next_round, calls = fake_rounds(table)
+    samples, _, _, m = dapo.dynamic_sampling(next_round, cfg, dp_size=1, has_critic=False)
+    assert calls == [0, 1] and m["dapo/filtered_groups"] == 6 and m["dapo/kept_groups"] == 6  # multiple of 2
+    next_round, calls = fake_rounds(table)
+    samples, _, _, m = dapo.dynamic_sampling(next_round, cfg, dp_size=1, has_critic=True)
+    assert m["dapo/kept_groups"] == 4 and len(samples) == 8  # multiple of lcm(2, 4)

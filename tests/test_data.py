@@ -21,19 +21,20 @@ from rlhf.data.gsm8k import (  # noqa: E402
     gsm8k_row,
     preprocess_gsm8k,
 )
+from rlhf.data.collate import collate_left_pad, pad_sequences  # noqa: E402
+from rlhf.data.loader import StatefulPromptLoader  # noqa: E402
 from rlhf.data.preference import (  # noqa: E402
     encode_preference_pair,
+    encode_preference_pairs,
     load_preference_dataset,
-    make_synthetic_preference_dataset,
     write_preference_parquet,
 )
-from rlhf.data.rl_dataset import (  # noqa: E402
-    RLDataset,
-    StatefulPromptLoader,
-    collate_left_pad,
-    load_rl_dataset,
+from rlhf.data.rl_dataset import RLDataset, RLHFDataset, load_rl_dataset  # noqa: E402
+from rlhf.quickstart.arithmetic import (  # noqa: E402
+    make_arithmetic_dataset,
+    make_synthetic_preference_dataset,
+    write_arithmetic_parquet,
 )
-from rlhf.data.synthetic import make_arithmetic_dataset, write_arithmetic_parquet  # noqa: E402
 from rlhf.rewards import compute_scores  # noqa: E402
 from rlhf.rewards.gsm8k import compute_score  # noqa: E402
 from tests.helpers.tiny_tokenizer import make_tiny_tokenizer  # noqa: E402
@@ -231,6 +232,23 @@ def test_collate_left_pad_exact():
         collate_left_pad([], 0)
 
 
+def test_pad_sequences_sides_length_and_dtype():
+    seqs = [[1, 2, 3], [], [4]]
+    v, m = pad_sequences(seqs, 0, side="left")
+    assert torch.equal(v, torch.tensor([[1, 2, 3], [0, 0, 0], [0, 0, 4]]))
+    assert torch.equal(m, torch.tensor([[1, 1, 1], [0, 0, 0], [0, 0, 1]]))
+    v, m = pad_sequences(seqs, -100, side="right", length=4)
+    assert torch.equal(v, torch.tensor([[1, 2, 3, -100], [-100] * 4, [4, -100, -100, -100]]))
+    assert torch.equal(m, torch.tensor([[1, 1, 1, 0], [0, 0, 0, 0], [1, 0, 0, 0]]))
+    v, _ = pad_sequences([[0.5, -1.25]], 0.0, side="right", length=3, dtype=torch.float32)
+    assert v.dtype == torch.float32 and v.tolist() == [[0.5, -1.25, 0.0]]
+    with pytest.raises(ValueError, match="length=2"):
+        pad_sequences(seqs, 0, length=2)
+    with pytest.raises(ValueError, match="side='middle'"):
+        pad_sequences(seqs, 0, side="middle")
+    assert RLDataset is RLHFDataset  # the old name still works
+
+
 # --------------------------------------------------------------------------- loader
 
 
@@ -374,3 +392,9 @@ def test_preference_synthetic_and_load(tmp_path, tok):
     assert enc["chosen_ids"][-1] == tok.eos_token_id and enc["rejected_ids"][-1] == tok.eos_token_id
     assert tok.decode(enc["prompt_ids"]).endswith("<|im_start|>assistant\n")
     assert tok.decode(enc["chosen_ids"][:-1]) == pairs[0]["chosen"]
+    # several pairs: responses cut to max_response_length, pairs with long prompts dropped
+    many = encode_preference_pairs(tok, pairs[:3], max_prompt_length=len(enc["prompt_ids"]), max_response_length=4)
+    assert [e["chosen_ids"] for e in many[:1]] == [enc["chosen_ids"][:4]] and all(
+        len(e["rejected_ids"]) <= 4 and len(e["prompt_ids"]) <= len(enc["prompt_ids"]) for e in many)
+    with pytest.raises(ValueError, match="max_prompt_length=1"):
+        encode_preference_pairs(tok, pairs[:3], max_prompt_length=1, max_response_length=4)

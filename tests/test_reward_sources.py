@@ -1,4 +1,4 @@
-"""Reward models and weighted reward sources (rlhf/rewards/reward_model.py, sources.py): a tiny random
+"""Reward models and weighted reward sources (rlhf/rewards/reward_model.py, manager.py): a tiny random
 LlamaForSequenceClassification built here scores the last token (padding-invariant), in process and
 in its own Ray worker; several sources combine with weights; a source that raises or times out
 falls back per sample and is counted."""
@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from rlhf.config.schema import RewardConfig, RewardSourceConfig
 from rlhf.rewards.reward_model import HFRewardModelScorer, RayRewardModelScorer, RewardModelScorer
-from rlhf.rewards.sources import RewardSource, RewardSources, build_reward_sources
+from rlhf.rewards.manager import RewardManager, RewardSource, build_reward_manager
 
 PROMPTS = [[{"role": "user", "content": "What is 2+3?"}], "Tom has 1 apple.", [{"role": "user", "content": "Hi"}]]
 RESPONSES = ["2+3=5\n#### 5", "So he has one apple, which is a rather long answer to pad the others", "#### 7"]
@@ -22,7 +22,7 @@ def make_tiny_rm(path, seed=0):
     """A random LlamaForSequenceClassification (1 label) with the tiny chat tokenizer."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
-    from rlhf.models.tiny import make_tiny_tokenizer
+    from rlhf.quickstart.tiny import make_tiny_tokenizer
 
     tok = make_tiny_tokenizer()
     torch.manual_seed(seed)
@@ -113,7 +113,7 @@ def compute_score(solution_str, ground_truth):
 def test_weighted_sources_with_failures(tiny_rm, tmp_path):
     flaky = tmp_path / "flaky.py"
     flaky.write_text(FLAKY)
-    rs = build_reward_sources(_reward_cfg([
+    rs = build_reward_manager(_reward_cfg([
         {"type": "rule", "weight": 1.0},
         {"type": "custom", "path": str(flaky), "weight": 2.0},
         {"type": "model", "path": tiny_rm, "weight": 0.5, "placement": "local"},
@@ -149,7 +149,7 @@ class _Stub:
 @pytest.mark.parametrize("stub,expect_fallback", [
     (_Stub(), False), (_Stub(delay=2.0), True), (_Stub(error=RuntimeError("CUDA OOM")), True)])
 def test_model_source_timeout_and_exception_fall_back_per_sample(stub, expect_fallback):
-    rs = RewardSources([RewardSource("model", 1.0, scorer=stub), RewardSource("rule", 1.0)], timeout_s=0.3,
+    rs = RewardManager([RewardSource("model", 1.0, scorer=stub), RewardSource("rule", 1.0)], timeout_s=0.3,
                        fallback_score=0.25)
     t0 = time.monotonic()
     scores, m = rs.score(["#### 1", "#### 2", "x"], ["gsm8k"] * 3, ["1", "1", "1"], prompts=["p"] * 3)
@@ -162,25 +162,25 @@ def test_model_source_timeout_and_exception_fall_back_per_sample(stub, expect_fa
 
 
 def test_default_source_is_rule_or_custom(tmp_path):
-    rs = build_reward_sources(_reward_cfg([]))
+    rs = build_reward_manager(_reward_cfg([]))
     assert [s.name for s in rs.sources] == ["rule"]
     scores, m = rs.score(["#### 3", "#### 4"], ["gsm8k", "openai/gsm8k"], ["3", "3"])
     assert scores == [1.0, 0.0] and m == {"reward/num_fallbacks": 0}
     f = tmp_path / "r.py"
     f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 2.0\n")
-    rs = build_reward_sources(_reward_cfg([], custom_path=str(f)))
+    rs = build_reward_manager(_reward_cfg([], custom_path=str(f)))
     assert [s.name for s in rs.sources] == ["custom"] and rs.score(["a"], ["any"], [None])[0] == [2.0]
 
 
 def test_build_errors(tmp_path):
     with pytest.raises(ValueError, match="type='judge'"):
-        build_reward_sources(_reward_cfg([{"type": "judge"}]))
+        build_reward_manager(_reward_cfg([{"type": "judge"}]))
     with pytest.raises(ValueError, match="needs a path"):
-        build_reward_sources(_reward_cfg([{"type": "model"}]))
+        build_reward_manager(_reward_cfg([{"type": "model"}]))
     with pytest.raises(ValueError, match="placement"):
-        build_reward_sources(_reward_cfg([{"type": "model", "path": "x", "placement": "gpu0"}]))
+        build_reward_manager(_reward_cfg([{"type": "model", "path": "x", "placement": "gpu0"}]))
     with pytest.raises(FileNotFoundError):
-        build_reward_sources(_reward_cfg([{"type": "custom", "path": str(tmp_path / "missing.py")}]))
+        build_reward_manager(_reward_cfg([{"type": "custom", "path": str(tmp_path / "missing.py")}]))
     # two sources of one type get distinct names
-    rs = build_reward_sources(_reward_cfg([{"type": "rule", "weight": 1.0}, {"type": "rule", "weight": 0.5}]))
+    rs = build_reward_manager(_reward_cfg([{"type": "rule", "weight": 1.0}, {"type": "rule", "weight": 0.5}]))
     assert [s.name for s in rs.sources] == ["rule0", "rule1"]

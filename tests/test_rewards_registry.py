@@ -205,3 +205,47 @@ def test_reward_model_scorer_interface():
 
     with pytest.raises(ValueError, match="non-finite"):
         Bad()(["p"], ["r"])
+
+
+# --------------------------------------------------------------------------- rlhf/rewards/timeout.py
+
+
+def test_call_with_timeout_value_error_and_limit():
+    from rlhf.rewards.timeout import call_with_timeout
+
+    assert call_with_timeout(lambda: 3, 1.0) == 3
+    me = threading.get_ident()
+    assert call_with_timeout(threading.get_ident, None) == me  # no limit: called in this thread
+    assert call_with_timeout(threading.get_ident, 1.0) != me
+    with pytest.raises(ZeroDivisionError):
+        call_with_timeout(lambda: 1 / 0, 1.0)
+    release = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="timeout_s=0.2"):
+        call_with_timeout(lambda: release.wait(10.0), 0.2)
+    assert time.monotonic() - t0 < 2.0
+    release.set()
+
+
+def test_run_with_timeouts_results_and_abandoned():
+    from rlhf.rewards.timeout import run_with_timeouts
+
+    release = threading.Event()
+
+    def run(i):
+        if i == 1:
+            release.wait(10.0)
+        if i == 2:
+            raise KeyError("k")
+        return i * 10
+
+    t0 = time.monotonic()
+    results, timed_out = run_with_timeouts(run, 4, 0.2, max_workers=2)
+    assert time.monotonic() - t0 < 2.0
+    release.set()
+    assert timed_out == {1}
+    assert results[0] == (True, 0) and results[3] == (True, 30)
+    assert results[2][0] is False and isinstance(results[2][1], KeyError)
+    assert run_with_timeouts(run, 0, 1.0) == ({}, set())
+    with pytest.raises(ValueError, match="timeout_s"):
+        run_with_timeouts(run, 1, 0)

@@ -1,4 +1,4 @@
-"""``tiny://quickstart``: the locally built, warmed-up tiny Llama (rlhf.models.warmup / tiny).
+"""``tiny://quickstart``: the locally built, warmed-up tiny Llama (rlhf/quickstart/).
 
 Fast tests build with a handful of warm-up steps; the slow one builds the default model
 (~15-30 s on 2 cores) and checks it lands in the tuned band:
@@ -19,20 +19,12 @@ import os
 import pytest
 import torch
 
-from rlhf.data.synthetic import make_arithmetic_dataset, write_arithmetic_parquet
-from rlhf.models import tiny
-from rlhf.models.warmup import (
-    META_FILE,
-    QUICKSTART_DEFAULTS,
-    _prompt_ids,
-    build_quickstart_model,
-    corrupt_answers,
-    encode_example,
-    evaluate_model,
-    quickstart_task_kwargs,
-    resolve_model_path,
-    response_loss,
-)
+from rlhf.quickstart import tiny
+from rlhf.quickstart.arithmetic import make_arithmetic_dataset, quickstart_task_kwargs, write_arithmetic_parquet
+from rlhf.quickstart.evaluate import evaluate_model
+from rlhf.quickstart.model import META_FILE, QUICKSTART_DEFAULTS, build_quickstart_model, resolve_model_path
+from rlhf.quickstart.sft import corrupt_answers, response_loss
+from rlhf.quickstart.tokenizer import encode_example, prompt_ids
 from rlhf.rewards.gsm8k import compute_score
 
 FEW = dict(warmup_steps=60, batch_size=16)
@@ -70,40 +62,41 @@ def test_build_loads_with_auto_classes_and_tokenizer_round_trips(small_model):
 
 
 def test_prompts_encoded_like_rl_dataset(small_model, tmp_path):
-    from rlhf.data.rl_dataset import RLDataset
+    from rlhf.data.rl_dataset import RLHFDataset
 
     _, tok = _load(small_model)
     paths = write_arithmetic_parquet(tmp_path, n_train=8, n_test=2, seed=3, **quickstart_task_kwargs())
-    ds = RLDataset(paths["train"], tok, max_prompt_length=64)
+    ds = RLHFDataset(paths["train"], tok, max_prompt_length=64)
     assert len(ds) == 8  # every quickstart prompt fits the default max_prompt_length
     rows = make_arithmetic_dataset(8, seed=3, split="train", **quickstart_task_kwargs())
     for i, r in enumerate(rows):
-        assert ds[i]["input_ids"] == _prompt_ids(tok, r["prompt"])
+        assert ds[i]["input_ids"] == prompt_ids(tok, r["prompt"])
         p, resp = encode_example(tok, r["prompt"], r["solution"])
         assert resp[-1] == tok.eos_token_id and len(resp) <= 12  # fits max_response_length 16
         assert tok.decode(resp, skip_special_tokens=True) == r["solution"]
 
 
 def test_cache_reuse_and_rebuild_on_changed_args(small_model, monkeypatch):
-    from rlhf.models import warmup
+    from rlhf.quickstart import model as quickstart_model
 
     weights = os.path.join(small_model, "model.safetensors")
     mtime = os.stat(weights).st_mtime_ns
-    monkeypatch.setattr(warmup, "_build", lambda *a, **k: pytest.fail("cache not reused"))
+    monkeypatch.setattr(quickstart_model, "_build", lambda *a, **k: pytest.fail("cache not reused"))
     assert build_quickstart_model(small_model, **FEW) == str(small_model)
     assert os.stat(weights).st_mtime_ns == mtime
     monkeypatch.undo()
     calls = []
-    monkeypatch.setattr(warmup, "_build", lambda *a, **k: calls.append(k))
+    monkeypatch.setattr(quickstart_model, "_build", lambda *a, **k: calls.append(k))
     build_quickstart_model(small_model, warmup_steps=FEW["warmup_steps"] + 1, batch_size=FEW["batch_size"])
     assert len(calls) == 1  # any changed argument invalidates the cache
 
 
 def test_resolve_model_path(tmp_path, monkeypatch):
-    from rlhf.models import warmup
+    from rlhf.quickstart import model as quickstart_model
 
     seen = []
-    monkeypatch.setattr(warmup, "build_quickstart_model", lambda out, **kw: seen.append((out, kw)) or str(out))
+    monkeypatch.setattr(quickstart_model, "build_quickstart_model",
+                        lambda out, **kw: seen.append((out, kw)) or str(out))
     assert resolve_model_path("/some/hf/dir", tmp_path) == "/some/hf/dir"
     assert resolve_model_path("Qwen/Qwen2.5-0.5B", tmp_path) == "Qwen/Qwen2.5-0.5B"
     out = resolve_model_path("tiny://quickstart", tmp_path, warmup_steps=7, warmup_lr=None)
@@ -172,3 +165,66 @@ def test_default_model_is_in_the_tuned_band(tmp_path):
     assert 0.6 <= greedy["reward"] <= 1.0, greedy
     assert 0.2 <= sampled["reward"] <= 0.5, sampled
     assert sampled["format"] >= 0.9 and sampled["eos"] >= 0.95, sampled
+
+
+# --------------------------------------------------------------------------- the hook (rlhf/quickstart/resolve.py)
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _hook_cfg(tmp_path, algorithm="ppo", train="embedded://arithmetic", val="embedded://arithmetic", model="x"):
+    from types import SimpleNamespace as NS
+
+    return NS(data=NS(train_files=train, val_files=val, embedded_num_train=6, embedded_num_val=3,
+                      embedded_max_operand=5, seed=11),
+              trainer=NS(default_local_dir=str(tmp_path / "run")), algorithm=NS(name=algorithm),
+              model=NS(path=model, warmup_steps=7, warmup_lr=None))
+
+
+def test_resolve_data_writes_the_embedded_tasks(tmp_path, one_rank):
+    from rlhf.data.files import read_rows
+    from rlhf.quickstart.arithmetic import make_synthetic_preference_dataset
+    from rlhf.quickstart.resolve import resolve_data
+
+    cfg = _hook_cfg(tmp_path)
+    train, val = resolve_data(cfg, "train"), resolve_data(cfg, "val")
+    assert train == str(tmp_path / "run" / "data" / "train.parquet") and val.endswith("test.parquet")
+    expect = make_arithmetic_dataset(6, seed=11, split="train", **quickstart_task_kwargs(5))
+    assert [(r["prompt"], r["ground_truth"]) for r in read_rows(train)] == [
+        (r["prompt"], r["ground_truth"]) for r in expect]
+    assert len(read_rows(val)) == 3
+    # DPO: preference pairs (embedded://arithmetic means the same), the validation split seeded + 1
+    cfg = _hook_cfg(tmp_path, "dpo", train="embedded://preference")
+    rows = read_rows(resolve_data(cfg, "val"))
+    expect = make_synthetic_preference_dataset(3, seed=12, **quickstart_task_kwargs(5))
+    assert [(r["chosen"], r["rejected"]) for r in rows] == [(r["chosen"], r["rejected"]) for r in expect]
+    assert len(read_rows(resolve_data(cfg, "train"))) == 6
+    # anything else is returned as it is; unknown tasks name the valid ones
+    assert resolve_data(_hook_cfg(tmp_path, train=["a.jsonl"]), "train") == ["a.jsonl"]
+    with pytest.raises(ValueError, match="'embedded://arithmetic'"):
+        resolve_data(_hook_cfg(tmp_path, train="embedded://preference"), "train")
+    with pytest.raises(ValueError, match="embedded://preference"):
+        resolve_data(_hook_cfg(tmp_path, "dpo", val="embedded://poems"), "val")
+
+
+def test_resolve_model_builds_tiny_only(tmp_path, one_rank, monkeypatch):
+    from rlhf.quickstart import model as quickstart_model
+    from rlhf.quickstart.resolve import resolve_model
+
+    seen = []
+    monkeypatch.setattr(quickstart_model, "build_quickstart_model",
+                        lambda out, **kw: seen.append((out, kw)) or str(out))
+    assert resolve_model(_hook_cfg(tmp_path, model="/models/hf")) == "/models/hf" and not seen
+    out = resolve_model(_hook_cfg(tmp_path, model="tiny://quickstart"))
+    assert out == str(tmp_path / "run" / "tiny_model" / "tiny_quickstart_model")
+    assert seen[-1][1] == {"warmup_steps": 7, "max_operand": 5}  # None (warmup_lr) means the default

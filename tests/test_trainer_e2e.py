@@ -21,7 +21,7 @@ METRICS = ["critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/entrop
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from rlhf.models.warmup import build_quickstart_model
+    from rlhf.quickstart.model import build_quickstart_model
 
     return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"), warmup_steps=40)
 

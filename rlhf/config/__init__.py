@@ -2,12 +2,17 @@
 
 Layout (all inside this package, so composition works from any working directory)::
 
-    schema.py            dataclasses: every key, its type (Enums for choices), its default and its range
-    choices.py           the Enums; errors.py: ConfigError and its subclasses
-    compose.py           compose_config: Hydra compose of the tree below + recipe + algorithm preset + overrides
+    schema/              dataclasses: every key, its type (Enums for choices), its default and its range
+    choices.py           the Enums and the torch-free name lists; errors.py: ConfigError and its subclasses
+    compose.py           compose_config: Hydra compose of the tree below + recipe + algorithm preset + config
+                         file + overrides
+    verl_keys.py         verl's keys and what each means here; verl_compat.py applies them (the alias layer)
+    config_file.py       --config FILE / --config-path + --config-name (verl's layout or ours)
     keys.py              schema keys and the "did you mean" error for an unknown key
     overrides.py         checking override strings; Python values -> override strings
-    validate.py          validate_config: rules across sections, all problems reported together
+    validate.py          validate_config: rules across sections and (check_files) paths, all problems together
+    refs.py              what a data / model reference points at (local, hub, embedded://, tiny://)
+    objects.py           in-process objects (object://...) handed to rlhf.Trainer
     ppo_trainer.yaml     base config: defaults = [schema, _self_, recipe: null, algorithm: null]
     recipe/*.yaml        recipes (``# @package _global_``), picked by ``recipe=NAME``; shared bases in recipe/_base/
     algorithm/*.yaml     algorithm presets (``# @package _global_``), picked by ``algorithm=NAME``
@@ -16,7 +21,7 @@ Use::
 
     from rlhf.config import compose_config, validate_config
     cfg = compose_config(["algorithm=grpo", "trainer.total_training_steps=5"], recipe="quickstart")
-    validate_config(cfg, world_size=1)
+    validate_config(cfg, world_size=1, check_files=True)
 
 A misspelled or removed key raises :class:`ConfigKeyError` naming the key and its nearest valid keys;
 a wrong value raises :class:`ConfigValidationError`; both subclass :class:`ConfigError` (a ValueError).

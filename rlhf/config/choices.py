@@ -11,8 +11,17 @@ import typing
 from enum import Enum, StrEnum
 from typing import Any, Optional, Sequence, Union
 
-#: advantage estimators whose baseline is computed over the rollout.n responses of a prompt
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+#: ``algorithm.adv_estimator`` names: rlhf.algorithms.AdvantageEstimator's values, kept here so composing and
+#: validating a config imports no torch (tests/test_config.py checks they equal the registry's)
+ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo",
+                  "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
+#: advantage estimators whose baseline is computed over the rollout.n responses of a prompt (they need
+#: rollout.n >= 2; rollout.n defaults to 4 for them)
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_vectorized", "rloo_vectorized", "opo",
+                    "gpg", "grpo_passk")
+#: ``actor.policy_loss.loss_mode`` names: the keys of rlhf.algorithms.POLICY_LOSS_REGISTRY (checked equal by
+#: tests/test_config.py); ``clip-cov`` style spellings with "-" are accepted too, as get_policy_loss_fn does
+POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 
 
 class Choice(StrEnum):
@@ -40,7 +49,13 @@ AlgorithmName = _choices("AlgorithmName", "ppo dpo", "ppo (also for the critic-f
 KLControlType = _choices("KLControlType", "fixed adaptive", "fixed keeps kl_coef, adaptive steers it to target_kl")
 ResumeMode = _choices("ResumeMode", "auto disable resume_path", "auto resumes from the latest checkpoint in "
                       "trainer.default_local_dir, disable starts fresh, resume_path loads trainer.resume_from_path")
-LoggerBackend = _choices("LoggerBackend", "console tensorboard", "e.g. trainer.logger=[console,tensorboard]")
+LoggerBackend = _choices("LoggerBackend", "console tensorboard wandb mlflow",
+                         "a list, e.g. trainer.logger=[console,tensorboard], or one name (trainer.logger=console)")
+Truncation = _choices("Truncation", "error left right middle", "what to do with a prompt longer than "
+                      "data.max_prompt_length when data.filter_overlong_prompts=false: error stops, left keeps its "
+                      "last tokens, right its first, middle both ends")
+Gsm8kMethod = _choices("Gsm8kMethod", "strict flexible", "strict: the answer after '####'; flexible: the last "
+                       "number of the response")
 #: rlhf.algorithms.losses.LOSS_AGG_MODES (tests/test_config.py checks they agree)
 LossAggMode = _choices("LossAggMode", "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm",
                        "how rlhf.algorithms.agg_loss averages the per-token loss")

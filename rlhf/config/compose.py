@@ -17,9 +17,11 @@ from typing import Iterable, Optional, Sequence, Union
 from omegaconf import DictConfig, OmegaConf
 
 from rlhf.config.choices import GROUP_ESTIMATORS
-from rlhf.config.errors import ConfigError, ConfigValidationError
+from rlhf.config.config_file import load_config_file
+from rlhf.config.errors import ConfigError, ConfigValidationError, raise_all
 from rlhf.config.keys import check_closed, nearest_keys
 from rlhf.config.overrides import check_overrides
+from rlhf.config.verl_compat import Translated, check_same, items_from_overrides, translate_items
 
 __all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
            "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
@@ -111,7 +113,8 @@ def describe_options(group: str) -> list[tuple[str, str]]:
 
 
 def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, *,
-                   search_paths: Sequence[Union[str, os.PathLike]] = (), resolve: bool = True) -> DictConfig:
+                   search_paths: Sequence[Union[str, os.PathLike]] = (), resolve: bool = True,
+                   config_file: Optional[Union[str, os.PathLike]] = None) -> DictConfig:
     """Compose the training config: schema defaults < ``ppo_trainer.yaml`` < recipe < algorithm preset <
     ``overrides``.
 
@@ -123,14 +126,22 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``) searched after
             this package, e.g. one holding your own ``recipe/my_run.yaml``.
         resolve: resolve ``${...}`` interpolations in place (every rank then sees plain values).
+        config_file: a YAML file of settings (verl's layout or ours, :mod:`rlhf.config.config_file`) applied
+            before ``overrides``.
+
+    verl's keys (``actor_rollout_ref.actor.optim.lr``, ``critic.model.path``, ...) are rewritten to ours by
+    :mod:`rlhf.config.verl_compat`; ``hydra.run.dir=DIR`` sets ``trainer.default_local_dir`` unless that is
+    given too.  Every problem (unknown keys, unsupported verl settings, bad values, rules across sections) is
+    reported in one error.
 
     Returns:
         The composed DictConfig in struct mode (reading or setting an unknown key raises), typed by
         :class:`rlhf.config.schema.RLHFConfig`; ``OmegaConf.to_object(cfg)`` gives the dataclass.
 
     Raises:
-        ConfigKeyError: a key not in the schema (override or recipe file), an unknown recipe or algorithm
-            preset; the message names the key, its source and the nearest valid keys.
+        ConfigKeyError: a key not in the schema (override, config file or recipe file), an unknown recipe or
+            algorithm preset; the message names the key, its source and the nearest valid keys (with other
+            problems found at the same time in ``problems``).
         ConfigValidationError: values of the wrong type or not among a field's choices (every such
             override, together with :func:`rlhf.config.validate.config_problems` of the rest), or a bad
             interpolation.
@@ -146,8 +157,9 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
 
     if isinstance(overrides, str):
         raise TypeError("compose_config: overrides must be a list of 'key=value' strings, not one string")
-    overrides = [str(o) for o in overrides]
-    checked = check_overrides(overrides)
+    translated = _translate([str(o) for o in overrides], config_file)
+    overrides = _run_dir(translated.overrides)
+    checked = check_overrides(overrides, translated.origins)
     recipes = checked.choices[RECIPE_GROUP]
     if recipe is not None:
         if any(r != recipe for r in recipes):
@@ -187,8 +199,47 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
             near = nearest_keys(m.group(1)) if m else []
             raise ConfigValidationError([f"{first_unresolvable_key(cfg) or '?'}: {first}."
                                          + (f" Did you mean: {', '.join(near)}?" if near else "")]) from None
-    if checked.problems:
+    problems = translated.problems + checked.problems + check_same(cfg, translated.same)
+    if problems or checked.unknown or translated.unknown:
         from rlhf.config.validate import config_problems
 
-        raise ConfigValidationError(checked.problems + config_problems(cfg))
+        raise_all(translated.unknown + checked.unknown, problems + config_problems(cfg))
+    _tell(translated)
     return cfg
+
+
+def _translate(overrides: list[str], config_file: Optional[Union[str, os.PathLike]]) -> Translated:
+    """The config file's settings, then the overrides, in our keys (:mod:`rlhf.config.verl_compat`)."""
+    items, problems = load_config_file(config_file) if config_file is not None else ([], [])
+    cli_items, passthrough = items_from_overrides(overrides)
+    translated = translate_items(items + cli_items)
+    translated.overrides += passthrough
+    translated.problems[:0] = problems
+    return translated
+
+
+def _run_dir(overrides: list[str]) -> list[str]:
+    """``hydra.run.dir=DIR`` (the run's directory, as Hydra apps have it) also sets
+    ``trainer.default_local_dir=DIR`` unless that is set too."""
+    def key(o: str) -> str:
+        return o.split("=", 1)[0].lstrip("+")
+
+    run_dirs = [o.split("=", 1)[1] for o in overrides if key(o) == "hydra.run.dir"]
+    if run_dirs and not any(key(o) == "trainer.default_local_dir" for o in overrides):
+        return [*overrides, f"trainer.default_local_dir={run_dirs[-1]}"]
+    return overrides
+
+
+def _tell(translated: Translated) -> None:
+    """Print (rank 0) what the alias layer did that a user should know: settings read differently, and verl
+    keys given on the command line that have no effect here."""
+    from rlhf.launch_env import launch_env
+
+    ignored = sorted({k for k, source in translated.ignored if source.startswith("command-line")})
+    lines = translated.notes + ([f"no effect here (verl engine / worker settings): {', '.join(ignored)}"]
+                                if ignored else [])
+    if lines and launch_env().rank == 0:
+        import logging
+
+        for line in lines:
+            logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["ConfigError", "ConfigKeyError", "ConfigValidationError"]
+__all__ = ["ConfigError", "ConfigKeyError", "ConfigValidationError", "raise_all"]
 
 
 class ConfigError(ValueError):
@@ -17,13 +17,16 @@ class ConfigKeyError(ConfigError):
         key: the full dotted key as given (``"trainer.totl_training_steps"``), or the recipe name.
         suggestions: nearest valid full keys (or recipe names), best first; may be empty.
         source: where the key came from (``"command-line override 'a.b=1'"``, ``"recipe/foo.yaml"``).
+        problems: every problem found with it (unknown keys first, one line each), when there were several.
     """
 
-    def __init__(self, message: str, key: str = "", suggestions: Sequence[str] = (), source: str = ""):
+    def __init__(self, message: str, key: str = "", suggestions: Sequence[str] = (), source: str = "",
+                 problems: Sequence[str] = ()):
         super().__init__(message)
         self.key = key
         self.suggestions = list(suggestions)
         self.source = source
+        self.problems = list(problems) or [" ".join(message.splitlines()[:2])]
 
 
 class ConfigValidationError(ConfigError):
@@ -31,5 +34,25 @@ class ConfigValidationError(ConfigError):
 
     def __init__(self, problems: Sequence[str]):
         self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        super().__init__(f"Invalid config ({len(self.problems)} problem{'s' * (len(self.problems) != 1)}):\n{lines}")
+        super().__init__(_header(self.problems))
+
+
+def _header(problems: Sequence[str]) -> str:
+    lines = "\n".join(f"  - {p}" for p in problems)
+    return f"Invalid config ({len(problems)} problem{'s' * (len(problems) != 1)}):\n{lines}"
+
+
+def raise_all(unknown: Sequence[ConfigKeyError], problems: Sequence[str]) -> None:
+    """Raise every problem at once: one unknown key alone as itself; unknown keys with other problems as one
+    :class:`ConfigKeyError` (``key`` / ``suggestions`` of the first unknown key, ``problems`` all of them); only
+    bad values as :class:`ConfigValidationError`.  Returns when there is nothing to raise."""
+    if not unknown and not problems:
+        return
+    if len(unknown) == 1 and not problems:
+        raise unknown[0]
+    if not unknown:
+        raise ConfigValidationError(problems)
+    lines = [" ".join(u.args[0].splitlines()[:2]) for u in unknown] + list(problems)
+    first = unknown[0]
+    raise ConfigKeyError(_header(lines), key=first.key, suggestions=first.suggestions, source=first.source,
+                         problems=lines)

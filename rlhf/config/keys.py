@@ -16,7 +16,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlhf.config.errors import ConfigKeyError
 
-__all__ = ["schema", "schema_node", "schema_keys", "all_schema_paths", "split_key", "first_bad_part",
+__all__ = ["schema", "schema_node", "schema_keys", "all_schema_paths", "split_key", "first_bad_part", "is_dict_field",
+           "is_optional",
            "nearest_keys", "unknown_key_error", "check_closed"]
 
 
@@ -36,6 +37,21 @@ def schema_node(path: Sequence[str]) -> Optional[DictConfig]:
             return None
         node = node._get_node(part)
     return node if isinstance(node, DictConfig) else None
+
+
+def is_dict_field(key: str) -> bool:
+    """True for a schema key whose value is a free-form dict (``data.chat_template_kwargs``), not a section."""
+    node = schema_node(split_key(key))
+    return node is not None and OmegaConf.get_type(node) is dict
+
+
+def is_optional(key: str) -> bool:
+    """True when the schema field ``key`` accepts null (unknown keys and keys inside dict fields: True)."""
+    *parent, leaf = split_key(key)
+    node = schema_node(parent)
+    if node is None or OmegaConf.get_type(node) is dict or leaf not in node:
+        return True
+    return node._get_node(leaf)._is_optional()
 
 
 def schema_keys(prefix: str = "") -> list[str]:
@@ -78,7 +94,7 @@ def first_bad_part(parts: Sequence[str]) -> Optional[int]:
     leaves the schema's dict nodes, e.g. goes inside a list or an ``Any`` field)."""
     node: Any = schema()
     for i, part in enumerate(parts):
-        if not isinstance(node, DictConfig):
+        if not isinstance(node, DictConfig) or OmegaConf.get_type(node) is dict:  # a dict-valued field: any key
             return None
         if part not in node:
             return i
@@ -147,7 +163,8 @@ def check_closed(cfg: DictConfig, source: str = "composed config") -> None:
             if k not in known:
                 raise unknown_key_error(full, source)
             child, schild = node._get_node(k), known._get_node(k)
-            if isinstance(child, DictConfig) and isinstance(schild, DictConfig):
+            section = isinstance(schild, DictConfig) and OmegaConf.get_type(schild) is not dict  # not a dict field
+            if isinstance(child, DictConfig) and section:
                 walk(child, schild, full + ".")
 
     walk(cfg, schema(), "")

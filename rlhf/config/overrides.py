@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 from rlhf.config.errors import ConfigError
 from rlhf.config.keys import all_schema_paths, first_bad_part, nearest_keys, schema_node, split_key, unknown_key_error
@@ -24,20 +24,21 @@ class CheckedOverrides(NamedTuple):
 
     choices: dict  # group -> selected option names, in order (``{"recipe": ["quickstart"]}``)
     problems: list  # one line per bad value
-    skip: list  # override lines left out when composing: bad values (in problems) and ``group=null``
+    skip: list  # override lines left out when composing: bad values, unknown keys and ``group=null``
+    unknown: list  # a ConfigKeyError per key that is not in the schema (all reported together)
 
 
 def override_source(line: str) -> str:
     return f"command-line override {line!r}"
 
 
-def check_overrides(overrides: Sequence[str]) -> CheckedOverrides:
-    """Check ``overrides`` against the schema.
+def check_overrides(overrides: Sequence[str], sources: Optional[Mapping[str, str]] = None) -> CheckedOverrides:
+    """Check ``overrides`` against the schema; ``sources`` names where a line came from (default: the
+    command line).
 
     Raises:
         ConfigError: an override Hydra cannot parse, a package override (``key@pkg``) or the deletion of a
             schema key (``~key``).
-        ConfigKeyError: a key that is not in the schema (``+key=value`` additions included).
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
@@ -49,11 +50,15 @@ def check_overrides(overrides: Sequence[str]) -> CheckedOverrides:
         raise ConfigError(f"Cannot parse command-line override: {e}\n"
                           "Overrides look like key=value, e.g. trainer.total_training_steps=10 or "
                           "data.train_files=[a.jsonl,b.jsonl].") from None
-    out = CheckedOverrides({g: [] for g in GROUPS}, [], [])
+    out = CheckedOverrides({g: [] for g in GROUPS}, [], [], [])
+
+    def where(line: str) -> str:
+        return (sources or {}).get(line) or override_source(line)
+
     for ov in parsed:
         key = ov.key_or_group
         if ov.package is not None:
-            raise ConfigError(f"{override_source(ov.input_line)}: package overrides (key@pkg) are not supported.")
+            raise ConfigError(f"{where(ov.input_line)}: package overrides (key@pkg) are not supported.")
         if key == "hydra" or key.startswith("hydra."):
             continue
         if key in GROUPS and not ov.is_delete():
@@ -63,19 +68,21 @@ def check_overrides(overrides: Sequence[str]) -> CheckedOverrides:
                 out.choices[key].append(str(ov.value()))
             continue
         if ov.is_delete():
-            raise ConfigError(f"{override_source(ov.input_line)}: keys of the schema cannot be deleted; "
+            raise ConfigError(f"{where(ov.input_line)}: keys of the schema cannot be deleted; "
                               f"set a value instead (e.g. {key}=null where the key allows None).")
-        if first_bad_part(split_key(key)) is not None:
-            raise unknown_key_error(key, override_source(ov.input_line))
+        if first_bad_part(split_key(key)) is not None:  # (``+key=value`` additions included)
+            out.unknown.append(unknown_key_error(key, where(ov.input_line)))
+            out.skip.append(ov.input_line)
+            continue
         if ov.value_type == ValueType.ELEMENT and "[" not in key:
-            problem = _value_problem(key, ov.value(), ov.input_line)
+            problem = _value_problem(key, ov.value(), where(ov.input_line))
             if problem:
                 out.problems.append(problem)
                 out.skip.append(ov.input_line)
     return out
 
 
-def _value_problem(key: str, value: Any, line: str) -> str:
+def _value_problem(key: str, value: Any, source: str) -> str:
     """The problem with setting schema key ``key`` to ``value`` ("" when OmegaConf accepts it)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import ValidationError
@@ -84,7 +91,7 @@ def _value_problem(key: str, value: Any, line: str) -> str:
 
     *parent, leaf = split_key(key)
     section = schema_node(parent)
-    if section is None:  # inside an Any field
+    if section is None or OmegaConf.get_type(section) is dict:  # inside an Any or dict-valued field
         return ""
     section = OmegaConf.get_type(section)
     node = OmegaConf.structured(section)
@@ -94,7 +101,7 @@ def _value_problem(key: str, value: Any, line: str) -> str:
     except ValidationError as e:
         choice = choice_type(section, leaf)
         if choice is None:
-            return f"{key}: {str(e).splitlines()[0]} ({override_source(line)})"
+            return f"{key}: {str(e).splitlines()[0]} ({source})"
         enum, optional, is_list = choice
         if not is_list:
             return choice_problem(key, value, enum, optional)

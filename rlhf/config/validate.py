@@ -1,7 +1,9 @@
 """Validate a composed config: the rules that span sections (batch sizes against the data-parallel size,
 an estimator against rollout.n, ...), the ones that look outside the config (the algorithm registries, a
-reward file, a local model's context length), and every section's own rules
-(:func:`rlhf.config.schema.field_problems`), all reported together in one :class:`ConfigValidationError`.
+reward file, a local model's context length), every section's own rules
+(:func:`rlhf.config.schema.field_problems`), and with ``check_files`` the data and model references
+(:mod:`rlhf.config.refs`: local paths exist, a model directory has a readable config.json of a supported
+architecture), all reported together in one :class:`ConfigValidationError`.  No network, no torch.
 
 Types and fixed choices were already checked by OmegaConf while composing (:mod:`rlhf.config.compose`).
 """
@@ -9,22 +11,67 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
+from rlhf.config.choices import ADV_ESTIMATORS, GROUP_ESTIMATORS, POLICY_LOSS_MODES, choice_problem
 from rlhf.config.errors import ConfigValidationError
+from rlhf.config.objects import is_object_ref, unknown_objects
+from rlhf.config.refs import cached_hub_file, parse_data_ref, parse_model_ref
 from rlhf.config.schema import field_problems
 
-__all__ = ["validate_config", "config_problems"]
+__all__ = ["validate_config", "config_problems", "check_model_config", "SUPPORTED_ARCHITECTURES"]
+
+#: architectures the megatron model builder maps (the converter registry, rlhf.mcore.convert.supported_architectures,
+#: which imports torch; tests/test_config.py keeps the two equal)
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
+                           "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+
+
+def check_model_config(path: str | os.PathLike, layout: dict | None = None) -> list[str]:
+    """Problems of the HF model whose ``config.json`` is at ``path`` (a model directory or the file), from that
+    file alone (rlhf.mcore.preflight.check_model): an architecture the trainer cannot build, a RoPE scaling it
+    does not implement, and with ``layout`` (tp, pp, vpp, ep, num_layers_in_first/last_pipeline_stage) a
+    parallel layout that does not shard the model.  One line each, without the config key (the caller prefixes
+    it); [] when the model is supported or the file cannot be read (the caller's own rules report that)."""
+    p = Path(path)
+    p = p / "config.json" if p.is_dir() else p
+    try:
+        json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    from rlhf.mcore.convert.spec import UnsupportedModelError
+    from rlhf.mcore.preflight import check_model
+
+    try:
+        check_model(str(p.parent), **(layout or {}))
+    except (UnsupportedModelError, ValueError) as e:
+        return [str(e).rstrip(".")]
+    return []
+
+
+# --------------------------------------------------------------------------- names the algorithms accept
+
+
+def _live_names(attr: str) -> set[str]:
+    """Names registered at run time (a user's register_adv_est / register_policy_loss), read only when the
+    algorithms are already imported: validating stays torch-free."""
+    registry = sys.modules.get("rlhf.algorithms.registry")
+    return set(getattr(registry, attr, {}) or {}) if registry is not None else set()
 
 
 def _valid_adv_estimators() -> list[str]:
-    from rlhf.algorithms.advantages import ADV_ESTIMATOR_REGISTRY, AdvantageEstimator
+    return sorted(set(ADV_ESTIMATORS) | _live_names("ADV_ESTIMATOR_REGISTRY"))
 
-    return sorted(set(ADV_ESTIMATOR_REGISTRY) | {e.value for e in AdvantageEstimator})
+
+def _valid_loss_modes() -> list[str]:
+    return sorted(set(POLICY_LOSS_MODES) | _live_names("POLICY_LOSS_REGISTRY"))
+
+
+# --------------------------------------------------------------------------- rules across sections
 
 
 def _context_length(cfg: DictConfig) -> list[str]:
@@ -46,9 +93,22 @@ def _context_length(cfg: DictConfig) -> list[str]:
     return []
 
 
+def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str]]:
+    """The trainer processes: the launcher's, else trainer.n_gpus_per_node x trainer.nnodes (colocated)."""
+    gpus, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes
+    declared = gpus * nodes if gpus and nodes and gpus >= 1 and nodes >= 1 else None
+    if declared is None or cfg.rollout.mode != "colocated":
+        return world_size, []
+    if world_size is not None and world_size != declared:
+        return world_size, [f"trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} = {declared} but the job has "
+                            f"{world_size} trainer processes; launch {declared} (e.g. torchrun --nproc_per_node={gpus}"
+                            f" --nnodes={nodes}) or set both to null (as launched)."]
+    return declared if world_size is None else world_size, []
+
+
 def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     """Mini batches must divide the train batch, and mini batch x rollout.n must split over data parallel."""
-    out: list[str] = []
+    world_size, out = _world_size(cfg, world_size)
     tp, pp = cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size
     dp: Optional[int] = None
     if world_size is not None and tp >= 1 and pp >= 1:
@@ -78,45 +138,128 @@ def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     return out
 
 
+def _critic_on(cfg: DictConfig) -> bool:
+    enable = cfg.critic.enable
+    return bool(enable) if enable is not None else cfg.algorithm.adv_estimator == "gae"
+
+
 def _algorithm(cfg: DictConfig) -> list[str]:
     out: list[str] = []
     est, n = cfg.algorithm.adv_estimator, cfg.rollout.n
     valid = _valid_adv_estimators()
     if est not in valid:
         out.append(choice_problem("algorithm.adv_estimator", est, valid))
+    mode, modes = cfg.actor.policy_loss.loss_mode, _valid_loss_modes()
+    if mode not in modes and str(mode).replace("-", "_") not in modes:
+        out.append(choice_problem("actor.policy_loss.loss_mode", mode, modes, hint="see docs/algorithms.md"))
     if cfg.critic.enable is False and est == "gae":
         out.append("critic.enable=false but algorithm.adv_estimator=gae needs a critic (value function); set "
                    "critic.enable=null/true, or pick a critic-free estimator such as algorithm.adv_estimator=grpo.")
     if cfg.algorithm.name == "ppo" and est in GROUP_ESTIMATORS and n < 2:
         out.append(f"algorithm.adv_estimator={est} computes its baseline over the responses of each prompt and "
                    f"needs rollout.n >= 2 (got {n}); set rollout.n=4 or more, or use algorithm.adv_estimator=gae.")
+    if cfg.trainer.critic_warmup > 0 and not _critic_on(cfg):
+        out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} trains only the critic first, but this run has "
+                   f"no critic (algorithm.adv_estimator={est}, critic.enable={cfg.critic.enable}); set "
+                   f"trainer.critic_warmup=0.")
     rpath = cfg.reward.custom_reward_function.path
-    if rpath and not Path(rpath).is_file():
+    if rpath and not is_object_ref(rpath) and not Path(rpath).is_file():
         out.append(f"reward.custom_reward_function.path={rpath!r} is not a file (relative to the working directory "
                    f"{os.getcwd()}); give the path of a .py file defining "
                    f"{cfg.reward.custom_reward_function.name}(data_source, solution_str, ground_truth, extra_info).")
     return out
 
 
-def config_problems(cfg: DictConfig, world_size: Optional[int] = None) -> list[str]:
+# --------------------------------------------------------------------------- files (check_files=True)
+
+
+def _data_problems(key: str, value: Any) -> list[str]:
+    items = [value] if isinstance(value, str) else list(value or [])
+    out = []
+    for i, item in enumerate(items):
+        at = key if isinstance(value, str) else f"{key}[{i}]"
+        ref = parse_data_ref(item)
+        if ref.kind == "invalid" or (ref.kind == "local" and not ref.exists):
+            out.append(f"{at}={item!r}: {ref.why}; give a local .parquet/.jsonl file or directory, a hub dataset "
+                       f"such as openai/gsm8k:main@train, or embedded://arithmetic.")
+    return out
+
+
+def _model_problems(key: str, value: Optional[str], architecture: bool = True, layout: dict | None = None) -> list[str]:
+    if not value:
+        return []
+    ref = parse_model_ref(value)
+    if ref.kind == "invalid" or (ref.kind in ("local", "tiny") and not ref.exists):
+        return [f"{key}={value!r}: {ref.why}."]
+    config = None
+    if ref.kind == "local":
+        config = Path(ref.path) / "config.json"
+        if not config.is_file():
+            return [f"{key}={value!r} has no config.json; give a Hugging Face model directory (save_pretrained) "
+                    f"or a hub name."]
+    elif ref.kind == "hub":
+        config = cached_hub_file(ref.path)  # only what is already downloaded: no network at start-up
+    return [f"{key}={value!r}: {p}." for p in check_model_config(config, layout)] if config and architecture else []
+
+
+def _file_problems(cfg: DictConfig) -> list[str]:
+    out = _data_problems("data.train_files", cfg.data.train_files)
+    out += _data_problems("data.val_files", cfg.data.val_files)
+    p = cfg.parallel
+    layout = dict(tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
+                  vpp=p.virtual_pipeline_model_parallel_size)
+    out += _model_problems("model.path", cfg.model.path, layout=layout)
+    if _critic_on(cfg):
+        out += _model_problems("model.critic_path", cfg.model.critic_path)
+    tok = cfg.model.tokenizer_path
+    if tok and not is_object_ref(tok):
+        ref = parse_model_ref(tok)
+        if ref.kind == "invalid" or (ref.kind == "local" and not ref.exists):
+            out.append(f"model.tokenizer_path={tok!r}: {ref.why}.")
+    for i, src in enumerate(cfg.reward.sources):
+        if src.type == "model":
+            out += _model_problems(f"reward.sources[{i}].path", src.path, architecture=False)
+        elif src.type == "custom" and src.path and not is_object_ref(src.path) and not Path(src.path).is_file():
+            out.append(f"reward.sources[{i}].path={src.path!r} is not a file; give a .py file defining {src.name}.")
+    return out
+
+
+def _object_problems(cfg: DictConfig) -> list[str]:
+    refs = [("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files),
+            ("model.tokenizer_path", cfg.model.tokenizer_path),
+            ("reward.custom_reward_function.path", cfg.reward.custom_reward_function.path)]
+    refs += [(f"reward.sources[{i}].path", s.path) for i, s in enumerate(cfg.reward.sources)]
+    return [f"{key}={uri!r} is not an object of this process: in-process objects (rlhf.Trainer's reward callables, "
+            f"datasets, tokenizers) exist only in the Python process that created the Trainer; run Trainer(...).run() "
+            f"there, or save the object (Dataset.to_parquet, tokenizer.save_pretrained) and give its path."
+            for key, value in refs for uri in unknown_objects(value)]
+
+
+def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False) -> list[str]:
     """Every problem of ``cfg`` (one line each: key, value, why, fix): the sections' own rules first, then
-    the rules across sections.  ``world_size`` enables the data-parallel checks (see validate_config)."""
-    return field_problems(cfg) + _context_length(cfg) + _batch_sizes(cfg, world_size) + _algorithm(cfg)
+    the rules across sections, then (``check_files``) the data and model references.  ``world_size``
+    enables the data-parallel checks (see validate_config)."""
+    out = field_problems(cfg) + _context_length(cfg) + _batch_sizes(cfg, world_size) + _algorithm(cfg)
+    out += _object_problems(cfg)
+    return out + (_file_problems(cfg) if check_files else [])
 
 
-def validate_config(cfg: DictConfig, world_size: Optional[int] = None) -> None:
+def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False) -> None:
     """Check what the schema's types cannot: ranges, batch-size divisibility, settings that need each other.
     All problems are collected and raised together.
 
     Args:
         cfg: a config from :func:`rlhf.config.compose_config`.
         world_size: number of trainer processes (torchrun / Slurm tasks) when known; enables the checks
-            that depend on the data-parallel size ``world_size / (tp * pp)``.
+            that depend on the data-parallel size ``world_size / (tp * pp)``.  When None,
+            ``trainer.n_gpus_per_node x trainer.nnodes`` is used if both are set (colocated rollout).
+        check_files: also check the data and model references (local paths exist, a model directory has a
+            config.json of a supported architecture; hub names only against the local HF cache).  ``rlhf.main``,
+            ``rlhf launch`` and ``rlhf.Trainer`` turn it on, so these run before any download.
 
     Raises:
         ConfigValidationError: one line per problem, naming the key, its value and the fix.
     """
-    problems = config_problems(cfg, world_size)
+    problems = config_problems(cfg, world_size, check_files)
     if problems:
         raise ConfigValidationError(problems)
-

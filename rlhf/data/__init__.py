@@ -1,14 +1,17 @@
-"""Data: GSM8K preprocessing, the embedded arithmetic task, RL prompt datasets with a
-resumable loader, and offline preference pairs.
+"""Data: GSM8K preprocessing, RL prompt datasets with a resumable loader, padding, and offline
+preference pairs.  (The embedded arithmetic task lives in :mod:`rlhf.quickstart.arithmetic`.)
 
 Public API (imported lazily so ``import rlhf.data`` stays cheap)::
 
     rlhf.data.gsm8k:      preprocess_gsm8k, gsm8k_row, extract_gsm8k_ground_truth, make_prompt_text,
                           load_gsm8k_raw, default_local_gsm8k_dir, INSTRUCTION
-    rlhf.data.rl_dataset: RLDataset, load_rl_dataset, collate_left_pad, StatefulPromptLoader
-    rlhf.data.synthetic:  make_arithmetic_dataset, write_arithmetic_parquet, make_arithmetic_problem
-    rlhf.data.preference: load_preference_dataset, make_synthetic_preference_dataset,
-                          write_preference_parquet, encode_preference_pair
+    rlhf.data.rl_dataset: RLHFDataset (alias RLDataset), load_rl_dataset
+    rlhf.data.loader:     StatefulPromptLoader
+    rlhf.data.collate:    pad_sequences, position_ids_from_mask, collate_left_pad, collate_prompts
+    rlhf.data.files:      resolve_data_files, read_rows
+    rlhf.data.prompts:    normalize_row, render_prompt
+    rlhf.data.preference: load_preference_dataset, write_preference_parquet, encode_preference_pair,
+                          encode_preference_pairs
 """
 
 from __future__ import annotations
@@ -24,17 +27,22 @@ _EXPORTS = {
     "load_gsm8k_raw": "gsm8k",
     "default_local_gsm8k_dir": "gsm8k",
     "INSTRUCTION": "gsm8k",
+    "RLHFDataset": "rl_dataset",
     "RLDataset": "rl_dataset",
     "load_rl_dataset": "rl_dataset",
-    "collate_left_pad": "rl_dataset",
-    "StatefulPromptLoader": "rl_dataset",
-    "make_arithmetic_dataset": "synthetic",
-    "make_arithmetic_problem": "synthetic",
-    "write_arithmetic_parquet": "synthetic",
+    "StatefulPromptLoader": "loader",
+    "pad_sequences": "collate",
+    "position_ids_from_mask": "collate",
+    "collate_left_pad": "collate",
+    "collate_prompts": "collate",
+    "resolve_data_files": "files",
+    "read_rows": "files",
+    "normalize_row": "prompts",
+    "render_prompt": "prompts",
     "load_preference_dataset": "preference",
-    "make_synthetic_preference_dataset": "preference",
     "write_preference_parquet": "preference",
     "encode_preference_pair": "preference",
+    "encode_preference_pairs": "preference",
 }
 
 __all__ = sorted(_EXPORTS)

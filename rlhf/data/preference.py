@@ -1,24 +1,21 @@
 """Offline preference pairs for DPO.
 
 Row schema: ``prompt`` (plain string or chat messages), ``chosen`` (str), ``rejected``
-(str); other columns are kept as-is.
+(str); other columns are kept as-is.  Generated pairs on the embedded arithmetic task
+(``embedded://preference``) come from :func:`rlhf.quickstart.arithmetic.make_synthetic_preference_dataset`.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
-
-from .synthetic import DATA_SOURCE as ARITHMETIC_DATA_SOURCE
-from .synthetic import make_arithmetic_dataset
 
 __all__ = [
     "REQUIRED_COLUMNS",
     "load_preference_dataset",
-    "make_synthetic_preference_dataset",
     "write_preference_parquet",
     "encode_preference_pair",
+    "encode_preference_pairs",
 ]
 
 REQUIRED_COLUMNS = ("prompt", "chosen", "rejected")
@@ -42,7 +39,7 @@ def load_preference_dataset(
         KeyError: a row lacks a required column (message names the file, row and keys).
         ValueError: ``chosen`` or ``rejected`` is not a string, or they are identical.
     """
-    from .rl_dataset import read_rows, resolve_data_files
+    from .files import read_rows, resolve_data_files
 
     out: List[Dict[str, Any]] = []
     for f in resolve_data_files(files):
@@ -64,46 +61,6 @@ def load_preference_dataset(
             out.append(row)
             if max_samples is not None and len(out) >= max_samples:
                 return out
-    return out
-
-
-def make_synthetic_preference_dataset(n: int, seed: int = 0, **arith_kwargs: Any) -> List[Dict[str, Any]]:
-    """Preference pairs from the embedded arithmetic task.
-
-    ``chosen`` is the correct worked solution; ``rejected`` is the same text with a wrong
-    final number (the correct answer plus a non-zero offset in [-3, 3], kept >= 0), both
-    in the ``... #### N`` format, so ``chosen`` scores 1 and ``rejected`` 0 under the strict
-    GSM8K scorer.
-
-    Args:
-        n: number of pairs.
-        seed: RNG seed (deterministic).
-        arith_kwargs: forwarded to :func:`rlhf.data.synthetic.make_arithmetic_dataset`
-            (``max_operand``, ``ops``, ``style``, ...).
-
-    Returns:
-        Rows with ``prompt`` (chat messages), ``chosen``, ``rejected``, ``ground_truth``,
-        ``data_source`` ("synthetic/arithmetic"), ``extra_info``.
-    """
-    rows = make_arithmetic_dataset(n, seed=seed, **arith_kwargs)
-    rng = random.Random(seed + 1_000_003)
-    out = []
-    for r in rows:
-        ans = int(r["ground_truth"])
-        offsets = [d for d in (-3, -2, -1, 1, 2, 3) if ans + d >= 0]
-        wrong = ans + rng.choice(offsets)
-        chosen = r["solution"]
-        body = chosen.rsplit("#### ", 1)[0]
-        body = body.replace(f"= {ans}", f"= {wrong}").replace(f"={ans}\n", f"={wrong}\n")
-        rejected = f"{body}#### {wrong}"
-        out.append({
-            "prompt": r["prompt"],
-            "chosen": chosen,
-            "rejected": rejected,
-            "ground_truth": r["ground_truth"],
-            "data_source": ARITHMETIC_DATA_SOURCE,
-            "extra_info": r["extra_info"],
-        })
     return out
 
 
@@ -135,7 +92,7 @@ def encode_preference_pair(
     Raises:
         ValueError: the prompt alone is at least ``max_length`` tokens.
     """
-    from .rl_dataset import render_prompt
+    from .prompts import render_prompt
 
     use_ct = bool(getattr(tokenizer, "chat_template", None))
     text = render_prompt(tokenizer, prompt, use_ct)
@@ -154,3 +111,21 @@ def encode_preference_pair(
             "raise max_length or filter long prompts."
         )
     return {"prompt_ids": prompt_ids, "chosen_ids": enc(chosen), "rejected_ids": enc(rejected)}
+
+
+def encode_preference_pairs(tokenizer: Any, rows: Sequence[Dict[str, Any]], max_prompt_length: int,
+                            max_response_length: int) -> List[Dict[str, List[int]]]:
+    """:func:`encode_preference_pair` of every row, responses (EOS included) cut to
+    ``max_response_length`` tokens; pairs whose prompt is longer than ``max_prompt_length`` are dropped.
+
+    Raises:
+        ValueError: no pair has a prompt within ``max_prompt_length`` (the message names the setting).
+    """
+    out = []
+    for r in rows:
+        e = encode_preference_pair(tokenizer, r["prompt"], r["chosen"], r["rejected"])
+        if len(e["prompt_ids"]) <= max_prompt_length:
+            out.append({k: v[:max_response_length] if k != "prompt_ids" else v for k, v in e.items()})
+    if not out:
+        raise ValueError(f"no preference pair has a prompt within data.max_prompt_length={max_prompt_length}")
+    return out

@@ -7,7 +7,8 @@ Public API::
     register_reward_fn, get_reward_fn, registered_data_sources,
     load_custom_reward_fn, compute_scores, call_reward_fn   # rlhf.rewards.registry
     RewardModelScorer, HFRewardModelScorer, RayRewardModelScorer   # rlhf.rewards.reward_model
-    RewardSources, build_reward_sources       # rlhf.rewards.sources (weighted sources, fallbacks)
+    RewardManager, build_reward_manager       # rlhf.rewards.manager (weighted sources, fallbacks)
+    run_with_timeouts, call_with_timeout      # rlhf.rewards.timeout
 """
 
 from .gsm8k import compute_score, extract_solution
@@ -21,7 +22,8 @@ from .registry import (
     registered_data_sources,
 )
 from .reward_model import HFRewardModelScorer, RayRewardModelScorer, RewardModelScorer, check_scores
-from .sources import RewardSource, RewardSources, build_reward_sources
+from .manager import RewardManager, RewardSource, RewardSources, build_reward_manager, build_reward_sources
+from .timeout import call_with_timeout, run_with_timeouts
 
 __all__ = [
     "compute_score",
@@ -37,7 +39,11 @@ __all__ = [
     "HFRewardModelScorer",
     "RayRewardModelScorer",
     "RewardSource",
+    "RewardManager",
+    "build_reward_manager",
     "RewardSources",
     "build_reward_sources",
+    "run_with_timeouts",
+    "call_with_timeout",
     "check_scores",
 ]

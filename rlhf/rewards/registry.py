@@ -21,14 +21,12 @@ import inspect
 import logging
 import math
 import os
-import queue
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import gsm8k
+from .gsm8k import compute_score as gsm8k_compute_score
+from .timeout import run_with_timeouts
 
 __all__ = [
     "register_reward_fn",
@@ -44,7 +42,7 @@ logger = logging.getLogger(__name__)
 
 RewardFn = Callable[..., Any]
 
-# Kept in sync with rlhf.data.synthetic.DATA_SOURCE (not imported to keep this module light).
+# Kept in sync with rlhf.quickstart.arithmetic.DATA_SOURCE (not imported to keep this module light).
 ARITHMETIC_DATA_SOURCE = "synthetic/arithmetic"
 
 _REGISTRY: Dict[str, RewardFn] = {}
@@ -126,7 +124,7 @@ def _fn_name(fn: Any) -> str:
 @register_reward_fn("openai/gsm8k", "gsm8k", ARITHMETIC_DATA_SOURCE)
 def gsm8k_strict_reward(solution_str: str, ground_truth: Any) -> float:
     """GSM8K strict scorer: 1.0 if the first ``#### N`` equals the ground truth, else 0.0."""
-    return gsm8k.compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
+    return gsm8k_compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
 
 
 # --------------------------------------------------------------------------- custom fn
@@ -232,73 +230,6 @@ def call_reward_fn(
     return val
 
 
-class _DaemonPool:
-    """Minimal pool of daemon worker threads with per-task timeouts.
-
-    ``concurrent.futures.ThreadPoolExecutor`` workers are joined at interpreter exit, so a
-    reward fn stuck in an infinite loop would hang the process on exit. Here workers are
-    daemon threads; a worker stuck past the timeout is abandoned (it keeps running in the
-    background until its fn returns, then exits) and replaced by a fresh worker.
-    """
-
-    def __init__(self, run: Callable[[int], float], n: int, max_workers: int, timeout_s: float):
-        self.run, self.n, self.timeout_s = run, n, timeout_s
-        self.tasks: "queue.Queue[int]" = queue.Queue()
-        for i in range(n):
-            self.tasks.put(i)
-        self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
-        self.start_t: Dict[int, float] = {}
-        self.results: Dict[int, Tuple[bool, Any]] = {}
-        self.timed_out: set = set()
-        self.max_workers = max(1, min(max_workers, n))
-        for _ in range(self.max_workers):
-            self._spawn()
-
-    def _spawn(self) -> None:
-        threading.Thread(target=self._worker, daemon=True, name="reward-worker").start()
-
-    def _worker(self) -> None:
-        while True:
-            try:
-                i = self.tasks.get_nowait()
-            except queue.Empty:
-                return
-            with self.lock:
-                self.start_t[i] = time.monotonic()
-            try:
-                res: Tuple[bool, Any] = (True, self.run(i))
-            except BaseException as e:  # noqa: BLE001 - reported back to the caller
-                res = (False, e)
-            with self.cond:
-                abandoned = i in self.timed_out
-                if not abandoned:
-                    self.results[i] = res
-                self.cond.notify_all()
-            if abandoned:
-                return  # a replacement worker was already started
-
-    def wait(self) -> Tuple[Dict[int, Tuple[bool, Any]], set]:
-        with self.cond:
-            while len(self.results) + len(self.timed_out) < self.n:
-                now = time.monotonic()
-                next_deadline = math.inf
-                for i, t0 in self.start_t.items():
-                    if i in self.results or i in self.timed_out:
-                        continue
-                    deadline = t0 + self.timeout_s
-                    if now >= deadline:
-                        self.timed_out.add(i)
-                        self._spawn()  # replace the stuck worker
-                    else:
-                        next_deadline = min(next_deadline, deadline)
-                if len(self.results) + len(self.timed_out) >= self.n:
-                    break
-                wait_s = 0.05 if next_deadline is math.inf else max(0.0, next_deadline - now) + 1e-3
-                self.cond.wait(timeout=min(wait_s, 0.05))
-            return dict(self.results), set(self.timed_out)
-
-
 def compute_scores(
     data_sources: Sequence[str],
     responses: Sequence[str],
@@ -319,11 +250,8 @@ def compute_scores(
         extra_infos: optional (B,) dicts passed as ``extra_info``.
         timeout_s: per-sample time limit in seconds, measured from when the fn starts.
             ``None`` runs sequentially in the calling thread with no limit. With a limit,
-            samples run on daemon worker threads; a fn still running after ``timeout_s`` is
-            abandoned (Python threads cannot be killed: it keeps running in the background
-            until it returns, but its result is discarded and the call does not wait for it).
-            A fn that holds the GIL inside C code (e.g. catastrophic regex backtracking)
-            stalls every thread, so the limit cannot be enforced for it.
+            samples run on daemon worker threads and a fn still running after ``timeout_s``
+            is abandoned (see :mod:`rlhf.rewards.timeout`).
         fallback_score: score given to a sample whose fn raised, timed out, or returned a
             non-number / NaN.
         reward_fn: optional function used for every sample instead of the registry
@@ -366,7 +294,7 @@ def compute_scores(
                 _log_failure(i, data_sources[i], fns[i], e)
         return scores, num_fallbacks
 
-    results, timed_out = _DaemonPool(run, n, max_workers, float(timeout_s)).wait()
+    results, timed_out = run_with_timeouts(run, n, float(timeout_s), max_workers)
     for i in range(n):
         if i in timed_out:
             num_fallbacks += 1

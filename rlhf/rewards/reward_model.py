@@ -7,7 +7,7 @@
   process, optionally with GPUs of its own); ``score`` blocks on the actor, with an optional
   timeout.
 
-The trainer combines these with rule and custom rewards in :mod:`rlhf.rewards.sources`.
+The trainer combines these with rule and custom rewards in :mod:`rlhf.rewards.manager` (RewardManager).
 """
 
 from __future__ import annotations

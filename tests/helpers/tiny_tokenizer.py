@@ -1,6 +1,6 @@
 """A tiny byte-level BPE tokenizer built locally (no hub downloads), for tests.
 
-Thin re-export of :mod:`rlhf.models.tiny` (the product code), kept so tests can write::
+Thin re-export of :mod:`rlhf.quickstart.tiny` (the product code), kept so tests can write::
 
     from tests.helpers.tiny_tokenizer import make_tiny_tokenizer
     tok = make_tiny_tokenizer()                 # PreTrainedTokenizerFast with a chat template
@@ -19,7 +19,7 @@ Properties:
 
 from __future__ import annotations
 
-from rlhf.models.tiny import (  # noqa: F401
+from rlhf.quickstart.tiny import (  # noqa: F401
     CHAT_TEMPLATE,
     DEFAULT_CORPUS,
     EOT,
@@ -27,7 +27,6 @@ from rlhf.models.tiny import (  # noqa: F401
     IM_START,
     PAD,
     SPECIAL_TOKENS,
-    _trained_json,
     make_tiny_tokenizer,
     save_tiny_tokenizer,
 )

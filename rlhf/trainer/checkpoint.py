@@ -15,6 +15,7 @@ removed on the next save.
 """
 from __future__ import annotations
 
+import enum
 import os
 import random
 import re
@@ -29,7 +30,21 @@ from rlhf.mcore.dist_checkpoint import load_sharded, save_sharded
 TRACKER = "latest_checkpointed_iteration.txt"
 
 
+def to_builtins(x):
+    """`x` with every Enum replaced by its value, through dicts, lists and tuples.  megatron reads a
+    checkpoint's common state with ``torch.load(weights_only=True)``, which refuses any class outside
+    the builtins it allows -- an Enum (e.g. a StrEnum ``lr_decay_style`` in the scheduler state) included."""
+    if isinstance(x, enum.Enum):
+        return to_builtins(x.value)
+    if isinstance(x, dict):
+        return {k: to_builtins(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_builtins(v) for v in x)
+    return x
+
+
 def checkpoint_root(default_local_dir: str) -> str:
+    """``<default_local_dir>/checkpoints``: where the ``global_step_<k>`` folders and the tracker file live."""
     return os.path.join(default_local_dir, "checkpoints")
 
 
@@ -70,7 +85,7 @@ def save_checkpoint(root: str, step: int, roles: dict, trainer_state: dict, max_
     dist.barrier()
     for name, state in roles.items():
         save_sharded(os.path.join(tmp, name), state.model, state.optimizer,
-                     common={"scheduler": state.scheduler.state_dict()})
+                     common={"scheduler": to_builtins(state.scheduler.state_dict())})
     torch.save(_rng_state(), os.path.join(tmp, "rng", f"rank_{rank}.pt"))
     if rank == 0:
         torch.save(dict(trainer_state, step=step), os.path.join(tmp, "trainer_state.pt"))

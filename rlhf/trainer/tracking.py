@@ -26,6 +26,7 @@ class Tracking:
             self.writer = SummaryWriter(log_dir=log_dir)
 
     def log(self, metrics: dict, step: int) -> None:
+        """Write every metric as a scalar at `step`; print a fixed selection on the console."""
         if not self.enabled:
             return
         if self.writer is not None:
@@ -40,5 +41,6 @@ class Tracking:
             print(f"step {step}: {shown}", flush=True)
 
     def close(self) -> None:
+        """Flush and close the TensorBoard writer."""
         if self.writer is not None:
             self.writer.close()

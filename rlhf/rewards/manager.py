@@ -18,14 +18,15 @@ of each sample's data_source, or ``reward.custom_reward_function`` when that is 
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .registry import compute_scores, load_custom_reward_fn
 from .reward_model import check_scores
+from .timeout import call_with_timeout
 
-__all__ = ["RewardSource", "RewardSources", "build_reward_sources", "SOURCE_TYPES"]
+__all__ = ["RewardSource", "RewardManager", "build_reward_manager", "SOURCE_TYPES",
+           "RewardSources", "build_reward_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ class RewardSource:
                                   extra_infos=batch["extra_infos"], timeout_s=timeout_s,
                                   fallback_score=fallback_score, reward_fn=self.fn)
         try:
-            scores = _call_with_timeout(lambda: self.scorer.score(batch["prompts"], batch["responses"]), timeout_s)
+            scores = call_with_timeout(lambda: self.scorer.score(batch["prompts"], batch["responses"]), timeout_s)
             return check_scores(scores, n, owner=self.name), 0
         except Exception as e:  # noqa: BLE001 - any failure of the model falls back
             logger.warning("reward source %s failed on a batch of %d: %s: %s; using fallback_score=%s",
@@ -61,39 +62,23 @@ class RewardSource:
             return [float(fallback_score)] * n, n
 
     def close(self) -> None:
+        """Release the reward model (its Ray worker), if any."""
         if self.scorer is not None and hasattr(self.scorer, "close"):
             self.scorer.close()
 
 
-def _call_with_timeout(fn: Callable[[], Any], timeout_s: Optional[float]) -> Any:
-    """fn() in a daemon thread, abandoned after timeout_s (TimeoutError); None: call directly."""
-    if timeout_s is None:
-        return fn()
-    box: dict = {}
+class RewardManager:
+    """The reward of a batch: the weighted sum of several sources (verl's "reward manager").
 
-    def target():
-        try:
-            box["out"] = fn()
-        except BaseException as e:  # noqa: BLE001
-            box["err"] = e
-
-    t = threading.Thread(target=target, daemon=True, name="reward-model")
-    t.start()
-    t.join(timeout_s)
-    if t.is_alive():
-        raise TimeoutError(f"no result within reward.timeout_s={timeout_s}s")
-    if "err" in box:
-        raise box["err"]
-    return box["out"]
-
-
-class RewardSources:
-    """The weighted sum of several sources; `score` returns (scores, metrics)."""
+    ``score(responses, data_sources, ground_truths, extra_infos=None, prompts=None)`` returns
+    ``(scores, metrics)``: one float per response, and ``reward/num_fallbacks`` plus, with several
+    sources, ``reward/<source>/mean`` and ``reward/<source>/num_fallbacks``.
+    """
 
     def __init__(self, sources: Sequence[RewardSource], timeout_s: Optional[float] = None,
                  fallback_score: float = 0.0):
         if not sources:
-            raise ValueError("RewardSources needs at least one source")
+            raise ValueError("RewardManager needs at least one source")
         self.sources = list(sources)
         self.timeout_s = timeout_s
         self.fallback_score = float(fallback_score)
@@ -101,6 +86,7 @@ class RewardSources:
     def score(self, responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any],
               extra_infos: Optional[Sequence[Any]] = None, prompts: Optional[Sequence[Any]] = None
               ) -> Tuple[List[float], dict]:
+        """Scores of one batch (lists of equal length B) -> ([B] floats, metrics); see the class docstring."""
         n = len(responses)
         batch = {"responses": list(responses), "data_sources": list(data_sources),
                  "ground_truths": list(ground_truths),
@@ -118,12 +104,13 @@ class RewardSources:
         return total, metrics
 
     def close(self) -> None:
+        """Close every source."""
         for src in self.sources:
             src.close()
 
 
-def build_reward_sources(reward_cfg: Any) -> RewardSources:
-    """`RewardSources` from the config's `reward` section (see the module docstring).
+def build_reward_manager(reward_cfg: Any) -> RewardManager:
+    """`RewardManager` from the config's `reward` section (see the module docstring).
 
     Raises ValueError for an unknown type/placement or a model/custom source without `path`;
     FileNotFoundError / AttributeError for a custom file or function that does not exist.
@@ -132,7 +119,7 @@ def build_reward_sources(reward_cfg: Any) -> RewardSources:
     if not entries:
         crf = reward_cfg.custom_reward_function
         fn = load_custom_reward_fn(crf.path, crf.name) if crf.path else None
-        return RewardSources([RewardSource("custom" if fn else "rule", 1.0, fn=fn)], reward_cfg.timeout_s,
+        return RewardManager([RewardSource("custom" if fn else "rule", 1.0, fn=fn)], reward_cfg.timeout_s,
                              reward_cfg.fallback_score)
     sources, names = [], []
     for i, e in enumerate(entries):
@@ -156,4 +143,9 @@ def build_reward_sources(reward_cfg: Any) -> RewardSources:
             scorer = (RayRewardModelScorer(e.path, num_gpus=e.num_gpus, **kw) if e.placement == "ray"
                       else HFRewardModelScorer(e.path, **kw))
             sources.append(RewardSource(name, float(e.weight), scorer=scorer))
-    return RewardSources(sources, reward_cfg.timeout_s, reward_cfg.fallback_score)
+    return RewardManager(sources, reward_cfg.timeout_s, reward_cfg.fallback_score)
+
+
+# the names before the rename (tests, user code)
+RewardSources = RewardManager
+build_reward_sources = build_reward_manager

@@ -1,6 +1,6 @@
 """Tiny tokenizer and tiny Llama/Qwen2 causal LMs built locally (no hub downloads).
 
-Used by the quickstart (``model.path=tiny://quickstart``, see :mod:`rlhf.models.warmup`)
+Used by the quickstart (``model.path=tiny://quickstart``, see :mod:`rlhf.quickstart.model`)
 and by the tests (``tests/helpers/tiny_tokenizer.py`` / ``tiny_models.py`` re-export these).
 
 Tokenizer (:func:`make_tiny_tokenizer`)
@@ -102,7 +102,8 @@ def make_tiny_tokenizer(
         vocab_size: BPE vocabulary size (>= 260: 4 specials + 256 bytes). The trainer may
             stop below it when the corpus has no more merges.
         chat_template: True = the ChatML template above, False = none, or a custom jinja string.
-        corpus: training texts (default: :data:`DEFAULT_CORPUS`, a few GSM8K-style word-problem / arithmetic sentences written for this project).
+        corpus: training texts (default: :data:`DEFAULT_CORPUS`, a few GSM8K-style word-problem /
+            arithmetic sentences written for this project).
     """
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast

@@ -1,5 +1,7 @@
 """DAPO pieces of the PPO step (Yu et al. 2025, arXiv:2503.14476): dynamic sampling and overlong
-reward shaping.  `ppo_step` gets its batch from :func:`generate_batch`.
+reward shaping.  Only used when enabled: ``PPOTrainer.train_step`` calls :func:`dynamic_sampling`
+instead of generating one round when ``algorithm.filter_groups.enable``, and each round's rewards go
+through :func:`overlong_shaping` (the scores unchanged unless ``reward.overlong_buffer.enable``).
 
 Dynamic sampling (``algorithm.filter_groups.enable``): a prompt group whose ``rollout.n``
 responses all got the same ``algorithm.filter_groups.metric`` has zero group-relative advantage,
@@ -121,24 +123,13 @@ def collect_groups(next_round: Callable[[int], Round], *, target: int, max_round
     return out_samples, out_scores, out_rewards, metrics
 
 
-def generate_batch(s, step: int, generate_and_score: Callable) -> Round:
-    """The step's rollouts: one prompt batch, or dynamic sampling when enabled.
-    `generate_and_score(s, prompts, sampling, seed) -> (samples, scores, reward_metrics)`."""
-    cfg = s.cfg
-
-    def one_round(i: int) -> Round:
-        prompts = s.train_loader.next_batch()
-        samples, scores, rm = generate_and_score(s, prompts, s.train_sampling,
-                                                 cfg.trainer.seed * 100_003 + step * 1009 + i * 7)
-        rewards, shaping = overlong_shaping(samples, scores, cfg)
-        return samples, scores, rewards, {**rm, **shaping}
-
+def dynamic_sampling(next_round: Callable[[int], Round], cfg, *, dp_size: int, has_critic: bool) -> Round:
+    """The step's rollouts under ``algorithm.filter_groups``: :func:`collect_groups` until
+    ``data.train_batch_size`` varied groups (or ``max_num_gen_batches`` rounds), trimmed by
+    :func:`trainable_groups` to what the actor's (and the critic's) mini batches and `dp_size`
+    data-parallel ranks can split.  `next_round(i)` draws, generates, scores and shapes round i."""
     fg = cfg.algorithm.filter_groups
-    if not fg.enable:
-        return one_round(0)
-    from megatron.core import parallel_state as ps
-
-    minis = [cfg.actor.ppo_mini_batch_size] + ([cfg.critic.ppo_mini_batch_size] if s.critic is not None else [])
-    target, dp = cfg.data.train_batch_size, ps.get_data_parallel_world_size()
-    return collect_groups(one_round, target=target, max_rounds=fg.max_num_gen_batches, metric=fg.metric,
-                          allowed=lambda k: trainable_groups(k, target, cfg.rollout.n, minis, dp))
+    minis = [cfg.actor.ppo_mini_batch_size] + ([cfg.critic.ppo_mini_batch_size] if has_critic else [])
+    target = cfg.data.train_batch_size
+    return collect_groups(next_round, target=target, max_rounds=fg.max_num_gen_batches, metric=fg.metric,
+                          allowed=lambda k: trainable_groups(k, target, cfg.rollout.n, minis, dp_size))

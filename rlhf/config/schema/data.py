@@ -1,0 +1,77 @@
+"""Schema sections ``data``, ``model`` and ``parallel``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from rlhf.config.choices import ModelDtype, Recompute, Truncation
+from rlhf.config.schema.rules import Checked, ge, ge_or_null
+
+__all__ = ["DataConfig", "ModelConfig", "ParallelConfig"]
+
+
+@dataclass
+class DataConfig(Checked):
+    # local parquet/jsonl file(s) or directory, a hub dataset NAME[:CONFIG][@SPLIT] (e.g. openai/gsm8k:main@train;
+    # rlhf.config.data_refs), or embedded://arithmetic; a list mixes them
+    train_files: Any = "embedded://arithmetic"
+    val_files: Any = "embedded://arithmetic"
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 64
+    max_response_length: int = 32
+    train_batch_size: int = 8  # prompts per PPO step (each gets rollout.n responses)
+    val_batch_size: int = 32
+    max_train_samples: Optional[int] = None
+    max_val_samples: Optional[int] = 64
+    shuffle: bool = True
+    seed: int = 1
+    # prompts longer than max_prompt_length: dropped (true), else handled by `truncation`
+    filter_overlong_prompts: bool = True
+    truncation: Truncation = Truncation.error
+    apply_chat_template: Optional[bool] = None  # None: on iff the tokenizer has a chat template (off for base models)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra apply_chat_template kwargs
+    embedded_num_train: int = 2000  # size of the generated embedded task
+    embedded_num_val: int = 64
+    embedded_max_operand: int = 9
+
+    def problems(self, at: str = "") -> list[str]:
+        out = ge(self, at, "max_prompt_length max_response_length train_batch_size val_batch_size", 1)
+        out += ge_or_null(self, at, "max_train_samples max_val_samples", "use null for all samples")
+        for k in ("train_files", "val_files"):
+            v = getattr(self, k)
+            if v is None or v == "" or (not isinstance(v, str) and hasattr(v, "__len__") and len(v) == 0):
+                out.append(f"{at}{k}={v!r} is empty; give a .jsonl/.parquet path (or a list of them), a hub "
+                           f"dataset such as openai/gsm8k, or embedded://arithmetic.")
+        return out
+
+
+@dataclass
+class ModelConfig(Checked):
+    path: str = "tiny://quickstart"  # HF dir, hub name, or tiny://quickstart (built + warmed up locally)
+    tokenizer_path: Optional[str] = None
+    critic_path: Optional[str] = None  # defaults to `path` (value head freshly initialised)
+    make_vocab_size_divisible_by: int = 128
+    dtype: ModelDtype = ModelDtype.float32
+    # tiny://quickstart only: supervised warm-up so PPO starts with some signal
+    warmup_steps: int = 300
+    warmup_lr: float = 3e-3
+
+    def problems(self, at: str = "") -> list[str]:
+        return [] if self.path else [f"{at}path is empty; give an HF directory, a hub name or tiny://quickstart."]
+
+
+@dataclass
+class ParallelConfig(Checked):
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    sequence_parallel: bool = False
+    recompute: Optional[Recompute] = None
+
+    def problems(self, at: str = "") -> list[str]:
+        out = ge(self, at, "tensor_model_parallel_size pipeline_model_parallel_size", 1)
+        vpp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size
+        if vpp is not None and (vpp < 1 or (pp or 1) < 2):
+            out.append(f"{at}virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 "
+                       f"(got {pp}) and a value >= 1; set it to null.")
+        return out

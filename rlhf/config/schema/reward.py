@@ -1,0 +1,65 @@
+"""Schema section ``reward``: the weighted reward sources (rlhf/rewards/sources.py) and their options."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rlhf.config.choices import Gsm8kMethod
+from rlhf.config.schema.rules import Checked
+
+__all__ = ["CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig", "RewardConfig"]
+
+
+@dataclass
+class CustomRewardConfig:
+    path: Optional[str] = None
+    name: str = "compute_score"
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong punishment: the last `len` tokens before data.max_response_length cost up
+    to `penalty_factor` (rlhf.algorithms.compute_overlong_penalty)."""
+    enable: bool = False
+    len: Optional[int] = None  # None: data.max_response_length // 4
+    penalty_factor: float = 1.0
+
+
+@dataclass
+class RewardSourceConfig:
+    """One entry of reward.sources (rlhf/rewards/sources.py); the score is sum(weight x source)."""
+    type: str = "rule"  # rule (registry by data_source) | model (HF sequence classifier) | custom (.py)
+    weight: float = 1.0
+    # model: HF dir / hub name / tiny://...; custom: python file, or object://reward/<id> (an in-process callable
+    # given to rlhf.Trainer, rlhf.config.objects)
+    path: Optional[str] = None
+    name: str = "compute_score"  # custom: function name
+    placement: str = "ray"  # model: ray (its own Ray worker) | local (in-process on rank 0)
+    num_gpus: float = 0.0  # model, placement=ray: GPUs of the worker
+    micro_batch_size: int = 16  # model: sequences per forward
+    max_length: int = 2048  # model: prompt + response tokens (truncated from the left)
+
+
+@dataclass
+class Gsm8kRewardConfig(Checked):
+    """The GSM8K rule reward (data_source openai/gsm8k)."""
+    method: Gsm8kMethod = Gsm8kMethod.strict
+    format_score: float = 0.0  # score of a response with an answer in the expected format that is wrong
+
+
+@dataclass
+class RewardConfig(Checked):
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    timeout_s: Optional[float] = None
+    fallback_score: float = 0.0
+    # true: a sample no source could score (a fallback) is left out of its group's baseline and of the loss
+    # (counted in reward/num_unscorable); false: it counts with fallback_score
+    exclude_unscorable: bool = True
+    # empty: the rule reward of each data_source (or custom_reward_function when set)
+    sources: list[RewardSourceConfig] = field(default_factory=list)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    gsm8k: Gsm8kRewardConfig = field(default_factory=Gsm8kRewardConfig)
+
+    def problems(self, at: str = "") -> list[str]:
+        to = self.timeout_s
+        return [f"{at}timeout_s={to!r} must be > 0, or null for no timeout."] if to is not None and to <= 0 else []

@@ -1,0 +1,45 @@
+"""Schema section ``rollout`` (the SGLang engines) and ``rollout.val_kwargs``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlhf.config.choices import RolloutDtype, RolloutMode, RolloutName
+from rlhf.config.schema.rules import Checked, ge, rule, sampling
+
+__all__ = ["RolloutValConfig", "RolloutConfig"]
+
+
+@dataclass
+class RolloutValConfig(Checked):
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+
+    def problems(self, at: str = "") -> list[str]:
+        return sampling(self, at)
+
+
+@dataclass
+class RolloutConfig(Checked):
+    name: RolloutName = RolloutName.sglang
+    mode: RolloutMode = RolloutMode.colocated
+    tensor_model_parallel_size: int = 1
+    num_engines: int = 1
+    n: int = 1  # ppo_trainer.yaml: 4 for GROUP_ESTIMATORS unless a recipe or override sets it
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    mem_fraction_static: float = 0.5  # also settable as verl's rollout.gpu_memory_utilization
+    dtype: RolloutDtype = RolloutDtype.auto
+    max_restarts: int = 2
+    weight_sync_bucket_mb: int = 512
+    weight_sync_check: bool = False
+    val_kwargs: RolloutValConfig = field(default_factory=RolloutValConfig)
+
+    def problems(self, at: str = "") -> list[str]:
+        return (ge(self, at, "tensor_model_parallel_size num_engines weight_sync_bucket_mb", 1)
+                + ge(self, at, "max_restarts", 0) + sampling(self, at)
+                + rule(self, at, "mem_fraction_static", lambda v: 0 < v < 1,
+                       "must be in (0, 1) (fraction of device memory for SGLang's weights + KV cache; ~0.5 "
+                       "when colocated with the trainer)"))

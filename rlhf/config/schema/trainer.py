@@ -1,0 +1,53 @@
+"""Schema section ``trainer``: steps, logging, checkpoints, and the job's size."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rlhf.config.choices import LoggerBackend, ResumeMode
+from rlhf.config.schema.rules import Checked, ge, ge_or_null, steps_or_never
+
+__all__ = ["TrainerConfig"]
+
+
+@dataclass
+class TrainerConfig(Checked):
+    project_name: str = "rlhf"  # wandb project / mlflow experiment
+    experiment_name: str = "run"  # wandb / mlflow run name
+    default_local_dir: str = "outputs/run"  # checkpoints, TensorBoard, HF export (hydra.run.dir sets it too)
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
+    # console, tensorboard, wandb, mlflow: a list, or one name
+    logger: list[LoggerBackend] = field(default_factory=lambda: [LoggerBackend.console, LoggerBackend.tensorboard])
+    log_freq: int = 1  # write the step metrics to the loggers every this many steps
+    log_val_generations: int = 0  # validation samples (prompt, response, score) logged as a table at each validation
+    save_freq: int = -1
+    test_freq: int = -1
+    val_before_train: bool = True
+    critic_warmup: int = 0  # first steps that train only the critic (the actor is not updated)
+    resume_mode: ResumeMode = ResumeMode.auto
+    resume_from_path: Optional[str] = None
+    max_ckpt_to_keep: Optional[int] = 2
+    export_hf_at_end: bool = True
+    seed: int = 1
+    progress_bar: bool = True
+    # the job's size (verl's keys): null = as launched (torchrun / Slurm); when set, `--cfg` checks the
+    # data-parallel layout against n_gpus_per_node x nnodes and `rlhf launch` starts that many processes
+    n_gpus_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
+
+    def problems(self, at: str = "") -> list[str]:
+        out = (ge(self, at, "total_epochs log_freq", 1) + ge(self, at, "critic_warmup log_val_generations", 0)
+               + steps_or_never(self, at, "save_freq test_freq")
+               + ge_or_null(self, at, "total_training_steps", f"null trains for {at}total_epochs")
+               + ge_or_null(self, at, "max_ckpt_to_keep", "null keeps all")
+               + ge_or_null(self, at, "n_gpus_per_node nnodes", "null: as launched"))
+        mode, rfp = self.resume_mode, self.resume_from_path
+        if mode == ResumeMode.resume_path and not rfp:
+            out.append(f"{at}resume_mode=resume_path needs {at}resume_from_path=<checkpoint dir>.")
+        if rfp and mode in (ResumeMode.auto, ResumeMode.disable):
+            out.append(f"{at}resume_from_path={rfp!r} is ignored with {at}resume_mode={mode}; "
+                       f"set {at}resume_mode=resume_path (or drop resume_from_path).")
+        if not self.default_local_dir:
+            out.append(f"{at}default_local_dir is empty; give the output directory for checkpoints and logs.")
+        return out

@@ -1,0 +1,186 @@
+"""The skeleton every trainer shares: :meth:`BaseTrainer.fit`.
+
+    init distributed -> resume -> [validate] -> for each step: train_step -> metrics
+    -> validate every test_freq -> checkpoint every save_freq -> HF export -> close
+
+A subclass builds its parts in ``__init__`` (after ``super().__init__``: ``self.actor``,
+``self.train_loader``, ``self.total_steps``) and implements :meth:`train_step` and :meth:`validate`;
+it extends the checkpoint contents through :meth:`checkpoint_roles`, :meth:`trainer_state` and
+:meth:`load_trainer_state`, and :meth:`close` for what it owns.  Every trainer rank (torchrun or srun,
+one per device) runs the same code: megatron work is SPMD, rank 0 alone logs and prints.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import torch.distributed as dist
+
+from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
+
+from .checkpoint import checkpoint_root, latest_checkpoint
+from .checkpoint import load_checkpoint as load_checkpoint_dir
+from .checkpoint import save_checkpoint as save_checkpoint_dir
+from .metrics import add_step_timing
+from .tracking import Tracking
+
+__all__ = ["BaseTrainer"]
+
+FAIL_AT_STEP_ENV = "RLHF_FAIL_AT_STEP"  # fault injection for the resume tests: exit 17 at the start of that step
+
+
+def _due(freq: int, step: int, total: int) -> bool:
+    """Every `freq` steps and at the last one; never when freq <= 0."""
+    return freq > 0 and (step % freq == 0 or step == total)
+
+
+class BaseTrainer:
+    """Distributed state, model path, tokenizer and HF config, metrics tracker; the fit loop.
+
+    Attributes set here: cfg, model_path, tokenizer, hf_config, tracker, start_step (0 until resumed).
+    """
+
+    progress_desc = "train"
+    progress_postfix: tuple[str, str] | None = None  # (label, metric) shown on the progress bar
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.start_step = 0
+        p = cfg.parallel
+        init_distributed()
+        init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
+                            p.virtual_pipeline_model_parallel_size)
+        set_seed(cfg.trainer.seed)
+        self.check_layout()
+        out_dir = cfg.trainer.default_local_dir
+        if dist.get_rank() == 0:
+            os.makedirs(out_dir, exist_ok=True)
+        self.model_path = resolve_model_path(cfg)
+        self.tokenizer = load_tokenizer(cfg, self.model_path)
+        self.hf_config = load_hf_config(self.model_path)
+        self.tracker = Tracking(os.path.join(out_dir, "tensorboard"), backends=list(cfg.trainer.logger),
+                                enabled=dist.get_rank() == 0)
+
+    # ---- what a trainer implements -------------------------------------------------------------
+    def check_layout(self) -> None:
+        """Raise ValueError for settings the parallel layout cannot run (before any model is built)."""
+
+    def train_step(self, step: int) -> dict:
+        """One optimisation step; returns its metrics plus ``_tokens`` (tokens processed, for throughput)."""
+        raise NotImplementedError
+
+    def validate(self) -> dict:
+        """Validation metrics (``val/...``)."""
+        raise NotImplementedError
+
+    def checkpoint_roles(self) -> dict:
+        """Name -> TrainState of everything trained (saved with dist_checkpointing)."""
+        return {"actor": self.actor.state}
+
+    def trainer_state(self) -> dict:
+        """Picklable state saved by rank 0 next to the models."""
+        return {"train_loader": self.train_loader.state_dict()}
+
+    def load_trainer_state(self, state: dict) -> None:
+        """Restore :meth:`trainer_state` (models are already loaded)."""
+        self.train_loader.load_state_dict(state["train_loader"])
+
+    def close(self) -> None:
+        """Release what the trainer holds (called once by :meth:`fit`, also on errors)."""
+        self.tracker.close()
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def steps_for(self, loader) -> int:
+        """``trainer.total_training_steps``, or ``total_epochs`` passes over `loader`."""
+        return self.cfg.trainer.total_training_steps or len(loader) * self.cfg.trainer.total_epochs
+
+    def data_files(self, split: str):
+        """``data.train_files`` ("train") or ``data.val_files`` as plain paths: quickstart tasks through the
+        quickstart hook (collective), OmegaConf lists as python lists."""
+        from omegaconf import OmegaConf
+
+        from rlhf.quickstart.resolve import resolve_data
+
+        files = resolve_data(self.cfg, split)
+        return OmegaConf.to_container(files, resolve=True) if OmegaConf.is_config(files) else files
+
+    def fit(self) -> dict:
+        """Collective. Train from the latest checkpoint (``trainer.resume_mode``) to ``total_steps``;
+        returns the last step's metrics (the validation metrics when no step ran)."""
+        t, last = self.cfg.trainer, {}
+        try:
+            self.load_checkpoint()
+            if t.val_before_train and self.start_step == 0:
+                last = self.validate()
+                self.tracker.log(last, 0)
+            progress = self._progress_bar()
+            for step in range(self.start_step + 1, self.total_steps + 1):
+                if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
+                    os._exit(17)
+                t0 = time.perf_counter()
+                metrics = self.train_step(step)
+                add_step_timing(metrics, time.perf_counter() - t0, metrics.pop("_tokens"), dist.get_world_size())
+                if _due(t.test_freq, step, self.total_steps):
+                    metrics.update(self.validate())
+                self.tracker.log(metrics, step)
+                last = metrics
+                if _due(t.save_freq, step, self.total_steps):
+                    self.save_checkpoint(step)
+                if progress is not None:
+                    progress.update(1)
+                    if self.progress_postfix is not None:
+                        label, key = self.progress_postfix
+                        progress.set_postfix({label: f"{metrics[key]:.3f}"})
+            if progress is not None:
+                progress.close()
+            if t.export_hf_at_end:
+                self.export_hf()
+        finally:
+            self.close()
+        return last
+
+    def _progress_bar(self):
+        if dist.get_rank() != 0 or not self.cfg.trainer.progress_bar:
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=self.total_steps, initial=self.start_step, desc=self.progress_desc, dynamic_ncols=True)
+
+    # ---- checkpoints / export --------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> str:
+        """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint)."""
+        t = self.cfg.trainer
+        return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(),
+                                   self.trainer_state(), t.max_ckpt_to_keep)
+
+    def load_checkpoint(self) -> None:
+        """Collective. Resume per ``trainer.resume_mode``: auto (the latest checkpoint, if any), resume_path
+        (``trainer.resume_from_path``), disable.  Sets ``start_step``.
+
+        Raises ValueError for resume_path without a path; FileNotFoundError for an incomplete checkpoint.
+        """
+        t = self.cfg.trainer
+        if t.resume_mode == "disable":
+            return
+        if t.resume_mode == "resume_path":
+            if not t.resume_from_path:
+                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
+            path = t.resume_from_path
+        else:
+            path = latest_checkpoint(checkpoint_root(t.default_local_dir))
+            if path is None:
+                return
+        state = load_checkpoint_dir(path, self.checkpoint_roles())
+        self.load_trainer_state(state)
+        self.start_step = int(state["step"])
+        if dist.get_rank() == 0:
+            print(f"resumed from {path} at step {self.start_step}", flush=True)
+
+    def export_hf(self) -> str:
+        """Collective. The actor as an HF checkpoint (+ tokenizer) in ``<default_local_dir>/hf_export``."""
+        from rlhf.mcore.convert import save_hf_checkpoint
+
+        out = os.path.join(self.cfg.trainer.default_local_dir, "hf_export")
+        save_hf_checkpoint(self.actor.chunks, self.actor.bundle.spec, self.hf_config, out, tokenizer=self.tokenizer)
+        return out

@@ -1,0 +1,45 @@
+"""The actor (and the frozen reference) on megatron: per-token log-probs and the policy update."""
+from __future__ import annotations
+
+from .batch import MODEL_KEYS, dp_all_gather, dp_info
+from .worker import MegatronWorker, gather_metrics, step_metrics
+
+__all__ = ["MegatronActor"]
+
+
+class MegatronActor(MegatronWorker):
+    """`bundle` (rlhf.mcore.models.ModelBundle) with its `state` (rlhf.mcore.optim.TrainState; None for a
+    frozen reference).  `cfg` is the config's ``actor`` section (micro/mini batch sizes, ppo_epochs);
+    `temperature` divides the logits before every log-prob (the rollout's, so the trainer's log-probs
+    match the engine's).  Methods are collective over the trainer job."""
+
+    def __init__(self, bundle, state, cfg, *, temperature: float = 1.0):
+        super().__init__(bundle, state, forward_micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu)
+        self.cfg, self.temperature = cfg, temperature
+
+    def compute_log_prob(self, batch: dict, *, calculate_entropy: bool = False) -> dict:
+        """Per-token ``log_probs`` (and ``entropy`` when asked) of the response tokens, [N, R] float32 on
+        every rank (natural log; 0 on padding)."""
+        _, size, group = dp_info()
+        out = self.forward(batch, kind="log_probs", vocab_size=self.vocab_size, temperature=self.temperature,
+                           calculate_entropy=calculate_entropy)
+        R = batch["responses"].shape[1]
+        return {k: dp_all_gather(v[:, -R:].contiguous(), group, size) for k, v in out.items()}
+
+    def update_policy(self, batch: dict, loss, *, step: int, epochs: int | None = None) -> dict:
+        """Update the actor on `batch` with `loss` (rlhf.workers.losses: PPOPolicyLoss, DPOLoss):
+        `epochs` (default ``actor.ppo_epochs``) passes, one optimizer step per ``actor.ppo_mini_batch_size``
+        prompts, micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences.  Returns the loss's
+        metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps),
+        actor/num_skipped_steps, actor/num_breaker_events (rlhf.workers.worker.step_metrics) and actor/lr."""
+        cfg, P = self.cfg, batch["prompt_length"]
+        per_micro, steps = self.train_mini_batches(
+            batch, MODEL_KEYS + tuple(loss.keys), lambda outs, mb: loss(outs, mb, P),
+            mini_batch_size=cfg.ppo_mini_batch_size,
+            micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
+            epochs=cfg.ppo_epochs if epochs is None else epochs, step=step, micro_group=loss.micro_group,
+            kind="log_probs", vocab_size=self.vocab_size, temperature=self.temperature,
+            calculate_entropy=loss.needs_entropy)
+        metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}
+        metrics["actor/lr"] = float(self.state.optimizer.param_groups[0]["lr"])
+        return metrics

@@ -1,0 +1,128 @@
+"""Training batches: token lists -> padded tensors; data-parallel slicing, gathering, mini and micro batches.
+
+Layout of one batch of N sequences (prompts x n), P = longest prompt, R = max_response_length::
+
+    input_ids      [N, P + R]  left-padded prompt | right-padded response
+    attention_mask [N, P + R]  1 on real tokens
+    position_ids   [N, P + R]  0 at the first real token
+    responses      [N, R]      response token ids (pad after the end)
+    response_mask  [N, R]      1 on response tokens (the stop token included)
+    prompt_length  int         P
+    n              int         sequences per prompt (rollout.n; 2 for DPO pairs): mini batches count prompts
+
+Padding itself is :func:`rlhf.data.collate.pad_sequences` (the project's one padding helper).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+import torch.distributed as dist
+
+from rlhf.data.collate import pad_sequences, position_ids_from_mask
+
+MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+__all__ = ["MODEL_KEYS", "build_batch", "build_rollout_batch", "build_pair_batch", "outcome_token_scores",
+           "dp_info", "dp_slice", "dp_all_gather", "mini_batches", "micro_batch_size"]
+
+
+def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int,
+                max_response_length: int, response_log_probs: Sequence[Sequence[float]] | None = None) -> dict:
+    """Pad N (prompt, response) token lists into the layout above; with `response_log_probs` (N lists of
+    floats, one per response token) also `rollout_log_probs` [N, R] float32, 0 after each response.
+
+    Raises ValueError when there is no sequence or a response is longer than max_response_length.
+    """
+    if not prompts:
+        raise ValueError("no rollout samples to batch")
+    R = max_response_length
+    for r in responses:
+        if len(r) > R:
+            raise ValueError(f"response of {len(r)} tokens exceeds max_response_length={R}")
+    prompt_ids, prompt_mask = pad_sequences(prompts, pad_token_id, side="left")
+    response_ids, response_mask = pad_sequences(responses, pad_token_id, side="right", length=R)
+    input_ids = torch.cat([prompt_ids, response_ids], 1)
+    attention_mask = torch.cat([prompt_mask, response_mask], 1)
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask), responses=response_ids,
+                 response_mask=response_mask, prompt_length=prompt_ids.shape[1])
+    if response_log_probs is not None:
+        batch["rollout_log_probs"] = pad_sequences([lp[:len(r)] for lp, r in zip(response_log_probs, responses)], 0.0,
+                                                   side="right", length=R, dtype=torch.float32)[0]
+    return batch
+
+
+def build_rollout_batch(samples, pad_token_id: int, max_response_length: int) -> dict:
+    """Pad a list of RolloutSample into the layout above plus `rollout_log_probs` [N, R] (the
+    engine's sampling log-probs).  Raises ValueError when a response is longer than max_response_length."""
+    return build_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_token_id,
+                       max_response_length, [s.response_log_probs for s in samples])
+
+
+def build_pair_batch(pairs: Sequence[dict], pad_token_id: int, max_response_length: int) -> dict:
+    """Preference pairs (``prompt_ids``, ``chosen_ids``, ``rejected_ids``) -> rows
+    [chosen_1, rejected_1, chosen_2, ...] in the layout above, with n = 2."""
+    prompts = [p["prompt_ids"] for p in pairs for _ in range(2)]
+    responses = [p[k] for p in pairs for k in ("chosen_ids", "rejected_ids")]
+    batch = build_batch(prompts, responses, pad_token_id, max_response_length)
+    batch["n"] = 2
+    return batch
+
+
+def outcome_token_scores(scores, response_mask: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's scalar score on its last response token: [N] -> [N, R].
+    An empty response keeps its score at position 0 (masked out downstream)."""
+    scores = torch.as_tensor(scores, dtype=torch.float32)
+    lengths = response_mask.sum(1)
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    out[torch.arange(len(scores)), (lengths - 1).clamp(min=0)] = scores
+    return out
+
+
+def dp_info() -> tuple[int, int, object]:
+    """(data-parallel rank, data-parallel size, data-parallel group) of this rank (megatron's)."""
+    from megatron.core import parallel_state as ps
+
+    return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
+
+
+def dp_slice(t: torch.Tensor, dp_rank: int, dp_size: int) -> torch.Tensor:
+    """This data-parallel rank's contiguous slice of dim 0 (must divide evenly)."""
+    n = t.shape[0]
+    if n % dp_size:
+        raise ValueError(f"batch of {n} sequences does not split over data-parallel size {dp_size}; "
+                         f"make data.train_batch_size * rollout.n divisible by it")
+    k = n // dp_size
+    return t[dp_rank * k:(dp_rank + 1) * k]
+
+
+def dp_all_gather(t: torch.Tensor, group, dp_size: int) -> torch.Tensor:
+    """Concatenate every data-parallel rank's [k, ...] tensor along dim 0 (rank order)."""
+    if dp_size == 1:
+        return t
+    parts = [torch.empty_like(t) for _ in range(dp_size)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, 0)
+
+
+def mini_batches(batch: dict, keys: Sequence[str], n_mini: int, seed: int | None, dp_rank: int,
+                 dp_size: int) -> Iterator[dict]:
+    """`n_mini` mini batches of the batch's rows (`torch.chunk` of the row order: in order, or a
+    permutation seeded by `seed`), each reduced to `keys` and to this data-parallel rank's slice."""
+    N = batch["input_ids"].shape[0]
+    order = torch.arange(N)
+    if seed is not None:
+        order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
+    for idx in order.chunk(n_mini):
+        yield {k: dp_slice(batch[k][idx], dp_rank, dp_size) for k in keys}
+
+
+def micro_batch_size(n_local: int, requested: int, group: int = 1) -> int:
+    """The largest micro batch <= `requested` sequences that divides `n_local` and holds whole groups
+    of `group` consecutive rows (2: a DPO pair never straddles two micro batches); at least one group."""
+    units = n_local // group
+    mbs = max(1, min(max(1, requested // group), units))
+    while units % mbs:
+        mbs -= 1
+    return mbs * group

@@ -1,0 +1,88 @@
+"""Build the trainer's parts from the composed config: model path, tokenizer, HF config, the megatron
+actor / reference / critic with their optimizers.  Collective where noted (every trainer rank calls)."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+from rlhf.mcore.models import build_model_chunks
+from rlhf.mcore.optim import OptimConfig, build_train_state
+
+from .actor import MegatronActor
+from .critic import MegatronCritic
+
+__all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "build_actor",
+           "build_reference", "build_critic"]
+
+_HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def resolve_model_path(cfg) -> str:
+    """Collective. ``model.path`` as a local directory: quickstart URIs through the quickstart hook
+    (rlhf.quickstart.resolve), a hub name downloaded by rank 0 (weights, configs, tokenizer) while the
+    other ranks wait, then read from the local hub cache by all."""
+    from rlhf.quickstart.resolve import resolve_model
+
+    path = resolve_model(cfg)
+    if not os.path.isdir(path):
+        from huggingface_hub import snapshot_download
+
+        if dist.get_rank() == 0:
+            snapshot_download(path, allow_patterns=_HUB_PATTERNS)
+        dist.barrier()
+        path = snapshot_download(path, allow_patterns=_HUB_PATTERNS)
+    return path
+
+
+def load_tokenizer(cfg, model_path: str):
+    """``model.tokenizer_path`` (default the model's); a tokenizer without a pad token pads with EOS."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_hf_config(path: str):
+    """The HF model config (config.json) at `path`."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+def optim_config(cfg_optim) -> OptimConfig:
+    """rlhf.mcore.optim.OptimConfig from a config ``optim`` section (its fields, by name)."""
+    return OptimConfig(**{k: cfg_optim[k] for k in OptimConfig.__dataclass_fields__ if k in cfg_optim})
+
+
+def _chunks(cfg, hf_config, role: str, path: str):
+    p = cfg.parallel
+    return build_model_chunks(hf_config, role, path,
+                              make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+                              params_dtype=_DTYPES[cfg.model.dtype], sequence_parallel=p.sequence_parallel,
+                              recompute=p.recompute)
+
+
+def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
+    """Collective. The actor from the HF weights at `model_path`, with its optimizer (``actor.optim``)."""
+    bundle = _chunks(cfg, hf_config, "actor", model_path)
+    return MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
+                         cfg.actor, temperature=temperature)
+
+
+def build_reference(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
+    """Collective. The frozen reference policy (the initial actor weights, no optimizer)."""
+    return MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
+
+
+def build_critic(cfg, model_path: str) -> MegatronCritic:
+    """Collective. The critic from ``model.critic_path`` (default the actor's weights; the value head is
+    freshly initialised), with its optimizer (``critic.optim``)."""
+    critic_path = cfg.model.critic_path or model_path
+    bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path)
+    return MegatronCritic(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim)),
+                          cfg.critic, forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)

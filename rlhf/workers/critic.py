@@ -1,0 +1,49 @@
+"""The critic on megatron: values V(s_t) of the response positions and the value update."""
+from __future__ import annotations
+
+from rlhf import algorithms as algos
+
+from .batch import MODEL_KEYS, dp_all_gather, dp_info, dp_slice
+from .worker import MegatronWorker, gather_metrics, step_metrics
+
+__all__ = ["MegatronCritic"]
+
+
+class MegatronCritic(MegatronWorker):
+    """A value model (`bundle` built with role "critic": a scalar head) and its `state`.  `cfg` is the
+    config's ``critic`` section; `forward_micro_batch_size` bounds the no-grad value forward.
+    Methods are collective over the trainer job."""
+
+    def __init__(self, bundle, state, cfg, *, forward_micro_batch_size: int):
+        super().__init__(bundle, state, forward_micro_batch_size=forward_micro_batch_size)
+        self.cfg = cfg
+
+    def compute_values(self, batch: dict):
+        """Values for each response position t: the value head at the token before it, [N, R] float32
+        on every rank, 0 outside the response mask."""
+        rank, size, group = dp_info()
+        out = self.forward(batch, kind="values")
+        P, R = batch["prompt_length"], batch["responses"].shape[1]
+        values = out["values"][:, P - 1:P - 1 + R] * dp_slice(batch["response_mask"], rank, size)
+        return dp_all_gather(values.contiguous(), group, size)
+
+    def update_critic(self, batch: dict, *, step: int) -> dict:
+        """Clipped value loss (PPO2 / verl convention, ``cliprange_value``, ``loss_agg_mode``) against
+        ``returns``, with the actor's batching (``critic.ppo_epochs``, mini and micro batch sizes).
+        Returns critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean and the step metrics
+        (rlhf.workers.worker.step_metrics: critic/grad_norm, critic/num_skipped_steps, ...)."""
+        cfg = self.cfg
+        P, R = batch["prompt_length"], batch["responses"].shape[1]
+
+        def loss_fn(outs, mb):
+            vpreds = outs["values"][:, P - 1:P - 1 + R]  # the value head at the token before each response token
+            vf_loss, vf_clipfrac = algos.compute_value_loss(vpreds, mb["returns"], mb["values"], mb["response_mask"],
+                                                            cfg.cliprange_value, cfg.loss_agg_mode)
+            return vf_loss, {"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac.detach(),
+                             "critic/vpred_mean": algos.masked_mean(vpreds, mb["response_mask"]).detach()}
+
+        per_micro, steps = self.train_mini_batches(
+            batch, MODEL_KEYS + ("values", "returns", "response_mask"), loss_fn,
+            mini_batch_size=cfg.ppo_mini_batch_size, micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
+            epochs=cfg.ppo_epochs, step=step, seed_offset=7, kind="values")
+        return {**gather_metrics(per_micro), **step_metrics("critic", steps)}
