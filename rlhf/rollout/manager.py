@@ -134,7 +134,8 @@ class RolloutManager:
         self.restart_log: List[Dict[str, Any]] = []
         self._stale: set = set()
         self._weights_pushed = False
-        self._released: set = set()
+        self._released: set = set()  # tags the engines should have released (colocated)
+        self._engine_released: List[set] = [set() for _ in range(num_engines)]  # what each engine has released
         self.actors: List[Any] = []
         self.startup_info: List[Dict[str, Any]] = []
         if start:
@@ -178,8 +179,7 @@ class RolloutManager:
         self.restarts[index] += 1
         if self._weights_pushed:
             self._stale.add(index)
-        if self._released:
-            ray.get(self.actors[index].release_memory_occupation.remote(sorted(self._released)))
+        self._engine_released[index] = set()  # a new engine holds all its memory
         self.restart_log.append({"engine": index, "reason": reason, "seconds": time.time() - t0})
 
     def _budget(self, what: str) -> Callable[[int, BaseException], None]:
@@ -298,18 +298,35 @@ class RolloutManager:
     # ------------------------------------------------------------------ memory (colocated)
     def release_memory_occupation(self) -> None:
         """Colocated: free every engine's weights and KV cache (no-op when disaggregated or released)."""
-        if self.placement != "colocated" or self._released == set(MEMORY_TAGS):
-            return
-        self.call("release_memory_occupation", sorted(set(MEMORY_TAGS) - self._released))
-        self._released = set(MEMORY_TAGS)
+        if self.placement == "colocated":
+            self._released = set(MEMORY_TAGS)
+            self._converge()
 
     def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
-        """Colocated: re-allocate ``tags`` (default all) among those released; never resumes what is resident."""
-        todo = sorted(self._released & set(tags or MEMORY_TAGS))
-        if self.placement != "colocated" or not todo:
-            return
-        self.call("resume_memory_occupation", todo)
-        self._released -= set(todo)
+        """Colocated: re-allocate ``tags`` (default all) on the engines that released them; never resumes
+        what an engine holds (SGLang's scheduler fails on that)."""
+        if self.placement == "colocated":
+            self._released -= set(tags or MEMORY_TAGS)
+            self._converge()
+
+    def _converge(self) -> None:
+        """Bring every engine to the wanted released tags (an engine replaced meanwhile starts resident)."""
+        for _ in range(self.max_restarts + 2):
+            for method, todo in (("release_memory_occupation", lambda i: self._released - self._engine_released[i]),
+                                 ("resume_memory_occupation", lambda i: self._engine_released[i] - self._released)):
+                engines = [i for i in range(self.num_engines) if todo(i)]
+                if not engines:
+                    continue
+                tags = [sorted(todo(i)) for i in engines]
+                before = list(self.restarts)
+                self.call(method, engines=engines, per_engine=[{"tags": t} for t in tags])
+                for i, t in zip(engines, tags):
+                    if self.restarts[i] == before[i]:
+                        self._engine_released[i] = (self._engine_released[i] | set(t) if method.startswith("release")
+                                                    else self._engine_released[i] - set(t))
+            if all(self._engine_released[i] == self._released for i in range(self.num_engines)):
+                return
+        raise RolloutFailedError(f"rollout engines could not reach released tags {sorted(self._released)}")
 
     @property
     def released_tags(self) -> List[str]:
