@@ -147,11 +147,13 @@ def test_sampling_config_validation_and_params():
 
 def test_expected_weights_and_engine_arguments(tiny_model):
     path, _, _ = tiny_model
-    w = expected_weights_from_checkpoint(path)
+    w = expected_weights_from_checkpoint(path, "float32")
     sd = load_state(path)
     assert set(w) == set(sd)
     for k, v in sd.items():
         assert w[k] == (tuple(v.shape), v.dtype)
+    # "auto" is SGLang's rule: a float32 checkpoint runs in float16 (the bridge sends what the engine holds)
+    assert {dt for _, dt in expected_weights_from_checkpoint(path).values()} == {torch.float16}
     assert expected_weights_from_checkpoint(path, "bfloat16")["model.norm.weight"] == ((64,), torch.bfloat16)
     kw = engine_kwargs(path, tp_size=2, dtype="float32", mem_fraction_static=0.4, device="cpu")
     assert kw["device"] == "cpu" and kw["attention_backend"] == "torch_native" and kw["tp_size"] == 2

@@ -9,7 +9,7 @@ import torch
 
 from rlhf.rollout import sglang_cpu
 
-__all__ = ["engine_kwargs", "engine_env", "expected_weights_from_checkpoint", "ENGINE_DTYPES"]
+__all__ = ["engine_kwargs", "engine_env", "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES"]
 
 ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                  "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -82,17 +82,26 @@ def engine_env(kwargs: Dict[str, Any]) -> Dict[str, str]:
 
 def expected_weights_from_checkpoint(model_path: str, dtype: str = "auto"
                                      ) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
-    """``{hf_name: (shape, dtype)}`` an engine started from ``model_path`` accepts in weight updates:
-    the names and full shapes of the checkpoint's tensors (the model's ``load_weights`` was built
-    from them; tied models list no ``lm_head.weight``), with the engine dtype for floating tensors
-    (the checkpoint's when ``dtype="auto"``).
+    """``{hf_name: (shape, dtype)}`` an engine started from ``model_path`` accepts in weight updates: the names
+    and full shapes of the checkpoint's tensors (the model's ``load_weights`` was built from them; tied models
+    list no ``lm_head.weight``), with the dtype the engine computes in for floating tensors: SGLang's own rule
+    for ``dtype="auto"`` (config.json's dtype, except that float32 checkpoints run in float16).
 
     Raises:
         FileNotFoundError: no safetensors file in ``model_path``.
     """
     from rlhf.mcore.convert.hf_io import read_checkpoint_metadata
 
-    engine_dtype = ENGINE_DTYPES.get(dtype)
-    return {n: (shape, engine_dtype if engine_dtype is not None and dt.is_floating_point else dt)
+    engine_dtype = engine_compute_dtype(model_path, dtype)
+    return {n: (shape, engine_dtype if dt.is_floating_point else dt)
             for n, (shape, dt) in read_checkpoint_metadata(model_path).items()}
 
+
+def engine_compute_dtype(model_path: str, dtype: str = "auto") -> torch.dtype:
+    """The dtype SGLang runs the model in (its ``_get_and_verify_dtype`` on config.json)."""
+    import json
+
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+
+    with open(os.path.join(model_path, "config.json")) as f:
+        return _get_and_verify_dtype(json.load(f), dtype)
