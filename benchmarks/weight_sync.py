@@ -6,7 +6,7 @@ own `update_weights_from_disk`, on the same weights, in the same run.
 
 Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, untied, fp32;
 8 layers = 159 M parameters, 636 MB).  Trainer: megatron-core TP2 on 2 gloo processes.  Engine:
-one `RolloutEngine` (SGLang, rollout TP 1, fp32) owned by rank 0.
+one SGLang engine (rollout TP 1, fp32; a RolloutManager on rank 0, Ray actor).
 
 Timed (after one untimed warm-up of each path, so imports, first-touch page faults and the
 engine's first load are excluded; medians of --repeats runs):
@@ -160,10 +160,14 @@ def main(args):
     dist.barrier()
     engine = None
     if rank == 0:
-        from rlhf.rollout.engine import RolloutEngine
+        import ray
 
+        from rlhf.rollout.manager import RolloutManager
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         t0 = time.time()
-        engine = RolloutEngine(init_dir, tp_size=1, dtype="float32", context_length=256, random_seed=0)
+        engine = RolloutManager(1, dict(model_path=init_dir, tp_size=1, dtype="float32", context_length=256,
+                                        random_seed=0))
         log(f"engine started in {time.time() - t0:.1f} s")
     hf_config = AutoConfig.from_pretrained(init_dir)
     actor = build_model_chunks(hf_config, "actor", init_dir)
@@ -205,18 +209,19 @@ def main(args):
                 import shutil
 
                 shutil.copy(os.path.join(init_dir, f), export_dir)
-        engine.update_weights_from_disk(export_dir)  # warm-up (file pages into the OS cache)
+        engine.call("update_weights_from_disk", export_dir)  # warm-up (file pages into the OS cache)
         times = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            engine.update_weights_from_disk(export_dir)
+            engine.call("update_weights_from_disk", export_dir)
             times.append(time.perf_counter() - t0)
         t_disk = sorted(times)[len(times) // 2]
         log(f"update_weights_from_disk: {t_disk:.3f} s median of {times}")
         # the bridge and the disk path load the same values: a quick consistency probe
-        w = engine.get_weights_by_name("model.layers.0.mlp.down_proj.weight", truncate_size=2)
+        w = torch.tensor(engine.call("get_weights_by_name", "model.layers.0.mlp.down_proj.weight", truncate_size=2)[0])
         log(f"engine down_proj[0, :3] after both paths: {w[0, :3].tolist()}")
         engine.shutdown()
+        ray.shutdown()
     dist.barrier()
     if rank == 0:
         log(f"final line: first variant {args.variants.split(',')[0]}")

@@ -1,23 +1,24 @@
-"""RolloutEngine (SGLang in a child process) against Hugging Face on a tiny random Llama, on CPU.
+"""SGLangEngine (a Ray actor owning sglang.Engine) behind a RolloutManager, against Hugging Face on a tiny
+random Llama, on CPU.
 
-Engine starts cost 25-60 s each on 2 cores, so one tp=1 engine is shared by the module (tests that change its
-weights restore them) and the test that kills it runs last; one tp=2 engine is started for a single check.
+Engine starts cost 30-100 s each on 2 cores, so one tp=1 engine is shared by the module (tests that change its
+weights restore them) and the test that crashes it runs last; one tp=2 engine is started for a single check.
 """
 
 import os
 import socket
-import threading
 import time
 
 import pytest
+import ray
 import torch
 
-from rlhf.rollout.engine import EngineCallError, EngineDiedError, RolloutEngine, read_checkpoint_weights
+from rlhf.rollout.engine_args import engine_kwargs, expected_weights_from_checkpoint
+from rlhf.rollout.manager import RolloutManager, StaleEnginesError
 from rlhf.rollout.sampling import SamplingConfig, stop_token_ids_for
+from tests.fakes import push_weights
 from tests.helpers.tiny_models import make_tiny_hf_model
 from tests.helpers.tiny_tokenizer import make_tiny_tokenizer
-
-slow_sglang = [pytest.mark.slow, pytest.mark.sglang]
 
 PROMPT_TEXTS = [
     "Tom has 3 apples and buys 4 more.",
@@ -37,13 +38,23 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model):
+def ray_local():
+    owned = not ray.is_initialized()  # reuse a session another module started
+    if owned:
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    if owned:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine(ray_local, tiny_model):
     path, _, _ = tiny_model
     t0 = time.time()
-    eng = RolloutEngine(path, tp_size=1, dtype="float32", context_length=256, random_seed=0)
+    mgr = RolloutManager(1, dict(model_path=path, tp_size=1, dtype="float32", context_length=256, random_seed=0))
     print(f"\n[rollout] tp=1 engine start-up: {time.time() - t0:.1f} s")
-    yield eng
-    eng.shutdown()
+    yield mgr
+    mgr.shutdown()
 
 
 def load_state(path):
@@ -89,6 +100,10 @@ def free_port():
         return s.getsockname()[1]
 
 
+def weight(mgr, name, rows=1 << 20):
+    return torch.tensor(mgr.call("get_weights_by_name", name, truncate_size=rows)[0])
+
+
 # ---------------------------------------------------------------------------------------------- no engine
 def test_stop_token_ids_collects_every_source(tiny_model, tmp_path):
     path, tok, _ = tiny_model
@@ -130,25 +145,27 @@ def test_sampling_config_validation_and_params():
     assert p == dict(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=5, stop_token_ids=[2, 4], sampling_seed=11)
 
 
-def test_expected_weights_from_checkpoint_headers(tiny_model):
+def test_expected_weights_and_engine_arguments(tiny_model):
     path, _, _ = tiny_model
-    w = read_checkpoint_weights(path)
+    w = expected_weights_from_checkpoint(path, "float32")
     sd = load_state(path)
     assert set(w) == set(sd)
     for k, v in sd.items():
         assert w[k] == (tuple(v.shape), v.dtype)
-    eng = RolloutEngine(path, dtype="bfloat16", start=False)
-    assert eng.expected_weights()["model.norm.weight"] == ((64,), torch.bfloat16)
-    with pytest.raises(EngineDiedError):
-        eng.generate([[1, 2]], SamplingConfig())
-    with pytest.raises(ValueError, match="wrong shapes.*q_proj"):
-        eng.validate_named_tensors(["model.layers.0.self_attn.q_proj.weight"], [(64, 10)])
-    with pytest.raises(ValueError, match="unknown weight names.*bogus"):
-        eng.validate_named_tensors(["model.bogus.weight"], [(1,)])
+    # "auto" is SGLang's rule: a float32 checkpoint runs in float16 (the bridge sends what the engine holds)
+    assert {dt for _, dt in expected_weights_from_checkpoint(path).values()} == {torch.float16}
+    assert expected_weights_from_checkpoint(path, "bfloat16")["model.norm.weight"] == ((64,), torch.bfloat16)
+    kw = engine_kwargs(path, tp_size=2, dtype="float32", mem_fraction_static=0.4, device="cpu")
+    assert kw["device"] == "cpu" and kw["attention_backend"] == "torch_native" and kw["tp_size"] == 2
+    assert "mem_fraction_static" not in kw and "enable_memory_saver" not in kw  # CPU: no memory saver
+    gpu = engine_kwargs(path, mem_fraction_static=0.4, device="cuda")
+    assert gpu["enable_memory_saver"] is True and gpu["mem_fraction_static"] == 0.4
     with pytest.raises(ValueError, match="tp_size"):
-        RolloutEngine(path, tp_size=0, start=False)
+        engine_kwargs(path, tp_size=0)
     with pytest.raises(ValueError, match="not a HF model directory"):
-        RolloutEngine(os.path.dirname(path), start=False)
+        engine_kwargs(os.path.dirname(path))
+    with pytest.raises(ValueError, match="dtype"):
+        engine_kwargs(path, dtype="int8")
 
 
 # ---------------------------------------------------------------------------------------------- tp = 1
@@ -216,33 +233,30 @@ def test_sampling_n_samples_stop_ids_and_log_probs(engine, tiny_model):
 @pytest.mark.slow
 @pytest.mark.sglang
 def test_update_weights_from_tensor_matches_hf_with_new_weights(engine, tiny_model):
+    """Flattened-bucket payloads (shared-memory handles, bytes through Ray) in one bucket and in many."""
     path, _, prompts = tiny_model
     cfg = SamplingConfig(temperature=0.0, max_new_tokens=10)
     before = [s.response_ids for s in engine.generate(prompts, cfg)]
     new = perturbed_state(path)
-    v0 = engine.weight_version
+    v0 = engine.call("info")[0]["weight_version"]
     t0 = time.time()
-    engine.update_weights_from_tensor(list(new.items()))
-    print(f"\n[rollout] update_weights_from_tensor (full model): {time.time() - t0:.2f} s")
-    assert engine.weight_version == v0 + 1
+    push_weights(engine, sorted(new.items()))
+    print(f"\n[rollout] update_weights_from_tensor (full model, one bucket): {time.time() - t0:.2f} s")
+    assert engine.call("info")[0]["weight_version"] == v0 + 1
     after = engine.generate(prompts, cfg)
     model = hf_model(path, new)
     for s, p in zip(after, prompts):
         assert s.response_ids == hf_greedy(model, p, 10, stop_token_ids_for(path)), "engine output != HF with the pushed weights"
         torch.testing.assert_close(torch.tensor(s.response_log_probs), hf_token_log_probs(model, p, s.response_ids),
                                    atol=1e-4, rtol=0)
+        assert s.weight_version == v0 + 1
     assert [s.response_ids for s in after] != before
     # the loader fused q/k/v: SGLang's qkv_proj == cat(q, k, v) of what we sent
-    qkv = engine.get_weights_by_name("model.layers.0.self_attn.qkv_proj.weight")
     ref = torch.cat([new[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv"])
-    torch.testing.assert_close(qkv, ref)
-    # inside an explicit session, in two chunks
+    torch.testing.assert_close(weight(engine, "model.layers.0.self_attn.qkv_proj.weight"), ref)
+    # back to the checkpoint in many small buckets
     orig = load_state(path)
-    names = sorted(orig)
-    engine.begin_weight_update()
-    engine.update_weights_from_tensor([(n, orig[n]) for n in names[: len(names) // 2]], flush_cache=False)
-    engine.update_weights_from_tensor([(n, orig[n]) for n in names[len(names) // 2:]])
-    engine.end_weight_update()
+    assert push_weights(engine, sorted(orig.items()), bucket_bytes=20000) > 3
     assert [s.response_ids for s in engine.generate(prompts, cfg)] == before
 
 
@@ -250,109 +264,140 @@ def test_update_weights_from_tensor_matches_hf_with_new_weights(engine, tiny_mod
 @pytest.mark.sglang
 def test_validation_rejects_bad_updates_and_engine_survives(engine, tiny_model):
     _, _, prompts = tiny_model
-    q = torch.zeros(64, 10)
-    with pytest.raises(ValueError, match="wrong shapes"):
-        engine.update_weights_from_tensor([("model.layers.0.self_attn.q_proj.weight", q)])
-    with pytest.raises(ValueError, match="unknown weight names"):
-        engine.update_weights_from_tensor([("model.layers.0.self_attn.qkv_proj.weight", torch.zeros(128, 64))])
-    with pytest.raises(ValueError, match="between begin_weight_update"):
-        engine.update_weights_from_distributed_async(["model.norm.weight"], ["float32"], [[64]], "g")
-    with pytest.raises(EngineCallError):
-        engine.get_weights_by_name("model.no_such.weight")
-    assert engine.is_alive()
+    from rlhf.rollout.sglang_engine import EngineCallError
+
+    with pytest.raises(EngineCallError, match="between begin_weight_update"):
+        engine.call("update_weights_from_distributed", ["model.norm.weight"], ["float32"], [[64]], "g")
+    with pytest.raises(TypeError, match="torch.Tensor"):  # tensors never cross Ray on the weight path
+        engine.call("update_weights_from_tensor", [torch.zeros(2)])
+    engine.call("begin_weight_update")
+    with pytest.raises(EngineCallError, match="wrong shapes.*q_proj"):
+        engine.call("update_weights_from_distributed", ["model.layers.0.self_attn.q_proj.weight"], ["float32"],
+                    [[64, 10]], "g")
+    with pytest.raises(EngineCallError, match="payloads for tp_size=1"):
+        engine.call("update_weights_from_tensor", [b"a", b"b"])
+    engine.call("end_weight_update")
+    assert engine.restarts == [0]
     assert len(engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=2))) == 1
 
 
 @pytest.mark.slow
 @pytest.mark.sglang
 def test_update_weights_from_distributed_gloo_broadcast(engine, tiny_model):
-    """The trainer (this process, rank 0) broadcasts weights over gloo while the engine receives."""
-    from sglang.srt.utils.common import init_custom_process_group
+    """The trainer (this process, rank 0) broadcasts one flat bucket over gloo while the engine receives."""
     import torch.distributed as dist
+    from sglang.srt.utils.common import init_custom_process_group
+
+    from rlhf.mcore.weight_sync.bucketing import BufferPool, TensorMeta, fill_buckets, plan_buckets
 
     path, _, prompts = tiny_model
     port = free_port()
-    handle = engine.init_weights_update_group_async("127.0.0.1", port, rank_offset=1, world_size=2,
-                                                    group_name="rollout_sync", backend="gloo")
+    pending = engine.call_async("init_weights_update_group", "127.0.0.1", port, rank_offset=1, world_size=2,
+                                group_name="rollout_sync", backend="gloo")
     pg = init_custom_process_group(backend="gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=0,
                                    group_name="rollout_sync")
-    handle.wait(timeout=120)
+    engine.wait(pending)
     new = perturbed_state(path, seed=2)
-    names = sorted(new)
-    engine.begin_weight_update()
-    h = engine.update_weights_from_distributed_async(names, [new[n].dtype for n in names],
-                                                     [list(new[n].shape) for n in names], "rollout_sync")
-    for n in names:
-        dist.broadcast(new[n], src=0, group=pg)
-    h.wait(timeout=120)
-    engine.end_weight_update()
+    named = sorted(new.items())
+    [plan] = plan_buckets([TensorMeta(n, tuple(t.shape), t.dtype) for n, t in named], 1 << 30)
+    [(_, _, buf)] = list(fill_buckets(iter(named), [plan], BufferPool(plan.nbytes)))
+    engine.call("begin_weight_update")
+    pending = engine.call_async("update_weights_from_distributed", plan.names, ["float32"] * len(named),
+                                [list(m.shape) for m in plan.metas], "rollout_sync", flush_cache=True)
+    dist.broadcast(buf, src=0, group=pg)
+    engine.wait(pending)
+    engine.call("end_weight_update")
     model = hf_model(path, new)
     out = engine.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=8))
     for s, p in zip(out, prompts):
         assert s.response_ids == hf_greedy(model, p, 8, stop_token_ids_for(path))
-    engine.destroy_weights_update_group("rollout_sync")
+    engine.call("destroy_weights_update_group", "rollout_sync")
     dist.destroy_process_group(pg)
-    engine.update_weights_from_disk(path)  # back to the checkpoint for later tests
-    orig = hf_model(path)
+    engine.call("update_weights_from_disk", path)  # back to the checkpoint for later tests
     out = engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=8))
-    assert out[0].response_ids == hf_greedy(orig, prompts[0], 8, stop_token_ids_for(path))
+    assert out[0].response_ids == hf_greedy(hf_model(path), prompts[0], 8, stop_token_ids_for(path))
 
 
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_release_and_resume_memory_keep_weights(engine, tiny_model):
-    _, _, prompts = tiny_model
+def test_release_and_resume_memory_keep_weights(tiny_model, ray_local):
+    """The colocated lifecycle runs on CPU too: release -> resume weights -> push -> resume KV -> generate.
+    Resuming what was never released is never sent to SGLang (its scheduler would fail)."""
+    path, _, prompts = tiny_model
     cfg = SamplingConfig(temperature=0.0, max_new_tokens=8)
-    before = [s.response_ids for s in engine.generate(prompts, cfg)]
-    engine.release_memory_occupation()
-    engine.resume_memory_occupation()
-    engine.flush_cache()
-    assert [s.response_ids for s in engine.generate(prompts, cfg)] == before
+    mgr = RolloutManager(1, dict(model_path=path, tp_size=1, dtype="float32", context_length=256), placement="colocated")
+    try:
+        before = [s.response_ids for s in mgr.generate(prompts, cfg)]
+        mgr.resume_memory_occupation()  # nothing released: a no-op, the engine lives on
+        mgr.release_memory_occupation()
+        assert mgr.released_tags == ["kv_cache", "weights"]
+        with pytest.raises(RuntimeError, match="resume_memory_occupation"):
+            mgr.generate(prompts, cfg)
+        mgr.resume_memory_occupation(["weights"])
+        push_weights(mgr, sorted(load_state(path).items()))
+        mgr.resume_memory_occupation(["kv_cache"])
+        assert mgr.released_tags == [] and mgr.restarts == [0]
+        assert [s.response_ids for s in mgr.generate(prompts, cfg)] == before
+    finally:
+        mgr.shutdown()
 
 
 @pytest.mark.slow
 @pytest.mark.sglang
 def test_wrong_shape_update_sent_directly_is_contained(engine, tiny_model):
-    """SGLang kills its whole process tree on a wrong-shape load; only the engine child must die."""
-    _, _, prompts = tiny_model
-    pid = engine.pid
-    engine.begin_weight_update()
-    with pytest.raises((EngineDiedError, EngineCallError)):
-        engine.update_weights_from_tensor([("model.layers.0.self_attn.q_proj.weight", torch.zeros(64, 10))],
-                                          validate=False)
+    """SGLang kills its whole process tree on a wrong-shape load: the engine's actor dies with its schedulers,
+    this process lives, and the manager replaces the engine."""
+    import psutil
+
+    from rlhf.mcore.weight_sync.bucketing import BufferPool, TensorMeta, fill_buckets, plan_buckets
+    from rlhf.mcore.weight_sync.from_tensor import prepare_sharing, serialize_bucket
+
+    path, _, prompts = tiny_model
+    push_weights(engine, sorted(load_state(path).items()))  # the trainer has synced at least once
+    [pid] = engine.engine_pids()
+    children = [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    prepare_sharing(torch.device("cpu"))
+    bad = [("model.layers.0.self_attn.q_proj.weight", torch.zeros(64, 10))]
+    [plan] = plan_buckets([TensorMeta(n, tuple(t.shape), t.dtype) for n, t in bad], 1 << 20)
+    [(_, _, buf)] = list(fill_buckets(iter(bad), [plan], BufferPool(plan.nbytes, shared=True)))
+    engine.call("begin_weight_update")
+    engine.call("update_weights_from_tensor", serialize_bucket(buf, plan, 1))  # the actor dies: replaced
+    assert engine.restarts == [1]
     deadline = time.time() + 60
-    while engine.is_alive() and time.time() < deadline:  # the tree is torn down asynchronously
-        try:
-            engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=2))
-        except EngineDiedError:
-            break
+    while any(psutil.pid_exists(p) for p in [pid] + children) and time.time() < deadline:
         time.sleep(1)
-    assert not engine.is_alive()
-    with pytest.raises(EngineDiedError):
-        engine.generate(prompts[:1], SamplingConfig(max_new_tokens=2))
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-    assert threading.main_thread().is_alive()  # this (caller) process is fine
+    assert not any(psutil.pid_exists(p) for p in [pid] + children), "engine processes survived their actor"
+    # weights were pushed before: the new engine is stale and generates nothing until it has them again
+    assert engine.stale_engines() == [0]
+    with pytest.raises(StaleEnginesError):
+        engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=8))
+    push_weights(engine, sorted(load_state(path).items()))
+    assert engine.stale_engines() == []
+    out = engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=8))
+    assert out[0].response_ids == hf_greedy(hf_model(path), prompts[0], 8, stop_token_ids_for(path))
 
 
 # ---------------------------------------------------------------------------------------------- tp = 2
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_tp2_greedy_matches_hf(tiny_model):
+def test_tp2_greedy_matches_hf(tiny_model, ray_local):
     path, _, prompts = tiny_model
     t0 = time.time()
-    with RolloutEngine(path, tp_size=2, dtype="float32", context_length=256) as eng:
+    mgr = RolloutManager(1, dict(model_path=path, tp_size=2, dtype="float32", context_length=256))
+    try:
         print(f"\n[rollout] tp=2 engine start-up: {time.time() - t0:.1f} s")
         model = hf_model(path)
-        out = eng.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=10))
+        out = mgr.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=10))
         for s, p in zip(out, prompts):
             assert s.response_ids == hf_greedy(model, p, 10, stop_token_ids_for(path))
             torch.testing.assert_close(torch.tensor(s.response_log_probs),
                                        hf_token_log_probs(model, p, s.response_ids), atol=1e-4, rtol=0)
-        # full HF-named weights are sharded by the engine
+        # full HF-named weights, one payload per engine TP rank; each rank slices its shard
         new = perturbed_state(path, seed=3)
-        eng.update_weights_from_tensor(list(new.items()))
+        push_weights(mgr, sorted(new.items()), bucket_bytes=30000)
         model = hf_model(path, new)
-        out = eng.generate(prompts[:2], SamplingConfig(temperature=0.0, max_new_tokens=8))
+        out = mgr.generate(prompts[:2], SamplingConfig(temperature=0.0, max_new_tokens=8))
         for s, p in zip(out, prompts):
             assert s.response_ids == hf_greedy(model, p, 8, stop_token_ids_for(path))
+    finally:
+        mgr.shutdown()

@@ -1,6 +1,7 @@
-"""RolloutManager over Ray on CPU: batch split, engine crash mid-rollout -> restart with latest weights -> retry.
+"""RolloutManager over Ray on CPU: generation split over engines, an engine killed mid-rollout is replaced and
+(being stale) never generates until it got the latest weights again, every tensor of it compared after.
 
-Two engines start in parallel (one shared manager for the module) and one restart happens: ~1.5-2 min.
+Two engines start in parallel (one shared manager for the module) and two replacements happen: ~2-5 min.
 """
 
 import os
@@ -9,23 +10,24 @@ import threading
 import time
 
 import pytest
+import ray
 import torch
 
-from rlhf.rollout.ray_engines import RolloutManager, _split
+from rlhf.rollout.manager import RolloutManager, StaleEnginesError, split_evenly
 from rlhf.rollout.sampling import SamplingConfig, stop_token_ids_for
+from tests.fakes import push_weights
 from tests.helpers.tiny_models import make_tiny_hf_model
 from tests.helpers.tiny_tokenizer import make_tiny_tokenizer
 
 
 def test_split_is_contiguous_and_balanced():
-    assert _split(7, 3) == [(0, 3), (3, 5), (5, 7)]
-    assert _split(2, 4) == [(0, 1), (1, 2)]
-    assert _split(0, 2) == []
+    assert split_evenly(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert split_evenly([4, 9], 4) == [[4], [9]]
+    assert split_evenly([], 2) == []
 
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray")
     owned = not ray.is_initialized()  # reuse a session another module started
     if owned:
         ray.init(num_cpus=2, include_dashboard=False)
@@ -47,8 +49,7 @@ def manager(ray_local, tiny_model):
     path, _ = tiny_model
     t0 = time.time()
     mgr = RolloutManager(2, dict(model_path=path, tp_size=1, dtype="float32", context_length=320,
-                                             max_total_tokens=16384),
-                         placement="colocated", max_restarts=2, retain_latest_weights=True)
+                                 max_total_tokens=16384), placement="colocated", max_restarts=2)
     print(f"\n[rollout-ray] 2 engines started in parallel: {time.time() - t0:.1f} s "
           f"(per engine {[round(i['startup_seconds'], 1) for i in mgr.startup_info]})")
     yield mgr
@@ -68,82 +69,99 @@ def hf_greedy(path, state, prompt, max_new_tokens, stop_ids):
 
 def test_invalid_manager_arguments(ray_local, tiny_model):
     path, _ = tiny_model
-    with pytest.raises(ValueError, match="placement"):
-        RolloutManager(1, dict(model_path=path), placement="nearby", start=False)
-    with pytest.raises(ValueError, match="num_engines"):
-        RolloutManager(0, dict(model_path=path), start=False)
-    with pytest.raises(ValueError, match="model_path"):
-        RolloutManager(1, dict(tp_size=1), start=False)
-    # disaggregated engines stay resident: release/resume are no-ops (no engine is even started here)
-    mgr = RolloutManager(1, dict(model_path=path), placement="disaggregated", start=False)
-    mgr.release_memory_occupation()
-    mgr.resume_memory_occupation()
-    mgr.shutdown()
+    for kwargs, match in [(dict(num_engines=0), "num_engines"), (dict(placement="nowhere"), "placement"),
+                          (dict(max_restarts=-1), "max_restarts")]:
+        args = dict(num_engines=1, engine_config=dict(model_path=path), start=False)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=match):
+            RolloutManager(**args)
+    with pytest.raises(ValueError, match="not a HF model directory"):
+        RolloutManager(1, dict(model_path=os.path.dirname(path)), start=False)
+
+
+def kill_during(manager, engine, run):
+    """Run ``run()`` in a thread and SIGKILL ``engine``'s actor while it runs; returns run's result or error."""
+    pid = manager.engine_pids()[engine]
+    box = {}
+
+    def target():
+        try:
+            box["out"] = run()
+        except BaseException as e:  # noqa: BLE001 - inspected by the test
+            box["err"] = e
+
+    th = threading.Thread(target=target)
+    th.start()
+    time.sleep(1.5)
+    in_flight = th.is_alive()
+    os.kill(pid, signal.SIGKILL)
+    th.join(timeout=600)
+    assert not th.is_alive(), "the call did not finish after the engine was killed"
+    assert in_flight, "the call finished before the kill; make it longer"
+    return box
+
+
+def engine_weight(manager, engine, name):
+    return torch.tensor(manager.call("get_weights_by_name", name, truncate_size=1 << 20, engines=[engine])[0])
+
+
+def assert_engine_holds(manager, engine, state):
+    """Every tensor of the engine equals ``state`` (SGLang fuses q/k/v and gate/up; TP 1 holds them whole)."""
+    fused = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                           "self_attn.v_proj.weight"),
+             "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+    parts = {p for group in fused.values() for p in group}
+    layers = sorted({n.split(".")[2] for n in state if n.startswith("model.layers.")})
+    for name, t in state.items():
+        if not any(name.endswith(p) for p in parts):
+            got = engine_weight(manager, engine, name)
+            assert torch.equal(got[:t.shape[0]], t), name  # vocab rows are padded to a multiple of 64
+            assert not got[t.shape[0]:].any(), name
+    for i in layers:
+        for fname, group in fused.items():
+            want = torch.cat([state[f"model.layers.{i}.{p}"] for p in group])
+            assert torch.equal(engine_weight(manager, engine, f"model.layers.{i}.{fname}"), want), (i, fname)
 
 
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_engine_killed_mid_rollout_is_restarted_with_latest_weights(manager, tiny_model):
+def test_killed_engines_are_stale_until_resynced_with_every_tensor(manager, tiny_model):
     from safetensors.torch import load_file
 
     path, tok = tiny_model
     stop = stop_token_ids_for(path)
-    # latest weights: perturbed, pushed through the manager (retained for restarts)
     g = torch.Generator().manual_seed(7)
     new = {k: v + 0.05 * torch.randn(v.shape, generator=g)
            for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
-    manager.update_weights_from_tensor(list(new.items()))
-    assert manager.weight_versions() == [1, 1]
-
+    assert push_weights(manager, sorted(new.items()), bucket_bytes=20000) > 3  # a multi-bucket sync
     texts = [f"Tom has {i} apples and buys {i + 3} more. How many apples does Tom have?" for i in range(24)]
     prompts = [tok(t).input_ids for t in texts]
     cfg = SamplingConfig(n=2, temperature=0.0, max_new_tokens=256, stop_token_ids=stop)
-    # a rollout long enough (24 prompts x 2 samples x up to 256 tokens, several seconds) for the kill to land
-    # while it runs
-    pids = manager.engine_pids()
-    box = {}
 
-    def run():
-        t0 = time.time()
-        box["samples"] = manager.generate(prompts, cfg)
-        box["seconds"] = time.time() - t0
-
-    th = threading.Thread(target=run)
-    th.start()
-    time.sleep(1.0)
-    in_flight = th.is_alive()
-    os.kill(pids[0], signal.SIGKILL)
-    th.join(timeout=400)
-    assert not th.is_alive(), "rollout did not finish after the engine was killed"
-    assert in_flight, "the rollout finished before the kill; make it longer"
-    print(f"\n[rollout-ray] rollout with one engine killed: {box['seconds']:.1f} s; restarts "
-          f"{manager.restart_log}")
-    assert manager.num_restarts == 1
-    new_pids = manager.engine_pids()
-    assert new_pids[0] != pids[0] and new_pids[1] == pids[1]
-    samples = box["samples"]
+    # 1. engine 1 dies mid-rollout: replaced, stale (it would serve the checkpoint), its prompts go to engine 0
+    box = kill_during(manager, 1, lambda: manager.generate(prompts, cfg))
+    assert "err" not in box, box.get("err")
+    assert manager.restarts == [0, 1] and manager.stale_engines() == [1]
+    samples = box["out"]
     assert [(s.prompt_index, s.sample_index) for s in samples] == [(i, j) for i in range(24) for j in range(2)]
-    for s in samples:
-        assert s.prompt_ids == prompts[s.prompt_index]
-        assert len(s.response_log_probs) == len(s.response_ids) > 0
-        assert s.weight_version == 1  # the restarted engine got the latest weights back
-    # restarted engine (prompts 0..11) and surviving engine (12..23) both produce HF's greedy output
-    # under the pushed weights
-    for i in (0, 11, 12, 23):
-        ref = hf_greedy(path, new, prompts[i], 256, stop)
-        got = [s.response_ids for s in samples if s.prompt_index == i]
-        assert got == [ref] * 2, f"prompt {i}"
+    assert all(s.weight_version == 1 for s in samples)  # every sample came from an engine with the pushed weights
+    for i in (0, 12, 23):
+        assert [s.response_ids for s in samples if s.prompt_index == i] == [hf_greedy(path, new, prompts[i], 256,
+                                                                                     stop)] * 2, f"prompt {i}"
 
+    # 2. engine 0 dies too: no fresh engine is left, the rollout stops with what it has and what is left
+    box = kill_during(manager, 0, lambda: manager.generate(prompts, cfg))
+    err = box.get("err")
+    assert isinstance(err, StaleEnginesError), box
+    assert err.engines == [0, 1] and err.unfinished and manager.restarts == [1, 1]
+    assert sorted(err.unfinished + sorted({s.prompt_index for s in err.samples})) == list(range(24))
 
-@pytest.mark.slow
-@pytest.mark.sglang
-def test_colocated_release_resume(manager, tiny_model):
-    path, tok = tiny_model
-    prompts = [tok("How many pens does Sam have?").input_ids, tok("3+4=7").input_ids]
-    cfg = SamplingConfig(temperature=0.0, max_new_tokens=8)
-    before = [s.response_ids for s in manager.generate(prompts, cfg)]
-    manager.release_memory_occupation()
-    with pytest.raises(RuntimeError, match="released"):
-        manager.generate(prompts, cfg)
-    manager.resume_memory_occupation()
-    assert [s.response_ids for s in manager.generate(prompts, cfg)] == before
+    # 3. the trainer re-syncs (multi-bucket): the restarted engines hold exactly the latest weights
+    push_weights(manager, sorted(new.items()), bucket_bytes=20000)
+    assert manager.stale_engines() == []
+    for e in (0, 1):
+        assert_engine_holds(manager, e, new)
+    rest = manager.generate([prompts[i] for i in err.unfinished], cfg)
+    for s in rest[::2][:3]:
+        i = err.unfinished[s.prompt_index]
+        assert s.response_ids == hf_greedy(path, new, prompts[i], 256, stop), f"prompt {i}"

@@ -4,8 +4,9 @@ validation before sending, persistent buffers, check mode.
 The trainer side is simulated: Megatron-layout TP shards are built BY HAND from a random HF state
 dict (per-group q/k/v interleave, [gate_r; up_r], vocab padded to 128 * tp) and put into tiny
 modules carrying megatron's parameter names; `SimulatedTPTopology` hands the bridge all TP ranks'
-shards, so its real plan -> gather -> `hf_tensors_from_shards` -> bucket -> sink path runs without
-communication.  The bridge's output is then fed to SGLang's real `QKVParallelLinear`,
+shards, so its real plan -> gather -> `hf_tensors_from_shards` -> bucket -> serialized
+FlattenedTensorBucket -> engine path runs without communication (tests/fakes.py: the engines deserialize the
+payload bytes with SGLang's own SafeUnpickler and FlattenedTensorBucket).  The bridge's output is then fed to SGLang's real `QKVParallelLinear`,
 `MergedColumnParallelLinear`, `RowParallelLinear`, `VocabParallelEmbedding` / `ParallelLMHead`
 weight loaders under simulated rollout TP ranks (`get_parallel().override`) and compared (exactly)
 with (a) the same loaders fed the original HF tensors and (b) an independently hand-built
@@ -21,8 +22,9 @@ import torch
 from rlhf.mcore.weight_sync.bucketing import (BucketPlan, BufferPool, MemoryMeter, TensorMeta, bucket_views, fill_buckets,
                                 plan_buckets)
 from rlhf.mcore.model_config import HFModelSpec
-from rlhf.mcore.weight_sync import (InMemorySink, SimulatedTPTopology, WeightBridge, WeightBridgeError,
-                                    expected_weights_from_spec, regex_name_map, validate_against_expected)
+from rlhf.mcore.weight_sync import WeightBridge, WeightBridgeError, regex_name_map, validate_against_expected
+from rlhf.rollout.manager import assert_plain_data
+from tests.fakes import FakeEngines, SimulatedTPTopology, expected_weights_from_spec
 
 # ----------------------------------------------------------------------------------------------
 # model specs and a random HF state dict
@@ -128,12 +130,12 @@ def simulated_trainer(hf, spec, tp, buffers=(), extra=None):
     return ranks
 
 
-def run_bridge(hf, spec, tp, bucket_bytes=4096, sink=None, **kw):
+def run_bridge(hf, spec, tp, bucket_bytes=4096, engines=None, **kw):
     ranks = simulated_trainer(hf, spec, tp, kw.pop("buffers", ()), kw.pop("extra", None))
-    sink = sink or InMemorySink(expected_weights_from_spec(spec))
-    bridge = WeightBridge(ranks[0], spec, sink, topology=SimulatedTPTopology(ranks), bucket_bytes=bucket_bytes, **kw)
+    engines = engines or FakeEngines(expected_weights_from_spec(spec))
+    bridge = WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), bucket_bytes=bucket_bytes, **kw)
     stats = bridge.sync()
-    return sink, stats
+    return engines.engines[0], stats
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,8 +220,8 @@ def test_golden_layout_through_sglang_loaders(case, trainer_tp):
     hf = random_hf_state(spec, seed=trainer_tp)
     sink, stats = run_bridge(hf, spec, trainer_tp, bucket_bytes=8192)
     sent = sink.received
-    # what reaches the engine: exactly the HF state dict (tied: no lm_head), nothing ignored
-    assert set(sent) == set(expected_weights_from_spec(spec)) and not sink.ignored
+    # what reaches the engine: exactly the HF state dict (tied: no lm_head)
+    assert set(sent) == set(expected_weights_from_spec(spec))
     for name, t in hf.items():
         assert torch.equal(sent[name], t), name
     assert stats.num_buckets > 1
@@ -346,9 +348,8 @@ def test_bridge_buckets_each_tensor_once_and_bounds_memory(bucket_bytes, overlap
     for names in updates:
         nbytes = sum(hf[n].nbytes for n in names)
         assert nbytes <= bucket_bytes or len(names) == 1  # only a single oversize tensor may exceed
-    # call order: session around the updates, then a cache flush
-    kinds = [c for c, _ in sink.calls if c != "expected_weights"]
-    assert kinds[0] == "begin_weight_update" and kinds[-2:] == ["end_weight_update", "flush_cache"]
+    # one cache flush per sync, by the last update call (no separate flush request)
+    assert sink.flushes == 1
     # peak extra memory: bucket buffer(s) + one gathered megatron parameter (padded vocab) and its
     # converted HF copy -- never the model (here several times one bucket)
     biggest_param = max(t.nbytes for t in hf.values())
@@ -372,8 +373,7 @@ def test_peak_memory_is_a_small_part_of_the_model():
 def test_bridge_casts_to_engine_dtype():
     spec = make_spec(4, 2, True, True)
     hf = random_hf_state(spec)
-    sink = InMemorySink(expected_weights_from_spec(spec, torch.bfloat16))
-    run_bridge(hf, spec, 2, sink=sink)
+    sink, _ = run_bridge(hf, spec, 2, engines=FakeEngines(expected_weights_from_spec(spec, torch.bfloat16)))
     for n, t in hf.items():
         assert sink.received[n].dtype == torch.bfloat16 and torch.equal(sink.received[n], t.to(torch.bfloat16))
 
@@ -382,11 +382,11 @@ def test_bridge_casts_to_engine_dtype():
 # validation before sending
 # ----------------------------------------------------------------------------------------------
 def _refused(spec, hf, expected, match):
-    sink = InMemorySink(expected)
+    engines = FakeEngines(expected, n=2)
     with pytest.raises(WeightBridgeError, match=match) as ei:
-        run_bridge(hf, spec, 2, sink=sink)
-    assert [c for c, _ in sink.calls] == ["expected_weights"]  # nothing opened, nothing sent
-    assert sink.received == {}
+        run_bridge(hf, spec, 2, engines=engines)
+    assert engines.log == ["expected_weights"]  # nothing opened, nothing sent
+    assert all(e.received == {} for e in engines.engines)
     return str(ei.value)
 
 
@@ -405,7 +405,7 @@ def test_unknown_name_refused_before_sending():
     exp = expected_weights_from_spec(spec)
     exp["model.layers.0.self_attn.qkv_proj.weight"] = exp.pop("model.layers.0.self_attn.q_proj.weight")
     msg = _refused(spec, hf, exp, "q_proj")
-    assert "is not a weight of fake_engine" in msg and "stale" in msg  # unknown q_proj + unfilled qkv_proj
+    assert "is not a weight of the rollout engines" in msg and "stale" in msg  # unknown q_proj + unfilled qkv_proj
 
 
 def test_missing_engine_weight_refused_but_tied_lm_head_allowed():
@@ -418,7 +418,7 @@ def test_missing_engine_weight_refused_but_tied_lm_head_allowed():
     tied = make_spec(4, 2, True, True)
     exp = expected_weights_from_spec(tied)
     exp["lm_head.weight"] = ((VOCAB, tied.hidden_size), torch.float32)
-    sink, _ = run_bridge(random_hf_state(tied), tied, 2, sink=InMemorySink(exp))
+    sink, _ = run_bridge(random_hf_state(tied), tied, 2, engines=FakeEngines(exp))
     assert "lm_head.weight" not in sink.received and "model.embed_tokens.weight" in sink.received
 
 
@@ -426,7 +426,7 @@ def test_validate_against_expected_reports_duplicates_across_stages():
     spec = make_spec(4, 2, True, False)
     exp = expected_weights_from_spec(spec)
     stages = {0: [("model.norm.weight", (32,), "float32")], 1: [("model.norm.weight", (32,), "float32")]}
-    problems = validate_against_expected(stages, exp, spec, allow_missing=lambda n: True)
+    problems = validate_against_expected(stages, exp, spec.tie_word_embeddings, allow_missing=lambda n: True)
     assert len(problems) == 1 and "sent twice" in problems[0]
 
 
@@ -453,15 +453,15 @@ def test_name_map_hook_maps_custom_buffer_and_unmapped_ones_are_skipped():
         t["decoder.layers.1.self_attention.step_count"] = torch.tensor([7.0])  # no HF counterpart
         ranks.append([fake_gpt(t, buffers={"decoder.final_layernorm.ema_gain",
                                            "decoder.layers.1.self_attention.step_count"})])
-    sink = InMemorySink(expected_weights_from_spec(spec))
+    engines = FakeEngines(expected_weights_from_spec(spec))
     name_map = regex_name_map({r"decoder\.final_layernorm\.ema_gain": ("replicated", "model.norm.weight")})
-    stats = WeightBridge(ranks[0], spec, sink, topology=SimulatedTPTopology(ranks), name_map=name_map).sync()
-    assert torch.equal(sink.received["model.norm.weight"], gain)
+    stats = WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), name_map=name_map).sync()
+    assert torch.equal(engines.engines[0].received["model.norm.weight"], gain)
     assert stats.skipped_buffers == ["chunk0.decoder.layers.1.self_attention.step_count"]
     # without the hook the engine's model.norm.weight is unfilled: refused
-    sink2 = InMemorySink(expected_weights_from_spec(spec))
+    engines2 = FakeEngines(expected_weights_from_spec(spec))
     with pytest.raises(WeightBridgeError, match=r"model\.norm\.weight.*stale"):
-        WeightBridge(ranks[0], spec, sink2, topology=SimulatedTPTopology(ranks)).sync()
+        WeightBridge(ranks[0], spec, engines2, topology=SimulatedTPTopology(ranks)).sync()
     # a layer-indexed rule: {layer} is the global layer index
     nm = regex_name_map({r"decoder\.layers\.(?P<i>\d+)\.self_attention\.step_count":
                          ("replicated", "model.layers.{layer}.self_attn.step_count")})
@@ -484,38 +484,71 @@ def test_check_mode_verifies_and_detects_corruption():
     hf = random_hf_state(spec)
     sink, stats = run_bridge(hf, spec, 2, check="all")
     assert len(stats.check.verified) == len(hf) and not stats.check.mismatched
-
-    class Corrupting(InMemorySink):
-        def update_weights_from_tensor(self, named_tensors):
-            return super().update_weights_from_tensor(
-                [(n, t + 1 if n.endswith("down_proj.weight") else t) for n, t in named_tensors])
-
+    corrupt = FakeEngines(expected_weights_from_spec(spec),
+                          corrupt=lambda n, t: t + 1 if n.endswith("down_proj.weight") else t)
     with pytest.raises(WeightBridgeError, match="down_proj"):
-        run_bridge(hf, spec, 2, check="sample", sink=Corrupting(expected_weights_from_spec(spec)))
+        run_bridge(hf, spec, 2, check="sample", engines=corrupt)
 
 
 def test_several_engines_get_the_same_weights_or_none_does():
     spec = make_spec(8, 4, False, True)
     hf = random_hf_state(spec, seed=5)
     ranks = simulated_trainer(hf, spec, 2)
-    sinks = [InMemorySink(expected_weights_from_spec(spec), name=f"e{i}") for i in range(2)]
-    WeightBridge(ranks[0], spec, sinks, topology=SimulatedTPTopology(ranks), bucket_bytes=10000).sync()
+    engines = FakeEngines(expected_weights_from_spec(spec), n=2, tp_size=2)
+    WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), bucket_bytes=10000).sync()
     for n, t in hf.items():
-        assert torch.equal(sinks[0].received[n], t) and torch.equal(sinks[1].received[n], t)
-    # one engine disagrees on a shape: both are refused before anything is sent
+        assert all(torch.equal(e.received[n], t) for e in engines.engines)
+    assert [e.flushes for e in engines.engines] == [1, 1]
+    # the engines disagree with the trainer on a shape: all refused before anything is sent
     bad = expected_weights_from_spec(spec)
     bad["model.norm.weight"] = ((7,), torch.float32)
-    sinks = [InMemorySink(expected_weights_from_spec(spec), name="good"), InMemorySink(bad, name="bad")]
-    with pytest.raises(WeightBridgeError, match=r"'model.norm.weight'.*\(64,\) but bad expects \(7,\)"):
-        WeightBridge(ranks[0], spec, sinks, topology=SimulatedTPTopology(ranks)).sync()
-    assert all(s.received == {} and [c for c, _ in s.calls] == ["expected_weights"] for s in sinks)
+    engines = FakeEngines(bad, n=2)
+    with pytest.raises(WeightBridgeError, match=r"'model.norm.weight'.*\(64,\) but the rollout engines expect"):
+        WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks)).sync()
+    assert engines.log == ["expected_weights"] and all(e.received == {} for e in engines.engines)
 
 
-def test_sink_without_required_methods_is_rejected_early():
+def test_engines_handle_only_on_the_controller_and_only_bytes_cross():
     spec = make_spec(4, 2, False, False)
     ranks = simulated_trainer(random_hf_state(spec), spec, 1)
-    with pytest.raises(TypeError, match="init_weights_update_group"):
-        WeightBridge(ranks[0], spec, InMemorySink(expected_weights_from_spec(spec)), transport="distributed",
-                     topology=SimulatedTPTopology(ranks))
-    with pytest.raises(ValueError, match="sinks"):
+    with pytest.raises(ValueError, match="global rank 0"):
         WeightBridge(ranks[0], spec, None, topology=SimulatedTPTopology(ranks))
+    with pytest.raises(ValueError, match="transport"):
+        WeightBridge(ranks[0], spec, FakeEngines({}), transport="nccl", topology=SimulatedTPTopology(ranks))
+    # the engines' handle refuses tensors on the weight path (they would be pickled through Ray)
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        assert_plain_data("update_weights_from_tensor", (), {}, [{"serialized_named_tensors": [torch.zeros(2)]}])
+    assert_plain_data("update_weights_from_tensor", (), {"flush_cache": True}, [{"serialized_named_tensors": [b"x"]}])
+
+
+def test_engine_replaced_mid_sync_stays_stale_and_gets_every_tensor_on_resync():
+    """Engine 1 dies at its 3rd bucket of a multi-bucket sync: the sync completes for engine 0, engine 1 is
+    stale; the next sync of engine 1 alone brings it exactly the latest weights (every tensor compared)."""
+    spec = make_spec(8, 4, False, True)
+    hf = random_hf_state(spec, seed=6)
+    ranks = simulated_trainer(hf, spec, 2)
+    engines = FakeEngines(expected_weights_from_spec(spec), n=2, kill_at=[(1, 2)])
+    bridge = WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), bucket_bytes=5000)
+    stats = bridge.sync()
+    assert stats.num_buckets > 3 and stats.engines == [0] and engines.stale_engines() == [1]
+    assert all(torch.equal(engines.engines[0].received[n], t) for n, t in hf.items())
+    assert len(engines.engines[1].received) < len(hf)  # the fresh engine got nothing of this sync
+    stats = bridge.sync(engines=engines.stale_engines())
+    assert stats.engines == [1] and engines.stale_engines() == [] and stats.replanned  # restart: re-validated
+    assert set(engines.engines[1].received) == set(hf)
+    assert all(torch.equal(engines.engines[1].received[n], t) for n, t in hf.items())
+    assert engines.engines[1].flushes == 1
+
+
+def test_plan_is_checked_by_fingerprint_and_reused():
+    spec = make_spec(4, 2, False, False)
+    hf = random_hf_state(spec, seed=7)
+    ranks = simulated_trainer(hf, spec, 2)
+    engines = FakeEngines(expected_weights_from_spec(spec))
+    bridge = WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks))
+    assert bridge.sync().replanned and not bridge.sync().replanned
+    assert engines.log.count("expected_weights") == 1
+    engines.restarts[0] += 1  # a changed engine: planned and validated again before sending
+    engines.expected["model.norm.weight"] = ((5,), torch.float32)
+    with pytest.raises(WeightBridgeError, match="model.norm.weight"):
+        bridge.sync()

@@ -2,14 +2,13 @@
 
 * :mod:`rlhf.rollout.sampling` -- :class:`SamplingConfig`, :func:`stop_token_ids_for`
 * :mod:`rlhf.rollout.types` -- :class:`RolloutSample`
-* :mod:`rlhf.rollout.engine` -- :class:`RolloutEngine` (one ``sglang.Engine`` in a child process),
-  :class:`EngineDiedError`, :class:`EngineCallError`
-* :mod:`rlhf.rollout.ray_engines` -- :class:`RolloutEngineActor`, :class:`RolloutManager` (several engines,
-  restart on crash, colocated / disaggregated placement)
+* :mod:`rlhf.rollout.sglang_engine` -- :class:`SGLangEngine`, the Ray actor owning one ``sglang.Engine``
+* :mod:`rlhf.rollout.manager` -- :class:`RolloutManager` (several engines: generic fan-out, generation
+  split/merge, replacement of dead engines, colocated memory release/resume)
+* :mod:`rlhf.rollout.engine_args`, :mod:`rlhf.rollout.placement` -- how engines are started and placed
 * :mod:`rlhf.rollout.sglang_cpu` -- everything needed to run SGLang on a CPU-only machine
 
-Names are imported lazily so that ``python -m rlhf.rollout.engine`` (the engine child) and light users
-do not import torch / ray up front.
+Names are imported lazily so that light users do not import torch / ray up front.
 """
 
 import importlib
@@ -17,8 +16,8 @@ import importlib
 _EXPORTS = {
     "SamplingConfig": "sampling", "stop_token_ids_for": "sampling",
     "RolloutSample": "types",
-    "RolloutEngine": "engine", "EngineDiedError": "engine", "EngineCallError": "engine", "PendingCall": "engine",
-    "RolloutEngineActor": "ray_engines", "RolloutManager": "ray_engines",
+    "SGLangEngine": "sglang_engine", "EngineCallError": "sglang_engine",
+    "RolloutManager": "manager", "RolloutFailedError": "manager", "StaleEnginesError": "manager",
 }
 
 __all__ = sorted(_EXPORTS)

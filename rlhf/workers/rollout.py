@@ -1,90 +1,72 @@
-"""The trainer's side of the rollout: SGLang engines (a RolloutManager on global rank 0), the weight
-bridge that streams the actor into them, and the rank-0 generate-and-score whose result every rank
-receives.  Moved as is from rlhf/setup.py and rlhf/trainer.py; the interface the trainers use:
+"""The trainer's side of the rollout: SGLang engines on global rank 0, collective generation and scoring,
+the weight sync, and the colocated engine lifecycle -- one code path on CPU and GPU.
 
-    rollout = RolloutWorker(cfg, model_path, actor_bundle, tokenizer)   # collective
-    rollout.train_sampling / rollout.val_sampling            # SamplingConfig of rollout.* / rollout.val_kwargs.*
-    with rollout.serving(): ...                              # engines hold their GPU memory inside (colocated, GPU)
-    samples, scores, reward_metrics = rollout.generate(batch, sampling, reward, seed=None)   # collective
-    rollout.sync_weights()                                   # collective
-    rollout.close()
+Lifecycle of a PPO step (colocated; every call is a no-op where it does not apply, e.g. disaggregated)::
+
+    with rollout.serving():  generate + score      # engines resident; released when the block ends
+    train ...                                      # the trainer has the devices
+    rollout.sync_weights()                         # resume weights -> sync -> re-sync replaced engines
+                                                   # -> resume KV cache: engines serve again (validation)
+
+SGLang's memory saver frees nothing on CPU, but the same calls run, so the CPU suite exercises the GPU
+order.  Every method is collective over all trainer ranks: rank 0 talks to the engines (a
+:class:`~rlhf.rollout.manager.RolloutManager` over Ray); all ranks take part in the weight sync.  An
+engine replaced after a crash serves the checkpoint it was started from, so it is synced again before it
+generates: in :meth:`RolloutWorker.generate` when no fresh engine is left, and after every sync.
+
+    rollout = RolloutWorker(cfg, model_path, actor_bundle, tokenizer)
+    samples, scores, reward_metrics = rollout.generate(batch, sampling, reward, seed=None)
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 from contextlib import contextmanager
+from typing import List, Optional
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["RolloutWorker", "RolloutSink", "start_rollout"]
+__all__ = ["RolloutWorker", "start_rollout"]
 
 
-class RolloutSink:
-    """Presents a RolloutManager (several engines) as one weight-bridge sink: every call goes to all
-    engines; `expected_weights` is the first engine's (all engines serve the same model)."""
-
-    def __init__(self, manager):
-        self.manager = manager
-
-    def expected_weights(self):
-        import ray
-
-        return ray.get(self.manager.actors[0].expected_weights.remote())
-
-    def begin_weight_update(self):
-        return self.manager.begin_weight_update()
-
-    def update_weights_from_tensor(self, named_tensors):
-        return self.manager.update_weights_from_tensor(named_tensors)
-
-    def end_weight_update(self):
-        return self.manager.end_weight_update()
-
-    def flush_cache(self):
-        import ray
-
-        if hasattr(self.manager, "flush_cache"):
-            return self.manager.flush_cache()
-        return ray.get([a.flush_cache.remote() for a in self.manager.actors])
-
-    def get_weights_by_name(self, name, truncate_size=100):
-        import ray
-
-        return ray.get(self.manager.actors[0].get_weights_by_name.remote(name, truncate_size))
-
-    def init_weights_update_group(self, *args, **kwargs):
-        return self.manager.init_weights_update_group_async(*args, **kwargs)
-
-    def update_weights_from_distributed_async(self, *args, **kwargs):
-        return self.manager.update_weights_from_distributed_async(*args, **kwargs)
+def _broadcast(obj):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def start_rollout(cfg, model_path: str):
     """Ray (the cluster at RAY_ADDRESS, else a local one) and a RolloutManager of ``rollout.num_engines``
-    SGLang engines serving `model_path`."""
+    SGLang engines serving ``model_path``, placed per ``rollout.mode`` on this node's GPUs."""
     import ray
 
     from rlhf.rollout import RolloutManager
+    from rlhf.rollout.placement import plan_placement
 
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
         else:
             ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
-    engine_kwargs = dict(model_path=model_path, tp_size=cfg.rollout.tensor_model_parallel_size, dtype=cfg.rollout.dtype,
-                         mem_fraction_static=cfg.rollout.mem_fraction_static if torch.cuda.is_available() else None,
+    r = cfg.rollout
+    plan = None
+    if torch.cuda.is_available():
+        per_node = torch.cuda.device_count()
+        world = dist.get_world_size()
+        plan = plan_placement(nnodes=max(1, -(-world // per_node)), gpus_per_node=per_node, trainer_world_size=world,
+                              num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode)
+    engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, dtype=r.dtype,
+                         mem_fraction_static=r.mem_fraction_static,
                          context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,
                          random_seed=cfg.trainer.seed)
-    return RolloutManager(cfg.rollout.num_engines, engine_kwargs, placement=cfg.rollout.mode,
-                          max_restarts=cfg.rollout.max_restarts, retain_latest_weights=not torch.cuda.is_available())
+    return RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan)
 
 
 class RolloutWorker:
-    """Collective: engines started on global rank 0 (``manager``; None elsewhere) and the weight bridge
-    from `actor_bundle` (rlhf.mcore.models.ModelBundle) into them on every rank; `tokenizer` decodes
-    the responses for the reward."""
+    """Collective: engines started on global rank 0 (``manager``; None elsewhere) and the weight bridge from
+    ``actor_bundle`` (rlhf.mcore.models.ModelBundle) into them on every rank; ``tokenizer`` decodes responses
+    for the reward."""
 
     def __init__(self, cfg, model_path: str, actor_bundle, tokenizer):
         from rlhf.mcore.weight_sync import WeightBridge
@@ -92,7 +74,7 @@ class RolloutWorker:
         from rlhf.rollout.sampling import stop_token_ids_for
 
         self.cfg, self.tokenizer = cfg, tokenizer
-        rank0 = dist.get_rank() == 0
+        self.rank0 = dist.get_rank() == 0
         stop_ids = stop_token_ids_for(model_path)
         r = cfg.rollout
         self.train_sampling = SamplingConfig(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -100,23 +82,32 @@ class RolloutWorker:
         v = r.val_kwargs
         self.val_sampling = SamplingConfig(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
                                            max_new_tokens=cfg.data.max_response_length, stop_token_ids=stop_ids)
-        self.manager = start_rollout(cfg, model_path) if rank0 else None
+        self.manager = start_rollout(cfg, model_path) if self.rank0 else None
         dist.barrier()
-        sinks = [RolloutSink(self.manager)] if rank0 else None
-        self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, sinks,
+        self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager,
                                    transport="tensor" if r.mode == "colocated" else "distributed",
                                    bucket_bytes=r.weight_sync_bucket_mb << 20,
                                    check="sample" if r.weight_sync_check else None)
+        self.max_resyncs = r.max_restarts + 1
+        self.last_sync = None
 
+    # ---- memory (colocated) ---------------------------------------------------------------------------
     def release(self) -> None:
-        """Colocated on GPU: free the engines' memory while the trainer computes."""
-        if dist.get_rank() == 0 and self.cfg.rollout.mode == "colocated" and torch.cuda.is_available():
+        """Colocated: free the engines' weights and KV cache while the trainer computes."""
+        if self.rank0:
             self.manager.release_memory_occupation()
+        dist.barrier()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
-    def resume(self) -> None:
-        """Colocated on GPU: give the engines their memory back."""
-        if dist.get_rank() == 0 and self.cfg.rollout.mode == "colocated" and torch.cuda.is_available():
-            self.manager.resume_memory_occupation()
+    def resume(self, tags: Optional[List[str]] = None) -> None:
+        """Colocated: re-allocate the released ``tags`` (default all) once the trainer freed its cache."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        dist.barrier()
+        if self.rank0:
+            self.manager.resume_memory_occupation(tags)
+        dist.barrier()
 
     @contextmanager
     def serving(self):
@@ -125,31 +116,66 @@ class RolloutWorker:
         yield
         self.release()
 
+    # ---- generation -----------------------------------------------------------------------------------
+    def _generate(self, prompts: List[List[int]], sampling) -> Optional[list]:
+        """Rank 0: ``sampling.n`` samples per prompt, prompt-major (None elsewhere); replaced engines are
+        synced (collective) before they generate again."""
+        from rlhf.rollout import StaleEnginesError
+
+        done, todo = [], list(range(len(prompts)))
+        for _ in range(self.max_resyncs + 1):
+            stale = None
+            if self.rank0:
+                try:
+                    done += self._renumber(self.manager.generate([prompts[i] for i in todo], sampling), todo)
+                    todo = []
+                except StaleEnginesError as e:
+                    done += self._renumber(e.samples, todo)
+                    todo, stale = [todo[i] for i in e.unfinished], e.engines
+            stale = _broadcast(stale)
+            if stale is None:
+                return sorted(done, key=lambda s: (s.prompt_index, s.sample_index)) if self.rank0 else None
+            self.last_sync = self.bridge.sync(engines=stale)
+        raise RuntimeError(f"rollout engines {stale} kept being replaced during generation; see the engine logs")
+
+    @staticmethod
+    def _renumber(samples, todo):
+        for s in samples:
+            s.prompt_index = todo[s.prompt_index]
+        return list(samples)
+
     def generate(self, batch: dict, sampling, reward, seed: int | None = None) -> tuple[list, list, dict]:
-        """Collective. Rank 0 generates for the prompts of `batch` (the trainer's collate: input_ids_list,
-        data_source, ground_truth, extra_info, raw_prompt) with `sampling` (its seed replaced by `seed`
-        when given) and scores the decoded responses with `reward` (rlhf.rewards.RewardManager; only rank
-        0's is used); every rank receives (samples, scores, reward metrics incl. reward/num_fallbacks)."""
-        payload = [None]
-        if dist.get_rank() == 0:
-            if seed is not None:
-                sampling = dataclasses.replace(sampling, seed=seed)
-            samples = self.manager.generate(batch["input_ids_list"], sampling)
+        """Collective.  Rank 0 generates for the prompts of ``batch`` (the trainer's collate: input_ids_list,
+        data_source, ground_truth, extra_info, raw_prompt) with ``sampling`` (its seed replaced by ``seed`` when
+        given) and scores the decoded responses with ``reward`` (rlhf.rewards.RewardManager; only rank 0's is
+        used); every rank receives (samples, scores, reward metrics incl. reward/num_fallbacks)."""
+        if seed is not None:
+            sampling = dataclasses.replace(sampling, seed=seed)
+        samples = self._generate(batch["input_ids_list"], sampling)
+        payload = None
+        if self.rank0:
             texts = self.tokenizer.batch_decode([x.response_ids for x in samples], skip_special_tokens=True)
             idx = [x.prompt_index for x in samples]
             scores, reward_metrics = reward.score(texts, [batch["data_source"][i] for i in idx],
                                                   [batch["ground_truth"][i] for i in idx],
                                                   extra_infos=[batch["extra_info"][i] for i in idx],
                                                   prompts=[batch["raw_prompt"][i] for i in idx])
-            payload = [(samples, scores, reward_metrics)]
-        dist.broadcast_object_list(payload, src=0)
-        return payload[0]
+            reward_metrics["rollout/num_restarts"] = float(self.manager.num_restarts)
+            payload = (samples, scores, reward_metrics)
+        return _broadcast(payload)
 
+    # ---- weights --------------------------------------------------------------------------------------
     def sync_weights(self):
-        """Collective. Stream the actor's weights into every engine; returns the bridge's stats."""
-        self.resume()
-        stats = self.bridge.sync()
-        self.release()
+        """Collective.  Push the actor's weights into every engine (colocated: weights re-allocated first, KV
+        cache after), then re-sync engines replaced meanwhile.  Returns the full sync's SyncStats."""
+        self.resume(["weights"])
+        stats = self.last_sync = self.bridge.sync()
+        for _ in range(self.max_resyncs):
+            stale = _broadcast(self.manager.stale_engines() if self.rank0 else None)
+            if not stale:
+                break
+            self.last_sync = self.bridge.sync(engines=stale)
+        self.resume(["kv_cache"])
         return stats
 
     def close(self) -> None:

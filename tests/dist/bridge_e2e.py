@@ -2,12 +2,12 @@
 
     torchrun --nproc_per_node=2 tests/dist/bridge_e2e.py --workdir DIR
 
-One launch, two engines started once by global rank 0 (each in its own child process):
+One launch, two engines started once by global rank 0 (each a RolloutManager of one SGLang engine, a Ray actor):
   engine A: tiny Qwen2 (q/k/v bias, tied embeddings), rollout TP 1
   engine B: tiny Llama (GQA, untied), rollout TP 2
 Phase "tp2" (trainer TP2): A <- "tensor" transport (colocated), B <- "distributed" (gloo broadcast).
 Phase "pp2" (trainer PP2, megatron re-initialised in the same processes): A <- "distributed" (one
-weight-update group per PP stage), B <- "tensor" (stage 1 routes its buckets to rank 0).
+weight-update group per PP stage), B <- "tensor" (stage 1 sends its payload bytes to rank 0).
 Phase "pp2vpp2" (PP2 x virtual PP2, one layer per chunk, one step): A <- "tensor", B <- "distributed".
 Per phase and model: two optimizer steps (megatron DDP + optimizer via rlhf.mcore.optim, gradients
 from rlhf.mcore.forward.forward_backward); after each step bridge.sync(), then the engine's greedy
@@ -74,17 +74,24 @@ def make_models(workdir):
 
 def start_engines(paths):
     """Rank 0 starts both engines in background threads (they boot while the trainer builds)."""
-    from rlhf.rollout.engine import RolloutEngine
+    import ray
 
+    from rlhf.rollout.manager import RolloutManager
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     engines, threads = {}, []
     for key, path in paths.items():
-        eng = RolloutEngine(path, tp_size=ENGINE_TP[key], dtype="float32", context_length=128, random_seed=0,
-                            start=False)
+        eng = RolloutManager(1, dict(model_path=path, tp_size=ENGINE_TP[key], dtype="float32", context_length=128,
+                                     random_seed=0), start=False)
         engines[key] = eng
         threads.append(threading.Thread(target=eng.start, daemon=True))
     for t in threads:
         t.start()
     return engines, threads
+
+
+def weight_version(engine):
+    return engine.call("info")[0]["weight_version"]
 
 
 def engine_greedy(engine, stop_ids):
@@ -188,15 +195,13 @@ def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initi
             t.join()
         engine_threads.clear()
         if rank0:
-            log("engines up: " + ", ".join(f"{k} {e.startup_seconds:.0f}s alive={e.is_alive()}" for k, e in engines.items()))
-    from rlhf.mcore.weight_sync import MegatronTopology
-
+            log("engines up: " + ", ".join(f"{k} {e.startup_info[0]['startup_seconds']:.0f}s" for k, e in engines.items()))
     for key in paths:
-        # TP gathers: A through same-host shared memory (the CPU default), B through gloo `gather`
+        # A: every TP rank writes its shard into a shared bucket (the CPU default); B: gloo gather on the leader
         bridges[key] = WeightBridge(
             states[key].model, actors[key].spec, engines[key] if rank0 else None, transport=transports[key],
             bucket_bytes=64 * 1024, overlap=(key == "A"), check="sample" if key == "B" else None,
-            group_prefix=f"e2e_{phase}_{key}", topology=MegatronTopology(shm_gather=(key == "A")))
+            group_prefix=f"e2e_{phase}_{key}", shared_buckets=(key == "A"))
     outputs = {key: [initial_outputs.get(key)] for key in paths}  # rank 0: greedy ids per step
     for step in steps:
         for key in paths:
@@ -264,7 +269,7 @@ def check_refusals(actor, state, engines, last, paths):
     }
     for name, (rules, needles) in cases.items():
         eng = engines["B"] if rank0 else None
-        version = eng.weight_version if rank0 else None
+        version = weight_version(eng) if rank0 else None
         bridge = WeightBridge(state.model, actor.spec, eng, transport="tensor", name_map=regex_name_map(rules))
         try:
             bridge.sync()
@@ -272,10 +277,11 @@ def check_refusals(actor, state, engines, last, paths):
         except WeightBridgeError as e:
             raised = str(e)
         if rank0:
-            alive_same = eng.is_alive() and eng.weight_version == version
+            now = weight_version(eng)
+            alive_same = eng.restarts == [0] and now == version
             again = engine_greedy(eng, stop_token_ids_for(paths["B"]))
             ok = bool(raised) and all(n in raised for n in needles) and alive_same and again == last["B"]
-            detail = f"alive={eng.is_alive()} version {version}->{eng.weight_version} same_output={again == last['B']} " \
+            detail = f"restarts={eng.restarts} version {version}->{now} same_output={again == last['B']} " \
                      f"error: {raised[:300]}"
         else:
             ok, detail = False, ""
@@ -315,6 +321,10 @@ def main():
     finally:
         for e in engines.values():
             e.shutdown()
+        if engines:
+            import ray
+
+            ray.shutdown()
     dist.barrier()
     log("DONE " + ("all passed" if all(ok for _, ok in RESULTS) else "with failures"))
     dist.destroy_process_group()

@@ -1,3 +1,16 @@
-"""Weight sync: the actor's megatron shards -> SGLang engines (plan, validate, bucket, deliver)."""
-from rlhf.mcore.weight_sync.bridge import *  # noqa: F401,F403
-from rlhf.mcore.weight_sync.bridge import __all__  # noqa: F401
+"""Weight sync: the actor's megatron shards -> SGLang engines (plan, validate, bucket, deliver).
+
+bridge.py orchestrates one sync (:class:`WeightBridge`); plan.py / validate.py build and check the send
+plan; shm_buckets.py is the single-copy path (every TP rank writes its shard into a shared bucket),
+hf_stream.py the gather-and-convert path; from_tensor.py and
+from_distributed.py are the two transports; check.py reads weights back; bucketing.py lays out buckets.
+"""
+from rlhf.mcore.weight_sync.bridge import SyncStats, WeightBridge
+from rlhf.mcore.weight_sync.check import CheckReport
+from rlhf.mcore.weight_sync.plan import SendPlan, local_entries, plan_local_tensors, regex_name_map
+from rlhf.mcore.weight_sync.topology import MegatronTopology
+from rlhf.mcore.weight_sync.validate import WeightBridgeError, normalize_expected, validate_against_expected
+
+__all__ = ["WeightBridge", "SyncStats", "CheckReport", "WeightBridgeError", "SendPlan", "local_entries",
+           "plan_local_tensors", "regex_name_map", "MegatronTopology", "normalize_expected",
+           "validate_against_expected"]

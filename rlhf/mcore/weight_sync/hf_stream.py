@@ -1,0 +1,108 @@
+"""The HF tensor stream of a stage: TP gather -> convert -> (name, full HF tensor), and buckets of it.
+
+No rank ever holds the whole model: the gathered shards of one parameter and their converted copy
+coexist only while converting it.  Only the stage leader yields; the other TP ranks take part in the
+gathers and yield nothing.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Iterator, Sequence
+
+import torch
+
+from rlhf.mcore.convert import GATHER_DIM, hf_tensors_from_shards
+from rlhf.mcore.model_config import HFModelSpec
+from rlhf.mcore.weight_sync.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
+from rlhf.mcore.convert import LocalTensor
+
+__all__ = ["hf_stream", "stage_buckets", "Threaded", "timed"]
+
+
+def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
+              meter: MemoryMeter) -> Iterator[tuple[str, torch.Tensor, bool]]:
+    """``(HF name, full tensor, owned)`` on the stage leader; ``owned=False``: the tensor aliases model memory.
+
+    Collective over the TP group (every TP rank must iterate it to the end).
+    """
+    for e in entries:
+        dim = GATHER_DIM[e.role.kind]
+        if dim is None:
+            if not topo.is_leader:
+                continue
+            shards = [e.tensor.detach()]
+        else:
+            shards = topo.gather(e)
+            if not topo.is_leader:
+                continue
+        gathered = sum(x.nbytes for x in shards) if dim is not None and topo.tp_size > 1 else 0
+        try:
+            with torch.no_grad():
+                outs = hf_tensors_from_shards(e.role, shards, spec)
+        finally:
+            if dim is not None:
+                topo.release_gather()  # every kind with a gather copies in hf_tensors_from_shards
+        converted = 0 if dim is None else sum(t.nbytes for _, t in outs)
+        meter.alloc(gathered + converted)
+        del shards
+        meter.free(gathered)
+        try:
+            while outs:
+                name, t = outs.pop(0)
+                yield name, t, dim is not None
+                del t
+        finally:
+            del outs
+            meter.free(converted)
+
+
+class Threaded:
+    """Run an iterator in a daemon thread, one item ahead (its exceptions re-raised in the consumer)."""
+
+    _END = object()
+
+    def __init__(self, it: Iterator):
+        self.q: queue.Queue = queue.Queue(maxsize=1)
+        threading.Thread(target=self._run, args=(it,), daemon=True).start()
+
+    def _run(self, it):
+        try:
+            for x in it:
+                self.q.put(x)
+        except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
+            self.q.put(e)
+            return
+        self.q.put(self._END)
+
+    def __iter__(self):
+        while True:
+            x = self.q.get()
+            if x is self._END:
+                return
+            if isinstance(x, BaseException):
+                raise x
+            yield x
+
+
+def timed(it: Iterator, times: dict, key: str) -> Iterator:
+    """Yield from ``it``, adding the seconds spent waiting for each item to ``times[key]``."""
+    while True:
+        t0 = time.perf_counter()
+        try:
+            x = next(it)
+        except StopIteration:
+            times[key] += time.perf_counter() - t0
+            return
+        times[key] += time.perf_counter() - t0
+        yield x
+
+
+def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan], topo, spec: HFModelSpec,
+                  pool: BufferPool, meter: MemoryMeter, overlap: bool,
+                  times: dict) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
+    """This stage's buckets ``(plan, pool slot, flat uint8 buffer)`` on the leader (release each slot to the
+    pool when done); with ``overlap`` a thread fills bucket k+1 while bucket k is delivered."""
+    it = fill_buckets(hf_stream(entries, topo, spec, meter), buckets, pool)
+    return timed(iter(Threaded(it)) if overlap else it, times, "produce")

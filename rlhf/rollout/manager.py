@@ -1,0 +1,353 @@
+"""RolloutManager: ``num_engines`` SGLang engines (Ray actors), driven generically.
+
+* :meth:`RolloutManager.call` / :meth:`call_async` fan any :class:`~rlhf.rollout.sglang_engine.SGLangEngine`
+  method out to all (or some) engines -- the engine interface is declared once, there.
+* An engine whose actor dies (SGLang's scheduler failed, the process was killed) is replaced by a fresh
+  actor in the same loop that runs every call, within ``max_restarts`` replacements per call.  A fresh
+  engine serves the checkpoint it was started from, so once the trainer has pushed weights it is
+  *stale*: :meth:`stale_engines` lists it until a sync that started after its restart completes
+  (:meth:`begin_sync` / :meth:`end_sync`), and :meth:`generate` never uses a stale engine.  It raises
+  :class:`StaleEnginesError` (with what was generated) when no fresh engine is left, so the trainer
+  re-syncs and continues (rlhf/workers/rollout.py); that works identically on CPU and GPU.
+* Colocated engines share devices with the trainer: :meth:`release_memory_occupation` frees their
+  weights and KV cache while it trains, :meth:`resume_memory_occupation` re-allocates exactly the tags
+  that were released (SGLang's scheduler fails on a resume of something not released).
+  Disaggregated engines keep their memory (both calls are no-ops).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from rlhf.rollout.engine_args import engine_env, engine_kwargs, expected_weights_from_checkpoint
+from rlhf.rollout.placement import PlacementPlan, engine_actor_options, plan_placement
+from rlhf.rollout.sampling import SamplingConfig
+from rlhf.rollout.sglang_engine import MEMORY_TAGS, SGLangEngine
+from rlhf.rollout.types import RolloutSample
+
+__all__ = ["RolloutManager", "RolloutFailedError", "StaleEnginesError", "split_evenly", "assert_plain_data"]
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutFailedError(RuntimeError):
+    """An engine kept dying: ``max_restarts`` replacements within one call were not enough."""
+
+
+class StaleEnginesError(RuntimeError):
+    """Generation cannot go on until the trainer pushes the latest weights into ``engines``.
+
+    Attributes: engines (stale engine indices), samples (generated so far, prompt_index relative to the
+    call), unfinished (prompt indices still to generate).
+    """
+
+    def __init__(self, engines: List[int], samples: List[RolloutSample], unfinished: List[int]):
+        super().__init__(f"rollout engines {engines} were restarted and need the latest weights "
+                         f"({len(unfinished)} prompts left)")
+        self.engines, self.samples, self.unfinished = engines, samples, unfinished
+
+
+def split_evenly(items: Sequence[int], n_parts: int) -> List[List[int]]:
+    """Contiguous, balanced, non-empty parts of ``items`` (at most ``n_parts``)."""
+    base, extra = divmod(len(items), n_parts)
+    out, s = [], 0
+    for k in range(n_parts):
+        e = s + base + (1 if k < extra else 0)
+        if e > s:
+            out.append(list(items[s:e]))
+        s = e
+    return out
+
+
+def assert_plain_data(method: str, *values) -> None:
+    """Weight updates carry bytes and metadata only: a tensor here would be pickled through Ray's object
+    store (a CUDA view drags its whole storage along) and re-shared by the actor, which CUDA refuses."""
+    import torch
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            raise TypeError(f"{method}: a torch.Tensor was passed to a rollout engine; send serialized "
+                            f"FlattenedTensorBucket payloads (bytes) instead")
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    for v in values:
+        walk(v)
+
+
+def _is_actor_death(err: BaseException) -> bool:
+    import ray
+
+    return isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
+
+
+class RolloutManager:
+    """Start and drive ``num_engines`` engines.
+
+    Args:
+        num_engines: engines (each with ``engine_config["tp_size"]`` ranks).
+        engine_config: :func:`rlhf.rollout.engine_args.engine_kwargs` arguments (``model_path`` required;
+            ``engine_overrides`` = extra ``sglang.Engine`` kwargs).
+        placement: "colocated" or "disaggregated".
+        max_restarts: engine replacements allowed within ONE call before :class:`RolloutFailedError`.
+        plan: the GPUs of every engine (:func:`rlhf.rollout.placement.plan_placement`); None on a GPU host:
+            engine i on this node's GPUs ``i * tp ...``; ignored on CPU.
+        node_ids: Ray node id of each plan node (None: Ray picks the node).
+        actor_options: more Ray actor options (tests).
+        start: start the engines now (in parallel).
+    Raises:
+        ValueError: bad argument values. RuntimeError: Ray is not initialised.
+    """
+
+    PLACEMENTS = ("colocated", "disaggregated")
+
+    def __init__(self, num_engines: int, engine_config: Dict[str, Any], placement: str = "colocated",
+                 max_restarts: int = 2, plan: Optional[PlacementPlan] = None, node_ids: Optional[List[str]] = None,
+                 actor_options: Optional[Dict[str, Any]] = None, start: bool = True):
+        import ray
+
+        if not isinstance(num_engines, int) or num_engines < 1:
+            raise ValueError(f"num_engines must be an int >= 1, got {num_engines!r}")
+        if placement not in self.PLACEMENTS:
+            raise ValueError(f"placement must be one of {self.PLACEMENTS}, got {placement!r}")
+        if not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+        if not ray.is_initialized():
+            raise RuntimeError("RolloutManager needs ray.init() first")
+        cfg = dict(engine_config)
+        self.kwargs = engine_kwargs(**cfg.pop("engine_overrides", None) or {}, **cfg)
+        self.num_engines, self.tp_size = num_engines, int(self.kwargs["tp_size"])
+        self.placement, self.max_restarts = placement, max_restarts
+        if self.kwargs.get("device") != "cpu" and plan is None:
+            plan = plan_placement(nnodes=1, gpus_per_node=max(num_engines * self.tp_size, 1),
+                                  trainer_world_size=num_engines * self.tp_size, num_engines=num_engines,
+                                  engine_tp=self.tp_size, mode="colocated")
+        self.plan = plan if self.kwargs.get("device") != "cpu" else None
+        self._expected = expected_weights_from_checkpoint(self.kwargs["model_path"], self.kwargs["dtype"])
+        self._options = dict(node_ids=node_ids, actor_options=dict(actor_options or {}))
+        self.restarts = [0] * num_engines  # replacements per engine, ever
+        self.restart_log: List[Dict[str, Any]] = []
+        self._stale: set = set()
+        self._weights_pushed = False
+        self._released: set = set()  # tags the engines should have released (colocated)
+        self._engine_released: List[set] = [set() for _ in range(num_engines)]  # what each engine has released
+        self.actors: List[Any] = []
+        self.startup_info: List[Dict[str, Any]] = []
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ actors
+    def _make_actor(self, index: int):
+        import ray
+
+        opts = engine_actor_options(index, env=engine_env(self.kwargs), plan=self.plan, **self._options)
+        kw = dict(self.kwargs)
+        if self.plan is not None:
+            kw.setdefault("base_gpu_id", self.plan.base_gpu_id(index))  # the actor sees all GPUs of its node
+        return ray.remote(SGLangEngine).options(**opts).remote(kw, index, self._expected)
+
+    def start(self) -> List[Dict[str, Any]]:
+        """Start every engine (in parallel) and wait until they are up; returns their :meth:`SGLangEngine.info`."""
+        import ray
+
+        if not self.actors:
+            self.actors = [self._make_actor(i) for i in range(self.num_engines)]
+        self.startup_info = ray.get([a.info.remote() for a in self.actors])
+        return self.startup_info
+
+    @property
+    def num_restarts(self) -> int:
+        return sum(self.restarts)
+
+    def _replace(self, index: int, reason: str) -> None:
+        """Kill what is left of engine ``index`` and start a fresh one (stale once weights were pushed)."""
+        import ray
+
+        t0 = time.time()
+        logger.warning("rollout engine %d died (%s); starting a new one", index, reason)
+        try:
+            ray.kill(self.actors[index], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        self.actors[index] = self._make_actor(index)
+        ray.get(self.actors[index].info.remote())
+        self.restarts[index] += 1
+        if self._weights_pushed:
+            self._stale.add(index)
+        self._engine_released[index] = set()  # a new engine holds all its memory
+        self.restart_log.append({"engine": index, "reason": reason, "seconds": time.time() - t0})
+
+    def _budget(self, what: str) -> Callable[[int, BaseException], None]:
+        used = [0]
+
+        def on_death(index: int, err: BaseException) -> None:
+            used[0] += 1
+            if used[0] > self.max_restarts:
+                raise RolloutFailedError(f"{what}: engine {index} died and the restart budget "
+                                         f"(max_restarts={self.max_restarts}) is spent: {err}") from err
+            self._replace(index, f"{what}: {type(err).__name__}")
+        return on_death
+
+    # ------------------------------------------------------------------ generic fan-out
+    def call_async(self, method: str, *args, engines: Optional[Sequence[int]] = None,
+                   per_engine: Optional[Sequence[Dict[str, Any]]] = None, **kwargs) -> List[tuple]:
+        """Start ``method(*args, **kwargs, **per_engine[k])`` on engines ``engines`` (default all);
+        returns ``[(engine index, ray ref)]`` for :meth:`wait`."""
+        targets = list(range(self.num_engines)) if engines is None else list(engines)
+        if method.startswith("update_weights"):
+            assert_plain_data(method, args, kwargs, per_engine)
+        extra = list(per_engine) if per_engine is not None else [{}] * len(targets)
+        return [(i, getattr(self.actors[i], method).remote(*args, **kwargs, **kw)) for i, kw in zip(targets, extra)]
+
+    def wait(self, pending: List[tuple], what: str = "call") -> List[Any]:
+        """Results of :meth:`call_async` in order; a dead engine is replaced (and is stale) and gives None."""
+        import ray
+
+        on_death, out = self._budget(what), []
+        for i, ref in pending:
+            try:
+                out.append(ray.get(ref))
+            except Exception as e:  # noqa: BLE001 - classified
+                if not _is_actor_death(e):
+                    raise
+                on_death(i, e)
+                out.append(None)
+        return out
+
+    def call(self, method: str, *args, engines: Optional[Sequence[int]] = None,
+             per_engine: Optional[Sequence[Dict[str, Any]]] = None, **kwargs) -> List[Any]:
+        """Run an engine method on every (or the listed) engine and return the results in engine order."""
+        return self.wait(self.call_async(method, *args, engines=engines, per_engine=per_engine, **kwargs), method)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> List[RolloutSample]:
+        """``sampling.n`` samples per prompt over the fresh engines, prompt-major, ``prompt_index``
+        relative to the whole call.  Prompts of an engine that dies go to the other fresh engines.
+
+        Raises:
+            RuntimeError: colocated engines are released (resume them first).
+            StaleEnginesError: no fresh engine left (the trainer must sync weights, then generate the rest).
+            RolloutFailedError: the restart budget is spent.
+        """
+        import ray
+
+        if self._released:
+            raise RuntimeError(f"rollout engines have released {sorted(self._released)}: call "
+                               f"resume_memory_occupation() before generate()")
+        prompts = [list(p) for p in prompt_token_ids]
+        todo, done, on_death = list(range(len(prompts))), {}, self._budget("generate")
+        while todo:
+            fresh = [i for i in range(self.num_engines) if i not in self._stale]
+            if not fresh:
+                samples = [s for k in sorted(done) for s in done[k]]
+                raise StaleEnginesError(sorted(self._stale), samples, todo)
+            pending = {}
+            for engine, part in zip(fresh, split_evenly(todo, len(fresh))):
+                pending[self.actors[engine].generate.remote([prompts[k] for k in part], sampling)] = (engine, part)
+            todo = []
+            while pending:
+                [ref], _ = ray.wait(list(pending), num_returns=1)
+                engine, part = pending.pop(ref)
+                try:
+                    samples = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 - classified
+                    if not _is_actor_death(e):
+                        raise
+                    on_death(engine, e)
+                    todo += part
+                    continue
+                for s in samples:
+                    s.prompt_index = part[s.prompt_index]
+                    done.setdefault(s.prompt_index, []).append(s)
+            todo.sort()
+        return [s for k in sorted(done) for s in sorted(done[k], key=lambda x: x.sample_index)]
+
+    # ------------------------------------------------------------------ weights (the trainer's weight sync)
+    def expected_weights(self) -> Dict[str, Any]:
+        """``{hf_name: (shape, dtype)}`` every engine accepts (all serve the same model)."""
+        return dict(self._expected)
+
+    def fingerprint(self) -> tuple:
+        """Changes whenever what a weight sync was planned and validated against changes."""
+        return (self.kwargs["model_path"], self.kwargs["dtype"], self.tp_size, self.num_engines, tuple(self.restarts))
+
+    def stale_engines(self) -> List[int]:
+        """Engines restarted since the last sync that reached them (they serve old weights)."""
+        return sorted(self._stale)
+
+    def begin_sync(self) -> tuple:
+        """Called by the weight sync before it sends; returns a token for :meth:`end_sync`."""
+        self._weights_pushed = True
+        return tuple(self.restarts)
+
+    def replaced_since(self, token: tuple) -> List[int]:
+        """Engines replaced after :meth:`begin_sync` returned ``token``."""
+        return [i for i in range(self.num_engines) if self.restarts[i] != token[i]]
+
+    def end_sync(self, token: tuple, engines: Optional[Sequence[int]] = None) -> None:
+        """A sync begun with ``token`` reached ``engines`` (default all): those not restarted since are fresh."""
+        for i in (range(self.num_engines) if engines is None else engines):
+            if self.restarts[i] == token[i]:
+                self._stale.discard(i)
+
+    # ------------------------------------------------------------------ memory (colocated)
+    def release_memory_occupation(self) -> None:
+        """Colocated: free every engine's weights and KV cache (no-op when disaggregated or released)."""
+        if self.placement == "colocated":
+            self._released = set(MEMORY_TAGS)
+            self._converge()
+
+    def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Colocated: re-allocate ``tags`` (default all) on the engines that released them; never resumes
+        what an engine holds (SGLang's scheduler fails on that)."""
+        if self.placement == "colocated":
+            self._released -= set(tags or MEMORY_TAGS)
+            self._converge()
+
+    def _converge(self) -> None:
+        """Bring every engine to the wanted released tags (an engine replaced meanwhile starts resident)."""
+        for _ in range(self.max_restarts + 2):
+            for method, todo in (("release_memory_occupation", lambda i: self._released - self._engine_released[i]),
+                                 ("resume_memory_occupation", lambda i: self._engine_released[i] - self._released)):
+                engines = [i for i in range(self.num_engines) if todo(i)]
+                if not engines:
+                    continue
+                tags = [sorted(todo(i)) for i in engines]
+                before = list(self.restarts)
+                self.call(method, engines=engines, per_engine=[{"tags": t} for t in tags])
+                for i, t in zip(engines, tags):
+                    if self.restarts[i] == before[i]:
+                        self._engine_released[i] = (self._engine_released[i] | set(t) if method.startswith("release")
+                                                    else self._engine_released[i] - set(t))
+            if all(self._engine_released[i] == self._released for i in range(self.num_engines)):
+                return
+        raise RolloutFailedError(f"rollout engines could not reach released tags {sorted(self._released)}")
+
+    @property
+    def released_tags(self) -> List[str]:
+        return sorted(self._released)
+
+    # ------------------------------------------------------------------ lifetime
+    def engine_pids(self) -> List[int]:
+        """Process ids of the engine actors (the SGLang schedulers are their children)."""
+        return [info["pid"] for info in self.call("info")]
+
+    def shutdown(self) -> None:
+        """Stop every engine and kill its actor (idempotent)."""
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.get(a.shutdown.remote(), timeout=60)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.actors = []

@@ -1,0 +1,228 @@
+"""SGLangEngine: one ``sglang.Engine`` owned by the process of a Ray actor.
+
+The actor is the isolation boundary.  SGLang's scheduler processes are children of this process
+(they SIGKILL themselves when it dies, PR_SET_PDEATHSIG); when one of them fails, SGLang's SIGQUIT
+handler kills this process tree, Ray reports the actor dead (``RayActorError``) and
+:class:`rlhf.rollout.manager.RolloutManager` restarts it.  Nothing else wraps the engine: methods
+carry SGLang's names and arguments, and only plain data crosses Ray (token ids, sampling
+parameters, metadata and, for weight updates, the serialized bytes of a ``FlattenedTensorBucket``
+whose memory stays with the trainer process that owns it).
+
+Used as ``ray.remote(SGLangEngine).options(...).remote(engine_kwargs, index)`` by the manager; the
+CPU settings (env vars, stand-in ``sgl_kernel``) reach the actor through its ``runtime_env``
+(:mod:`rlhf.rollout.sglang_cpu`).
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from rlhf.rollout.sampling import SamplingConfig
+from rlhf.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, RolloutSample
+
+__all__ = ["SGLangEngine", "EngineCallError", "check_result"]
+
+#: tags of SGLang's memory saver (``release_memory_occupation(tags)``)
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
+class EngineCallError(RuntimeError):
+    """SGLang refused or failed a request on a live engine (the message says which and why)."""
+
+
+def check_result(result: Any, what: str) -> Any:
+    """Raise EngineCallError when an SGLang control call reports failure.
+
+    SGLang returns ``(success, message, ...)`` tuples, objects with ``.success``, or None.
+    Returns ``result`` unchanged when it reports success.
+    """
+    if isinstance(result, tuple) and result and isinstance(result[0], bool):
+        if not result[0]:
+            raise EngineCallError(f"{what} failed: {result[1] if len(result) > 1 else ''}")
+    elif getattr(result, "success", None) is False:
+        raise EngineCallError(f"{what} failed: {getattr(result, 'message', '')}")
+    return result
+
+
+class SGLangEngine:
+    """Body of the Ray actor that owns one SGLang engine (see module docstring).
+
+    Args:
+        engine_kwargs: ``sglang.Engine`` keyword arguments (``model_path`` and ``tp_size`` required);
+            see :func:`rlhf.rollout.engine_args.engine_kwargs`.
+        engine_index: position of this engine in its manager (logs, sample metadata).
+        expected_weights: ``{hf_name: (shape, dtype)}`` the engine accepts in weight updates (computed
+            once by the manager from the checkpoint's headers).
+    Raises:
+        whatever ``sglang.Engine`` raises when it cannot start (the actor creation then fails).
+    """
+
+    def __init__(self, engine_kwargs: Dict[str, Any], engine_index: int = 0,
+                 expected_weights: Optional[Dict[str, Any]] = None):
+        import sglang
+
+        t0 = time.time()
+        self.index = int(engine_index)
+        self.tp_size = int(engine_kwargs.get("tp_size", 1))
+        self.engine = sglang.Engine(**engine_kwargs)
+        self.startup_seconds = time.time() - t0
+        self._expected = dict(expected_weights or {})
+        self.weight_version = 0
+        self._in_update = False
+        self._updated = False
+
+    # ------------------------------------------------------------------ state
+    def info(self) -> Dict[str, Any]:
+        """``{"pid", "index", "tp_size", "startup_seconds", "weight_version"}`` (answers once started)."""
+        return {"pid": os.getpid(), "index": self.index, "tp_size": self.tp_size,
+                "startup_seconds": self.startup_seconds, "weight_version": self.weight_version}
+
+    def expected_weights(self) -> Dict[str, Any]:
+        """``{hf_name: (full shape, dtype)}`` this engine loads (unsharded: SGLang slices per TP rank)."""
+        return dict(self._expected)
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> List[RolloutSample]:
+        """``sampling.n`` responses per prompt, prompt-major, with SGLang's per-token log-probs.
+
+        Args:
+            prompt_token_ids: P non-empty lists of token ids.
+        Returns:
+            ``P * n`` :class:`RolloutSample` (``prompt_index`` relative to this call).
+        Raises:
+            ValueError: an empty or non-integer prompt. EngineCallError: SGLang returned inconsistent output.
+        """
+        sampling.validate()
+        prompts = [list(p) for p in prompt_token_ids]
+        for i, p in enumerate(prompts):
+            if not p or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in p):
+                raise ValueError(f"prompt {i} must be a non-empty list of non-negative int token ids, got {p[:8]!r}")
+        if not prompts:
+            return []
+        n = sampling.n
+        index = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        params = [sampling.to_sglang(None if sampling.seed is None else sampling.seed + i * n + j) for i, j in index]
+        outs = self.engine.generate(input_ids=[prompts[i] for i, _ in index], sampling_params=params,
+                                    return_logprob=True)
+        outs = [outs] if isinstance(outs, dict) else outs
+        return [self._sample(o, prompts[i], i, j) for (i, j), o in zip(index, outs)]
+
+    def _sample(self, out: dict, prompt: List[int], i: int, j: int) -> RolloutSample:
+        meta = out["meta_info"]
+        lps = meta.get("output_token_logprobs") or []
+        ids = out.get("output_ids")
+        ids = [int(t[1]) for t in lps] if ids is None else [int(t) for t in ids]
+        if len(lps) != len(ids):
+            raise EngineCallError(f"generate: {len(ids)} tokens but {len(lps)} log-probs (prompt {i}, sample {j})")
+        fr = meta.get("finish_reason") or {}
+        ftype = fr.get("type") if isinstance(fr, dict) else str(fr)
+        reason = {"stop": FINISH_STOP, "length": FINISH_LENGTH}.get(ftype, FINISH_ABORT)
+        return RolloutSample(prompt_ids=prompt, response_ids=ids, response_log_probs=[float(t[0]) for t in lps],
+                             finish_reason=reason, prompt_index=i, sample_index=j,
+                             weight_version=self.weight_version, extra={"finish_detail": fr})
+
+    # ------------------------------------------------------------------ weights
+    def begin_weight_update(self) -> None:
+        """Open a weight-update session (SGLang >= 0.5.23 requires one around tensor/distributed updates)."""
+        check_result(self.engine.begin_weight_update(), "begin_weight_update")
+        self._in_update, self._updated = True, False
+
+    def end_weight_update(self) -> int:
+        """Close the session; returns the weight version (bumped when anything was loaded in it)."""
+        check_result(self.engine.end_weight_update(), "end_weight_update")
+        if self._updated:
+            self.weight_version += 1
+        self._in_update = self._updated = False
+        return self.weight_version
+
+    def _require_session(self, what: str) -> None:
+        if not self._in_update:
+            raise EngineCallError(f"{what} must run between begin_weight_update() and end_weight_update()")
+
+    def update_weights_from_tensor(self, serialized_named_tensors: List[bytes], load_format: str = "flattened_bucket",
+                                   flush_cache: bool = False) -> None:
+        """Load one bucket: ``serialized_named_tensors[r]`` is TP rank r's serialized
+        ``{"flattened_tensor", "metadata"}`` (SGLang's FlattenedTensorBucket), whose memory (CPU shared
+        memory or CUDA IPC) belongs to the trainer process that serialized it.
+
+        Raises:
+            EngineCallError: outside a session, wrong payload count, or SGLang's failure.
+        """
+        self._require_session("update_weights_from_tensor")
+        if len(serialized_named_tensors) != self.tp_size:
+            raise EngineCallError(f"update_weights_from_tensor: {len(serialized_named_tensors)} payloads for "
+                                  f"tp_size={self.tp_size} (one per TP rank)")
+        check_result(self.engine.update_weights_from_tensor(named_tensors=list(serialized_named_tensors),
+                                                            load_format=load_format, flush_cache=flush_cache),
+                     "update_weights_from_tensor")
+        self._updated = True
+
+    def update_weights_from_disk(self, model_path: str) -> int:
+        """Reload every weight from an HF checkpoint directory; returns the new weight version."""
+        check_result(self.engine.update_weights_from_disk(model_path), "update_weights_from_disk")
+        self.weight_version += 1
+        return self.weight_version
+
+    def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int, world_size: int,
+                                  group_name: str, backend: str = "nccl") -> None:
+        """Join the weight-update group ``group_name`` (ranks rank_offset..rank_offset+tp-1; blocks until
+        every member, the trainer's sender included, joined)."""
+        check_result(self.engine.init_weights_update_group(master_address=master_address, master_port=master_port,
+                                                           rank_offset=rank_offset, world_size=world_size,
+                                                           group_name=group_name, backend=backend),
+                     f"init_weights_update_group({group_name})")
+
+    def update_weights_from_distributed(self, names: List[str], dtypes: List[str], shapes: List[List[int]],
+                                        group_name: str, flush_cache: bool = False,
+                                        load_format: Optional[str] = "flattened_bucket") -> None:
+        """Receive one bucket broadcast by rank 0 of ``group_name`` (one flat message with
+        ``load_format="flattened_bucket"``) and load it.  Names and shapes are checked against
+        :meth:`expected_weights` first (SGLang ignores unknown names and crashes on wrong shapes).
+
+        Raises:
+            EngineCallError: outside a session, unknown names / wrong shapes, or SGLang's failure.
+        """
+        self._require_session("update_weights_from_distributed")
+        if self._expected:
+            bad = [f"{n} {tuple(s)}" for n, s in zip(names, shapes)
+                   if n not in self._expected or tuple(self._expected[n][0]) != tuple(s)]
+            if bad:
+                raise EngineCallError(f"update_weights_from_distributed: unknown names or wrong shapes {bad[:5]}")
+        check_result(self.engine.update_weights_from_distributed(names=list(names), dtypes=list(dtypes),
+                                                                 shapes=[list(s) for s in shapes],
+                                                                 group_name=group_name, flush_cache=flush_cache,
+                                                                 load_format=load_format),
+                     "update_weights_from_distributed")
+        self._updated = True
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        check_result(self.engine.destroy_weights_update_group(group_name), "destroy_weights_update_group")
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100):
+        """TP rank 0's copy of parameter ``name`` (SGLang name), first ``truncate_size`` rows, as lists."""
+        return self.engine.get_weights_by_name(name, truncate_size=truncate_size)
+
+    def flush_cache(self) -> None:
+        """Drop the prefix (radix) cache."""
+        check_result(self.engine.flush_cache(), "flush_cache")
+
+    # ------------------------------------------------------------------ memory (colocated)
+    def release_memory_occupation(self, tags: Optional[List[str]] = None) -> None:
+        """Free ``tags`` (default: weights and KV cache); a no-op for memory on CPU, where SGLang's
+        memory saver is disabled, but the same calls run."""
+        check_result(self.engine.release_memory_occupation(tags=list(tags or MEMORY_TAGS)),
+                     "release_memory_occupation")
+
+    def resume_memory_occupation(self, tags: Optional[List[str]] = None) -> None:
+        """Re-allocate ``tags`` freed by :meth:`release_memory_occupation` (never call it on tags that
+        were not released: SGLang's scheduler then fails)."""
+        check_result(self.engine.resume_memory_occupation(tags=list(tags or MEMORY_TAGS)),
+                     "resume_memory_occupation")
+
+    def shutdown(self) -> None:
+        """Stop the engine and its scheduler processes (the actor is killed by the manager after)."""
+        try:
+            self.engine.shutdown()
+        except Exception:  # noqa: BLE001 - best effort, the process is about to be killed
+            pass

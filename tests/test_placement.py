@@ -1,0 +1,81 @@
+"""Engine / trainer GPU placement (rlhf.rollout.placement): a pure function, values written by hand."""
+import pytest
+
+from rlhf.rollout.placement import GPU, PlacementError, engine_actor_options, plan_placement
+
+
+def gpus(node, *idx):
+    return [GPU(node, i) for i in idx]
+
+
+@pytest.mark.parametrize("tp,n,expected", [
+    (1, 8, [gpus(0, i) for i in range(8)]),
+    (2, 4, [gpus(0, 0, 1), gpus(0, 2, 3), gpus(0, 4, 5), gpus(0, 6, 7)]),
+    (4, 2, [gpus(0, 0, 1, 2, 3), gpus(0, 4, 5, 6, 7)]),
+    (2, 2, [gpus(0, 0, 1), gpus(0, 2, 3)]),  # fewer engines than trainer GPUs: the first ones
+])
+def test_colocated_one_node(tp, n, expected):
+    plan = plan_placement(nnodes=1, gpus_per_node=8, trainer_world_size=8, num_engines=n, engine_tp=tp, mode="colocated")
+    assert plan.trainer == gpus(0, *range(8))
+    assert plan.engines == expected
+    assert [plan.base_gpu_id(i) for i in range(n)] == [e[0].index for e in expected]
+
+
+def test_colocated_two_nodes_engines_follow_the_trainer_ranks():
+    plan = plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=8, num_engines=4, engine_tp=2, mode="colocated")
+    assert plan.trainer[5] == GPU(1, 1)
+    assert plan.engines == [gpus(0, 0, 1), gpus(0, 2, 3), gpus(1, 0, 1), gpus(1, 2, 3)]
+    assert [plan.engine_node(i) for i in range(4)] == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("tp,n,expected", [
+    (1, 4, [gpus(0, 4), gpus(0, 5), gpus(0, 6), gpus(0, 7)]),
+    (2, 2, [gpus(0, 4, 5), gpus(0, 6, 7)]),
+    (4, 1, [gpus(0, 4, 5, 6, 7)]),
+])
+def test_disaggregated_takes_the_gpus_after_the_trainer(tp, n, expected):
+    plan = plan_placement(nnodes=1, gpus_per_node=8, trainer_world_size=4, num_engines=n, engine_tp=tp,
+                          mode="disaggregated")
+    assert plan.engines == expected
+    assert not {g for e in plan.engines for g in e} & set(plan.trainer)
+
+
+def test_disaggregated_engine_on_the_second_node():
+    plan = plan_placement(nnodes=2, gpus_per_node=2, trainer_world_size=2, num_engines=1, engine_tp=2,
+                          mode="disaggregated")
+    assert plan.trainer == gpus(0, 0, 1) and plan.engines == [gpus(1, 0, 1)]
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(trainer_world_size=9, num_engines=1, engine_tp=1, mode="colocated"), "9 trainer ranks need 9 GPUs"),
+    (dict(trainer_world_size=8, num_engines=3, engine_tp=4, mode="colocated"), "12 GPUs do not fit the trainer's 8"),
+    (dict(trainer_world_size=8, num_engines=1, engine_tp=1, mode="disaggregated"), "left after the trainer's 8"),
+    (dict(trainer_world_size=6, num_engines=2, engine_tp=2, mode="disaggregated"), "4 GPUs do not fit the 2 GPUs"),
+    (dict(trainer_world_size=6, num_engines=1, engine_tp=2, mode="disaggregated"), None),
+    (dict(trainer_world_size=4, num_engines=1, engine_tp=16, mode="colocated"), "does not fit on a node of 8"),
+    (dict(trainer_world_size=8, num_engines=1, engine_tp=1, mode="spread"), "rollout.mode='spread'"),
+])
+def test_refusals(kw, match):
+    if match is None:  # fits exactly: GPUs 6 and 7
+        assert plan_placement(nnodes=1, gpus_per_node=8, **kw).engines == [gpus(0, 6, 7)]
+        return
+    with pytest.raises(PlacementError, match=match):
+        plan_placement(nnodes=1, gpus_per_node=8, **kw)
+
+
+def test_engine_spanning_two_nodes_is_refused():
+    # trainer on 3 of 2x4 GPUs; a TP 2 engine after it would take GPU (0,3) and (1,0)
+    with pytest.raises(PlacementError, match="span nodes"):
+        plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=3, num_engines=1, engine_tp=2,
+                       mode="disaggregated")
+
+
+def test_actor_options_claim_no_ray_gpus_and_pin_the_node():
+    plan = plan_placement(nnodes=2, gpus_per_node=2, trainer_world_size=2, num_engines=1, engine_tp=2,
+                          mode="disaggregated")
+    opts = engine_actor_options(0, env={"A": "1"}, plan=plan, node_ids=["a" * 56, "b" * 56])
+    assert opts["num_gpus"] == 0 and opts["max_restarts"] == 0
+    assert opts["runtime_env"]["env_vars"] == {"A": "1", "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}
+    assert opts["scheduling_strategy"].node_id == "b" * 56 and opts["scheduling_strategy"].soft is False
+    cpu = engine_actor_options(0, env={})
+    assert "scheduling_strategy" not in cpu and cpu["runtime_env"]["env_vars"] == {}
