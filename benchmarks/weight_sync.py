@@ -18,8 +18,9 @@ faults and the engine's first load are excluded):
   * export_load -- `save_hf_checkpoint` from the TP shards + `update_weights_from_disk`: what a user without a
                    bridge does each step;
   * tiny        -- `WeightBridge.sync()` of the quickstart-sized model (the fixed cost of a sync), in ms.
-peak_extra_mb: the largest, over the two trainer ranks, increase of resident memory during a timed sync
-(VmHWM after the sync minus VmRSS before it, VmHWM reset via /proc/self/clear_refs).
+peak_extra_mb: the largest, over the two trainer ranks, of the memory the sync needs beyond the model: the
+increase of resident memory during a timed sync (VmHWM after the sync minus VmRSS before it, VmHWM reset via
+/proc/self/clear_refs) or, when larger, the bridge's persistent bucket buffers (allocated once, kept across syncs).
 
 The LAST line printed is exactly
     weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB>
@@ -101,7 +102,9 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
         stats = bridge.sync()
         dist.barrier()
         times.append(time.perf_counter() - t0)
-        peak = torch.tensor([(_rss_kb("VmHWM") - rss0) / 1024 if hwm_ok else float("nan")], dtype=torch.float64)
+        # resident growth during the sync, or the bridge's own (persistent) buffers if larger: they stay allocated
+        rss = (_rss_kb("VmHWM") - rss0) / 1024 if hwm_ok else 0.0
+        peak = torch.tensor([max(rss, stats.peak_extra_bytes / 2**20)], dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         rss_peaks.append(peak.item())
     bridge.close()
@@ -109,8 +112,9 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
     log(f"bridge {label}: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms of "
         f"{[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; rank 0 last sync: plan "
         f"{stats.plan_seconds * 1e3:.1f} ms, writes {stats.produce_seconds * 1e3:.1f} ms, delivery "
-        f"{stats.deliver_seconds * 1e3:.1f} ms, end {stats.finish_seconds * 1e3:.1f} ms; peak extra RSS "
-        f"{max(rss_peaks):.0f} MB (bridge-accounted {stats.peak_extra_bytes / 2**20:.0f} MB)")
+        f"{stats.deliver_seconds * 1e3:.1f} ms, end {stats.finish_seconds * 1e3:.1f} ms; peak extra "
+        f"{max(rss_peaks):.0f} MB (bridge-accounted {stats.peak_extra_bytes / 2**20:.0f} MB, largest tensor "
+        f"{max(p.numel() * p.element_size() for c in chunks for p in c.parameters()) * 2 / 2**20:.0f} MB gathered)")
     return med, max(rss_peaks), stats
 
 
