@@ -148,6 +148,8 @@ ADDED_KEYS = {
     "data.filter_overlong_prompts": True, "data.truncation": "error", "data.apply_chat_template": None,
     "data.chat_template_kwargs": {},
 }
+#: recipes captured after ADDED_KEYS were added (their fixtures already hold those keys)
+CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu"}
 
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))
@@ -165,6 +167,8 @@ def test_recipe_composes_to_the_captured_config(name):
         node = before
         for part in parents:
             node = node[part]
+        if name in CAPTURED_LATER and leaf in node:
+            continue
         assert leaf not in node, key
         node[leaf] = default
     assert yaml.safe_load(OmegaConf.to_yaml(compose_config([], recipe=name))) == before

@@ -18,6 +18,7 @@ of each sample's data_source, or ``reward.custom_reward_function`` when that is 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -84,9 +85,14 @@ class RewardManager:
         self.fallback_score = float(fallback_score)
 
     def score(self, responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any],
-              extra_infos: Optional[Sequence[Any]] = None, prompts: Optional[Sequence[Any]] = None
-              ) -> Tuple[List[float], dict]:
-        """Scores of one batch (lists of equal length B) -> ([B] floats, metrics); see the class docstring."""
+              extra_infos: Optional[Sequence[Any]] = None, prompts: Optional[Sequence[Any]] = None,
+              return_valid: bool = False):
+        """Scores of one batch (lists of equal length B) -> ([B] floats, metrics); see the class docstring.
+
+        With ``return_valid=True`` also a third item, [B] bools: False for a sample that NO source could
+        score (every source fell back or gave a non-finite number; such a number is replaced by
+        fallback_score and counted as a fallback).  The trainer leaves those samples out of the group
+        baselines and the loss (``reward.exclude_unscorable``, rlhf.trainer.advantages)."""
         n = len(responses)
         batch = {"responses": list(responses), "data_sources": list(data_sources),
                  "ground_truths": list(ground_truths),
@@ -94,14 +100,21 @@ class RewardManager:
                  "prompts": list(prompts) if prompts is not None else [""] * n}
         total = [0.0] * n
         metrics = {"reward/num_fallbacks": 0.0}
+        valid = [False] * n
         for src in self.sources:
-            scores, fallbacks = src.score(batch, self.timeout_s, self.fallback_score)
+            # with return_valid, a NaN fallback marks the samples the source failed on (sources never return NaN)
+            scores, fallbacks = src.score(batch, self.timeout_s, math.nan if return_valid else self.fallback_score)
+            if return_valid:
+                ok = [math.isfinite(s) for s in scores]
+                fallbacks = ok.count(False)
+                valid = [v or o for v, o in zip(valid, ok)]
+                scores = [s if o else self.fallback_score for s, o in zip(scores, ok)]
             total = [t + src.weight * s for t, s in zip(total, scores)]
             metrics["reward/num_fallbacks"] += fallbacks
             if len(self.sources) > 1:
                 metrics[f"reward/{src.name}/mean"] = sum(scores) / max(1, n)
                 metrics[f"reward/{src.name}/num_fallbacks"] = float(fallbacks)
-        return total, metrics
+        return (total, metrics, valid) if return_valid else (total, metrics)
 
     def close(self) -> None:
         """Close every source."""
