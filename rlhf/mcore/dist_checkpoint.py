@@ -62,8 +62,31 @@ def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None, 
     if common:
         sd["common_state"] = common
     sd[FORMAT_KEY] = {"slim": bool(slim)}
-    dist_checkpointing.save(sd, path)
+    dist_checkpointing.save(sd, path, sharded_strategy=_fault_point_strategy())
     dist.barrier()
+
+
+def _fault_point_strategy():
+    """None (megatron's default save strategy), or with ``RLHF_FAULT=ckpt_mid_save`` (rlhf.faults) a copy of
+    it that stops the process after the tensor files are written and before megatron writes the
+    checkpoint's metadata.json: a kill in the middle of a sharded save."""
+    from rlhf import faults
+
+    if not faults.armed("ckpt_mid_save"):
+        return None
+    import copy
+
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+    strategy = copy.copy(get_default_save_sharded_strategy())  # the default is a shared instance
+    write = strategy.save
+
+    def save(sharded_state_dict, checkpoint_dir):
+        write(sharded_state_dict, checkpoint_dir)
+        faults.maybe_fail("ckpt_mid_save", dir=checkpoint_dir)
+
+    strategy.save = save
+    return strategy
 
 
 FORMAT_KEY = "rlhf_save_format"

@@ -12,14 +12,18 @@ one per device) runs the same code: megatron work is SPMD, rank 0 alone logs and
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch.distributed as dist
 
+from rlhf import faults
 from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+from rlhf.mcore.step_guard import SkippedStepsError
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
 
-from .checkpoint import checkpoint_root, latest_checkpoint
+from .alerts import Alerts
+from .checkpoint import checkpoint_root, latest_checkpoint, model_summary
 from .checkpoint import load_checkpoint as load_checkpoint_dir
 from .checkpoint import save_checkpoint as save_checkpoint_dir
 from .metrics import add_step_timing
@@ -38,7 +42,8 @@ def _due(freq: int, step: int, total: int) -> bool:
 class BaseTrainer:
     """Distributed state, model path, tokenizer and HF config, metrics tracker; the fit loop.
 
-    Attributes set here: cfg, model_path, tokenizer, hf_config, tracker, start_step (0 until resumed).
+    Attributes set here: cfg, model_path, tokenizer, hf_config, tracker, alerts (``trainer.alerts`` and the
+    safeguard event lines, rlhf.trainer.alerts), start_step (0 until resumed).
     """
 
     progress_desc = "train"
@@ -61,6 +66,8 @@ class BaseTrainer:
         self.hf_config = load_hf_config(self.model_path)
         self.tracker = Tracking(os.path.join(out_dir, "tensorboard"), backends=list(cfg.trainer.logger),
                                 enabled=dist.get_rank() == 0)
+        self.alerts = Alerts(cfg.trainer.alerts, {r: cfg[r].optim for r in ("actor", "critic")},
+                             echo=dist.get_rank() == 0)
 
     # ---- what a trainer implements -------------------------------------------------------------
     def check_layout(self) -> None:
@@ -80,11 +87,12 @@ class BaseTrainer:
 
     def trainer_state(self) -> dict:
         """Picklable state saved by rank 0 next to the models."""
-        return {"train_loader": self.train_loader.state_dict()}
+        return {"train_loader": self.train_loader.state_dict(), "alerts": self.alerts.state_dict()}
 
     def load_trainer_state(self, state: dict) -> None:
         """Restore :meth:`trainer_state` (models are already loaded)."""
         self.train_loader.load_state_dict(state["train_loader"])
+        self.alerts.load_state_dict(state.get("alerts"))
 
     def close(self) -> None:
         """Release what the trainer holds (called once by :meth:`fit`, also on errors)."""
@@ -118,11 +126,14 @@ class BaseTrainer:
             for step in range(self.start_step + 1, self.total_steps + 1):
                 if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
                     os._exit(17)
+                faults.maybe_fail("step_start", step=step)
                 t0 = time.perf_counter()
-                metrics = self.train_step(step)
+                metrics = self.run_step(step)
                 add_step_timing(metrics, time.perf_counter() - t0, metrics.pop("_tokens"), dist.get_world_size())
                 if _due(t.test_freq, step, self.total_steps):
                     metrics.update(self.validate())
+                self.alerts.check(metrics, step)
+                metrics.update(self.alerts.metrics())
                 self.tracker.log(metrics, step)
                 last = metrics
                 if _due(t.save_freq, step, self.total_steps):
@@ -140,6 +151,16 @@ class BaseTrainer:
             self.close()
         return last
 
+    def run_step(self, step: int) -> dict:
+        """:meth:`train_step`; a SkippedStepsError (too many inf/NaN gradient steps in a row) is reported on one
+        line (rank 0, stderr) with the step, then raised: the run ends non-zero."""
+        try:
+            return self.train_step(step)
+        except SkippedStepsError as e:
+            if dist.get_rank() == 0:
+                print(f"ERROR step {step}: training stopped: {e}", file=sys.stderr, flush=True)
+            raise
+
     def _progress_bar(self):
         if dist.get_rank() != 0 or not self.cfg.trainer.progress_bar:
             return None
@@ -151,14 +172,16 @@ class BaseTrainer:
     def save_checkpoint(self, step: int) -> str:
         """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint)."""
         t = self.cfg.trainer
-        return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(),
-                                   self.trainer_state(), t.max_ckpt_to_keep)
+        state = dict(self.trainer_state(), model=model_summary(self.hf_config))
+        return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(), state,
+                                   t.max_ckpt_to_keep, slim=t.slim_checkpoint)
 
     def load_checkpoint(self) -> None:
         """Collective. Resume per ``trainer.resume_mode``: auto (the latest checkpoint, if any), resume_path
         (``trainer.resume_from_path``), disable.  Sets ``start_step``.
 
-        Raises ValueError for resume_path without a path; FileNotFoundError for an incomplete checkpoint.
+        Raises ValueError for resume_path without a path or a checkpoint of another model (before any tensor
+        is read); FileNotFoundError for an incomplete checkpoint.
         """
         t = self.cfg.trainer
         if t.resume_mode == "disable":
@@ -171,7 +194,7 @@ class BaseTrainer:
             path = latest_checkpoint(checkpoint_root(t.default_local_dir))
             if path is None:
                 return
-        state = load_checkpoint_dir(path, self.checkpoint_roles())
+        state = load_checkpoint_dir(path, self.checkpoint_roles(), model=model_summary(self.hf_config))
         self.load_trainer_state(state)
         self.start_step = int(state["step"])
         if dist.get_rank() == 0:

@@ -87,6 +87,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, Sequenc
 import torch
 import torch.distributed as dist
 
+from rlhf import faults
 from rlhf.mcore.weight_sync.bucketing import (DEFAULT_BUCKET_BYTES, BucketPlan, BufferPool, MemoryMeter, TensorMeta,
                                 bucket_views, dtype_from_any, dtype_name, fill_buckets, plan_buckets)
 from rlhf.mcore.convert import GATHER_DIM, ParamRole, hf_tensors_from_shards, param_role, unwrap_model
@@ -1043,6 +1044,7 @@ class WeightBridge:
                         if error is None:  # after a failure keep draining so no sender blocks forever
                             self._deliver(bucket_views(buf, bplan),
                                           last=stage is plan.stages[-1] and bplan is stage.buckets[-1])
+                        faults.maybe_fail("sync_weights", last=stage is plan.stages[-1] and bplan is stage.buckets[-1])
                     except Exception as e:  # noqa: BLE001
                         error = f"{type(e).__name__}: {e}"
                     finally:
