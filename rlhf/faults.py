@@ -7,8 +7,9 @@ The `hit`-th time (default 1) this process reaches ``maybe_fail(<point>)``, it p
 process group (the trainer, torchrun and its ranks, and every child that did not leave the group),
 like ``kill -9 -<pgid>`` from a job scheduler or the OOM killer of a container.  Nothing runs after it:
 no ``finally``, no atexit hook.  ``RLHF_FAULT_RANK`` (default 0) is the global rank that fires (torchrun's
-RANK, Slurm's SLURM_PROCID); other ranks never do.  ``RLHF_FAULT_MODE=exit`` exits this process alone
-with code 17 instead.
+RANK, Slurm's SLURM_PROCID); other ranks never do.  ``RLHF_FAULT_MODE=process`` SIGKILLs this process
+alone (what the kernel's OOM killer does: its children must then go by themselves), ``RLHF_FAULT_MODE=exit``
+exits it with code 17.
 
 Points (where the call sits):
 
@@ -73,9 +74,13 @@ def maybe_fail(point: str, **context) -> None:
     if _hits[point] != target:
         return
     where = " ".join(f"{k}={v}" for k, v in context.items())
-    if os.environ.get("RLHF_FAULT_MODE") == "exit":
+    mode = os.environ.get("RLHF_FAULT_MODE", "group")
+    if mode == "exit":
         print(f"FAULT {point} hit {target} {where}: exit {EXIT_CODE}", file=sys.stderr, flush=True)
         os._exit(EXIT_CODE)
+    if mode == "process":
+        print(f"FAULT {point} hit {target} {where}: SIGKILL process {os.getpid()}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
     pgid = os.getpgrp()
     print(f"FAULT {point} hit {target} {where}: SIGKILL process group {pgid}", file=sys.stderr, flush=True)
     os.killpg(pgid, signal.SIGKILL)

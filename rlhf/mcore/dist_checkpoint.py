@@ -11,6 +11,11 @@ or without the distributed optimizer (see `_unshare_step_tensors` for the megatr
 that made the distributed optimizer drift).
 
 Slim saves (`slim=True`) keep only what resuming needs; see `save_sharded`.
+
+No orphan writer: megatron-core 0.16.1 keeps its save results in a queue served by a spawned
+multiprocessing Manager process that nothing stops when the trainer is killed (it was left running by
+every killed run).  `save_sharded` gives megatron a queue from a Manager that dies with this process
+(`_install_results_queue`).
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None, 
     """
     from megatron.core import dist_checkpointing
 
+    _install_results_queue()
     if dist.get_rank() == 0:
         os.makedirs(path, exist_ok=True)
     dist.barrier()
@@ -64,6 +70,24 @@ def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None, 
     sd[FORMAT_KEY] = {"slim": bool(slim)}
     dist_checkpointing.save(sd, path, sharded_strategy=_fault_point_strategy())
     dist.barrier()
+
+
+def _install_results_queue() -> None:
+    """Seed megatron's module-level save-results queue (filesystem_async._results_queue, created on the first
+    save with ``mp.get_context("spawn").Manager().Queue()``) with the queue of a Manager whose server process
+    gets SIGKILL when this process dies (rlhf.mcore.lifetime).  Same queue type, same spawn context."""
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from rlhf.mcore.lifetime import die_with_parent
+
+    if filesystem_async._results_queue is not None:
+        return
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+    filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager (and its process) alive
 
 
 def _fault_point_strategy():
