@@ -23,7 +23,7 @@ from rlhf.mcore.step_guard import SkippedStepsError
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
 
 from .alerts import Alerts
-from .checkpoint import checkpoint_root, latest_checkpoint, model_summary
+from .checkpoint import check_model, checkpoint_root, latest_checkpoint, model_summary, read_model_summary
 from .checkpoint import load_checkpoint as load_checkpoint_dir
 from .checkpoint import save_checkpoint as save_checkpoint_dir
 from .metrics import add_step_timing
@@ -64,8 +64,8 @@ class BaseTrainer:
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(cfg, self.model_path)
         self.hf_config = load_hf_config(self.model_path)
-        self.tracker = Tracking(os.path.join(out_dir, "tensorboard"), backends=list(cfg.trainer.logger),
-                                enabled=dist.get_rank() == 0)
+        self.resume_path = self.resume_checkpoint()  # a checkpoint of another model is refused here, before any build
+        self.tracker = None  # created by fit(): a run that fails to start leaves no TensorBoard file
         self.alerts = Alerts(cfg.trainer.alerts, {r: cfg[r].optim for r in ("actor", "critic")},
                              echo=dist.get_rank() == 0)
 
@@ -96,7 +96,8 @@ class BaseTrainer:
 
     def close(self) -> None:
         """Release what the trainer holds (called once by :meth:`fit`, also on errors)."""
-        self.tracker.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
     # ---- the loop --------------------------------------------------------------------------------
     def steps_for(self, loader) -> int:
@@ -118,6 +119,8 @@ class BaseTrainer:
         returns the last step's metrics (the validation metrics when no step ran)."""
         t, last = self.cfg.trainer, {}
         try:
+            self.tracker = Tracking(os.path.join(t.default_local_dir, "tensorboard"), backends=list(t.logger),
+                                    enabled=dist.get_rank() == 0)
             self.load_checkpoint()
             if t.val_before_train and self.start_step == 0:
                 last = self.validate()
@@ -176,16 +179,17 @@ class BaseTrainer:
         return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(), state,
                                    t.max_ckpt_to_keep, slim=t.slim_checkpoint)
 
-    def load_checkpoint(self) -> None:
-        """Collective. Resume per ``trainer.resume_mode``: auto (the latest checkpoint, if any), resume_path
-        (``trainer.resume_from_path``), disable.  Sets ``start_step``.
+    def resume_checkpoint(self) -> str | None:
+        """The checkpoint ``trainer.resume_mode`` resumes from: auto (the latest complete one, if any),
+        resume_path (``trainer.resume_from_path``), disable (None).  Checks that it was saved for this model
+        (config.json's shapes) without reading any tensor.
 
-        Raises ValueError for resume_path without a path or a checkpoint of another model (before any tensor
-        is read); FileNotFoundError for an incomplete checkpoint.
+        Raises ValueError for resume_path without a path or a checkpoint of another model; FileNotFoundError
+        for a resume_from_path that is not a complete checkpoint.
         """
         t = self.cfg.trainer
         if t.resume_mode == "disable":
-            return
+            return None
         if t.resume_mode == "resume_path":
             if not t.resume_from_path:
                 raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
@@ -193,7 +197,18 @@ class BaseTrainer:
         else:
             path = latest_checkpoint(checkpoint_root(t.default_local_dir))
             if path is None:
-                return
+                return None
+        check_model(path, read_model_summary(path), model_summary(self.hf_config))
+        return path
+
+    def load_checkpoint(self) -> None:
+        """Collective. Load :attr:`resume_path` (see :meth:`resume_checkpoint`), if any; sets ``start_step``.
+
+        Raises FileNotFoundError for an incomplete checkpoint.
+        """
+        path = self.resume_path
+        if path is None:
+            return
         state = load_checkpoint_dir(path, self.checkpoint_roles(), model=model_summary(self.hf_config))
         self.load_trainer_state(state)
         self.start_step = int(state["step"])

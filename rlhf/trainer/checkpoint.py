@@ -151,6 +151,15 @@ def check_model(path: str, saved: dict | None, expected: dict | None) -> None:
                          "trainer.resume_mode=disable.")
 
 
+def read_model_summary(path: str) -> dict | None:
+    """The model summary saved in the checkpoint at `path` (None for a checkpoint from before it was saved).
+    Raises FileNotFoundError when `path` has no trainer_state.pt (not a complete checkpoint)."""
+    state_file = os.path.join(path, "trainer_state.pt")
+    if not os.path.exists(state_file):
+        raise FileNotFoundError(f"{state_file} is missing; {path!r} is not a complete checkpoint")
+    return torch.load(state_file, weights_only=False).get("model")
+
+
 def load_checkpoint(path: str, roles: dict, model: dict | None = None) -> dict:
     """Collective. Restores every role's model/optimizer/scheduler and this rank's RNG; returns the
     trainer state saved by rank 0.  `model` (model_summary of the model being trained) is checked against
