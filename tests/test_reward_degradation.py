@@ -148,3 +148,17 @@ def test_in_process_reward_callable_is_resolved():
     uri = register_object(lambda data_source, solution_str, ground_truth, extra_info=None: 0.125, "reward")
     rm = build_reward_manager(_cfg(sources=[{"type": "custom", "path": uri}]))
     assert rm.score(["a"], ["any"], [None])[0] == [0.125]
+
+
+def test_gsm8k_method_and_format_score_from_the_config():
+    """reward.gsm8k.{method,format_score} reach the GSM8K rule (they had no effect before)."""
+    responses, gts = ["so the answer is 42", "#### 41", "#### 42"], ["42", "42", "42"]
+    strict = build_reward_manager(_cfg())
+    assert strict.score(responses, ["openai/gsm8k"] * 3, gts)[0] == [0.0, 0.0, 1.0]
+    flexible = build_reward_manager(_cfg(**{"gsm8k.method": "flexible", "gsm8k.format_score": 0.1}))
+    assert flexible.score(responses, ["openai/gsm8k"] * 3, gts)[0] == [1.0, 0.1, 1.0]
+    assert flexible.score(responses, ["gsm8k"] * 3, gts)[0] == [1.0, 0.1, 1.0]
+    # other data sources keep their registered rule; the rule fallback of a failed model source follows the config
+    assert flexible.score(["so the answer is 42"], ["synthetic/arithmetic"], ["42"])[0] == [0.0]
+    rm = RewardManager([RewardSource("model", 1.0, scorer=_Model())], fallback=flexible.fallback)
+    assert rm.score(["boom: the answer is 42"], ["openai/gsm8k"], ["42"], return_valid=True)[::2] == ([1.0], [True])

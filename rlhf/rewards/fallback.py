@@ -49,6 +49,7 @@ class Fallback:
     keyword_score: float = 0.0
     length_penalty: float = 0.0
     max_chars: Optional[int] = None
+    overrides: dict = field(default_factory=dict, compare=False)  # data_source -> rule fn (reward.gsm8k.*)
 
     def __post_init__(self):
         if self.type not in FALLBACK_TYPES:
@@ -59,11 +60,12 @@ class Fallback:
         self.keywords = [str(k) for k in self.keywords]
 
     @classmethod
-    def from_config(cls, reward_cfg: Any) -> "Fallback":
-        """From the config's ``reward`` section (``fallback_score`` and ``fallback.*``)."""
+    def from_config(cls, reward_cfg: Any, overrides: Optional[dict] = None) -> "Fallback":
+        """From the config's ``reward`` section (``fallback_score`` and ``fallback.*``); `overrides`
+        (data_source -> rule fn) as the rule source's."""
         f = reward_cfg.fallback
         return cls(f.type, float(reward_cfg.fallback_score), list(f.keywords), float(f.keyword_score),
-                   float(f.length_penalty), f.max_chars)
+                   float(f.length_penalty), f.max_chars, dict(overrides or {}))
 
     def static(self, response: str) -> float:
         """The static score of one response (module docstring), a finite float."""
@@ -85,13 +87,15 @@ class Fallback:
         scored = [False] * len(idx)
         if self.type != "rule" or source_is_rule:
             return out, scored
-        ruled = [j for j, i in enumerate(idx) if _has_rule(batch["data_sources"][i])]
+        ruled = [j for j, i in enumerate(idx) if batch["data_sources"][i] in self.overrides
+                 or _has_rule(batch["data_sources"][i])]
         if ruled:
             pick = [idx[j] for j in ruled]
             vals, failed = score_samples([batch["data_sources"][i] for i in pick],
                                          [batch["responses"][i] for i in pick],
                                          [batch["ground_truths"][i] for i in pick],
-                                         [batch["extra_infos"][i] for i in pick], timeout_s=timeout_s)
+                                         [batch["extra_infos"][i] for i in pick], timeout_s=timeout_s,
+                                         overrides=self.overrides)
             for j, v, f in zip(ruled, vals, failed):
                 if not f and math.isfinite(v):
                     out[j], scored[j] = v, True

@@ -17,7 +17,8 @@ to each source's mean ``reward/<source>/mean`` (with several sources).  A sample
 rule fallback could score is *unscorable*: counted in ``reward/num_unscorable`` and flagged in the
 validity mask of ``score(..., return_valid=True)``, so the trainer can leave it out of the group
 baseline and the loss (``reward.exclude_unscorable``).  With ``sources`` empty the reward is the rule
-reward of each sample's data_source, or ``reward.custom_reward_function`` when that is set.
+reward of each sample's data_source, or ``reward.custom_reward_function`` when that is set.  The GSM8K
+rule (data sources openai/gsm8k, gsm8k) follows ``reward.gsm8k.{method,format_score}``.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .fallback import Fallback
-from .registry import load_custom_reward_fn, score_samples
+from .registry import gsm8k_overrides, load_custom_reward_fn, score_samples
 from .reward_model import check_scores
 from .timeout import call_with_timeout
 
@@ -51,6 +52,7 @@ class RewardSource:
     fn: Optional[Callable] = None  # None with scorer None: registry lookup by data_source
     scorer: Any = None
     chunk_size: Optional[int] = None
+    overrides: Optional[dict] = None  # rule: data_source -> fn before the registry (reward.gsm8k.*)
 
     @property
     def is_rule(self) -> bool:
@@ -64,7 +66,8 @@ class RewardSource:
         n = len(batch["responses"])
         if self.scorer is None:
             return score_samples(batch["data_sources"], batch["responses"], batch["ground_truths"],
-                                 extra_infos=batch["extra_infos"], timeout_s=timeout_s, reward_fn=self.fn)
+                                 extra_infos=batch["extra_infos"], timeout_s=timeout_s, reward_fn=self.fn,
+                                 overrides=self.overrides)
         scores, failed = [math.nan] * n, [True] * n
         step = self.chunk_size or max(1, n)
         for lo in range(0, n, step):
@@ -170,11 +173,14 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
     FileNotFoundError / AttributeError for a custom file or function that does not exist.
     """
     entries = list(reward_cfg.sources or [])
+    g = reward_cfg.get("gsm8k")
+    rules = gsm8k_overrides(g.method, g.format_score) if g is not None else {}
+    fallback = Fallback.from_config(reward_cfg, rules)
     if not entries:
         crf = reward_cfg.custom_reward_function
         fn = load_custom_fn(crf.path, crf.name) if crf.path else None
-        return RewardManager([RewardSource("custom" if fn else "rule", 1.0, fn=fn)], reward_cfg.timeout_s,
-                             fallback=Fallback.from_config(reward_cfg))
+        return RewardManager([RewardSource("custom" if fn else "rule", 1.0, fn=fn, overrides=rules)],
+                             reward_cfg.timeout_s, fallback=fallback)
     sources, names = [], []
     for i, e in enumerate(entries):
         if e.type not in SOURCE_TYPES:
@@ -185,7 +191,7 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
         name = e.type if sum(x.type == e.type for x in entries) == 1 else f"{e.type}{i}"
         names.append(name)
         if e.type == "rule":
-            sources.append(RewardSource(name, float(e.weight)))
+            sources.append(RewardSource(name, float(e.weight), overrides=rules))
         elif e.type == "custom":
             sources.append(RewardSource(name, float(e.weight), fn=load_custom_fn(e.path, e.name)))
         else:
@@ -197,7 +203,7 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
             scorer = (RayRewardModelScorer(e.path, num_gpus=e.num_gpus, **kw) if e.placement == "ray"
                       else HFRewardModelScorer(e.path, **kw))
             sources.append(RewardSource(name, float(e.weight), scorer=scorer, chunk_size=e.micro_batch_size))
-    return RewardManager(sources, reward_cfg.timeout_s, fallback=Fallback.from_config(reward_cfg))
+    return RewardManager(sources, reward_cfg.timeout_s, fallback=fallback)
 
 
 # the names before the rename (tests, user code)

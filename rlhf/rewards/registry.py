@@ -36,6 +36,7 @@ __all__ = [
     "compute_scores",
     "call_reward_fn",
     "score_samples",
+    "gsm8k_overrides",
     "ARITHMETIC_DATA_SOURCE",
 ]
 
@@ -126,6 +127,23 @@ def _fn_name(fn: Any) -> str:
 def gsm8k_strict_reward(solution_str: str, ground_truth: Any) -> float:
     """GSM8K strict scorer: 1.0 if the first ``#### N`` equals the ground truth, else 0.0."""
     return gsm8k_compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
+
+
+GSM8K_DATA_SOURCES = ("openai/gsm8k", "gsm8k")
+
+
+def gsm8k_overrides(method: str = "strict", format_score: float = 0.0) -> Dict[str, RewardFn]:
+    """data_source -> GSM8K rule reward with config ``reward.gsm8k.{method,format_score}`` (strict: the number
+    after the first ``####``; flexible: the last number); {} for the registry's default (strict, 0.0)."""
+    method = str(getattr(method, "value", method))
+    if (method, float(format_score)) == ("strict", 0.0):
+        return {}
+
+    def gsm8k_reward(solution_str: str, ground_truth: Any) -> float:
+        return gsm8k_compute_score(solution_str, ground_truth, method=method, format_score=float(format_score))
+
+    gsm8k_reward.__qualname__ = f"gsm8k_reward[{method}, format_score={format_score}]"
+    return {ds: gsm8k_reward for ds in GSM8K_DATA_SOURCES}
 
 
 # --------------------------------------------------------------------------- custom fn
@@ -280,10 +298,12 @@ def score_samples(
     timeout_s: Optional[float] = None,
     reward_fn: Optional[RewardFn] = None,
     max_workers: int = 8,
+    overrides: Optional[Dict[str, RewardFn]] = None,
 ) -> Tuple[List[float], List[bool]]:
     """:func:`compute_scores` without the fallback: ``(scores, failed)``, (B,) each; ``failed[i]`` when sample
-    i's fn raised, timed out, or returned a non-number / NaN / +-inf (its score is then NaN).  Same
-    arguments and errors as :func:`compute_scores`."""
+    i's fn raised, timed out, or returned a non-number / NaN / +-inf (its score is then NaN).  `overrides`
+    (data_source -> fn) take precedence over the registry.  Same arguments and errors as
+    :func:`compute_scores`."""
     n = len(responses)
     if len(data_sources) != n or len(ground_truths) != n or (extra_infos is not None and len(extra_infos) != n):
         raise ValueError(
@@ -293,7 +313,8 @@ def score_samples(
         )
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"compute_scores: timeout_s={timeout_s!r} must be > 0 (or None for no limit).")
-    fns = [reward_fn] * n if reward_fn is not None else [get_reward_fn(ds) for ds in data_sources]
+    overrides = overrides or {}
+    fns = [reward_fn] * n if reward_fn is not None else [overrides.get(ds) or get_reward_fn(ds) for ds in data_sources]
     infos = list(extra_infos) if extra_infos is not None else [None] * n
 
     def run(i: int) -> float:
