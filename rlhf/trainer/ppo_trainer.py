@@ -20,6 +20,7 @@ from rlhf import algorithms as algos
 from rlhf.data.collate import collate_prompts
 from rlhf.data.loader import StatefulPromptLoader
 from rlhf.data.rl_dataset import RLHFDataset
+from rlhf.rewards.manager import check_reward_config
 from rlhf.workers.batch import (
     build_rollout_batch,
     check_micro_batch_layout,
@@ -92,6 +93,7 @@ class PPOTrainer(BaseTrainer):
     def __init__(self, cfg):
         check_config(cfg)  # DAPO settings, before anything is built
         check_sampling(cfg)  # no top-p / top-k truncation in training rollouts
+        check_reward_config(cfg.reward)  # custom reward files import (ImportError naming the file), before any model
         super().__init__(cfg)
         d, rank0 = cfg.data, dist.get_rank() == 0
         train = RLHFDataset(self.data_files("train"), self.tokenizer, d.max_prompt_length, prompt_key=d.prompt_key,

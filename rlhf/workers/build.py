@@ -84,5 +84,6 @@ def build_critic(cfg, model_path: str) -> MegatronCritic:
     freshly initialised), with its optimizer (``critic.optim``)."""
     critic_path = cfg.model.critic_path or model_path
     bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path)
-    return MegatronCritic(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim)),
-                          cfg.critic, forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)
+    state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim), role="critic")
+    return MegatronCritic(bundle, state, cfg.critic,
+                          forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)

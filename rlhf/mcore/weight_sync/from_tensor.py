@@ -15,6 +15,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from rlhf import faults
+
 from rlhf.mcore.weight_sync.bucketing import BucketPlan, BufferPool
 from rlhf.mcore.weight_sync.plan import SendPlan
 
@@ -116,6 +118,7 @@ class TensorTransport:
                     error, ok = error or f"{type(e).__name__}: {e}", False
                 finally:
                     self.topo.send_object(ok, stage.leader)  # the leader may reuse its buffer
+                faults.maybe_fail("sync_weights", last=plan.is_last(stage, bplan))
         return error
 
     def _own_stage(self, plan, stage, own, pool, in_flight: int) -> str | None:
@@ -123,7 +126,7 @@ class TensorTransport:
 
         def finish(item):
             nonlocal error
-            call, slot = item
+            call, slot, last = item
             try:
                 if call is not None:
                     self._wait(call)
@@ -131,6 +134,7 @@ class TensorTransport:
                 error = error or f"{type(e).__name__}: {e}"
             finally:
                 pool.release(slot)
+            faults.maybe_fail("sync_weights", last=last)  # fault-injection point: a bucket delivered
 
         for bplan, slot, buf in own():
             call = None
@@ -140,7 +144,7 @@ class TensorTransport:
                     call = self._send(self._payloads(plan, bplan, buf), plan.is_last(stage, bplan))
             except Exception as e:  # noqa: BLE001
                 error = error or f"{type(e).__name__}: {e}"
-            pending.append((call, slot))
+            pending.append((call, slot, plan.is_last(stage, bplan)))
             while len(pending) > in_flight:  # the buffer the next bucket reuses must be loaded by then
                 finish(pending.pop(0))
         while pending:
