@@ -205,8 +205,11 @@ class Trainer:
     def run(self) -> dict:
         """Train (in this process; one rank of a torchrun job when started by torchrun).
         Returns the last step's metrics."""
+        from rlhf.launch_env import launch_env
+        from rlhf.logging_setup import setup_logging
         from rlhf.trainer import run
 
+        setup_logging(launch_env().rank, force=False)  # an application's own logging config is kept
         _start_checkpoint_writer()
         return run(self.config)
 

@@ -59,8 +59,7 @@ class BaseTrainer:
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(cfg, self.model_path)
         self.hf_config = load_hf_config(self.model_path)
-        self.tracker = Tracking(os.path.join(out_dir, "tensorboard"), backends=list(cfg.trainer.logger),
-                                enabled=dist.get_rank() == 0)
+        self.tracker = Tracking.from_config(cfg, enabled=dist.get_rank() == 0)
 
     # ---- what a trainer implements -------------------------------------------------------------
     def check_layout(self) -> None:
