@@ -24,7 +24,8 @@ from rlhf.workers.rollout import RolloutWorker
 
 from .base import BaseTrainer
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
-from .metrics import compute_data_metrics, timer
+from .metrics import compute_data_metrics, rollout_metrics, timer
+from .val_metrics import generations_table, validation_metrics
 
 __all__ = ["PPOTrainer", "compute_advantages", "log_prob_temperature", "rollout_seed"]
 
@@ -146,26 +147,41 @@ class PPOTrainer(BaseTrainer):
         if self.critic is not None:
             with timer(m, "update_critic"):
                 m.update(self.critic.update_critic(batch, step=step))
-        with timer(m, "update_actor"):
-            m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
-        with timer(m, "sync_weights"):
-            self.rollout.sync_weights()
+        if step > cfg.trainer.critic_warmup:  # the first critic_warmup steps train only the critic
+            with timer(m, "update_actor"):
+                m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
+            with timer(m, "sync_weights"):  # (an actor that did not change needs no sync)
+                self.rollout.sync_weights()
 
         m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length))
+        m.update(rollout_metrics(batch, scores, m["timing/gen"]))
         if not cfg.algorithm.use_kl_in_reward:
             m.setdefault("actor/reward_kl_penalty", 0.0)
         m["_tokens"] = float(batch["attention_mask"].sum())
         return m
 
     def validate(self) -> dict:
-        """Generation with ``rollout.val_kwargs`` on the validation set; returns {"val/score": mean score}."""
-        n = len(self.val_dataset)
+        """Generation with ``rollout.val_kwargs`` on the validation set, in order: ``val/score``, per data source
+        ``val/<data_source>/score`` (and pass@k, best@n when ``val_kwargs.n > 1``), and the first
+        ``trainer.log_val_generations`` responses as the ``val/generations`` table (rlhf.trainer.val_metrics)."""
+        n, show = len(self.val_dataset), self.cfg.trainer.log_val_generations
         loader = StatefulPromptLoader(self.val_dataset, min(self.cfg.data.val_batch_size, n), shuffle=False,
                                       drop_last=False, collate_fn=collate_prompts)
-        scores = []
+        sources, prompt_ids, scores, rows = [], [], [], []
         for batch in loader:
-            scores += self.rollout.generate(batch, self.rollout.val_sampling, self.reward)[1]
-        return {"val/score": float(np.mean(scores)) if scores else 0.0}
+            samples, batch_scores, _ = self.rollout.generate(batch, self.rollout.val_sampling, self.reward)
+            for x, score in zip(samples, batch_scores):
+                sources.append(batch["data_source"][x.prompt_index])
+                prompt_ids.append(batch["index"][x.prompt_index])
+                scores.append(score)
+                if len(rows) < show:
+                    decode = self.tokenizer.decode
+                    rows.append([sources[-1], decode(x.prompt_ids, skip_special_tokens=True),
+                                 decode(x.response_ids, skip_special_tokens=True), float(score)])
+        metrics = validation_metrics(sources, prompt_ids, scores, self.cfg.rollout.val_kwargs.n)
+        if rows:
+            metrics["val/generations"] = generations_table(rows)
+        return metrics
 
     # ---- checkpoint contents and shutdown ---------------------------------------------------------
     def checkpoint_roles(self) -> dict:
