@@ -10,15 +10,17 @@ REINFORCE++) build no critic.  DAPO's dynamic sampling runs only when ``algorith
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch.distributed as dist
 
 from rlhf import algorithms as algos
 from rlhf.data.collate import collate_prompts
 from rlhf.data.loader import StatefulPromptLoader
-from rlhf.data.rl_dataset import RLHFDataset
+from rlhf.data.build import build_rl_dataset, needs_ground_truth
 from rlhf.workers.batch import build_rollout_batch, dp_info, outcome_token_scores
-from rlhf.workers.build import build_actor, build_critic, build_reference
+from rlhf.workers.build import build_actor, build_critic, build_reference, resolve_reward_paths
 from rlhf.workers.losses import PPOPolicyLoss
 from rlhf.workers.rollout import RolloutWorker
 
@@ -85,10 +87,10 @@ class PPOTrainer(BaseTrainer):
         check_config(cfg)  # DAPO settings, before anything is built
         super().__init__(cfg)
         d, rank0 = cfg.data, dist.get_rank() == 0
-        train = RLHFDataset(self.data_files("train"), self.tokenizer, d.max_prompt_length, prompt_key=d.prompt_key,
-                            max_samples=d.max_train_samples)
-        self.val_dataset = RLHFDataset(self.data_files("val"), self.tokenizer, d.max_prompt_length,
-                                       prompt_key=d.prompt_key, max_samples=d.max_val_samples)
+        cache, gt = os.path.join(cfg.trainer.default_local_dir, "data"), needs_ground_truth(cfg.reward)
+        train = build_rl_dataset(d, "train", self.data_files("train"), self.tokenizer, cache, require_ground_truth=gt)
+        self.val_dataset = build_rl_dataset(d, "val", self.data_files("val"), self.tokenizer, cache,
+                                            require_ground_truth=gt)
         self.train_loader = StatefulPromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,
                                                  drop_last=True, collate_fn=collate_prompts)
         self.total_steps = self.steps_for(self.train_loader)
@@ -102,10 +104,11 @@ class PPOTrainer(BaseTrainer):
         kc = cfg.algorithm.kl_ctrl
         self.kl_ctrl = algos.get_kl_controller(kc.type, kc.kl_coef, kc.target_kl, kc.horizon)
         self.reward = None
+        reward_cfg = resolve_reward_paths(cfg)  # collective: reward-model references resolved like the actor's
         if rank0:  # rule / custom / reward-model sources (rlhf/rewards/manager.py) run on rank 0
             from rlhf.rewards.manager import build_reward_manager
 
-            self.reward = build_reward_manager(cfg.reward)
+            self.reward = build_reward_manager(reward_cfg)
         self.policy_loss = PPOPolicyLoss(cfg.actor)
 
     def generate_round(self, step: int, round_index: int) -> Round:
