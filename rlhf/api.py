@@ -209,7 +209,11 @@ class Trainer:
         from rlhf.logging_setup import setup_logging
         from rlhf.trainer import run
 
+        from rlhf.trainer.hf_source import write_run_config
+
         setup_logging(launch_env().rank, force=False)  # an application's own logging config is kept
+        if launch_env().rank == 0:
+            write_run_config(self.config)  # <output_dir>/config.yaml: what the run trained (checkpoint conversion)
         _start_checkpoint_writer()
         return run(self.config)
 

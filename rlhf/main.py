@@ -183,6 +183,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return EXIT_OK
         try:
             from rlhf import trainer
+            from rlhf.trainer.hf_source import write_run_config
         except ModuleNotFoundError as e:
             if e.name != "rlhf.trainer":
                 raise
@@ -191,6 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         setup_logging(env.rank)
         if env.rank == 0:
             write_run_dir(cfg, argv)
+            write_run_config(cfg)
         trainer.run(cfg)
     except ConfigError as e:
         err(f"{_PROG}: config error\n{e}")
