@@ -8,7 +8,8 @@ Line format: ``2026-01-01 12:00:00,123 [rank 0] INFO rlhf.trainer.tracking: step
 the other ranks at WARNING (their INFO lines would repeat rank 0's); ``RLHF_LOG_LEVEL`` (DEBUG, INFO, WARNING, ...)
 sets the level of every rank.
 
-Filtered (:data:`KNOWN_HARMLESS_WARNINGS`, :data:`QUIET_LOGGERS`), each for the reason given there; set
+Filtered (:data:`KNOWN_HARMLESS_WARNINGS`, :data:`QUIET_LOGGERS`, on CPU :data:`CPU_ONLY_WARNINGS`), each for the
+reason given there; set
 ``RLHF_SHOW_ALL_WARNINGS=1`` to see them all again.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import warnings
 
 __all__ = ["setup_logging", "filter_known_warnings", "TqdmHandler", "KNOWN_HARMLESS_WARNINGS", "QUIET_LOGGERS",
-           "LOG_FORMAT"]
+           "CPU_ONLY_WARNINGS", "LOG_FORMAT"]
 
 LOG_FORMAT = "%(asctime)s [rank %(rank)s] %(levelname)s %(name)s: %(message)s"
 
@@ -40,7 +41,16 @@ QUIET_LOGGERS = {
     "torch.utils.cpp_extension": logging.ERROR,
     # "Token authentication is enabled for this Ray cluster": the trainer's own local cluster, nothing to do
     "ray._private.authentication.authentication_token_setup": logging.ERROR,
+    # megatron-core's set-up chatter at INFO: DDP / optimizer config dumps and the parameter list of every
+    # gradient bucket (~40 lines per trainable role); its warnings still show
+    "megatron.core": logging.WARNING,
 }
+
+#: (message regex, category, module regex, why) filtered only on machines without CUDA
+CPU_ONLY_WARNINGS = (
+    (r"When using async grad allreduce it is recommended to set the environment variable CUDA_DEVICE_MAX_CONN",
+     UserWarning, r"megatron\.", "a CUDA stream setting; there are no CUDA streams on CPU"),
+)
 
 #: environment defaults: datasets' progress bars for tiny file writes ("Creating parquet from Arrow format")
 QUIET_ENV = {"HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
@@ -94,6 +104,12 @@ def setup_logging(rank: int = 0, level: str | int | None = None, stream=None, fo
         ValueError: an unknown level name.
     """
     filter_known_warnings()
+    if os.environ.get("RLHF_SHOW_ALL_WARNINGS") != "1":
+        import torch
+
+        if not torch.cuda.is_available():
+            for message, category, module, _why in CPU_ONLY_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=category, module=module)
     root = logging.getLogger()
     if root.handlers and not force:
         return

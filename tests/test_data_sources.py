@@ -63,7 +63,8 @@ from rlhf.data.preference import load_preference_dataset
 from tests.helpers.tiny_tokenizer import make_tiny_tokenizer
 tok = make_tiny_tokenizer()
 out = {}
-for ref, split in [("acme/gsm_mini:main@train", "train"), ("acme/gsm_mini:main", "val"), ("acme/gsm_mini@train[:2]", "train")]:
+refs = [("acme/gsm_mini:main@train", "train"), ("acme/gsm_mini:main", "val"), ("acme/gsm_mini@train[:2]", "train")]
+for ref, split in refs:
     ds = RLHFDataset(ref, tok, 256, split=split, require_ground_truth=True)
     out[ref] = [(x["data_source"], x["ground_truth"], x["index"], tok.decode(x["input_ids"])) for x in ds]
 pairs = load_preference_dataset("acme/uf_mini@train_prefs")
@@ -225,3 +226,15 @@ def test_rank0_tokenises_once_and_errors_reach_every_rank(tmp_path):
     for o in outs:  # the same clear error on both ranks, nothing written for the failed split
         assert o["error"][0] == "KeyError" and "bad.jsonl: row 1: no ground truth" in o["error"][1]
     assert sorted(os.listdir(cache)) == ["train_prompts.pkl"]
+
+
+def test_prompts_without_a_data_source_are_named_by_their_file_for_a_reward_model(tmp_path, tok):
+    from rlhf.data.sources import source_label
+
+    f = _jsonl(tmp_path / "chat_prompts.jsonl", [{"prompt": "Say hi."}])
+    cfg = compose_config([]).data
+    (item,) = build_rl_dataset(cfg, "train", f, tok, None, require_ground_truth=False)
+    assert item["data_source"] == "chat_prompts" and item["ground_truth"] is None
+    with pytest.raises(KeyError, match=r"chat_prompts\.jsonl: row 0: row has no 'data_source'"):
+        build_rl_dataset(cfg, "train", f, tok, None, require_ground_truth=True)
+    assert source_label("openai/gsm8k") == "openai/gsm8k" and source_label("object://dataset/3") == "dataset"

@@ -20,7 +20,7 @@ import torch
 from .collate import collate_left_pad
 from .files import PathLike
 from .prompts import normalize_row, render_prompt
-from .sources import describe_sources, hub_default_data_source, iter_rows
+from .sources import describe_sources, hub_default_data_source, iter_rows, source_label
 
 __all__ = ["RLHFDataset", "RLDataset", "load_rl_dataset", "OVERLONG_POLICIES", "truncate"]
 
@@ -61,8 +61,9 @@ class RLHFDataset(torch.utils.data.Dataset):
         use_chat_template: ``None`` = use it iff ``tokenizer.chat_template`` is set.
         chat_template_kwargs: extra kwargs for ``apply_chat_template``.
         default_data_source: data_source for rows that lack one (a hub dataset's rows default to its name).
-        label_by_source: rows still without a data_source get their file / object reference (for reward
-            models, which score any prompt); otherwise such a row raises KeyError.
+        label_by_source: rows still without a data_source get their file's name (``prompts`` for
+            ``prompts.jsonl``; rlhf.data.sources.source_label), for reward models, which score any prompt;
+            otherwise such a row raises KeyError.
         require_ground_truth: raise for a row without a ground truth (rule rewards need one).
         split: ``"train"`` or ``"val"``: the default split of a hub dataset named without ``@SPLIT``.
 
@@ -133,12 +134,13 @@ class RLHFDataset(torch.utils.data.Dataset):
         for global_index, (source, where, row) in enumerate(iter_rows(files, split)):
             default = default_data_source if default_data_source is not None else hub_default_data_source(source)
             if default is None and label_by_source:
-                default = source  # a reward model scores any prompt: the file / object names its source
+                default = source_label(source)  # a reward model scores any prompt: name the file / object
             norm = normalize_row(row, prompt_key, ground_truth_key, data_source_key, default, where=where)
             if require_ground_truth and norm["ground_truth"] is None:
                 raise KeyError(f"{where}no ground truth: the row has no {ground_truth_key!r} (nor "
-                               f"reward_model.ground_truth) but the reward (a rule reward) needs one; keys: {sorted(row)}. "
-                               f"Add the column, or score with a reward model (reward.sources=[{{type: model, ...}}]).")
+                               f"reward_model.ground_truth) but the reward (a rule reward) needs one; keys: "
+                               f"{sorted(row)}. Add the column, or score with a reward model "
+                               f"(reward.sources=[{{type: model, ...}}]).")
             norm["index"], norm["where"] = global_index, where
             pending.append(norm)
             if len(pending) >= self._CHUNK:

@@ -19,7 +19,7 @@ from rlhf.config.refs import DEFAULT_SPLITS, parse_data_ref
 
 from .files import read_rows, resolve_data_files
 
-__all__ = ["iter_rows", "describe_sources", "hub_default_data_source"]
+__all__ = ["iter_rows", "describe_sources", "hub_default_data_source", "source_label"]
 
 Ref = Union[str, os.PathLike]
 
@@ -94,6 +94,15 @@ def hub_default_data_source(source: str) -> Any:
     """The data_source of a row without one: the hub dataset's name (``openai/gsm8k`` picks the GSM8K rule
     reward), None for files and objects."""
     return source if parse_data_ref(source).kind == "hub" else None
+
+
+def source_label(source: str) -> str:
+    """A short data_source for rows that have none and need no rule reward: a hub dataset's name, a file's name
+    without its extension (``prompts`` for ``/data/prompts.jsonl``), ``dataset`` for an in-process object."""
+    kind = parse_data_ref(source).kind
+    if kind == "hub":
+        return source
+    return "dataset" if kind == "object" else os.path.splitext(os.path.basename(source))[0]
 
 
 def describe_sources(refs: Union[Ref, Sequence[Ref]]) -> List[str]:
