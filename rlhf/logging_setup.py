@@ -96,9 +96,9 @@ def filter_known_warnings() -> None:
 
 def setup_logging(rank: int = 0, level: str | int | None = None, stream=None, force: bool = True) -> None:
     """Configure the root logger for this process: one :class:`TqdmHandler` on `stream` (default stderr) with
-    :data:`LOG_FORMAT`; the level is `level`, else ``RLHF_LOG_LEVEL``, else INFO on rank 0 and WARNING on the
-    others.  With ``force=False`` a root logger that already has handlers (the application configured logging)
-    is left alone.  Also calls :func:`filter_known_warnings`.
+    :data:`LOG_FORMAT` (replacing one an earlier call added); the level is `level`, else ``RLHF_LOG_LEVEL``, else
+    INFO on rank 0 and WARNING on the others.  With ``force=False`` a root logger that already has other handlers
+    (the application configured logging) is left alone.  Also calls :func:`filter_known_warnings`.
 
     Raises:
         ValueError: an unknown level name.
@@ -111,13 +111,15 @@ def setup_logging(rank: int = 0, level: str | int | None = None, stream=None, fo
             for message, category, module, _why in CPU_ONLY_WARNINGS:
                 warnings.filterwarnings("ignore", message=message, category=category, module=module)
     root = logging.getLogger()
-    if root.handlers and not force:
+    others = [h for h in root.handlers if not isinstance(h, TqdmHandler)]
+    if others and not force:
         return
     level = level or os.environ.get("RLHF_LOG_LEVEL") or ("INFO" if rank == 0 else "WARNING")
     if isinstance(level, str) and not isinstance(logging.getLevelName(level.upper()), int):
         raise ValueError(f"log level {level!r}: use DEBUG, INFO, WARNING, ERROR or CRITICAL (RLHF_LOG_LEVEL)")
     for h in list(root.handlers):
-        root.removeHandler(h)
+        if isinstance(h, TqdmHandler):  # ours from an earlier call; other handlers (e.g. a test's) are kept
+            root.removeHandler(h)
     handler = TqdmHandler(stream or sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     handler.addFilter(_RankFilter(rank))

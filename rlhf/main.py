@@ -183,7 +183,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return EXIT_OK
         try:
             from rlhf import trainer
-            from rlhf.trainer.hf_source import write_run_config
+            from rlhf.config.run_config import write_run_config
         except ModuleNotFoundError as e:
             if e.name != "rlhf.trainer":
                 raise

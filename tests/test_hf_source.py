@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from rlhf.config import compose_config
-from rlhf.trainer.hf_source import checkpoint_hf_source, write_run_config
+from rlhf.config.run_config import write_run_config
+from rlhf.trainer.hf_source import checkpoint_hf_source
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 

@@ -2,7 +2,7 @@
 tokenizer, found from the run directory.
 
     <run>/config.yaml                          the run's composed config (written at start by rlhf.main /
-                                               rlhf.Trainer.run: :func:`write_run_config`)
+                                               rlhf.Trainer.run: rlhf.config.run_config)
     <run>/checkpoints/global_step_<k>/actor/   the actor's weights (dist_checkpointing, any TP/PP layout)
 
 ``scripts/convert_checkpoint.py mcore-to-hf --ckpt <run>/checkpoints/global_step_<k>`` calls
@@ -17,23 +17,9 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["RUN_CONFIG", "write_run_config", "CheckpointSource", "checkpoint_hf_source"]
+from rlhf.config.run_config import RUN_CONFIG
 
-RUN_CONFIG = "config.yaml"
-
-
-def write_run_config(cfg) -> str:
-    """Write the composed config to ``<trainer.default_local_dir>/config.yaml`` (tmp + rename); returns the path."""
-    from omegaconf import OmegaConf
-
-    out = cfg.trainer.default_local_dir
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, RUN_CONFIG)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    os.replace(path + ".tmp", path)
-    return path
-
+__all__ = ["CheckpointSource", "checkpoint_hf_source"]
 
 @dataclass(frozen=True)
 class CheckpointSource:
