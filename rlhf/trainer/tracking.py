@@ -9,7 +9,7 @@ A metrics dict holds floats, and may hold two kinds of media, which :meth:`Track
 
 ``trainer.log_freq``: scalars of every `log_freq`-th step are written, and those of any step with validation
 metrics; the last step that was skipped is written by :meth:`Tracking.close`, so a run's final values are always
-there.  ``trainer.project_name`` / ``experiment_name`` name the wandb project / run and the mlflow experiment /
+there (the media of skipped steps are dropped).  ``trainer.project_name`` / ``experiment_name`` name the wandb project / run and the mlflow experiment /
 run; TensorBoard writes to ``<default_local_dir>/tensorboard``.
 """
 from __future__ import annotations
