@@ -229,6 +229,36 @@ class FakeRollout:
     def sync_weights(self):
         self.synced += 1
 
+    def serving(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class FakeActor:
+    """MegatronActor / MegatronCritic stand-in: log-probs / values of zeros, updates recorded by step."""
+
+    def __init__(self):
+        self.updates = []
+
+    def compute_log_prob(self, batch):
+        import torch
+
+        return {"log_probs": torch.zeros(batch["response_mask"].shape)}
+
+    def compute_values(self, batch):
+        import torch
+
+        return torch.zeros(batch["response_mask"].shape)
+
+    def update_policy(self, batch, loss, step):
+        self.updates.append(step)
+        return {"actor/pg_loss": 0.5}
+
+    def update_critic(self, batch, step):
+        self.updates.append(step)
+        return {"critic/vf_loss": 0.25}
+
 
 class FakeRolloutManager:
     """RolloutManager stand-in for the trainer's RolloutWorker: the manager's memory semantics (a resume of

@@ -658,7 +658,8 @@ def test_main_usage_errors(capsys):
         {"help": False, "cfg": False, "config_file": None, "config_dirs": []}, ["recipe=quickstart", "a.b=1"])
 
 
-def test_main_runs_trainer_with_composed_config(monkeypatch):
+def test_main_runs_trainer_with_composed_config(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
     seen = {}
     fake = types.ModuleType("rlhf.trainer")
     fake.run = lambda cfg: seen.setdefault("cfg", cfg) and {"ok": True}
@@ -666,3 +667,5 @@ def test_main_runs_trainer_with_composed_config(monkeypatch):
     monkeypatch.setattr(rlhf, "trainer", fake, raising=False)
     assert main(["recipe=quickstart", "trainer.total_training_steps=2"]) == 0
     assert seen["cfg"].trainer.total_training_steps == 2 and seen["cfg"].trainer.experiment_name == "quickstart"
+    written = OmegaConf.load(tmp_path / "outputs" / "quickstart" / "config.yaml")  # the run's config, for its outputs
+    assert written.trainer.total_training_steps == 2 and written.model.path == "tiny://quickstart"

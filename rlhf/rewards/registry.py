@@ -155,12 +155,19 @@ def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score") 
     The file is executed as a fresh module (registered in ``sys.modules`` under a private
     name so pickling/dataclasses inside it work). Relative paths resolve against the CWD.
 
+    ``object://reward/<n>`` is the in-process callable registered by rlhf.Trainer (rlhf.config.objects).
+
     Raises:
         FileNotFoundError: ``path`` does not exist (message names the resolved path).
         AttributeError: the file has no attribute ``name`` (message lists its public functions).
         TypeError: the attribute exists but is not callable.
         ImportError: the file failed to execute (the original error is chained).
+        KeyError: an ``object://`` URI that is not registered in this process.
     """
+    from rlhf.config.objects import get_object, is_object_ref
+
+    if is_object_ref(path):
+        return get_object(path)
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(

@@ -119,8 +119,7 @@ class BaseTrainer:
         returns the last step's metrics (the validation metrics when no step ran)."""
         t, last = self.cfg.trainer, {}
         try:
-            self.tracker = Tracking(os.path.join(t.default_local_dir, "tensorboard"), backends=list(t.logger),
-                                    enabled=dist.get_rank() == 0)
+            self.tracker = Tracking.from_config(self.cfg, enabled=dist.get_rank() == 0)
             self.load_checkpoint()
             if t.val_before_train and self.start_step == 0:
                 last = self.validate()

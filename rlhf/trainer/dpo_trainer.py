@@ -70,7 +70,7 @@ class DPOTrainer(BaseTrainer):
 
     def _pairs(self, split: str, max_samples) -> list[dict]:
         d = self.cfg.data
-        rows = load_preference_dataset(self.data_files(split), max_samples)
+        rows = load_preference_dataset(self.data_files(split), max_samples, split=split)
         return encode_preference_pairs(self.tokenizer, rows, d.max_prompt_length, d.max_response_length)
 
     def _batch(self, pairs) -> dict:

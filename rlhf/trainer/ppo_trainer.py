@@ -13,13 +13,15 @@ the registry (rlhf.workers.losses).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import torch.distributed as dist
 
 from rlhf import algorithms as algos
 from rlhf.data.collate import collate_prompts
 from rlhf.data.loader import StatefulPromptLoader
-from rlhf.data.rl_dataset import RLHFDataset
+from rlhf.data.build import build_rl_dataset, needs_ground_truth
 from rlhf.rewards.manager import check_reward_config
 from rlhf.workers.batch import (
     build_rollout_batch,
@@ -28,7 +30,7 @@ from rlhf.workers.batch import (
     outcome_token_scores,
     pipeline_micro_batch_multiple,
 )
-from rlhf.workers.build import build_actor, build_critic, build_reference
+from rlhf.workers.build import build_actor, build_critic, build_reference, resolve_reward_paths
 from rlhf.workers.losses import PPOPolicyLoss
 from rlhf.workers.rollout import RolloutWorker
 
@@ -43,7 +45,8 @@ from .advantages import (
 )
 from .base import BaseTrainer
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
-from .metrics import compute_data_metrics, timer
+from .metrics import compute_data_metrics, rollout_metrics, timer
+from .val_metrics import generations_table, validation_metrics
 
 # compute_advantages lives in rlhf.trainer.advantages; re-exported here where it was
 __all__ = ["PPOTrainer", "compute_advantages", "log_prob_temperature", "rollout_seed"]
@@ -96,10 +99,10 @@ class PPOTrainer(BaseTrainer):
         check_reward_config(cfg.reward)  # custom reward files import (ImportError naming the file), before any model
         super().__init__(cfg)
         d, rank0 = cfg.data, dist.get_rank() == 0
-        train = RLHFDataset(self.data_files("train"), self.tokenizer, d.max_prompt_length, prompt_key=d.prompt_key,
-                            max_samples=d.max_train_samples)
-        self.val_dataset = RLHFDataset(self.data_files("val"), self.tokenizer, d.max_prompt_length,
-                                       prompt_key=d.prompt_key, max_samples=d.max_val_samples)
+        cache, gt = os.path.join(cfg.trainer.default_local_dir, "data"), needs_ground_truth(cfg.reward)
+        train = build_rl_dataset(d, "train", self.data_files("train"), self.tokenizer, cache, require_ground_truth=gt)
+        self.val_dataset = build_rl_dataset(d, "val", self.data_files("val"), self.tokenizer, cache,
+                                            require_ground_truth=gt)
         self.train_loader = StatefulPromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,
                                                  drop_last=True, collate_fn=collate_prompts)
         self.total_steps = self.steps_for(self.train_loader)
@@ -112,10 +115,11 @@ class PPOTrainer(BaseTrainer):
         self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer)
         self.kl_ctrl = algos.get_kl_controller(cfg.algorithm.kl_ctrl)
         self.reward = None
+        reward_cfg = resolve_reward_paths(cfg)  # collective: reward-model references resolved like the actor's
         if rank0:  # rule / custom / reward-model sources (rlhf/rewards/manager.py) run on rank 0
             from rlhf.rewards.manager import build_reward_manager
 
-            self.reward = build_reward_manager(cfg.reward)
+            self.reward = build_reward_manager(reward_cfg)
             if cfg.reward.exclude_unscorable:  # per-sample validity flags travel with the reward metrics
                 self.reward = ValidityReward(self.reward)
         self.policy_loss = PPOPolicyLoss(cfg.actor)
@@ -164,26 +168,41 @@ class PPOTrainer(BaseTrainer):
         if self.critic is not None:
             with timer(m, "update_critic"):
                 m.update(self.critic.update_critic(batch, step=step))
-        with timer(m, "update_actor"):
-            m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
-        with timer(m, "sync_weights"):
-            self.rollout.sync_weights()
+        if step > cfg.trainer.critic_warmup:  # the first critic_warmup steps train only the critic
+            with timer(m, "update_actor"):
+                m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
+            with timer(m, "sync_weights"):  # (an actor that did not change needs no sync)
+                self.rollout.sync_weights()
 
         m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length))
+        m.update(rollout_metrics(batch, scores, m["timing/gen"]))
         if not cfg.algorithm.use_kl_in_reward:
             m.setdefault("actor/reward_kl_penalty", 0.0)
         m["_tokens"] = float(batch["attention_mask"].sum())
         return m
 
     def validate(self) -> dict:
-        """Generation with ``rollout.val_kwargs`` on the validation set; returns {"val/score": mean score}."""
-        n = len(self.val_dataset)
+        """Generation with ``rollout.val_kwargs`` on the validation set, in order: ``val/score``, per data source
+        ``val/<data_source>/score`` (and pass@k, best@n when ``val_kwargs.n > 1``), and the first
+        ``trainer.log_val_generations`` responses as the ``val/generations`` table (rlhf.trainer.val_metrics)."""
+        n, show = len(self.val_dataset), self.cfg.trainer.log_val_generations
         loader = StatefulPromptLoader(self.val_dataset, min(self.cfg.data.val_batch_size, n), shuffle=False,
                                       drop_last=False, collate_fn=collate_prompts)
-        scores = []
+        sources, prompt_ids, scores, rows = [], [], [], []
         for batch in loader:
-            scores += self.rollout.generate(batch, self.rollout.val_sampling, self.reward)[1]
-        return {"val/score": float(np.mean(scores)) if scores else 0.0}
+            samples, batch_scores, _ = self.rollout.generate(batch, self.rollout.val_sampling, self.reward)
+            for x, score in zip(samples, batch_scores):
+                sources.append(batch["data_source"][x.prompt_index])
+                prompt_ids.append(batch["index"][x.prompt_index])
+                scores.append(score)
+                if len(rows) < show:
+                    decode = self.tokenizer.decode
+                    rows.append([sources[-1], decode(x.prompt_ids, skip_special_tokens=True),
+                                 decode(x.response_ids, skip_special_tokens=True), float(score)])
+        metrics = validation_metrics(sources, prompt_ids, scores, self.cfg.rollout.val_kwargs.n)
+        if rows:
+            metrics["val/generations"] = generations_table(rows)
+        return metrics
 
     # ---- checkpoint contents and shutdown ---------------------------------------------------------
     def checkpoint_roles(self) -> dict:
