@@ -116,7 +116,7 @@ def overrides(a, model_dir, out_dir):
             f"rollout.n={a.n}", "rollout.temperature=0", "rollout.dtype=float32", "critic.enable=false",
             "actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false", f"actor.ppo_mini_batch_size={a.prompts}",
             f"actor.ppo_micro_batch_size_per_gpu={a.micro}",
-            f"actor.log_prob_micro_batch_size_per_gpu={a.prompts * a.n}",
+            f"actor.log_prob_micro_batch_size_per_gpu={a.prompts * a.n}", f"rollout.weight_sync_bucket_mb={a.sync_bucket_mb}",
             f"trainer.total_training_steps={a.warmup + a.repeats}", "trainer.save_freq=-1", "trainer.test_freq=-1",
             "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.logger=[console]"]
 
@@ -153,15 +153,21 @@ class Recorder:
     def end(self):
         self.cur["cpu_total"] = self.child_cpu() - self.cur["cpu0"]
 
+    def rss(self, what):
+        if os.environ.get("PPO_STEP_DEBUG_MEM"):
+            print(f"[mem rank {os.environ['RANK']}] {what}: rss {self.me.memory_info().rss / 2**20:.0f} MB", flush=True)
+
     def on_generate(self, fn, *args, **kwargs):
         c0, t0 = self.child_cpu(), time.perf_counter()
         out = fn(*args, **kwargs)
+        self.rss("after generate")
         self.cur.update(engine_generate=time.perf_counter() - t0, cpu_gen=self.child_cpu() - c0, samples=out)
         return out
 
     def on_log_prob(self, fn, batch, **kwargs):
         c0, t0 = self.child_cpu(), time.perf_counter()
         out = fn(batch, **kwargs)
+        self.rss("after log_prob")
         self.cur.setdefault("batch", batch)  # the dict train_step keeps filling (advantages, old_log_probs)
         self.cur.update(cpu_train=self.child_cpu() - c0, wall_train=time.perf_counter() - t0)
         return out
@@ -169,12 +175,15 @@ class Recorder:
     def on_update(self, fn, *args, **kwargs):
         c0, t0 = self.child_cpu(), time.perf_counter()
         out = fn(*args, **kwargs)
+        self.rss("after update")
         self.cur["cpu_train"] += self.child_cpu() - c0
         self.cur["wall_train"] += time.perf_counter() - t0
         return out
 
     def on_sync(self, fn, *args, **kwargs):
+        self.rss("before sync")
         stats = fn(*args, **kwargs)
+        self.rss("after sync")
         self.cur["sync_stats"] = stats
         return stats
 
@@ -182,6 +191,37 @@ class Recorder:
 def wrap(obj, name, hook):
     fn = getattr(obj, name)
     setattr(obj, name, lambda *args, **kwargs: hook(fn, *args, **kwargs))
+
+
+def sync_variant(trainer, bucket_mb, repeats, log):
+    """Median seconds of WeightBridge.sync through the trainer's engines with `bucket_mb` buckets and every
+    tensor handed to the RolloutManager as its own copy (`.clone()`), i.e. without the views that make Ray
+    pickle the whole bucket once per tensor: an estimate of the fixed sync (one extra copy included)."""
+    import torch.distributed as dist
+
+    from rlhf.mcore.weight_sync import WeightBridge
+    from rlhf.workers.rollout import RolloutSink
+
+    mgr = trainer.rollout.manager
+    if mgr is not None:
+        orig = mgr.update_weights_from_tensor
+        mgr.update_weights_from_tensor = lambda named, *args, **kw: orig([(n, t.clone()) for n, t in named], *args, **kw)
+    bundle = trainer.actor.bundle
+    bridge = WeightBridge(bundle.chunks, bundle.spec, [RolloutSink(mgr)] if mgr is not None else None,
+                          transport="tensor", bucket_bytes=bucket_mb << 20)
+    times = []
+    for _ in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        stats = bridge.sync()
+        times.append(time.perf_counter() - t0)
+    bridge.close()
+    if mgr is not None:
+        mgr.update_weights_from_tensor = orig
+    log(f"sync variant: {bucket_mb} MB buckets, tensors cloned before Ray: median {median(times[1:]):.3f} s of "
+        f"{[round(t, 3) for t in times[1:]]} (gather+convert+pack {stats.produce_seconds:.3f} s, delivery "
+        f"{stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s)")
+    return median(times[1:])
 
 
 def start_py_spy(out_dir, pid, tag):
@@ -233,6 +273,7 @@ def main(a):
     for s in spies:
         s.send_signal(signal.SIGINT)
         s.wait()
+    t_sync_fix = sync_variant(trainer, a.fix_bucket_mb, a.repeats, log) if a.fix_bucket_mb else None
     dist.barrier()
     timed = metrics[a.warmup:]
     t = {k: median([m[f"timing/{k}"] for m in timed]) for k in PHASES + ("step",)}
@@ -251,6 +292,8 @@ def main(a):
             f"{stats.produce_seconds:.3f} s, delivery {stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s")
         base = run_baselines(model_dir, cfg, rec.steps, a, stats.bytes, trainer.rollout.train_sampling.stop_token_ids,
                              trainer.tokenizer.pad_token_id, log)
+        if t_sync_fix:
+            log(f"sync_vs_copy with the clone workaround ({a.fix_bucket_mb} MB buckets): {t_sync_fix / base['copy']:.1f}")
         log(f"load average after {os.getloadavg()}")
         print(f"ppo_step: gen_vs_hf={t['gen'] / base['gen']:.2f} logprob_vs_hf={t['old_log_prob'] / base['logprob']:.2f} "
               f"update_vs_hf={t['update_actor'] / base['update']:.2f} sync_vs_copy={t['sync_weights'] / base['copy']:.1f} "
@@ -275,10 +318,18 @@ if __name__ == "__main__":
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hf-threads", type=int, default=2)
+    ap.add_argument("--sync-bucket-mb", type=int, default=16,
+                    help="rollout.weight_sync_bucket_mb of the step (the default 512 makes Ray pickle the whole "
+                         "bucket once per tensor: ~7 GB for this model, see benchmarks/README.md)")
+    ap.add_argument("--fix-bucket-mb", type=int, default=None,
+                    help="after the steps, time syncs with tensors cloned before Ray at this bucket size "
+                         "(default --sync-bucket-mb; 0: skip)")
     ap.add_argument("--gsm8k", default=GSM8K)
     ap.add_argument("--py-spy", default=None, help="directory for py-spy raw profiles of the timed steps")
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_ppo_step_bench"))
     args = ap.parse_args()
+    if args.fix_bucket_mb is None:
+        args.fix_bucket_mb = args.sync_bucket_mb
     if "RANK" not in os.environ:
         _launch(sys.argv[1:])
     else:
