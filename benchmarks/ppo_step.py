@@ -226,7 +226,7 @@ def sync_variant(trainer, bucket_mb, repeats, log):
 
 def start_py_spy(out_dir, pid, tag):
     os.makedirs(out_dir, exist_ok=True)
-    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "50", "--format", "raw", "--nonblocking",
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "50", "--format", "raw", "--nonblocking", "--idle",
                              "--subprocesses", "-o", os.path.join(out_dir, f"{tag}.txt")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -280,7 +280,6 @@ def main(a):
     overhead = median([(m["timing/step"] - sum(m[f"timing/{k}"] for k in PHASES)) / m["timing/step"] for m in timed])
     stats = rec.steps[-1]["sync_stats"]
     if rank == 0:
-
         sw = rec.steps[a.warmup:]
         log(f"trainer medians over {len(timed)} steps: " + " ".join(f"{k}={v:.3f}s" for k, v in t.items())
             + f"; engine generate alone {median([s['engine_generate'] for s in sw]):.3f}s; overhead_frac={overhead:.3f}")
@@ -288,16 +287,26 @@ def main(a):
             f"{median([s['cpu_gen'] for s in sw]):.2f}, during old_log_prob + update_actor "
             f"{median([s['cpu_train'] for s in sw]):.2f} (of {median([s['wall_train'] for s in sw]):.2f} s wall), "
             f"whole step {median([s['cpu_total'] for s in sw]):.2f}")
+        pad_eff = median([float(s["batch"]["attention_mask"].float().mean()) for s in sw])
+        resp_share = median([float(s["batch"]["response_mask"].sum() / s["batch"]["attention_mask"].sum()) for s in sw])
+        shape = tuple(sw[-1]["batch"]["input_ids"].shape)
+        log(f"batch [N, P + R] = {list(shape)}: padding efficiency (real / processed tokens) {pad_eff:.3f}, "
+            f"response tokens {resp_share:.3f} of the real tokens")
         log(f"weight sync: {stats.bytes / 1e6:.1f} MB, plan {stats.plan_seconds:.3f} s, gather+convert+pack "
             f"{stats.produce_seconds:.3f} s, delivery {stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s")
-        base = run_baselines(model_dir, cfg, rec.steps, a, stats.bytes, trainer.rollout.train_sampling.stop_token_ids,
-                             trainer.tokenizer.pad_token_id, log)
+        if a.no_baselines:
+            print("ppo_step: no baselines (--no-baselines)", flush=True)
+            base = None
+        else:
+            base = run_baselines(model_dir, cfg, rec.steps, a, stats.bytes, trainer.rollout.train_sampling.stop_token_ids,
+                                 trainer.tokenizer.pad_token_id, log)
+    if rank == 0 and base is not None:
         if t_sync_fix:
             log(f"sync_vs_copy with the clone workaround ({a.fix_bucket_mb} MB buckets): {t_sync_fix / base['copy']:.1f}")
         log(f"load average after {os.getloadavg()}")
         print(f"ppo_step: gen_vs_hf={t['gen'] / base['gen']:.2f} logprob_vs_hf={t['old_log_prob'] / base['logprob']:.2f} "
               f"update_vs_hf={t['update_actor'] / base['update']:.2f} sync_vs_copy={t['sync_weights'] / base['copy']:.1f} "
-              f"overhead_frac={overhead:.3f}", flush=True)
+              f"overhead_frac={overhead:.4f}", flush=True)
     dist.barrier()
     trainer.close()
     dist.destroy_process_group()
@@ -325,6 +334,7 @@ if __name__ == "__main__":
                     help="after the steps, time syncs with tensors cloned before Ray at this bucket size "
                          "(default --sync-bucket-mb; 0: skip)")
     ap.add_argument("--gsm8k", default=GSM8K)
+    ap.add_argument("--no-baselines", action="store_true", help="trainer phases only (for profiling runs)")
     ap.add_argument("--py-spy", default=None, help="directory for py-spy raw profiles of the timed steps")
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_ppo_step_bench"))
     args = ap.parse_args()
