@@ -3,13 +3,14 @@ the plain transformers/torch code a user would write instead, on the same model,
 
     python benchmarks/ppo_step.py                       # launches torchrun with 2 processes itself
     python benchmarks/ppo_step.py --layers 2 --repeats 3 --response-length 32     # smaller/faster
-    python benchmarks/ppo_step.py --py-spy DIR          # + py-spy profiles of the timed steps (raw stacks)
+    python benchmarks/ppo_step.py --py-spy DIR          # py-spy profiles of the timed steps (raw stacks;
+                                                        # no baselines then), see benchmarks/pyspy_summary.py
 
 Model ("benchmark model"): a random Llama, hidden 512, 8 heads / 4 KV heads, FFN 1408, 4 layers, vocab
 32000 (untied, fp32) = 44.6 M parameters, 178 MB: large enough that matmuls, not Python, dominate a
 phase on a 2-core CPU (the 125 k-parameter quickstart model measures only overhead), small enough that
 warm-up + 5 timed steps + the baselines finish in a few minutes.  Tokenizer: the quickstart's tiny BPE
-(GSM8K prompts are ~100-250 tokens with it).  A random model never emits EOS, so every response has
+(GSM8K prompts are ~100-300 tokens with it).  A random model never emits EOS, so every response has
 exactly --response-length tokens in both the engine and HF `generate` (checked and printed).
 
 Step: `PPOTrainer.train_step` of the real trainer (recipe gsm8k_ppo_tiny_cpu, algorithm=grpo, no critic,
@@ -19,19 +20,22 @@ Phases are the trainer's own timers (timing/gen, timing/old_log_prob, timing/upd
 timing/sync_weights, timing/step); overhead = step - those four (advantages, batch building, metrics).
 
 Baselines (rank 0, torch threads = --hf-threads, default 2 = the cores the two trainer ranks use; rank 1
-waits; the engine stays up, as during the step), on the batches of the timed steps:
+waits; the engine stays up, as during the step), run right after each trainer step on that step's prompts
+and batch, so each pair is measured under the same machine load:
   gen     -- `model.generate(..., do_sample=False)` on the same prompts (n copies each, left-padded);
   logprob -- `model(input_ids, attention_mask, position_ids).logits` -> log_softmax -> gather, no grad;
   update  -- the same micro batches: forward, PPO clipped loss (token-mean, dual clip), backward;
              clip_grad_norm_ and one `torch.optim.AdamW` step (state kept across steps);
   copy    -- `dst.copy_(src)` of a flat buffer of the bytes the weight bridge sent (one thread).
-Correctness probes on the warm-up step (initial weights): engine vs HF greedy tokens, trainer vs HF
-old log-probs.
+Correctness probes on step 1 (initial weights on both sides): engine vs HF greedy tokens, trainer vs HF
+old log-probs.  After the steps, --fix-bucket-mb times extra syncs with every tensor cloned before it
+reaches Ray (an estimate of the sync once the bucket views stop being pickled whole, see README).
 
 The LAST line printed is exactly
     ppo_step: gen_vs_hf=<..> logprob_vs_hf=<..> update_vs_hf=<..> sync_vs_copy=<..> overhead_frac=<..>
-(ratios of medians over --repeats timed steps after --warmup untimed ones; overhead_frac is the median
-per-step share).
+(gen/logprob/update: medians over the --repeats timed steps, after --warmup untimed ones, of the per-step
+ratio trainer phase / HF baseline; sync_vs_copy: median sync / median copy; overhead_frac: median per-step
+share of timing/step outside the four phases).  The ratios of the medians are printed too.
 """
 import argparse
 import os
@@ -41,11 +45,11 @@ import sys
 import time
 import warnings
 
-from ppo_step_baselines import median, run_baselines
-
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from ppo_step_baselines import HFBaselines, copy_seconds, median  # noqa: E402
 GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
 PHASES = ("gen", "old_log_prob", "update_actor", "sync_weights")
 
@@ -59,6 +63,8 @@ def _launch(argv):
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1",
                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    # a shared machine often sits above Ray's default 95% memory threshold, where Ray kills the engine actor
+    env.setdefault("RAY_memory_usage_threshold", "0.99")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
            os.path.abspath(__file__), *argv]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -150,8 +156,9 @@ class Recorder:
         self.cur = {"cpu0": self.child_cpu()}
         self.steps.append(self.cur)
 
-    def end(self):
+    def end(self, metrics):
         self.cur["cpu_total"] = self.child_cpu() - self.cur["cpu0"]
+        self.cur["timing"] = metrics
 
     def rss(self, what):
         if os.environ.get("PPO_STEP_DEBUG_MEM"):
@@ -257,7 +264,11 @@ def main(a):
     log(f"trainer + engine up in {time.time() - t0:.1f} s; actor {n_params / 1e6:.1f} M params per TP rank; "
         f"load average {os.getloadavg()}")
     rec = Recorder(trainer)
-    metrics, spies = [], []
+    hf = None
+    if rank == 0 and not a.no_baselines:
+        hf = HFBaselines(model_dir, cfg, a.response_length, trainer.rollout.train_sampling.stop_token_ids,
+                         trainer.tokenizer.pad_token_id, a.hf_threads)
+    metrics, base, spies = [], [], []
     for step in range(1, a.warmup + a.repeats + 1):
         if step == a.warmup + 1 and a.py_spy:
             spies.append(start_py_spy(a.py_spy, os.getpid(), f"rank{rank}"))
@@ -266,10 +277,17 @@ def main(a):
         t0 = time.perf_counter()
         m = trainer.train_step(step)
         m["timing/step"] = time.perf_counter() - t0
-        rec.end()
+        rec.end(m)
         metrics.append(m)
-        log(f"step {step}: " + " ".join(f"{k[7:]}={m[k]:.3f}" for k in sorted(m) if k.startswith("timing/"))
-            + f"  response_length/mean={m['response_length/mean']:.1f}")
+        line = " ".join(f"{k[7:]}={m[k]:.3f}" for k in sorted(m) if k.startswith("timing/"))
+        if hf is not None and not spies:  # the baselines right after the step: same load, same data
+            b = hf.step(rec.steps[-1], probe_log=log if step == 1 else None)
+            base.append(b)
+            line += f" | HF gen={b['gen']:.3f} logprob={b['logprob']:.3f} update={b['update']:.3f}"
+            if not b["tokens_equal"]:
+                line += " (HF generated a different number of tokens: EOS reached)"
+        log(f"step {step}: {line}; load {os.getloadavg()[0]:.1f}")
+        dist.barrier()
     for s in spies:
         s.send_signal(signal.SIGINT)
         s.wait()
@@ -280,36 +298,47 @@ def main(a):
     overhead = median([(m["timing/step"] - sum(m[f"timing/{k}"] for k in PHASES)) / m["timing/step"] for m in timed])
     stats = rec.steps[-1]["sync_stats"]
     if rank == 0:
-        sw = rec.steps[a.warmup:]
-        log(f"trainer medians over {len(timed)} steps: " + " ".join(f"{k}={v:.3f}s" for k, v in t.items())
-            + f"; engine generate alone {median([s['engine_generate'] for s in sw]):.3f}s; overhead_frac={overhead:.3f}")
-        log("CPU s/step of rank 0's children (Ray + engine): during generate "
-            f"{median([s['cpu_gen'] for s in sw]):.2f}, during old_log_prob + update_actor "
-            f"{median([s['cpu_train'] for s in sw]):.2f} (of {median([s['wall_train'] for s in sw]):.2f} s wall), "
-            f"whole step {median([s['cpu_total'] for s in sw]):.2f}")
-        pad_eff = median([float(s["batch"]["attention_mask"].float().mean()) for s in sw])
-        resp_share = median([float(s["batch"]["response_mask"].sum() / s["batch"]["attention_mask"].sum()) for s in sw])
-        shape = tuple(sw[-1]["batch"]["input_ids"].shape)
-        log(f"batch [N, P + R] = {list(shape)}: padding efficiency (real / processed tokens) {pad_eff:.3f}, "
-            f"response tokens {resp_share:.3f} of the real tokens")
-        log(f"weight sync: {stats.bytes / 1e6:.1f} MB, plan {stats.plan_seconds:.3f} s, gather+convert+pack "
-            f"{stats.produce_seconds:.3f} s, delivery {stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s")
-        if a.no_baselines:
-            print("ppo_step: no baselines (--no-baselines)", flush=True)
-            base = None
-        else:
-            base = run_baselines(model_dir, cfg, rec.steps, a, stats.bytes, trainer.rollout.train_sampling.stop_token_ids,
-                                 trainer.tokenizer.pad_token_id, log)
-    if rank == 0 and base is not None:
-        if t_sync_fix:
-            log(f"sync_vs_copy with the clone workaround ({a.fix_bucket_mb} MB buckets): {t_sync_fix / base['copy']:.1f}")
-        log(f"load average after {os.getloadavg()}")
-        print(f"ppo_step: gen_vs_hf={t['gen'] / base['gen']:.2f} logprob_vs_hf={t['old_log_prob'] / base['logprob']:.2f} "
-              f"update_vs_hf={t['update_actor'] / base['update']:.2f} sync_vs_copy={t['sync_weights'] / base['copy']:.1f} "
-              f"overhead_frac={overhead:.4f}", flush=True)
+        report(a, t, overhead, rec.steps[a.warmup:], stats, base[a.warmup:], t_sync_fix, log)
     dist.barrier()
     trainer.close()
     dist.destroy_process_group()
+
+
+def report(a, t, overhead, sw, stats, base, t_sync_fix, log):
+    """Rank 0: the trainer's medians, the diagnostics, the baselines and the last line."""
+    log(f"trainer medians over {len(sw)} steps: " + " ".join(f"{k}={v:.3f}s" for k, v in t.items())
+        + f"; engine generate alone {median([s['engine_generate'] for s in sw]):.3f}s; overhead_frac={overhead:.4f}")
+    log("CPU s/step of rank 0's children (Ray + engine): during generate "
+        f"{median([s['cpu_gen'] for s in sw]):.2f}, during old_log_prob + update_actor "
+        f"{median([s['cpu_train'] for s in sw]):.2f} (of {median([s['wall_train'] for s in sw]):.2f} s wall), "
+        f"whole step {median([s['cpu_total'] for s in sw]):.2f}")
+    pad_eff = median([float(s["batch"]["attention_mask"].float().mean()) for s in sw])
+    resp_share = median([float(s["batch"]["response_mask"].sum() / s["batch"]["attention_mask"].sum()) for s in sw])
+    log(f"batch [N, P + R] = {list(sw[-1]['batch']['input_ids'].shape)}: padding efficiency (real / processed "
+        f"tokens) {pad_eff:.3f}, response tokens {resp_share:.3f} of the real tokens")
+    log(f"weight sync: {stats.bytes / 1e6:.1f} MB, plan {stats.plan_seconds:.3f} s, gather+convert+pack "
+        f"{stats.produce_seconds:.3f} s, delivery {stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s")
+    if not base:
+        print("ppo_step: no baselines (--no-baselines or --py-spy)", flush=True)
+        return
+    t_copy = copy_seconds(stats.bytes)
+    log(f"plain copy of {stats.bytes / 1e6:.1f} MB (1 thread): {t_copy * 1e3:.1f} ms -> {stats.bytes / t_copy / 1e9:.2f} GB/s")
+    hf = {k: median([b[k] for b in base]) for k in ("gen", "logprob", "update")}
+    log(f"HF medians ({a.hf_threads} threads): " + " ".join(f"{k}={v:.3f}s" for k, v in hf.items()))
+    pairs = {"gen": "gen", "old_log_prob": "logprob", "update_actor": "update"}
+    paired = {k: median([m / b[v] for m, b in zip(sw_times(sw, k), base)]) for k, v in pairs.items()}
+    log("ratios of medians: " + " ".join(f"{k}={t[k] / hf[v]:.2f}" for k, v in pairs.items())
+        + "; medians of the per-step ratios (last line): " + " ".join(f"{k}={v:.2f}" for k, v in paired.items()))
+    if t_sync_fix:
+        log(f"sync_vs_copy with the clone workaround ({a.fix_bucket_mb} MB buckets): {t_sync_fix / t_copy:.1f}")
+    log(f"load average at the end {os.getloadavg()}")
+    print(f"ppo_step: gen_vs_hf={paired['gen']:.2f} logprob_vs_hf={paired['old_log_prob']:.2f} "
+          f"update_vs_hf={paired['update_actor']:.2f} sync_vs_copy={t['sync_weights'] / t_copy:.1f} "
+          f"overhead_frac={overhead:.4f}", flush=True)
+
+
+def sw_times(sw, phase):
+    return [s["timing"][f"timing/{phase}"] for s in sw]
 
 
 if __name__ == "__main__":

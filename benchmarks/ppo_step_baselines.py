@@ -47,9 +47,11 @@ def hf_log_probs(model, batch, micro):
 def hf_update(model, opt, batch, rows_per_mini, micro, acfg, clip_grad):
     """One pass of the PPO update: per mini batch of `rows_per_mini` rows, gradients accumulated over micro
     batches of `micro` rows (forward, clipped PPO loss with dual clip, token-mean, backward), then
-    clip_grad_norm_ and one optimizer step.  Entropy is computed (no grad) as the metric the trainer logs."""
+    clip_grad_norm_ and one optimizer step.  Returns the mean entropy (computed without grad: the metric the
+    trainer logs)."""
     P, N = batch["prompt_length"], batch["responses"].shape[0]
     c, c3 = acfg.clip_ratio, acfg.clip_ratio_c
+    entropies = []
     for m0 in range(0, N, rows_per_mini):
         opt.zero_grad(set_to_none=True)
         n_micro = max(1, min(rows_per_mini, N - m0) // micro)
@@ -60,7 +62,7 @@ def hf_update(model, opt, batch, rows_per_mini, micro, acfg, clip_grad):
             logp = torch.log_softmax(logits[:, P - 1:-1].float(), -1)
             lp = logp.gather(-1, batch["responses"][sl].unsqueeze(-1)).squeeze(-1)
             with torch.no_grad():
-                entropy = -(logp.exp() * logp).sum(-1)  # noqa: F841  (the actor/entropy metric)
+                entropies.append(-(logp.exp() * logp).sum(-1).mean())  # the actor/entropy metric
             adv, mask = batch["advantages"][sl], batch["response_mask"][sl].float()
             ratio = torch.exp(lp - batch["old_log_probs"][sl])
             pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - c, 1 + c))
@@ -69,6 +71,7 @@ def hf_update(model, opt, batch, rows_per_mini, micro, acfg, clip_grad):
             loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_grad)
         opt.step()
+    return float(torch.stack(entropies).mean())
 
 
 def timed(fn, *args):
@@ -77,60 +80,54 @@ def timed(fn, *args):
     return time.perf_counter() - t0, out
 
 
-def run_baselines(model_dir, cfg, steps, a, nbytes, stop_ids, pad_id, log):
-    """All baselines on rank 0; `steps` are the Recorder's per-step records (samples, batch).  Returns the
-    median seconds {"gen", "logprob", "update", "copy"}."""
-    from transformers import AutoModelForCausalLM
-
-    res = {}
+def copy_seconds(nbytes, repeats=5):
+    """Median seconds of `dst.copy_(src)` of `nbytes` bytes with one thread (after one untimed copy)."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     src = torch.empty(nbytes, dtype=torch.uint8).random_(0, 255)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    res["copy"] = median([timed(dst.copy_, src)[0] for _ in range(5)])
-    del src, dst
-    log(f"plain copy of {nbytes / 1e6:.1f} MB (1 thread): {res['copy'] * 1e3:.1f} ms "
-        f"-> {nbytes / res['copy'] / 1e9:.2f} GB/s")
+    t = median([timed(dst.copy_, src)[0] for _ in range(repeats)])
+    torch.set_num_threads(threads)
+    return t
 
-    torch.set_num_threads(a.hf_threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    R, probe, timed_steps = a.response_length, steps[0], steps[a.warmup:]
-    # generation: probe on step 1 (initial weights on both sides), then the timed steps' prompts
-    hf_resp = hf_generate(model, probe["samples"], R, stop_ids, pad_id)
-    eng_resp = [list(s.response_ids) for s in probe["samples"]]
-    same = sum(x == y for x, y in zip(hf_resp, eng_resp))
-    prefix = [next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
-              for x, y in zip(hf_resp, eng_resp)]
-    log(f"greedy tokens, step 1 (initial weights): {same}/{len(eng_resp)} responses identical to HF generate, "
-        f"mean common prefix {sum(prefix) / len(prefix):.1f} of {R} tokens")
-    times = []
-    for s in timed_steps:
-        t, resp = timed(hf_generate, model, s["samples"], R, stop_ids, pad_id)
-        times.append(t)
-        n_eng, n_hf = sum(len(x.response_ids) for x in s["samples"]), sum(len(x) for x in resp)
-        if n_eng != n_hf:
-            log(f"note: engine generated {n_eng} tokens, HF {n_hf} (EOS reached): timing not like for like")
-    res["gen"] = median(times)
-    log(f"HF generate ({len(probe['samples'])} sequences x {R} new tokens, greedy, {a.hf_threads} threads): "
-        f"median {res['gen']:.3f} s of {[round(t, 3) for t in times]}")
 
-    micro_lp = cfg.actor.log_prob_micro_batch_size_per_gpu
-    lp = hf_log_probs(model, probe["batch"], micro_lp)
-    ref = probe["batch"]["old_log_probs"] * probe["batch"]["response_mask"]
-    log(f"old log-probs, step 1: max |trainer - HF| = {(lp - ref).abs().max().item():.2e}")
-    times = [timed(hf_log_probs, model, s["batch"], micro_lp)[0] for s in timed_steps]
-    res["logprob"] = median(times)
-    log(f"HF forward log-probs (micro batch {micro_lp}): median {res['logprob']:.3f} s of {[round(t, 3) for t in times]}")
+class HFBaselines:
+    """The HF model (from the same checkpoint as the trainer), its AdamW, and one call per trainer step that
+    times generate / log-probs / update on that step's prompts and batch (in that order, so step 1 sees
+    the initial weights on both sides).  Runs with `threads` torch threads; restores the count after."""
 
-    o = cfg.actor.optim
-    opt = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2), eps=o.adam_eps,
-                            weight_decay=o.weight_decay)
-    rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n
-    micro = cfg.actor.ppo_micro_batch_size_per_gpu
-    args = (rows, micro, cfg.actor, o.clip_grad)
-    hf_update(model, opt, probe["batch"], *args)  # warm-up: AdamW state allocation, first-touch pages
-    times = [timed(hf_update, model, opt, s["batch"], *args)[0] for s in timed_steps]
-    res["update"] = median(times)
-    log(f"HF forward+backward+AdamW (mini batch {rows} rows, micro {micro}): median {res['update']:.3f} s of "
-        f"{[round(t, 3) for t in times]}")
-    return res
+    def __init__(self, model_dir, cfg, response_length, stop_ids, pad_id, threads):
+        from transformers import AutoModelForCausalLM
+
+        self.cfg, self.R, self.stop_ids, self.pad_id, self.threads = cfg, response_length, stop_ids, pad_id, threads
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        o = cfg.actor.optim
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=(o.adam_beta1, o.adam_beta2),
+                                     eps=o.adam_eps, weight_decay=o.weight_decay)
+        self.update_args = (cfg.actor.ppo_mini_batch_size * cfg.rollout.n, cfg.actor.ppo_micro_batch_size_per_gpu,
+                            cfg.actor, o.clip_grad)
+
+    def step(self, rec, probe_log=None):
+        """Times {"gen", "logprob", "update"} (seconds) on the Recorder's step record `rec`; with `probe_log`,
+        also log the correctness probes (greedy tokens and old log-probs against the trainer's)."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            t = {}
+            t["gen"], resp = timed(hf_generate, self.model, rec["samples"], self.R, self.stop_ids, self.pad_id)
+            t["logprob"], lp = timed(hf_log_probs, self.model, rec["batch"], self.cfg.actor.log_prob_micro_batch_size_per_gpu)
+            t["update"], _ = timed(hf_update, self.model, self.opt, rec["batch"], *self.update_args)
+        finally:
+            torch.set_num_threads(threads)
+        eng = [list(x.response_ids) for x in rec["samples"]]
+        t["tokens_equal"] = sum(map(len, eng)) == sum(map(len, resp))
+        if probe_log is not None:
+            same = sum(x == y for x, y in zip(resp, eng))
+            prefix = [next((j for j, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                      for x, y in zip(resp, eng)]
+            ref = rec["batch"]["old_log_probs"] * rec["batch"]["response_mask"]
+            probe_log(f"probe (initial weights): {same}/{len(eng)} greedy responses identical to HF generate (mean common "
+                      f"prefix {sum(prefix) / len(prefix):.1f} of {self.R} tokens); old log-probs max |trainer - HF| = "
+                      f"{(lp - ref).abs().max().item():.2e}")
+        return t

@@ -35,11 +35,17 @@ def short(frame):
     return f"{m.group('file').rsplit('/', 1)[-1]}:{m.group('func')}"
 
 
+def func(frame):
+    """The bare function name of a frame (`Class.method` -> `method`)."""
+    m = _FRAME.match(frame)
+    return m.group("func").rsplit(".", 1)[-1] if m else frame
+
+
 def summarise(stacks, phases, top, interesting):
     total = sum(c for _, c in stacks)
     print(f"{total} samples")
     for phase in phases:
-        sel = [(s, c) for s, c in stacks if any(short(f).endswith(":" + phase) for f in s)]
+        sel = [(s, c) for s, c in stacks if any(func(f) == phase for f in s)]
         n = sum(c for _, c in sel)
         if not n:
             print(f"\n== {phase}: no samples")
