@@ -1,6 +1,6 @@
 """Training entry point.
 
-    python -m rlhf.main recipe=NAME [algorithm=NAME] [key=value ...]
+    python -m rlhf.main recipe=NAME [algorithm=NAME] [key=value ...]   (starts this node's ranks: rlhf/launcher.py)
     torchrun --nproc_per_node=N -m rlhf.main recipe=NAME [key=value ...]
     srun ... python -m rlhf.main recipe=NAME [key=value ...]          (Slurm: one task per GPU)
 
@@ -178,9 +178,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"])
         if opts["cfg"] and env.rank == 0:
             print(OmegaConf.to_yaml(cfg), end="", flush=True)
-        validate_config(cfg, world_size=env.world_size, check_files=True)
+        from rlhf.launcher import plan_launch, run_node  # one command per node: start the local ranks
+
+        node = None if opts["cfg"] else plan_launch(cfg, env)
+        validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True)
         if opts["cfg"]:
             return EXIT_OK
+        if node is not None:
+            return run_node(node, argv)
         try:
             from rlhf import trainer
             from rlhf.config.run_config import write_run_config
