@@ -27,7 +27,6 @@ The LAST line printed is exactly
 """
 import argparse
 import os
-import re
 import sys
 import time
 import warnings
