@@ -124,7 +124,8 @@ def overrides(a, model_dir, out_dir):
             f"actor.ppo_micro_batch_size_per_gpu={a.micro}",
             f"actor.log_prob_micro_batch_size_per_gpu={a.prompts * a.n}", f"rollout.weight_sync_bucket_mb={a.sync_bucket_mb}",
             f"trainer.total_training_steps={a.warmup + a.repeats}", "trainer.save_freq=-1", "trainer.test_freq=-1",
-            "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.logger=[console]"]
+            "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.logger=[console]",
+            *([f"actor.use_dynamic_bsz=true", f"actor.ppo_max_token_len_per_gpu={a.dynamic_bsz}"] if a.dynamic_bsz else [])]
 
 
 class Recorder:
@@ -314,8 +315,11 @@ def report(a, t, overhead, sw, stats, base, t_sync_fix, log):
         f"whole step {median([s['cpu_total'] for s in sw]):.2f}")
     pad_eff = median([float(s["batch"]["attention_mask"].float().mean()) for s in sw])
     resp_share = median([float(s["batch"]["response_mask"].sum() / s["batch"]["attention_mask"].sum()) for s in sw])
+    trainer_eff = median([s["timing"].get("perf/padding_efficiency", float("nan")) for s in sw])
     log(f"batch [N, P + R] = {list(sw[-1]['batch']['input_ids'].shape)}: padding efficiency (real / processed "
-        f"tokens) {pad_eff:.3f}, response tokens {resp_share:.3f} of the real tokens")
+        f"tokens) {pad_eff:.3f} padded, {trainer_eff:.3f} as run (perf/padding_efficiency"
+        f"{', dynamic batching %d tokens' % a.dynamic_bsz if a.dynamic_bsz else ''}), response tokens "
+        f"{resp_share:.3f} of the real tokens")
     log(f"weight sync: {stats.bytes / 1e6:.1f} MB, plan {stats.plan_seconds:.3f} s, gather+convert+pack "
         f"{stats.produce_seconds:.3f} s, delivery {stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s")
     if not base:
@@ -353,6 +357,8 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=2, help="responses per prompt (rollout.n)")
     ap.add_argument("--micro", type=int, default=4, help="actor.ppo_micro_batch_size_per_gpu (sequences)")
     ap.add_argument("--response-length", type=int, default=64)
+    ap.add_argument("--dynamic-bsz", type=int, default=None, metavar="TOKENS",
+                    help="actor.use_dynamic_bsz with this actor.ppo_max_token_len_per_gpu (docs/dynamic_batching.md)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hf-threads", type=int, default=2)
