@@ -193,3 +193,18 @@ def test_policy_gradient_independent_of_token_budget(monkeypatch, budget):
         grads, metrics = run_split(monkeypatch, dp, 8, actor_run(loss))
         torch.testing.assert_close(grads, ref_grads, rtol=1e-9, atol=1e-12)
         assert metrics["actor/pg_loss"] == pytest.approx(ref_metrics["actor/pg_loss"], rel=1e-9)
+
+
+def test_bad_dynamic_batching_settings_are_refused_before_building():
+    from rlhf.config import compose_config
+    from rlhf.workers.build import check_dynamic_batching
+
+    cfg = compose_config(["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=64",
+                          "data.max_prompt_length=64", "data.max_response_length=16"])
+    with pytest.raises(ValueError, match=r"actor.log_prob_max_token_len_per_gpu=64 .* >= 80"):
+        check_dynamic_batching(cfg, "actor")
+    check_dynamic_batching(cfg, "critic")  # critic.use_dynamic_bsz is off: nothing to check
+    cfg = compose_config(["critic.use_dynamic_bsz=true", "parallel.pipeline_model_parallel_size=2",
+                          "parallel.virtual_pipeline_model_parallel_size=2"])
+    with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=2"):
+        check_dynamic_batching(cfg, "critic")

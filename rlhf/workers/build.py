@@ -77,10 +77,16 @@ def _chunks(cfg, hf_config, role: str, path: str):
 
 def check_dynamic_batching(cfg, role: str) -> None:
     """With ``<role>.use_dynamic_bsz``: each token budget of the role holds the longest sequence the data
-    allows (rlhf.workers.dynamic_batch.check_token_budget); ValueError naming the key otherwise."""
+    allows (rlhf.workers.dynamic_batch.check_token_budget) and no virtual pipeline stages are set; ValueError
+    naming the key otherwise."""
     section = cfg[role]
     forward_key = "log_prob_max_token_len_per_gpu" if role == "actor" else "forward_max_token_len_per_gpu"
     forward, update = token_budgets(section, forward_key)
+    vpp = cfg.parallel.get("virtual_pipeline_model_parallel_size")
+    if update is not None and vpp and vpp > 1:
+        raise ValueError(f"{role}.use_dynamic_bsz=true cuts micro batches of different shapes, which megatron's "
+                         f"interleaved schedule (parallel.virtual_pipeline_model_parallel_size={vpp}) cannot run; "
+                         f"unset one of them")
     for key, value in ((forward_key, forward), ("ppo_max_token_len_per_gpu", update)):
         if value is not None:
             check_token_budget(f"{role}.{key}", value, cfg.data.max_prompt_length, cfg.data.max_response_length)
