@@ -155,6 +155,10 @@ ADDED_KEYS = {
     "rollout.weight_update_address": None,  # issue 15: the disaggregated rendezvous address
     "reward.fallback": {"type": "rule", "keywords": [], "keyword_score": 0.0, "length_penalty": 0.0,
                         "max_chars": None},
+    # issue 9: dynamic batching (verl's token budgets)
+    "actor.use_dynamic_bsz": False, "actor.ppo_max_token_len_per_gpu": 16384,
+    "actor.log_prob_max_token_len_per_gpu": None, "critic.use_dynamic_bsz": False,
+    "critic.ppo_max_token_len_per_gpu": 32768, "critic.forward_max_token_len_per_gpu": None,
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

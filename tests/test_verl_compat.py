@@ -237,7 +237,7 @@ def test_verl_yaml_interpolations_defaults_and_reward_model(tmp_path):
 def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     """Every setting with no equivalent, every unknown key and every bad value: one error, each with the
     reason and what to use instead."""
-    bad = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    bad = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
            "actor_rollout_ref.actor.megatron.context_parallel_size=2", "actor_rollout_ref.rollout.name=hf",
            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4", "trainer.default_hdfs_dir=hdfs://x",
            "actor_rollout_ref.actor.clip_ratoi=0.3", "trainer.totl_training_steps=3", "rollout.mode=hybrid"]
@@ -247,8 +247,8 @@ def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     assert len(e.problems) == len(bad), str(e)
     assert e.key == "actor_rollout_ref.actor.clip_ratoi" and "actor.clip_ratio" in e.suggestions
     msg = str(e)
-    for s in ["lora_rank=8 is not supported", "LoRA is not supported", "use_dynamic_bsz=True is not supported",
-              "set actor.ppo_micro_batch_size_per_gpu", "context parallelism is not supported (accepted: 1, null)",
+    for s in ["lora_rank=8 is not supported", "LoRA is not supported",
+              "ulysses_sequence_parallel_size=2 is not supported", "use parallel.sequence_parallel", "context parallelism is not supported (accepted: 1, null)",
               "rollout.name='hf' is not supported", "use rollout.name=sglang",
               "ref.megatron.tensor_model_parallel_size=4 is not supported", "parallel.tensor_model_parallel_size=2",
               "default_hdfs_dir='hdfs://x'", "Did you mean: actor.clip_ratio", "trainer.total_training_steps",
@@ -263,11 +263,22 @@ def test_neutral_verl_values_are_accepted(gsm8k):
     base = compose_config(_lines(VERL_QUICKSTART, **gsm8k))
     knobs = ["actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.actor.use_dynamic_bsz=False",
              "actor_rollout_ref.rollout.enforce_eager=True", "actor_rollout_ref.model.use_remove_padding=True",
-             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000", "trainer.balance_batch=True",
+             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True", "trainer.balance_batch=True",
              "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True",
              "critic.model.fsdp_config.param_offload=False",
              "actor_rollout_ref.actor.optim.lr_warmup_steps=-1", "algorithm.rollout_correction.rollout_is=null"]
     assert compose_config([*_lines(VERL_QUICKSTART, **gsm8k), *knobs]) == base
+
+
+def test_verl_dynamic_batching_keys_map():
+    """issue 9: verl's dynamic-batching keys set ours (rlhf.workers.dynamic_batch)."""
+    c = compose_config(["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192", "critic.use_dynamic_bsz=True",
+                        "critic.ppo_max_token_len_per_gpu=2048", "critic.forward_max_token_len_per_gpu=3072"])
+    assert (c.actor.use_dynamic_bsz, c.actor.ppo_max_token_len_per_gpu, c.actor.log_prob_max_token_len_per_gpu) == \
+        (True, 4096, 8192)
+    assert (c.critic.use_dynamic_bsz, c.critic.ppo_max_token_len_per_gpu, c.critic.forward_max_token_len_per_gpu) == \
+        (True, 2048, 3072)
 
 
 def test_verl_algorithm_keys_and_override_prefixes():

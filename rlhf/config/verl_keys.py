@@ -173,9 +173,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.grad_clip", "map", "actor.optim.clip_grad"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", "neutral", ((None,), "give it per device: "
                                                                           "actor.ppo_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.actor.use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; set "
-                                                                      "actor.ppo_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "ignore", _THROUGHPUT),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", "map", "actor.use_dynamic_bsz"),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "map", "actor.ppo_max_token_len_per_gpu"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
     ("actor_rollout_ref.actor.use_prefix_grouper", "neutral", ((False,), "not supported")),
     ("actor_rollout_ref.actor.router_replay.mode", "neutral", (("disabled",), "MoE router replay is not supported")),
@@ -199,8 +198,9 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "map", "actor.log_prob_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size")),
-    ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "ignore", _THROUGHPUT),
+    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "ignore", "the log-prob forwards batch by tokens exactly "
+                                                                    "when actor.use_dynamic_bsz"),
+    ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "map", "actor.log_prob_max_token_len_per_gpu"),
     ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "map",
      "rollout.weight_sync_bucket_mb"),
     ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", "map", "rollout.weight_sync_bucket_mb"),
@@ -245,10 +245,11 @@ RULES: list[tuple] = [
     *_megatron("critic.megatron", same=True),
     ("critic.grad_clip", "map", "critic.optim.clip_grad"),
     ("critic.ppo_micro_batch_size", "neutral", ((None,), "give it per device: critic.ppo_micro_batch_size_per_gpu")),
-    ("critic.use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; set "
-                                                     "critic.ppo_micro_batch_size_per_gpu")),
+    ("critic.use_dynamic_bsz", "map", "critic.use_dynamic_bsz"),
+    ("critic.ppo_max_token_len_per_gpu", "map", "critic.ppo_max_token_len_per_gpu"),
+    ("critic.forward_max_token_len_per_gpu", "map", "critic.forward_max_token_len_per_gpu"),
     ("critic.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
-    *_ignore("critic", "rollout_n strategy ppo_max_token_len_per_gpu forward_max_token_len_per_gpu "
+    *_ignore("critic", "rollout_n strategy "
              "forward_micro_batch_size forward_micro_batch_size_per_gpu shuffle data_loader_seed nccl_timeout "
              "load_weight checkpoint.** "
              "profiler.** fsdp.** fsdp_config.**",

@@ -36,6 +36,7 @@ from rlhf.workers.batch import (
 from rlhf.workers.build import build_actor, build_critic, build_reference, resolve_reward_paths
 from rlhf.workers.losses import PPOPolicyLoss
 from rlhf.workers.rollout import RolloutWorker
+from rlhf.workers.worker import padding_metrics
 
 from .advantages import (
     ValidityReward,
@@ -192,6 +193,7 @@ class PPOTrainer(BaseTrainer):
         m.update(rollout_metrics(batch, scores, m["timing/gen"]))
         if not cfg.algorithm.use_kl_in_reward:
             m.setdefault("actor/reward_kl_penalty", 0.0)
+        m.update(padding_metrics([self.actor, self.reference, self.critic]))  # perf/padding_efficiency
         m["_tokens"] = float(batch["attention_mask"].sum())
         return m
 
