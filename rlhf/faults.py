@@ -43,7 +43,10 @@ POINTS = ("step_start", "ckpt_mid_save", "ckpt_before_rename", "ckpt_before_trac
           "rollout_request_error", "reward_model_slow")
 EXIT_CODE = 17  # RLHF_FAULT_MODE=exit
 
+TRACE_ENV = "RLHF_FAULT_TRACE"
+
 _hits: dict[str, int] = {}
+_passes: dict[str, int] = {}  # RLHF_FAULT_TRACE
 
 
 def parse_spec(spec: str) -> dict[str, int]:
@@ -94,11 +97,15 @@ def maybe_stall(point: str) -> None:
 
 def maybe_fail(point: str, **context) -> None:
     """Count a pass through `point`; on the configured hit, kill the process group (see module docstring).
-    `context` (e.g. ``step=3``) is printed on the FAULT line."""
+    `context` (e.g. ``step=3``) is printed on the FAULT line.  With ``RLHF_FAULT_TRACE=1`` every pass prints
+    ``FAULT-TRACE <point> <n> <context>`` (how a test finds the hit number of a point, e.g. buckets per sync)."""
+    where = " ".join(f"{k}={v}" for k, v in context.items())
+    if os.environ.get(TRACE_ENV) and _this_rank_fires():
+        _passes[point] = _passes.get(point, 0) + 1
+        print(f"FAULT-TRACE {point} {_passes[point]} {where}", file=sys.stderr, flush=True)
     if not fires(point):
         return
     target = _hits[point]
-    where = " ".join(f"{k}={v}" for k, v in context.items())
     mode = os.environ.get("RLHF_FAULT_MODE", "group")
     if mode == "exit":
         print(f"FAULT {point} hit {target} {where}: exit {EXIT_CODE}", file=sys.stderr, flush=True)

@@ -7,8 +7,9 @@ next point (rlhf/faults.py) and resumed by the next, the last one finishing:
     A  ckpt_mid_save@3   the trainer process ALONE (as the OOM killer), in the middle of step 2's sharded save
                          (actor tensor files written, metadata.json not): its children (Ray, the SGLang engine,
                          dist_checkpointing's writer) must go by themselves                       -> fresh
-    B  sync_weights@5    the whole process group, in step 3's weight sync between its two buckets (resume
-                         sync = hits 1-2, step 2's = 3-4)                                           -> step 1
+    B  sync_weights@K    the whole process group, in step 3's weight sync after its first bucket: K = 2 x
+                         (buckets per sync) + 1 (the resume sync and step 2's come first), the buckets per
+                         sync read from the reference run's RLHF_FAULT_TRACE lines               -> step 1
     C  no fault: resumes from step 2 and finishes step 3                                             -> step 2
 
 The other states a killed save can leave (a complete .tmp before its rename, renamed before the tracker was
@@ -29,8 +30,8 @@ is regenerated greedily -> rollout/num_fallbacks = 1 at step 1; greedy, so the s
 degradation (reward_model_slow@1: a local reward model of weight 0 stalls 6 s > reward.timeout_s=2 on its
 first call -> its 8 samples get the rule fallback, reward/model/num_fallbacks = 8 at step 1), the gradient
 circuit breaker (actor.optim.breaker.grad_norm tiny: fires every 2 optimizer steps, once per step) and an
-alert (actor/entropy above 0 fires every step).  Cost: 4 runs, each starting an SGLang engine (~1 min each
-on an idle 2-core machine; the orphan wait of the trainer-alone kill overlaps the next run).
+alert (actor/entropy above 0 fires every step).  Cost: 4 runs, each starting an SGLang engine; the
+reference run runs alongside run A, and the orphan wait of the trainer-alone kill overlaps the next run.
 """
 from __future__ import annotations
 
@@ -61,11 +62,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 # (label, RLHF_FAULT, RLHF_FAULT_MODE, step it must resume from (None: fresh), what it must leave behind)
 CHAIN = [
     ("A mid sharded save (trainer alone)", "ckpt_mid_save@3", "process", None, "tmp2_partial"),
-    ("B weight sync between buckets", "sync_weights@5", "group", 1, "tracker2"),
+    ("B weight sync between buckets", "sync_weights@{hit}", "group", 1, "tracker2"),
 ]
 STEPS = 3
 # the reference run's safeguards (see the module docstring)
-SAFEGUARD_FAULTS = {"RLHF_FAULT": "rollout_request_error@3,reward_model_slow@1", "RLHF_FAULT_STALL_S": "6"}
+SAFEGUARD_FAULTS = {"RLHF_FAULT": "rollout_request_error@3,reward_model_slow@1", "RLHF_FAULT_STALL_S": "6",
+                    "RLHF_FAULT_TRACE": "1"}
 EQUAL_TAGS = ["critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/grad_norm", "actor/lr",
               "critic/advantages/mean", "response_length/mean", "actor/num_breaker_events", "alerts/num_fired",
               "alerts/total"]
@@ -73,8 +75,8 @@ EQUAL_TAGS = ["critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/ent
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    """The quickstart model at hidden 128 (1.6 MB of fp32 weights: with rollout.weight_sync_bucket_mb=2, two
-    1 MiB buffers (the overlapped sync's halves), two buckets per weight sync) and a tiny reward model."""
+    """The quickstart model at hidden 128 (1.6 MB of fp32 weights: with rollout.weight_sync_bucket_mb=1, two
+    0.5 MiB buffers (the overlapped sync's halves), several buckets per weight sync) and a tiny reward model."""
     from rlhf.quickstart.model import build_quickstart_model
     from tests.test_reward_sources import make_tiny_rm
 
@@ -90,7 +92,7 @@ def overrides(model, out_dir):
             "trainer.val_before_train=false", "trainer.progress_bar=false", "data.train_batch_size=4",
             "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2", "rollout.n=2",
             "rollout.temperature=0",  # greedy: SGLang's CPU backend has no deterministic seeded sampling
-            "data.max_response_length=12", "rollout.weight_sync_bucket_mb=2",
+            "data.max_response_length=12", "rollout.weight_sync_bucket_mb=1",
             "actor.optim.breaker.grad_norm=1e-6", "actor.optim.breaker.steps=2",
             "trainer.alerts=[{metric: actor/entropy, above: 0.0}]", "reward.timeout_s=2",
             f"reward.sources=[{{type: rule, weight: 1.0}}, {{type: model, path: '{rm_path}', weight: 0.0, "
@@ -209,31 +211,54 @@ def check_left_behind(ckpt, what):
         assert not [n for n in names if n.endswith((".tmp", ".deleting"))], names
 
 
+def buckets_per_sync(out):
+    """From RLHF_FAULT_TRACE lines: the number of sync_weights passes (buckets) of each weight sync."""
+    lasts = [m.group(1) == "True" for m in re.finditer(r"FAULT-TRACE sync_weights \d+ last=(True|False)", out)]
+    counts, n = [], 0
+    for last in lasts:
+        n += 1
+        if last:
+            counts.append(n)
+            n = 0
+    return counts
+
+
 def test_fault_matrix(model, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
     log_dir = str(tmp_path)
     t_start = time.monotonic()
     full, chain = tmp_path / "full", tmp_path / "chain"
-    rc, out, procs, secs = launch(overrides(model, full), SAFEGUARD_FAULTS, log_dir)
-    assert rc == 0, out[-6000:]
-    left, _ = leftovers(procs)
-    assert not left, f"the uninterrupted run left processes behind: {left}"
-    run_seconds = [secs]
-    # the safeguards fired and were logged with the step
-    assert "FAULT reward_model_slow hit 1: stall 6 s" in out, out[-4000:]
-    assert re.search(r"WARNING step 1: actor gradient circuit breaker fired: grad norm above "
-                     r"actor.optim.breaker.grad_norm=1e-06 for 2 consecutive optimizer steps", out), out[-4000:]
-    assert re.search(rf"WARNING step {STEPS}: alert actor/entropy=[0-9.e-]+ above 0", out)
-
+    pool = ThreadPoolExecutor(1)  # the reference run alongside the chain's first run (it needs nothing of it)
+    reference = pool.submit(launch, overrides(model, full), SAFEGUARD_FAULTS, log_dir)
     figures = {"faults_injected": 0, "runs_resumed": 0, "orphans_left": 0, "cleanup_s": {}}
-    deferred = []  # (label, procs, killed at): a trainer-alone kill's children are checked after the next run
+    deferred = []  # (label, procs, mode, killed at): a trainer-alone kill's children are checked after the next run
 
     def check_orphans(label, procs, mode, killed_at):
-        left, waited = leftovers(procs, max(0.0, GRACE_S[mode] - (time.monotonic() - killed_at)))
+        left, _ = leftovers(procs, max(0.0, GRACE_S[mode] - (time.monotonic() - killed_at)))
         figures["orphans_left"] += len(left)
         figures["cleanup_s"][label[0]] = round(time.monotonic() - killed_at, 1)
         assert not left, f"{label}: processes of the killed run survive it: {left}"
 
+    run_seconds = []
     for label, fault, mode, resume_from, left_behind in CHAIN:
+        if "{hit}" in fault:  # the reference run tells how many buckets a sync has
+            rc, out, procs, secs = reference.result()
+            pool.shutdown()
+            assert rc == 0, out[-6000:]
+            left, _ = leftovers(procs)
+            assert not left, f"the uninterrupted run left processes behind: {left}"
+            run_seconds.insert(0, secs)
+            # the safeguards fired and were logged with the step
+            assert "FAULT reward_model_slow hit 1: stall 6 s" in out, out[-4000:]
+            assert re.search(r"WARNING step 1: actor gradient circuit breaker fired: grad norm above "
+                             r"actor.optim.breaker.grad_norm=1e-06 for 2 consecutive optimizer steps", out), out[-4000:]
+            assert re.search(rf"WARNING step {STEPS}: alert actor/entropy=[0-9.e-]+ above 0", out)
+            counts = buckets_per_sync(out)
+            assert len(counts) >= STEPS and len(set(counts)) == 1, counts  # one sync per step (same plan)
+            assert counts[0] >= 2, f"one bucket per sync {counts}: lower rollout.weight_sync_bucket_mb"
+            figures["buckets_per_sync"] = counts[0]
+            fault = fault.format(hit=2 * counts[0] + 1)
         rc, out, procs, secs = launch(overrides(model, chain), {"RLHF_FAULT": fault, "RLHF_FAULT_MODE": mode},
                                       log_dir)
         killed_at = time.monotonic()
@@ -245,7 +270,7 @@ def test_fault_matrix(model, tmp_path):
         assert rc == -signal.SIGKILL, f"{label}: exit {rc}\n{out[-6000:]}"
         assert re.search(rf"FAULT {point} hit \d+ .*: SIGKILL process", out), out[-4000:]
         if point == "sync_weights":
-            assert "last=False" in out  # between the two buckets
+            assert "last=False" in out  # after the first bucket, before the last
         figures["faults_injected"] += 1
         if mode == "process":
             deferred.append((label, procs, mode, killed_at))

@@ -168,3 +168,15 @@ def test_resume_target_for_every_state_a_killed_save_leaves(tmp_path):
     assert latest_checkpoint(str(root)) == step1
     _write_tracker(str(root), 2)
     assert latest_checkpoint(str(root)) == str(root / "global_step_2")
+
+
+def test_trace_prints_every_pass_with_its_context(monkeypatch, capsys):
+    monkeypatch.setattr(faults, "_passes", {})
+    monkeypatch.delenv("RLHF_FAULT", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("RLHF_FAULT_TRACE", "1")
+    for last in (False, True, False):
+        faults.maybe_fail("sync_weights", last=last)
+    assert capsys.readouterr().err.splitlines() == ["FAULT-TRACE sync_weights 1 last=False",
+                                                    "FAULT-TRACE sync_weights 2 last=True",
+                                                    "FAULT-TRACE sync_weights 3 last=False"]
