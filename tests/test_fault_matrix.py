@@ -189,8 +189,9 @@ def scalars(run_dir):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     values = {}
+    # events.out.tfevents.<seconds>.<host>.<pid>.<n>: in the order the runs wrote them
     for f in sorted(glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*")),
-                    key=lambda f: int(f.split(".")[-3])):
+                    key=lambda f: (int(os.path.basename(f).split(".")[3]), os.path.getmtime(f))):
         acc = EventAccumulator(f)
         acc.Reload()
         for tag in acc.Tags()["scalars"]:
