@@ -54,41 +54,6 @@ GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
 PHASES = ("gen", "old_log_prob", "update_actor", "sync_weights")
 
 
-def _launch(argv):
-    """Not under torchrun: start 2 processes with torchrun, relay their output, end with the result line."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    # a shared machine often sits above Ray's default 95% memory threshold, where Ray kills the engine actor
-    env.setdefault("RAY_memory_usage_threshold", "0.99")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           os.path.abspath(__file__), *argv]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    result = None
-    try:
-        for line in proc.stdout:
-            if line.startswith("ppo_step: "):
-                result = line.strip()
-            elif "Warning" not in line and "warnings.warn" not in line:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        rc = proc.wait()
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # engine / Ray leftovers of a failed run
-        except ProcessLookupError:
-            pass
-    if rc != 0 or result is None:
-        print(f"benchmark failed (exit code {rc})", flush=True)
-        sys.exit(rc or 1)
-    print(result, flush=True)
-
-
 def build_model(path, a):
     """The benchmark model (random Llama + the quickstart tiny tokenizer), cached in `path`."""
     import torch
@@ -370,6 +335,8 @@ if __name__ == "__main__":
     if args.fix_bucket_mb is None:
         args.fix_bucket_mb = args.sync_bucket_mb
     if "RANK" not in os.environ:
-        _launch(sys.argv[1:])
+        from torchrun_relay import relay
+
+        relay(__file__, sys.argv[1:], 'ppo_step: ')
     else:
         main(args)

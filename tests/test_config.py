@@ -152,6 +152,7 @@ ADDED_KEYS = {
         "max_consecutive_skipped_steps": 10,
         "breaker": {"enable": True, "grad_norm": 100.0, "steps": 5, "warmup_steps": None}}.items()},
     "trainer.slim_checkpoint": True, "trainer.alerts": [],
+    "rollout.weight_update_address": None,  # issue 15: the disaggregated rendezvous address
     "reward.fallback": {"type": "rule", "keywords": [], "keyword_score": 0.0, "length_penalty": 0.0,
                         "max_chars": None},
 }
