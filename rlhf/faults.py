@@ -17,7 +17,15 @@ Points (where the call sits):
     ckpt_mid_save       rlhf.mcore.dist_checkpoint   a role's tensor files written, its metadata not yet
     ckpt_before_rename  rlhf.trainer.checkpoint      every file in global_step_<k>.tmp, before the rename
     ckpt_before_tracker rlhf.trainer.checkpoint      renamed, before latest_checkpointed_iteration.txt
-    sync_weights        rlhf.mcore.weight_sync.bridge  after each bucket delivered to the engines
+    sync_weights        rlhf.mcore.weight_sync.from_tensor  after each bucket delivered to the engines
+                        (``last=True`` on a sync's last bucket)
+
+Points that inject an error instead of killing (the safeguards' tests):
+
+    rollout_request_error  rlhf.rollout.sglang_engine  the engine returns this request aborted, with no
+                           token (:func:`fires`; counted per engine process, one count per sample)
+    reward_model_slow      rlhf.rewards.reward_model   the local reward model's call stalls
+                           ``RLHF_FAULT_STALL_S`` seconds (default 10) first (:func:`maybe_stall`)
 
 Without ``RLHF_FAULT`` every call is a dictionary lookup and returns.
 """
@@ -26,14 +34,19 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
-__all__ = ["FAULT_ENV", "POINTS", "maybe_fail", "armed", "parse_spec"]
+__all__ = ["FAULT_ENV", "POINTS", "maybe_fail", "fires", "maybe_stall", "armed", "parse_spec"]
 
 FAULT_ENV = "RLHF_FAULT"
-POINTS = ("step_start", "ckpt_mid_save", "ckpt_before_rename", "ckpt_before_tracker", "sync_weights")
+POINTS = ("step_start", "ckpt_mid_save", "ckpt_before_rename", "ckpt_before_tracker", "sync_weights",
+          "rollout_request_error", "reward_model_slow")
 EXIT_CODE = 17  # RLHF_FAULT_MODE=exit
 
+TRACE_ENV = "RLHF_FAULT_TRACE"
+
 _hits: dict[str, int] = {}
+_passes: dict[str, int] = {}  # RLHF_FAULT_TRACE
 
 
 def parse_spec(spec: str) -> dict[str, int]:
@@ -61,19 +74,38 @@ def _this_rank_fires() -> bool:
     return str(launch_env().rank) == os.environ.get("RLHF_FAULT_RANK", "0")
 
 
-def maybe_fail(point: str, **context) -> None:
-    """Count a pass through `point`; on the configured hit, kill the process group (see module docstring).
-    `context` (e.g. ``step=3``) is printed on the FAULT line."""
+def fires(point: str) -> bool:
+    """Count a pass through `point`; True on the configured hit (once per process), else False."""
     spec = os.environ.get(FAULT_ENV)
     if not spec or not _this_rank_fires():
-        return
+        return False
     target = parse_spec(spec).get(point)
     if target is None:
-        return
+        return False
     _hits[point] = _hits.get(point, 0) + 1
-    if _hits[point] != target:
-        return
+    return _hits[point] == target
+
+
+def maybe_stall(point: str) -> None:
+    """Count a pass through `point`; on the configured hit, print a FAULT line and sleep
+    ``RLHF_FAULT_STALL_S`` seconds (default 10), as a slow service would."""
+    if fires(point):
+        seconds = float(os.environ.get("RLHF_FAULT_STALL_S", "10"))
+        print(f"FAULT {point} hit {_hits[point]}: stall {seconds:g} s", file=sys.stderr, flush=True)
+        time.sleep(seconds)
+
+
+def maybe_fail(point: str, **context) -> None:
+    """Count a pass through `point`; on the configured hit, kill the process group (see module docstring).
+    `context` (e.g. ``step=3``) is printed on the FAULT line.  With ``RLHF_FAULT_TRACE=1`` every pass prints
+    ``FAULT-TRACE <point> <n> <context>`` (how a test finds the hit number of a point, e.g. buckets per sync)."""
     where = " ".join(f"{k}={v}" for k, v in context.items())
+    if os.environ.get(TRACE_ENV) and _this_rank_fires():
+        _passes[point] = _passes.get(point, 0) + 1
+        print(f"FAULT-TRACE {point} {_passes[point]} {where}", file=sys.stderr, flush=True)
+    if not fires(point):
+        return
+    target = _hits[point]
     mode = os.environ.get("RLHF_FAULT_MODE", "group")
     if mode == "exit":
         print(f"FAULT {point} hit {target} {where}: exit {EXIT_CODE}", file=sys.stderr, flush=True)

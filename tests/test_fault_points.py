@@ -149,3 +149,34 @@ def test_manager_process_dies_with_its_parent(tmp_path, fixed):
     if survived:
         psutil.Process(pid).kill()
     assert survived is not fixed
+
+
+def test_resume_target_for_every_state_a_killed_save_leaves(tmp_path):
+    """The states the fault points ckpt_mid_save / ckpt_before_rename / ckpt_before_tracker leave behind (the
+    cases the fault matrix no longer runs one by one): each time the tracker's step 1 is resumed."""
+    root = tmp_path / "checkpoints"
+    (root / "global_step_1").mkdir(parents=True)
+    (root / "global_step_1" / "trainer_state.pt").write_text("x")
+    _write_tracker(str(root), 1)
+    step1 = str(root / "global_step_1")
+    (root / "global_step_2.tmp" / "actor").mkdir(parents=True)  # mid save: tensor files, no metadata.json
+    (root / "global_step_2.tmp" / "actor" / "__0_0.distcp").write_text("x")
+    assert latest_checkpoint(str(root)) == step1
+    (root / "global_step_2.tmp" / "trainer_state.pt").write_text("x")  # before the rename: complete, not named
+    assert latest_checkpoint(str(root)) == step1
+    os.replace(root / "global_step_2.tmp", root / "global_step_2")  # renamed, the tracker not yet written
+    assert latest_checkpoint(str(root)) == step1
+    _write_tracker(str(root), 2)
+    assert latest_checkpoint(str(root)) == str(root / "global_step_2")
+
+
+def test_trace_prints_every_pass_with_its_context(monkeypatch, capsys):
+    monkeypatch.setattr(faults, "_passes", {})
+    monkeypatch.delenv("RLHF_FAULT", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("RLHF_FAULT_TRACE", "1")
+    for last in (False, True, False):
+        faults.maybe_fail("sync_weights", last=last)
+    assert capsys.readouterr().err.splitlines() == ["FAULT-TRACE sync_weights 1 last=False",
+                                                    "FAULT-TRACE sync_weights 2 last=True",
+                                                    "FAULT-TRACE sync_weights 3 last=False"]

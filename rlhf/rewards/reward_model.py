@@ -16,6 +16,8 @@ import abc
 import math
 from typing import Any, List, Sequence, Union
 
+from rlhf import faults
+
 __all__ = ["RewardModelScorer", "HFRewardModelScorer", "RayRewardModelScorer", "check_scores"]
 
 # A prompt is either plain text or a chat-message list [{"role": ..., "content": ...}, ...].
@@ -139,6 +141,7 @@ class HFRewardModelScorer(RewardModelScorer):
     def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> List[float]:
         import torch
 
+        faults.maybe_stall("reward_model_slow")  # fault injection (rlhf.faults): a reward model that answers late
         texts = [self.render(p, r) for p, r in zip(prompts, responses)]
         out: List[float] = []
         with torch.no_grad():

@@ -18,6 +18,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
+from rlhf import faults
 from rlhf.rollout.sampling import SamplingConfig
 from rlhf.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, RolloutSample
 
@@ -25,6 +26,9 @@ __all__ = ["SGLangEngine", "EngineCallError", "check_result"]
 
 #: tags of SGLang's memory saver (``release_memory_occupation(tags)``)
 MEMORY_TAGS = ("weights", "kv_cache")
+#: what an aborted request looks like (RLHF_FAULT=rollout_request_error@<k>, rlhf.faults)
+_INJECTED_ABORT = {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "injected"},
+                                                   "output_token_logprobs": []}}
 
 
 class EngineCallError(RuntimeError):
@@ -106,6 +110,7 @@ class SGLangEngine:
         outs = self.engine.generate(input_ids=[prompts[i] for i, _ in index], sampling_params=params,
                                     return_logprob=True)
         outs = [outs] if isinstance(outs, dict) else outs
+        outs = [_INJECTED_ABORT if faults.fires("rollout_request_error") else o for o in outs]  # fault injection
         return [self._sample(o, prompts[i], i, j) for (i, j), o in zip(index, outs)]
 
     def _sample(self, out: dict, prompt: List[int], i: int, j: int) -> RolloutSample:

@@ -139,6 +139,18 @@ class RolloutWorker:
             self.last_sync = self.bridge.sync(engines=stale)
         raise RuntimeError(f"rollout engines {stale} kept being replaced during generation; see the engine logs")
 
+    def _retry_failed(self, samples, sampling) -> tuple:
+        """Collective.  Samples whose generation failed (aborted request, no token, non-finite log-prob) are
+        generated again greedily, each alone (rlhf.rollout.fallback); returns (samples, rank 0's counters
+        rollout/num_fallbacks and rollout/num_failed_samples)."""
+        from rlhf.rollout.fallback import failed_samples, greedy_retry_sampling, merge_retries
+
+        failed = _broadcast(failed_samples(samples) if self.rank0 else None)
+        if not failed:
+            return samples, {"rollout/num_fallbacks": 0.0, "rollout/num_failed_samples": 0.0}
+        retried = self._generate([samples[k].prompt_ids for k in failed], greedy_retry_sampling(sampling))
+        return samples, (merge_retries(samples, failed, retried) if self.rank0 else {})
+
     @staticmethod
     def _renumber(samples, todo):
         for s in samples:
@@ -153,6 +165,7 @@ class RolloutWorker:
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=seed)
         samples = self._generate(batch["input_ids_list"], sampling)
+        samples, rollout_metrics = self._retry_failed(samples, sampling)
         payload = None
         if self.rank0:
             texts = self.tokenizer.batch_decode([x.response_ids for x in samples], skip_special_tokens=True)
@@ -161,7 +174,7 @@ class RolloutWorker:
                                                   [batch["ground_truth"][i] for i in idx],
                                                   extra_infos=[batch["extra_info"][i] for i in idx],
                                                   prompts=[batch["raw_prompt"][i] for i in idx])
-            reward_metrics["rollout/num_restarts"] = float(self.manager.num_restarts)
+            reward_metrics.update(rollout_metrics, **{"rollout/num_restarts": float(self.manager.num_restarts)})
             payload = (samples, scores, reward_metrics)
         return _broadcast(payload)
 
