@@ -107,6 +107,21 @@ def test_unscorable_samples_leave_the_baseline_and_the_loss():
     assert batch["advantages"][:3, 0].tolist() == pytest.approx([1.1547, -0.57735, -0.57735], abs=1e-4)
 
 
+def test_a_sample_whose_rollout_failed_leaves_the_baseline_and_the_loss():
+    """A sample still failed after its greedy retry (extra["rollout_failed"], rlhf.rollout.fallback) is not a
+    response of the policy: GRPO group [1, 0, failed] -> A = +-0.70711 and 0 (as an unscorable sample), a zero
+    loss-mask row, whatever reward.exclude_unscorable says; it is not counted as unscorable."""
+    samples = _samples([2, 3, 1, 2, 2, 2], n=3)
+    samples[2].extra["rollout_failed"] = True
+    for cfg in (_cfg("grpo"), _cfg("grpo", exclude=False)):
+        batch, m = _batch(samples, [1.0, 0.0, 0.0, 1.0, 1.0, 1.0], cfg)
+        assert m == {"reward/num_unscorable": 0.0}
+        assert batch["sample_valid"].tolist() == [True, True, False, True, True, True]
+        assert batch["loss_mask"].tolist()[2] == [0, 0, 0, 0]
+        compute_advantages(batch, np.array([s.prompt_index for s in samples]), cfg.algorithm, None)
+        assert batch["advantages"][:3, 0].tolist() == pytest.approx([0.70711, -0.70711, 0.0], abs=1e-4)
+
+
 def test_overlong_filter_masks_truncated_responses_out_of_the_loss_only():
     """finish_reason "length" survives into batch["truncated"]; with algorithm.overlong_filter those rows of
     loss_mask are 0 (counted in actor/num_overlong_filtered) while their rewards still form the baseline."""

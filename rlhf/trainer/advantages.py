@@ -116,7 +116,7 @@ def attach_remax_baselines(samples, greedy: tuple, cfg) -> dict:
 
 def sample_masks(batch: dict, samples, cfg) -> dict:
     """Fill batch["sample_valid"] [N] bool (reward, and ReMax baseline, scorable; all True unless
-    ``reward.exclude_unscorable``), batch["reward_baselines"] [N] (ReMax) and batch["loss_mask"] [N, R]
+    ``reward.exclude_unscorable``; False for a sample whose rollout failed, ``extra["rollout_failed"]``), batch["reward_baselines"] [N] (ReMax) and batch["loss_mask"] [N, R]
     (the response mask of the valid samples, without truncated ones under ``algorithm.overlong_filter``;
     needs batch["truncated"]).  Returns reward/num_unscorable (and actor/num_overlong_filtered)."""
     exclude = cfg.reward.exclude_unscorable
@@ -124,8 +124,11 @@ def sample_masks(batch: dict, samples, cfg) -> dict:
     if cfg.algorithm.adv_estimator == "remax":
         batch["reward_baselines"] = torch.tensor([float(s.extra["reward_baseline"]) for s in samples])
         valid &= torch.tensor([bool(s.extra["baseline_valid"]) or not exclude for s in samples])
-    keep = valid.clone()
     metrics = {"reward/num_unscorable": float((~valid).sum())}
+    # a sample the rollout could not produce even on its greedy retry (rlhf.rollout.fallback) never trains
+    # (counted in rollout/num_failed_samples)
+    valid &= torch.tensor([not s.extra.get("rollout_failed", False) for s in samples])
+    keep = valid.clone()
     if cfg.algorithm.overlong_filter:
         filtered = valid & batch["truncated"]
         keep &= ~filtered
