@@ -12,6 +12,7 @@ so all of them are reported together (:func:`translate_items`).
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -19,7 +20,7 @@ from rlhf.config.keys import first_bad_part, is_dict_field, split_key
 from rlhf.config.verl_keys import OURS, REWARD_MODEL_PREFIX, RULES, Unsupported
 
 __all__ = ["Item", "Translated", "translate_items", "translate_key", "match_rule", "items_from_overrides",
-           "check_same"]
+           "check_same", "ignored_lines"]
 
 
 @dataclass
@@ -42,7 +43,7 @@ class Translated:
     overrides: list = field(default_factory=list)  # override strings in our keys
     problems: list = field(default_factory=list)  # unsupported settings, one line each
     same: list = field(default_factory=list)  # (our key, value, verl key, source): must be equal after composing
-    ignored: list = field(default_factory=list)  # (verl key, source) accepted without effect
+    ignored: list = field(default_factory=list)  # (verl key, source, why) accepted without effect
     notes: list = field(default_factory=list)  # substitutions worth telling (vllm read as sglang)
     unknown: list = field(default_factory=list)  # ConfigKeyError per verl-layout key that is not ours either
     origins: dict = field(default_factory=dict)  # override string -> where its setting came from
@@ -61,7 +62,7 @@ def _matches(pattern: str, key: str) -> Optional[str]:
             return None
     elif len(kp) != len(pp):
         return None
-    if all(p in ("*", k) for p, k in zip(pp, kp)):
+    if all(p in ("*", k) or ("*" in p and fnmatchcase(k, p)) for p, k in zip(pp, kp)):
         return ".".join(kp[:len(pp)])
     return None
 
@@ -179,7 +180,7 @@ def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None
             shown = ", ".join(_show(v) for v in values)
             out.problems.append(f"{key}={value!r} is not supported{_where(item)}: {why} (accepted: {shown}).")
     elif action == "ignore":
-        out.ignored.append((key, item.source))
+        out.ignored.append((key, item.source, arg))
     elif action == "reward_model":
         reward_model[arg] = (value, item)
 
@@ -283,4 +284,34 @@ def check_same(cfg: Any, same: Sequence[tuple]) -> list[str]:
             out.append(f"{verl_key}={value!r} is not supported" + (f" ({source})" if source else "")
                        + f": the reference model and the critic use the actor's layout, {ours}={have!r}; "
                        f"set {ours}={value!r} (actor_rollout_ref.actor.megatron.*) or drop {verl_key}.")
+    return out
+
+
+def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
+    """Warning lines naming the verl settings accepted without effect (``Translated.ignored``), so none passes
+    silently: command-line keys one by one with the reason; a config file's keys in one line per file, grouped
+    by section (a verl ``ppo_trainer.yaml`` holds hundreds of engine / worker details).  verl's ``_target_``
+    class names and ``hydra.*`` are left out (they configure nothing)."""
+    by_why: dict = {}
+    by_file: dict = {}
+    for key, source, why in ignored:
+        if key.endswith("._target_") or key == "_target_" or key.startswith("hydra."):
+            continue
+        if not source or source.startswith("command-line"):
+            by_why.setdefault(why, []).append(key)
+        else:
+            section, _, rest = key.partition(".")
+            if "." in rest:
+                sub, _, rest = rest.partition(".")
+                section = f"{section}.{sub}"
+            by_file.setdefault(source, {}).setdefault(section, []).append(rest or key)
+    out = []
+    if by_why:
+        out.append("no effect here: " + "; ".join(f"{', '.join(sorted(set(keys)))} ({why})"
+                                                  for why, keys in by_why.items()))
+    for source, sections in by_file.items():
+        n = sum(len(set(v)) for v in sections.values())
+        listed = "; ".join(f"{sec}.{{{', '.join(sorted(set(v)))}}}" for sec, v in sorted(sections.items()))
+        out.append(f"{source}: {n} verl settings have no effect here (engine, worker and profiler details; the "
+                   f"reason for each is in rlhf/config/verl_keys.py): {listed}")
     return out
