@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -270,6 +271,62 @@ def test_neutral_verl_values_are_accepted(gsm8k):
     assert compose_config([*_lines(VERL_QUICKSTART, **gsm8k), *knobs]) == base
 
 
+def test_current_verl_keys_are_mapped_or_refused_all_at_once():
+    """Keys of the current verl layout: its reward model (reward.reward_model.*) becomes a model reward source;
+    features we lack are refused only when switched on, all in one error, each with the reason; an unknown
+    rollout key is read as ours (rollout.*) for the suggestions."""
+    c = compose_config(["reward.reward_model.enable=true", "reward.reward_model.model_path=acme/rm-7b",
+                        "reward.reward_manager.name=dapo", "distillation.enabled=false", "trainer.use_v1=true",
+                        "actor_rollout_ref.actor.optim.warmup_style=null",
+                        "actor_rollout_ref.actor.optim.muon_momentum=0.9"])
+    assert [(s.type, s.path, s.weight) for s in c.reward.sources] == [("model", "acme/rm-7b", 1.0)]
+    assert c.actor.optim.lr_decay_style == compose_config([]).actor.optim.lr_decay_style
+    bad = ["distillation.enabled=true", "actor_rollout_ref.rollout.disaggregation.enabled=true",
+           "actor_rollout_ref.actor.qat.enable=true", "reward.sandbox_fusion.url=http://sandbox",
+           "actor_rollout_ref.actor.optim.use_precision_aware_optimizer=true", "skip.rollout.enable=true",
+           "critic.optim.exp_avg_dtype=bf16", "actor_rollout_ref.rollout.temprature=0.7"]
+    with pytest.raises(ConfigKeyError) as ei:
+        compose_config(bad)
+    msg = str(ei.value)
+    assert len(ei.value.problems) == len(bad), msg
+    for s in ["distillation.enabled=True is not supported", "on-policy distillation is not supported",
+              "disaggregation.enabled=True is not supported", "qat.enable=True is not supported",
+              "sandbox_fusion.url='http://sandbox' is not supported", "use_precision_aware_optimizer=True",
+              "skip.rollout.enable=True", "exp_avg_dtype='bf16' is not supported",
+              "'actor_rollout_ref.rollout.temprature' (read as 'rollout.temprature'",
+              "Did you mean: rollout.temperature"]:
+        assert s in msg, f"{s!r} not in\n{msg}"
+
+
+def test_verl_keys_without_effect_are_warned_not_silent(caplog):
+    """A verl key accepted without effect is named in a warning with its reason (command line) or grouped by
+    section (a config file); verl's _target_ class names are left out."""
+    from rlhf.config.verl_compat import ignored_lines
+
+    cli = "command-line override 'x'"
+    assert ignored_lines([("actor_rollout_ref.rollout.enforce_eager", cli, "engine"),
+                          ("trainer.balance_batch", cli, "worker"), ("a.b.free_cache_engine", cli, "engine"),
+                          ("critic._target_", "config file f.yaml", "name"), ("hydra.run.dir", cli, "hydra"),
+                          ("critic.profiler.tool_config.nsys.discrete", "config file f.yaml", "p"),
+                          ("critic.profiler.enable", "config file f.yaml", "p"),
+                          ("critic.strategy", "config file f.yaml", "s")]) == [
+        "no effect here: a.b.free_cache_engine, actor_rollout_ref.rollout.enforce_eager (engine); "
+        "trainer.balance_batch (worker)",
+        "config file f.yaml: 3 verl settings have no effect here (engine, worker and profiler details; the reason "
+        "for each is in rlhf/config/verl_keys.py): critic.{strategy}; critic.profiler.{enable, tool_config.*}"]
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        compose_config(["actor_rollout_ref.rollout.enforce_eager=True", "trainer.use_v1=true",
+                        "actor_rollout_ref.rollout.name=vllm"])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "actor_rollout_ref.rollout.enforce_eager (an SGLang engine setting chosen here)" in text
+    assert "trainer.use_v1 (verl's trainer implementation switch)" in text
+    assert "rollout.name=vllm: the rollout engine here is SGLang" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        compose_config(["actor_rollout_ref.actor.optim.lr=1e-6"])  # a mapped key: nothing to warn about
+    assert not caplog.records
+
+
 def test_verl_algorithm_keys_and_override_prefixes():
     """issue 14's config side through verl's names; verl's `+key` for a key we have; dict-valued fields."""
     c = compose_config(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "algorithm.adv_estimator=remax",
@@ -283,24 +340,45 @@ def test_verl_algorithm_keys_and_override_prefixes():
         validate_config(compose_config(["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"]))
 
 
-@pytest.mark.skipif(not VERL_MIRROR.exists(), reason="no fetched copy of verl")
-def test_verl_generated_megatron_config_file(tmp_path, gsm8k, capsys):
-    """verl's full flattened Megatron config (read from a fetched copy of verl, never copied into the project)
-    passes with only its placeholder paths replaced."""
-    r = subprocess.run(["git", "--git-dir", str(VERL_MIRROR / ".git") if (VERL_MIRROR / ".git").exists()
-                        else str(VERL_MIRROR), "show", "HEAD:verl/trainer/config/_generated_ppo_megatron_trainer.yaml"],
-                       capture_output=True, text=True)
+def _verl_file(mirror: Path, name: str) -> str:
+    """verl's flattened config ``name`` from a fetched copy of verl (read at test time, never copied here)."""
+    if not mirror.exists():
+        pytest.skip(f"no fetched copy of verl at {mirror}")
+    r = subprocess.run(["git", "--git-dir", str(mirror / ".git") if (mirror / ".git").exists() else str(mirror),
+                        "show", f"HEAD:verl/trainer/config/{name}"], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip("verl's generated config is not in the fetched copy")
-    (tmp_path / "gen.yaml").write_text(r.stdout)
+        pytest.skip(f"{name} is not in the fetched copy {mirror}")
+    return r.stdout
+
+
+@pytest.mark.parametrize("mirror", [VERL_MIRROR, VERL_MIRROR.parents[1] / "verl-project+verl" / "repo"],
+                         ids=["volcengine", "verl-project"])
+@pytest.mark.parametrize("name", ["_generated_ppo_megatron_trainer.yaml", "_generated_ppo_trainer.yaml"])
+def test_verl_generated_config_files(mirror, name, tmp_path, gsm8k, capsys, caplog):
+    """verl's full flattened configs (ppo_trainer.yaml = FSDP and ppo_megatron_trainer.yaml, of the older and
+    the current verl) pass with only their placeholder paths replaced; the hundreds of worker / engine keys
+    that have no effect here are named in one warning per file, none silently."""
+    (tmp_path / "gen.yaml").write_text(_verl_file(mirror, name))
     f = gsm8k["files"]
     args = ["--config", str(tmp_path / "gen.yaml"), "--cfg", f"data.train_files={f['gsm8k_train']}",
             f"data.val_files={f['gsm8k_test']}", "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
             "critic.model.path=Qwen/Qwen2-7B-Instruct", "actor_rollout_ref.rollout.name=sglang"]
-    assert main(args) == 0, capsys.readouterr().err
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        assert main(args) == 0, capsys.readouterr().err
     c = OmegaConf.create(yaml.safe_load(capsys.readouterr().out))
     assert c.trainer.default_local_dir == "checkpoints/verl_examples/gsm8k" and c.actor.optim.weight_decay == 0.01
-    assert c.critic.ppo_mini_batch_size == c.actor.ppo_mini_batch_size == 256 and c.model.dtype == "bfloat16"
+    assert c.critic.ppo_mini_batch_size == c.actor.ppo_mini_batch_size == 256 and c.data.train_batch_size == 1024
+    assert (c.actor.optim.lr, c.critic.optim.lr, c.actor.clip_ratio, c.algorithm.adv_estimator) == (1e-6, 1e-5, 0.2,
+                                                                                                      "gae")
+    assert list(c.trainer.logger) == ["console", "wandb"] and c.reward.sources == []  # verl's RM is off
+    if "megatron" in name:
+        assert c.model.dtype == "bfloat16"
+    warned = [r.getMessage() for r in caplog.records if "verl settings have no effect here" in r.getMessage()]
+    assert len(warned) == 1, warned
+    n = int(re.search(r"(\d+) verl settings have no effect", warned[0]).group(1))
+    assert n > 300 and "_target_" not in warned[0] and len(warned[0]) < 8000, warned[0]
+    for part in ("actor_rollout_ref.rollout.{", "enforce_eager", "free_cache_engine", "profiler.*", "critic.model.{"):
+        assert part in warned[0], part
 
 
 # --------------------------------------------------------------------------- Hydra's standard options

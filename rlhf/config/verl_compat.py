@@ -290,7 +290,8 @@ def check_same(cfg: Any, same: Sequence[tuple]) -> list[str]:
 def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
     """Warning lines naming the verl settings accepted without effect (``Translated.ignored``), so none passes
     silently: command-line keys one by one with the reason; a config file's keys in one line per file, grouped
-    by section (a verl ``ppo_trainer.yaml`` holds hundreds of engine / worker details).  verl's ``_target_``
+    by section, deeper keys as ``name.*`` (a verl ``ppo_trainer.yaml`` holds hundreds of engine / worker
+    details).  verl's ``_target_``
     class names and ``hydra.*`` are left out (they configure nothing)."""
     by_why: dict = {}
     by_file: dict = {}
@@ -304,13 +305,14 @@ def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
             if "." in rest:
                 sub, _, rest = rest.partition(".")
                 section = f"{section}.{sub}"
-            by_file.setdefault(source, {}).setdefault(section, []).append(rest or key)
+            head, dot, _ = (rest or key).partition(".")
+            by_file.setdefault(source, {}).setdefault(section, []).append(head + (".*" if dot else ""))
     out = []
     if by_why:
         out.append("no effect here: " + "; ".join(f"{', '.join(sorted(set(keys)))} ({why})"
                                                   for why, keys in by_why.items()))
     for source, sections in by_file.items():
-        n = sum(len(set(v)) for v in sections.values())
+        n = len({(source, key) for key, src, _ in ignored if src == source and not key.endswith("_target_")})
         listed = "; ".join(f"{sec}.{{{', '.join(sorted(set(v)))}}}" for sec, v in sorted(sections.items()))
         out.append(f"{source}: {n} verl settings have no effect here (engine, worker and profiler details; the "
                    f"reason for each is in rlhf/config/verl_keys.py): {listed}")
