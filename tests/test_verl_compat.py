@@ -90,6 +90,58 @@ VERL_QUICKSTART = """
 """
 
 
+# verl's current canonical PPO example (examples/ppo_trainer/run_qwen3_8b_megatron.sh, its arrays as bash expands
+# them with the defaults); dynamic micro batches are the one feature it uses that we lack
+VERL_PPO_QWEN3_MEGATRON = """
+    algorithm.adv_estimator=gae
+    data.train_files={train}
+    data.val_files={test}
+    data.train_batch_size=1024
+    data.max_prompt_length=1024
+    data.max_response_length=2048
+    data.filter_overlong_prompts=True
+    data.truncation=error
+    actor_rollout_ref.model.path=Qwen/Qwen3-8B
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=256
+    actor_rollout_ref.actor.use_dynamic_bsz=True
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576
+    actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    actor_rollout_ref.rollout.n=1
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576
+    actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2
+    actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2
+    critic.model.path=Qwen/Qwen3-8B
+    critic.model.use_remove_padding=True
+    critic.optim.lr=1e-5
+    critic.use_dynamic_bsz=True
+    critic.ppo_max_token_len_per_gpu=24576
+    critic.megatron.tensor_model_parallel_size=2
+    critic.megatron.pipeline_model_parallel_size=2
+    trainer.balance_batch=True
+    trainer.critic_warmup=0
+    trainer.logger=["console","wandb"]
+    trainer.project_name=verl_ppo_gsm8k_math
+    trainer.experiment_name=qwen3_8b_vllm_megatron
+    trainer.n_gpus_per_node=8
+    trainer.nnodes=1
+    trainer.save_freq=20
+    trainer.test_freq=5
+    trainer.total_epochs=15
+    model_engine=megatron
+    ray_kwargs.ray_init.runtime_env.py_executable=null
+"""
+
+
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
@@ -157,6 +209,29 @@ def test_verl_quickstart_command_line(gsm8k, capsys):
     assert list(c.trainer.logger) == ["console"] and c.trainer.val_before_train is False
     assert c.actor.log_prob_micro_batch_size_per_gpu == 8 and c.algorithm.kl_ctrl.kl_coef == 0.001
     assert c.model.critic_path == "Qwen/Qwen2.5-0.5B-Instruct" and c.rollout.mem_fraction_static == 0.4
+
+
+def test_verl_current_ppo_example(gsm8k, capsys, caplog):
+    """verl's current PPO example: its four dynamic-batch switches are refused in one error, each with the key to
+    set instead; without them it composes with verl's values, and its no-effect keys are named in a warning."""
+    lines = _lines(VERL_PPO_QWEN3_MEGATRON, **gsm8k)
+    assert main(["--cfg", *lines]) == 2
+    err = capsys.readouterr().err
+    assert "Invalid config (4 problems)" in err
+    for fix in ("actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
+                "rollout.log_prob_use_dynamic_bsz=True is not supported", "ref.log_prob_use_dynamic_bsz=True",
+                "actor.log_prob_micro_batch_size_per_gpu"):
+        assert fix in err, fix
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        assert main(["--cfg", *[line for line in lines if "use_dynamic_bsz" not in line]]) == 0
+    c = OmegaConf.create(yaml.safe_load(capsys.readouterr().out))
+    assert (c.parallel.tensor_model_parallel_size, c.parallel.pipeline_model_parallel_size) == (2, 2)
+    assert (c.rollout.tensor_model_parallel_size, c.rollout.mem_fraction_static, c.rollout.n) == (2, 0.6, 1)
+    assert (c.data.max_response_length, c.actor.entropy_coeff, c.model.critic_path) == (2048, 0.0, "Qwen/Qwen3-8B")
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    for key in ("model_engine", "trainer.balance_batch", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+                "ray_kwargs.ray_init.runtime_env.py_executable", "critic.model.use_remove_padding"):
+        assert key in warned, key
 
 
 def _nest(lines: list[str]) -> dict:

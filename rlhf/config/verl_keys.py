@@ -201,6 +201,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
     *_megatron("actor_rollout_ref.ref.megatron", same=True),
+    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; set "
+                                                                          "actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.ref.**", "ignore", "the reference is the frozen initial actor, in the actor's layout and "
@@ -212,7 +214,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "map", "actor.log_prob_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size")),
+    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; "
+                                                                                 "set actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "ignore", _THROUGHPUT),
     ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "map",
      "rollout.weight_sync_bucket_mb"),
@@ -368,6 +371,7 @@ RULES: list[tuple] = [
     ("reward_manager.**", "ignore", "rewards come from reward.sources"),
     # ----------------------------------------------------------------- whole sections verl has and we do not
     ("transfer_queue.enable", "neutral", ((False,), "not supported")),
+    ("model_engine", "ignore", "training runs on megatron-core here whatever the engine named"),
     ("distillation.enabled", "neutral", ((False,), "on-policy distillation is not supported")),
     ("distillation.**", "ignore", "distillation is off"),
     ("skip.*.enable", "neutral", ((False,), "rollouts are always generated (no replay from a dump)")),
