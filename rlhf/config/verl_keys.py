@@ -214,8 +214,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "map", "actor.log_prob_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; "
-                                                                                 "set actor.log_prob_micro_batch_size_per_gpu")),
+    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "neutral",
+     ((False,), "micro batches are fixed-size here; set actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "ignore", _THROUGHPUT),
     ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "map",
      "rollout.weight_sync_bucket_mb"),
