@@ -15,6 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from rlhf.config import ConfigError, ConfigKeyError, ConfigValidationError, compose_config, validate_config
+from rlhf.config.config_file import find_config_file
 from rlhf.config.refs import parse_data_ref, parse_model_ref
 from rlhf.main import UsageError, main, parse_args, write_run_dir
 
@@ -454,6 +455,65 @@ def test_verl_generated_config_files(mirror, name, tmp_path, gsm8k, capsys, capl
     assert n > 300 and "_target_" not in warned[0] and len(warned[0]) < 8000, warned[0]
     for part in ("actor_rollout_ref.rollout.{", "enforce_eager", "free_cache_engine", "profiler.*", "critic.model.{"):
         assert part in warned[0], part
+
+
+def test_a_verl_config_tree_is_composed_by_hydra_first(tmp_path):
+    """--config-path DIR --config-name ppo_trainer on a verl-style tree (group defaults with packages, nested
+    defaults, `override`, _self_) reads what Hydra composes there; the command line still wins."""
+    conf = tmp_path / "config"
+    (conf / "actor").mkdir(parents=True)
+    (conf / "engine").mkdir()
+    (conf / "actor" / "actor.yaml").write_text("ppo_mini_batch_size: 8\nclip_ratio: 0.3\noptim:\n  lr: 1e-6\n")
+    (conf / "actor" / "dp_actor.yaml").write_text("defaults:\n  - actor\n  - _self_\nstrategy: fsdp\n"
+                                                  "optim:\n  lr: 2e-6\n")
+    (conf / "engine" / "fsdp.yaml").write_text("save_freq: 3\n")
+    (conf / "engine" / "megatron.yaml").write_text("save_freq: 9\n")
+    (conf / "shared.yaml").write_text("total_epochs: 7\n")
+    (conf / "ppo_trainer.yaml").write_text(textwrap.dedent("""
+        defaults:
+          - actor@actor_rollout_ref.actor: dp_actor
+          - engine@trainer: fsdp
+          - shared@trainer
+          - override engine@trainer: megatron
+          - _self_
+        actor_rollout_ref:
+          actor:
+            clip_ratio: 0.25
+        trainer:
+          experiment_name: tree
+    """))
+    path = find_config_file(str(conf), "ppo_trainer")
+    assert path == conf / "ppo_trainer.yaml"
+    c = compose_config([], config_file=path)
+    assert (c.actor.ppo_mini_batch_size, c.actor.optim.lr, c.actor.clip_ratio) == (8, 2e-6, 0.25)
+    assert (c.trainer.total_epochs, c.trainer.save_freq, c.trainer.experiment_name) == (7, 9, "tree")
+    c = compose_config(["actor_rollout_ref.actor.ppo_mini_batch_size=4"], config_file=path)
+    assert c.actor.ppo_mini_batch_size == 4
+    assert compose_config([]) == compose_config([])  # our own Hydra state is untouched
+
+
+@pytest.mark.parametrize("mirror", [VERL_MIRROR, VERL_MIRROR.parents[1] / "verl-project+verl" / "repo"],
+                         ids=["volcengine", "verl-project"])
+@pytest.mark.parametrize("name", ["ppo_trainer", "ppo_megatron_trainer"])
+def test_verl_own_config_tree_equals_its_generated_file(mirror, name, tmp_path, gsm8k):
+    """verl's config directory (verl/trainer/config of a fetched copy, extracted at test time) read with
+    --config-path/--config-name gives the same config as verl's flattened _generated_<name>.yaml."""
+    if not mirror.exists():
+        pytest.skip(f"no fetched copy of verl at {mirror}")
+    git_dir = str(mirror / ".git") if (mirror / ".git").exists() else str(mirror)
+    archive = subprocess.run(["git", "--git-dir", git_dir, "archive", "HEAD", "verl/trainer/config"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip("verl/trainer/config is not in the fetched copy")
+    subprocess.run(["tar", "x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    tree = tmp_path / "verl" / "trainer" / "config"
+    f = gsm8k["files"]
+    args = [f"data.train_files={f['gsm8k_train']}", f"data.val_files={f['gsm8k_test']}",
+            "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", "critic.model.path=Qwen/Qwen2-7B-Instruct",
+            "actor_rollout_ref.rollout.name=sglang"]
+    composed = compose_config(args, config_file=find_config_file(str(tree), name))
+    assert composed == compose_config(args, config_file=tree / f"_generated_{name}.yaml")
+    assert composed.data.train_batch_size == 1024 and composed.actor.optim.lr == 1e-6
 
 
 # --------------------------------------------------------------------------- Hydra's standard options
