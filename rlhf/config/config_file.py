@@ -4,9 +4,10 @@
 The file holds the keys it changes, nested (``actor_rollout_ref: {actor: {optim: {lr: 1e-6}}}``) or dotted; its
 ``defaults:`` list may name the base config (``ppo_trainer`` / ``ppo_megatron_trainer``: verl's two bases are
 both ours), a ``recipe: NAME`` or ``algorithm: NAME``, and other files of the same directory; ``hydra.run.dir``
-in it works as on the command line.  A file whose ``defaults:`` name config groups of its own directory (verl's
-``--config-path=<verl>/verl/trainer/config --config-name=ppo_trainer``) is composed by Hydra first, as verl would.  Its settings come before the command line's (the command line wins) and go
-through the verl alias layer (:mod:`rlhf.config.verl_compat`).  ``${...}`` interpolations between keys are kept,
+in it works as on the command line.  A file whose ``defaults:`` name config groups of its own directory
+(verl's ``--config-path=<verl>/verl/trainer/config --config-name=ppo_trainer``) is composed by Hydra first, as
+verl would.  Its settings come before the command line's (the command line wins) and go through the verl alias
+layer (:mod:`rlhf.config.verl_compat`).  ``${...}`` interpolations between keys are kept,
 with verl's keys rewritten to ours; one that cannot be (its target has no equivalent) is resolved within the file.
 """
 from __future__ import annotations
