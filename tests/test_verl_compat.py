@@ -492,9 +492,8 @@ def test_a_verl_config_tree_is_composed_by_hydra_first(tmp_path):
     assert compose_config([]) == compose_config([])  # our own Hydra state is untouched
 
 
-@pytest.mark.parametrize("mirror", [VERL_MIRROR, VERL_MIRROR.parents[1] / "verl-project+verl" / "repo"],
-                         ids=["volcengine", "verl-project"])
-@pytest.mark.parametrize("name", ["ppo_trainer", "ppo_megatron_trainer"])
+@pytest.mark.parametrize("mirror,name", [(VERL_MIRROR.parents[1] / "verl-project+verl" / "repo", "ppo_trainer"),
+                                         (VERL_MIRROR, "ppo_megatron_trainer")], ids=["current-fsdp", "older-megatron"])
 def test_verl_own_config_tree_equals_its_generated_file(mirror, name, tmp_path, gsm8k):
     """verl's config directory (verl/trainer/config of a fetched copy, extracted at test time) read with
     --config-path/--config-name gives the same config as verl's flattened _generated_<name>.yaml."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from fnmatch import fnmatchcase
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -49,18 +50,23 @@ class Translated:
     origins: dict = field(default_factory=dict)  # override string -> where its setting came from
 
 
+@lru_cache(maxsize=None)
+def _pattern(pattern: str) -> tuple[tuple[str, ...], bool]:
+    """(parts, deep) of a rule pattern: its dotted parts without a trailing ``**``, and whether it had one."""
+    pp = tuple(pattern.split("."))
+    return (pp[:-1], True) if pp[-1] == "**" and pp[0] != "**" else (pp, False)
+
+
 def _matches(pattern: str, key: str) -> Optional[str]:
     """The part of ``key`` matched before a trailing ``**`` (the whole key for exact patterns), or None."""
-    pp, kp = pattern.split("."), key.split(".")
+    pp, deep = _pattern(pattern)
+    kp = key.split(".")
     if pp[0] == "**":  # "**._target_": any depth, fixed tail
-        tail = pp[1:]
+        tail = list(pp[1:])
         return key if len(kp) >= len(tail) and kp[-len(tail):] == tail else None
-    deep = pp[-1] == "**"
-    if deep:
-        pp = pp[:-1]
-        if len(kp) < len(pp):
-            return None
-    elif len(kp) != len(pp):
+    if (len(kp) < len(pp)) if deep else (len(kp) != len(pp)):
+        return None
+    if pp[0] not in ("*", kp[0]) and "*" not in pp[0]:  # most rules fail on the first part
         return None
     if all(p in ("*", k) or ("*" in p and fnmatchcase(k, p)) for p, k in zip(pp, kp)):
         return ".".join(kp[:len(pp)])
@@ -69,6 +75,17 @@ def _matches(pattern: str, key: str) -> Optional[str]:
 
 def match_rule(key: str, rules: Iterable[tuple] = RULES) -> Optional[tuple]:
     """(action, arg, matched prefix) of the first rule matching ``key``, or None."""
+    if rules is RULES or rules is OURS:
+        return _match_table(key, rules is OURS)
+    return _match(key, rules)
+
+
+@lru_cache(maxsize=8192)
+def _match_table(key: str, ours: bool) -> Optional[tuple]:
+    return _match(key, OURS if ours else RULES)
+
+
+def _match(key: str, rules: Iterable[tuple]) -> Optional[tuple]:
     for pattern, action, arg in rules:
         head = _matches(pattern, key)
         if head is not None:
@@ -76,6 +93,7 @@ def match_rule(key: str, rules: Iterable[tuple] = RULES) -> Optional[tuple]:
     return None
 
 
+@lru_cache(maxsize=8192)
 def _in_schema(key: str) -> bool:
     return first_bad_part(split_key(key)) is None
 
