@@ -213,26 +213,44 @@ def test_verl_quickstart_command_line(gsm8k, capsys):
 
 
 def test_verl_current_ppo_example(gsm8k, capsys, caplog):
-    """verl's current PPO example: its four dynamic-batch switches are refused in one error, each with the key to
-    set instead; without them it composes with verl's values, and its no-effect keys are named in a warning."""
+    """verl's current PPO example runs through --cfg: its token-budget micro batches (use_dynamic_bsz) become
+    fixed ones of budget // (prompt + response) sequences, told in a note; its no-effect keys are named."""
     lines = _lines(VERL_PPO_QWEN3_MEGATRON, **gsm8k)
-    assert main(["--cfg", *lines]) == 2
-    err = capsys.readouterr().err
-    assert "Invalid config (4 problems)" in err
-    for fix in ("actor.ppo_micro_batch_size_per_gpu", "critic.ppo_micro_batch_size_per_gpu",
-                "rollout.log_prob_use_dynamic_bsz=True is not supported", "ref.log_prob_use_dynamic_bsz=True",
-                "actor.log_prob_micro_batch_size_per_gpu"):
-        assert fix in err, fix
     with caplog.at_level("WARNING", logger="rlhf.config"):
-        assert main(["--cfg", *[line for line in lines if "use_dynamic_bsz" not in line]]) == 0
+        assert main(["--cfg", *lines]) == 0, capsys.readouterr().err
     c = OmegaConf.create(yaml.safe_load(capsys.readouterr().out))
     assert (c.parallel.tensor_model_parallel_size, c.parallel.pipeline_model_parallel_size) == (2, 2)
     assert (c.rollout.tensor_model_parallel_size, c.rollout.mem_fraction_static, c.rollout.n) == (2, 0.6, 1)
     assert (c.data.max_response_length, c.actor.entropy_coeff, c.model.critic_path) == (2048, 0.0, "Qwen/Qwen3-8B")
+    # 24576-token budgets over 1024 + 2048 tokens: 8 sequences per micro batch
+    assert (c.actor.ppo_micro_batch_size_per_gpu, c.actor.log_prob_micro_batch_size_per_gpu,
+            c.critic.ppo_micro_batch_size_per_gpu) == (8, 8, 8)
     warned = "\n".join(r.getMessage() for r in caplog.records)
-    for key in ("model_engine", "trainer.balance_batch", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-                "ray_kwargs.ray_init.runtime_env.py_executable", "critic.model.use_remove_padding"):
+    assert "use_dynamic_bsz=True: micro batches are fixed-size here; actor.ppo_micro_batch_size_per_gpu=8 " \
+           "(ppo_max_token_len_per_gpu=24576 // 3072 tokens of prompt + response)" in warned
+    for key in ("model_engine", "trainer.balance_batch", "ray_kwargs.ray_init.runtime_env.py_executable",
+                "critic.model.use_remove_padding"):
         assert key in warned, key
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in warned.split("no effect here")[1]
+
+
+def test_dynamic_micro_batches_from_verl_budgets():
+    """Budget // (prompt + response) sequences, at least 1; verl's default budget when none is given; the
+    smaller of two switches for one key; an explicit false leaves our micro batch alone."""
+    base = ["data.max_prompt_length=512", "data.max_response_length=1536"]
+    c = compose_config([*base, "actor_rollout_ref.actor.use_dynamic_bsz=True",  # verl's default 16384 // 2048
+                        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=1000",  # < one sequence
+                        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+                        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=40960",  # 20
+                        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
+                        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=12288"])  # 6: the smaller
+    assert (c.actor.ppo_micro_batch_size_per_gpu, c.critic.ppo_micro_batch_size_per_gpu,
+            c.actor.log_prob_micro_batch_size_per_gpu) == (8, 1, 6)
+    off = compose_config([*base, "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
+    assert off.actor.ppo_micro_batch_size_per_gpu == 3
+    with pytest.raises(ConfigValidationError, match="use_dynamic_bsz='maybe': must be true or false"):
+        compose_config(["actor_rollout_ref.actor.use_dynamic_bsz=maybe"])
 
 
 def _nest(lines: list[str]) -> dict:
@@ -314,7 +332,7 @@ def test_verl_yaml_interpolations_defaults_and_reward_model(tmp_path):
 def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     """Every setting with no equivalent, every unknown key and every bad value: one error, each with the
     reason and what to use instead."""
-    bad = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    bad = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.use_prefix_grouper=True",
            "actor_rollout_ref.actor.megatron.context_parallel_size=2", "actor_rollout_ref.rollout.name=hf",
            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4", "trainer.default_hdfs_dir=hdfs://x",
            "actor_rollout_ref.actor.clip_ratoi=0.3", "trainer.totl_training_steps=3", "rollout.mode=hybrid"]
@@ -324,8 +342,8 @@ def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     assert len(e.problems) == len(bad), str(e)
     assert e.key == "actor_rollout_ref.actor.clip_ratoi" and "actor.clip_ratio" in e.suggestions
     msg = str(e)
-    for s in ["lora_rank=8 is not supported", "LoRA is not supported", "use_dynamic_bsz=True is not supported",
-              "set actor.ppo_micro_batch_size_per_gpu", "context parallelism is not supported (accepted: 1, null)",
+    for s in ["lora_rank=8 is not supported", "LoRA is not supported", "use_prefix_grouper=True is not supported",
+              "context parallelism is not supported (accepted: 1, null)",
               "rollout.name='hf' is not supported", "use rollout.name=sglang",
               "ref.megatron.tensor_model_parallel_size=4 is not supported", "parallel.tensor_model_parallel_size=2",
               "default_hdfs_dir='hdfs://x'", "Did you mean: actor.clip_ratio", "trainer.total_training_steps",

@@ -11,6 +11,9 @@ starting so) and a trailing ``**`` any rest (also nothing).  The first matching 
                parallel layout)
     neutral    ``arg = (values, why)``: accepted only at one of ``values`` (the feature switched off)
     ignore     ``arg = why``: accepted, no effect here (an engine or throughput knob, or done automatically)
+    dynamic    verl's token-budget micro batches: ``arg = (our micro-batch key, verl's budget key, verl's default
+               budget)``; True sets our fixed micro batch to budget // (max_prompt_length + max_response_length)
+               (the most sequences of full length the budget holds), with a note
 
 Keys of our own schema are used as they are (``data.train_batch_size``); rules marked by :data:`OURS` apply
 to them too (a one-name ``trainer.logger``).  The table names verl's keys; it holds no verl code or YAML.
@@ -183,8 +186,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.grad_clip", "map", "actor.optim.clip_grad"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", "neutral", ((None,), "give it per device: "
                                                                           "actor.ppo_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.actor.use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; set "
-                                                                      "actor.ppo_micro_batch_size_per_gpu")),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", "dynamic", ("actor.ppo_micro_batch_size_per_gpu",
+                                                           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
     ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "ignore", _THROUGHPUT),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
     ("actor_rollout_ref.actor.use_prefix_grouper", "neutral", ((False,), "not supported")),
@@ -201,8 +204,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
     *_megatron("actor_rollout_ref.ref.megatron", same=True),
-    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; set "
-                                                                          "actor.log_prob_micro_batch_size_per_gpu")),
+    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "dynamic",
+     ("actor.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", 16384)),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.ref.**", "ignore", "the reference is the frozen initial actor, in the actor's layout and "
@@ -214,8 +217,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "map", "actor.log_prob_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "neutral",
-     ((False,), "micro batches are fixed-size here; set actor.log_prob_micro_batch_size_per_gpu")),
+    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "dynamic",
+     ("actor.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", 16384)),
     ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "ignore", _THROUGHPUT),
     ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "map",
      "rollout.weight_sync_bucket_mb"),
@@ -272,8 +275,8 @@ RULES: list[tuple] = [
     *_megatron("critic.megatron", same=True),
     ("critic.grad_clip", "map", "critic.optim.clip_grad"),
     ("critic.ppo_micro_batch_size", "neutral", ((None,), "give it per device: critic.ppo_micro_batch_size_per_gpu")),
-    ("critic.use_dynamic_bsz", "neutral", ((False,), "micro batches are fixed-size here; set "
-                                                     "critic.ppo_micro_batch_size_per_gpu")),
+    ("critic.use_dynamic_bsz", "dynamic", ("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_max_token_len_per_gpu",
+                                           32768)),
     ("critic.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
     *_ignore("critic", "rollout_n strategy ppo_max_token_len_per_gpu forward_max_token_len_per_gpu "
              "forward_micro_batch_size forward_micro_batch_size_per_gpu shuffle data_loader_seed nccl_timeout "
