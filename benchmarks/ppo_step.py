@@ -28,8 +28,7 @@ and batch, so each pair is measured under the same machine load:
              clip_grad_norm_ and one `torch.optim.AdamW` step (state kept across steps);
   copy    -- `dst.copy_(src)` of a flat buffer of the bytes the weight bridge sent (one thread).
 Correctness probes on step 1 (initial weights on both sides): engine vs HF greedy tokens, trainer vs HF
-old log-probs.  After the steps, --fix-bucket-mb times extra syncs with every tensor cloned before it
-reaches Ray (an estimate of the sync once the bucket views stop being pickled whole, see README).
+old log-probs.  --dynamic-bsz TOKENS runs the actor with dynamic batching (docs/dynamic_batching.md).
 
 The LAST line printed is exactly
     ppo_step: gen_vs_hf=<..> logprob_vs_hf=<..> update_vs_hf=<..> sync_vs_copy=<..> overhead_frac=<..>
@@ -52,41 +51,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from ppo_step_baselines import HFBaselines, copy_seconds, median  # noqa: E402
 GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
 PHASES = ("gen", "old_log_prob", "update_actor", "sync_weights")
-
-
-def _launch(argv):
-    """Not under torchrun: start 2 processes with torchrun, relay their output, end with the result line."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    # a shared machine often sits above Ray's default 95% memory threshold, where Ray kills the engine actor
-    env.setdefault("RAY_memory_usage_threshold", "0.99")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           os.path.abspath(__file__), *argv]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    result = None
-    try:
-        for line in proc.stdout:
-            if line.startswith("ppo_step: "):
-                result = line.strip()
-            elif "Warning" not in line and "warnings.warn" not in line:
-                sys.stdout.write(line)
-                sys.stdout.flush()
-        rc = proc.wait()
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # engine / Ray leftovers of a failed run
-        except ProcessLookupError:
-            pass
-    if rc != 0 or result is None:
-        print(f"benchmark failed (exit code {rc})", flush=True)
-        sys.exit(rc or 1)
-    print(result, flush=True)
 
 
 def build_model(path, a):
@@ -124,7 +88,8 @@ def overrides(a, model_dir, out_dir):
             f"actor.ppo_micro_batch_size_per_gpu={a.micro}",
             f"actor.log_prob_micro_batch_size_per_gpu={a.prompts * a.n}", f"rollout.weight_sync_bucket_mb={a.sync_bucket_mb}",
             f"trainer.total_training_steps={a.warmup + a.repeats}", "trainer.save_freq=-1", "trainer.test_freq=-1",
-            "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.logger=[console]"]
+            "trainer.val_before_train=false", "trainer.progress_bar=false", "trainer.logger=[console]",
+            *(["actor.use_dynamic_bsz=true", f"actor.ppo_max_token_len_per_gpu={a.dynamic_bsz}"] if a.dynamic_bsz else [])]
 
 
 class Recorder:
@@ -200,37 +165,6 @@ def wrap(obj, name, hook):
     setattr(obj, name, lambda *args, **kwargs: hook(fn, *args, **kwargs))
 
 
-def sync_variant(trainer, bucket_mb, repeats, log):
-    """Median seconds of WeightBridge.sync through the trainer's engines with `bucket_mb` buckets and every
-    tensor handed to the RolloutManager as its own copy (`.clone()`), i.e. without the views that make Ray
-    pickle the whole bucket once per tensor: an estimate of the fixed sync (one extra copy included)."""
-    import torch.distributed as dist
-
-    from rlhf.mcore.weight_sync import WeightBridge
-    from rlhf.workers.rollout import RolloutSink
-
-    mgr = trainer.rollout.manager
-    if mgr is not None:
-        orig = mgr.update_weights_from_tensor
-        mgr.update_weights_from_tensor = lambda named, *args, **kw: orig([(n, t.clone()) for n, t in named], *args, **kw)
-    bundle = trainer.actor.bundle
-    bridge = WeightBridge(bundle.chunks, bundle.spec, [RolloutSink(mgr)] if mgr is not None else None,
-                          transport="tensor", bucket_bytes=bucket_mb << 20)
-    times = []
-    for _ in range(repeats + 1):
-        dist.barrier()
-        t0 = time.perf_counter()
-        stats = bridge.sync()
-        times.append(time.perf_counter() - t0)
-    bridge.close()
-    if mgr is not None:
-        mgr.update_weights_from_tensor = orig
-    log(f"sync variant: {bucket_mb} MB buckets, tensors cloned before Ray: median {median(times[1:]):.3f} s of "
-        f"{[round(t, 3) for t in times[1:]]} (gather+convert+pack {stats.produce_seconds:.3f} s, delivery "
-        f"{stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s)")
-    return median(times[1:])
-
-
 def start_py_spy(out_dir, pid, tag):
     os.makedirs(out_dir, exist_ok=True)
     return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", "50", "--format", "raw", "--nonblocking", "--idle",
@@ -291,20 +225,19 @@ def main(a):
     for s in spies:
         s.send_signal(signal.SIGINT)
         s.wait()
-    t_sync_fix = sync_variant(trainer, a.fix_bucket_mb, a.repeats, log) if a.fix_bucket_mb else None
     dist.barrier()
     timed = metrics[a.warmup:]
     t = {k: median([m[f"timing/{k}"] for m in timed]) for k in PHASES + ("step",)}
     overhead = median([(m["timing/step"] - sum(m[f"timing/{k}"] for k in PHASES)) / m["timing/step"] for m in timed])
     stats = rec.steps[-1]["sync_stats"]
     if rank == 0:
-        report(a, t, overhead, rec.steps[a.warmup:], stats, base[a.warmup:], t_sync_fix, log)
+        report(a, t, overhead, rec.steps[a.warmup:], stats, base[a.warmup:], log)
     dist.barrier()
     trainer.close()
     dist.destroy_process_group()
 
 
-def report(a, t, overhead, sw, stats, base, t_sync_fix, log):
+def report(a, t, overhead, sw, stats, base, log):
     """Rank 0: the trainer's medians, the diagnostics, the baselines and the last line."""
     log(f"trainer medians over {len(sw)} steps: " + " ".join(f"{k}={v:.3f}s" for k, v in t.items())
         + f"; engine generate alone {median([s['engine_generate'] for s in sw]):.3f}s; overhead_frac={overhead:.4f}")
@@ -314,8 +247,11 @@ def report(a, t, overhead, sw, stats, base, t_sync_fix, log):
         f"whole step {median([s['cpu_total'] for s in sw]):.2f}")
     pad_eff = median([float(s["batch"]["attention_mask"].float().mean()) for s in sw])
     resp_share = median([float(s["batch"]["response_mask"].sum() / s["batch"]["attention_mask"].sum()) for s in sw])
+    trainer_eff = median([s["timing"].get("perf/padding_efficiency", float("nan")) for s in sw])
     log(f"batch [N, P + R] = {list(sw[-1]['batch']['input_ids'].shape)}: padding efficiency (real / processed "
-        f"tokens) {pad_eff:.3f}, response tokens {resp_share:.3f} of the real tokens")
+        f"tokens) {pad_eff:.3f} padded, {trainer_eff:.3f} as run (perf/padding_efficiency"
+        f"{', dynamic batching %d tokens' % a.dynamic_bsz if a.dynamic_bsz else ''}), response tokens "
+        f"{resp_share:.3f} of the real tokens")
     log(f"weight sync: {stats.bytes / 1e6:.1f} MB, plan {stats.plan_seconds:.3f} s, gather+convert+pack "
         f"{stats.produce_seconds:.3f} s, delivery {stats.deliver_seconds:.3f} s, end+flush {stats.finish_seconds:.3f} s")
     if not base:
@@ -329,8 +265,6 @@ def report(a, t, overhead, sw, stats, base, t_sync_fix, log):
     paired = {k: median([m / b[v] for m, b in zip(sw_times(sw, k), base)]) for k, v in pairs.items()}
     log("ratios of medians: " + " ".join(f"{k}={t[k] / hf[v]:.2f}" for k, v in pairs.items())
         + "; medians of the per-step ratios (last line): " + " ".join(f"{k}={v:.2f}" for k, v in paired.items()))
-    if t_sync_fix:
-        log(f"sync_vs_copy with the clone workaround ({a.fix_bucket_mb} MB buckets): {t_sync_fix / t_copy:.1f}")
     log(f"load average at the end {os.getloadavg()}")
     print(f"ppo_step: gen_vs_hf={paired['gen']:.2f} logprob_vs_hf={paired['old_log_prob']:.2f} "
           f"update_vs_hf={paired['update_actor']:.2f} sync_vs_copy={t['sync_weights'] / t_copy:.1f} "
@@ -353,23 +287,21 @@ if __name__ == "__main__":
     ap.add_argument("--n", type=int, default=2, help="responses per prompt (rollout.n)")
     ap.add_argument("--micro", type=int, default=4, help="actor.ppo_micro_batch_size_per_gpu (sequences)")
     ap.add_argument("--response-length", type=int, default=64)
+    ap.add_argument("--dynamic-bsz", type=int, default=None, metavar="TOKENS",
+                    help="actor.use_dynamic_bsz with this actor.ppo_max_token_len_per_gpu (docs/dynamic_batching.md)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--hf-threads", type=int, default=2)
     ap.add_argument("--sync-bucket-mb", type=int, default=16,
-                    help="rollout.weight_sync_bucket_mb of the step (the default 512 makes Ray pickle the whole "
-                         "bucket once per tensor: ~7 GB for this model, see benchmarks/README.md)")
-    ap.add_argument("--fix-bucket-mb", type=int, default=None,
-                    help="after the steps, time syncs with tensors cloned before Ray at this bucket size "
-                         "(default --sync-bucket-mb; 0: skip)")
+                    help="rollout.weight_sync_bucket_mb of the step")
     ap.add_argument("--gsm8k", default=GSM8K)
     ap.add_argument("--no-baselines", action="store_true", help="trainer phases only (for profiling runs)")
     ap.add_argument("--py-spy", default=None, help="directory for py-spy raw profiles of the timed steps")
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_ppo_step_bench"))
     args = ap.parse_args()
-    if args.fix_bucket_mb is None:
-        args.fix_bucket_mb = args.sync_bucket_mb
     if "RANK" not in os.environ:
-        _launch(sys.argv[1:])
+        from torchrun_relay import relay
+
+        relay(__file__, sys.argv[1:], 'ppo_step: ')
     else:
         main(args)

@@ -27,40 +27,12 @@ The LAST line printed is exactly
 """
 import argparse
 import os
-import re
-import subprocess
 import sys
 import time
 import warnings
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
-
-
-def _launch(argv):
-    """Not under torchrun: start 2 processes with torchrun, relay their output, end with the result line."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-           os.path.abspath(__file__), *argv]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    result = None
-    for line in proc.stdout:
-        if line.startswith("weight_sync: "):
-            result = line.strip()
-        elif "Warning" not in line and "warnings.warn" not in line:
-            sys.stdout.write(line)
-            sys.stdout.flush()
-    rc = proc.wait()
-    if rc != 0 or result is None:
-        print(f"benchmark failed (exit code {rc})", flush=True)
-        sys.exit(rc or 1)
-    print(result, flush=True)
 
 
 def _rss_kb(field):
@@ -249,6 +221,8 @@ if __name__ == "__main__":
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_weight_sync_bench"))
     a = ap.parse_args()
     if "RANK" not in os.environ:
-        _launch(sys.argv[1:])
+        from torchrun_relay import relay
+
+        relay(__file__, sys.argv[1:], 'weight_sync: ')
     else:
         main(a)

@@ -152,8 +152,13 @@ ADDED_KEYS = {
         "max_consecutive_skipped_steps": 10,
         "breaker": {"enable": True, "grad_norm": 100.0, "steps": 5, "warmup_steps": None}}.items()},
     "trainer.slim_checkpoint": True, "trainer.alerts": [],
+    "rollout.weight_update_address": None,  # issue 15: the disaggregated rendezvous address
     "reward.fallback": {"type": "rule", "keywords": [], "keyword_score": 0.0, "length_penalty": 0.0,
                         "max_chars": None},
+    # issue 9: dynamic batching (verl's token budgets)
+    "actor.use_dynamic_bsz": False, "actor.ppo_max_token_len_per_gpu": 16384,
+    "actor.log_prob_max_token_len_per_gpu": None, "critic.use_dynamic_bsz": False,
+    "critic.ppo_max_token_len_per_gpu": 32768, "critic.forward_max_token_len_per_gpu": None,
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {
@@ -162,7 +167,8 @@ CHANGED_DEFAULTS = {
     "reward.timeout_s": (None, 3.0),  # the seed's reward-model timeout
 }
 #: recipes captured after ADDED_KEYS were added (their fixtures already hold those keys)
-CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu"}
+CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu", "sapo_tiny_cpu", "gpg_tiny_cpu", "gmpo_tiny_cpu",
+                  "clip_cov_tiny_cpu", "kl_cov_tiny_cpu", "remax_tiny_cpu", "opo_tiny_cpu", "grpo_passk_tiny_cpu"}
 
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))

@@ -245,8 +245,8 @@ def test_agg_loss_gradient_weights():
 
 def test_agg_loss_dr_grpo_custom_normaliser_and_errors():
     assert agg_loss(LOSS, LOSS_MASK, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(0.75)
-    with pytest.raises(ValueError, match="'token-sum'"):
-        agg_loss(LOSS, LOSS_MASK, "token-sum")
+    with pytest.raises(ValueError, match="'token_sum'"):  # a misspelt mode is named
+        agg_loss(LOSS, LOSS_MASK, "token_sum")
     with pytest.raises(ValueError, match="shape mismatch"):
         agg_loss(LOSS, LOSS_MASK[:2], "token-mean")
 

@@ -76,6 +76,17 @@ def test_dr_grpo_norm_does_not_grow_with_the_number_of_rows():
     assert one.item() == pytest.approx(1.0) and two.item() == pytest.approx(1.0)
 
 
+def test_token_sum_hand_values():
+    """token-sum (verl's mode): the masked sum, times dp_size.  Rows [1, 2, (30 masked)] and [4, (50 masked), 6]:
+    1 + 2 + 4 + 6 = 13; with dp_size 4 (each rank's sum is scaled so that averaging over 4 ranks sums): 52.
+    The global counts do not enter; a masked NaN does not leak."""
+    loss = torch.tensor([[1.0, 2.0, float("nan")], [4.0, 50.0, 6.0]])
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
+    assert agg_loss(loss, m, "token-sum").item() == 13.0
+    assert agg_loss(loss, m, "token-sum", dp_size=4, batch_num_tokens=99, global_batch_size=7).item() == 52.0
+    assert agg_loss(loss, torch.zeros_like(m), "token-sum").item() == 0.0
+
+
 def test_global_batch_info_counts():
     """Tokens: 5 + 1 + 3 + 0 + 2 + 4 + 4 (row 6 has a masked span) + 3 = 22; rows with a token: 7."""
     assert global_batch_info(mask(), dp_size=2) == {"dp_size": 2, "batch_num_tokens": 22, "global_batch_size": 7}

@@ -16,7 +16,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 METRICS = ["critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/grad_norm",
            "critic/advantages/mean", "response_length/mean", "actor/kl", "timing/gen", "timing/update_actor",
-           "timing/update_critic", "timing/sync_weights", "actor/reward_kl_penalty", "perf/throughput"]
+           "timing/update_critic", "timing/sync_weights", "actor/reward_kl_penalty", "perf/throughput",
+           "perf/padding_efficiency"]
+# issue 9: dynamic batching (token budgets of 2 x (512 + 32), compacted rows) on the PP2 run
+DYNAMIC = ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=1088", "critic.use_dynamic_bsz=true",
+           "critic.ppo_max_token_len_per_gpu=1088"]
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +112,9 @@ def test_resume_equals_uninterrupted(tiny_model, tmp_path):
 @pytest.mark.dist
 @pytest.mark.skipif(not os.path.exists(os.path.join(GSM8K, "train.jsonl")), reason="shared GSM8K not present")
 @pytest.mark.parametrize("layout", [["parallel.tensor_model_parallel_size=2"],
-                                    ["parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=2"]],
-                         ids=["tp2", "pp2"])
+                                    ["parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=2",
+                                     *DYNAMIC]],
+                         ids=["tp2", "pp2_dynamic_bsz"])
 def test_gsm8k_tiny_cpu_recipe(tiny_model, tmp_path, layout):
     out = tmp_path / "run"
     run_main(["recipe=gsm8k_ppo_tiny_cpu", f"model.path={tiny_model}", f"trainer.default_local_dir={out}",
@@ -121,5 +126,9 @@ def test_gsm8k_tiny_cpu_recipe(tiny_model, tmp_path, layout):
     for tag in METRICS + ["val/score"]:
         assert any(t == tag for t, _ in s), f"metric {tag} missing"
     assert s[("response_length/mean", 2)] > 0
+    if DYNAMIC[0] in layout:  # GSM8K tiny through token-budget micro batches: >= 0.92 real tokens per processed
+        assert s[("perf/padding_efficiency", 2)] >= 0.92 and s[("perf/packing_fallback_micro_batches", 2)] > 0
+    else:
+        assert 0 < s[("perf/padding_efficiency", 2)] < 0.92
     export = out / "hf_export"  # PP2 writes one shard per stage plus an index
     assert (export / "config.json").exists() and list(export.glob("model*.safetensors"))

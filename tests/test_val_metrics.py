@@ -140,3 +140,25 @@ def test_rollout_metrics_are_media_and_a_rate():
     batch = {"response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
     m = step_metrics.rollout_metrics(batch, [0.0, 1.0], gen_seconds=0.5)
     assert isinstance(m["critic/score/hist"], Histogram) and m["perf/rollout_tokens_per_s"] == 6.0
+
+
+def test_a_batch_with_no_scorable_sample_skips_the_updates_instead_of_crashing():
+    """Bug: a reward outage (every sample unscorable) crashed GAE's whitening ("needs at least 2 valid
+    entries").  Now the step logs training/no_scorable_samples=1 and neither trains nor re-syncs; the next
+    step with scores trains as usual."""
+    from rlhf.trainer.advantages import SAMPLE_VALID_KEY
+
+    cfg = compose_config(["rollout.n=2", "data.max_response_length=4", "algorithm.adv_estimator=gae"])
+    samples = [RolloutSample([9, 9], [5] * k, [0.0] * k, "stop", p, i) for p, i, k in
+               [(0, 0, 2), (0, 1, 3), (1, 0, 1), (1, 1, 4)]]
+    outage = {"reward/num_fallbacks": 4.0, SAMPLE_VALID_KEY: [False] * 4}
+    fine = {"reward/num_fallbacks": 0.0, SAMPLE_VALID_KEY: [True] * 4}
+    trainer = _train_trainer(cfg, [(samples, [0.0] * 4, dict(outage)), (samples, [1.0, 0.0, 0.5, 1.0], dict(fine))])
+    trainer.kl_ctrl = None
+    m1 = trainer.train_step(1)
+    assert m1["training/no_scorable_samples"] == 1.0 and m1["reward/num_unscorable"] == 4.0
+    assert trainer.actor.updates == [] and trainer.critic.updates == [] and trainer.rollout.synced == 0
+    assert m1["critic/advantages/mean"] == 0.0
+    m2 = trainer.train_step(2)
+    assert m2["training/no_scorable_samples"] == 0.0 and m2["reward/num_unscorable"] == 0.0
+    assert trainer.actor.updates == [2] and trainer.critic.updates == [2] and trainer.rollout.synced == 1

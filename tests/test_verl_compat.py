@@ -92,7 +92,7 @@ VERL_QUICKSTART = """
 
 
 # verl's current canonical PPO example (examples/ppo_trainer/run_qwen3_8b_megatron.sh, its arrays as bash expands
-# them with the defaults); dynamic micro batches are the one feature it uses that we lack
+# them with the defaults), with token-budget (dynamic) micro batches
 VERL_PPO_QWEN3_MEGATRON = """
     algorithm.adv_estimator=gae
     data.train_files={train}
@@ -213,8 +213,8 @@ def test_verl_quickstart_command_line(gsm8k, capsys):
 
 
 def test_verl_current_ppo_example(gsm8k, capsys, caplog):
-    """verl's current PPO example runs through --cfg: its token-budget micro batches (use_dynamic_bsz) become
-    fixed ones of budget // (prompt + response) sequences, told in a note; its no-effect keys are named."""
+    """verl's current PPO example runs through --cfg unchanged: its token-budget micro batches (use_dynamic_bsz)
+    are ours too; its no-effect keys are named in a warning."""
     lines = _lines(VERL_PPO_QWEN3_MEGATRON, **gsm8k)
     with caplog.at_level("WARNING", logger="rlhf.config"):
         assert main(["--cfg", *lines]) == 0, capsys.readouterr().err
@@ -222,35 +222,13 @@ def test_verl_current_ppo_example(gsm8k, capsys, caplog):
     assert (c.parallel.tensor_model_parallel_size, c.parallel.pipeline_model_parallel_size) == (2, 2)
     assert (c.rollout.tensor_model_parallel_size, c.rollout.mem_fraction_static, c.rollout.n) == (2, 0.6, 1)
     assert (c.data.max_response_length, c.actor.entropy_coeff, c.model.critic_path) == (2048, 0.0, "Qwen/Qwen3-8B")
-    # 24576-token budgets over 1024 + 2048 tokens: 8 sequences per micro batch
-    assert (c.actor.ppo_micro_batch_size_per_gpu, c.actor.log_prob_micro_batch_size_per_gpu,
-            c.critic.ppo_micro_batch_size_per_gpu) == (8, 8, 8)
+    assert (c.actor.use_dynamic_bsz, c.actor.ppo_max_token_len_per_gpu, c.actor.log_prob_max_token_len_per_gpu,
+            c.critic.use_dynamic_bsz, c.critic.ppo_max_token_len_per_gpu) == (True, 24576, 24576, True, 24576)
     warned = "\n".join(r.getMessage() for r in caplog.records)
-    assert "use_dynamic_bsz=True: micro batches are fixed-size here; actor.ppo_micro_batch_size_per_gpu=8 " \
-           "(ppo_max_token_len_per_gpu=24576 // 3072 tokens of prompt + response)" in warned
     for key in ("model_engine", "trainer.balance_batch", "ray_kwargs.ray_init.runtime_env.py_executable",
-                "critic.model.use_remove_padding"):
+                "critic.model.use_remove_padding", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"):
         assert key in warned, key
-    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in warned.split("no effect here")[1]
-
-
-def test_dynamic_micro_batches_from_verl_budgets():
-    """Budget // (prompt + response) sequences, at least 1; verl's default budget when none is given; the
-    smaller of two switches for one key; an explicit false leaves our micro batch alone."""
-    base = ["data.max_prompt_length=512", "data.max_response_length=1536"]
-    c = compose_config([*base, "actor_rollout_ref.actor.use_dynamic_bsz=True",  # verl's default 16384 // 2048
-                        "critic.use_dynamic_bsz=True", "critic.ppo_max_token_len_per_gpu=1000",  # < one sequence
-                        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
-                        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=40960",  # 20
-                        "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
-                        "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=12288"])  # 6: the smaller
-    assert (c.actor.ppo_micro_batch_size_per_gpu, c.critic.ppo_micro_batch_size_per_gpu,
-            c.actor.log_prob_micro_batch_size_per_gpu) == (8, 1, 6)
-    off = compose_config([*base, "actor_rollout_ref.actor.use_dynamic_bsz=False",
-                          "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"])
-    assert off.actor.ppo_micro_batch_size_per_gpu == 3
-    with pytest.raises(ConfigValidationError, match="use_dynamic_bsz='maybe': must be true or false"):
-        compose_config(["actor_rollout_ref.actor.use_dynamic_bsz=maybe"])
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in warned
 
 
 def _nest(lines: list[str]) -> dict:
@@ -332,7 +310,7 @@ def test_verl_yaml_interpolations_defaults_and_reward_model(tmp_path):
 def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     """Every setting with no equivalent, every unknown key and every bad value: one error, each with the
     reason and what to use instead."""
-    bad = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.use_prefix_grouper=True",
+    bad = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
            "actor_rollout_ref.actor.megatron.context_parallel_size=2", "actor_rollout_ref.rollout.name=hf",
            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4", "trainer.default_hdfs_dir=hdfs://x",
            "actor_rollout_ref.actor.clip_ratoi=0.3", "trainer.totl_training_steps=3", "rollout.mode=hybrid"]
@@ -342,8 +320,8 @@ def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     assert len(e.problems) == len(bad), str(e)
     assert e.key == "actor_rollout_ref.actor.clip_ratoi" and "actor.clip_ratio" in e.suggestions
     msg = str(e)
-    for s in ["lora_rank=8 is not supported", "LoRA is not supported", "use_prefix_grouper=True is not supported",
-              "context parallelism is not supported (accepted: 1, null)",
+    for s in ["lora_rank=8 is not supported", "LoRA is not supported",
+              "ulysses_sequence_parallel_size=2 is not supported", "use parallel.sequence_parallel", "context parallelism is not supported (accepted: 1, null)",
               "rollout.name='hf' is not supported", "use rollout.name=sglang",
               "ref.megatron.tensor_model_parallel_size=4 is not supported", "parallel.tensor_model_parallel_size=2",
               "default_hdfs_dir='hdfs://x'", "Did you mean: actor.clip_ratio", "trainer.total_training_steps",
@@ -358,7 +336,7 @@ def test_neutral_verl_values_are_accepted(gsm8k):
     base = compose_config(_lines(VERL_QUICKSTART, **gsm8k))
     knobs = ["actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.actor.use_dynamic_bsz=False",
              "actor_rollout_ref.rollout.enforce_eager=True", "actor_rollout_ref.model.use_remove_padding=True",
-             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24000", "trainer.balance_batch=True",
+             "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True", "trainer.balance_batch=True",
              "actor_rollout_ref.rollout.mode=async", "data.return_raw_chat=True",
              "critic.model.fsdp_config.param_offload=False",
              "actor_rollout_ref.actor.optim.lr_warmup_steps=-1", "algorithm.rollout_correction.rollout_is=null"]
@@ -419,6 +397,15 @@ def test_verl_keys_without_effect_are_warned_not_silent(caplog):
     with caplog.at_level("WARNING", logger="rlhf.config"):
         compose_config(["actor_rollout_ref.actor.optim.lr=1e-6"])  # a mapped key: nothing to warn about
     assert not caplog.records
+def test_verl_dynamic_batching_keys_map():
+    """issue 9: verl's dynamic-batching keys set ours (rlhf.workers.dynamic_batch)."""
+    c = compose_config(["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+                        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192", "critic.use_dynamic_bsz=True",
+                        "critic.ppo_max_token_len_per_gpu=2048", "critic.forward_max_token_len_per_gpu=3072"])
+    assert (c.actor.use_dynamic_bsz, c.actor.ppo_max_token_len_per_gpu, c.actor.log_prob_max_token_len_per_gpu) == \
+        (True, 4096, 8192)
+    assert (c.critic.use_dynamic_bsz, c.critic.ppo_max_token_len_per_gpu, c.critic.forward_max_token_len_per_gpu) == \
+        (True, 2048, 3072)
 
 
 def test_verl_algorithm_keys_and_override_prefixes():

@@ -23,7 +23,7 @@ import torch
 from rlhf.algorithms._validation import check_2d, check_same_shape
 from rlhf.algorithms.masked_ops import masked_mean
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 # Clamp on log(pi/pi_old) before exp() (verl value): keeps the ratio finite.
 LOG_RATIO_CLAMP = 20.0
@@ -93,13 +93,15 @@ def agg_loss(
     mode is then multiplied by ``dp_size``):
 
     * ``"token-mean"``: sum_it m L / N_tok  (DAPO, Yu et al. 2025, arXiv:2503.14476, eq. 12).
+    * ``"token-sum"``: sum_it m L, no normaliser (verl's mode: the step's gradient is the sum over every
+      valid token of the mini-batch, so its scale follows the number of tokens).
     * ``"seq-mean-token-sum"``: sum_i (sum_t m L) / N_seq.
     * ``"seq-mean-token-mean"``: sum_i (sum_t m L / sum_t m) / N_seq  (GRPO, Shao et al. 2024, eq. 3).
     * ``"seq-mean-token-sum-norm"``: sum_i (sum_t m L / C) / N_seq with a constant C =
       ``loss_scale_factor`` (default ``loss_mat.shape[-1]``): Dr.GRPO (Liu et al. 2025,
       arXiv:2503.20783, eq. 3) replaces GRPO's 1/|o_i| by a constant but keeps 1/G.
       (verl omits the 1/N_seq, so its loss grows with the number of sequences in a
-      micro-batch; ours does not.)
+      micro-batch; verl's newer versions divide by it too.)
 
     N_seq counts sequences with at least one valid token; a batch with no valid
     token returns 0 in every mode.  See the module docstring for how the global
@@ -134,6 +136,8 @@ def agg_loss(
 
     if loss_agg_mode == "token-mean":
         return masked.sum() / _normaliser(batch_num_tokens, tokens_per_seq.sum()) * dp_size
+    if loss_agg_mode == "token-sum":
+        return masked.sum() * dp_size
     if loss_agg_mode == "seq-mean-token-sum":
         seq_losses = masked.sum(dim=-1)
     elif loss_agg_mode == "seq-mean-token-mean":

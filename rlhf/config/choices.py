@@ -57,7 +57,8 @@ Truncation = _choices("Truncation", "error left right middle", "what to do with 
 Gsm8kMethod = _choices("Gsm8kMethod", "strict flexible", "strict: the answer after '####'; flexible: the last "
                        "number of the response")
 #: rlhf.algorithms.losses.LOSS_AGG_MODES (tests/test_config.py checks they agree)
-LossAggMode = _choices("LossAggMode", "token-mean seq-mean-token-sum seq-mean-token-mean seq-mean-token-sum-norm",
+LossAggMode = _choices("LossAggMode", "token-mean token-sum seq-mean-token-sum seq-mean-token-mean "
+                       "seq-mean-token-sum-norm",
                        "how rlhf.algorithms.agg_loss averages the per-token loss")
 _KL = "kl k1 abs mse k2 low_var_kl k3"
 #: estimators of rlhf.algorithms.kl_penalty; a "+" suffix: that value with k2's gradient (straight-through)

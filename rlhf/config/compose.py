@@ -21,8 +21,7 @@ from rlhf.config.config_file import load_config_file
 from rlhf.config.errors import ConfigError, ConfigValidationError, raise_all
 from rlhf.config.keys import check_closed, nearest_keys
 from rlhf.config.overrides import check_overrides
-from rlhf.config.verl_compat import (Translated, check_same, dynamic_micro_batches, ignored_lines,
-                                     items_from_overrides, translate_items)
+from rlhf.config.verl_compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
 
 __all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
            "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
@@ -200,9 +199,6 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
             near = nearest_keys(m.group(1)) if m else []
             raise ConfigValidationError([f"{first_unresolvable_key(cfg) or '?'}: {first}."
                                          + (f" Did you mean: {', '.join(near)}?" if near else "")]) from None
-    translated.notes += dynamic_micro_batches(cfg, translated.dynamic, translated.values)
-    budgets = {budget_key for _, budget_key, _, _ in translated.dynamic}  # these had an effect after all
-    translated.ignored = [i for i in translated.ignored if i[0] not in budgets]
     problems = translated.problems + checked.problems + check_same(cfg, translated.same)
     if problems or checked.unknown or translated.unknown:
         from rlhf.config.validate import config_problems

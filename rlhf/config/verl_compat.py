@@ -21,7 +21,7 @@ from rlhf.config.keys import first_bad_part, is_dict_field, split_key
 from rlhf.config.verl_keys import OURS, REWARD_MODEL_PREFIX, RULES, Unsupported
 
 __all__ = ["Item", "Translated", "translate_items", "translate_key", "match_rule", "items_from_overrides",
-           "check_same", "ignored_lines", "dynamic_micro_batches"]
+           "check_same", "ignored_lines"]
 
 
 @dataclass
@@ -48,8 +48,6 @@ class Translated:
     notes: list = field(default_factory=list)  # substitutions worth telling (vllm read as sglang)
     unknown: list = field(default_factory=list)  # ConfigKeyError per verl-layout key that is not ours either
     origins: dict = field(default_factory=dict)  # override string -> where its setting came from
-    dynamic: list = field(default_factory=list)  # (our micro key, verl budget key, default, verl key) switched on
-    values: dict = field(default_factory=dict)  # verl key -> its last value (token budgets)
 
 
 @lru_cache(maxsize=None)
@@ -201,11 +199,6 @@ def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None
             out.problems.append(f"{key}={value!r} is not supported{_where(item)}: {why} (accepted: {shown}).")
     elif action == "ignore":
         out.ignored.append((key, item.source, arg))
-    elif action == "dynamic":
-        if _same(value, True):
-            out.dynamic.append((*arg, key))
-        elif not (_same(value, False) or value is None or _is_interpolation(value)):
-            out.problems.append(f"{key}={value!r}: must be true or false{_where(item)}.")
     elif action == "reward_model":
         reward_model[arg] = (value, item)
 
@@ -249,7 +242,6 @@ def translate_items(items: Sequence[Item]) -> Translated:
     valid keys.  Group choices (``recipe=``, ``algorithm=``), ``hydra.*`` and deletions pass through."""
     out, reward_model = Translated(), {}
     for item in items:
-        out.values[item.key] = item.value
         before = len(out.overrides)
         _translate_one(item, out, reward_model)
         for line in out.overrides[before:]:
@@ -344,27 +336,3 @@ def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
                    f"reason for each is in rlhf/config/verl_keys.py): {listed}")
     return out
 
-
-def dynamic_micro_batches(cfg: Any, dynamic: Sequence[tuple], values: dict) -> list[str]:
-    """Set the fixed micro batches that stand for verl's token-budget ones (``use_dynamic_bsz=True``) in the
-    composed ``cfg``: ``budget // (data.max_prompt_length + data.max_response_length)`` sequences, at least 1
-    (the most full-length sequences the budget holds, so memory stays within it; the loss over a mini batch is
-    the same either way).  Two switches for one key take the smaller.  Returns the notes to tell the user."""
-    from omegaconf import OmegaConf
-
-    seq = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
-    chosen: dict = {}
-    notes = []
-    for ours, budget_key, default, verl_key in dynamic:
-        raw = values.get(budget_key, default)
-        try:
-            budget = int(raw)
-        except (TypeError, ValueError):
-            budget = default
-        micro = max(1, budget // seq)
-        chosen[ours] = min(micro, chosen.get(ours, micro))
-        notes.append(f"{verl_key}=True: micro batches are fixed-size here; {ours}={chosen[ours]} "
-                     f"({budget_key.rsplit('.', 1)[-1]}={budget} // {seq} tokens of prompt + response).")
-    for ours, micro in chosen.items():
-        OmegaConf.update(cfg, ours, micro, merge=False)
-    return notes

@@ -11,9 +11,6 @@ starting so) and a trailing ``**`` any rest (also nothing).  The first matching 
                parallel layout)
     neutral    ``arg = (values, why)``: accepted only at one of ``values`` (the feature switched off)
     ignore     ``arg = why``: accepted, no effect here (an engine or throughput knob, or done automatically)
-    dynamic    verl's token-budget micro batches: ``arg = (our micro-batch key, verl's budget key, verl's default
-               budget)``; True sets our fixed micro batch to budget // (max_prompt_length + max_response_length)
-               (the most sequences of full length the budget holds), with a note
 
 Keys of our own schema are used as they are (``data.train_batch_size``); rules marked by :data:`OURS` apply
 to them too (a one-name ``trainer.logger``).  The table names verl's keys; it holds no verl code or YAML.
@@ -186,9 +183,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.grad_clip", "map", "actor.optim.clip_grad"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", "neutral", ((None,), "give it per device: "
                                                                           "actor.ppo_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.actor.use_dynamic_bsz", "dynamic", ("actor.ppo_micro_batch_size_per_gpu",
-                                                           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", 16384)),
-    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "ignore", _THROUGHPUT),
+    ("actor_rollout_ref.actor.use_dynamic_bsz", "map", "actor.use_dynamic_bsz"),
+    ("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "map", "actor.ppo_max_token_len_per_gpu"),
     ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
     ("actor_rollout_ref.actor.use_prefix_grouper", "neutral", ((False,), "not supported")),
     ("actor_rollout_ref.actor.router_replay.mode", "neutral", (("disabled",), "MoE router replay is not supported")),
@@ -204,8 +200,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
     *_megatron("actor_rollout_ref.ref.megatron", same=True),
-    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "dynamic",
-     ("actor.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", 16384)),
+    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "ignore", "the reference's log-prob forward batches by tokens "
+                                                                 "exactly when actor.use_dynamic_bsz"),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.ref.**", "ignore", "the reference is the frozen initial actor, in the actor's layout and "
@@ -217,9 +213,9 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "map", "actor.log_prob_micro_batch_size_per_gpu"),
     ("actor_rollout_ref.rollout.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
-    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "dynamic",
-     ("actor.log_prob_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", 16384)),
-    ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "ignore", _THROUGHPUT),
+    ("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "ignore", "the log-prob forwards batch by tokens exactly "
+                                                                    "when actor.use_dynamic_bsz"),
+    ("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "map", "actor.log_prob_max_token_len_per_gpu"),
     ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "map",
      "rollout.weight_sync_bucket_mb"),
     ("actor_rollout_ref.rollout.update_weights_bucket_megabytes", "map", "rollout.weight_sync_bucket_mb"),
@@ -275,10 +271,11 @@ RULES: list[tuple] = [
     *_megatron("critic.megatron", same=True),
     ("critic.grad_clip", "map", "critic.optim.clip_grad"),
     ("critic.ppo_micro_batch_size", "neutral", ((None,), "give it per device: critic.ppo_micro_batch_size_per_gpu")),
-    ("critic.use_dynamic_bsz", "dynamic", ("critic.ppo_micro_batch_size_per_gpu", "critic.ppo_max_token_len_per_gpu",
-                                           32768)),
+    ("critic.use_dynamic_bsz", "map", "critic.use_dynamic_bsz"),
+    ("critic.ppo_max_token_len_per_gpu", "map", "critic.ppo_max_token_len_per_gpu"),
+    ("critic.forward_max_token_len_per_gpu", "map", "critic.forward_max_token_len_per_gpu"),
     ("critic.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
-    *_ignore("critic", "rollout_n strategy ppo_max_token_len_per_gpu forward_max_token_len_per_gpu "
+    *_ignore("critic", "rollout_n strategy "
              "forward_micro_batch_size forward_micro_batch_size_per_gpu shuffle data_loader_seed nccl_timeout "
              "load_weight checkpoint.** "
              "profiler.** fsdp.** fsdp_config.**",

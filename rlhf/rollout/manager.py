@@ -81,9 +81,13 @@ def assert_plain_data(method: str, *values) -> None:
 
 
 def _is_actor_death(err: BaseException) -> bool:
+    """True for the errors of a call whose engine actor is gone: it died (RayActorError), cannot be reached
+    (ActorUnavailableError), or Ray's memory monitor killed its worker (OutOfMemoryError: the actor, with
+    max_restarts=0, is dead too)."""
     import ray
 
-    return isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError))
+    return isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError,
+                            ray.exceptions.OutOfMemoryError))
 
 
 class RolloutManager:

@@ -26,6 +26,7 @@ from rlhf.data.preference import encode_preference_pairs, load_preference_datase
 from rlhf.workers.batch import build_pair_batch, check_micro_batch_layout, dp_info, pipeline_micro_batch_multiple
 from rlhf.workers.build import build_actor, build_reference
 from rlhf.workers.losses import DPOLoss, dpo_loss_and_metrics
+from rlhf.workers.worker import padding_metrics
 
 from .base import BaseTrainer
 
@@ -81,6 +82,7 @@ class DPOTrainer(BaseTrainer):
         batch = self._batch(self.train_loader.next_batch())
         batch["ref_logps"] = sequence_log_probs(self.reference, batch)
         m = self.actor.update_policy(batch, self.loss, step=step, epochs=1)
+        m.update(padding_metrics([self.actor, self.reference]))  # perf/padding_efficiency
         m["_tokens"] = float(batch["attention_mask"].sum())
         return m
 

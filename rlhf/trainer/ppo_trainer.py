@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import os
 
+import logging
+
 import numpy as np
+import torch
 import torch.distributed as dist
 
 from rlhf import algorithms as algos
@@ -33,6 +36,7 @@ from rlhf.workers.batch import (
 from rlhf.workers.build import build_actor, build_critic, build_reference, resolve_reward_paths
 from rlhf.workers.losses import PPOPolicyLoss
 from rlhf.workers.rollout import RolloutWorker
+from rlhf.workers.worker import padding_metrics
 
 from .advantages import (
     ValidityReward,
@@ -49,6 +53,8 @@ from .metrics import compute_data_metrics, rollout_metrics, timer
 from .val_metrics import generations_table, validation_metrics
 
 # compute_advantages lives in rlhf.trainer.advantages; re-exported here where it was
+log = logging.getLogger(__name__)
+
 __all__ = ["PPOTrainer", "compute_advantages", "log_prob_temperature", "rollout_seed"]
 
 
@@ -163,12 +169,21 @@ class PPOTrainer(BaseTrainer):
         if self.critic is not None:
             with timer(m, "values"):
                 batch["values"] = self.critic.compute_values(batch)
-        with timer(m, "adv"):
-            m.update(compute_advantages(batch, uids, cfg.algorithm, self.kl_ctrl))
-        if self.critic is not None:
+        # a reward outage can leave no scorable sample: no baseline, no loss, nothing to learn from this batch
+        no_signal = not bool(batch["sample_valid"].any())
+        m["training/no_scorable_samples"] = float(no_signal)
+        if no_signal:
+            log.warning("step %d: no sample of the batch could be scored (reward/num_unscorable=%d): actor and "
+                        "critic updates skipped", step, len(samples))
+            batch["token_level_rewards"] = batch["token_level_scores"]
+            batch["advantages"] = batch["returns"] = torch.zeros_like(batch["token_level_scores"])
+        else:
+            with timer(m, "adv"):
+                m.update(compute_advantages(batch, uids, cfg.algorithm, self.kl_ctrl))
+        if self.critic is not None and not no_signal:
             with timer(m, "update_critic"):
                 m.update(self.critic.update_critic(batch, step=step))
-        if step > cfg.trainer.critic_warmup:  # the first critic_warmup steps train only the critic
+        if step > cfg.trainer.critic_warmup and not no_signal:  # the first critic_warmup steps train only the critic
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
             with timer(m, "sync_weights"):  # (an actor that did not change needs no sync)
@@ -178,6 +193,7 @@ class PPOTrainer(BaseTrainer):
         m.update(rollout_metrics(batch, scores, m["timing/gen"]))
         if not cfg.algorithm.use_kl_in_reward:
             m.setdefault("actor/reward_kl_penalty", 0.0)
+        m.update(padding_metrics([self.actor, self.reference, self.critic]))  # perf/padding_efficiency
         m["_tokens"] = float(batch["attention_mask"].sum())
         return m
 

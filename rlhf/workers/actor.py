@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .batch import MODEL_KEYS, dp_all_gather, dp_info
+from .dynamic_batch import token_budgets
 from .worker import MegatronWorker, gather_metrics, step_metrics
 
 __all__ = ["MegatronActor"]
@@ -11,10 +12,14 @@ class MegatronActor(MegatronWorker):
     """`bundle` (rlhf.mcore.models.ModelBundle) with its `state` (rlhf.mcore.optim.TrainState; None for a
     frozen reference).  `cfg` is the config's ``actor`` section (micro/mini batch sizes, ppo_epochs);
     `temperature` divides the logits before every log-prob (the rollout's, so the trainer's log-probs
-    match the engine's).  Methods are collective over the trainer job."""
+    match the engine's).  With ``actor.use_dynamic_bsz`` micro batches are cut by token budgets
+    (``actor.log_prob_max_token_len_per_gpu`` / ``actor.ppo_max_token_len_per_gpu``, :func:`token_budgets`,
+    rlhf.workers.dynamic_batch).  Methods are collective over the trainer job."""
 
     def __init__(self, bundle, state, cfg, *, temperature: float = 1.0):
-        super().__init__(bundle, state, forward_micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu)
+        forward_budget, self.update_budget = token_budgets(cfg, "log_prob_max_token_len_per_gpu")
+        super().__init__(bundle, state, forward_micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
+                         forward_max_tokens=forward_budget)
         self.cfg, self.temperature = cfg, temperature
 
     def compute_log_prob(self, batch: dict, *, calculate_entropy: bool = False) -> dict:
@@ -29,7 +34,8 @@ class MegatronActor(MegatronWorker):
     def update_policy(self, batch: dict, loss, *, step: int, epochs: int | None = None) -> dict:
         """Update the actor on `batch` with `loss` (rlhf.workers.losses: PPOPolicyLoss, DPOLoss):
         `epochs` (default ``actor.ppo_epochs``) passes, one optimizer step per ``actor.ppo_mini_batch_size``
-        prompts, micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences; the loss's
+        prompts, micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences (or, with
+        ``actor.use_dynamic_bsz``, of at most ``actor.ppo_max_token_len_per_gpu`` tokens); the loss's
         ``global_info`` gives it the whole mini batch's counts (split-invariant losses).  Returns the loss's
         metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps),
         actor/num_skipped_steps, actor/num_breaker_events (rlhf.workers.worker.step_metrics) and actor/lr."""
@@ -39,7 +45,8 @@ class MegatronActor(MegatronWorker):
             mini_batch_size=cfg.ppo_mini_batch_size,
             micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
             epochs=cfg.ppo_epochs if epochs is None else epochs, step=step, micro_group=loss.micro_group,
-            global_info=getattr(loss, "global_info", None), kind="log_probs", vocab_size=self.vocab_size,
+            global_info=getattr(loss, "global_info", None), max_tokens_per_micro_batch=self.update_budget,
+            kind="log_probs", vocab_size=self.vocab_size,
             temperature=self.temperature, calculate_entropy=loss.needs_entropy)
         metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}
         metrics["actor/lr"] = float(self.state.optimizer.param_groups[0]["lr"])

@@ -12,8 +12,10 @@ from rlhf.mcore.optim import OptimConfig, build_train_state
 
 from .actor import MegatronActor
 from .critic import MegatronCritic
+from .dynamic_batch import check_token_budget, token_budgets
 
-__all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "build_actor",
+__all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "check_dynamic_batching",
+           "build_actor",
            "build_reference", "build_critic", "resolve_reward_paths"]
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
@@ -73,8 +75,27 @@ def _chunks(cfg, hf_config, role: str, path: str):
                               recompute=p.recompute)
 
 
+def check_dynamic_batching(cfg, role: str) -> None:
+    """With ``<role>.use_dynamic_bsz``: each token budget of the role holds the longest sequence the data
+    allows (rlhf.workers.dynamic_batch.check_token_budget) and no virtual pipeline stages are set; ValueError
+    naming the key otherwise."""
+    section = cfg[role]
+    forward_key = "log_prob_max_token_len_per_gpu" if role == "actor" else "forward_max_token_len_per_gpu"
+    forward, update = token_budgets(section, forward_key)
+    vpp = cfg.parallel.get("virtual_pipeline_model_parallel_size")
+    if update is not None and vpp and vpp > 1:
+        raise ValueError(f"{role}.use_dynamic_bsz=true cuts micro batches of different shapes, which megatron's "
+                         f"interleaved schedule (parallel.virtual_pipeline_model_parallel_size={vpp}) cannot run; "
+                         f"unset one of them")
+    for key, value in ((forward_key, forward), ("ppo_max_token_len_per_gpu", update)):
+        if value is not None:
+            check_token_budget(f"{role}.{key}", value, cfg.data.max_prompt_length, cfg.data.max_response_length)
+
+
 def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
-    """Collective. The actor from the HF weights at `model_path`, with its optimizer (``actor.optim``)."""
+    """Collective. The actor from the HF weights at `model_path`, with its optimizer (``actor.optim``).
+    Raises ValueError for a dynamic-batching token budget below the longest sequence, before building."""
+    check_dynamic_batching(cfg, "actor")
     bundle = _chunks(cfg, hf_config, "actor", model_path)
     return MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
                          cfg.actor, temperature=temperature)
@@ -100,7 +121,8 @@ def resolve_reward_paths(cfg):
 def build_critic(cfg, model_path: str) -> MegatronCritic:
     """Collective. The critic from ``model.critic_path`` (resolved like the actor's: HF directory, hub name,
     tiny://quickstart; default the actor's weights; the value head is freshly initialised), with its optimizer
-    (``critic.optim``)."""
+    (``critic.optim``).  Raises ValueError for a dynamic-batching token budget below the longest sequence."""
+    check_dynamic_batching(cfg, "critic")
     critic_path = resolve_model_path(cfg, cfg.model.critic_path) if cfg.model.critic_path else model_path
     bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path)
     state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim), role="critic")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from rlhf import algorithms as algos
 
 from .batch import MODEL_KEYS, dp_all_gather, dp_info, dp_slice
+from .dynamic_batch import token_budgets
 from .losses import LOSS_MASK_KEY, split_scale
 from .worker import MegatronWorker, gather_metrics, step_metrics
 
@@ -12,11 +13,15 @@ __all__ = ["MegatronCritic"]
 
 class MegatronCritic(MegatronWorker):
     """A value model (`bundle` built with role "critic": a scalar head) and its `state`.  `cfg` is the
-    config's ``critic`` section; `forward_micro_batch_size` bounds the no-grad value forward.
+    config's ``critic`` section; `forward_micro_batch_size` bounds the no-grad value forward.  With
+    ``critic.use_dynamic_bsz`` micro batches are cut by token budgets instead
+    (``critic.forward_max_token_len_per_gpu`` / ``critic.ppo_max_token_len_per_gpu``, rlhf.workers.dynamic_batch).
     Methods are collective over the trainer job."""
 
     def __init__(self, bundle, state, cfg, *, forward_micro_batch_size: int):
-        super().__init__(bundle, state, forward_micro_batch_size=forward_micro_batch_size)
+        forward_budget, self.update_budget = token_budgets(cfg, "forward_max_token_len_per_gpu")
+        super().__init__(bundle, state, forward_micro_batch_size=forward_micro_batch_size,
+                         forward_max_tokens=forward_budget)
         self.cfg = cfg
 
     def compute_values(self, batch: dict):
@@ -53,5 +58,6 @@ class MegatronCritic(MegatronWorker):
             batch, MODEL_KEYS + tuple(dict.fromkeys(("values", "returns", "response_mask", mask_key))), loss_fn,
             mini_batch_size=cfg.ppo_mini_batch_size, micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
             epochs=cfg.ppo_epochs, step=step, seed_offset=7,
-            global_info=lambda full, dp: algos.global_batch_info(full[mask_key], dp), kind="values")
+            global_info=lambda full, dp: algos.global_batch_info(full[mask_key], dp),
+            max_tokens_per_micro_batch=self.update_budget, kind="values")
         return {**gather_metrics(per_micro), **step_metrics("critic", steps)}

@@ -87,7 +87,8 @@ class RolloutWorker:
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager,
                                    transport="tensor" if r.mode == "colocated" else "distributed",
                                    bucket_bytes=r.weight_sync_bucket_mb << 20,
-                                   check="sample" if r.weight_sync_check else None)
+                                   check="sample" if r.weight_sync_check else None,
+                                   master_address=r.weight_update_address)
         self.max_resyncs = r.max_restarts + 1
         self.last_sync = None
 

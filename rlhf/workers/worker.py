@@ -7,6 +7,7 @@ of the batch, and results are all-gathered so every rank holds full-batch tensor
 from __future__ import annotations
 
 from collections import defaultdict
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import numpy as np
@@ -17,8 +18,9 @@ from rlhf.mcore.forward import forward_backward
 from rlhf.mcore.optim import optimizer_step, zero_grads
 
 from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batch_indices, pipeline_micro_batch_multiple
+from .dynamic_batch import PaddingCounter, compact_rows, expand_rows, partition_by_token_budget
 
-__all__ = ["MegatronWorker", "gather_metrics", "step_metrics", "GLOBAL_INFO_KEY"]
+__all__ = ["MegatronWorker", "gather_metrics", "step_metrics", "GLOBAL_INFO_KEY", "padding_metrics"]
 
 #: key of the micro batch dict that carries the whole mini batch's counts to the loss function:
 #: ``{"dp_size", "num_micro_batches", ...}`` plus what the loss's ``global_info`` returned (see
@@ -50,13 +52,79 @@ def step_metrics(role: str, steps: list) -> dict:
             f"{role}/num_breaker_events": float(sum(s.breaker is not None for s in steps))}
 
 
+def padding_metrics(workers) -> dict:
+    """``perf/padding_efficiency`` (real tokens / tokens processed, over every model pass of `workers` since the
+    last call, all data-parallel ranks: each rank counts its own slice) and, when dynamic batching ran,
+    ``perf/packing_fallback_micro_batches`` (micro batches run as compacted padded rows instead of megatron's
+    packed THD sequences, rlhf.workers.dynamic_batch).  Collective.  Resets the workers' counters."""
+    counts = torch.tensor([0, 0, 0], dtype=torch.float64)
+    for w in workers:
+        if w is not None:
+            counts += torch.tensor(w.padding.take(), dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        _, size, group = dp_info()
+        if size > 1:
+            dist.all_reduce(counts, group=group)
+    real, processed, fallback = counts.tolist()
+    out = {"perf/padding_efficiency": real / processed if processed else 1.0}
+    if fallback:
+        out["perf/packing_fallback_micro_batches"] = fallback
+    return out
+
+
+@contextmanager
+def _grad_sync_unless(model, last: bool):
+    """Around one megatron schedule call of several that make one optimizer step: unless `last`, switch off the
+    config's finalize_model_grads (data-parallel gradient reduction, tied-embedding and sequence-parallel
+    all-reduces) so it runs once, after the last call, on the whole accumulated gradient."""
+    config = getattr(model[0], "config", None) if model else None
+    if last or config is None:
+        yield
+        return
+    saved = config.finalize_model_grads_func
+    config.finalize_model_grads_func = None
+    try:
+        yield
+    finally:
+        config.finalize_model_grads_func = saved
+
+
 class MegatronWorker:
     """A megatron model (`bundle`: rlhf.mcore.models.ModelBundle) and, when it trains, its
-    `state` (rlhf.mcore.optim.TrainState: DDP chunks, optimizer, LR scheduler)."""
+    `state` (rlhf.mcore.optim.TrainState: DDP chunks, optimizer, LR scheduler).
 
-    def __init__(self, bundle, state=None, *, forward_micro_batch_size: int):
+    `forward_max_tokens` (dynamic batching, rlhf.workers.dynamic_batch): the no-grad forward cuts micro batches
+    by this token budget instead of `forward_micro_batch_size` rows.  `padding` counts real and processed
+    tokens (:func:`padding_metrics`)."""
+
+    def __init__(self, bundle, state=None, *, forward_micro_batch_size: int, forward_max_tokens: int | None = None):
         self.bundle, self.state = bundle, state
         self.forward_micro_batch_size = forward_micro_batch_size
+        self.forward_max_tokens = forward_max_tokens
+        self.padding = PaddingCounter()
+
+    @staticmethod
+    def _refuse_dynamic_under_vpp(multiple: int) -> None:
+        if multiple > 1:
+            raise ValueError("dynamic batching (actor/critic.use_dynamic_bsz) cuts micro batches of different "
+                             "shapes, which megatron's interleaved (virtual) pipeline schedule cannot run; unset "
+                             "parallel.virtual_pipeline_model_parallel_size or set use_dynamic_bsz=false")
+
+    def _dynamic_forward(self, local: dict, max_tokens: int, **forward_kwargs) -> dict:
+        """No-grad forward of this rank's rows in token-budget micro batches, outputs in the [n, S] layout."""
+        S = local["input_ids"].shape[1]
+        parts = partition_by_token_budget(local["attention_mask"].sum(1).tolist(), max_tokens)
+        out = {}
+        for rows in parts:
+            idx = torch.tensor(rows, device=local["input_ids"].device)
+            mb, index = compact_rows({k: v[idx] for k, v in local.items()})
+            self.padding.add(mb["attention_mask"], mb["input_ids"].numel(), fallback=True)
+            res = forward_backward(self.chunks, mb, micro_batch_size=len(rows), **forward_kwargs)
+            for k, v in res.items():
+                if k not in out:
+                    out[k] = v.new_zeros(local["input_ids"].shape[0], S)
+                out[k][idx.to(v.device)] = expand_rows(v, index, S)
+        return out
 
     @property
     def chunks(self) -> list:
@@ -78,6 +146,11 @@ class MegatronWorker:
         rank, size, _ = dp_info()
         local = {k: dp_slice(batch[k], rank, size) for k in MODEL_KEYS}
         n, multiple = local["input_ids"].shape[0], pipeline_micro_batch_multiple()
+        if self.forward_max_tokens:
+            self._refuse_dynamic_under_vpp(multiple)
+            with torch.no_grad():
+                return self._dynamic_forward(local, self.forward_max_tokens, **forward_kwargs)
+        self.padding.add(local["attention_mask"], local["input_ids"].numel())
         pad = (-n) % multiple
         if pad:
             local = {k: torch.cat([v, v[-1:].expand(pad, *v.shape[1:])], 0) for k, v in local.items()}
@@ -89,6 +162,7 @@ class MegatronWorker:
     def train_mini_batches(self, batch: dict, keys: Sequence[str], loss_fn: Callable, *, mini_batch_size: int,
                            micro_batch_size_per_gpu: int, epochs: int, step: int, seed_offset: int = 0,
                            micro_group: int = 1, global_info: Callable | None = None,
+                           max_tokens_per_micro_batch: int | None = None,
                            **forward_kwargs) -> tuple[list[dict], list]:
         """The mini-batch update loop (verl's / PPO's): `epochs` passes over the batch, one optimizer
         step per mini batch of `mini_batch_size` prompts (x batch["n"] sequences), gradients
@@ -103,6 +177,11 @@ class MegatronWorker:
         dp_size)`` computed on the WHOLE mini batch (every data-parallel rank's rows, `keys` only)
         before it is split.
 
+        With `max_tokens_per_micro_batch` (dynamic batching, rlhf.workers.dynamic_batch) micro batches are cut
+        by that token budget instead (rows sorted by length, compacted) and `loss_fn` sees its outputs expanded
+        back to the batch layout, so losses need no change; ``num_micro_batches`` is then the number of token
+        micro batches.
+
         Returns (per-micro-batch metrics of this rank, rlhf.mcore.optim.StepResult of every optimizer step).
         """
         rank, size, _ = dp_info()
@@ -116,6 +195,13 @@ class MegatronWorker:
                 mb = {k: dp_slice(v, rank, size) for k, v in full.items()}
                 zero_grads(self.state)
                 n_local = mb["input_ids"].shape[0]
+                if max_tokens_per_micro_batch:
+                    self._refuse_dynamic_under_vpp(multiple)
+                    per_micro += self._dynamic_update(mb, full, size, loss_fn, global_info, micro_group,
+                                                      max_tokens_per_micro_batch, **forward_kwargs)
+                    steps.append(optimizer_step(self.state))
+                    continue
+                self.padding.add(mb["attention_mask"], mb["input_ids"].numel())
                 mbs = micro_batch_size(n_local, micro_batch_size_per_gpu, micro_group, multiple_of=multiple)
                 mb[GLOBAL_INFO_KEY] = {"dp_size": size, "num_micro_batches": n_local // mbs,
                                        **(global_info(full, size) if global_info is not None else {})}
@@ -123,3 +209,29 @@ class MegatronWorker:
                                               micro_batch_size=mbs, **forward_kwargs)
                 steps.append(optimizer_step(self.state))
         return per_micro, steps
+
+    def _dynamic_update(self, mb: dict, full: dict, dp_size: int, loss_fn: Callable, global_info: Callable | None,
+                        micro_group: int, max_tokens: int, **forward_kwargs) -> list[dict]:
+        """Forward/backward of one mini batch's local rows `mb` in token-budget micro batches, one megatron
+        schedule call each; the gradient reduction runs once, after the last (:func:`_grad_sync_unless`).
+        Each call is one micro batch for megatron (it divides by 1), so the loss, which multiplies by
+        ``num_micro_batches`` (k), is divided by k here: the sum over calls is the mini batch's loss."""
+        S = mb["input_ids"].shape[1]
+        parts = partition_by_token_budget(mb["attention_mask"].sum(1).tolist(), max_tokens, micro_group)
+        k = len(parts)
+        info = {"dp_size": dp_size, "num_micro_batches": k, **(global_info(full, dp_size) if global_info else {})}
+        per_micro = []
+        for i, rows in enumerate(parts):
+            idx = torch.tensor(rows, device=mb["input_ids"].device)
+            part, index = compact_rows({key: v[idx] for key, v in mb.items()})
+            part[GLOBAL_INFO_KEY] = info
+            self.padding.add(part["attention_mask"], part["input_ids"].numel(), fallback=True)
+
+            def expanded_loss(outs, micro, index=index):
+                loss, metrics = loss_fn({key: expand_rows(v, index, S) for key, v in outs.items()}, micro)
+                return loss / k, metrics
+
+            with _grad_sync_unless(self.state.model, last=i == k - 1):
+                per_micro += forward_backward(self.state.model, part, forward_only=False, loss_fn=expanded_loss,
+                                              micro_batch_size=len(rows), **forward_kwargs)
+        return per_micro

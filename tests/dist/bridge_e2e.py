@@ -270,6 +270,7 @@ def check_refusals(actor, state, engines, last, paths):
     for name, (rules, needles) in cases.items():
         eng = engines["B"] if rank0 else None
         version = weight_version(eng) if rank0 else None
+        restarts_before = list(eng.restarts) if rank0 else None  # an earlier phase may have replaced it (e.g. OOM)
         bridge = WeightBridge(state.model, actor.spec, eng, transport="tensor", name_map=regex_name_map(rules))
         try:
             bridge.sync()
@@ -278,10 +279,10 @@ def check_refusals(actor, state, engines, last, paths):
             raised = str(e)
         if rank0:
             now = weight_version(eng)
-            alive_same = eng.restarts == [0] and now == version
+            alive_same = eng.restarts == restarts_before and now == version
             again = engine_greedy(eng, stop_token_ids_for(paths["B"]))
             ok = bool(raised) and all(n in raised for n in needles) and alive_same and again == last["B"]
-            detail = f"restarts={eng.restarts} version {version}->{now} same_output={again == last['B']} " \
+            detail = f"restarts={restarts_before}->{eng.restarts} restart_log={eng.restart_log} version {version}->{now} same_output={again == last['B']} " \
                      f"error: {raised[:300]}"
         else:
             ok, detail = False, ""

@@ -60,9 +60,17 @@ class ActorConfig(Checked):
     kl_loss_coef: float = 0.001
     kl_loss_type: KLEstimator = KLEstimator.low_var_kl
     log_prob_micro_batch_size_per_gpu: int = 8
+    # dynamic batching (verl's): micro batches of at most ppo_max_token_len_per_gpu tokens (rows x the longest
+    # row) instead of ppo_micro_batch_size_per_gpu rows, rows of similar length together, each micro batch cut
+    # to its longest row.  megatron's packed THD path needs Transformer Engine; without it (CPU, local spec) this
+    # compacted-rows fallback runs and is counted in perf/packing_fallback_micro_batches (docs/dynamic_batching.md)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
 
     def problems(self, at: str = "") -> list[str]:
-        return (_ppo_role(self, at) + ge(self, at, "log_prob_micro_batch_size_per_gpu", 1)
+        return (_ppo_role(self, at) + ge(self, at, "log_prob_micro_batch_size_per_gpu ppo_max_token_len_per_gpu", 1)
+                + gt_or_null(self, at, "log_prob_max_token_len_per_gpu", "null uses ppo_max_token_len_per_gpu")
                 + rule(self, at, "clip_ratio", lambda v: v > 0, "must be > 0 (PPO uses 0.2)")
                 + [f"{at}{k}={getattr(self, k)!r} must be > 0, or null to use {at}clip_ratio."
                    for k in ("clip_ratio_low", "clip_ratio_high")
@@ -82,6 +90,12 @@ class CriticConfig(Checked):
     ppo_epochs: int = 1
     cliprange_value: float = 0.5
     loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
+    # dynamic batching, as actor.use_dynamic_bsz: token budgets of the value update and of the no-grad value forward
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_max_token_len_per_gpu: Optional[int] = None  # null: ppo_max_token_len_per_gpu
 
     def problems(self, at: str = "") -> list[str]:
-        return _ppo_role(self, at) + rule(self, at, "cliprange_value", lambda v: v > 0, "must be > 0 (verl uses 0.5)")
+        return (_ppo_role(self, at) + rule(self, at, "cliprange_value", lambda v: v > 0, "must be > 0 (verl uses 0.5)")
+                + ge(self, at, "ppo_max_token_len_per_gpu", 1)
+                + gt_or_null(self, at, "forward_max_token_len_per_gpu", "null uses ppo_max_token_len_per_gpu"))

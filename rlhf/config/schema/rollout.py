@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from rlhf.config.choices import RolloutDtype, RolloutMode, RolloutName
 from rlhf.config.schema.rules import Checked, ge, rule, sampling
@@ -35,6 +36,10 @@ class RolloutConfig(Checked):
     max_restarts: int = 2
     weight_sync_bucket_mb: int = 512
     weight_sync_check: bool = False
+    # disaggregated weight sync: the address the engines dial to join each stage leader's weight-update group.
+    # null: the IP of the leader's outward interface; "iface:<name>" (e.g. iface:ib0): that interface's IPv4 on
+    # each leader; an IP or host name: used as is (one trainer node).  Set it on multi-homed hosts.
+    weight_update_address: Optional[str] = None
     val_kwargs: RolloutValConfig = field(default_factory=RolloutValConfig)
 
     def problems(self, at: str = "") -> list[str]:

@@ -20,7 +20,7 @@ from rlhf.mcore.weight_sync.bucketing import dtype_name
 from rlhf.mcore.weight_sync.plan import SendPlan
 from rlhf.mcore.weight_sync.validate import WeightBridgeError
 
-__all__ = ["DistributedTransport", "free_port", "reachable_address"]
+__all__ = ["DistributedTransport", "free_port", "reachable_address", "interface_address", "resolve_address"]
 
 
 def free_port() -> int:
@@ -41,13 +41,43 @@ def reachable_address() -> str:
         return "127.0.0.1"
 
 
+def interface_address(name: str) -> str:
+    """IPv4 address of network interface `name` (Linux; e.g. ``ib0``, ``eth0``, ``lo``).
+
+    Raises ValueError naming the interface and the interfaces this host has when it has no IPv4 address."""
+    import fcntl
+    import struct
+
+    names = [n for _, n in socket.if_nameindex()]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        raise ValueError(f"rollout.weight_update_address='iface:{name}': this host has no IPv4 address on "
+                         f"interface {name!r}; its interfaces: {names}") from None
+
+
+def resolve_address(spec: str | None) -> str:
+    """The address engines dial for a weight-update group (``rollout.weight_update_address``).
+
+    spec: None -> :func:`reachable_address`; ``"iface:<name>"`` -> :func:`interface_address` of that
+    interface on this rank's host; anything else (an IP or host name) as is.  Raises ValueError (see
+    interface_address)."""
+    if not spec:
+        return reachable_address()
+    if spec.startswith("iface:"):
+        return interface_address(spec[len("iface:"):])
+    return spec
+
+
 class DistributedTransport:
     """The weight-update groups of one trainer rank (persistent across syncs) and their delivery.
 
     Args:
         topo: the topology; engines: the engines' handle on the controller (None elsewhere);
         prefix: group name prefix; backend: "nccl" / "gloo"; master_address: address engines dial
-            (None: :func:`reachable_address` of each stage leader); timeout_s: group timeout.
+            (:func:`resolve_address`: None, ``"iface:<name>"`` or an address); timeout_s: group timeout.
     """
 
     def __init__(self, topo, engines, prefix: str, backend: str, master_address: str | None, timeout_s: float):
@@ -60,7 +90,7 @@ class DistributedTransport:
 
     def report(self) -> dict:
         """What this stage leader adds to its plan report: a rendezvous address and port."""
-        return {"addr": self.master_address or reachable_address(), "port": free_port()}
+        return {"addr": resolve_address(self.master_address), "port": free_port()}
 
     def setup(self, plan: SendPlan, reports: dict, fingerprint) -> None:
         """Collective: (re)create every stage's group.  ``reports``: ``{pp_rank: {"addr", "port"}}``
