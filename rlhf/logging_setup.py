@@ -50,6 +50,10 @@ QUIET_LOGGERS = {
 CPU_ONLY_WARNINGS = (
     (r"When using async grad allreduce it is recommended to set the environment variable CUDA_DEVICE_MAX_CONN",
      UserWarning, r"megatron\.", "a CUDA stream setting; there are no CUDA streams on CPU"),
+    (r"Only CUDA, HIP and XPU support AWQ currently", UserWarning, r"sglang\.",
+     "SGLang's AWQ kernels, announced at import; rollouts here are not AWQ-quantized"),
+    (r"Only CUDA, MUSA and NPU support GGUF quantization currently", UserWarning, r"sglang\.",
+     "SGLang's GGUF kernels, announced at import; rollouts here are not GGUF-quantized"),
 )
 
 #: environment defaults: datasets' progress bars for tiny file writes ("Creating parquet from Arrow format")

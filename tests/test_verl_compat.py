@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from rlhf.config import ConfigError, ConfigKeyError, ConfigValidationError, compose_config, validate_config
+from rlhf.config.config_file import find_config_file
 from rlhf.config.refs import parse_data_ref, parse_model_ref
 from rlhf.main import UsageError, main, parse_args, write_run_dir
 
@@ -89,6 +91,58 @@ VERL_QUICKSTART = """
 """
 
 
+# verl's current canonical PPO example (examples/ppo_trainer/run_qwen3_8b_megatron.sh, its arrays as bash expands
+# them with the defaults), with token-budget (dynamic) micro batches
+VERL_PPO_QWEN3_MEGATRON = """
+    algorithm.adv_estimator=gae
+    data.train_files={train}
+    data.val_files={test}
+    data.train_batch_size=1024
+    data.max_prompt_length=1024
+    data.max_response_length=2048
+    data.filter_overlong_prompts=True
+    data.truncation=error
+    actor_rollout_ref.model.path=Qwen/Qwen3-8B
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=256
+    actor_rollout_ref.actor.use_dynamic_bsz=True
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576
+    actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2
+    actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.tensor_model_parallel_size=2
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    actor_rollout_ref.rollout.n=1
+    actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=24576
+    actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True
+    actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=24576
+    actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2
+    actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2
+    critic.model.path=Qwen/Qwen3-8B
+    critic.model.use_remove_padding=True
+    critic.optim.lr=1e-5
+    critic.use_dynamic_bsz=True
+    critic.ppo_max_token_len_per_gpu=24576
+    critic.megatron.tensor_model_parallel_size=2
+    critic.megatron.pipeline_model_parallel_size=2
+    trainer.balance_batch=True
+    trainer.critic_warmup=0
+    trainer.logger=["console","wandb"]
+    trainer.project_name=verl_ppo_gsm8k_math
+    trainer.experiment_name=qwen3_8b_vllm_megatron
+    trainer.n_gpus_per_node=8
+    trainer.nnodes=1
+    trainer.save_freq=20
+    trainer.test_freq=5
+    trainer.total_epochs=15
+    model_engine=megatron
+    ray_kwargs.ray_init.runtime_env.py_executable=null
+"""
+
+
 @pytest.fixture(autouse=True)
 def _single_process(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"):
@@ -156,6 +210,25 @@ def test_verl_quickstart_command_line(gsm8k, capsys):
     assert list(c.trainer.logger) == ["console"] and c.trainer.val_before_train is False
     assert c.actor.log_prob_micro_batch_size_per_gpu == 8 and c.algorithm.kl_ctrl.kl_coef == 0.001
     assert c.model.critic_path == "Qwen/Qwen2.5-0.5B-Instruct" and c.rollout.mem_fraction_static == 0.4
+
+
+def test_verl_current_ppo_example(gsm8k, capsys, caplog):
+    """verl's current PPO example runs through --cfg unchanged: its token-budget micro batches (use_dynamic_bsz)
+    are ours too; its no-effect keys are named in a warning."""
+    lines = _lines(VERL_PPO_QWEN3_MEGATRON, **gsm8k)
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        assert main(["--cfg", *lines]) == 0, capsys.readouterr().err
+    c = OmegaConf.create(yaml.safe_load(capsys.readouterr().out))
+    assert (c.parallel.tensor_model_parallel_size, c.parallel.pipeline_model_parallel_size) == (2, 2)
+    assert (c.rollout.tensor_model_parallel_size, c.rollout.mem_fraction_static, c.rollout.n) == (2, 0.6, 1)
+    assert (c.data.max_response_length, c.actor.entropy_coeff, c.model.critic_path) == (2048, 0.0, "Qwen/Qwen3-8B")
+    assert (c.actor.use_dynamic_bsz, c.actor.ppo_max_token_len_per_gpu, c.actor.log_prob_max_token_len_per_gpu,
+            c.critic.use_dynamic_bsz, c.critic.ppo_max_token_len_per_gpu) == (True, 24576, 24576, True, 24576)
+    warned = "\n".join(r.getMessage() for r in caplog.records)
+    for key in ("model_engine", "trainer.balance_batch", "ray_kwargs.ray_init.runtime_env.py_executable",
+                "critic.model.use_remove_padding", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz"):
+        assert key in warned, key
+    assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu" not in warned
 
 
 def _nest(lines: list[str]) -> dict:
@@ -270,6 +343,60 @@ def test_neutral_verl_values_are_accepted(gsm8k):
     assert compose_config([*_lines(VERL_QUICKSTART, **gsm8k), *knobs]) == base
 
 
+def test_current_verl_keys_are_mapped_or_refused_all_at_once():
+    """Keys of the current verl layout: its reward model (reward.reward_model.*) becomes a model reward source;
+    features we lack are refused only when switched on, all in one error, each with the reason; an unknown
+    rollout key is read as ours (rollout.*) for the suggestions."""
+    c = compose_config(["reward.reward_model.enable=true", "reward.reward_model.model_path=acme/rm-7b",
+                        "reward.reward_manager.name=dapo", "distillation.enabled=false", "trainer.use_v1=true",
+                        "actor_rollout_ref.actor.optim.warmup_style=null",
+                        "actor_rollout_ref.actor.optim.muon_momentum=0.9"])
+    assert [(s.type, s.path, s.weight) for s in c.reward.sources] == [("model", "acme/rm-7b", 1.0)]
+    assert c.actor.optim.lr_decay_style == compose_config([]).actor.optim.lr_decay_style
+    bad = ["distillation.enabled=true", "actor_rollout_ref.rollout.disaggregation.enabled=true",
+           "actor_rollout_ref.actor.qat.enable=true", "reward.sandbox_fusion.url=http://sandbox",
+           "actor_rollout_ref.actor.optim.use_precision_aware_optimizer=true", "skip.rollout.enable=true",
+           "critic.optim.exp_avg_dtype=bf16", "actor_rollout_ref.rollout.temprature=0.7"]
+    with pytest.raises(ConfigKeyError) as ei:
+        compose_config(bad)
+    msg = str(ei.value)
+    assert len(ei.value.problems) == len(bad), msg
+    for s in ["distillation.enabled=True is not supported", "on-policy distillation is not supported",
+              "disaggregation.enabled=True is not supported", "qat.enable=True is not supported",
+              "sandbox_fusion.url='http://sandbox' is not supported", "use_precision_aware_optimizer=True",
+              "skip.rollout.enable=True", "exp_avg_dtype='bf16' is not supported",
+              "'actor_rollout_ref.rollout.temprature' (read as 'rollout.temprature'",
+              "Did you mean: rollout.temperature"]:
+        assert s in msg, f"{s!r} not in\n{msg}"
+
+
+def test_verl_keys_without_effect_are_warned_not_silent(caplog):
+    """A verl key accepted without effect is named in a warning with its reason (command line) or grouped by
+    section (a config file); verl's _target_ class names are left out."""
+    from rlhf.config.verl_compat import ignored_lines
+
+    cli = "command-line override 'x'"
+    assert ignored_lines([("actor_rollout_ref.rollout.enforce_eager", cli, "engine"),
+                          ("trainer.balance_batch", cli, "worker"), ("a.b.free_cache_engine", cli, "engine"),
+                          ("critic._target_", "config file f.yaml", "name"), ("hydra.run.dir", cli, "hydra"),
+                          ("critic.profiler.tool_config.nsys.discrete", "config file f.yaml", "p"),
+                          ("critic.profiler.enable", "config file f.yaml", "p"),
+                          ("critic.strategy", "config file f.yaml", "s")]) == [
+        "no effect here: a.b.free_cache_engine, actor_rollout_ref.rollout.enforce_eager (engine); "
+        "trainer.balance_batch (worker)",
+        "config file f.yaml: 3 verl settings have no effect here (engine, worker and profiler details; the reason "
+        "for each is in rlhf/config/verl_keys.py): critic.{strategy}; critic.profiler.{enable, tool_config.*}"]
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        compose_config(["actor_rollout_ref.rollout.enforce_eager=True", "trainer.use_v1=true",
+                        "actor_rollout_ref.rollout.name=vllm"])
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "actor_rollout_ref.rollout.enforce_eager (an SGLang engine setting chosen here)" in text
+    assert "trainer.use_v1 (verl's trainer implementation switch)" in text
+    assert "rollout.name=vllm: the rollout engine here is SGLang" in text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        compose_config(["actor_rollout_ref.actor.optim.lr=1e-6"])  # a mapped key: nothing to warn about
+    assert not caplog.records
 def test_verl_dynamic_batching_keys_map():
     """issue 9: verl's dynamic-batching keys set ours (rlhf.workers.dynamic_batch)."""
     c = compose_config(["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
@@ -294,24 +421,103 @@ def test_verl_algorithm_keys_and_override_prefixes():
         validate_config(compose_config(["algorithm.adv_estimator=grpo_passk", "actor_rollout_ref.rollout.n=1"]))
 
 
-@pytest.mark.skipif(not VERL_MIRROR.exists(), reason="no fetched copy of verl")
-def test_verl_generated_megatron_config_file(tmp_path, gsm8k, capsys):
-    """verl's full flattened Megatron config (read from a fetched copy of verl, never copied into the project)
-    passes with only its placeholder paths replaced."""
-    r = subprocess.run(["git", "--git-dir", str(VERL_MIRROR / ".git") if (VERL_MIRROR / ".git").exists()
-                        else str(VERL_MIRROR), "show", "HEAD:verl/trainer/config/_generated_ppo_megatron_trainer.yaml"],
-                       capture_output=True, text=True)
+def _verl_file(mirror: Path, name: str) -> str:
+    """verl's flattened config ``name`` from a fetched copy of verl (read at test time, never copied here)."""
+    if not mirror.exists():
+        pytest.skip(f"no fetched copy of verl at {mirror}")
+    r = subprocess.run(["git", "--git-dir", str(mirror / ".git") if (mirror / ".git").exists() else str(mirror),
+                        "show", f"HEAD:verl/trainer/config/{name}"], capture_output=True, text=True)
     if r.returncode != 0:
-        pytest.skip("verl's generated config is not in the fetched copy")
-    (tmp_path / "gen.yaml").write_text(r.stdout)
+        pytest.skip(f"{name} is not in the fetched copy {mirror}")
+    return r.stdout
+
+
+@pytest.mark.parametrize("mirror", [VERL_MIRROR, VERL_MIRROR.parents[1] / "verl-project+verl" / "repo"],
+                         ids=["volcengine", "verl-project"])
+@pytest.mark.parametrize("name", ["_generated_ppo_megatron_trainer.yaml", "_generated_ppo_trainer.yaml"])
+def test_verl_generated_config_files(mirror, name, tmp_path, gsm8k, capsys, caplog):
+    """verl's full flattened configs (ppo_trainer.yaml = FSDP and ppo_megatron_trainer.yaml, of the older and
+    the current verl) pass with only their placeholder paths replaced; the hundreds of worker / engine keys
+    that have no effect here are named in one warning per file, none silently."""
+    (tmp_path / "gen.yaml").write_text(_verl_file(mirror, name))
     f = gsm8k["files"]
     args = ["--config", str(tmp_path / "gen.yaml"), "--cfg", f"data.train_files={f['gsm8k_train']}",
             f"data.val_files={f['gsm8k_test']}", "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
             "critic.model.path=Qwen/Qwen2-7B-Instruct", "actor_rollout_ref.rollout.name=sglang"]
-    assert main(args) == 0, capsys.readouterr().err
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        assert main(args) == 0, capsys.readouterr().err
     c = OmegaConf.create(yaml.safe_load(capsys.readouterr().out))
     assert c.trainer.default_local_dir == "checkpoints/verl_examples/gsm8k" and c.actor.optim.weight_decay == 0.01
-    assert c.critic.ppo_mini_batch_size == c.actor.ppo_mini_batch_size == 256 and c.model.dtype == "bfloat16"
+    assert c.critic.ppo_mini_batch_size == c.actor.ppo_mini_batch_size == 256 and c.data.train_batch_size == 1024
+    assert (c.actor.optim.lr, c.critic.optim.lr, c.actor.clip_ratio, c.algorithm.adv_estimator) == (1e-6, 1e-5, 0.2,
+                                                                                                      "gae")
+    assert list(c.trainer.logger) == ["console", "wandb"] and c.reward.sources == []  # verl's RM is off
+    if "megatron" in name:
+        assert c.model.dtype == "bfloat16"
+    warned = [r.getMessage() for r in caplog.records if "verl settings have no effect here" in r.getMessage()]
+    assert len(warned) == 1, warned
+    n = int(re.search(r"(\d+) verl settings have no effect", warned[0]).group(1))
+    assert n > 300 and "_target_" not in warned[0] and len(warned[0]) < 8000, warned[0]
+    for part in ("actor_rollout_ref.rollout.{", "enforce_eager", "free_cache_engine", "profiler.*", "critic.model.{"):
+        assert part in warned[0], part
+
+
+def test_a_verl_config_tree_is_composed_by_hydra_first(tmp_path):
+    """--config-path DIR --config-name ppo_trainer on a verl-style tree (group defaults with packages, nested
+    defaults, `override`, _self_) reads what Hydra composes there; the command line still wins."""
+    conf = tmp_path / "config"
+    (conf / "actor").mkdir(parents=True)
+    (conf / "engine").mkdir()
+    (conf / "actor" / "actor.yaml").write_text("ppo_mini_batch_size: 8\nclip_ratio: 0.3\noptim:\n  lr: 1e-6\n")
+    (conf / "actor" / "dp_actor.yaml").write_text("defaults:\n  - actor\n  - _self_\nstrategy: fsdp\n"
+                                                  "optim:\n  lr: 2e-6\n")
+    (conf / "engine" / "fsdp.yaml").write_text("save_freq: 3\n")
+    (conf / "engine" / "megatron.yaml").write_text("save_freq: 9\n")
+    (conf / "shared.yaml").write_text("total_epochs: 7\n")
+    (conf / "ppo_trainer.yaml").write_text(textwrap.dedent("""
+        defaults:
+          - actor@actor_rollout_ref.actor: dp_actor
+          - engine@trainer: fsdp
+          - shared@trainer
+          - override engine@trainer: megatron
+          - _self_
+        actor_rollout_ref:
+          actor:
+            clip_ratio: 0.25
+        trainer:
+          experiment_name: tree
+    """))
+    path = find_config_file(str(conf), "ppo_trainer")
+    assert path == conf / "ppo_trainer.yaml"
+    c = compose_config([], config_file=path)
+    assert (c.actor.ppo_mini_batch_size, c.actor.optim.lr, c.actor.clip_ratio) == (8, 2e-6, 0.25)
+    assert (c.trainer.total_epochs, c.trainer.save_freq, c.trainer.experiment_name) == (7, 9, "tree")
+    c = compose_config(["actor_rollout_ref.actor.ppo_mini_batch_size=4"], config_file=path)
+    assert c.actor.ppo_mini_batch_size == 4
+    assert compose_config([]) == compose_config([])  # our own Hydra state is untouched
+
+
+@pytest.mark.parametrize("mirror,name", [(VERL_MIRROR.parents[1] / "verl-project+verl" / "repo", "ppo_trainer"),
+                                         (VERL_MIRROR, "ppo_megatron_trainer")], ids=["current-fsdp", "older-megatron"])
+def test_verl_own_config_tree_equals_its_generated_file(mirror, name, tmp_path, gsm8k):
+    """verl's config directory (verl/trainer/config of a fetched copy, extracted at test time) read with
+    --config-path/--config-name gives the same config as verl's flattened _generated_<name>.yaml."""
+    if not mirror.exists():
+        pytest.skip(f"no fetched copy of verl at {mirror}")
+    git_dir = str(mirror / ".git") if (mirror / ".git").exists() else str(mirror)
+    archive = subprocess.run(["git", "--git-dir", git_dir, "archive", "HEAD", "verl/trainer/config"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip("verl/trainer/config is not in the fetched copy")
+    subprocess.run(["tar", "x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    tree = tmp_path / "verl" / "trainer" / "config"
+    f = gsm8k["files"]
+    args = [f"data.train_files={f['gsm8k_train']}", f"data.val_files={f['gsm8k_test']}",
+            "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", "critic.model.path=Qwen/Qwen2-7B-Instruct",
+            "actor_rollout_ref.rollout.name=sglang"]
+    composed = compose_config(args, config_file=find_config_file(str(tree), name))
+    assert composed == compose_config(args, config_file=tree / f"_generated_{name}.yaml")
+    assert composed.data.train_batch_size == 1024 and composed.actor.optim.lr == 1e-6
 
 
 # --------------------------------------------------------------------------- Hydra's standard options

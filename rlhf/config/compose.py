@@ -21,7 +21,7 @@ from rlhf.config.config_file import load_config_file
 from rlhf.config.errors import ConfigError, ConfigValidationError, raise_all
 from rlhf.config.keys import check_closed, nearest_keys
 from rlhf.config.overrides import check_overrides
-from rlhf.config.verl_compat import Translated, check_same, items_from_overrides, translate_items
+from rlhf.config.verl_compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
 
 __all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
            "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
@@ -231,13 +231,11 @@ def _run_dir(overrides: list[str]) -> list[str]:
 
 
 def _tell(translated: Translated) -> None:
-    """Print (rank 0) what the alias layer did that a user should know: settings read differently, and verl
-    keys given on the command line that have no effect here."""
+    """Warn (rank 0) about what the alias layer did that a user should know: settings read differently, and
+    every verl setting that has no effect here (:func:`~rlhf.config.verl_compat.ignored_lines`)."""
     from rlhf.launch_env import launch_env
 
-    ignored = sorted({k for k, source in translated.ignored if source.startswith("command-line")})
-    lines = translated.notes + ([f"no effect here (verl engine / worker settings): {', '.join(ignored)}"]
-                                if ignored else [])
+    lines = translated.notes + ignored_lines(translated.ignored)
     if lines and launch_env().rank == 0:
         import logging
 

@@ -4,8 +4,10 @@
 The file holds the keys it changes, nested (``actor_rollout_ref: {actor: {optim: {lr: 1e-6}}}``) or dotted; its
 ``defaults:`` list may name the base config (``ppo_trainer`` / ``ppo_megatron_trainer``: verl's two bases are
 both ours), a ``recipe: NAME`` or ``algorithm: NAME``, and other files of the same directory; ``hydra.run.dir``
-in it works as on the command line.  Its settings come before the command line's (the command line wins) and go
-through the verl alias layer (:mod:`rlhf.config.verl_compat`).  ``${...}`` interpolations between keys are kept,
+in it works as on the command line.  A file whose ``defaults:`` name config groups of its own directory
+(verl's ``--config-path=<verl>/verl/trainer/config --config-name=ppo_trainer``) is composed by Hydra first, as
+verl would.  Its settings come before the command line's (the command line wins) and go through the verl alias
+layer (:mod:`rlhf.config.verl_compat`).  ``${...}`` interpolations between keys are kept,
 with verl's keys rewritten to ours; one that cannot be (its target has no equivalent) is resolved within the file.
 """
 from __future__ import annotations
@@ -111,6 +113,8 @@ def load_config_file(path: Union[str, os.PathLike], _seen: Optional[set] = None)
         raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(conf).__name__}")
     source = f"config file {path}"
     before, after, problems = [], [], []
+    if _has_groups(conf.get("defaults"), path.parent):
+        conf = _compose_groups(path)  # verl's own config tree: Hydra composes it, its settings then go through
     defaults = conf.pop("defaults", None) or []
     target = before
     for entry in OmegaConf.to_container(defaults, resolve=False) if defaults else []:
@@ -140,6 +144,55 @@ def load_config_file(path: Union[str, os.PathLike], _seen: Optional[set] = None)
     for k, v in flat:
         _add(own, k, _resolved(conf, k, v), source)
     return before + own + after, problems
+
+
+def _group_file(entry: Any, directory: Path) -> Optional[Path]:
+    """The file a Hydra defaults entry with a package or group names (``{actor@actor_rollout_ref.actor:
+    dp_actor}`` -> ``actor/dp_actor.yaml``, ``reward_manager@reward_manager`` -> ``reward_manager.yaml``), or
+    None for a plain file entry and for our ``recipe:`` / ``algorithm:`` entries."""
+    if isinstance(entry, dict) and len(entry) == 1:
+        (key, name), = entry.items()
+        group = str(key).split("@")[0].lstrip("+").removeprefix("override ").strip()
+        return None if group in ("recipe", "algorithm") or name is None else directory / group / f"{name}.yaml"
+    if isinstance(entry, str) and "@" in entry:
+        return directory / f"{entry.split('@')[0]}.yaml"
+    return None
+
+
+def _has_groups(defaults: Any, directory: Path) -> bool:
+    """True when ``defaults`` names config groups / packaged files of which one exists under ``directory`` (a
+    verl config directory such as verl/trainer/config, read with --config-path/--config-name)."""
+    from omegaconf import OmegaConf
+
+    entries = OmegaConf.to_container(defaults, resolve=False) if defaults is not None else []
+    files = [f for f in (_group_file(e, directory) for e in entries) if f is not None]
+    return any(f.is_file() for f in files)
+
+
+def _compose_groups(path: Path) -> Any:
+    """``path`` composed by Hydra with its directory as the config tree (its group defaults followed, as the
+    program it was written for would), unresolved; our own Hydra state is left as it was.
+
+    Raises:
+        ConfigError: Hydra cannot compose the file.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.initialize import get_gh_backup, restore_gh_from_backup
+    from omegaconf import OmegaConf
+
+    backup = get_gh_backup()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base=None):
+            conf = compose(config_name=path.stem)
+    except Exception as e:  # noqa: BLE001 - Hydra / OmegaConf composition errors
+        raise ConfigError(f"cannot compose {path} with its config groups ({path.parent}): {e}") from None
+    finally:
+        restore_gh_from_backup(backup)
+    OmegaConf.set_struct(conf, False)
+    conf.pop("hydra", None)  # Hydra's own runtime node, not the file's hydra.run.dir
+    return conf
 
 
 def _add(items: list[Item], key: str, value: Any, source: str) -> None:

@@ -12,6 +12,8 @@ so all of them are reported together (:func:`translate_items`).
 from __future__ import annotations
 
 import re
+from fnmatch import fnmatchcase
+from functools import lru_cache
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
@@ -19,7 +21,7 @@ from rlhf.config.keys import first_bad_part, is_dict_field, split_key
 from rlhf.config.verl_keys import OURS, REWARD_MODEL_PREFIX, RULES, Unsupported
 
 __all__ = ["Item", "Translated", "translate_items", "translate_key", "match_rule", "items_from_overrides",
-           "check_same"]
+           "check_same", "ignored_lines"]
 
 
 @dataclass
@@ -42,32 +44,48 @@ class Translated:
     overrides: list = field(default_factory=list)  # override strings in our keys
     problems: list = field(default_factory=list)  # unsupported settings, one line each
     same: list = field(default_factory=list)  # (our key, value, verl key, source): must be equal after composing
-    ignored: list = field(default_factory=list)  # (verl key, source) accepted without effect
+    ignored: list = field(default_factory=list)  # (verl key, source, why) accepted without effect
     notes: list = field(default_factory=list)  # substitutions worth telling (vllm read as sglang)
     unknown: list = field(default_factory=list)  # ConfigKeyError per verl-layout key that is not ours either
     origins: dict = field(default_factory=dict)  # override string -> where its setting came from
 
 
+@lru_cache(maxsize=None)
+def _pattern(pattern: str) -> tuple[tuple[str, ...], bool]:
+    """(parts, deep) of a rule pattern: its dotted parts without a trailing ``**``, and whether it had one."""
+    pp = tuple(pattern.split("."))
+    return (pp[:-1], True) if pp[-1] == "**" and pp[0] != "**" else (pp, False)
+
+
 def _matches(pattern: str, key: str) -> Optional[str]:
     """The part of ``key`` matched before a trailing ``**`` (the whole key for exact patterns), or None."""
-    pp, kp = pattern.split("."), key.split(".")
+    pp, deep = _pattern(pattern)
+    kp = key.split(".")
     if pp[0] == "**":  # "**._target_": any depth, fixed tail
-        tail = pp[1:]
+        tail = list(pp[1:])
         return key if len(kp) >= len(tail) and kp[-len(tail):] == tail else None
-    deep = pp[-1] == "**"
-    if deep:
-        pp = pp[:-1]
-        if len(kp) < len(pp):
-            return None
-    elif len(kp) != len(pp):
+    if (len(kp) < len(pp)) if deep else (len(kp) != len(pp)):
         return None
-    if all(p in ("*", k) for p, k in zip(pp, kp)):
+    if pp[0] not in ("*", kp[0]) and "*" not in pp[0]:  # most rules fail on the first part
+        return None
+    if all(p in ("*", k) or ("*" in p and fnmatchcase(k, p)) for p, k in zip(pp, kp)):
         return ".".join(kp[:len(pp)])
     return None
 
 
 def match_rule(key: str, rules: Iterable[tuple] = RULES) -> Optional[tuple]:
     """(action, arg, matched prefix) of the first rule matching ``key``, or None."""
+    if rules is RULES or rules is OURS:
+        return _match_table(key, rules is OURS)
+    return _match(key, rules)
+
+
+@lru_cache(maxsize=8192)
+def _match_table(key: str, ours: bool) -> Optional[tuple]:
+    return _match(key, OURS if ours else RULES)
+
+
+def _match(key: str, rules: Iterable[tuple]) -> Optional[tuple]:
     for pattern, action, arg in rules:
         head = _matches(pattern, key)
         if head is not None:
@@ -75,6 +93,7 @@ def match_rule(key: str, rules: Iterable[tuple] = RULES) -> Optional[tuple]:
     return None
 
 
+@lru_cache(maxsize=8192)
 def _in_schema(key: str) -> bool:
     return first_bad_part(split_key(key)) is None
 
@@ -179,7 +198,7 @@ def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None
             shown = ", ".join(_show(v) for v in values)
             out.problems.append(f"{key}={value!r} is not supported{_where(item)}: {why} (accepted: {shown}).")
     elif action == "ignore":
-        out.ignored.append((key, item.source))
+        out.ignored.append((key, item.source, arg))
     elif action == "reward_model":
         reward_model[arg] = (value, item)
 
@@ -284,3 +303,36 @@ def check_same(cfg: Any, same: Sequence[tuple]) -> list[str]:
                        + f": the reference model and the critic use the actor's layout, {ours}={have!r}; "
                        f"set {ours}={value!r} (actor_rollout_ref.actor.megatron.*) or drop {verl_key}.")
     return out
+
+
+def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
+    """Warning lines naming the verl settings accepted without effect (``Translated.ignored``), so none passes
+    silently: command-line keys one by one with the reason; a config file's keys in one line per file, grouped
+    by section, deeper keys as ``name.*`` (a verl ``ppo_trainer.yaml`` holds hundreds of engine / worker
+    details).  verl's ``_target_``
+    class names and ``hydra.*`` are left out (they configure nothing)."""
+    by_why: dict = {}
+    by_file: dict = {}
+    for key, source, why in ignored:
+        if key.endswith("._target_") or key == "_target_" or key.startswith("hydra."):
+            continue
+        if not source or source.startswith("command-line"):
+            by_why.setdefault(why, []).append(key)
+        else:
+            section, _, rest = key.partition(".")
+            if "." in rest:
+                sub, _, rest = rest.partition(".")
+                section = f"{section}.{sub}"
+            head, dot, _ = (rest or key).partition(".")
+            by_file.setdefault(source, {}).setdefault(section, []).append(head + (".*" if dot else ""))
+    out = []
+    if by_why:
+        out.append("no effect here: " + "; ".join(f"{', '.join(sorted(set(keys)))} ({why})"
+                                                  for why, keys in by_why.items()))
+    for source, sections in by_file.items():
+        n = len({(source, key) for key, src, _ in ignored if src == source and not key.endswith("_target_")})
+        listed = "; ".join(f"{sec}.{{{', '.join(sorted(set(v)))}}}" for sec, v in sorted(sections.items()))
+        out.append(f"{source}: {n} verl settings have no effect here (engine, worker and profiler details; the "
+                   f"reason for each is in rlhf/config/verl_keys.py): {listed}")
+    return out
+

@@ -1,7 +1,7 @@
 """verl's config keys and what each means here: the table behind :mod:`rlhf.config.verl_compat`.
 
-Every rule is ``(pattern, action, arg)``; patterns are dotted keys where ``*`` matches one part and a
-trailing ``**`` any rest (also nothing).  The first matching rule wins.  Actions:
+Every rule is ``(pattern, action, arg)``; patterns are dotted keys where ``*`` matches one part (``muon_*`` a part
+starting so) and a trailing ``**`` any rest (also nothing).  The first matching rule wins.  Actions:
 
     map        rename to our key ``arg``
     prefix     replace the matched prefix (the pattern without ``.**``) by ``arg``; the result must be a key of
@@ -55,6 +55,8 @@ def _warmup_steps(prefix: str) -> Callable[[Any], list]:
 
 def _schedule(prefix: str) -> Callable[[Any], list]:
     def fn(v: Any) -> list[tuple[str, Any]]:
+        if v is None:  # verl's deprecated warmup_style, unset
+            return []
         if v in ("constant", "cosine", "linear"):
             return [(f"{prefix}.lr_decay_style", v)]
         raise Unsupported(f"schedules here are constant, linear and cosine ({prefix}.lr_decay_style)")
@@ -80,6 +82,14 @@ def _optim(at: str, ours: str) -> list[tuple]:
         (f"{at}.lr_scheduler_type", "fn", _schedule(ours)),
         (f"{at}.warmup_style", "fn", _schedule(ours)),
         (f"{at}.optimizer", "neutral", (("adam", "adamw", "AdamW"), "the optimizer is megatron's Adam (AdamW)")),
+        (f"{at}.optimizer_impl", "neutral", (("torch.optim", None), "the optimizer is megatron's Adam (AdamW)")),
+        (f"{at}.use_precision_aware_optimizer", "neutral", ((False,), "optimizer states are kept in fp32")),
+        (f"{at}.use_layer_wise_distributed_optimizer", "neutral", ((False,), "use actor.optim.use_distributed_"
+                                                                            "optimizer")),
+        *[(f"{at}.{n}", "neutral", (("fp32", "float32", None), "optimizer states and main grads are fp32"))
+          for n in ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")],
+        (f"{at}.zero_indexed_step", "ignore", "the schedule counts steps as megatron's scheduler does"),
+        (f"{at}.muon_*", "ignore", "only for optimizer=muon"),
         (f"{at}.lr_warmup_init", "neutral", ((0, 0.0), "warm-up starts at 0")),
         (f"{at}.min_lr_ratio", "neutral", ((None, 0, 0.0), f"give the floor as {ours}.min_lr")),
         (f"{at}.weight_decay_incr_style", "neutral", (("constant",), "weight decay is constant")),
@@ -137,7 +147,7 @@ def _megatron(at: str, same: bool) -> list[tuple]:
 
 def _model_common(at: str) -> list[tuple]:
     return [
-        (f"{at}.trust_remote_code", "neutral", ((False,), "models load with transformers' built-in classes")),
+        (f"{at}.trust_remote_code", "neutral", ((False, None), "models load with transformers' built-in classes")),
         (f"{at}.external_lib", "neutral", ((None, ""), "models load with transformers' built-in classes")),
         (f"{at}.override_config.**", "neutral", (_OFF, "edit the model's config.json instead")),
         (f"{at}.override_config", "neutral", (_OFF, "edit the model's config.json instead")),
@@ -179,14 +189,19 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.use_prefix_grouper", "neutral", ((False,), "not supported")),
     ("actor_rollout_ref.actor.router_replay.mode", "neutral", (("disabled",), "MoE router replay is not supported")),
     ("actor_rollout_ref.actor.load_weight", "neutral", ((True,), "the actor starts from model.path")),
+    ("actor_rollout_ref.actor.calculate_sum_pi_squared", "neutral", ((False,), "not supported")),
+    ("actor_rollout_ref.actor.qat.enable", "neutral", ((False,), "quantization-aware training is not supported")),
+    ("actor_rollout_ref.actor.policy_loss.dro_beta", "ignore", "only for a DRO policy loss, not supported here"),
     *_ignore("actor_rollout_ref.actor", "strategy rollout_n shuffle data_loader_seed use_torch_compile "
              "calculate_entropy freeze_vision_tower use_fused_kernels use_remove_padding "
              "entropy_from_logits_with_chunking entropy_checkpointing checkpoint.** profiler.** router_replay.** "
-             "fsdp_config.**",
+             "fsdp_config.** sum_pi_squared_checkpointing qat.** entropy_from_logits_chunk_size pad_to_length",
              "a verl actor-worker detail (compilation, checkpoint contents, profiler, ...)"),
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
     *_megatron("actor_rollout_ref.ref.megatron", same=True),
+    ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "ignore", "the reference's log-prob forward batches by tokens "
+                                                                 "exactly when actor.use_dynamic_bsz"),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
      ((None,), "give it per device: actor.log_prob_micro_batch_size_per_gpu")),
     ("actor_rollout_ref.ref.**", "ignore", "the reference is the frozen initial actor, in the actor's layout and "
@@ -220,6 +235,13 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.quantization", "neutral", ((None,), "rollouts run in rollout.dtype")),
     ("actor_rollout_ref.rollout.quantization_config_file", "neutral", ((None,), "rollouts run in rollout.dtype")),
     ("actor_rollout_ref.rollout.prometheus.enable", "neutral", ((False,), "not supported")),
+    ("actor_rollout_ref.rollout.full_determinism", "neutral", ((False,), "not supported")),
+    ("actor_rollout_ref.rollout.disaggregation.enabled", "neutral", ((False,), "prefill/decode disaggregation is not "
+                                                                              "supported")),
+    ("actor_rollout_ref.rollout.qat.enable", "neutral", ((False,), "quantization-aware training is not supported")),
+    ("actor_rollout_ref.rollout.seed", "ignore", "per-request sampling seeds come from trainer.seed"),
+    ("actor_rollout_ref.rollout.nnodes", "ignore", "engines run on the trainer's nodes (rollout.num_engines)"),
+    ("actor_rollout_ref.rollout.n_gpus_per_node", "ignore", "engines run on the trainer's GPUs (rollout.num_engines)"),
     ("actor_rollout_ref.rollout.temperature", "map", "rollout.temperature"),
     ("actor_rollout_ref.rollout.top_p", "map", "rollout.top_p"),
     ("actor_rollout_ref.rollout.top_k", "map", "rollout.top_k"),
@@ -234,12 +256,16 @@ RULES: list[tuple] = [
              "logprobs_mode scheduling_policy "
              "load_format disable_log_stats multi_stage_wake_up skip_tokenizer_init layered_summon calculate_log_probs "
              "skip_dump_dir limit_images engine_kwargs.** checkpoint_engine.** multi_turn.** agent.** trace.** "
-             "profiler.** prometheus.** layer_name_map.** mtp.** mtp", _ENGINE),
+             "profiler.** prometheus.** layer_name_map.** mtp.** mtp moe_load_balance_metrics_interval qat qat.** "
+             "disaggregation.**", _ENGINE),
+    ("actor_rollout_ref.rollout.**", "prefix", "rollout"),
     ("actor_rollout_ref.hybrid_engine", "ignore", "rollout.mode chooses colocated or disaggregated engines"),
     ("actor_rollout_ref.nccl_timeout", "ignore", "set by the process-group set-up"),
     # ----------------------------------------------------------------- critic
     ("critic.model.path", "map", "model.critic_path"),
     ("critic.model.tokenizer_path", "ignore", "the critic reads the actor's tokens"),
+    ("critic.model.custom_chat_template", "ignore", "the critic reads the actor's tokens"),
+    ("critic.loss_scale_factor", "neutral", ((None,), "the critic's loss is aggregated by critic.loss_agg_mode")),
     *_model_common("critic.model"),
     *_optim("critic.optim", "critic.optim"),
     *_megatron("critic.megatron", same=True),
@@ -269,12 +295,15 @@ RULES: list[tuple] = [
                                                   "reward_model.ground_truth)")),
     ("data.sampler.class_path", "neutral", ((None,), "prompts are shuffled by data.shuffle / data.seed")),
     ("data.datagen.path", "neutral", ((None,), "not supported")),
+    ("data.function_tool_path", "neutral", ((None,), "tool use is not supported")),
+    ("data.mm_processor_kwargs", "neutral", (_OFF, "multi-modal inputs are not supported")),
     ("data.return_raw_chat", "ignore", "the raw prompt messages are always kept"),
     ("data.gen_batch_size", "ignore", "dynamic sampling generates data.train_batch_size prompts per round "
                                       "(algorithm.filter_groups)"),
     *_ignore("data", "use_shm return_raw_input_ids return_full_prompt dataloader_num_workers image_patch_size "
              "filter_overlong_prompts_workers image_key video_key return_multi_modal_inputs custom_cls.name "
-             "sampler.class_name datagen.name", "a verl data-loader detail (workers, shared memory, images, ...)"),
+             "sampler.class_name datagen.name audio_key",
+             "a verl data-loader detail (workers, shared memory, images, ...)"),
     # ----------------------------------------------------------------- trainer
     ("trainer.max_actor_ckpt_to_keep", "map", "trainer.max_ckpt_to_keep"),
     ("trainer.max_critic_ckpt_to_keep", "ignore", "one count for both: trainer.max_ckpt_to_keep"),
@@ -297,19 +326,21 @@ RULES: list[tuple] = [
     ("algorithm.rollout_correction.rollout_rs", "neutral", ((None,), "rollout rejection sampling is not supported")),
     ("algorithm.rollout_correction.**", "ignore", "rollout correction is off"),
     ("algorithm.pf_ppo.**", "ignore", "preference-feedback PPO is off"),
+    ("algorithm.filter_groups.max_inflight_gen_batches", "ignore", "generation rounds run one at a time "
+                                                                   "(algorithm.filter_groups.max_num_gen_batches)"),
     # ----------------------------------------------------------------- rewards
     ("custom_reward_function.**", "prefix", "reward.custom_reward_function"),
     ("reward_model.overlong_buffer.log", "ignore", "the penalty is always logged (dapo/overlong_penalty/mean)"),
     ("reward_model.overlong_buffer.**", "prefix", "reward.overlong_buffer"),
     ("reward_model.reward_kwargs.overlong_buffer_cfg.log", "ignore", "the penalty is always logged"),
     ("reward_model.reward_kwargs.overlong_buffer_cfg.**", "prefix", "reward.overlong_buffer"),
-    ("reward_model.reward_manager", "neutral", (("naive", "dapo", "prime", "batch"), "rewards come from "
-                                                                                    "reward.sources")),
+    ("reward_model.reward_manager", "neutral", (("naive", "dapo", "prime", "batch", None), "rewards come from "
+                                                                                          "reward.sources")),
     ("reward_model.micro_batch_size", "neutral", ((None,), "give it per device: "
                                                           "reward_model.micro_batch_size_per_gpu")),
     ("reward_model.sandbox_fusion.url", "neutral", ((None,), "code sandboxes are not supported; use a custom "
                                                             "reward (custom_reward_function.path)")),
-    ("reward_model.model.trust_remote_code", "neutral", ((False,), "models load with transformers' built-in "
+    ("reward_model.model.trust_remote_code", "neutral", ((False, None), "models load with transformers' built-in "
                                                                   "classes")),
     ("reward_model.model.external_lib", "neutral", ((None, ""), "models load with transformers' built-in classes")),
     ("reward_model.model.override_config", "neutral", (_OFF, "edit the model's config.json instead")),
@@ -321,10 +352,32 @@ RULES: list[tuple] = [
              "forward_max_token_len_per_gpu launch_reward_fn_async reward_loop_source reward_loop_module_path "
              "reward_loop_class_name nccl_timeout load_weight use_reward_loop num_workers model.input_tokenizer "
              "model.use_remove_padding model.use_fused_kernels model.fsdp_config.** sandbox_fusion.** profiler.** "
-             "megatron.** rollout.** reward_kwargs.**", "a verl reward-worker detail"),
+             "megatron.** rollout.** reward_kwargs.** model.use_shm ulysses_sequence_parallel_size",
+             "a verl reward-worker detail"),
+    # verl's newer layout: reward.{reward_model,reward_manager,sandbox_fusion}.* (reward.custom_reward_function is ours)
+    ("reward.reward_model.enable", "reward_model", "enable"),
+    ("reward.reward_model.model_path", "reward_model", "path"),
+    ("reward.reward_manager.name", "neutral", (("naive", "dapo", "prime", "batch"), "rewards come from "
+                                                                                   "reward.sources")),
+    ("reward.reward_manager.source", "neutral", (("register",), "rewards come from reward.sources")),
+    ("reward.reward_manager.module.path", "neutral", ((None,), "give the scoring function as "
+                                                               "reward.custom_reward_function.path")),
+    ("reward.sandbox_fusion.url", "neutral", ((None,), "code sandboxes are not supported; use a custom reward "
+                                                      "(reward.custom_reward_function.path)")),
+    ("sandbox_fusion.url", "neutral", ((None,), "code sandboxes are not supported")),
+    *_ignore("reward", "num_workers reward_manager.** sandbox_fusion.** reward_model.**", "a verl reward-worker "
+             "detail (an engine-served reward model's settings, worker counts)"),
+    ("sandbox_fusion.**", "ignore", "code sandboxes are not supported"),
     ("reward_manager.**", "ignore", "rewards come from reward.sources"),
     # ----------------------------------------------------------------- whole sections verl has and we do not
     ("transfer_queue.enable", "neutral", ((False,), "not supported")),
+    ("model_engine", "ignore", "training runs on megatron-core here whatever the engine named"),
+    ("distillation.enabled", "neutral", ((False,), "on-policy distillation is not supported")),
+    ("distillation.**", "ignore", "distillation is off"),
+    ("skip.*.enable", "neutral", ((False,), "rollouts are always generated (no replay from a dump)")),
+    ("skip.**", "ignore", "rollout skipping is off"),
+    ("trainer.use_v1", "ignore", "verl's trainer implementation switch"),
+    ("trainer.v1.**", "ignore", "settings of verl's v1 trainer (asynchronous modes)"),
     ("global_profiler.**", "ignore", "profiling is not configured here"),
     ("transfer_queue.**", "ignore", "not supported"),
     ("ray_kwargs.**", "ignore", "Ray is started by the trainer"),
