@@ -198,3 +198,37 @@ def test_preflight_from_config_json_alone(tmp_path):
         check_model(str(g))
     with pytest.raises(FileNotFoundError, match="no config.json"):
         check_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_cfg_accepts_each_family_from_its_config_json(tmp_path, kind, capsys):
+    """`python -m rlhf.main recipe=quickstart model.path=<tiny Qwen3 dir> --cfg` exits 0 (config.json alone)."""
+    from rlhf.main import main
+
+    family_config(kind).save_pretrained(str(tmp_path))
+    assert main(["recipe=quickstart", f"model.path={tmp_path}", "--cfg"]) == 0, capsys.readouterr().err
+    assert f"path: {tmp_path}" in capsys.readouterr().out
+
+
+def test_cfg_refuses_an_unsupported_architecture_before_any_download(tmp_path, monkeypatch, capsys):
+    """Exit 2 with the supported list, from config.json alone: a local directory without weights, and a hub
+    name whose config.json alone is in the HF cache (offline: nothing is fetched)."""
+    import huggingface_hub.constants as hub_constants
+
+    from rlhf.main import main
+
+    local = tmp_path / "gpt2"
+    GPT2Config(architectures=["GPT2LMHeadModel"]).save_pretrained(str(local))
+    snap = tmp_path / "hub" / "models--someorg--gpt2-like" / "snapshots" / "abc123"
+    GPT2Config(architectures=["GPT2LMHeadModel"]).save_pretrained(str(snap))
+    (tmp_path / "hub" / "models--someorg--gpt2-like" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someorg--gpt2-like" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for ref in (str(local), "someorg/gpt2-like"):
+        assert main(["recipe=quickstart", f"model.path={ref}", "--cfg"]) == 2
+        err = capsys.readouterr().err
+        assert f"model.path={ref!r}: unsupported architecture ['GPT2LMHeadModel']" in err, err
+        assert ("supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, "
+                "Qwen3MoeForCausalLM, MixtralForCausalLM") in err
+    assert list(snap.iterdir()) == [snap / "config.json"]  # no weights were fetched
