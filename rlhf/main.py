@@ -74,7 +74,7 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
     """
     from rlhf.config import list_algorithms
 
-    opts: dict = {"help": False, "cfg": False, "config_file": None, "config_dirs": [], "plan_memory": None}
+    opts: dict = {"help": False, "cfg": False, "config_file": None, "config_dirs": []}
     overrides, rest, values = [], deque(argv), {}
     while rest:
         a = rest.popleft()
@@ -179,7 +179,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"])
-        if opts["plan_memory"]:
+        if opts.get("plan_memory"):
             return _plan_memory(cfg, opts["plan_memory"], err)
         if opts["cfg"] and env.rank == 0:
             print(OmegaConf.to_yaml(cfg), end="", flush=True)

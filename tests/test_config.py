@@ -154,6 +154,9 @@ ADDED_KEYS = {
     "trainer.slim_checkpoint": True, "trainer.alerts": [],
     "reward.fallback": {"type": "rule", "keywords": [], "keyword_score": 0.0, "length_penalty": 0.0,
                         "max_chars": None},
+    # issue 11: MoE expert parallelism, router aux-loss coefficient, uneven pipelines
+    "parallel.expert_model_parallel_size": 1, "model.moe_aux_loss_coef": None,
+    "parallel.num_layers_in_first_pipeline_stage": None, "parallel.num_layers_in_last_pipeline_stage": None,
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

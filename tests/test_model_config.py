@@ -232,3 +232,30 @@ def test_cfg_refuses_an_unsupported_architecture_before_any_download(tmp_path, m
         assert ("supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, "
                 "Qwen3MoeForCausalLM, MixtralForCausalLM") in err
     assert list(snap.iterdir()) == [snap / "config.json"]  # no weights were fetched
+
+
+def test_uneven_pipeline_keys_reach_the_check_the_builder_and_the_planner(tmp_path, capsys, monkeypatch):
+    """parallel.num_layers_in_first/last_pipeline_stage: 30 layers at PP4 are refused without them (naming
+    them), accepted with 6 + 8 + 8 + 8; the trainer's model builder and the memory planner get them."""
+    from rlhf.config import compose_config
+    from rlhf.main import main
+    from rlhf.mcore.memory_plan_config import plan_input_from_config
+    from rlhf.workers import build
+
+    family_config("qwen3", num_hidden_layers=30).save_pretrained(str(tmp_path))  # config.json only
+    pp4 = ["recipe=quickstart", f"model.path={tmp_path}", "parallel.pipeline_model_parallel_size=4"]
+    assert main(pp4 + ["--cfg"]) == 2
+    assert "num_layers_in_first/last_pipeline_stage" in capsys.readouterr().err
+    uneven = pp4 + ["parallel.num_layers_in_first_pipeline_stage=6"]
+    assert main(uneven + ["--cfg"]) == 0, capsys.readouterr().err
+    assert main(pp4 + ["parallel.num_layers_in_first_pipeline_stage=5", "--cfg"]) == 2  # 25 left for 3 stages
+    assert "(first stage 5, last stage None)" in capsys.readouterr().err
+    cfg = compose_config(uneven[1:] + ["parallel.num_layers_in_last_pipeline_stage=8", "model.moe_aux_loss_coef=0.01"],
+                         recipe="quickstart")
+    seen = {}
+    monkeypatch.setattr(build, "build_model_chunks", lambda *a, **kw: seen.update(kw))
+    build._chunks(cfg, family_config("qwen3", num_hidden_layers=30), "actor", str(tmp_path))
+    assert (seen["num_layers_in_first_pipeline_stage"], seen["num_layers_in_last_pipeline_stage"]) == (6, 8)
+    assert seen["moe_aux_loss_coeff"] == 0.01
+    inp = plan_input_from_config(cfg, family_config("qwen3", num_hidden_layers=30).to_dict(), world_size=4)
+    assert (inp.layout.first_stage_layers, inp.layout.last_stage_layers) == (6, 8)

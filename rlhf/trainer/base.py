@@ -56,7 +56,7 @@ class BaseTrainer:
         p = cfg.parallel
         init_distributed()
         init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                            p.virtual_pipeline_model_parallel_size)
+                            p.virtual_pipeline_model_parallel_size, p.expert_model_parallel_size)
         set_seed(cfg.trainer.seed)
         self.check_layout()
         out_dir = cfg.trainer.default_local_dir
