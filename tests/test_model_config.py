@@ -259,3 +259,17 @@ def test_uneven_pipeline_keys_reach_the_check_the_builder_and_the_planner(tmp_pa
     assert seen["moe_aux_loss_coeff"] == 0.01
     inp = plan_input_from_config(cfg, family_config("qwen3", num_hidden_layers=30).to_dict(), world_size=4)
     assert (inp.layout.first_stage_layers, inp.layout.last_stage_layers) == (6, 8)
+
+
+def test_verl_expert_parallel_key_maps_to_ours():
+    """verl's actor_rollout_ref.actor.megatron.expert_model_parallel_size sets parallel.expert_model_parallel_size
+    (the reference's must equal it)."""
+    from rlhf.config import compose_config
+    from rlhf.config import ConfigError
+
+    c = compose_config(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                        "actor_rollout_ref.ref.megatron.expert_model_parallel_size=2"], recipe="quickstart")
+    assert c.parallel.expert_model_parallel_size == 2
+    with pytest.raises(ConfigError, match="ref.megatron.expert_model_parallel_size=4 is not supported"):
+        compose_config(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                        "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4"], recipe="quickstart")
