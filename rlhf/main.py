@@ -35,6 +35,7 @@ that is given too; the composed config is written to DIR/.hydra/).
 options:
   -h, --help            show this message, the recipes and the algorithm presets
   --cfg [job], -c job   print the resolved config as YAML, check it (data and model paths included) and exit
+  --plan-memory[=GIB]   print the per-GPU memory plan (rlhf/mcore/memory_plan_cli.py) and exit: 0 fits, 2 not
   --config FILE         a YAML file of settings, verl's layout or ours (the command line wins over it)
   --config-path DIR, -cp DIR, --config-name NAME, -cn NAME
                         the same as --config DIR/NAME.yaml (Hydra's options; DIR relative to the working
@@ -87,6 +88,8 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
                 raise UsageError("--cfg hydra: there is no Hydra runtime config here (rlhf composes with Hydra's "
                                  "compose API); use --cfg job")
             opts["cfg"] = True
+        elif a == "--plan-memory" or a.startswith("--plan-memory="):
+            opts["plan_memory"] = a.partition("=")[2] or "auto"
         elif a == "--resolve" or a in ("--run", "-r"):
             continue
         elif a in ("-m", "--multirun"):
@@ -176,6 +179,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"])
+        if opts.get("plan_memory"):
+            return _plan_memory(cfg, opts["plan_memory"], err)
         if opts["cfg"] and env.rank == 0:
             print(OmegaConf.to_yaml(cfg), end="", flush=True)
         from rlhf.launcher import plan_launch, run_node  # one command per node: start the local ranks
@@ -203,6 +208,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         err(f"{_PROG}: config error\n{e}")
         return EXIT_CONFIG_ERROR
     return EXIT_OK
+
+
+def _plan_memory(cfg, gib: str, err) -> int:
+    from rlhf.config import validate_config
+    from rlhf.mcore.memory_plan_cli import plan_memory_report
+
+    validate_config(cfg)
+    try:
+        code, text = plan_memory_report(cfg, None if gib == "auto" else float(gib))
+    except ValueError:
+        code, text = EXIT_CONFIG_ERROR, f"--plan-memory={gib}: give the GPU size in GiB, e.g. --plan-memory=80"
+    if text.startswith(("cannot plan", "--plan-memory")):
+        err(f"{_PROG}: {text}")
+    else:
+        print(text, flush=True)  # the table, also when it does not fit (exit 2)
+    return code
 
 
 def write_run_dir(cfg, argv: Sequence[str]) -> Optional[Path]:

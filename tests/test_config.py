@@ -159,6 +159,9 @@ ADDED_KEYS = {
     "actor.use_dynamic_bsz": False, "actor.ppo_max_token_len_per_gpu": 16384,
     "actor.log_prob_max_token_len_per_gpu": None, "critic.use_dynamic_bsz": False,
     "critic.ppo_max_token_len_per_gpu": 32768, "critic.forward_max_token_len_per_gpu": None,
+    # issue 11: MoE expert parallelism, router aux-loss coefficient, uneven pipelines
+    "parallel.expert_model_parallel_size": 1, "model.moe_aux_loss_coef": None,
+    "parallel.num_layers_in_first_pipeline_stage": None, "parallel.num_layers_in_last_pipeline_stage": None,
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

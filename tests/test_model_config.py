@@ -198,3 +198,78 @@ def test_preflight_from_config_json_alone(tmp_path):
         check_model(str(g))
     with pytest.raises(FileNotFoundError, match="no config.json"):
         check_model(str(tmp_path))
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_cfg_accepts_each_family_from_its_config_json(tmp_path, kind, capsys):
+    """`python -m rlhf.main recipe=quickstart model.path=<tiny Qwen3 dir> --cfg` exits 0 (config.json alone)."""
+    from rlhf.main import main
+
+    family_config(kind).save_pretrained(str(tmp_path))
+    assert main(["recipe=quickstart", f"model.path={tmp_path}", "--cfg"]) == 0, capsys.readouterr().err
+    assert f"path: {tmp_path}" in capsys.readouterr().out
+
+
+def test_cfg_refuses_an_unsupported_architecture_before_any_download(tmp_path, monkeypatch, capsys):
+    """Exit 2 with the supported list, from config.json alone: a local directory without weights, and a hub
+    name whose config.json alone is in the HF cache (offline: nothing is fetched)."""
+    import huggingface_hub.constants as hub_constants
+
+    from rlhf.main import main
+
+    local = tmp_path / "gpt2"
+    GPT2Config(architectures=["GPT2LMHeadModel"]).save_pretrained(str(local))
+    snap = tmp_path / "hub" / "models--someorg--gpt2-like" / "snapshots" / "abc123"
+    GPT2Config(architectures=["GPT2LMHeadModel"]).save_pretrained(str(snap))
+    (tmp_path / "hub" / "models--someorg--gpt2-like" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someorg--gpt2-like" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for ref in (str(local), "someorg/gpt2-like"):
+        assert main(["recipe=quickstart", f"model.path={ref}", "--cfg"]) == 2
+        err = capsys.readouterr().err
+        assert f"model.path={ref!r}: unsupported architecture ['GPT2LMHeadModel']" in err, err
+        assert ("supported: LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Qwen3ForCausalLM, "
+                "Qwen3MoeForCausalLM, MixtralForCausalLM") in err
+    assert list(snap.iterdir()) == [snap / "config.json"]  # no weights were fetched
+
+
+def test_uneven_pipeline_keys_reach_the_check_the_builder_and_the_planner(tmp_path, capsys, monkeypatch):
+    """parallel.num_layers_in_first/last_pipeline_stage: 30 layers at PP4 are refused without them (naming
+    them), accepted with 6 + 8 + 8 + 8; the trainer's model builder and the memory planner get them."""
+    from rlhf.config import compose_config
+    from rlhf.main import main
+    from rlhf.mcore.memory_plan_config import plan_input_from_config
+    from rlhf.workers import build
+
+    family_config("qwen3", num_hidden_layers=30).save_pretrained(str(tmp_path))  # config.json only
+    pp4 = ["recipe=quickstart", f"model.path={tmp_path}", "parallel.pipeline_model_parallel_size=4"]
+    assert main(pp4 + ["--cfg"]) == 2
+    assert "num_layers_in_first/last_pipeline_stage" in capsys.readouterr().err
+    uneven = pp4 + ["parallel.num_layers_in_first_pipeline_stage=6"]
+    assert main(uneven + ["--cfg"]) == 0, capsys.readouterr().err
+    assert main(pp4 + ["parallel.num_layers_in_first_pipeline_stage=5", "--cfg"]) == 2  # 25 left for 3 stages
+    assert "(first stage 5, last stage None)" in capsys.readouterr().err
+    cfg = compose_config(uneven[1:] + ["parallel.num_layers_in_last_pipeline_stage=8", "model.moe_aux_loss_coef=0.01"],
+                         recipe="quickstart")
+    seen = {}
+    monkeypatch.setattr(build, "build_model_chunks", lambda *a, **kw: seen.update(kw))
+    build._chunks(cfg, family_config("qwen3", num_hidden_layers=30), "actor", str(tmp_path))
+    assert (seen["num_layers_in_first_pipeline_stage"], seen["num_layers_in_last_pipeline_stage"]) == (6, 8)
+    assert seen["moe_aux_loss_coeff"] == 0.01
+    inp = plan_input_from_config(cfg, family_config("qwen3", num_hidden_layers=30).to_dict(), world_size=4)
+    assert (inp.layout.first_stage_layers, inp.layout.last_stage_layers) == (6, 8)
+
+
+def test_verl_expert_parallel_key_maps_to_ours():
+    """verl's actor_rollout_ref.actor.megatron.expert_model_parallel_size sets parallel.expert_model_parallel_size
+    (the reference's must equal it)."""
+    from rlhf.config import compose_config
+    from rlhf.config import ConfigError
+
+    c = compose_config(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                        "actor_rollout_ref.ref.megatron.expert_model_parallel_size=2"], recipe="quickstart")
+    assert c.parallel.expert_model_parallel_size == 2
+    with pytest.raises(ConfigError, match="ref.megatron.expert_model_parallel_size=4 is not supported"):
+        compose_config(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+                        "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4"], recipe="quickstart")

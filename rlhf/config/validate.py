@@ -207,7 +207,9 @@ def _file_problems(cfg: DictConfig) -> list[str]:
     out += _data_problems("data.val_files", cfg.data.val_files)
     p = cfg.parallel
     layout = dict(tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
-                  vpp=p.virtual_pipeline_model_parallel_size)
+                  vpp=p.virtual_pipeline_model_parallel_size, ep=p.expert_model_parallel_size,
+                  num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
+                  num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage)
     out += _model_problems("model.path", cfg.model.path, layout=layout)
     if _critic_on(cfg):
         out += _model_problems("model.critic_path", cfg.model.critic_path)

@@ -58,7 +58,9 @@ def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_mem
     dp = world_size // (tp * pp)
     layout = Layout(tp=tp, pp=pp, dp=dp, vpp=_get(cfg, "parallel.virtual_pipeline_model_parallel_size"),
                     ep=int(_get(cfg, "parallel.expert_model_parallel_size", 1)),
-                    sequence_parallel=bool(_get(cfg, "parallel.sequence_parallel", False)))
+                    sequence_parallel=bool(_get(cfg, "parallel.sequence_parallel", False)),
+                    first_stage_layers=_get(cfg, "parallel.num_layers_in_first_pipeline_stage"),
+                    last_stage_layers=_get(cfg, "parallel.num_layers_in_last_pipeline_stage"))
     algo = str(_value(_get(cfg, "algorithm.name", "ppo")))
     dpo = algo == "dpo"
     n = 2 if dpo else int(_get(cfg, "rollout.n", 1))  # sequences per prompt (DPO: a pair)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from rlhf import faults
 from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+from rlhf.mcore.memory_plan_cli import check_plan_at_start
 from rlhf.mcore.step_guard import SkippedStepsError
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
 
@@ -55,7 +56,7 @@ class BaseTrainer:
         p = cfg.parallel
         init_distributed()
         init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                            p.virtual_pipeline_model_parallel_size)
+                            p.virtual_pipeline_model_parallel_size, p.expert_model_parallel_size)
         set_seed(cfg.trainer.seed)
         self.check_layout()
         out_dir = cfg.trainer.default_local_dir
@@ -64,6 +65,8 @@ class BaseTrainer:
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(cfg, self.model_path)
         self.hf_config = load_hf_config(self.model_path)
+        if dist.get_rank() == 0:  # on GPU: a warning with the knob when a phase will not fit (CPU: a debug line)
+            check_plan_at_start(cfg, self.hf_config, world_size=dist.get_world_size())
         self.resume_path = self.resume_checkpoint()  # a checkpoint of another model is refused here, before any build
         self.tracker = None  # created by fit(): a run that fails to start leaves no TensorBoard file
         self.alerts = Alerts(cfg.trainer.alerts, {r: cfg[r].optim for r in ("actor", "critic")},

@@ -1,6 +1,8 @@
 """The actor (and the frozen reference) on megatron: per-token log-probs and the policy update."""
 from __future__ import annotations
 
+from rlhf.mcore.moe import MoEMetrics
+
 from .batch import MODEL_KEYS, dp_all_gather, dp_info
 from .dynamic_batch import token_budgets
 from .worker import MegatronWorker, gather_metrics, step_metrics
@@ -21,6 +23,7 @@ class MegatronActor(MegatronWorker):
         super().__init__(bundle, state, forward_micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
                          forward_max_tokens=forward_budget)
         self.cfg, self.temperature = cfg, temperature
+        self.moe = MoEMetrics(bundle.chunks) if state is not None and bundle.spec.is_moe else None  # moe/* metrics
 
     def compute_log_prob(self, batch: dict, *, calculate_entropy: bool = False) -> dict:
         """Per-token ``log_probs`` (and ``entropy`` when asked) of the response tokens, [N, R] float32 on
@@ -40,6 +43,8 @@ class MegatronActor(MegatronWorker):
         metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps),
         actor/num_skipped_steps, actor/num_breaker_events (rlhf.workers.worker.step_metrics) and actor/lr."""
         cfg, P = self.cfg, batch["prompt_length"]
+        if self.moe is not None:
+            self.moe.reset()
         per_micro, steps = self.train_mini_batches(
             batch, MODEL_KEYS + tuple(loss.keys), lambda outs, mb: loss(outs, mb, P),
             mini_batch_size=cfg.ppo_mini_batch_size,
@@ -50,4 +55,6 @@ class MegatronActor(MegatronWorker):
             temperature=self.temperature, calculate_entropy=loss.needs_entropy)
         metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}
         metrics["actor/lr"] = float(self.state.optimizer.param_groups[0]["lr"])
+        if self.moe is not None:  # MoE: router aux loss and tokens per expert of this update (rlhf.mcore.moe)
+            metrics.update(self.moe.collect())
         return metrics

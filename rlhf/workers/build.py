@@ -72,7 +72,10 @@ def _chunks(cfg, hf_config, role: str, path: str):
     return build_model_chunks(hf_config, role, path,
                               make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
                               params_dtype=_DTYPES[cfg.model.dtype], sequence_parallel=p.sequence_parallel,
-                              recompute=p.recompute)
+                              recompute=p.recompute,
+                              num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
+                              num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
+                              moe_aux_loss_coeff=cfg.model.moe_aux_loss_coef)
 
 
 def check_dynamic_batching(cfg, role: str) -> None:

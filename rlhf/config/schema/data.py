@@ -52,6 +52,9 @@ class ModelConfig(Checked):
     critic_path: Optional[str] = None  # defaults to `path` (value head freshly initialised)
     make_vocab_size_divisible_by: int = 128
     dtype: ModelDtype = ModelDtype.float32
+    # MoE models: the router load-balancing (aux) loss coefficient; null: config.json's router_aux_loss_coef,
+    # 0: off.  Logged as moe/load_balancing_loss (unweighted) with moe/tokens_per_expert_min/max.
+    moe_aux_loss_coef: Optional[float] = None
     # tiny://quickstart only: supervised warm-up so PPO starts with some signal
     warmup_steps: int = 300
     warmup_lr: float = 3e-3
@@ -67,9 +70,18 @@ class ParallelConfig(Checked):
     virtual_pipeline_model_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
     recompute: Optional[Recompute] = None
+    # MoE models (Qwen3-MoE, Mixtral): experts split over this many ranks (EP x TP x PP x DP; divides the
+    # data-parallel x tensor-parallel ranks and the expert count)
+    expert_model_parallel_size: int = 1
+    # uneven pipelines (e.g. 30 layers at PP4: 6 + 8 + 8 + 8): layers of the first / last stage, the rest
+    # split evenly over the middle stages; null = an even split
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    num_layers_in_last_pipeline_stage: Optional[int] = None
 
     def problems(self, at: str = "") -> list[str]:
-        out = ge(self, at, "tensor_model_parallel_size pipeline_model_parallel_size", 1)
+        out = ge(self, at, "tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size", 1)
+        out += ge_or_null(self, at, "num_layers_in_first_pipeline_stage num_layers_in_last_pipeline_stage",
+                          "null splits the layers evenly")
         vpp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size
         if vpp is not None and (vpp < 1 or (pp or 1) < 2):
             out.append(f"{at}virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 "

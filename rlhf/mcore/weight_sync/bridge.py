@@ -38,6 +38,7 @@ Typical use (every trainer rank)::
 """
 from __future__ import annotations
 
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -51,7 +52,7 @@ from rlhf.mcore.weight_sync.check import CheckReport, sample_rows, verify
 from rlhf.mcore.weight_sync.from_distributed import DistributedTransport
 from rlhf.mcore.weight_sync.from_tensor import TensorTransport, prepare_sharing
 from rlhf.mcore.weight_sync.hf_stream import hf_stream, stage_buckets
-from rlhf.mcore.weight_sync.plan import NameMap, build_send_plan, local_entries, plan_local_tensors
+from rlhf.mcore.weight_sync.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.mcore.weight_sync.shm_buckets import SharedBuckets
 from rlhf.mcore.weight_sync.topology import MegatronTopology
 from rlhf.mcore.weight_sync.validate import WeightBridgeError, normalize_expected
@@ -158,7 +159,8 @@ class WeightBridge:
             return None
         key = tuple((e.local_name, tuple(e.tensor.shape), e.tensor.dtype) for e in entries)
         if self._local is None or self._local[0] != key:
-            tensors = [(n, s, dtype_name(d)) for n, s, d in plan_local_tensors(entries, self.spec, self.topo.tp_size)]
+            tensors = [(n, s, dtype_name(d)) for n, s, d in plan_local_tensors(entries, self.spec, self.topo.tp_size,
+                                                                                 getattr(self.topo, "ep_size", 1))]
             self._local = (key, tensors)
         rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": self._local[1]}
         if self.transport == "distributed":
@@ -190,7 +192,7 @@ class WeightBridge:
             self.topo.init_collective()
             self._ready = True
         try:
-            entries, skipped = local_entries(self.chunks, self.spec, self.name_map) if self.topo.active else ([], [])
+            entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, self.topo)
             report = self._report(entries)
         except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
             entries, skipped, report = [], [], {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
@@ -297,7 +299,7 @@ class WeightBridge:
         if self._shared_state is None:
             tp_group = getattr(self.topo, "tp_group", None)
             self._shared_state = False
-            if self.shared_buckets is not False and tp_group is not None:
+            if self.shared_buckets is not False and tp_group is not None and getattr(self.topo, "ep_size", 1) == 1:
                 sb = SharedBuckets(tp_group, self.topo.tp_size, self.topo.tp_rank, self.topo.tp_src, self.meter,
                                    count=2 if self.overlap else 1)
                 self._shared_state = sb if sb.usable(entries) else False
@@ -306,6 +308,9 @@ class WeightBridge:
     def _deliver(self, plan, entries, targets, engine_tp, token, record, times):
         """This rank's part of the delivery; returns (error or None, engines reached)."""
         topo = self.topo
+        if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
+            collections.deque(hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
+            return None, targets
         if not topo.active:
             return None, targets
         my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)

@@ -29,6 +29,9 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
     """
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
+        if getattr(topo, "ep_size", 1) > 1 and e.role.is_expert:
+            yield from _expert_stream(e, topo, spec, meter)
+            continue
         if dim is None:
             if not topo.is_leader:
                 continue
@@ -56,6 +59,34 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
         finally:
             del outs
             meter.free(converted)
+
+
+def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter):
+    """Expert parallelism: a routed expert tensor of every EP rank.  Each EP rank's TP rank 0 gathers its TP
+    shards and converts them; the EP group gathers the results on the stage leader, which yields them in
+    EP-rank order under each rank's global expert names (as rlhf.mcore.convert.iter_hf_tensors does)."""
+    from rlhf.mcore.convert.params import param_role
+
+    shards = topo.gather(e)
+    if topo.tp_rank != 0:
+        return
+    with torch.no_grad():
+        outs = hf_tensors_from_shards(e.role, shards, spec)
+    del shards
+    per_tensor = [topo.gather_experts(t) for _, t in outs]
+    del outs
+    if not topo.is_leader:
+        return
+    nbytes = sum(x.nbytes for g in per_tensor for x in g)
+    meter.alloc(nbytes)
+    try:
+        for r in range(topo.ep_size):
+            names = param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names
+            for name, gathered in zip(names, per_tensor):
+                yield name, gathered[r], True
+    finally:
+        del per_tensor
+        meter.free(nbytes)
 
 
 class Threaded:

@@ -15,7 +15,7 @@ from rlhf.mcore.model_config import HFModelSpec
 from rlhf.mcore.weight_sync.bucketing import BucketPlan, TensorMeta, dtype_from_any, plan_buckets
 from rlhf.mcore.weight_sync.validate import WeightBridgeError, validate_against_expected
 
-__all__ = ["NameMap", "regex_name_map", "local_entries", "plan_local_tensors", "StagePlan", "SendPlan",
+__all__ = ["NameMap", "regex_name_map", "local_entries", "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan",
            "build_send_plan"]
 
 NameMap = Callable[[Any, str, torch.Tensor], "ParamRole | None"]
@@ -64,15 +64,36 @@ def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = No
     return entries, skipped
 
 
-def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: int) -> list[tuple[str, tuple, torch.dtype]]:
+def sync_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None,
+                 topo) -> tuple[list[LocalTensor], list[str]]:
+    """What this rank streams (`local_entries`): everything on data-parallel replica 0, only the routed experts
+    on an expert peer (expert parallelism: other experts of a leader's stage), nothing elsewhere."""
+    if topo.active:
+        return local_entries(model_chunks, spec, name_map)
+    if getattr(topo, "expert_peer", False):
+        entries = local_entries(model_chunks, spec, name_map)[0]
+        return [e for e in entries if e.role is not None and e.role.is_expert], []
+    return [], []
+
+
+def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: int,
+                       ep: int = 1) -> list[tuple[str, tuple, torch.dtype]]:
     """``(HF name, full shape, source dtype)`` of every HF tensor `entries` convert to, in send order
-    (the converter run on meta tensors: no data, no communication)."""
+    (the converter run on meta tensors: no data, no communication).  With expert parallelism (`ep` > 1)
+    a routed expert tensor stands for the same local expert of every EP rank, in EP-rank order."""
+    from rlhf.mcore.convert.params import param_role
+
     out = []
     for e in entries:
         meta = torch.empty(tuple(e.tensor.shape), dtype=e.tensor.dtype, device="meta")
         shards = [meta] if GATHER_DIM[e.role.kind] is None else [meta] * tp
-        for name, t in hf_tensors_from_shards(e.role, shards, spec):
-            out.append((name, tuple(t.shape), e.tensor.dtype))
+        converted = hf_tensors_from_shards(e.role, shards, spec)
+        if ep > 1 and e.role.is_expert:
+            for r in range(ep):
+                names = param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names
+                out += [(name, tuple(t.shape), e.tensor.dtype) for name, (_, t) in zip(names, converted)]
+            continue
+        out += [(name, tuple(t.shape), e.tensor.dtype) for name, t in converted]
     return out
 
 

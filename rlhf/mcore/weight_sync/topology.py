@@ -1,6 +1,9 @@
 """Who gathers, who sends, who talks to the engines: ranks and groups of a weight sync.
 
 Stage leader: TP rank 0 of data-parallel (and context-parallel) replica 0 of each PP stage.
+Expert parallelism (EP > 1): the routed experts of a stage are spread over the leader's expert-parallel group
+(ranks of other data-parallel replicas); those ranks ("expert peers") take part in the expert tensors only:
+each TP-gathers and converts its experts, then the EP group gathers them on the leader.
 Controller: global rank 0 (the leader of PP stage 0), the only rank holding the engines' handle.
 Control messages (plans, payload bytes, verdicts) use a gloo group over all ranks, created once.
 """
@@ -22,10 +25,6 @@ class MegatronTopology:
 
         from rlhf.mcore.weight_sync.validate import WeightBridgeError
 
-        if ps.get_expert_model_parallel_world_size() > 1:
-            raise WeightBridgeError("weight sync with expert parallelism > 1 is not supported yet: experts live on "
-                                    "several data-parallel replicas; train MoE models with "
-                                    "parallel.expert_model_parallel_size=1 (experts are still sharded by TP)")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.tp_size = ps.get_tensor_model_parallel_world_size()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
@@ -37,6 +36,18 @@ class MegatronTopology:
         self.is_controller = self.rank == self.controller
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.tp_src = ps.get_tensor_model_parallel_src_rank()
+        self.ep_size = ps.get_expert_model_parallel_world_size()
+        self.ep_rank = ps.get_expert_model_parallel_rank() if self.ep_size > 1 else 0
+        self.ep_group = ps.get_expert_model_parallel_group() if self.ep_size > 1 else None
+        # expert peer: holds other experts of a leader's stage (expert data-parallel replica 0, not DP replica 0)
+        self.expert_peer = (self.ep_size > 1 and not self.active and ps.get_expert_data_parallel_rank() == 0)
+        if self.ep_size > 1 and ps.get_expert_tensor_parallel_world_size() != self.tp_size:
+            raise WeightBridgeError(f"weight sync with expert_tensor_parallel_size="
+                                    f"{ps.get_expert_tensor_parallel_world_size()} != tensor_model_parallel_size="
+                                    f"{self.tp_size} is not supported; leave expert_tensor_parallel_size unset")
+        if self.is_leader and self.ep_rank != 0:
+            raise WeightBridgeError(f"the stage leader (rank {self.rank}) must be expert-parallel rank 0 "
+                                    f"(got {self.ep_rank}); use megatron's default rank order")
         self._ctrl = None
 
     def init_collective(self) -> None:
@@ -52,6 +63,14 @@ class MegatronTopology:
         t = entry.tensor.detach().contiguous()
         out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
         dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
+        return out
+
+    def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:
+        """Expert parallelism: ``t`` of every EP rank (EP-rank order) on EP rank 0 (the stage leader), None
+        elsewhere.  Collective over the EP group (TP rank 0 of each expert peer)."""
+        t = t.contiguous()
+        out = [torch.empty_like(t) for _ in range(self.ep_size)] if self.ep_rank == 0 else None
+        dist.gather(t, gather_list=out, dst=dist.get_global_rank(self.ep_group, 0), group=self.ep_group)
         return out
 
     def release_gather(self) -> None:

@@ -1,0 +1,30 @@
+"""Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE) into a real SGLang CPU engine: greedy
+generation after the sync equals HF's with the same weights.  One torchrun launch of 2 gloo processes
+(tests/dist/family_sync_e2e.py, trainer TP2, one engine per family, one at a time), then the MoE again at TP1 x EP2;
+each CHECK line is one test."""
+import os
+
+import pytest
+
+from tests.dist_utils import collect_checks, run_torchrun
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "dist", "family_sync_e2e.py")
+KINDS = ("llama3", "qwen3", "qwen3_moe")
+EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed",
+                                                       "check_mode")]
+EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode")]
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    out = run_torchrun(SCRIPT, nproc=2, args=["--workdir", str(tmp_path_factory.mktemp("family_sync"))], timeout=1200)
+    return collect_checks(out)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_check(checks, name):
+    assert name in checks, f"check {name} did not run; output tail:\n{checks.get('_tail', '')}"
+    ok, detail = checks[name]
+    assert ok, detail
