@@ -38,7 +38,12 @@ setup(
         # core), inside megatron-core 0.16.1's tested range (>=2.9,<2.12).  Its PyTorch extension is an sdist
         # built against the installed torch: install with  pip install --no-build-isolation -e '.[gpu]'
         "gpu": ["transformer-engine[pytorch,core-cu13]==2.11.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3"],
+        # optional metrics backends (trainer.logger=[...,wandb] / mlflow); mlflow-skinny is the tracking client
+        # without the server, enough for a local file store or a remote tracking server
+        "wandb": ["wandb>=0.19"],
+        "mlflow": ["mlflow-skinny>=2.16"],
+        # the tests read wandb (offline) and mlflow (local file store) runs back: ~25 MB of wheels, <1 min
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "wandb>=0.19", "mlflow-skinny>=2.16"],
     },
     entry_points={"console_scripts": ["rlhf=rlhf.cli:main"]},
 )

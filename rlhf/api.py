@@ -205,8 +205,15 @@ class Trainer:
     def run(self) -> dict:
         """Train (in this process; one rank of a torchrun job when started by torchrun).
         Returns the last step's metrics."""
+        from rlhf.launch_env import launch_env
+        from rlhf.logging_setup import setup_logging
         from rlhf.trainer import run
 
+        from rlhf.config.run_config import write_run_config
+
+        setup_logging(launch_env().rank, force=False)  # an application's own logging config is kept
+        if launch_env().rank == 0:
+            write_run_config(self.config)  # <output_dir>/config.yaml: what the run trained (checkpoint conversion)
         _start_checkpoint_writer()
         return run(self.config)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from rlhf.launch_env import launch_env
+from rlhf.logging_setup import filter_known_warnings, setup_logging
 
 EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_CONFIG_ERROR = 0, 1, 2
 _PROG = "python -m rlhf.main"
@@ -153,6 +154,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     env = launch_env()
+    filter_known_warnings()  # before any library is imported: most of these warnings come at import time
 
     def err(msg: str) -> None:
         if env.rank == 0:
@@ -186,13 +188,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return run_node(node, argv)
         try:
             from rlhf import trainer
+            from rlhf.config.run_config import write_run_config
         except ModuleNotFoundError as e:
             if e.name != "rlhf.trainer":
                 raise
             err(f"{_PROG}: rlhf.trainer is not available in this checkout (config composed and validated).")
             return EXIT_RUNTIME_ERROR
+        setup_logging(env.rank)
         if env.rank == 0:
             write_run_dir(cfg, argv)
+            write_run_config(cfg)
         trainer.run(cfg)
     except ConfigError as e:
         err(f"{_PROG}: config error\n{e}")

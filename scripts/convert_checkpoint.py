@@ -2,6 +2,7 @@
 
     python scripts/convert_checkpoint.py hf-to-mcore --hf-path H --out M --tp T --pp P [--ep E]
     python scripts/convert_checkpoint.py mcore-to-hf --mcore-path M --out H2 [--tp T --pp P --ep E]
+    python scripts/convert_checkpoint.py mcore-to-hf --ckpt RUN/checkpoints/global_step_N --out H2 [--hf-config D]
 
 Every registered model family (rlhf.mcore.convert.registry: Llama 2/3.x, Qwen2/2.5, Mistral,
 Qwen3, Qwen3-MoE, Mixtral), experts included.  `H` is a local directory or a hub name; its
@@ -10,8 +11,10 @@ list) before any weight is downloaded.  The megatron checkpoint `M` is layout in
 (dist_checkpointing reshards on load); `--tp/--pp/--ep` choose how the work is split over
 tp*pp*ep processes (`--ep`: expert parallelism, MoE only; `--num-layers-in-first/last-pipeline-
 stage` for layer counts pp does not divide).  The HF config and tokenizer travel inside `M/hf/`
-so the way back needs nothing else.  Without torchrun, the script relaunches itself with
-tp*pp*ep local processes (gloo on CPU, NCCL on GPU).
+so the way back needs nothing else.  `--ckpt` takes a trainer checkpoint (any TP/PP layout): its
+actor weights, with the config and tokenizer of the model the run started from (model.path of
+`RUN/config.yaml`, or `--hf-config D`; rlhf.trainer.hf_source).  Without torchrun, the script
+relaunches itself with tp*pp*ep local processes (gloo on CPU, NCCL on GPU).
 """
 from __future__ import annotations
 
@@ -31,7 +34,11 @@ def parse_args(argv=None):
     a.add_argument("--hf-path", required=True)
     a.add_argument("--out", required=True)
     b = sub.add_parser("mcore-to-hf", help="megatron dist checkpoint -> HF directory")
-    b.add_argument("--mcore-path", required=True)
+    src = b.add_mutually_exclusive_group(required=True)
+    src.add_argument("--mcore-path", help="a checkpoint written by hf-to-mcore (with its hf/ folder)")
+    src.add_argument("--ckpt", help="a trainer checkpoint <run>/checkpoints/global_step_<k> (its actor)")
+    b.add_argument("--hf-config", default=None, help="with --ckpt: the HF model directory the run started from "
+                                                     "(default: model.path of <run>/config.yaml)")
     b.add_argument("--out", required=True)
     b.add_argument("--dtype", default=None, choices=[None, "float32", "bfloat16", "float16"])
     for p in (a, b):
@@ -84,10 +91,28 @@ def relaunch(args) -> int:
     return subprocess.call(cmd)
 
 
+def checkpoint_source(args):
+    """mcore-to-hf: (dist checkpoint, HF config dir, tokenizer dir) of --mcore-path or --ckpt (exit 2 when the
+    trainer checkpoint's model cannot be found)."""
+    if not args.ckpt:
+        hf_dir = os.path.join(args.mcore_path, "hf")
+        return args.mcore_path, hf_dir, hf_dir
+    from rlhf.trainer.hf_source import checkpoint_hf_source
+
+    try:
+        src = checkpoint_hf_source(args.ckpt, args.hf_config)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    return src.mcore_path, src.hf_dir, src.tokenizer_dir
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.command == "mcore-to-hf":
+        args.mcore_path, hf_dir, tokenizer_dir = checkpoint_source(args)
     if "RANK" not in os.environ:
-        config_path = args.hf_path if args.command == "hf-to-mcore" else os.path.join(args.mcore_path, "hf")
+        config_path = args.hf_path if args.command == "hf-to-mcore" else hf_dir
         if args.command == "hf-to-mcore" or os.path.isdir(config_path):
             preflight(args, config_path)
         if world_size(args) > 1:
@@ -134,7 +159,6 @@ def main(argv=None) -> int:
         from rlhf.mcore.dist_checkpoint import load_sharded
         from rlhf.mcore.convert import save_hf_checkpoint
 
-        hf_dir = os.path.join(args.mcore_path, "hf")
         if not os.path.isdir(hf_dir):
             raise SystemExit(f"{args.mcore_path!r} has no hf/ config directory; was it written by hf-to-mcore "
                              f"or by the trainer's HF export?")
@@ -146,7 +170,7 @@ def main(argv=None) -> int:
         try:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir) if tokenizer_dir else None
         except Exception:
             pass
         dtype = getattr(torch, args.dtype) if args.dtype else None

@@ -228,3 +228,84 @@ class FakeRollout:
 
     def sync_weights(self):
         self.synced += 1
+
+    def serving(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+class FakeActor:
+    """MegatronActor / MegatronCritic stand-in: log-probs / values of zeros, updates recorded by step."""
+
+    def __init__(self):
+        self.updates = []
+
+    def compute_log_prob(self, batch):
+        import torch
+
+        return {"log_probs": torch.zeros(batch["response_mask"].shape)}
+
+    def compute_values(self, batch):
+        import torch
+
+        return torch.zeros(batch["response_mask"].shape)
+
+    def update_policy(self, batch, loss, step):
+        self.updates.append(step)
+        return {"actor/pg_loss": 0.5}
+
+    def update_critic(self, batch, step):
+        self.updates.append(step)
+        return {"critic/vf_loss": 0.25}
+
+
+class FakeRolloutManager:
+    """RolloutManager stand-in for the trainer's RolloutWorker: the manager's memory semantics (a resume of
+    what is not released is a no-op, as the real manager converges per engine), generation refused while
+    released (SGLang cannot serve without its weights / KV cache), and a log of every call."""
+
+    def __init__(self, num_engines: int = 1, tp_size: int = 1):
+        self.num_engines, self.tp_size, self.num_restarts = num_engines, tp_size, 0
+        self.released: set = set()
+        self.log: list = []
+
+    def release_memory_occupation(self):
+        self.log.append("release")
+        self.released = {"kv_cache", "weights"}
+
+    def resume_memory_occupation(self, tags=None):
+        self.log.append(f"resume:{','.join(sorted(tags or ['kv_cache', 'weights']))}")
+        self.released -= set(tags or ["kv_cache", "weights"])
+
+    def generate(self, prompts, sampling):
+        from rlhf.rollout.types import RolloutSample
+
+        self.log.append("generate")
+        if self.released:
+            raise RuntimeError(f"generate on engines that released {sorted(self.released)}")
+        return [RolloutSample(list(p), [5, 6], [-0.5, -0.5], "stop", i, j)
+                for i, p in enumerate(prompts) for j in range(sampling.n)]
+
+    def stale_engines(self):
+        return []
+
+    def shutdown(self):
+        self.log.append("shutdown")
+
+
+class RecordingBridge:
+    """WeightBridge stand-in: records each sync and refuses one into released weights (SGLang would load into
+    memory the memory saver then discards)."""
+
+    def __init__(self, manager):
+        self.manager, self.syncs = manager, []
+
+    def sync(self, engines=None):
+        if self.manager is not None:
+            assert "weights" not in self.manager.released, "weights synced into released engine memory"
+            self.manager.log.append("sync")
+        self.syncs.append(engines)
+
+    def close(self):
+        pass

@@ -115,7 +115,8 @@ def _cfg(enable=True, length=None, factor=1.0, max_len=16, metric="score", fg=Fa
     return SimpleNamespace(
         data=SimpleNamespace(max_response_length=max_len, train_batch_size=4),
         reward=SimpleNamespace(overlong_buffer=SimpleNamespace(enable=enable, len=length, penalty_factor=factor)),
-        algorithm=SimpleNamespace(filter_groups=SimpleNamespace(enable=fg, metric=metric, max_num_gen_batches=3)),
+        algorithm=SimpleNamespace(adv_estimator="grpo",
+                                  filter_groups=SimpleNamespace(enable=fg, metric=metric, max_num_gen_batches=3)),
         rollout=SimpleNamespace(n=n), trainer=SimpleNamespace(seed=1))
 
 

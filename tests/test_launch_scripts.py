@@ -19,7 +19,8 @@ LAUNCH = REPO / "recipes" / "_launch"
 RECIPES = {
     "quickstart": (1, "cpu"), "gsm8k_ppo_tiny_cpu": (2, "cpu"), "grpo_tiny_cpu": (1, "cpu"),
     "rloo_tiny_cpu": (1, "cpu"), "reinforce_pp_tiny_cpu": (1, "cpu"), "dapo_tiny_cpu": (1, "cpu"),
-    "dpo_tiny_cpu": (1, "cpu"), "gsm8k_ppo_qwen2_7b": (8, "gpu"), "grpo_qwen2_7b": (8, "gpu"),
+    "dpo_tiny_cpu": (1, "cpu"), "gspo_tiny_cpu": (1, "cpu"), "cispo_tiny_cpu": (1, "cpu"),
+    "gsm8k_ppo_qwen2_7b": (8, "gpu"), "grpo_qwen2_7b": (8, "gpu"),
     "dapo_qwen2_7b": (8, "gpu"), "dpo_qwen2_7b": (8, "gpu"),
 }
 SCRIPTS = sorted((REPO / "recipes").glob("*/run_*"))

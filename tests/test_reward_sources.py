@@ -91,9 +91,9 @@ def test_ray_worker_scores_like_in_process(tiny_rm):
             ray.shutdown()
 
 
-def _reward_cfg(sources, timeout_s=None, fallback=-1.0, custom_path=None):
+def _reward_cfg(sources, timeout_s=None, fallback=-1.0, custom_path=None, fallback_type="constant"):
     cfg = OmegaConf.structured(RewardConfig)
-    cfg.timeout_s, cfg.fallback_score = timeout_s, fallback
+    cfg.timeout_s, cfg.fallback_score, cfg.fallback.type = timeout_s, fallback, fallback_type
     cfg.custom_reward_function.path = custom_path
     cfg.sources = [OmegaConf.merge(OmegaConf.structured(RewardSourceConfig), s) for s in sources]
     return cfg
@@ -165,7 +165,8 @@ def test_default_source_is_rule_or_custom(tmp_path):
     rs = build_reward_manager(_reward_cfg([]))
     assert [s.name for s in rs.sources] == ["rule"]
     scores, m = rs.score(["#### 3", "#### 4"], ["gsm8k", "openai/gsm8k"], ["3", "3"])
-    assert scores == [1.0, 0.0] and m == {"reward/num_fallbacks": 0}
+    assert scores == [1.0, 0.0]
+    assert m == {"reward/num_fallbacks": 0, "reward/rule/num_fallbacks": 0, "reward/num_unscorable": 0}
     f = tmp_path / "r.py"
     f.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 2.0\n")
     rs = build_reward_manager(_reward_cfg([], custom_path=str(f)))

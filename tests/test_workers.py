@@ -93,6 +93,7 @@ def recorder(monkeypatch):
 def _batch(n_rows, n):
     return {"input_ids": torch.arange(n_rows).view(-1, 1).repeat(1, 3), "attention_mask": torch.ones(n_rows, 3),
             "position_ids": torch.zeros(n_rows, 3), "response_mask": torch.ones(n_rows, 2),
+            "loss_mask": torch.ones(n_rows, 2),
             "old_log_probs": torch.zeros(n_rows, 2), "advantages": torch.zeros(n_rows, 2),
             "ref_logps": torch.zeros(n_rows), "n": n}
 
@@ -111,7 +112,7 @@ def test_update_loop_ppo_epochs_shuffle_and_micro(recorder):
         assert rows[2 * epoch:2 * epoch + 2] == [perm[:4], perm[4:]]
     assert {m for _, m, _, _ in recorder["steps"]} == {2}  # largest divisor of 4 rows <= 3
     assert recorder["steps"][0][2] == sorted(("input_ids", "attention_mask", "position_ids", "old_log_probs",
-                                              "advantages", "response_mask"))
+                                              "advantages", "response_mask", "loss_mask", "global_info"))
     assert recorder["steps"][0][3] == {"kind": "log_probs", "calculate_entropy": True}
 
 
@@ -145,7 +146,8 @@ def test_losses_read_the_response_columns_even_when_the_forward_padded_the_seque
     g = torch.Generator().manual_seed(0)
     P, R, b = 3, 4, 2
     lp, ent = -torch.rand(b, P + R, generator=g), torch.rand(b, P + R, generator=g)
-    mb = {"response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), "old_log_probs": -torch.rand(b, R, generator=g),
+    mb = {"response_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]), "loss_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]]),
+          "old_log_probs": -torch.rand(b, R, generator=g),
           "advantages": torch.randn(b, R, generator=g), "ref_log_probs": -torch.rand(b, R, generator=g),
           "ref_logps": torch.tensor([-1.0, -2.0])}
     junk = torch.full((b, 5), 7.0)
@@ -153,7 +155,7 @@ def test_losses_read_the_response_columns_even_when_the_forward_padded_the_seque
     loss = PPOPolicyLoss(_ppo_cfg())
     a, ma = loss({"log_probs": lp, "entropy": ent}, mb, P)
     c, mc = loss(padded, mb, P)
-    assert torch.equal(a, c) and all(torch.equal(ma[k], mc[k]) for k in ma)
+    assert torch.equal(a, c) and all(float(ma[k]) == float(mc[k]) for k in ma) and set(ma) == set(mc)
     # the value by hand: ratio on the response tokens, token-mean clipped loss, entropy bonus, KL loss
     mask = mb["response_mask"].bool()
     ratio = (lp[:, P:] - mb["old_log_probs"]).exp()

@@ -224,6 +224,22 @@ def _file_problems(cfg: DictConfig) -> list[str]:
     return out
 
 
+#: trainer.logger backends that need a package of their own: name -> (module, pip extra of setup.py)
+LOGGER_PACKAGES = {"tensorboard": ("tensorboard", None), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow")}
+
+
+def _logger_problems(cfg: DictConfig) -> list[str]:
+    import importlib.util
+
+    out = []
+    for b in cfg.trainer.logger:
+        module, extra = LOGGER_PACKAGES.get(str(b), (None, None))
+        if module and importlib.util.find_spec(module) is None:
+            how = f"pip install 'rlhf-megatron-sglang[{extra}]'" if extra else f"pip install {module}"
+            out.append(f"trainer.logger includes {b} but the {module} package is not installed: {how}, or drop {b}.")
+    return out
+
+
 def _object_problems(cfg: DictConfig) -> list[str]:
     refs = [("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files),
             ("model.tokenizer_path", cfg.model.tokenizer_path),
@@ -241,7 +257,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     enables the data-parallel checks (see validate_config)."""
     out = field_problems(cfg) + _context_length(cfg) + _batch_sizes(cfg, world_size) + _algorithm(cfg)
     out += _object_problems(cfg)
-    return out + (_file_problems(cfg) if check_files else [])
+    return out + (_file_problems(cfg) + _logger_problems(cfg) if check_files else [])
 
 
 def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False) -> None:
@@ -254,7 +270,8 @@ def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_fil
             that depend on the data-parallel size ``world_size / (tp * pp)``.  When None,
             ``trainer.n_gpus_per_node x trainer.nnodes`` is used if both are set (colocated rollout).
         check_files: also check the data and model references (local paths exist, a model directory has a
-            config.json of a supported architecture; hub names only against the local HF cache).  ``rlhf.main``,
+            config.json of a supported architecture; hub names only against the local HF cache) and that the
+            packages of the chosen ``trainer.logger`` backends are installed.  ``rlhf.main``,
             ``rlhf launch`` and ``rlhf.Trainer`` turn it on, so these run before any download.
 
     Raises:

@@ -1,5 +1,5 @@
-"""Data: GSM8K preprocessing, RL prompt datasets with a resumable loader, padding, and offline
-preference pairs.  (The embedded arithmetic task lives in :mod:`rlhf.quickstart.arithmetic`.)
+"""Data: GSM8K preprocessing, RL prompt datasets (local files, hub datasets, in-process datasets) with a
+resumable loader, padding, and offline preference pairs.  (The embedded arithmetic task lives in :mod:`rlhf.quickstart.arithmetic`.)
 
 Public API (imported lazily so ``import rlhf.data`` stays cheap)::
 
@@ -9,6 +9,9 @@ Public API (imported lazily so ``import rlhf.data`` stays cheap)::
     rlhf.data.loader:     StatefulPromptLoader
     rlhf.data.collate:    pad_sequences, position_ids_from_mask, collate_left_pad, collate_prompts
     rlhf.data.files:      resolve_data_files, read_rows
+    rlhf.data.sources:    iter_rows (local files, hub datasets, object:// datasets), source_label
+    rlhf.data.build:      build_rl_dataset (from the config's data section, tokenised once by rank 0),
+                          overlong_policy, needs_ground_truth
     rlhf.data.prompts:    normalize_row, render_prompt
     rlhf.data.preference: load_preference_dataset, write_preference_parquet, encode_preference_pair,
                           encode_preference_pairs
@@ -36,6 +39,11 @@ _EXPORTS = {
     "collate_left_pad": "collate",
     "collate_prompts": "collate",
     "resolve_data_files": "files",
+    "iter_rows": "sources",
+    "source_label": "sources",
+    "build_rl_dataset": "build",
+    "overlong_policy": "build",
+    "needs_ground_truth": "build",
     "read_rows": "files",
     "normalize_row": "prompts",
     "render_prompt": "prompts",

@@ -1,7 +1,10 @@
 """Offline preference pairs for DPO.
 
 Row schema: ``prompt`` (plain string or chat messages), ``chosen`` (str), ``rejected``
-(str); other columns are kept as-is.  Generated pairs on the embedded arithmetic task
+(str); other columns are kept as-is.  The common hub layout (UltraFeedback-style, e.g.
+``HuggingFaceH4/ultrafeedback_binarized@train_prefs``) is read too: ``chosen`` / ``rejected`` as whole
+conversations (chat messages ending with the assistant's answer), the prompt in ``prompt`` or, when absent,
+the messages before that answer.  Generated pairs on the embedded arithmetic task
 (``embedded://preference``) come from :func:`rlhf.quickstart.arithmetic.make_synthetic_preference_dataset`.
 """
 
@@ -23,13 +26,15 @@ PathLike = Union[str, Path]
 
 
 def load_preference_dataset(
-    files: Union[PathLike, Sequence[PathLike]], max_samples: Optional[int] = None
+    files: Union[PathLike, Sequence[PathLike]], max_samples: Optional[int] = None, split: str = "train"
 ) -> List[Dict[str, Any]]:
-    """Read preference pairs from parquet / jsonl / json files (concatenated in order).
+    """Read preference pairs from parquet / jsonl / json files, hub datasets or in-process datasets
+    (:mod:`rlhf.data.sources`; concatenated in order).
 
     Args:
-        files: one path, a list of paths, or a directory (see ``resolve_data_files``).
+        files: one reference, a list, or a directory.
         max_samples: keep only the first N pairs.
+        split: ``"train"`` or ``"val"``: the default split of a hub dataset named without ``@SPLIT``.
 
     Returns:
         List of row dicts with at least ``prompt``, ``chosen``, ``rejected``; chat-message
@@ -37,31 +42,50 @@ def load_preference_dataset(
 
     Raises:
         KeyError: a row lacks a required column (message names the file, row and keys).
-        ValueError: ``chosen`` or ``rejected`` is not a string, or they are identical.
+        ValueError: ``chosen`` or ``rejected`` is neither a string nor chat messages ending with the
+            assistant's answer, they are identical, or a source has no rows.
     """
-    from .files import read_rows, resolve_data_files
+    from .sources import iter_rows
 
     out: List[Dict[str, Any]] = []
-    for f in resolve_data_files(files):
-        for i, row in enumerate(read_rows(f)):
-            missing = [c for c in REQUIRED_COLUMNS if c not in row or row[c] is None]
-            if missing:
-                raise KeyError(
-                    f"{f}: row {i}: missing preference column(s) {missing}; found keys {sorted(row)}. "
-                    f"Preference data needs {list(REQUIRED_COLUMNS)}."
-                )
-            for c in ("chosen", "rejected"):
-                if not isinstance(row[c], str):
-                    raise ValueError(f"{f}: row {i}: {c!r} must be a string, got {type(row[c]).__name__}.")
-            if row["chosen"] == row["rejected"]:
-                raise ValueError(f"{f}: row {i}: chosen and rejected are identical; a pair must differ.")
-            p = row["prompt"]
-            if isinstance(p, (list, tuple)):
-                row = dict(row, prompt=[{"role": m["role"], "content": m["content"]} for m in p])
-            out.append(row)
-            if max_samples is not None and len(out) >= max_samples:
-                return out
+    for _source, where, row in iter_rows(files, split):
+        missing = [c for c in ("chosen", "rejected") if c not in row or row[c] is None]
+        if missing or (row.get("prompt") is None and not isinstance(row.get("chosen"), (list, tuple))):
+            raise KeyError(
+                f"{where}missing preference column(s) {missing or ['prompt']}; found keys {sorted(row)}. "
+                f"Preference data needs {list(REQUIRED_COLUMNS)} (chosen / rejected as text or as chat messages)."
+            )
+        row = _flatten_conversations(dict(row), where)
+        if row["chosen"] == row["rejected"]:
+            raise ValueError(f"{where}chosen and rejected are identical; a pair must differ.")
+        p = row["prompt"]
+        if isinstance(p, (list, tuple)):
+            row["prompt"] = [{"role": m["role"], "content": m["content"]} for m in p]
+        out.append(row)
+        if max_samples is not None and len(out) >= max_samples:
+            return out
     return out
+
+
+def _flatten_conversations(row: Dict[str, Any], where: str) -> Dict[str, Any]:
+    """chosen / rejected given as chat messages -> the text of their last (assistant) message; the prompt
+    from the messages before it when the row has none."""
+    for c in ("chosen", "rejected"):
+        v = row[c]
+        if hasattr(v, "tolist"):
+            v = v.tolist()
+        if isinstance(v, (list, tuple)):
+            if not v or not all(isinstance(m, dict) and "content" in m for m in v) or v[-1].get("role") != "assistant":
+                raise ValueError(f"{where}{c!r} as chat messages must end with an assistant message, got {v!r:.200}.")
+            if row.get("prompt") is None:
+                row["prompt"] = [{"role": m["role"], "content": m["content"]} for m in v[:-1]]
+            v = v[-1]["content"]
+        if not isinstance(v, str):
+            raise ValueError(f"{where}{c!r} must be a string (or chat messages), got {type(v).__name__}.")
+        row[c] = v
+    if isinstance(row["prompt"], list) and not row["prompt"]:
+        raise ValueError(f"{where}no prompt: the conversations hold only the answer and the row has no 'prompt'.")
+    return row
 
 
 def write_preference_parquet(rows: Sequence[Dict[str, Any]], path: PathLike) -> Path:

@@ -1,6 +1,7 @@
 """Prompt dataset for RL rollouts (:class:`RLHFDataset`, verl's name; ``RLDataset`` is the old one).
 
-Reads parquet / jsonl / json files (one or many, :mod:`rlhf.data.files`), renders prompts with
+Reads parquet / jsonl / json files (one or many, :mod:`rlhf.data.files`), hub datasets and in-process
+datasets (:mod:`rlhf.data.sources`), renders prompts with
 the tokenizer's chat template (``add_generation_prompt=True``) when it has one (plain text
 otherwise, :mod:`rlhf.data.prompts`), tokenizes, and drops prompts longer than
 ``max_prompt_length`` (counted in ``num_filtered`` and logged). Raw GSM8K jsonl
@@ -17,10 +18,27 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import torch
 
 from .collate import collate_left_pad
-from .files import PathLike, read_rows, resolve_data_files
+from .files import PathLike
 from .prompts import normalize_row, render_prompt
+from .sources import describe_sources, hub_default_data_source, iter_rows, source_label
 
-__all__ = ["RLHFDataset", "RLDataset", "load_rl_dataset"]
+__all__ = ["RLHFDataset", "RLDataset", "load_rl_dataset", "OVERLONG_POLICIES", "truncate"]
+
+#: what to do with a prompt longer than max_prompt_length (data.filter_overlong_prompts / data.truncation)
+OVERLONG_POLICIES = ("filter", "error", "truncate_left", "truncate_right", "truncate_middle")
+
+
+def truncate(ids: List[int], max_len: int, side: str) -> List[int]:
+    """`ids` cut to `max_len` tokens: ``left`` keeps the last ones, ``right`` the first, ``middle`` the first
+    ``ceil(max_len/2)`` and the last ``floor(max_len/2)``."""
+    if len(ids) <= max_len:
+        return list(ids)
+    if side == "left":
+        return list(ids[-max_len:])
+    if side == "right":
+        return list(ids[:max_len])
+    head = (max_len + 1) // 2
+    return list(ids[:head]) + (list(ids[-(max_len - head):]) if max_len - head else [])
 
 logger = logging.getLogger(__name__)
 
@@ -29,8 +47,9 @@ class RLHFDataset(torch.utils.data.Dataset):
     """Tokenized RL prompts.
 
     Args:
-        files: one path or a list of paths (``.parquet`` / ``.jsonl`` / ``.json``), or a
-            directory of them; rows of all files are concatenated in order.
+        files: one reference or a list (:mod:`rlhf.data.sources`): ``.parquet`` / ``.jsonl`` / ``.json``
+            files or directories of them, hub datasets ``NAME[:CONFIG][@SPLIT]``, ``object://dataset/<n>``;
+            rows of all of them are concatenated in order.
         tokenizer: a HF tokenizer (``apply_chat_template`` + ``__call__``).
         max_prompt_length: longest allowed prompt in tokens (after the chat template).
         prompt_key / ground_truth_key / data_source_key: column names.
@@ -38,15 +57,20 @@ class RLHFDataset(torch.utils.data.Dataset):
             tokenized lazily in chunks, so a small N on a big file is cheap).
         overlong: what to do with a prompt longer than ``max_prompt_length``:
             ``"filter"`` (drop it, counted in ``num_filtered``), ``"error"`` (raise),
-            ``"truncate_left"`` (keep its last ``max_prompt_length`` tokens).
+            ``"truncate_left"`` / ``"truncate_right"`` / ``"truncate_middle"`` (:func:`truncate`).
         use_chat_template: ``None`` = use it iff ``tokenizer.chat_template`` is set.
         chat_template_kwargs: extra kwargs for ``apply_chat_template``.
-        default_data_source: data_source for rows that lack one.
+        default_data_source: data_source for rows that lack one (a hub dataset's rows default to its name).
+        label_by_source: rows still without a data_source get their file's name (``prompts`` for
+            ``prompts.jsonl``; rlhf.data.sources.source_label), for reward models, which score any prompt;
+            otherwise such a row raises KeyError.
+        require_ground_truth: raise for a row without a ground truth (rule rewards need one).
+        split: ``"train"`` or ``"val"``: the default split of a hub dataset named without ``@SPLIT``.
 
     Attributes:
         num_rows_read: rows examined (all rows unless ``max_samples`` stopped early).
         num_filtered: prompts dropped for exceeding ``max_prompt_length``.
-        files: resolved file paths.
+        files: the sources read (local files as resolved paths, hub names and object URIs as given).
 
     Items (``dataset[i]``) are dicts: ``input_ids`` (list[int], unpadded), ``raw_prompt``
     (chat messages or the plain string, as stored), ``ground_truth`` (str or None),
@@ -54,9 +78,11 @@ class RLHFDataset(torch.utils.data.Dataset):
     filtering: stable and unique), ``ability``, ``extra_info`` (dict).
 
     Raises:
-        ValueError: ``max_prompt_length < 1``, bad ``overlong``, every prompt filtered,
-            ``use_chat_template=True`` with a tokenizer without a chat template, or an
-            overlong prompt with ``overlong="error"``.
+        ValueError: ``max_prompt_length < 1``, bad ``overlong``, a source without rows, every prompt
+            filtered, ``use_chat_template=True`` with a tokenizer without a chat template, or an
+            overlong prompt with ``overlong="error"`` (messages name the source and row).
+        KeyError: a row without the prompt column, or without a ground truth when required.
+        TypeError: a prompt that is neither a string nor chat messages.
     """
 
     _CHUNK = 1024
@@ -74,11 +100,14 @@ class RLHFDataset(torch.utils.data.Dataset):
         use_chat_template: Optional[bool] = None,
         chat_template_kwargs: Optional[Dict[str, Any]] = None,
         default_data_source: Optional[str] = None,
+        require_ground_truth: bool = False,
+        split: str = "train",
+        label_by_source: bool = False,
     ):
         if max_prompt_length is None or int(max_prompt_length) < 1:
             raise ValueError(f"RLHFDataset: max_prompt_length={max_prompt_length!r} must be a positive int.")
-        if overlong not in ("filter", "error", "truncate_left"):
-            raise ValueError(f"RLHFDataset: overlong={overlong!r}; use 'filter', 'error' or 'truncate_left'.")
+        if overlong not in OVERLONG_POLICIES:
+            raise ValueError(f"RLHFDataset: overlong={overlong!r}; use one of {OVERLONG_POLICIES}.")
         if max_samples is not None and max_samples < 1:
             raise ValueError(f"RLHFDataset: max_samples={max_samples!r} must be >= 1 (or None for all).")
         has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -92,43 +121,56 @@ class RLHFDataset(torch.utils.data.Dataset):
         self.tokenizer = tokenizer
         self.max_prompt_length = int(max_prompt_length)
         self.use_chat_template = bool(use_chat_template)
-        self.files = resolve_data_files(files)
+        self.files = describe_sources(files)
         self.overlong = overlong
         self.num_rows_read = 0
         self.num_filtered = 0
         self.num_truncated = 0
+        self.shortest_filtered: Optional[int] = None
         self._items: List[Dict[str, Any]] = []
 
         pending: List[Dict[str, Any]] = []
-        global_index = 0
         done = False
-        for f in self.files:
-            if done:
-                break
-            for r_i, row in enumerate(read_rows(f)):
-                norm = normalize_row(row, prompt_key, ground_truth_key, data_source_key, default_data_source,
-                                     where=f"{f}: row {r_i}: ")
-                norm["index"] = global_index
-                global_index += 1
-                pending.append(norm)
-                if len(pending) >= self._CHUNK:
-                    done = self._consume(pending, max_samples, chat_template_kwargs)
-                    pending = []
-                    if done:
-                        break
+        for global_index, (source, where, row) in enumerate(iter_rows(files, split)):
+            default = default_data_source if default_data_source is not None else hub_default_data_source(source)
+            if default is None and label_by_source:
+                default = source_label(source)  # a reward model scores any prompt: name the file / object
+            norm = normalize_row(row, prompt_key, ground_truth_key, data_source_key, default, where=where)
+            if require_ground_truth and norm["ground_truth"] is None:
+                raise KeyError(f"{where}no ground truth: the row has no {ground_truth_key!r} (nor "
+                               f"reward_model.ground_truth) but the reward (a rule reward) needs one; keys: "
+                               f"{sorted(row)}. Add the column, or score with a reward model "
+                               f"(reward.sources=[{{type: model, ...}}]).")
+            norm["index"], norm["where"] = global_index, where
+            pending.append(norm)
+            if len(pending) >= self._CHUNK:
+                done = self._consume(pending, max_samples, chat_template_kwargs)
+                pending = []
+                if done:
+                    break
         if pending and not done:
             self._consume(pending, max_samples, chat_template_kwargs)
 
         msg = (f"RLHFDataset: kept {len(self._items)} of {self.num_rows_read} prompts read from "
-               f"{[str(f) for f in self.files]}; filtered {self.num_filtered} prompts longer than "
+               f"{self.files}; filtered {self.num_filtered} prompts longer than "
                f"max_prompt_length={self.max_prompt_length} tokens")
         if self.num_truncated:
-            msg += f"; left-truncated {self.num_truncated}"
+            msg += f"; truncated {self.num_truncated} ({overlong})"
         (logger.warning if self.num_filtered else logger.info)(msg)
         if not self._items:
             raise ValueError(
-                msg + ". No prompts left: raise max_prompt_length or check the prompt column."
+                msg + f". No prompts left: the shortest prompt has {self.shortest_filtered} tokens; raise "
+                f"data.max_prompt_length to at least that, or set data.filter_overlong_prompts=false with "
+                f"data.truncation=left/right/middle."
             )
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickled without the tokenizer (rank 0 shares a built dataset; the others set their own)."""
+        return {k: v for k, v in self.__dict__.items() if k != "tokenizer"}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.tokenizer = None
 
     def _consume(self, rows: List[Dict[str, Any]], max_samples: Optional[int], ct_kwargs) -> bool:
         texts = [render_prompt(self.tokenizer, r["prompt"], self.use_chat_template, ct_kwargs) for r in rows]
@@ -140,13 +182,15 @@ class RLHFDataset(torch.utils.data.Dataset):
             if len(ids) > self.max_prompt_length:
                 if self.overlong == "filter":
                     self.num_filtered += 1
+                    self.shortest_filtered = min(len(ids), self.shortest_filtered or len(ids))
                     continue
                 if self.overlong == "error":
                     raise ValueError(
-                        f"RLHFDataset: prompt index {r['index']} has {len(ids)} tokens > max_prompt_length="
-                        f"{self.max_prompt_length}; raise max_prompt_length or use overlong='filter'."
+                        f"RLHFDataset: {r['where']}the prompt has {len(ids)} tokens > max_prompt_length="
+                        f"{self.max_prompt_length}; raise data.max_prompt_length, set "
+                        f"data.filter_overlong_prompts=true, or data.truncation=left/right/middle."
                     )
-                ids = ids[-self.max_prompt_length:]
+                ids = truncate(ids, self.max_prompt_length, self.overlong.split("_", 1)[1])
                 self.num_truncated += 1
             self._items.append({
                 "input_ids": ids,

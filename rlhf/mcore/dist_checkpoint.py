@@ -11,6 +11,11 @@ or without the distributed optimizer (see `_unshare_step_tensors` for the megatr
 that made the distributed optimizer drift).
 
 Slim saves (`slim=True`) keep only what resuming needs; see `save_sharded`.
+
+No orphan writer: megatron-core 0.16.1 keeps its save results in a queue served by a spawned
+multiprocessing Manager process that nothing stops when the trainer is killed (it was left running by
+every killed run).  `save_sharded` gives megatron a queue from a Manager that dies with this process
+(`_install_results_queue`).
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None, 
     """
     from megatron.core import dist_checkpointing
 
+    _install_results_queue()
     if dist.get_rank() == 0:
         os.makedirs(path, exist_ok=True)
     dist.barrier()
@@ -62,8 +68,49 @@ def save_sharded(path: str, chunks, optimizer=None, common: dict | None = None, 
     if common:
         sd["common_state"] = common
     sd[FORMAT_KEY] = {"slim": bool(slim)}
-    dist_checkpointing.save(sd, path)
+    dist_checkpointing.save(sd, path, sharded_strategy=_fault_point_strategy())
     dist.barrier()
+
+
+def _install_results_queue() -> None:
+    """Seed megatron's module-level save-results queue (filesystem_async._results_queue, created on the first
+    save with ``mp.get_context("spawn").Manager().Queue()``) with the queue of a Manager whose server process
+    gets SIGKILL when this process dies (rlhf.mcore.lifetime).  Same queue type, same spawn context."""
+    import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from rlhf.mcore.lifetime import die_with_parent
+
+    if filesystem_async._results_queue is not None:
+        return
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    manager.start(initializer=die_with_parent, initargs=(os.getpid(),))
+    filesystem_async._results_queue = manager.Queue()  # the proxy keeps the manager (and its process) alive
+
+
+def _fault_point_strategy():
+    """None (megatron's default save strategy), or with ``RLHF_FAULT=ckpt_mid_save`` (rlhf.faults) a copy of
+    it that stops the process after the tensor files are written and before megatron writes the
+    checkpoint's metadata.json: a kill in the middle of a sharded save."""
+    from rlhf import faults
+
+    if not faults.armed("ckpt_mid_save"):
+        return None
+    import copy
+
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+
+    strategy = copy.copy(get_default_save_sharded_strategy())  # the default is a shared instance
+    write = strategy.save
+
+    def save(sharded_state_dict, checkpoint_dir):
+        write(sharded_state_dict, checkpoint_dir)
+        faults.maybe_fail("ckpt_mid_save", dir=checkpoint_dir)
+
+    strategy.save = save
+    return strategy
 
 
 FORMAT_KEY = "rlhf_save_format"

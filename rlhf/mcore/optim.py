@@ -72,11 +72,24 @@ def wrap_ddp(chunks, config, use_distributed_optimizer: bool = True) -> list:
     return wrapped
 
 
+def resolve_distributed_optimizer(setting: bool | None) -> bool:
+    """``use_distributed_optimizer`` as given, or (None) on exactly when the data-parallel size is > 1:
+    sharding the Adam state over DP ranks saves (DP-1)/DP of it per rank; with DP = 1 it saves nothing.
+    Needs model parallel state (rlhf.mcore.distributed.init_model_parallel)."""
+    if setting is not None:
+        return bool(setting)
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_world_size() > 1
+
+
 def build_train_state(chunks, config, optim: OptimConfig, guard: StepGuardConfig | None = None,
                       role: str = "actor") -> TrainState:
     """DDP-wrap `chunks` and build the megatron optimizer, the LR scheduler and the step guard.
 
-    guard: skip/breaker settings (default StepGuardConfig()); role names the owner in errors.
+    guard: skip/breaker settings (default: `optim.max_consecutive_skipped_steps` and `optim.breaker`);
+    role names the owner in errors.  ``optim.use_distributed_optimizer`` None: see
+    :func:`resolve_distributed_optimizer`.
     Raises ValueError for an unknown lr_decay_style or a bad guard setting.
     """
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -85,12 +98,15 @@ def build_train_state(chunks, config, optim: OptimConfig, guard: StepGuardConfig
 
     if optim.lr_decay_style not in tuple(LRDecayStyle):
         raise ValueError(f"lr_decay_style={optim.lr_decay_style!r}: use one of {[s.value for s in LRDecayStyle]}")
-    step_guard = StepGuard(guard or StepGuardConfig(), role, optim.lr_warmup_steps)
-    model = wrap_ddp(chunks, config, optim.use_distributed_optimizer)
+    if guard is None:
+        guard = StepGuardConfig(optim.max_consecutive_skipped_steps, optim.breaker)
+    step_guard = StepGuard(guard, role, optim.lr_warmup_steps)
+    use_dist_opt = resolve_distributed_optimizer(optim.use_distributed_optimizer)
+    model = wrap_ddp(chunks, config, use_dist_opt)
     opt_config = OptimizerConfig(
         optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
         adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
-        clip_grad=optim.clip_grad, use_distributed_optimizer=optim.use_distributed_optimizer,
+        clip_grad=optim.clip_grad, use_distributed_optimizer=use_dist_opt,
         bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype)
     optimizer = get_megatron_optimizer(opt_config, model)
     scheduler = build_scheduler(optimizer, lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,

@@ -26,6 +26,31 @@ class BreakerConfig:
     steps: int = 5  # consecutive steps above the threshold that trigger it
     warmup_steps: int | None = None  # restarted warm-up length; None: lr_warmup_steps, or `steps` if 0
 
+    def problems(self, at: str = "") -> list[str]:
+        """One line per bad value, keys prefixed with `at` (e.g. ``"actor.optim.breaker."``); works on an
+        OmegaConf node of this type too."""
+        out = []
+        if self.enable and not (self.grad_norm is not None and self.grad_norm > 0 and self.steps is not None
+                                and self.steps >= 1):
+            out.append(f"{at}grad_norm={self.grad_norm}, {at}steps={self.steps}: need grad_norm > 0 and steps >= 1 "
+                       f"(or {at}enable=false).")
+        if self.warmup_steps is not None and self.warmup_steps < 1:
+            out.append(f"{at}warmup_steps={self.warmup_steps}: must be >= 1, or null (the role's lr_warmup_steps).")
+        return out
+
+
+def guard_problems(max_consecutive_skipped_steps, breaker, at: str = "") -> list[str]:
+    """Problems of the step-guard keys of a role's optim section (`at` e.g. ``"actor.optim."``); `breaker`
+    (BreakerConfig or mapping) None: not checked."""
+    out = []
+    if max_consecutive_skipped_steps is None or max_consecutive_skipped_steps < 1:
+        out.append(f"{at}max_consecutive_skipped_steps={max_consecutive_skipped_steps}: must be >= 1.")
+    if breaker is None:
+        return out
+    if isinstance(breaker, Mapping):
+        breaker = BreakerConfig(**dict(breaker))
+    return out + BreakerConfig.problems(breaker, f"{at}breaker.")
+
 
 @dataclass
 class StepGuardConfig:
@@ -37,15 +62,9 @@ class StepGuardConfig:
     def __post_init__(self):
         if isinstance(self.breaker, Mapping):
             self.breaker = BreakerConfig(**dict(self.breaker))
-        if self.max_consecutive_skipped_steps < 1:
-            raise ValueError(f"max_consecutive_skipped_steps={self.max_consecutive_skipped_steps}: must be >= 1")
-        b = self.breaker
-        if b.enable and not (b.grad_norm > 0 and b.steps >= 1):
-            raise ValueError(f"breaker.grad_norm={b.grad_norm}, breaker.steps={b.steps}: need grad_norm > 0 and "
-                             "steps >= 1 (or breaker.enable=false)")
-        if b.warmup_steps is not None and b.warmup_steps < 1:
-            raise ValueError(f"breaker.warmup_steps={b.warmup_steps}: must be >= 1 or null")
-
+        problems = guard_problems(self.max_consecutive_skipped_steps, self.breaker)
+        if problems:
+            raise ValueError(" ".join(problems))
 
     @classmethod
     def from_optim(cls, optim: Mapping) -> "StepGuardConfig":

@@ -44,15 +44,15 @@ def _rank0_only(fn) -> None:
     dist.barrier()
 
 
-def resolve_model(cfg) -> str:
-    """``cfg.model.path`` as a local path or hub name: ``tiny://quickstart`` is built (or reused) under
-    ``trainer.default_local_dir/tiny_model`` with ``model.warmup_steps / warmup_lr`` and
-    ``data.embedded_max_operand``; any other value is returned unchanged.
+def resolve_model(cfg, path: str | None = None) -> str:
+    """`path` (default ``cfg.model.path``; also ``model.critic_path`` and reward-model paths) as a local path or
+    hub name: ``tiny://quickstart`` is built (or reused) under ``trainer.default_local_dir/tiny_model`` with
+    ``model.warmup_steps / warmup_lr`` and ``data.embedded_max_operand``; any other value is returned unchanged.
 
     Raises:
         ValueError: another ``tiny://`` name.
     """
-    path = cfg.model.path
+    path = cfg.model.path if path is None else path
     if not (isinstance(path, str) and path.startswith(TINY_SCHEME)):
         return path
     from .model import resolve_model_path

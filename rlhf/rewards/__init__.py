@@ -7,7 +7,8 @@ Public API::
     register_reward_fn, get_reward_fn, registered_data_sources,
     load_custom_reward_fn, compute_scores, call_reward_fn   # rlhf.rewards.registry
     RewardModelScorer, HFRewardModelScorer, RayRewardModelScorer   # rlhf.rewards.reward_model
-    RewardManager, build_reward_manager       # rlhf.rewards.manager (weighted sources, fallbacks)
+    RewardManager, build_reward_manager       # rlhf.rewards.manager (weighted sources, fallbacks, validity)
+    Fallback                                  # rlhf.rewards.fallback (rule / static / constant fallback scores)
     run_with_timeouts, call_with_timeout      # rlhf.rewards.timeout
 """
 
@@ -22,7 +23,9 @@ from .registry import (
     registered_data_sources,
 )
 from .reward_model import HFRewardModelScorer, RayRewardModelScorer, RewardModelScorer, check_scores
-from .manager import RewardManager, RewardSource, RewardSources, build_reward_manager, build_reward_sources
+from .fallback import Fallback
+from .manager import (RewardManager, RewardSource, RewardSources, build_reward_manager, build_reward_sources,
+                      check_reward_config)
 from .timeout import call_with_timeout, run_with_timeouts
 
 __all__ = [
@@ -43,6 +46,8 @@ __all__ = [
     "build_reward_manager",
     "RewardSources",
     "build_reward_sources",
+    "check_reward_config",
+    "Fallback",
     "run_with_timeouts",
     "call_with_timeout",
     "check_scores",

@@ -1,32 +1,39 @@
 """Reward sources combined with weights (config ``reward.sources``), each fault tolerant.
 
     reward:
-      timeout_s: 10          # per sample for rule/custom sources, per batch for a model source
-      fallback_score: 0.0    # what a failed or timed-out source gives a sample
+      timeout_s: 3           # per sample for rule/custom sources, per micro batch for a model source
+      fallback_score: 0.0    # see rlhf/rewards/fallback.py: what a source that failed on a sample gives it
+      fallback: {type: rule} # rule (the data source's rule reward) | static (length/keyword score) | constant
       sources:
         - {type: rule, weight: 1.0}                          # rlhf.rewards registry, by data_source
         - {type: model, weight: 0.5, path: /models/rm-7b}    # HF sequence classifier (Ray worker)
         - {type: custom, weight: 1.0, path: my_reward.py, name: compute_score}
 
-The score of a sample is ``sum_i weight_i * score_i``.  A source that raises, returns a
-non-number or runs past ``timeout_s`` gives ``fallback_score`` for the samples concerned
-(a model source: for its whole batch) and training goes on; the count is reported as
-``reward/num_fallbacks`` (all sources) and ``reward/<source>/num_fallbacks``, next to each
-source's mean ``reward/<source>/mean``.  With ``sources`` empty the reward is the rule reward
-of each sample's data_source, or ``reward.custom_reward_function`` when that is set.
+The score of a sample is ``sum_i weight_i * score_i``.  A source that raises, returns a non-number,
+None, NaN or +-inf, or runs past ``timeout_s`` on a sample (a model source: on the micro batch of
+``micro_batch_size`` pairs holding it) gives that sample the fallback instead, and training goes on;
+every such sample is counted in ``reward/num_fallbacks`` and ``reward/<source>/num_fallbacks``, next
+to each source's mean ``reward/<source>/mean`` (with several sources).  A sample that NO source and no
+rule fallback could score is *unscorable*: counted in ``reward/num_unscorable`` and flagged in the
+validity mask of ``score(..., return_valid=True)``, so the trainer can leave it out of the group
+baseline and the loss (``reward.exclude_unscorable``).  With ``sources`` empty the reward is the rule
+reward of each sample's data_source, or ``reward.custom_reward_function`` when that is set.  The GSM8K
+rule (data sources openai/gsm8k, gsm8k) follows ``reward.gsm8k.{method,format_score}``.
 """
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from .registry import compute_scores, load_custom_reward_fn
+from .fallback import Fallback
+from .registry import gsm8k_overrides, load_custom_reward_fn, score_samples
 from .reward_model import check_scores
 from .timeout import call_with_timeout
 
-__all__ = ["RewardSource", "RewardManager", "build_reward_manager", "SOURCE_TYPES",
-           "RewardSources", "build_reward_sources"]
+__all__ = ["RewardSource", "RewardManager", "build_reward_manager", "check_reward_config", "load_custom_fn",
+           "SOURCE_TYPES", "RewardSources", "build_reward_sources"]
 
 logger = logging.getLogger(__name__)
 
@@ -37,29 +44,47 @@ PLACEMENTS = ("ray", "local")
 @dataclass
 class RewardSource:
     """One weighted source.  ``fn`` (rule/custom) scores one sample through the registry's calling
-    convention; ``scorer`` (model) scores a whole batch of (prompt, response) pairs."""
+    convention; ``scorer`` (model) scores (prompt, response) pairs, ``chunk_size`` of them per call
+    (None: the whole batch in one call), each call limited to the timeout."""
 
     name: str
     weight: float = 1.0
     fn: Optional[Callable] = None  # None with scorer None: registry lookup by data_source
     scorer: Any = None
+    chunk_size: Optional[int] = None
+    overrides: Optional[dict] = None  # rule: data_source -> fn before the registry (reward.gsm8k.*)
 
-    def score(self, batch: dict, timeout_s: Optional[float], fallback_score: float) -> Tuple[List[float], int]:
-        """-> (scores, num_fallbacks) for `batch` (keys: responses, data_sources, ground_truths,
-        extra_infos, prompts).  Never raises for a failing reward; config errors (unknown
-        data_source) still raise."""
+    @property
+    def is_rule(self) -> bool:
+        """The registry's rule reward (no custom fn, no model)."""
+        return self.fn is None and self.scorer is None
+
+    def evaluate(self, batch: dict, timeout_s: Optional[float]) -> Tuple[List[float], List[bool]]:
+        """-> (scores, failed) for `batch` (keys: responses, data_sources, ground_truths, extra_infos,
+        prompts); a failed sample's score is NaN.  Never raises for a failing reward; config errors
+        (unknown data_source) still raise."""
         n = len(batch["responses"])
         if self.scorer is None:
-            return compute_scores(batch["data_sources"], batch["responses"], batch["ground_truths"],
-                                  extra_infos=batch["extra_infos"], timeout_s=timeout_s,
-                                  fallback_score=fallback_score, reward_fn=self.fn)
-        try:
-            scores = call_with_timeout(lambda: self.scorer.score(batch["prompts"], batch["responses"]), timeout_s)
-            return check_scores(scores, n, owner=self.name), 0
-        except Exception as e:  # noqa: BLE001 - any failure of the model falls back
-            logger.warning("reward source %s failed on a batch of %d: %s: %s; using fallback_score=%s",
-                           self.name, n, type(e).__name__, e, fallback_score)
-            return [float(fallback_score)] * n, n
+            return score_samples(batch["data_sources"], batch["responses"], batch["ground_truths"],
+                                 extra_infos=batch["extra_infos"], timeout_s=timeout_s, reward_fn=self.fn,
+                                 overrides=self.overrides)
+        scores, failed = [math.nan] * n, [True] * n
+        step = self.chunk_size or max(1, n)
+        for lo in range(0, n, step):
+            hi = min(n, lo + step)
+            try:
+                out = call_with_timeout(
+                    lambda: self.scorer.score(batch["prompts"][lo:hi], batch["responses"][lo:hi]), timeout_s)
+                scores[lo:hi], failed[lo:hi] = check_scores(out, hi - lo, owner=self.name), [False] * (hi - lo)
+            except Exception as e:  # noqa: BLE001 - any failure of the model falls back
+                logger.warning("reward source %s failed on samples %d..%d: %s: %s; using the fallback",
+                               self.name, lo, hi - 1, type(e).__name__, e)
+        return scores, failed
+
+    def score(self, batch: dict, timeout_s: Optional[float], fallback_score: float) -> Tuple[List[float], int]:
+        """-> (scores, num_fallbacks): :meth:`evaluate` with `fallback_score` for the failed samples."""
+        scores, failed = self.evaluate(batch, timeout_s)
+        return [float(fallback_score) if f else s for s, f in zip(scores, failed)], sum(failed)
 
     def close(self) -> None:
         """Release the reward model (its Ray worker), if any."""
@@ -70,43 +95,79 @@ class RewardSource:
 class RewardManager:
     """The reward of a batch: the weighted sum of several sources (verl's "reward manager").
 
-    ``score(responses, data_sources, ground_truths, extra_infos=None, prompts=None)`` returns
-    ``(scores, metrics)``: one float per response, and ``reward/num_fallbacks`` plus, with several
-    sources, ``reward/<source>/mean`` and ``reward/<source>/num_fallbacks``.
+    ``score(responses, data_sources, ground_truths, extra_infos=None, prompts=None, return_valid=False)``
+    returns ``(scores, metrics)``, or ``(scores, metrics, valid)`` with ``return_valid=True``: one float per
+    response; ``valid[i]`` is False for an unscorable sample (module docstring); metrics
+    ``reward/num_fallbacks``, ``reward/num_unscorable``, ``reward/<source>/num_fallbacks`` and, with
+    several sources, ``reward/<source>/mean``.  `fallback` (rlhf.rewards.fallback.Fallback) defaults to the
+    constant ``fallback_score``.
     """
 
     def __init__(self, sources: Sequence[RewardSource], timeout_s: Optional[float] = None,
-                 fallback_score: float = 0.0):
+                 fallback_score: float = 0.0, fallback: Optional[Fallback] = None):
         if not sources:
             raise ValueError("RewardManager needs at least one source")
         self.sources = list(sources)
         self.timeout_s = timeout_s
-        self.fallback_score = float(fallback_score)
+        self.fallback = fallback or Fallback("constant", float(fallback_score))
+        self.fallback_score = self.fallback.score
 
     def score(self, responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any],
-              extra_infos: Optional[Sequence[Any]] = None, prompts: Optional[Sequence[Any]] = None
-              ) -> Tuple[List[float], dict]:
-        """Scores of one batch (lists of equal length B) -> ([B] floats, metrics); see the class docstring."""
+              extra_infos: Optional[Sequence[Any]] = None, prompts: Optional[Sequence[Any]] = None,
+              return_valid: bool = False):
+        """Scores of one batch (lists of equal length B) -> ([B] floats, metrics); see the class docstring.
+
+        With ``return_valid=True`` also a third item, [B] bools: False for a sample that NO source could
+        score (every source fell back or gave a non-finite number; such a number is replaced by
+        the reward.fallback value and counted as a fallback).  The trainer leaves those samples out of the group
+        baselines and the loss (``reward.exclude_unscorable``, rlhf.trainer.advantages)."""
         n = len(responses)
         batch = {"responses": list(responses), "data_sources": list(data_sources),
                  "ground_truths": list(ground_truths),
                  "extra_infos": list(extra_infos) if extra_infos is not None else [None] * n,
                  "prompts": list(prompts) if prompts is not None else [""] * n}
-        total = [0.0] * n
+        total, valid = [0.0] * n, [False] * n
         metrics = {"reward/num_fallbacks": 0.0}
         for src in self.sources:
-            scores, fallbacks = src.score(batch, self.timeout_s, self.fallback_score)
+            scores, failed = src.evaluate(batch, self.timeout_s)
+            idx = [i for i in range(n) if failed[i]]
+            if idx:
+                values, scored = self.fallback.scores(batch, idx, self.timeout_s, src.is_rule)
+                for i, v, ok in zip(idx, values, scored):
+                    scores[i], valid[i] = v, valid[i] or ok
+            valid = [v or not f for v, f in zip(valid, failed)]
             total = [t + src.weight * s for t, s in zip(total, scores)]
-            metrics["reward/num_fallbacks"] += fallbacks
+            metrics["reward/num_fallbacks"] += len(idx)
+            metrics[f"reward/{src.name}/num_fallbacks"] = float(len(idx))
             if len(self.sources) > 1:
                 metrics[f"reward/{src.name}/mean"] = sum(scores) / max(1, n)
-                metrics[f"reward/{src.name}/num_fallbacks"] = float(fallbacks)
-        return total, metrics
+        metrics["reward/num_unscorable"] = float(n - sum(valid))
+        return (total, metrics, valid) if return_valid else (total, metrics)
 
     def close(self) -> None:
         """Close every source."""
         for src in self.sources:
             src.close()
+
+
+def load_custom_fn(path: str, name: str) -> Callable:
+    """A custom source's function: an in-process callable (``object://reward/<id>``, rlhf.config.objects, from
+    rlhf.Trainer) or function `name` of the python file `path` (:func:`load_custom_reward_fn`, same errors)."""
+    from rlhf.config.objects import get_object, is_object_ref
+
+    return get_object(path) if is_object_ref(path) else load_custom_reward_fn(path, name)
+
+
+def check_reward_config(reward_cfg: Any) -> None:
+    """Load every custom reward function of the config's ``reward`` section (a cheap import, on any rank)
+    before models and engines are built.  Raises what :func:`load_custom_reward_fn` raises, naming the
+    file: FileNotFoundError, ImportError (the file raised on import), AttributeError, TypeError."""
+    crf = reward_cfg.custom_reward_function
+    if not reward_cfg.sources and crf.path:
+        load_custom_fn(crf.path, crf.name)
+    for e in reward_cfg.sources or []:
+        if e.type == "custom" and e.path:
+            load_custom_fn(e.path, e.name)
 
 
 def build_reward_manager(reward_cfg: Any) -> RewardManager:
@@ -116,11 +177,14 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
     FileNotFoundError / AttributeError for a custom file or function that does not exist.
     """
     entries = list(reward_cfg.sources or [])
+    g = reward_cfg.get("gsm8k")
+    rules = gsm8k_overrides(g.method, g.format_score) if g is not None else {}
+    fallback = Fallback.from_config(reward_cfg, rules)
     if not entries:
         crf = reward_cfg.custom_reward_function
-        fn = load_custom_reward_fn(crf.path, crf.name) if crf.path else None
-        return RewardManager([RewardSource("custom" if fn else "rule", 1.0, fn=fn)], reward_cfg.timeout_s,
-                             reward_cfg.fallback_score)
+        fn = load_custom_fn(crf.path, crf.name) if crf.path else None
+        return RewardManager([RewardSource("custom" if fn else "rule", 1.0, fn=fn, overrides=rules)],
+                             reward_cfg.timeout_s, fallback=fallback)
     sources, names = [], []
     for i, e in enumerate(entries):
         if e.type not in SOURCE_TYPES:
@@ -131,9 +195,9 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
         name = e.type if sum(x.type == e.type for x in entries) == 1 else f"{e.type}{i}"
         names.append(name)
         if e.type == "rule":
-            sources.append(RewardSource(name, float(e.weight)))
+            sources.append(RewardSource(name, float(e.weight), overrides=rules))
         elif e.type == "custom":
-            sources.append(RewardSource(name, float(e.weight), fn=load_custom_reward_fn(e.path, e.name)))
+            sources.append(RewardSource(name, float(e.weight), fn=load_custom_fn(e.path, e.name)))
         else:
             if e.placement not in PLACEMENTS:
                 raise ValueError(f"reward.sources[{i}].placement={e.placement!r}: use one of {list(PLACEMENTS)}")
@@ -142,8 +206,8 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
             kw = dict(micro_batch_size=e.micro_batch_size, max_length=e.max_length)
             scorer = (RayRewardModelScorer(e.path, num_gpus=e.num_gpus, **kw) if e.placement == "ray"
                       else HFRewardModelScorer(e.path, **kw))
-            sources.append(RewardSource(name, float(e.weight), scorer=scorer))
-    return RewardManager(sources, reward_cfg.timeout_s, reward_cfg.fallback_score)
+            sources.append(RewardSource(name, float(e.weight), scorer=scorer, chunk_size=e.micro_batch_size))
+    return RewardManager(sources, reward_cfg.timeout_s, fallback=fallback)
 
 
 # the names before the rename (tests, user code)

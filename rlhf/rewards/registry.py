@@ -35,6 +35,8 @@ __all__ = [
     "load_custom_reward_fn",
     "compute_scores",
     "call_reward_fn",
+    "score_samples",
+    "gsm8k_overrides",
     "ARITHMETIC_DATA_SOURCE",
 ]
 
@@ -127,6 +129,23 @@ def gsm8k_strict_reward(solution_str: str, ground_truth: Any) -> float:
     return gsm8k_compute_score(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0)
 
 
+GSM8K_DATA_SOURCES = ("openai/gsm8k", "gsm8k")
+
+
+def gsm8k_overrides(method: str = "strict", format_score: float = 0.0) -> Dict[str, RewardFn]:
+    """data_source -> GSM8K rule reward with config ``reward.gsm8k.{method,format_score}`` (strict: the number
+    after the first ``####``; flexible: the last number); {} for the registry's default (strict, 0.0)."""
+    method = str(getattr(method, "value", method))
+    if (method, float(format_score)) == ("strict", 0.0):
+        return {}
+
+    def gsm8k_reward(solution_str: str, ground_truth: Any) -> float:
+        return gsm8k_compute_score(solution_str, ground_truth, method=method, format_score=float(format_score))
+
+    gsm8k_reward.__qualname__ = f"gsm8k_reward[{method}, format_score={format_score}]"
+    return {ds: gsm8k_reward for ds in GSM8K_DATA_SOURCES}
+
+
 # --------------------------------------------------------------------------- custom fn
 
 
@@ -136,12 +155,19 @@ def load_custom_reward_fn(path: str | os.PathLike, name: str = "compute_score") 
     The file is executed as a fresh module (registered in ``sys.modules`` under a private
     name so pickling/dataclasses inside it work). Relative paths resolve against the CWD.
 
+    ``object://reward/<n>`` is the in-process callable registered by rlhf.Trainer (rlhf.config.objects).
+
     Raises:
         FileNotFoundError: ``path`` does not exist (message names the resolved path).
         AttributeError: the file has no attribute ``name`` (message lists its public functions).
         TypeError: the attribute exists but is not callable.
         ImportError: the file failed to execute (the original error is chained).
+        KeyError: an ``object://`` URI that is not registered in this process.
     """
+    from rlhf.config.objects import get_object, is_object_ref
+
+    if is_object_ref(path):
+        return get_object(path)
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(
@@ -207,8 +233,8 @@ def call_reward_fn(
     """Call ``fn`` with the keyword arguments it accepts and coerce the result to float.
 
     Raises:
-        TypeError: the fn returned something that is not a number or a dict with ``"score"``.
-        ValueError: the fn returned NaN.
+        TypeError: the fn returned something that is not a number or a dict with ``"score"`` (None included).
+        ValueError: the fn returned NaN or +-inf (one such reward turns a whole group's advantages into NaN).
         Any exception raised by ``fn`` itself.
     """
     all_kwargs = dict(data_source=data_source, solution_str=solution_str, ground_truth=ground_truth, extra_info=extra_info)
@@ -225,8 +251,8 @@ def call_reward_fn(
         val = float(out)
     else:
         raise TypeError(f"reward fn {_fn_name(fn)} returned {type(out).__name__} {out!r}; expected a number.")
-    if math.isnan(val):
-        raise ValueError(f"reward fn {_fn_name(fn)} returned NaN.")
+    if not math.isfinite(val):
+        raise ValueError(f"reward fn {_fn_name(fn)} returned {val}; rewards must be finite.")
     return val
 
 
@@ -253,7 +279,7 @@ def compute_scores(
             samples run on daemon worker threads and a fn still running after ``timeout_s``
             is abandoned (see :mod:`rlhf.rewards.timeout`).
         fallback_score: score given to a sample whose fn raised, timed out, or returned a
-            non-number / NaN.
+            non-number / NaN / +-inf.
         reward_fn: optional function used for every sample instead of the registry
             (e.g. from :func:`load_custom_reward_fn`).
         max_workers: number of worker threads when ``timeout_s`` is set.
@@ -266,6 +292,25 @@ def compute_scores(
         ValueError: the sequences have different lengths, or ``timeout_s <= 0``.
         KeyError: a ``data_source`` has no registered reward fn (and no ``reward_fn`` given).
     """
+    scores, failed = score_samples(data_sources, responses, ground_truths, extra_infos, timeout_s, reward_fn,
+                                   max_workers)
+    return [float(fallback_score) if f else s for s, f in zip(scores, failed)], sum(failed)
+
+
+def score_samples(
+    data_sources: Sequence[str],
+    responses: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Optional[Sequence[Optional[dict]]] = None,
+    timeout_s: Optional[float] = None,
+    reward_fn: Optional[RewardFn] = None,
+    max_workers: int = 8,
+    overrides: Optional[Dict[str, RewardFn]] = None,
+) -> Tuple[List[float], List[bool]]:
+    """:func:`compute_scores` without the fallback: ``(scores, failed)``, (B,) each; ``failed[i]`` when sample
+    i's fn raised, timed out, or returned a non-number / NaN / +-inf (its score is then NaN).  `overrides`
+    (data_source -> fn) take precedence over the registry.  Same arguments and errors as
+    :func:`compute_scores`."""
     n = len(responses)
     if len(data_sources) != n or len(ground_truths) != n or (extra_infos is not None and len(extra_infos) != n):
         raise ValueError(
@@ -275,41 +320,39 @@ def compute_scores(
         )
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"compute_scores: timeout_s={timeout_s!r} must be > 0 (or None for no limit).")
-    fns = [reward_fn] * n if reward_fn is not None else [get_reward_fn(ds) for ds in data_sources]
+    overrides = overrides or {}
+    fns = [reward_fn] * n if reward_fn is not None else [overrides.get(ds) or get_reward_fn(ds) for ds in data_sources]
     infos = list(extra_infos) if extra_infos is not None else [None] * n
 
     def run(i: int) -> float:
         return call_reward_fn(fns[i], data_sources[i], responses[i], ground_truths[i], infos[i])
 
-    scores: List[float] = [float(fallback_score)] * n
-    num_fallbacks = 0
+    scores: List[float] = [math.nan] * n
+    failed = [True] * n
     if n == 0:
-        return scores, 0
+        return scores, failed
     if timeout_s is None:
         for i in range(n):
             try:
-                scores[i] = run(i)
+                scores[i], failed[i] = run(i), False
             except Exception as e:  # noqa: BLE001
-                num_fallbacks += 1
                 _log_failure(i, data_sources[i], fns[i], e)
-        return scores, num_fallbacks
+        return scores, failed
 
     results, timed_out = run_with_timeouts(run, n, float(timeout_s), max_workers)
     for i in range(n):
         if i in timed_out:
-            num_fallbacks += 1
             logger.warning(
-                "reward fn %s timed out after %.3gs on sample %d (data_source=%r); using fallback_score=%s",
-                _fn_name(fns[i]), timeout_s, i, data_sources[i], fallback_score,
+                "reward fn %s timed out after %.3gs on sample %d (data_source=%r); using the fallback",
+                _fn_name(fns[i]), timeout_s, i, data_sources[i],
             )
             continue
         ok, val = results[i]
         if ok:
-            scores[i] = val
+            scores[i], failed[i] = val, False
         else:
-            num_fallbacks += 1
             _log_failure(i, data_sources[i], fns[i], val)
-    return scores, num_fallbacks
+    return scores, failed
 
 
 def _log_failure(i: int, data_source: str, fn: RewardFn, err: BaseException) -> None:

@@ -12,14 +12,18 @@ one per device) runs the same code: megatron work is SPMD, rank 0 alone logs and
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import torch.distributed as dist
 
+from rlhf import faults
 from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+from rlhf.mcore.step_guard import SkippedStepsError
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
 
-from .checkpoint import checkpoint_root, latest_checkpoint
+from .alerts import Alerts
+from .checkpoint import check_model, checkpoint_root, latest_checkpoint, model_summary, read_model_summary
 from .checkpoint import load_checkpoint as load_checkpoint_dir
 from .checkpoint import save_checkpoint as save_checkpoint_dir
 from .metrics import add_step_timing
@@ -38,7 +42,8 @@ def _due(freq: int, step: int, total: int) -> bool:
 class BaseTrainer:
     """Distributed state, model path, tokenizer and HF config, metrics tracker; the fit loop.
 
-    Attributes set here: cfg, model_path, tokenizer, hf_config, tracker, start_step (0 until resumed).
+    Attributes set here: cfg, model_path, tokenizer, hf_config, tracker, alerts (``trainer.alerts`` and the
+    safeguard event lines, rlhf.trainer.alerts), start_step (0 until resumed).
     """
 
     progress_desc = "train"
@@ -59,8 +64,10 @@ class BaseTrainer:
         self.model_path = resolve_model_path(cfg)
         self.tokenizer = load_tokenizer(cfg, self.model_path)
         self.hf_config = load_hf_config(self.model_path)
-        self.tracker = Tracking(os.path.join(out_dir, "tensorboard"), backends=list(cfg.trainer.logger),
-                                enabled=dist.get_rank() == 0)
+        self.resume_path = self.resume_checkpoint()  # a checkpoint of another model is refused here, before any build
+        self.tracker = None  # created by fit(): a run that fails to start leaves no TensorBoard file
+        self.alerts = Alerts(cfg.trainer.alerts, {r: cfg[r].optim for r in ("actor", "critic")},
+                             echo=dist.get_rank() == 0)
 
     # ---- what a trainer implements -------------------------------------------------------------
     def check_layout(self) -> None:
@@ -80,15 +87,17 @@ class BaseTrainer:
 
     def trainer_state(self) -> dict:
         """Picklable state saved by rank 0 next to the models."""
-        return {"train_loader": self.train_loader.state_dict()}
+        return {"train_loader": self.train_loader.state_dict(), "alerts": self.alerts.state_dict()}
 
     def load_trainer_state(self, state: dict) -> None:
         """Restore :meth:`trainer_state` (models are already loaded)."""
         self.train_loader.load_state_dict(state["train_loader"])
+        self.alerts.load_state_dict(state.get("alerts"))
 
     def close(self) -> None:
         """Release what the trainer holds (called once by :meth:`fit`, also on errors)."""
-        self.tracker.close()
+        if self.tracker is not None:
+            self.tracker.close()
 
     # ---- the loop --------------------------------------------------------------------------------
     def steps_for(self, loader) -> int:
@@ -110,6 +119,7 @@ class BaseTrainer:
         returns the last step's metrics (the validation metrics when no step ran)."""
         t, last = self.cfg.trainer, {}
         try:
+            self.tracker = Tracking.from_config(self.cfg, enabled=dist.get_rank() == 0)
             self.load_checkpoint()
             if t.val_before_train and self.start_step == 0:
                 last = self.validate()
@@ -118,11 +128,14 @@ class BaseTrainer:
             for step in range(self.start_step + 1, self.total_steps + 1):
                 if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
                     os._exit(17)
+                faults.maybe_fail("step_start", step=step)
                 t0 = time.perf_counter()
-                metrics = self.train_step(step)
+                metrics = self.run_step(step)
                 add_step_timing(metrics, time.perf_counter() - t0, metrics.pop("_tokens"), dist.get_world_size())
                 if _due(t.test_freq, step, self.total_steps):
                     metrics.update(self.validate())
+                self.alerts.check(metrics, step)
+                metrics.update(self.alerts.metrics())
                 self.tracker.log(metrics, step)
                 last = metrics
                 if _due(t.save_freq, step, self.total_steps):
@@ -140,6 +153,16 @@ class BaseTrainer:
             self.close()
         return last
 
+    def run_step(self, step: int) -> dict:
+        """:meth:`train_step`; a SkippedStepsError (too many inf/NaN gradient steps in a row) is reported on one
+        line (rank 0, stderr) with the step, then raised: the run ends non-zero."""
+        try:
+            return self.train_step(step)
+        except SkippedStepsError as e:
+            if dist.get_rank() == 0:
+                print(f"ERROR step {step}: training stopped: {e}", file=sys.stderr, flush=True)
+            raise
+
     def _progress_bar(self):
         if dist.get_rank() != 0 or not self.cfg.trainer.progress_bar:
             return None
@@ -151,18 +174,21 @@ class BaseTrainer:
     def save_checkpoint(self, step: int) -> str:
         """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint)."""
         t = self.cfg.trainer
-        return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(),
-                                   self.trainer_state(), t.max_ckpt_to_keep)
+        state = dict(self.trainer_state(), model=model_summary(self.hf_config))
+        return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(), state,
+                                   t.max_ckpt_to_keep, slim=t.slim_checkpoint)
 
-    def load_checkpoint(self) -> None:
-        """Collective. Resume per ``trainer.resume_mode``: auto (the latest checkpoint, if any), resume_path
-        (``trainer.resume_from_path``), disable.  Sets ``start_step``.
+    def resume_checkpoint(self) -> str | None:
+        """The checkpoint ``trainer.resume_mode`` resumes from: auto (the latest complete one, if any),
+        resume_path (``trainer.resume_from_path``), disable (None).  Checks that it was saved for this model
+        (config.json's shapes) without reading any tensor.
 
-        Raises ValueError for resume_path without a path; FileNotFoundError for an incomplete checkpoint.
+        Raises ValueError for resume_path without a path or a checkpoint of another model; FileNotFoundError
+        for a resume_from_path that is not a complete checkpoint.
         """
         t = self.cfg.trainer
         if t.resume_mode == "disable":
-            return
+            return None
         if t.resume_mode == "resume_path":
             if not t.resume_from_path:
                 raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
@@ -170,8 +196,19 @@ class BaseTrainer:
         else:
             path = latest_checkpoint(checkpoint_root(t.default_local_dir))
             if path is None:
-                return
-        state = load_checkpoint_dir(path, self.checkpoint_roles())
+                return None
+        check_model(path, read_model_summary(path), model_summary(self.hf_config))
+        return path
+
+    def load_checkpoint(self) -> None:
+        """Collective. Load :attr:`resume_path` (see :meth:`resume_checkpoint`), if any; sets ``start_step``.
+
+        Raises FileNotFoundError for an incomplete checkpoint.
+        """
+        path = self.resume_path
+        if path is None:
+            return
+        state = load_checkpoint_dir(path, self.checkpoint_roles(), model=model_summary(self.hf_config))
         self.load_trainer_state(state)
         self.start_step = int(state["step"])
         if dist.get_rank() == 0:

@@ -4,14 +4,19 @@ Layout under `<default_local_dir>/checkpoints/`::
 
     global_step_<k>/actor/        dist_checkpointing: actor model + optimizer (any TP/PP layout)
     global_step_<k>/critic/       same for the critic (when there is one)
-    global_step_<k>/trainer_state.pt   step, LR schedulers, KL controller, dataloader position
+    global_step_<k>/trainer_state.pt   step, LR schedulers, KL controller, dataloader position, model summary
     global_step_<k>/rng/rank_<r>.pt    python / numpy / torch RNG states of every rank
-    latest_checkpointed_iteration.txt  written last (tmp + rename), like verl's tracker
+    latest_checkpointed_iteration.txt  written last (tmp + fsync + rename), like verl's tracker
 
 A checkpoint is written into `global_step_<k>.tmp/` and renamed when every rank has finished,
 then the tracker file is replaced: a crash at any point leaves either the previous complete
-checkpoint or the new one, never one that looks complete but is not. Stale `.tmp` folders are
-removed on the next save.
+checkpoint or the new one, never one that looks complete but is not.  A folder is only ever
+deleted under another name (`global_step_<k>.deleting/`: an older checkpoint past
+`max_ckpt_to_keep`, or one being replaced), so a `global_step_<k>` folder is always complete.
+Stale `.tmp` / `.deleting` folders are removed on the next save.
+
+Slim checkpoints (``trainer.slim_checkpoint``, default true) keep only what resuming needs
+(rlhf.mcore.dist_checkpoint.save_sharded); full ones also hold recomputable copies.  Either loads.
 """
 from __future__ import annotations
 
@@ -25,9 +30,19 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from rlhf import faults
 from rlhf.mcore.dist_checkpoint import load_sharded, save_sharded
 
 TRACKER = "latest_checkpointed_iteration.txt"
+STALE_SUFFIXES = (".tmp", ".deleting")
+# config.json fields that must match between a checkpoint and the model it is loaded into
+MODEL_SUMMARY_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings")
+
+
+def model_summary(hf_config) -> dict:
+    """The fields of an HF config that fix the checkpoint's tensors (MODEL_SUMMARY_KEYS), as builtins."""
+    return {k: to_builtins(getattr(hf_config, k, None)) for k in MODEL_SUMMARY_KEYS}
 
 
 def to_builtins(x):
@@ -71,50 +86,96 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(root: str, step: int, roles: dict, trainer_state: dict, max_to_keep: int | None) -> str:
-    """Collective. `roles` maps a name ("actor", "critic") to a TrainState. Returns the final path."""
+def _delete(path: str) -> None:
+    """Remove a checkpoint folder: renamed first (atomic), so a crash never leaves a partial global_step_<k>."""
+    if os.path.exists(path):
+        doomed = path + ".deleting"
+        shutil.rmtree(doomed, ignore_errors=True)
+        os.replace(path, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _write_tracker(root: str, step: int) -> None:
+    tmp = os.path.join(root, TRACKER + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(str(step))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(root, TRACKER))
+
+
+def save_checkpoint(root: str, step: int, roles: dict, trainer_state: dict, max_to_keep: int | None,
+                    slim: bool = True) -> str:
+    """Collective. `roles` maps a name ("actor", "critic") to a TrainState; `slim` see the module docstring.
+    Returns the final path."""
     rank = dist.get_rank()
     final = os.path.join(root, f"global_step_{step}")
     tmp = final + ".tmp"
     if rank == 0:
         os.makedirs(root, exist_ok=True)
         for name in os.listdir(root):
-            if name.endswith(".tmp"):
+            if name.endswith(STALE_SUFFIXES):
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
     dist.barrier()
     for name, state in roles.items():
         save_sharded(os.path.join(tmp, name), state.model, state.optimizer,
-                     common={"scheduler": to_builtins(state.scheduler.state_dict())})
+                     common={"scheduler": to_builtins(state.scheduler.state_dict())}, slim=slim)
     torch.save(_rng_state(), os.path.join(tmp, "rng", f"rank_{rank}.pt"))
     if rank == 0:
         torch.save(dict(trainer_state, step=step), os.path.join(tmp, "trainer_state.pt"))
     dist.barrier()
     if rank == 0:
-        if os.path.exists(final):
-            shutil.rmtree(final)
+        faults.maybe_fail("ckpt_before_rename", step=step)
+        _delete(final)  # a leftover of a run that died after its rename, before its tracker update
         os.replace(tmp, final)
-        with open(os.path.join(root, TRACKER + ".tmp"), "w") as f:
-            f.write(str(step))
-        os.replace(os.path.join(root, TRACKER + ".tmp"), os.path.join(root, TRACKER))
+        faults.maybe_fail("ckpt_before_tracker", step=step)
+        _write_tracker(root, step)
         if max_to_keep:
             steps = sorted(int(m.group(1)) for n in os.listdir(root) if (m := re.fullmatch(r"global_step_(\d+)", n)))
             for old in steps[:-max_to_keep]:
-                shutil.rmtree(os.path.join(root, f"global_step_{old}"), ignore_errors=True)
+                _delete(os.path.join(root, f"global_step_{old}"))
     dist.barrier()
     return final
 
 
-def load_checkpoint(path: str, roles: dict) -> dict:
+def check_model(path: str, saved: dict | None, expected: dict | None) -> None:
+    """Raise ValueError when the checkpoint at `path` was saved for another model (model_summary differs)."""
+    if not saved or not expected:
+        return
+    diff = {k: (saved.get(k), expected.get(k)) for k in expected if saved.get(k) != expected.get(k)}
+    if diff:
+        shown = ", ".join(f"{k}: checkpoint {a!r} vs model {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(f"checkpoint {path!r} was saved for another model ({shown}). Resume it with the model it "
+                         "was trained from (model.path), or start fresh: another trainer.default_local_dir, or "
+                         "trainer.resume_mode=disable.")
+
+
+def read_model_summary(path: str) -> dict | None:
+    """The model summary saved in the checkpoint at `path` (None for a checkpoint from before it was saved).
+    Raises FileNotFoundError when `path` has no trainer_state.pt (not a complete checkpoint)."""
+    state_file = os.path.join(path, "trainer_state.pt")
+    if not os.path.exists(state_file):
+        raise FileNotFoundError(f"{state_file} is missing; {path!r} is not a complete checkpoint")
+    return torch.load(state_file, weights_only=False).get("model")
+
+
+def load_checkpoint(path: str, roles: dict, model: dict | None = None) -> dict:
     """Collective. Restores every role's model/optimizer/scheduler and this rank's RNG; returns the
-    trainer state saved by rank 0. Raises FileNotFoundError naming a missing part."""
+    trainer state saved by rank 0.  `model` (model_summary of the model being trained) is checked against
+    the checkpoint's before any tensor is read.
+
+    Raises FileNotFoundError naming a missing part; ValueError for a checkpoint of another model.
+    """
+    state_file = os.path.join(path, "trainer_state.pt")
+    if not os.path.exists(state_file):
+        raise FileNotFoundError(f"{state_file} is missing; {path!r} is not a complete checkpoint")
+    trainer_state = torch.load(state_file, weights_only=False)
+    check_model(path, trainer_state.get("model"), model)
     for name, state in roles.items():
         common = load_sharded(os.path.join(path, name), state.model, state.optimizer)
         state.scheduler.load_state_dict(common["scheduler"])
     rng_file = os.path.join(path, "rng", f"rank_{dist.get_rank()}.pt")
     if os.path.exists(rng_file):  # absent when resuming with a different world size
         _set_rng_state(torch.load(rng_file, weights_only=False))
-    state_file = os.path.join(path, "trainer_state.pt")
-    if not os.path.exists(state_file):
-        raise FileNotFoundError(f"{state_file} is missing; the checkpoint is incomplete")
-    return torch.load(state_file, weights_only=False)
+    return trainer_state

@@ -8,8 +8,10 @@ task: the correct worked answer is chosen, a wrong one rejected; ``embedded://ar
 same under DPO).  The actor is the same megatron model, optimizer (``actor.optim``), checkpoints and
 TensorBoard as in PPO; the frozen reference is the initial model.  Each step takes
 ``data.train_batch_size`` pairs, one optimizer step per ``actor.ppo_mini_batch_size`` pairs, with
-micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences (whole pairs).  Sequence log-probs
-are summed over the response tokens.  No rollout engine is started.
+micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences (whole pairs); the loss is the mean
+over the mini batch's pairs however they are split into micro batches and data-parallel ranks
+(rlhf.workers.losses.DPOLoss).  Sequence log-probs are summed over the response tokens (IPO averages
+them per token with the response lengths).  No rollout engine is started.
 
 Metrics: dpo/loss, dpo/accuracy (implicit reward of chosen > rejected), dpo/margin,
 dpo/chosen_rewards, dpo/rejected_rewards, actor/grad_norm; validation: val/preference_accuracy
@@ -21,7 +23,7 @@ import torch
 
 from rlhf.data.loader import StatefulPromptLoader
 from rlhf.data.preference import encode_preference_pairs, load_preference_dataset
-from rlhf.workers.batch import build_pair_batch, dp_info
+from rlhf.workers.batch import build_pair_batch, check_micro_batch_layout, dp_info, pipeline_micro_batch_multiple
 from rlhf.workers.build import build_actor, build_reference
 from rlhf.workers.losses import DPOLoss, dpo_loss_and_metrics
 
@@ -49,6 +51,8 @@ class DPOTrainer(BaseTrainer):
                 raise ValueError(f"DPO: {key}={v} pairs must be a multiple of the data-parallel size {dp}")
         if cfg.data.train_batch_size % cfg.actor.ppo_mini_batch_size:
             raise ValueError("DPO: actor.ppo_mini_batch_size must divide data.train_batch_size")
+        check_micro_batch_layout({"actor.ppo_mini_batch_size pairs x 2": 2 * cfg.actor.ppo_mini_batch_size}, dp,
+                                 pipeline_micro_batch_multiple(), group=2)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -66,7 +70,7 @@ class DPOTrainer(BaseTrainer):
 
     def _pairs(self, split: str, max_samples) -> list[dict]:
         d = self.cfg.data
-        rows = load_preference_dataset(self.data_files(split), max_samples)
+        rows = load_preference_dataset(self.data_files(split), max_samples, split=split)
         return encode_preference_pairs(self.tokenizer, rows, d.max_prompt_length, d.max_response_length)
 
     def _batch(self, pairs) -> dict:

@@ -1,4 +1,5 @@
-"""Step metrics, with verl's names: timers, the rollout batch's data metrics, throughput."""
+"""Step metrics, with verl's names: timers (and GPU memory per phase), the rollout batch's data metrics and
+distributions, throughput; validation metrics per data source (rlhf.trainer.val_metrics)."""
 from __future__ import annotations
 
 import time
@@ -8,15 +9,27 @@ import torch
 
 from rlhf import algorithms as algos
 
-__all__ = ["timer", "compute_data_metrics", "add_step_timing"]
+from .tracking import Histogram
+
+__all__ = ["timer", "compute_data_metrics", "rollout_metrics", "add_step_timing"]
+
+_GB = float(1 << 30)
 
 
 @contextmanager
 def timer(metrics: dict, name: str):
-    """Time the block into ``metrics["timing/<name>"]`` (seconds)."""
+    """Time the block into ``metrics["timing/<name>"]`` (seconds).  On GPU also the trainer process's peak
+    memory during the block, ``memory/<name>/max_allocated_gb`` and ``memory/<name>/max_reserved_gb`` (GiB,
+    torch.cuda.max_memory_allocated / max_memory_reserved after a peak reset); nothing on CPU."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
     yield
     metrics[f"timing/{name}"] = time.perf_counter() - start
+    if cuda:
+        metrics[f"memory/{name}/max_allocated_gb"] = torch.cuda.max_memory_allocated() / _GB
+        metrics[f"memory/{name}/max_reserved_gb"] = torch.cuda.max_memory_reserved() / _GB
 
 
 def compute_data_metrics(batch: dict, scores, max_response_length: int) -> dict:
@@ -48,6 +61,17 @@ def compute_data_metrics(batch: dict, scores, max_response_length: int) -> dict:
     if "values" in batch:
         m["critic/values/mean"] = algos.masked_mean(batch["values"], mask).item()
     return m
+
+
+def rollout_metrics(batch: dict, scores, gen_seconds: float) -> dict:
+    """Distributions of one rollout batch ([N, R] ``response_mask``, N raw `scores`) and the generation speed:
+    ``critic/score/hist`` and ``response_length/hist`` (Histograms of the N scores / response lengths in
+    tokens), ``perf/rollout_tokens_per_s`` (response tokens generated / `gen_seconds`, the generate phase
+    including the reward)."""
+    lengths = batch["response_mask"].sum(1).float()
+    return {"critic/score/hist": Histogram([float(x) for x in scores]),
+            "response_length/hist": Histogram(lengths.tolist()),
+            "perf/rollout_tokens_per_s": float(lengths.sum()) / max(gen_seconds, 1e-9)}
 
 
 def add_step_timing(metrics: dict, seconds: float, tokens: float, world_size: int) -> dict:

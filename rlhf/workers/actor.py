@@ -29,7 +29,8 @@ class MegatronActor(MegatronWorker):
     def update_policy(self, batch: dict, loss, *, step: int, epochs: int | None = None) -> dict:
         """Update the actor on `batch` with `loss` (rlhf.workers.losses: PPOPolicyLoss, DPOLoss):
         `epochs` (default ``actor.ppo_epochs``) passes, one optimizer step per ``actor.ppo_mini_batch_size``
-        prompts, micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences.  Returns the loss's
+        prompts, micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences; the loss's
+        ``global_info`` gives it the whole mini batch's counts (split-invariant losses).  Returns the loss's
         metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps),
         actor/num_skipped_steps, actor/num_breaker_events (rlhf.workers.worker.step_metrics) and actor/lr."""
         cfg, P = self.cfg, batch["prompt_length"]
@@ -38,8 +39,8 @@ class MegatronActor(MegatronWorker):
             mini_batch_size=cfg.ppo_mini_batch_size,
             micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
             epochs=cfg.ppo_epochs if epochs is None else epochs, step=step, micro_group=loss.micro_group,
-            kind="log_probs", vocab_size=self.vocab_size, temperature=self.temperature,
-            calculate_entropy=loss.needs_entropy)
+            global_info=getattr(loss, "global_info", None), kind="log_probs", vocab_size=self.vocab_size,
+            temperature=self.temperature, calculate_entropy=loss.needs_entropy)
         metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}
         metrics["actor/lr"] = float(self.state.optimizer.param_groups[0]["lr"])
         return metrics

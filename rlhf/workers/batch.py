@@ -9,6 +9,11 @@ Layout of one batch of N sequences (prompts x n), P = longest prompt, R = max_re
     response_mask  [N, R]      1 on response tokens (the stop token included)
     prompt_length  int         P
     n              int         sequences per prompt (rollout.n; 2 for DPO pairs): mini batches count prompts
+    truncated      [N] bool    rollout batches: the engine stopped at max_response_length (finish reason
+                               "length"), for ``algorithm.overlong_filter``
+
+A PPO batch also carries ``loss_mask`` [N, R] (rlhf.trainer.advantage): the response mask without the
+samples left out of the loss (unscorable rewards, overlong-filtered responses).
 
 Padding itself is :func:`rlhf.data.collate.pad_sequences` (the project's one padding helper).
 """
@@ -24,7 +29,8 @@ from rlhf.data.collate import pad_sequences, position_ids_from_mask
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 __all__ = ["MODEL_KEYS", "build_batch", "build_rollout_batch", "build_pair_batch", "outcome_token_scores",
-           "dp_info", "dp_slice", "dp_all_gather", "mini_batches", "micro_batch_size"]
+           "dp_info", "dp_slice", "dp_all_gather", "mini_batch_indices", "mini_batches", "micro_batch_size",
+           "pipeline_micro_batch_multiple", "check_micro_batch_layout"]
 
 
 def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int,
@@ -55,9 +61,13 @@ def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[i
 
 def build_rollout_batch(samples, pad_token_id: int, max_response_length: int) -> dict:
     """Pad a list of RolloutSample into the layout above plus `rollout_log_probs` [N, R] (the
-    engine's sampling log-probs).  Raises ValueError when a response is longer than max_response_length."""
-    return build_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_token_id,
-                       max_response_length, [s.response_log_probs for s in samples])
+    engine's sampling log-probs) and `truncated` [N] bool (``finish_reason == "length"``: cut at
+    max_response_length without a stop token).  Raises ValueError when a response is longer than
+    max_response_length."""
+    batch = build_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_token_id,
+                        max_response_length, [s.response_log_probs for s in samples])
+    batch["truncated"] = torch.tensor([s.finish_reason == "length" for s in samples], dtype=torch.bool)
+    return batch
 
 
 def build_pair_batch(pairs: Sequence[dict], pad_token_id: int, max_response_length: int) -> dict:
@@ -106,23 +116,66 @@ def dp_all_gather(t: torch.Tensor, group, dp_size: int) -> torch.Tensor:
     return torch.cat(parts, 0)
 
 
+def mini_batch_indices(num_rows: int, n_mini: int, seed: int | None) -> tuple:
+    """Row indices of `n_mini` mini batches: `torch.chunk` of the row order (in order, or a permutation
+    seeded by `seed`)."""
+    order = torch.arange(num_rows)
+    if seed is not None:
+        order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed))
+    return order.chunk(n_mini)
+
+
 def mini_batches(batch: dict, keys: Sequence[str], n_mini: int, seed: int | None, dp_rank: int,
                  dp_size: int) -> Iterator[dict]:
-    """`n_mini` mini batches of the batch's rows (`torch.chunk` of the row order: in order, or a
-    permutation seeded by `seed`), each reduced to `keys` and to this data-parallel rank's slice."""
-    N = batch["input_ids"].shape[0]
-    order = torch.arange(N)
-    if seed is not None:
-        order = torch.randperm(N, generator=torch.Generator().manual_seed(seed))
-    for idx in order.chunk(n_mini):
+    """`n_mini` mini batches of the batch's rows (:func:`mini_batch_indices`), each reduced to `keys` and
+    to this data-parallel rank's slice."""
+    for idx in mini_batch_indices(batch["input_ids"].shape[0], n_mini, seed):
         yield {k: dp_slice(batch[k][idx], dp_rank, dp_size) for k in keys}
 
 
-def micro_batch_size(n_local: int, requested: int, group: int = 1) -> int:
+def micro_batch_size(n_local: int, requested: int, group: int = 1, multiple_of: int = 1) -> int:
     """The largest micro batch <= `requested` sequences that divides `n_local` and holds whole groups
-    of `group` consecutive rows (2: a DPO pair never straddles two micro batches); at least one group."""
+    of `group` consecutive rows (2: a DPO pair never straddles two micro batches); at least one group.
+    With `multiple_of` > 1 (megatron's interleaved pipeline schedule: the pipeline size under virtual
+    pipeline stages) the number of micro batches is also a multiple of it, the micro batch possibly
+    smaller than `requested`.
+
+    Raises ValueError when `n_local / group` is not a multiple of `multiple_of` (no split fits).
+    """
     units = n_local // group
-    mbs = max(1, min(max(1, requested // group), units))
-    while units % mbs:
+    if units % multiple_of:
+        raise ValueError(f"{n_local} sequences per data-parallel rank (groups of {group}) cannot be cut into a "
+                         f"multiple of {multiple_of} micro batches, which the interleaved (virtual) pipeline "
+                         f"schedule needs; make the rows per rank a multiple of {multiple_of * group} "
+                         f"(see check_micro_batch_layout) or unset parallel.virtual_pipeline_model_parallel_size")
+    mbs = max(1, min(max(1, requested // group), units // multiple_of))
+    while units % mbs or (units // mbs) % multiple_of:
         mbs -= 1
     return mbs * group
+
+
+def pipeline_micro_batch_multiple() -> int:
+    """What the number of micro batches must be a multiple of on this rank: the pipeline size under
+    virtual pipeline stages (megatron's interleaved schedule groups micro batches by PP), else 1."""
+    from megatron.core import parallel_state as ps
+
+    vpp = ps.get_virtual_pipeline_model_parallel_world_size()
+    return ps.get_pipeline_model_parallel_world_size() if vpp and vpp > 1 else 1
+
+
+def check_micro_batch_layout(rows: dict, dp_size: int, multiple: int, group: int = 1) -> None:
+    """Refuse, before anything is built, batch sizes the interleaved pipeline schedule cannot run: each
+    entry of `rows` ("<config key description>" -> sequences per step, over all data-parallel ranks) must
+    give a per-rank count that is a multiple of `multiple` x `group` (`multiple`: see
+    :func:`pipeline_micro_batch_multiple`).  Raises ValueError naming every bad entry and the fix."""
+    if multiple <= 1:
+        return
+    bad = [f"{what} = {n} sequences, {n // dp_size} per data-parallel rank" for what, n in rows.items()
+           if (n // dp_size) % (multiple * group)]
+    if bad:
+        raise ValueError(
+            "parallel.virtual_pipeline_model_parallel_size is set: megatron's interleaved pipeline schedule needs a "
+            f"number of micro batches that is a multiple of the pipeline size {multiple}, so every batch must hold a "
+            f"multiple of {multiple * group} sequences per data-parallel rank; not so for: " + "; ".join(bad)
+            + ". Change data.train_batch_size / ppo_mini_batch_size (x rollout.n) accordingly, or unset "
+            "parallel.virtual_pipeline_model_parallel_size.")

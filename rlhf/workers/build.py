@@ -14,19 +14,20 @@ from .actor import MegatronActor
 from .critic import MegatronCritic
 
 __all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "build_actor",
-           "build_reference", "build_critic"]
+           "build_reference", "build_critic", "resolve_reward_paths"]
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def resolve_model_path(cfg) -> str:
-    """Collective. ``model.path`` as a local directory: quickstart URIs through the quickstart hook
-    (rlhf.quickstart.resolve), a hub name downloaded by rank 0 (weights, configs, tokenizer) while the
-    other ranks wait, then read from the local hub cache by all."""
+def resolve_model_path(cfg, path: str | None = None) -> str:
+    """Collective. `path` (default ``model.path``; the critic's and reward models' take the same references)
+    as a local directory: quickstart URIs through the quickstart hook (rlhf.quickstart.resolve), a hub name
+    downloaded by rank 0 (weights, configs, tokenizer) while the other ranks wait, then read from the local
+    hub cache by all."""
     from rlhf.quickstart.resolve import resolve_model
 
-    path = resolve_model(cfg)
+    path = resolve_model(cfg, path)
     if not os.path.isdir(path):
         from huggingface_hub import snapshot_download
 
@@ -38,10 +39,15 @@ def resolve_model_path(cfg) -> str:
 
 
 def load_tokenizer(cfg, model_path: str):
-    """``model.tokenizer_path`` (default the model's); a tokenizer without a pad token pads with EOS."""
+    """``model.tokenizer_path`` (default the model's): an HF directory or hub name, or ``object://tokenizer/<n>``
+    (a tokenizer object given to rlhf.Trainer, rlhf.config.objects); a tokenizer without a pad token pads
+    with EOS."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+    from rlhf.config.objects import get_object, is_object_ref
+
+    ref = cfg.model.tokenizer_path
+    tokenizer = get_object(ref) if is_object_ref(ref) else AutoTokenizer.from_pretrained(ref or model_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -79,10 +85,24 @@ def build_reference(cfg, hf_config, model_path: str, *, temperature: float) -> M
     return MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
 
 
+def resolve_reward_paths(cfg):
+    """Collective. A copy of the ``reward`` section whose model sources' paths are local directories, resolved
+    like the actor's (:func:`resolve_model_path`: tiny://quickstart, hub names, local directories)."""
+    from omegaconf import OmegaConf
+
+    reward = OmegaConf.create(OmegaConf.to_container(cfg.reward, resolve=True))
+    for src in reward.sources:
+        if src.type == "model" and src.path:
+            src.path = resolve_model_path(cfg, src.path)
+    return reward
+
+
 def build_critic(cfg, model_path: str) -> MegatronCritic:
-    """Collective. The critic from ``model.critic_path`` (default the actor's weights; the value head is
-    freshly initialised), with its optimizer (``critic.optim``)."""
-    critic_path = cfg.model.critic_path or model_path
+    """Collective. The critic from ``model.critic_path`` (resolved like the actor's: HF directory, hub name,
+    tiny://quickstart; default the actor's weights; the value head is freshly initialised), with its optimizer
+    (``critic.optim``)."""
+    critic_path = resolve_model_path(cfg, cfg.model.critic_path) if cfg.model.critic_path else model_path
     bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path)
-    return MegatronCritic(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim)),
-                          cfg.critic, forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)
+    state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim), role="critic")
+    return MegatronCritic(bundle, state, cfg.critic,
+                          forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)

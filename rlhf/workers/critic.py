@@ -4,6 +4,7 @@ from __future__ import annotations
 from rlhf import algorithms as algos
 
 from .batch import MODEL_KEYS, dp_all_gather, dp_info, dp_slice
+from .losses import LOSS_MASK_KEY, split_scale
 from .worker import MegatronWorker, gather_metrics, step_metrics
 
 __all__ = ["MegatronCritic"]
@@ -29,21 +30,28 @@ class MegatronCritic(MegatronWorker):
 
     def update_critic(self, batch: dict, *, step: int) -> dict:
         """Clipped value loss (PPO2 / verl convention, ``cliprange_value``, ``loss_agg_mode``) against
-        ``returns``, with the actor's batching (``critic.ppo_epochs``, mini and micro batch sizes).
+        ``returns`` on the ``loss_mask`` tokens (the response mask when the batch has none), aggregated with
+        the whole mini batch's counts (invariant to micro batches and data parallelism, see
+        rlhf.workers.losses), with the actor's batching (``critic.ppo_epochs``, mini and micro batch sizes).
         Returns critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean and the step metrics
         (rlhf.workers.worker.step_metrics: critic/grad_norm, critic/num_skipped_steps, ...)."""
         cfg = self.cfg
         P, R = batch["prompt_length"], batch["responses"].shape[1]
+        mask_key = LOSS_MASK_KEY if LOSS_MASK_KEY in batch else "response_mask"
 
         def loss_fn(outs, mb):
+            info, n_micro = split_scale(mb)
+            mask = mb[mask_key]
             vpreds = outs["values"][:, P - 1:P - 1 + R]  # the value head at the token before each response token
-            vf_loss, vf_clipfrac = algos.compute_value_loss(vpreds, mb["returns"], mb["values"], mb["response_mask"],
-                                                            cfg.cliprange_value, cfg.loss_agg_mode)
-            return vf_loss, {"critic/vf_loss": vf_loss.detach(), "critic/vf_clipfrac": vf_clipfrac.detach(),
-                             "critic/vpred_mean": algos.masked_mean(vpreds, mb["response_mask"]).detach()}
+            vf_loss, vf_clipfrac = algos.compute_value_loss(vpreds, mb["returns"], mb["values"], mask,
+                                                            cfg.cliprange_value, cfg.loss_agg_mode, **info)
+            return vf_loss * n_micro, {"critic/vf_loss": vf_loss.detach() * n_micro,
+                                       "critic/vf_clipfrac": vf_clipfrac.detach(),
+                                       "critic/vpred_mean": algos.masked_mean(vpreds, mask).detach()}
 
         per_micro, steps = self.train_mini_batches(
-            batch, MODEL_KEYS + ("values", "returns", "response_mask"), loss_fn,
+            batch, MODEL_KEYS + tuple(dict.fromkeys(("values", "returns", "response_mask", mask_key))), loss_fn,
             mini_batch_size=cfg.ppo_mini_batch_size, micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
-            epochs=cfg.ppo_epochs, step=step, seed_offset=7, kind="values")
+            epochs=cfg.ppo_epochs, step=step, seed_offset=7,
+            global_info=lambda full, dp: algos.global_batch_info(full[mask_key], dp), kind="values")
         return {**gather_metrics(per_micro), **step_metrics("critic", steps)}

@@ -1,11 +1,20 @@
 """Policy losses plugged into :meth:`rlhf.workers.actor.MegatronActor.update_policy`.
 
-A loss is a callable ``loss(outputs, micro_batch, prompt_length) -> (loss scalar, metrics)`` with three
+A loss is a callable ``loss(outputs, micro_batch, prompt_length) -> (loss scalar, metrics)`` with four
 attributes the update loop reads: ``keys`` (batch keys it needs besides the model inputs),
-``needs_entropy`` (the forward computes per-token entropy) and ``micro_group`` (rows that must share a
-micro batch).  ``outputs["log_probs"]`` is [b, S] with S >= P + R (rlhf.mcore.forward pads S at the
-right under sequence parallelism); the response is columns [P, P + R) (:func:`response_part`),
-P = `prompt_length`, R = ``micro_batch["response_mask"].shape[1]``.
+``needs_entropy`` (the forward computes per-token entropy), ``micro_group`` (rows that must share a
+micro batch) and ``global_info(full_mini_batch, dp_size) -> dict`` (counts of the whole mini batch).
+``outputs["log_probs"]`` is [b, S] with S >= P + R (rlhf.mcore.forward pads S at the right under
+sequence parallelism); the response is columns [P, P + R) (:func:`response_part`), P = `prompt_length`,
+R = ``micro_batch["response_mask"].shape[1]``.
+
+Micro-batch and data-parallel invariance ("the x n_micro rule").  Each micro batch's loss is its
+share of the WHOLE mini batch's loss: sums over its tokens / sequences divided by the mini batch's
+counts (``micro_batch[GLOBAL_INFO_KEY]``, rlhf.algorithms.agg_loss) times ``dp_size`` (megatron's DDP
+averages gradients over data-parallel ranks) times ``num_micro_batches`` (megatron's schedule divides
+each micro batch loss by it).  The gradient of an optimizer step is then the gradient of the mini
+batch's loss in one piece, however it was cut; the loss metrics (averaged over micro batches and
+ranks by rlhf.workers.worker.gather_metrics) are the mini batch's loss.
 """
 from __future__ import annotations
 
@@ -13,7 +22,12 @@ import torch
 
 from rlhf import algorithms as algos
 
-__all__ = ["PPOPolicyLoss", "DPOLoss", "dpo_loss_and_metrics", "response_part"]
+from .worker import GLOBAL_INFO_KEY
+
+__all__ = ["PPOPolicyLoss", "DPOLoss", "dpo_loss_and_metrics", "response_part", "LOSS_MASK_KEY"]
+
+#: the PPO batch's loss mask [N, R]: the response mask without the samples left out of the loss
+LOSS_MASK_KEY = "loss_mask"
 
 
 def response_part(t: torch.Tensor, mb: dict, prompt_length: int) -> torch.Tensor:
@@ -21,50 +35,74 @@ def response_part(t: torch.Tensor, mb: dict, prompt_length: int) -> torch.Tensor
     return t[:, prompt_length:prompt_length + mb["response_mask"].shape[1]]
 
 
+def split_scale(mb: dict) -> tuple[dict, float]:
+    """(agg_loss keyword arguments, num_micro_batches) from the micro batch's GLOBAL_INFO_KEY entry; without
+    one (a call outside the update loop) the micro batch is the whole mini batch: ({}, 1)."""
+    info = dict(mb.get(GLOBAL_INFO_KEY) or {})
+    n_micro = info.pop("num_micro_batches", 1)
+    return info, n_micro
+
+
 class PPOPolicyLoss:
-    """Clipped policy loss (Schulman et al. 2017, eq. 7) with dual-clip (``clip_ratio_c``) and decoupled
-    clip (``clip_ratio_low/high``), aggregated by ``loss_agg_mode``, minus ``entropy_coeff`` x entropy,
-    plus ``kl_loss_coef`` x KL(actor || ref) (``kl_loss_type``) when ``use_kl_loss``.  `cfg` is the
-    config's ``actor`` section.  Metrics: actor/pg_loss, actor/entropy, actor/pg_clipfrac,
-    actor/ppo_kl, actor/pg_clipfrac_lower (+ actor/kl_loss)."""
+    """The policy loss ``actor.policy_loss.loss_mode`` from rlhf.algorithms' registry (verl's calling
+    convention: vanilla PPO clip with dual clip and decoupled ranges, gspo, sapo, gpg, cispo, geo_mean,
+    clip_cov, kl_cov; docs/algorithms.md) on the ``loss_mask`` tokens, aggregated by ``loss_agg_mode``
+    with the mini batch's counts, minus ``entropy_coeff`` x entropy, plus ``kl_loss_coef`` x
+    KL(actor || ref) (``kl_loss_type``) when ``use_kl_loss``.  `cfg` is the config's ``actor`` section.
+    Metrics: actor/pg_loss, actor/entropy and the loss function's (actor/pg_clipfrac, actor/ppo_kl,
+    actor/pg_clipfrac_lower, ...) (+ actor/kl_loss).
+
+    Raises ValueError at construction for an unknown loss mode (the registry's message lists them)."""
 
     needs_entropy = True
     micro_group = 1
 
     def __init__(self, cfg):
         self.cfg = cfg
-        self.keys = ("old_log_probs", "advantages", "response_mask") + (("ref_log_probs",) if cfg.use_kl_loss else ())
+        policy_loss = getattr(cfg, "policy_loss", None)
+        self.loss_mode = getattr(policy_loss, "loss_mode", None) or "vanilla"
+        self.policy_loss_fn = algos.get_policy_loss_fn(self.loss_mode)
+        self.keys = ("old_log_probs", "advantages", "response_mask", LOSS_MASK_KEY) + (
+            ("ref_log_probs",) if cfg.use_kl_loss else ())
+
+    @staticmethod
+    def global_info(full: dict, dp_size: int) -> dict:
+        """Token and sequence counts of the whole mini batch's loss mask (rlhf.algorithms.global_batch_info)."""
+        return algos.global_batch_info(full[LOSS_MASK_KEY], dp_size)
 
     def __call__(self, outs: dict, mb: dict, prompt_length: int):
-        cfg, P, mask = self.cfg, prompt_length, mb["response_mask"]
+        cfg, P, mask = self.cfg, prompt_length, mb[LOSS_MASK_KEY]
+        info, n_micro = split_scale(mb)
         log_prob, entropy = response_part(outs["log_probs"], mb, P), response_part(outs["entropy"], mb, P)
-        pg_loss, clipfrac, ppo_kl, clipfrac_lower = algos.compute_policy_loss(
-            old_log_prob=mb["old_log_probs"], log_prob=log_prob, advantages=mb["advantages"], response_mask=mask,
-            cliprange=cfg.clip_ratio, cliprange_low=cfg.clip_ratio_low, cliprange_high=cfg.clip_ratio_high,
-            clip_ratio_c=cfg.clip_ratio_c, loss_agg_mode=cfg.loss_agg_mode)
-        entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode)
+        config = algos.ConfigOverlay(cfg, global_batch_info=info)
+        pg_loss, pg_metrics = self.policy_loss_fn(mb["old_log_probs"], log_prob, mb["advantages"], mask,
+                                                  cfg.loss_agg_mode, config)
+        agg = dict(info, loss_scale_factor=getattr(cfg, "loss_scale_factor", None))
+        entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
-        metrics = {"actor/pg_loss": pg_loss.detach(), "actor/entropy": entropy_loss.detach(),
-                   "actor/pg_clipfrac": clipfrac.detach(), "actor/ppo_kl": ppo_kl.detach(),
-                   "actor/pg_clipfrac_lower": clipfrac_lower.detach()}
+        metrics = {"actor/pg_loss": pg_loss.detach() * n_micro, "actor/entropy": entropy_loss.detach() * n_micro,
+                   **pg_metrics}
         if cfg.use_kl_loss:
             kl = algos.kl_penalty(log_prob, mb["ref_log_probs"], cfg.kl_loss_type)
-            kl_loss = algos.agg_loss(kl, mask, cfg.loss_agg_mode)
+            kl_loss = algos.agg_loss(kl, mask, cfg.loss_agg_mode, **agg)
             loss = loss + cfg.kl_loss_coef * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.detach()
-        return loss, metrics
+            metrics["actor/kl_loss"] = kl_loss.detach() * n_micro
+        return loss * n_micro, metrics
 
 
 def dpo_loss_and_metrics(logps: torch.Tensor, ref_logps: torch.Tensor, lengths: torch.Tensor,
-                         dcfg) -> tuple[torch.Tensor, dict]:
+                         dcfg, dp_size: int = 1, global_batch_size: int | None = None) -> tuple[torch.Tensor, dict]:
     """DPO loss (rlhf.algorithms.compute_dpo_loss, Rafailov et al. 2023 eq. 7 and variants) of sequence
     log-probs [2B] laid out [chosen_1, rejected_1, ...] against the reference's [2B]; `lengths` [2B] are
     the response lengths in tokens (IPO averages per token); `dcfg` is ``algorithm.dpo`` (beta,
-    label_smoothing, loss_type).  Metrics: dpo/loss, dpo/accuracy (implicit reward of chosen >
-    rejected), dpo/margin, dpo/chosen_rewards, dpo/rejected_rewards."""
+    label_smoothing, loss_type); `dp_size` / `global_batch_size` (pairs of the whole mini batch): the
+    loss is sum / global_batch_size x dp_size (default: the mean over these B pairs).  Metrics:
+    dpo/loss (this call's loss), dpo/accuracy (implicit reward of chosen > rejected), dpo/margin,
+    dpo/chosen_rewards, dpo/rejected_rewards."""
     loss, chosen_r, rejected_r, _ = algos.compute_dpo_loss(
         logps[0::2], logps[1::2], ref_logps[0::2], ref_logps[1::2], dcfg.beta, dcfg.label_smoothing, dcfg.loss_type,
-        chosen_lengths=lengths[0::2], rejected_lengths=lengths[1::2])
+        chosen_lengths=lengths[0::2], rejected_lengths=lengths[1::2], dp_size=dp_size,
+        global_batch_size=global_batch_size)
     return loss, {"dpo/loss": loss.detach(), "dpo/accuracy": (chosen_r > rejected_r).float().mean(),
                   "dpo/margin": (chosen_r - rejected_r).mean(), "dpo/chosen_rewards": chosen_r.mean(),
                   "dpo/rejected_rewards": rejected_r.mean()}
@@ -72,7 +110,9 @@ def dpo_loss_and_metrics(logps: torch.Tensor, ref_logps: torch.Tensor, lengths: 
 
 class DPOLoss:
     """DPO on pair batches (rlhf.workers.batch.build_pair_batch): sequence log-probs are summed over the
-    response tokens; ``ref_logps`` [2B] are the frozen reference's.  `dcfg` is ``algorithm.dpo``."""
+    response tokens; ``ref_logps`` [2B] are the frozen reference's.  `dcfg` is ``algorithm.dpo``.  The
+    loss is the mean over the mini batch's pairs however they are cut into micro batches and ranks
+    (module docstring); the dpo/* metrics are means over pairs."""
 
     needs_entropy = False
     micro_group = 2  # a pair's chosen and rejected rows stay in one micro batch
@@ -81,6 +121,16 @@ class DPOLoss:
     def __init__(self, dcfg):
         self.dcfg = dcfg
 
+    @staticmethod
+    def global_info(full: dict, dp_size: int) -> dict:
+        """Pairs of the whole mini batch."""
+        return {"global_batch_size": full["response_mask"].shape[0] // 2}
+
     def __call__(self, outs: dict, mb: dict, prompt_length: int):
         logps = (response_part(outs["log_probs"], mb, prompt_length) * mb["response_mask"]).sum(1)
-        return dpo_loss_and_metrics(logps, mb["ref_logps"], mb["response_mask"].sum(1), self.dcfg)
+        info, n_micro = split_scale(mb)
+        loss, metrics = dpo_loss_and_metrics(logps, mb["ref_logps"], mb["response_mask"].sum(1), self.dcfg,
+                                             dp_size=info.get("dp_size", 1),
+                                             global_batch_size=info.get("global_batch_size"))
+        metrics["dpo/loss"] = loss.detach() * n_micro
+        return loss * n_micro, metrics

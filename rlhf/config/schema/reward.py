@@ -7,7 +7,8 @@ from typing import Optional
 from rlhf.config.choices import Gsm8kMethod
 from rlhf.config.schema.rules import Checked
 
-__all__ = ["CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig", "RewardConfig"]
+__all__ = ["CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
+           "RewardFallbackConfig", "RewardConfig"]
 
 
 @dataclass
@@ -48,12 +49,33 @@ class Gsm8kRewardConfig(Checked):
 
 
 @dataclass
+class RewardFallbackConfig(Checked):
+    """What a sample gets from a source that failed on it (rlhf/rewards/fallback.py): rule = the data source's
+    rule reward (else static); static = fallback_score + keyword_score x [any keyword in the response]
+    - length_penalty x characters past max_chars; constant = fallback_score."""
+    type: str = "rule"  # rule | static | constant
+    keywords: list[str] = field(default_factory=list)
+    keyword_score: float = 0.0
+    length_penalty: float = 0.0  # per character past max_chars
+    max_chars: Optional[int] = None  # null: no length penalty
+
+    def problems(self, at: str = "") -> list[str]:
+        out = [] if self.type in ("rule", "static", "constant") else [
+            f"{at}type={self.type!r}: use rule (the data source's rule reward), static or constant."]
+        out += [f"{at}{k}={getattr(self, k)!r} must be >= 0." for k in ("length_penalty", "max_chars")
+                if getattr(self, k) is not None and getattr(self, k) < 0]
+        return out
+
+
+@dataclass
 class RewardConfig(Checked):
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
-    timeout_s: Optional[float] = None
+    # a rule/custom source gets timeout_s per sample, a model source per micro batch; slower is a fallback
+    timeout_s: Optional[float] = 3.0
     fallback_score: float = 0.0
-    # true: a sample no source could score (a fallback) is left out of its group's baseline and of the loss
-    # (counted in reward/num_unscorable); false: it counts with fallback_score
+    fallback: RewardFallbackConfig = field(default_factory=RewardFallbackConfig)
+    # true: a sample no source (and no rule fallback) could score is left out of its group's baseline and of the
+    # loss (counted in reward/num_unscorable); false: it counts with its fallback score
     exclude_unscorable: bool = True
     # empty: the rule reward of each data_source (or custom_reward_function when set)
     sources: list[RewardSourceConfig] = field(default_factory=list)

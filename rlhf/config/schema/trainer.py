@@ -7,7 +7,23 @@ from typing import Optional
 from rlhf.config.choices import LoggerBackend, ResumeMode
 from rlhf.config.schema.rules import Checked, ge, ge_or_null, steps_or_never
 
-__all__ = ["TrainerConfig"]
+__all__ = ["AlertConfig", "TrainerConfig"]
+
+
+@dataclass
+class AlertConfig(Checked):
+    """One entry of trainer.alerts (rlhf/trainer/alerts.py): a warning line with the step when `metric` is below
+    `below` or above `above` (or not finite)."""
+    metric: str = ""  # a step metric, e.g. actor/entropy, actor/kl, critic/score/mean
+    below: Optional[float] = None
+    above: Optional[float] = None
+
+    def problems(self, at: str = "") -> list[str]:
+        out = [] if self.metric else [f"{at}metric is empty; name a step metric, e.g. actor/entropy."]
+        if self.below is None and self.above is None:
+            out.append(f"{at}below and {at}above are both null: give one or both "
+                       "(e.g. {metric: actor/entropy, below: 0.05}).")
+        return out
 
 
 @dataclass
@@ -28,9 +44,15 @@ class TrainerConfig(Checked):
     resume_mode: ResumeMode = ResumeMode.auto
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = 2
+    # true: checkpoints hold what resuming needs only (no recomputable fp32 copy of fp32 weights, no frozen weights);
+    # false: full saves.  Either resumes bitwise.
+    slim_checkpoint: bool = True
     export_hf_at_end: bool = True
     seed: int = 1
     progress_bar: bool = True
+    # warning lines with the step when a metric crosses a threshold (rlhf/trainer/alerts.py), counted in
+    # alerts/num_fired: [{metric: actor/entropy, below: 0.05}, {metric: actor/kl, above: 1.0}]
+    alerts: list[AlertConfig] = field(default_factory=list)
     # the job's size (verl's keys): null = as launched (torchrun / Slurm); when set, `--cfg` checks the
     # data-parallel layout against n_gpus_per_node x nnodes and `rlhf launch` starts that many processes
     n_gpus_per_node: Optional[int] = None

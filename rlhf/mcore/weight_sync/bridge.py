@@ -100,9 +100,10 @@ class WeightBridge:
         spec: the HFModelSpec of the model.
         engines: the engines' handle on the controller, None elsewhere.
         transport: ``"tensor"`` (colocated) or ``"distributed"`` (disaggregated broadcast).
-        bucket_bytes: bucket size (default 512 MiB); a larger single tensor gets a bucket of its own.
+        bucket_bytes: memory of the bucket buffers (default 512 MiB; two buffers of half of it with ``overlap``);
+            a larger single tensor gets a bucket of its own.
         dtype: dtype sent; None = each weight's dtype in the engines' expected weights.
-        overlap: convert bucket k+1 in a thread while bucket k is delivered (2 buffers).
+        overlap: two buffers: bucket k+1 is written while the engines load bucket k (default); False: one.
         name_map: hook mapping extra megatron names (e.g. persistent buffers) to HF tensors.
         check: None, ``"sample"`` (first and last layer and all non-layer tensors) or ``"all"``: read sent
             tensors back (check.py); a mismatch raises WeightBridgeError.
@@ -118,7 +119,7 @@ class WeightBridge:
     """
 
     def __init__(self, model_chunks, spec: HFModelSpec, engines=None, *, transport: str = "tensor",
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype=None, overlap: bool = False,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype=None, overlap: bool = True,
                  name_map: NameMap | None = None, check: str | None = None, check_rows: int = 4,
                  allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
                  backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
@@ -135,7 +136,8 @@ class WeightBridge:
             raise ValueError(f"the engines' handle goes to global rank {self.topo.controller} and only there "
                              f"(rank {self.topo.rank} got {'one' if engines is not None else 'none'})")
         self.engines, self.transport = engines, transport
-        self.bucket_bytes, self.overlap = int(bucket_bytes), overlap
+        self.overlap = overlap
+        self.bucket_bytes = max(1, int(bucket_bytes) // 2) if overlap else int(bucket_bytes)  # per buffer
         self.dtype = None if dtype is None else dtype_from_any(dtype)
         self.name_map, self.check, self.check_rows, self.allow_missing = name_map, check, int(check_rows), allow_missing
         self.device = next((p.device for c in self.chunks for p in unwrap_model(c).parameters()), torch.device("cpu"))
@@ -323,7 +325,7 @@ class WeightBridge:
             if self.transport == "tensor":
                 tt = TensorTransport(topo, self.engines, targets, engine_tp, record, times, token)
                 if topo.is_controller:
-                    return tt.run_controller(plan, own, pool), tt.targets
+                    return tt.run_controller(plan, own, pool, in_flight=1 if self.overlap else 0), tt.targets
                 tt.run_leader(plan, own, pool)
                 return None, targets
             return self._run_distributed(plan, my_stage, own, pool, record, times), targets

@@ -15,6 +15,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from rlhf import faults
+
 from rlhf.mcore.weight_sync.bucketing import BucketPlan, BufferPool
 from rlhf.mcore.weight_sync.plan import SendPlan
 
@@ -71,33 +73,36 @@ class TensorTransport:
     def _payloads(self, plan: SendPlan, bplan: BucketPlan, buf: torch.Tensor) -> list[list[bytes]]:
         return [serialize_bucket(buf, bplan, self.tp_size) for _ in self.initial]
 
-    def _deliver(self, payloads: list[list[bytes]], last: bool) -> None:
+    def _send(self, payloads: list[list[bytes]], last: bool):
+        """Start loading one bucket on every target engine; returns what :meth:`_wait` takes."""
+        by_engine = dict(zip(self.initial, payloads))
+        return self.engines.call_async("update_weights_from_tensor", engines=self.targets,
+                                       per_engine=[{"serialized_named_tensors": by_engine[i]} for i in self.targets],
+                                       load_format="flattened_bucket", flush_cache=last)
+
+    def _wait(self, pending) -> None:
         t0 = time.perf_counter()
         try:
-            by_engine = dict(zip(self.initial, payloads))
-            self.engines.call("update_weights_from_tensor", engines=self.targets,
-                              per_engine=[{"serialized_named_tensors": by_engine[i]} for i in self.targets],
-                              load_format="flattened_bucket", flush_cache=last)
+            self.engines.wait(pending, "update_weights_from_tensor")
             # an engine replaced meanwhile has no session open: it stays stale until the next sync
             gone = set(self.engines.replaced_since(self.token))
             self.targets = [i for i in self.targets if i not in gone]
         finally:
             self.times["deliver"] += time.perf_counter() - t0
 
-    def run_controller(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool) -> str | None:
-        """Deliver every stage's buckets in order; returns the first error (after draining every sender)."""
+    def _deliver(self, payloads: list[list[bytes]], last: bool) -> None:
+        self._wait(self._send(payloads, last))
+
+    def run_controller(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool,
+                       in_flight: int = 0) -> str | None:
+        """Deliver every stage's buckets in order; returns the first error (after draining every sender).
+
+        ``in_flight``: how many of the controller's own buckets may still be loading while the next one is
+        produced (1 with two buffers: bucket k+1 is written while the engines load bucket k)."""
         error = None
         for stage in plan.stages:
             if stage.leader == self.topo.rank:
-                for bplan, slot, buf in own():
-                    try:
-                        self.record(plan, bplan, buf)
-                        if error is None:
-                            self._deliver(self._payloads(plan, bplan, buf), plan.is_last(stage, bplan))
-                    except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
-                        error = error or f"{type(e).__name__}: {e}"
-                    finally:
-                        pool.release(slot)
+                error = self._own_stage(plan, stage, own, pool, in_flight) or error
                 continue
             for bplan in stage.buckets:
                 t0 = time.perf_counter()
@@ -113,6 +118,37 @@ class TensorTransport:
                     error, ok = error or f"{type(e).__name__}: {e}", False
                 finally:
                     self.topo.send_object(ok, stage.leader)  # the leader may reuse its buffer
+                faults.maybe_fail("sync_weights", last=plan.is_last(stage, bplan))
+        return error
+
+    def _own_stage(self, plan, stage, own, pool, in_flight: int) -> str | None:
+        error, pending = None, []  # [(pending call or None, pool slot)]
+
+        def finish(item):
+            nonlocal error
+            call, slot, last = item
+            try:
+                if call is not None:
+                    self._wait(call)
+            except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
+                error = error or f"{type(e).__name__}: {e}"
+            finally:
+                pool.release(slot)
+            faults.maybe_fail("sync_weights", last=last)  # fault-injection point: a bucket delivered
+
+        for bplan, slot, buf in own():
+            call = None
+            try:
+                self.record(plan, bplan, buf)
+                if error is None:
+                    call = self._send(self._payloads(plan, bplan, buf), plan.is_last(stage, bplan))
+            except Exception as e:  # noqa: BLE001
+                error = error or f"{type(e).__name__}: {e}"
+            pending.append((call, slot, plan.is_last(stage, bplan)))
+            while len(pending) > in_flight:  # the buffer the next bucket reuses must be loaded by then
+                finish(pending.pop(0))
+        while pending:
+            finish(pending.pop(0))
         return error
 
     def run_leader(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool) -> None:

@@ -6,7 +6,9 @@ peers map them once.  Per bucket, each rank copies (and casts) its shard's regio
 tensors into place (:mod:`rlhf.mcore.convert.shard_regions`: q/k/v and gate/up rows are row blocks,
 row-parallel shards column blocks), in parallel, then the TP group meets at a barrier and the leader
 delivers the bucket.  Gather + convert + pack is one copy, done by all ranks at once; nothing is staged.
-With two buffers, bucket k+1 is written while bucket k is delivered.
+With two buffers, bucket k+1 is written while the engines load bucket k: the leader consumes bucket k,
+starts its delivery and asks for bucket k+1 with at most ``count - 1`` deliveries in flight, and a barrier
+before each reuse of a buffer tells the peers that the bucket it held is loaded.
 """
 from __future__ import annotations
 
@@ -85,12 +87,14 @@ class SharedBuckets:
         self.ensure(max((b.nbytes for b in buckets), default=1))
         for k, bplan in enumerate(buckets):
             t0 = time.perf_counter()
+            if k >= self.count:  # the leader has seen bucket k - count loaded: its buffer is free again
+                dist.barrier(group=self.tp_group)
             buf = self.buffers[k % self.count][: bplan.nbytes]
             with torch.no_grad():
                 for name, view in bucket_views(buf, bplan):
                     for reg in regions.get(name, ()):
                         reg.write(view)
-            dist.barrier(group=self.tp_group)  # bucket k complete; bucket k - count was delivered
+            dist.barrier(group=self.tp_group)  # bucket k complete
             times["produce"] += time.perf_counter() - t0
             if self.tp_rank == 0:
                 yield bplan, None, buf

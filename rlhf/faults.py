@@ -1,0 +1,86 @@
+"""Fault injection for the fault-tolerance tests: kill the run at a named point, as a crash would.
+
+    RLHF_FAULT=<point>[@<hit>][,<point>[@<hit>] ...]       e.g. RLHF_FAULT=ckpt_before_rename@2
+
+The `hit`-th time (default 1) this process reaches ``maybe_fail(<point>)``, it prints one line
+``FAULT <point> hit <n> ...: SIGKILL process group <pgid>`` to stderr and sends SIGKILL to its whole
+process group (the trainer, torchrun and its ranks, and every child that did not leave the group),
+like ``kill -9 -<pgid>`` from a job scheduler or the OOM killer of a container.  Nothing runs after it:
+no ``finally``, no atexit hook.  ``RLHF_FAULT_RANK`` (default 0) is the global rank that fires (torchrun's
+RANK, Slurm's SLURM_PROCID); other ranks never do.  ``RLHF_FAULT_MODE=process`` SIGKILLs this process
+alone (what the kernel's OOM killer does: its children must then go by themselves), ``RLHF_FAULT_MODE=exit``
+exits it with code 17.
+
+Points (where the call sits):
+
+    step_start          rlhf.trainer.base   before each training step
+    ckpt_mid_save       rlhf.mcore.dist_checkpoint   a role's tensor files written, its metadata not yet
+    ckpt_before_rename  rlhf.trainer.checkpoint      every file in global_step_<k>.tmp, before the rename
+    ckpt_before_tracker rlhf.trainer.checkpoint      renamed, before latest_checkpointed_iteration.txt
+    sync_weights        rlhf.mcore.weight_sync.bridge  after each bucket delivered to the engines
+
+Without ``RLHF_FAULT`` every call is a dictionary lookup and returns.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+__all__ = ["FAULT_ENV", "POINTS", "maybe_fail", "armed", "parse_spec"]
+
+FAULT_ENV = "RLHF_FAULT"
+POINTS = ("step_start", "ckpt_mid_save", "ckpt_before_rename", "ckpt_before_tracker", "sync_weights")
+EXIT_CODE = 17  # RLHF_FAULT_MODE=exit
+
+_hits: dict[str, int] = {}
+
+
+def parse_spec(spec: str) -> dict[str, int]:
+    """``"a@2,b"`` -> {"a": 2, "b": 1}.  Raises ValueError naming an unknown point or a bad hit number."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, hit = part.partition("@")
+        if name not in POINTS:
+            raise ValueError(f"{FAULT_ENV}={spec!r}: unknown point {name!r}; use one of {list(POINTS)}")
+        if hit and not (hit.isdigit() and int(hit) >= 1):
+            raise ValueError(f"{FAULT_ENV}={spec!r}: hit {hit!r} of {name!r} must be an integer >= 1")
+        out[name] = int(hit or 1)
+    return out
+
+
+def armed(point: str) -> bool:
+    """Whether ``RLHF_FAULT`` names `point` for this rank (cheap; for code that prepares a fault point)."""
+    spec = os.environ.get(FAULT_ENV)
+    return bool(spec) and point in parse_spec(spec) and _this_rank_fires()
+
+
+def _this_rank_fires() -> bool:
+    from rlhf.launch_env import launch_env  # RANK (torchrun) or SLURM_PROCID (srun); 0 when run directly
+
+    return str(launch_env().rank) == os.environ.get("RLHF_FAULT_RANK", "0")
+
+
+def maybe_fail(point: str, **context) -> None:
+    """Count a pass through `point`; on the configured hit, kill the process group (see module docstring).
+    `context` (e.g. ``step=3``) is printed on the FAULT line."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or not _this_rank_fires():
+        return
+    target = parse_spec(spec).get(point)
+    if target is None:
+        return
+    _hits[point] = _hits.get(point, 0) + 1
+    if _hits[point] != target:
+        return
+    where = " ".join(f"{k}={v}" for k, v in context.items())
+    mode = os.environ.get("RLHF_FAULT_MODE", "group")
+    if mode == "exit":
+        print(f"FAULT {point} hit {target} {where}: exit {EXIT_CODE}", file=sys.stderr, flush=True)
+        os._exit(EXIT_CODE)
+    if mode == "process":
+        print(f"FAULT {point} hit {target} {where}: SIGKILL process {os.getpid()}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    pgid = os.getpgrp()
+    print(f"FAULT {point} hit {target} {where}: SIGKILL process group {pgid}", file=sys.stderr, flush=True)
+    os.killpg(pgid, signal.SIGKILL)
