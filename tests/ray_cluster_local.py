@@ -34,8 +34,10 @@ def _free_port() -> int:
 class LoopbackRayCluster:
     """Ray head + workers on 127.0.0.1, one ``ray start --block`` process group per node."""
 
-    def __init__(self, nodes: list[str], num_cpus: int = 1, base_dir: str | None = None):
+    def __init__(self, nodes: list[str], num_cpus: int = 1, base_dir: str | None = None, dashboard: bool = False):
         self.nodes = list(nodes)
+        # the head's dashboard (Ray's job server: ``ray job submit --address <dashboard_url>``)
+        self.dashboard_url = f"http://127.0.0.1:{_free_port()}" if dashboard else None
         self.num_cpus = num_cpus
         self._own_dir = base_dir is None  # a temp dir of ours is removed by stop()
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="rayc-", dir="/tmp"))
@@ -54,7 +56,12 @@ class LoopbackRayCluster:
                 f"--resources={json.dumps({name: 1})}", "--dashboard-agent-listen-port=0", "--disable-usage-stats"]
         if head:
             args += ["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
-                     f"--ray-client-server-port={_free_port()}", "--include-dashboard=false"]
+                     f"--ray-client-server-port={_free_port()}"]
+            if self.dashboard_url:
+                args += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                         f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}"]
+            else:
+                args += ["--include-dashboard=false"]
         else:
             args += [f"--address={self.address}"]
         env = {**os.environ, **self.driver_env(), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
@@ -85,6 +92,16 @@ class LoopbackRayCluster:
             cmd += ["--watch-pid", str(watch_pid)]
         return subprocess.run(cmd, env={**os.environ, **self.driver_env()}, capture_output=True, text=True,
                               timeout=timeout + 120)
+
+    def actor_nodes(self, class_name: str) -> set[str]:
+        """Names of the nodes whose Ray worker logs show an actor of ``class_name`` (Ray writes
+        ``:actor_name:<class>`` into the log of the worker process that runs it, under that node's temp dir)."""
+        found = set()
+        for name in self.nodes:
+            for f in (self.dir / name).glob("session_*/logs/worker-*.out"):
+                if f":actor_name:{class_name}" in f.read_text(errors="replace"):
+                    found.add(name)
+        return found
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.dir.glob("*.log")))

@@ -1,24 +1,37 @@
 """A 2-node Ray cluster on loopback (tests/ray_cluster_local.py, started as the Slurm body starts Ray) and the
 Slurm body's Ray join check (recipes/_launch/ray_wait.py): all nodes up -> 0; a node missing -> exit 1 with
-one line naming it; a dead head -> fails at once.  Work pinned to the second node runs there."""
+one line naming it; a dead head -> fails at once.  Work pinned to the second node runs there.
+
+On the same cluster, the GSM8K tiny recipe (TP2) runs as two "nodes": ``torchrun --nnodes=2`` rendezvous over
+127.0.0.1, one rank per node, node n1 hosting rank 0; the disaggregated rollout engine is placed on n2 (the other
+node than rank 0's) and its weights are synced over the distributed transport (every sync read back), with a
+checkpoint written.  Then the one-node command submitted as a Ray job (``ray job submit``) to this cluster's
+head."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.ray_cluster_local import RAY_WAIT, LoopbackRayCluster
+from tests.gsm8k_mini import ONE_STEP, check_one_step_run, data_overrides, write_gsm8k_mini
+from tests.ray_cluster_local import RAY_WAIT, LoopbackRayCluster, _free_port
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT_S = 900
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LoopbackRayCluster(["n1", "n2"], num_cpus=1) as c:
+    with LoopbackRayCluster(["n1", "n2"], num_cpus=1, dashboard=True) as c:
         yield c
 
 
@@ -61,3 +74,63 @@ def test_work_pinned_to_the_second_node_runs_there(cluster):
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, **cluster.driver_env()},
                        capture_output=True, text=True, timeout=180)
     assert "DRIVER True TASK True" in r.stdout, r.stdout + r.stderr
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float) -> list[int | None]:
+    """Wait for every process (one deadline); kill each one's process group after (leftovers, or on timeout)."""
+    deadline, rcs = time.time() + timeout, []
+    for p in procs:
+        try:
+            rcs.append(p.wait(timeout=max(1, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            rcs.append(None)
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+    return rcs
+
+
+def test_gsm8k_on_two_nodes_with_the_engine_on_the_second(cluster, tmp_path):
+    """torchrun --nnodes=2 (static rendezvous on 127.0.0.1), RLHF_NODE_NAME telling each node's ranks which Ray
+    node they are on (the Slurm body names Ray nodes after Slurm nodes, which the trainer reads itself)."""
+    data, run, port = write_gsm8k_mini(tmp_path / "data"), tmp_path / "run", _free_port()
+    args = ["-m", "rlhf.main", "recipe=gsm8k_ppo_tiny_cpu", *data_overrides(data), f"trainer.default_local_dir={run}",
+            "rollout.mode=disaggregated", "rollout.weight_sync_check=true", *ONE_STEP]
+    procs = []
+    for node_rank, name in enumerate(["n1", "n2"]):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node_rank}",
+               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", *args]
+        env = {**os.environ, **cluster.driver_env(), "RLHF_NODE_NAME": name, "OMP_NUM_THREADS": "1",
+               "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(tmp_path / f"{name}.log", "w"),
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+    rcs = _finish(procs, RUN_TIMEOUT_S)
+    n1, n2 = ((tmp_path / f"{n}.log").read_text(errors="replace") for n in ("n1", "n2"))
+    assert rcs == [0, 0], f"exit codes {rcs}\n--- n1\n{n1[-5000:]}\n--- n2\n{n2[-3000:]}\n{cluster.logs()}"
+    # the plan: engine 0 on Ray node n2 (rank 0 is on n1) ...
+    assert "[rollout] disaggregated: engine 0 on Ray node n2 (2 Ray node(s))" in n1, n1[-4000:]
+    # ... and where it really ran: its Ray worker process logged under n2's temp dir, not n1's
+    assert cluster.actor_nodes("SGLangEngine") == {"n2"}
+    check_one_step_run(n1, run)
+
+
+def test_one_node_command_as_a_ray_job(cluster, tmp_path):
+    """The README's Ray job submission: the one-node command (its launcher starts the TP2 ranks) as a Ray job on
+    the cluster's head; `ray job submit` waits, streams the job's output and exits 0 only when it succeeded."""
+    data, run = write_gsm8k_mini(tmp_path / "data"), tmp_path / "run"
+    cmd = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", f"--address={cluster.dashboard_url}",
+           "--working-dir=.", "--runtime-env-json", '{"env_vars": {"OMP_NUM_THREADS": "1"}}', "--",
+           "python", "-m", "rlhf.main", "recipe=gsm8k_ppo_tiny_cpu", *data_overrides(data),
+           f"trainer.default_local_dir={run}", *ONE_STEP]
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **cluster.driver_env()},
+                            stdout=open(tmp_path / "job.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    (rc,) = _finish([proc], RUN_TIMEOUT_S)
+    text = (tmp_path / "job.log").read_text(errors="replace")
+    assert rc == 0, f"exit {rc}\n{text[-6000:]}\n{cluster.logs()}"
+    job = re.search(r"Job '(raysubmit_\w+)' succeeded", text)
+    assert job, text[-4000:]
+    assert re.search(r"^\[rlhf.main\] starting 2 rank\(s\) on ", text, re.M), text[-4000:]  # TP2 on CPU
+    check_one_step_run(text, run)
