@@ -33,6 +33,12 @@ if [ "${SLURM_NODEID:-0}" = 0 ]; then
         --ray-client-server-port="$RAY_CLIENT_PORT" --include-dashboard=false "${ray_args[@]}" \
         > >(sed -u "s|^|[ray $node] |") 2>&1 &
 else
+    # a worker started before the head's GCS listens gives up: wait for its port (RAY_JOIN_TIMEOUT s at most;
+    # rank 0's join check reports a node that never came)
+    for _ in $(seq "${RAY_JOIN_TIMEOUT:-300}"); do
+        (exec 3<>"/dev/tcp/${RAY_ADDRESS%:*}/${RAY_ADDRESS##*:}") 2>/dev/null && break
+        sleep 1
+    done
     setsid ray start --address="$RAY_ADDRESS" "${ray_args[@]}" > >(sed -u "s|^|[ray $node] |") 2>&1 &
 fi
 ray_pid=$!   # = its process group id
