@@ -31,7 +31,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster():
-    with LoopbackRayCluster(["n1", "n2"], num_cpus=1, dashboard=True) as c:
+    # RLHF_TEST_RAY_DIR=<short dir>: the nodes' temp dirs (Ray's logs) go there and are kept after the run
+    keep = os.environ.get("RLHF_TEST_RAY_DIR")
+    with LoopbackRayCluster(["n1", "n2"], num_cpus=1, dashboard=True, base_dir=keep) as c:
         yield c
 
 
