@@ -9,6 +9,7 @@ checkpoint written.  Then the one-node command submitted as a Ray job (``ray job
 head."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -136,3 +137,38 @@ def test_one_node_command_as_a_ray_job(cluster, tmp_path):
     assert job, text[-4000:]
     assert re.search(r"^\[rlhf.main\] starting 2 rank\(s\) on ", text, re.M), text[-4000:]  # TP2 on CPU
     check_one_step_run(text, run)
+
+
+def test_two_nodes_node0_as_a_ray_job_engine_on_the_second(cluster, tmp_path):
+    """One 2-node run: node n1 is the one-command form submitted as a Ray job (`ray job submit ... -- python -m
+    rlhf.main ... trainer.nnodes=2`, NODE_RANK=0: its launcher hosts the static rendezvous), node n2 is `torchrun
+    --nnodes=2 --node_rank=1` over 127.0.0.1; RLHF_NODE_NAME tells each node's ranks their Ray node (the Slurm
+    body names Ray nodes after Slurm nodes, which the trainer reads itself).  The disaggregated engine must run on
+    n2, its weights synced over the distributed transport and read back, a checkpoint written."""
+    data, run, port = write_gsm8k_mini(tmp_path / "data"), tmp_path / "run", _free_port()
+    overrides = ["recipe=gsm8k_ppo_tiny_cpu", *data_overrides(data), f"trainer.default_local_dir={run}",
+                 "rollout.mode=disaggregated", "rollout.weight_sync_check=true", *ONE_STEP]
+    rdzv = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    job_env = {"OMP_NUM_THREADS": "1", "RLHF_NODE_NAME": "n1", "NODE_RANK": "0", **rdzv}
+    node0 = [sys.executable, "-m", "ray.scripts.scripts", "job", "submit", f"--address={cluster.dashboard_url}",
+             "--working-dir=.", "--runtime-env-json", json.dumps({"env_vars": job_env}), "--",
+             "python", "-m", "rlhf.main", "trainer.nnodes=2", *overrides]
+    node1 = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--nproc_per_node=1",
+             "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "rlhf.main", *overrides]
+    node1_env = {"RLHF_NODE_NAME": "n2", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                 "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **cluster.driver_env(), **env},
+                              stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+             for cmd, env, name in ((node0, {}, "n1"), (node1, node1_env, "n2"))]
+    rcs = _finish(procs, RUN_TIMEOUT_S)
+    n1, n2 = ((tmp_path / f"{n}.log").read_text(errors="replace") for n in ("n1", "n2"))
+    assert rcs == [0, 0], f"exit codes {rcs}\n--- n1\n{n1[-5000:]}\n--- n2\n{n2[-3000:]}\n{cluster.logs()}"
+    # `ray job submit` waited for the job, streamed its output and saw it succeed
+    assert re.search(r"Job '(raysubmit_\w+)' succeeded", n1), n1[-4000:]
+    assert re.search(r"^\[rlhf.main\] starting 1 rank\(s\) on \S+ as node 0 of 2 ", n1, re.M), n1[-4000:]
+    # the plan: engine 0 on Ray node n2 (rank 0 is on n1) ...
+    assert "[rollout] disaggregated: engine 0 on Ray node n2 (2 Ray node(s))" in n1, n1[-4000:]
+    # ... and where it really ran: its Ray worker process logged under n2's temp dir, not n1's
+    assert cluster.actor_nodes("SGLangEngine") == {"n2"}
+    check_one_step_run(n1, run)
