@@ -121,14 +121,15 @@ class LoopbackRayCluster:
         return subprocess.run(cmd, env={**os.environ, **self.driver_env()}, capture_output=True, text=True,
                               timeout=timeout + 120)
 
-    def actor_nodes(self, class_name: str) -> set[str]:
-        """Names of the nodes whose Ray worker logs show an actor of ``class_name`` (Ray writes
-        ``:actor_name:<class>`` into the log of the worker process that runs it, under that node's temp dir)."""
-        found = set()
+    def actor_logs(self, class_name: str) -> dict[Path, str]:
+        """Worker log files that show an actor of ``class_name`` -> the name of the node they are under (Ray
+        writes ``:actor_name:<class>`` into the log of the worker process that runs an actor, in its node's
+        temp dir).  Compare two calls to find where a run's actors went."""
+        found = {}
         for name in self.nodes:
             for f in (self.dir / name).glob("session_*/logs/worker-*.out"):
                 if f":actor_name:{class_name}" in f.read_text(errors="replace"):
-                    found.add(name)
+                    found[f.resolve()] = name
         return found
 
     def logs(self) -> str:
