@@ -10,7 +10,8 @@ INSTALL_REQUIRES = [
     "megatron-core==0.16.1",
     "sglang==0.5.23",
     "transformers==5.19.0",
-    "ray==2.60.0",
+    # [default]: the dashboard's job server (`ray job submit`, README "Running on a cluster")
+    "ray[default]==2.60.0",
     "hydra-core==1.3.8",
     "omegaconf==2.3.1",
     "datasets==5.2.0",

@@ -34,8 +34,10 @@ def _free_port() -> int:
 class LoopbackRayCluster:
     """Ray head + workers on 127.0.0.1, one ``ray start --block`` process group per node."""
 
-    def __init__(self, nodes: list[str], num_cpus: int = 1, base_dir: str | None = None):
+    def __init__(self, nodes: list[str], num_cpus: int = 1, base_dir: str | None = None, dashboard: bool = False):
         self.nodes = list(nodes)
+        # the head's dashboard (Ray's job server: ``ray job submit --address <dashboard_url>``)
+        self.dashboard_url = f"http://127.0.0.1:{_free_port()}" if dashboard else None
         self.num_cpus = num_cpus
         self._own_dir = base_dir is None  # a temp dir of ours is removed by stop()
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="rayc-", dir="/tmp"))
@@ -54,28 +56,61 @@ class LoopbackRayCluster:
                 f"--resources={json.dumps({name: 1})}", "--dashboard-agent-listen-port=0", "--disable-usage-stats"]
         if head:
             args += ["--head", "--node-ip-address=127.0.0.1", f"--port={self.port}",
-                     f"--ray-client-server-port={_free_port()}", "--include-dashboard=false"]
+                     f"--ray-client-server-port={_free_port()}"]
+            if self.dashboard_url:
+                args += ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                         f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}"]
+            else:
+                args += ["--include-dashboard=false"]
         else:
             args += [f"--address={self.address}"]
         env = {**os.environ, **self.driver_env(), "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}
-        log = open(self.dir / f"{name}.log", "w")
+        log = open(self.dir / f"{name}.log", "a")
         self.procs[name] = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
 
-    def start(self, timeout: float = 120) -> "LoopbackRayCluster":
-        """Start the head (first name) and the workers; return when all are alive (raises RuntimeError)."""
+    def start(self, timeout: float = 300, retries: int = 2) -> "LoopbackRayCluster":
+        """Start the head (first name), then the workers once it is up; return when all are alive (raises
+        RuntimeError).  A node's ``ray start`` gives up when its raylet has not registered within 30 s (Ray's
+        fixed wait), which a loaded machine can exceed: then the whole cluster is started again, up to
+        ``retries`` times within ``timeout`` s."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self._start_node(self.nodes[0], head=True)
-            for name in self.nodes[1:]:
-                self._start_node(name, head=False)
-            r = self.wait_for_nodes(self.nodes, timeout)
-            if r.returncode != 0:
-                raise RuntimeError(f"loopback Ray cluster did not come up: {r.stderr.strip()}\n{self.logs()}")
-        except BaseException:
-            self.stop()
-            raise
+        deadline = time.time() + timeout
+        for attempt in range(retries + 1):
+            try:
+                r = self._start_all(deadline)
+            except BaseException:
+                self.stop()
+                raise
+            if r is None:
+                return self
+            self._stop_nodes()
+            if time.time() > deadline or attempt == retries:
+                self.stop()
+                raise RuntimeError(f"loopback Ray cluster did not come up ({attempt + 1} attempt(s)): "
+                                   f"{r.stderr.strip()}\n{self.logs()}")
         return self
+
+    def _start_all(self, deadline: float) -> subprocess.CompletedProcess | None:
+        """One attempt: the head, its join check, the workers, the join check of all; None when all are up,
+        else the failed check (a node's ``ray start`` exited, or the deadline passed).  Fresh ports each time."""
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        if self.dashboard_url:
+            self.dashboard_url = f"http://127.0.0.1:{_free_port()}"
+        self._start_node(self.nodes[0], head=True)
+        for names in (self.nodes[:1], self.nodes):
+            if names is self.nodes:
+                for name in self.nodes[1:]:
+                    self._start_node(name, head=False)
+            while True:
+                r = self.wait_for_nodes(names, max(20.0, min(60.0, deadline - time.time())),
+                                        watch_pid=self.procs[self.nodes[0]].pid)
+                if r.returncode == 0:
+                    break
+                if time.time() > deadline or any(p.poll() is not None for p in self.procs.values()):
+                    return r
+        return None
 
     def wait_for_nodes(self, names: list[str], timeout: float, watch_pid: int | None = None
                        ) -> subprocess.CompletedProcess:
@@ -86,10 +121,21 @@ class LoopbackRayCluster:
         return subprocess.run(cmd, env={**os.environ, **self.driver_env()}, capture_output=True, text=True,
                               timeout=timeout + 120)
 
+    def actor_logs(self, class_name: str) -> dict[Path, str]:
+        """Worker log files that show an actor of ``class_name`` -> the name of the node they are under (Ray
+        writes ``:actor_name:<class>`` into the log of the worker process that runs an actor, in its node's
+        temp dir).  Compare two calls to find where a run's actors went."""
+        found = {}
+        for name in self.nodes:
+            for f in (self.dir / name).glob("session_*/logs/worker-*.out"):
+                if f":actor_name:{class_name}" in f.read_text(errors="replace"):
+                    found[f.resolve()] = name
+        return found
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(self.dir.glob("*.log")))
 
-    def stop(self) -> None:
+    def _stop_nodes(self) -> None:
         """Workers first (while the head still answers), then the head: TERM, then KILL the process group."""
         for name in reversed(list(self.procs)):
             p = self.procs.pop(name)
@@ -104,6 +150,10 @@ class LoopbackRayCluster:
             except ProcessLookupError:
                 pass
             p.wait()
+
+    def stop(self) -> None:
+        """Stop every node; remove the temp dir when it is ours."""
+        self._stop_nodes()
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 

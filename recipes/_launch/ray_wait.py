@@ -51,7 +51,15 @@ def wait_for_nodes(address: str, expected: list[str] | int, timeout: float, watc
         time.sleep(poll_s)
     import ray
 
-    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    while True:  # the head may still be starting (or starting again after `ray start` gave up: slurm_task.sh)
+        try:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+            break
+        except Exception as e:  # noqa: BLE001 - ConnectionError / RpcError / RuntimeError, by Ray version
+            ray.shutdown()
+            if not _alive(watch_pid) or time.time() > deadline:
+                return False, f"cannot connect to the Ray head at {address}: {type(e).__name__}: {e}"
+            time.sleep(max(poll_s, 2.0))
     try:
         up: list[str] = []
         while True:

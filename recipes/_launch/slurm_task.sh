@@ -28,23 +28,46 @@ ray_args=(--temp-dir="$ray_tmp" --node-name="$node" --num-cpus="${SLURM_CPUS_ON_
 # its own session (setsid): stop_ray can end every process of this Ray, agents and engines included, by
 # process group; no draining on SIGTERM (a batch job has nothing to hand over)
 export RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=${RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S:-0}
+# `ray start --block`, started again (RAY_START_TRIES times at most, default 3) when it gave up before its
+# runtime started: Ray waits a fixed 30 s for a raylet to register, which a loaded node can exceed
+ray_block() {
+    trap ':' TERM   # stop_ray signals the whole group: `ray start` shuts down, then this loop ends
+    local try
+    for try in $(seq "${RAY_START_TRIES:-3}"); do
+        ray start "$@" 2>&1 | tee "$ray_tmp.start"
+        grep -q "Ray runtime started" "$ray_tmp.start" && return 0
+        echo "ray start gave up before its runtime started (try $try of ${RAY_START_TRIES:-3})"
+        sleep 2
+    done
+    return 1
+}
+export -f ray_block
+export ray_tmp
 if [ "${SLURM_NODEID:-0}" = 0 ]; then
-    setsid ray start --head --node-ip-address="${RAY_ADDRESS%:*}" --port="$RAY_PORT" \
+    setsid bash -c 'ray_block "$@"' ray_block --head --node-ip-address="${RAY_ADDRESS%:*}" --port="$RAY_PORT" \
         --ray-client-server-port="$RAY_CLIENT_PORT" --include-dashboard=false "${ray_args[@]}" \
         > >(sed -u "s|^|[ray $node] |") 2>&1 &
 else
-    setsid ray start --address="$RAY_ADDRESS" "${ray_args[@]}" > >(sed -u "s|^|[ray $node] |") 2>&1 &
+    # a worker started before the head's GCS listens gives up: wait for its port (RAY_JOIN_TIMEOUT s at most;
+    # rank 0's join check reports a node that never came)
+    for _ in $(seq "${RAY_JOIN_TIMEOUT:-300}"); do
+        (exec 3<>"/dev/tcp/${RAY_ADDRESS%:*}/${RAY_ADDRESS##*:}") 2>/dev/null && break
+        sleep 1
+    done
+    setsid bash -c 'ray_block "$@"' ray_block --address="$RAY_ADDRESS" "${ray_args[@]}" \
+        > >(sed -u "s|^|[ray $node] |") 2>&1 &
 fi
 ray_pid=$!   # = its process group id
 
 stop_ray() {   # TERM, up to 15 s to shut down, then KILL whatever is left in its process group
     local rc=$?
-    kill -TERM "$ray_pid" 2>/dev/null
+    kill -TERM -- "-$ray_pid" 2>/dev/null
     for _ in $(seq 15); do
         kill -0 "$ray_pid" 2>/dev/null || break
         sleep 1
     done
     kill -KILL -- "-$ray_pid" 2>/dev/null
+    rm -f "$ray_tmp.start"
     if [ "$rc" = 0 ]; then
         rm -rf "$ray_tmp"   # its worker logs are in the job output already
     else

@@ -140,12 +140,42 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
     return LaunchEnv(0, 1, 0, "127.0.0.1", _free_port(), "single")
 
 
+def node_label(environ: dict | None = None) -> tuple[str, str, str]:
+    """``(name, hostname, ip)`` of this process's node, to find it among the Ray cluster's nodes.
+
+    name: ``RLHF_NODE_NAME``, else ``SLURMD_NODENAME`` (the recipes' Slurm body names each Ray node after its
+    Slurm node), else the host name; ip: the local address of the route to ``MASTER_ADDR`` (127.0.0.1 when
+    there is none).
+    """
+    env = os.environ if environ is None else environ
+    host = socket.gethostname()
+    ip = "127.0.0.1"
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((env.get("MASTER_ADDR") or "127.0.0.1", 9))  # UDP: no packet is sent
+            ip = s.getsockname()[0]
+    except OSError:
+        pass
+    return env.get("RLHF_NODE_NAME") or env.get("SLURMD_NODENAME") or host, host, ip
+
+
+_RANK_NODES: list[tuple[str, str, str]] | None = None
+
+
+def rank_nodes() -> list[tuple[str, str, str]] | None:
+    """:func:`node_label` of every global rank (index = rank), gathered by :func:`init_distributed`; None
+    before it ran (or when the process group was made elsewhere)."""
+    return _RANK_NODES
+
+
 def init_distributed(backend: str | None = None, timeout_minutes: int = 30) -> LaunchEnv:
-    """Initialise the default process group (idempotent).
+    """Initialise the default process group (idempotent) and gather every rank's :func:`node_label`
+    (:func:`rank_nodes`).
 
     backend: None picks "nccl" when CUDA is available, else "gloo" (and applies the CPU patches).
     Returns the LaunchEnv. Raises ValueError for an unknown backend.
     """
+    global _RANK_NODES
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"backend={backend!r}: use 'nccl' (GPU), 'gloo' (CPU) or None (auto)")
     launch = detect_launch_env()
@@ -160,6 +190,9 @@ def init_distributed(backend: str | None = None, timeout_minutes: int = 30) -> L
         os.environ.setdefault("MASTER_PORT", str(launch.master_port))
         dist.init_process_group(backend=backend, rank=launch.rank, world_size=launch.world_size,
                                 timeout=datetime.timedelta(minutes=timeout_minutes))
+        labels: list = [None] * dist.get_world_size()
+        dist.all_gather_object(labels, node_label())
+        _RANK_NODES = [tuple(x) for x in labels]
     return launch
 
 
@@ -240,7 +273,9 @@ def destroy_distributed() -> None:
     """Tear down megatron parallel state and the default process group (safe to call twice)."""
     from megatron.core import parallel_state as ps
 
+    global _RANK_NODES
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+    _RANK_NODES = None

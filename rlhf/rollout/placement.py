@@ -11,13 +11,20 @@ GPU ``r % gpus_per_node``.
 Engine actors claim no Ray GPU resources: the plan decides the devices (SGLang's ``base_gpu_id`` on a
 node whose CUDA_VISIBLE_DEVICES Ray leaves alone) and the node (Ray node affinity).  Engines are never
 restarted by Ray (``max_restarts=0``): the manager replaces a dead engine itself.
+
+Ray nodes of a multi-node job (:func:`rank_ray_nodes`, :func:`gpu_engine_nodes`, :func:`cpu_engine_nodes`):
+each trainer rank's node (its name, host name or IP, ``rlhf.mcore.distributed.node_label``) is matched to a
+Ray node; plan node k is the Ray node of trainer ranks ``k * gpus_per_node ...``, and disaggregated engines
+beyond the trainer's nodes go to the other Ray nodes with GPUs.  On CPU (no plan) a disaggregated engine goes
+to a Ray node other than trainer rank 0's (nodes without trainer ranks first), a colocated one to rank 0's.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options"]
+__all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "rank_ray_nodes",
+           "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes"]
 
 
 class PlacementError(ValueError):
@@ -91,15 +98,113 @@ def engine_actor_options(index: int, *, env: Dict[str, str], plan: Optional[Plac
                          actor_options: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """``ray.remote(...).options(...)`` of engine ``index``.  With a ``plan`` (GPU): the engine's node through
     ``node_ids[node]`` (Ray node ids by plan node index; None: anywhere) and the plan's GPUs (the actor sees
-    all GPUs of its node; ``base_gpu_id`` goes into the engine's kwargs).  Without: a light CPU actor."""
+    all GPUs of its node; ``base_gpu_id`` goes into the engine's kwargs).  Without (a light CPU actor):
+    ``node_ids`` are the engines' nodes, engine i on ``node_ids[i % len(node_ids)]`` (None: anywhere)."""
     env = dict(env)
     opts: Dict[str, Any] = {"max_restarts": 0, "max_concurrency": 1, "num_cpus": 0, "num_gpus": 0,
                             "runtime_env": {"env_vars": env}}
     if plan is not None:
         env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] = "1"
-        if node_ids is not None:
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    if node_ids:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_ids[plan.engine_node(index)], soft=False)
+        node = node_ids[plan.engine_node(index)] if plan is not None else node_ids[index % len(node_ids)]
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
     opts.update(actor_options or {})
     return opts
+
+
+def _alive(ray_nodes: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    return [n for n in ray_nodes if n.get("Alive", True)]
+
+
+def rank_ray_nodes(labels: Optional[List[Sequence[str]]], ray_nodes: List[Dict[str, Any]], driver_node: str,
+                   world_size: int) -> List[Optional[str]]:
+    """The Ray node id of each trainer rank (None where it cannot be told).
+
+    Args:
+        labels: ``(name, hostname, ip)`` per rank (``rlhf.mcore.distributed.rank_nodes``), or None (unknown).
+        ray_nodes: ``ray.nodes()`` (``NodeID``, ``Alive``, ``NodeName``, ``NodeManagerHostname``,
+            ``NodeManagerAddress``).
+        driver_node: the Ray node of rank 0's driver (``ray.get_runtime_context().get_node_id()``): rank 0's
+            node when its label matches no single Ray node (several Ray nodes on one host).
+    A label matches the one alive Ray node with that ``NodeName``, else host name, else IP address; with one
+    alive Ray node every rank is on it.
+    """
+    alive = _alive(ray_nodes)
+    if len(alive) == 1:  # a one-node Ray cluster: every rank that uses it is there
+        return [alive[0]["NodeID"]] * world_size
+
+    def match(label: Sequence[str]) -> Optional[str]:
+        for key, value in zip(("NodeName", "NodeManagerHostname", "NodeManagerAddress"), label):
+            hits = [n["NodeID"] for n in alive if n.get(key) == value]
+            if len(hits) == 1:
+                return hits[0]
+        return None
+
+    out = [match(x) for x in labels] if labels else [None] * world_size
+    out[0] = out[0] or driver_node
+    return out
+
+
+def _names(ray_nodes: List[Dict[str, Any]]) -> Dict[str, str]:
+    return {n["NodeID"]: n.get("NodeName") or n["NodeID"][:8] for n in ray_nodes}
+
+
+def gpu_engine_nodes(rank_nodes: List[Optional[str]], gpus_per_node: int, ray_nodes: List[Dict[str, Any]],
+                     mode: str) -> tuple[int, List[str]]:
+    """``(nnodes, node_ids)`` for :func:`plan_placement` and :func:`engine_actor_options` on GPU: plan node k is
+    the Ray node of trainer ranks ``k * gpus_per_node ...``; disaggregated: then the other alive Ray nodes with
+    GPUs, by name.
+
+    Raises:
+        PlacementError: trainer ranks of one plan node on different (or unknown) Ray nodes, or one Ray node
+            holding two plan nodes' ranks: the ranks must be laid out torchrun's / srun's way (rank r on node
+            r // gpus_per_node), each node of the job in the Ray cluster.
+    """
+    names, trainer = _names(ray_nodes), []
+    for k in range(-(-len(rank_nodes) // gpus_per_node)):
+        ranks = range(k * gpus_per_node, min((k + 1) * gpus_per_node, len(rank_nodes)))
+        found = {rank_nodes[r] for r in ranks}
+        if None in found or len(found) != 1 or found <= set(trainer):
+            where = ", ".join(f"rank {r}: {names.get(rank_nodes[r], 'not a Ray node')}" for r in ranks)
+            raise PlacementError(f"trainer ranks {ranks.start}-{ranks.stop - 1} should share plan node {k} but are "
+                                 f"on [{where}]: run {gpus_per_node} ranks per node in rank order and join every "
+                                 f"node to the Ray cluster (ray start --node-name=<host>, or RLHF_NODE_NAME=<its "
+                                 f"Ray node name> for the trainer)")
+        trainer.append(found.pop())
+    if mode != "disaggregated":
+        return len(trainer), trainer
+    extra = sorted((n for n in _alive(ray_nodes) if n["NodeID"] not in trainer and n.get("Resources", {}).get("GPU")),
+                   key=lambda n: n.get("NodeName") or "")
+    return len(trainer) + len(extra), trainer + [n["NodeID"] for n in extra]
+
+
+def cpu_engine_nodes(rank_nodes: List[Optional[str]], ray_nodes: List[Dict[str, Any]], mode: str
+                     ) -> Optional[List[str]]:
+    """The Ray nodes of CPU engines (engine i on ``[i % len]``), None with a one-node Ray cluster (anywhere).
+
+    colocated: trainer rank 0's node (the weight sync shares memory with the trainer ranks);
+    disaggregated: every alive Ray node except rank 0's, those hosting no trainer rank first, then by name
+    (rank 0's when it is the only node).
+    """
+    alive = _alive(ray_nodes)
+    if len(alive) <= 1:
+        return None
+    rank0, busy = rank_nodes[0], set(rank_nodes)
+    others = sorted((n for n in alive if n["NodeID"] != rank0),
+                    key=lambda n: (n["NodeID"] in busy, n.get("NodeName") or ""))
+    if mode != "disaggregated" or not others:
+        return [rank0]
+    return [n["NodeID"] for n in others]
+
+
+def describe_engine_nodes(num_engines: int, node_ids: Optional[List[str]], ray_nodes: List[Dict[str, Any]],
+                          plan: Optional[PlacementPlan] = None) -> str:
+    """One line: the Ray node (name) of every engine."""
+    if not node_ids:
+        return f"{num_engines} engine(s) on any Ray node"
+    names = _names(ray_nodes)
+    where = [node_ids[plan.engine_node(i)] if plan is not None else node_ids[i % len(node_ids)]
+             for i in range(num_engines)]
+    return ", ".join(f"engine {i} on Ray node {names.get(n, n)}" for i, n in enumerate(where))

@@ -38,11 +38,16 @@ def _broadcast(obj):
 
 def start_rollout(cfg, model_path: str):
     """Ray (the cluster at RAY_ADDRESS, else a local one) and a RolloutManager of ``rollout.num_engines``
-    SGLang engines serving ``model_path``, placed per ``rollout.mode`` on this node's GPUs."""
+    SGLang engines serving ``model_path``, placed per ``rollout.mode`` (rlhf/rollout/placement.py): on GPU by
+    the plan (colocated on the trainer's GPUs, disaggregated after them, each plan node pinned to its Ray
+    node); on CPU a disaggregated engine goes to a Ray node other than trainer rank 0's when the cluster has
+    several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go."""
     import ray
 
+    from rlhf.mcore.distributed import rank_nodes
     from rlhf.rollout import RolloutManager
-    from rlhf.rollout.placement import plan_placement
+    from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
+                                        rank_ray_nodes)
 
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
@@ -50,17 +55,25 @@ def start_rollout(cfg, model_path: str):
         else:
             ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
     r = cfg.rollout
+    world = dist.get_world_size()
+    ray_nodes = [n for n in ray.nodes() if n.get("Alive")]
+    ranks = rank_ray_nodes(rank_nodes(), ray_nodes, ray.get_runtime_context().get_node_id(), world)
     plan = None
     if torch.cuda.is_available():
         per_node = torch.cuda.device_count()
-        world = dist.get_world_size()
-        plan = plan_placement(nnodes=max(1, -(-world // per_node)), gpus_per_node=per_node, trainer_world_size=world,
+        nnodes, node_ids = gpu_engine_nodes(ranks, per_node, ray_nodes, r.mode)
+        plan = plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=world,
                               num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode)
+    else:
+        node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
+    print(f"[rollout] {r.mode}: {describe_engine_nodes(r.num_engines, node_ids, ray_nodes, plan)} "
+          f"({len(ray_nodes)} Ray node(s))", flush=True)
     engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, dtype=r.dtype,
                          mem_fraction_static=r.mem_fraction_static,
                          context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,
                          random_seed=cfg.trainer.seed)
-    return RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan)
+    return RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
+                          node_ids=node_ids)
 
 
 class RolloutWorker:
