@@ -6,9 +6,9 @@ import socket
 
 import pytest
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 import rlhf.workers.rollout as rollout_mod
+from rlhf.config import compose_config
 from tests.fakes import FakeRolloutManager, RecordingBridge
 
 
@@ -34,10 +34,8 @@ def worker(world1, tmp_path, monkeypatch):
     import rlhf.mcore.weight_sync as ws
 
     monkeypatch.setattr(ws, "WeightBridge", lambda chunks, spec, engines, **kw: RecordingBridge(engines))
-    cfg = OmegaConf.create({"rollout": {"n": 2, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "mode": "colocated",
-                                       "weight_sync_bucket_mb": 1, "weight_sync_check": False, "max_restarts": 1,
-                                       "val_kwargs": {"n": 1, "temperature": 0.0, "top_p": 1.0, "top_k": -1}},
-                            "data": {"max_response_length": 4}})
+    cfg = compose_config(["rollout.n=2", "rollout.mode=colocated", "rollout.weight_sync_bucket_mb=1",
+                          "rollout.weight_sync_check=false", "rollout.max_restarts=1", "data.max_response_length=4"])
     bundle = type("Bundle", (), {"chunks": [], "spec": None})()
     return rollout_mod.RolloutWorker(cfg, str(tmp_path), bundle, tok), manager
 
