@@ -239,7 +239,10 @@ class FakeActor:
     """MegatronActor / MegatronCritic stand-in: log-probs / values of zeros, updates recorded by step."""
 
     def __init__(self):
+        from rlhf.workers.dynamic_batch import PaddingCounter
+
         self.updates = []
+        self.padding = PaddingCounter()  # nothing processed: perf/padding_efficiency 1.0
 
     def compute_log_prob(self, batch):
         import torch

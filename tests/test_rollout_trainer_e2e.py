@@ -79,7 +79,7 @@ def test_engine_killed_between_steps_is_resynced_before_it_generates(tiny_model,
     def kill_after_step_one():
         deadline = time.time() + 1200
         while time.time() < deadline and proc.poll() is None:
-            if re.search(r"^step 1:", open(log).read(), re.M):
+            if re.search(r"(^|: )step 1: ", open(log).read(), re.M):  # the metrics line of step 1
                 for p in psutil.process_iter(["pid", "cmdline"]):
                     if "SGLangEngine" in " ".join(p.info["cmdline"] or []) and p.pid not in killed:
                         killed[p.pid] = True
