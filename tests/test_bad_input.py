@@ -77,7 +77,7 @@ def test_bad_dataset(model, tmp_path, case):
     data = write_rows(tmp_path / "train.jsonl", rows)
     err, out = run([f"model.path={model}", f"data.train_files={data}", f"data.val_files={data}",
                     "data.max_prompt_length=64"], tmp_path, 1)
-    expect = {"empty": f"kept 0 of 0 prompts read from ['{data}']",
+    expect = {"empty": f"{data}: the dataset has no rows; give a file or split with data",
               "wrong_prompt_type": f"{data}: row 1: prompt must be a string or a list of chat messages, got int",
               "all_too_long": f"kept 0 of 3 prompts read from ['{data}']; filtered 3 prompts longer than "
                               "max_prompt_length=64 tokens"}[case]
