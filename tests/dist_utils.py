@@ -34,3 +34,11 @@ def collect_checks(output: str) -> dict:
             parts = line.split(" ", 3)
             checks[parts[1]] = (parts[2] == "PASS", parts[3] if len(parts) > 3 else "")
     return checks
+
+
+def assert_check(checks: dict, name: str) -> None:
+    """Fail unless CHECK line `name` ran and passed (`checks` from :func:`collect_checks`); the message carries the
+    check's detail, or the output's tail when it never ran."""
+    assert name in checks, f"check {name} did not run; output tail:\n{checks.get('_tail', '')}"
+    ok, detail = checks[name]
+    assert ok, detail

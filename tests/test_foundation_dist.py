@@ -3,12 +3,10 @@
 Each CHECK line printed by tests/dist/foundation_checks.py becomes one test here.
 """
 import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.dist_utils import collect_checks, run_torchrun
+from tests.dist_utils import assert_check, collect_checks, run_torchrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "dist", "foundation_checks.py")
 KINDS = ["llama_gqa", "llama_mha", "qwen2_tied", "llama_square"]
@@ -31,6 +29,4 @@ def checks(tmp_path_factory):
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_check(checks, name):
-    assert name in checks, f"check {name} did not run; output tail:\n{checks.get('_tail', '')}"
-    ok, detail = checks[name]
-    assert ok, detail
+    assert_check(checks, name)

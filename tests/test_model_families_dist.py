@@ -4,7 +4,7 @@ launch of 4 gloo processes (tests/dist/family_checks.py); each CHECK line is one
 import pytest
 
 from tests.dist.family_checks import DENSE, LAYOUTS, MOE, layout_name
-from tests.dist_utils import collect_checks, run_torchrun
+from tests.dist_utils import assert_check, collect_checks, run_torchrun
 
 SCRIPT = __file__.replace("test_model_families_dist.py", "dist/family_checks.py")
 
@@ -38,6 +38,4 @@ def checks(tmp_path_factory):
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_check(checks, name):
-    assert name in checks, f"check {name} did not run; output tail:\n{checks.get('_tail', '')}"
-    ok, detail = checks[name]
-    assert ok, detail
+    assert_check(checks, name)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.dist_utils import collect_checks, run_torchrun
+from tests.dist_utils import assert_check, collect_checks, run_torchrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "dist", "optim_safety_checks.py")
 EXPECTED = ["megatron_core_steps_on_inf_grad", "inf_grad_step_is_noop_plain", "inf_grad_step_is_noop_distopt",
@@ -25,6 +25,4 @@ def checks(tmp_path_factory):
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_check(checks, name):
-    assert name in checks, f"check {name} did not run; output tail:\n{checks.get('_tail', '')}"
-    ok, detail = checks[name]
-    assert ok, detail
+    assert_check(checks, name)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from tests.dist_utils import collect_checks, run_torchrun
+from tests.dist_utils import assert_check, collect_checks, run_torchrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "dist", "vpp_checks.py")
 EXPECTED = ["pp2_odd_batch_log_probs_equal_hf", "pp2vpp2_odd_batch_log_probs_equal_hf", "vpp_update_equals_pp_update"]
@@ -22,6 +22,4 @@ def checks(tmp_path_factory):
 
 @pytest.mark.parametrize("name", EXPECTED)
 def test_check(checks, name):
-    assert name in checks, f"check {name} did not run; output tail:\n{checks.get('_tail', '')}"
-    ok, detail = checks[name]
-    assert ok, detail
+    assert_check(checks, name)
