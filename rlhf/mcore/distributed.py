@@ -149,14 +149,19 @@ def node_label(environ: dict | None = None) -> tuple[str, str, str]:
     """
     env = os.environ if environ is None else environ
     host = socket.gethostname()
-    ip = "127.0.0.1"
+    ip = route_address(env.get("MASTER_ADDR") or "127.0.0.1")
+    return env.get("RLHF_NODE_NAME") or env.get("SLURMD_NODENAME") or host, host, ip
+
+
+def route_address(dest: str) -> str:
+    """This host's IPv4 address on the interface that routes to `dest` (a UDP connect picks the route and sends
+    nothing); 127.0.0.1 when there is no route."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((env.get("MASTER_ADDR") or "127.0.0.1", 9))  # UDP: no packet is sent
-            ip = s.getsockname()[0]
+            s.connect((dest, 9))
+            return s.getsockname()[0]
     except OSError:
-        pass
-    return env.get("RLHF_NODE_NAME") or env.get("SLURMD_NODENAME") or host, host, ip
+        return "127.0.0.1"
 
 
 _RANK_NODES: list[tuple[str, str, str]] | None = None

@@ -33,12 +33,9 @@ def free_port() -> int:
 def reachable_address() -> str:
     """This host's address as the engines will dial it: the IP of the interface that routes outward
     (``gethostbyname(gethostname())`` gives 127.0.1.1 on stock Ubuntu); 127.0.0.1 without a route."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))  # UDP connect sends nothing; it only picks the route
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
+    from rlhf.mcore.distributed import route_address
+
+    return route_address("10.255.255.255")  # a non-local address: the outward route
 
 
 def interface_address(name: str) -> str:
