@@ -2,6 +2,7 @@
 per engine (a replaced engine starts resident and is brought to the wanted state; nothing resident is ever
 resumed), dead engines are replaced and stale once weights were pushed, generation avoids stale engines."""
 import os
+import time
 
 import pytest
 import ray
@@ -61,6 +62,22 @@ def mgr(ray_local, tmp_path, monkeypatch):
     m.shutdown()
 
 
+def kill(actor):
+    """ray.kill only asks the GCS to kill: a call sent right after can still run on the old actor (CI saw the
+    replacement not happen). Wait until the actor answers as dead before the test goes on."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.info.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"actor {actor} still answers 60 s after ray.kill")
+
+
 def states(m):
     return [ray.get(a.state.remote()) for a in m.actors]
 
@@ -72,7 +89,7 @@ def test_released_tags_converge_across_a_replacement(mgr):
     assert states(mgr) == [["kv_cache", "weights"]] * 2 and mgr.released_tags == ["kv_cache", "weights"]
     with pytest.raises(RuntimeError, match="resume_memory_occupation"):
         mgr.generate([[1, 2]], SamplingConfig(max_new_tokens=1))
-    ray.kill(mgr.actors[1], no_restart=True)
+    kill(mgr.actors[1])
     mgr.resume_memory_occupation(["weights"])  # engine 1 dies in the call: replaced, then brought to the wanted state
     assert mgr.restarts == [0, 1] and states(mgr) == [["kv_cache"], ["kv_cache"]]
     mgr.resume_memory_occupation(["kv_cache"])
@@ -81,15 +98,15 @@ def test_released_tags_converge_across_a_replacement(mgr):
 
 def test_dead_engine_is_stale_after_a_push_and_generation_avoids_it(mgr):
     cfg = SamplingConfig(max_new_tokens=1)
-    ray.kill(mgr.actors[0], no_restart=True)
+    kill(mgr.actors[0])
     out = mgr.generate([[1], [2], [3], [4]], cfg)  # before any push: the new engine serves the right weights
     assert [s.prompt_index for s in out] == [0, 1, 2, 3] and mgr.restarts == [1, 0] and mgr.stale_engines() == []
     token = mgr.begin_sync()
     mgr.end_sync(token)
-    ray.kill(mgr.actors[1], no_restart=True)
+    kill(mgr.actors[1])
     out = mgr.generate([[1], [2], [3], [4]], cfg)  # engine 1 replaced and stale: everything on engine 0
     assert mgr.stale_engines() == [1] and {s.extra["engine"] for s in out} == {0} and len(out) == 4
-    ray.kill(mgr.actors[0], no_restart=True)
+    kill(mgr.actors[0])
     with pytest.raises(StaleEnginesError) as ei:
         mgr.generate([[1], [2]], cfg)
     assert ei.value.engines == [0, 1] and ei.value.unfinished == [0, 1] and ei.value.samples == []
