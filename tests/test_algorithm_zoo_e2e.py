@@ -15,7 +15,6 @@ tests/test_rollout_trainer_e2e.py, tests/test_trainer_e2e.py, tests/test_algorit
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -24,6 +23,8 @@ import sys
 import textwrap
 
 import pytest
+
+from tests.tracking_readers import run_series as scalars
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -90,19 +91,6 @@ def tiny_model(tmp_path_factory):
 
     # a third of the quickstart warm-up: the model answers some of the problems, enough for mixed groups
     return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"), warmup_steps=100)
-
-
-def scalars(run_dir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = {}
-    for f in sorted(glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))):
-        acc = EventAccumulator(f)
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            for e in acc.Scalars(tag):
-                values.setdefault(tag, {})[e.step] = e.value
-    return values
 
 
 def test_new_loss_modes_and_estimators_run_through_the_trainer(tiny_model, tmp_path):

@@ -9,14 +9,15 @@
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
+
+from tests.dist_utils import run_group
+from tests.tracking_readers import run_series as scalars
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -42,26 +43,10 @@ def tiny_model(tmp_path_factory):
 
 
 def run(cmd, timeout=900):
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(k, None)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"exit {proc.returncode}:\n{out[-6000:]}"
+    """Run in its own process group with no torchrun rank variables inherited; fails on a non-zero exit."""
+    rc, out = run_group(cmd, timeout, {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None})
+    assert rc == 0, f"exit {rc}:\n{out[-6000:]}"
     return out
-
-
-def scalars(run_dir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = {}
-    for f in sorted(glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))):
-        acc = EventAccumulator(f)
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            for e in acc.Scalars(tag):
-                values.setdefault(tag, {})[e.step] = e.value
-    return values
 
 
 @pytest.mark.sglang

@@ -1,4 +1,4 @@
-"""Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE) into a real SGLang CPU engine: greedy
+"""Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral) into a real SGLang CPU engine: greedy
 generation after the sync equals HF's with the same weights.  One torchrun launch of 2 gloo processes
 (tests/dist/family_sync_e2e.py, trainer TP2, one engine per family, one at a time), then the MoE again at TP1 x EP2;
 each CHECK line is one test."""
@@ -9,7 +9,7 @@ import pytest
 from tests.dist_utils import assert_check, collect_checks, run_torchrun
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "dist", "family_sync_e2e.py")
-KINDS = ("llama3", "qwen3", "qwen3_moe")
+KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral")
 EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed",
                                                        "check_mode")]
 EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode")]

@@ -49,6 +49,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.tracking_readers import run_scalars
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 TAG_ENV = "RLHF_TEST_RUN_TAG"
 # a killed run's processes must all be gone within this many seconds: at once when the whole process group is
@@ -184,22 +186,6 @@ def leftovers(procs, grace_s=GRACE_S["group"]):
     return left, time.monotonic() - t0
 
 
-def scalars(run_dir):
-    """(tag, step) -> value; a step logged by several runs (redone after a resume) keeps the last run's."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = {}
-    # events.out.tfevents.<seconds>.<host>.<pid>.<n>: in the order the runs wrote them
-    for f in sorted(glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*")),
-                    key=lambda f: (int(os.path.basename(f).split(".")[3]), os.path.getmtime(f))):
-        acc = EventAccumulator(f)
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            for e in acc.Scalars(tag):
-                values[(tag, e.step)] = e.value
-    return values
-
-
 def check_left_behind(ckpt, what):
     names = sorted(os.listdir(ckpt))
     tracker = open(os.path.join(ckpt, "latest_checkpointed_iteration.txt")).read().strip()
@@ -302,7 +288,7 @@ def test_fault_matrix(model, tmp_path):
     figures["final_weights_equal"] = set(a) == set(b) and all(torch.equal(a[k], b[k]) for k in a)
     init = load_file(os.path.join(model[0], "model.safetensors"))
     assert any(not torch.equal(a[k], init[k]) for k in a), "training did not change the weights"
-    sa, sb = scalars(full), scalars(chain)
+    sa, sb = run_scalars(full), run_scalars(chain)
     steps = range(1, STEPS + 1)
     for tag in EQUAL_TAGS:
         for step in steps:

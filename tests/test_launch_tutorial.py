@@ -7,18 +7,14 @@ mcore-to-hf --ckpt`` to an HF directory that transformers loads, with logits equ
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import tempfile
 
 import pytest
 import torch
 
 from tests import tracking_readers as read
+from tests.dist_utils import run_group
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
@@ -27,22 +23,10 @@ PROMPTS = ["Write a haiku about rain.", "Say hi.", "Name a color.", "Count to th
 
 
 def _run(cmd, timeout):
-    """Run in its own process group (output to a file; the group is killed afterwards)."""
+    """Run in its own process group (tests/dist_utils.run_group); returns (exit code, output)."""
     # RAY_memory_monitor_refresh_ms=0: Ray's OOM killer is off, so a busy shared test machine does not kill the
     # engine (a real out-of-memory still fails the run)
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", RAY_memory_monitor_refresh_ms="0")
-    env.pop("RLHF_SHOW_ALL_WARNINGS", None)
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        return rc, log.read()
+    return run_group(cmd, timeout, {"RAY_memory_monitor_refresh_ms": "0", "RLHF_SHOW_ALL_WARNINGS": None})
 
 
 def test_tutorial_launch_runs_and_its_tp2_checkpoint_converts_to_hf(tmp_path):

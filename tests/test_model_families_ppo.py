@@ -2,15 +2,14 @@
 with an uneven split, 1 + 2 layers) and a tiny Qwen3-MoE (8 experts, top-2): the usual metrics plus moe/*.
 Both runs start together (their engine start-ups overlap)."""
 import os
-import subprocess
-import sys
-import tempfile
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.test_trainer_e2e import METRICS, ROOT, scalars
+from tests.dist_utils import finish_group, main_cmd, start_group
+from tests.test_trainer_e2e import METRICS
+from tests.tracking_readers import run_scalars as scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 MOE_METRICS = ["moe/load_balancing_loss", "moe/tokens_per_expert_min", "moe/tokens_per_expert_max",
@@ -27,37 +26,19 @@ def _model(path, kind, num_layers):
 
 
 def _start(model, out, nproc, extra):
-    cmd = [sys.executable, "-m", "rlhf.main"]
-    if nproc > 1:
-        from tests.dist_utils import free_port
-
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={free_port()}", "-m", "rlhf.main"]
-    cmd += ["recipe=quickstart", f"model.path={model}", f"trainer.default_local_dir={out}",
-            "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
-            "trainer.val_before_train=false", "trainer.progress_bar=false", "data.train_batch_size=4",
-            "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2", "rollout.n=2", "rollout.temperature=0",
-            "data.max_response_length=8", "algorithm.use_kl_in_reward=true", *extra]
-    log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"))
-    return proc, log
+    """The run in its own process group, logging to out.log (tests/dist_utils.start_group)."""
+    overrides = ["recipe=quickstart", f"model.path={model}", f"trainer.default_local_dir={out}",
+                 "trainer.total_training_steps=3", "trainer.save_freq=-1", "trainer.test_freq=-1",
+                 "trainer.val_before_train=false", "trainer.progress_bar=false", "data.train_batch_size=4",
+                 "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2", "rollout.n=2",
+                 "rollout.temperature=0", "data.max_response_length=8", "algorithm.use_kl_in_reward=true", *extra]
+    log_path = f"{out}.log"
+    return start_group(main_cmd(overrides, nproc), log_path), log_path
 
 
-def _finish(proc, log, timeout=900):
-    import signal
-
-    try:
-        rc = proc.wait(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    log.seek(0)
-    out = log.read()
-    log.close()
-    return rc, out
+def _finish(proc, log_path, timeout=900):
+    rc = finish_group(proc, timeout)
+    return rc, open(log_path).read()
 
 
 def test_ppo_three_steps_on_qwen3_pp2_uneven_and_qwen3_moe(tmp_path):

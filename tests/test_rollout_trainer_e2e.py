@@ -5,17 +5,15 @@
 * an engine killed between steps is replaced, re-synced with the latest weights before it generates
   (the read-back check passes after the re-sync), and the run completes with the restart counted.
 """
-import os
 import re
-import subprocess
-import sys
 import threading
 import time
 
 import psutil
 import pytest
 
-from tests.test_trainer_e2e import ROOT, scalars
+from tests.dist_utils import finish_group, main_cmd, start_group
+from tests.tracking_readers import run_scalars as scalars
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
@@ -36,26 +34,11 @@ def overrides(model, out, steps):
 
 
 def launch(args, nproc, log_path):
-    from tests.dist_utils import free_port
-
-    cmd = [sys.executable, "-m", "rlhf.main", *args] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-        "-m", "rlhf.main", *args]
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return start_group(main_cmd(args, nproc), log_path)
 
 
 def finish(proc, log_path, timeout=1500):
-    import signal
-
-    try:
-        rc = proc.wait(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    rc = finish_group(proc, timeout)
     out = open(log_path).read()
     assert rc == 0, f"exit {rc}:\n{out[-6000:]}"
     return out

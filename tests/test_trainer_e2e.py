@@ -1,13 +1,13 @@
 """End-to-end PPO runs through `python -m rlhf.main` on CPU (real SGLang engine, megatron actor and
 critic): a killed-and-resumed run equals an uninterrupted one; real GSM8K prompts at TP2 and PP2."""
-import glob
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from tests.dist_utils import main_cmd, run_group
+from tests.tracking_readers import run_scalars
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 GSM8K = os.path.abspath(os.path.join(ROOT, "..", "shared", "data", "gsm8k"))
@@ -31,46 +31,10 @@ def tiny_model(tmp_path_factory):
 
 
 def run_main(overrides, nproc=1, env=None, expect_rc=0, timeout=900):
-    """Run the trainer in its own process group; output goes to a file (orphans of a killed run, such
-    as dist_checkpointing's manager process, must not keep a pipe open) and the group is killed after."""
-    import signal
-    import tempfile
-
-    if nproc == 1:
-        cmd = [sys.executable, "-m", "rlhf.main", *overrides]
-    else:
-        from tests.dist_utils import free_port
-
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={free_port()}", "-m", "rlhf.main", *overrides]
-    full_env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", **(env or {}))
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        log.seek(0)
-        out = log.read()
+    """Run the trainer in its own process group (tests/dist_utils.run_group) and check its exit code."""
+    rc, out = run_group(main_cmd(overrides, nproc), timeout, env)
     assert rc == expect_rc, f"exit {rc}:\n{out[-6000:]}"
     return out
-
-
-def scalars(run_dir):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = {}
-    for f in sorted(glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))):
-        acc = EventAccumulator(f)
-        acc.Reload()
-        for tag in acc.Tags()["scalars"]:
-            for e in acc.Scalars(tag):
-                values[(tag, e.step)] = e.value
-    return values
 
 
 def common(model, out_dir, steps):
@@ -98,7 +62,7 @@ def test_resume_equals_uninterrupted(tiny_model, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a), "resumed weights differ from the uninterrupted run"
     init = load_file(os.path.join(tiny_model, "model.safetensors"))
     assert any(not torch.equal(a[k], init[k]) for k in a), "training did not change the weights"
-    sa, sb = scalars(full), scalars(killed)
+    sa, sb = run_scalars(full), run_scalars(killed)
     for tag in ["critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/grad_norm"]:
         for step in (3, 4):
             assert sa[(tag, step)] == sb[(tag, step)], (tag, step, sa[(tag, step)], sb[(tag, step)])
@@ -122,7 +86,7 @@ def test_gsm8k_tiny_cpu_recipe(tiny_model, tmp_path, layout):
               "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=2",
               "trainer.val_before_train=false", "trainer.progress_bar=false", "data.max_val_samples=4",
               *layout], nproc=2)
-    s = scalars(out)
+    s = run_scalars(out)
     for tag in METRICS + ["val/score"]:
         assert any(t == tag for t, _ in s), f"metric {tag} missing"
     assert s[("response_length/mean", 2)] > 0

@@ -1,5 +1,5 @@
 """Read metrics back from what the loggers wrote: TensorBoard event files, an offline wandb run, an mlflow
-file store.  Used by tests/test_tracking.py and tests/test_val_metrics.py."""
+file store.  Used by the tracking, validation and end-to-end tests."""
 from __future__ import annotations
 
 import glob
@@ -13,7 +13,10 @@ def tensorboard(log_dir: str) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = {"scalars": {}, "histograms": {}, "text": {}}
-    for f in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*"))):
+    # events.out.tfevents.<seconds>.<host>.<pid>.<n>, read in the order the runs wrote them: a step logged by
+    # several runs (redone after a resume) keeps the last run's value
+    for f in sorted(glob.glob(os.path.join(log_dir, "events.out.tfevents.*")),
+                    key=lambda f: (int(os.path.basename(f).split(".")[3]), os.path.getmtime(f))):
         acc = EventAccumulator(f, size_guidance={"scalars": 0, "histograms": 0, "tensors": 0})
         acc.Reload()
         tags = acc.Tags()
@@ -27,6 +30,19 @@ def tensorboard(log_dir: str) -> dict:
             for e in acc.Tensors(tag):
                 if e.tensor_proto.string_val:
                     out["text"][(tag.rsplit("/text_summary", 1)[0], e.step)] = e.tensor_proto.string_val[0].decode()
+    return out
+
+
+def run_scalars(run_dir: str) -> dict:
+    """{(tag, step): value} of the scalars a trainer run wrote under `run_dir`/tensorboard."""
+    return tensorboard(os.path.join(run_dir, "tensorboard"))["scalars"]
+
+
+def run_series(run_dir: str) -> dict:
+    """{tag: {step: value}}: :func:`run_scalars` grouped by tag."""
+    out: dict = {}
+    for (tag, step), value in run_scalars(run_dir).items():
+        out.setdefault(tag, {})[step] = value
     return out
 
 

@@ -3,7 +3,8 @@
     torchrun --nproc_per_node=2 tests/dist/family_sync_e2e.py --workdir DIR
 
 Tiny random models shaped like real releases (tests/model_families.py): Llama-3.2 (llama3 rope scaling, tied),
-Qwen3 (q/k norm, head_dim != hidden/heads) and Qwen3-MoE (8 experts, top-2, norm_topk_prob).  Global rank 0
+Qwen3 (q/k norm, head_dim != hidden/heads), Qwen3-MoE (8 experts, top-2, norm_topk_prob) and Mixtral (8
+experts, top-2, w1/w2/w3 expert names, theta 1e6).  Global rank 0
 starts one SGLang engine (rollout TP 1, fp32) per family from the initial weights, one at a time (memory).
 The trainer (TP2, gloo; the MoE's experts split over TP) builds each model from HF, takes one optimizer step,
 and the WeightBridge streams the new weights into that family's engine.  Per family:
@@ -12,8 +13,8 @@ and the WeightBridge streams the new weights into that family's engine.  Per fam
                              megatron model exported with save_hf_checkpoint (the same weights)
   <kind>_outputs_changed     the step changed the greedy ids (the sync is not a no-op)
   <kind>_check_mode          check="all": every sent tensor SGLang can read back (get_weights_by_name) equals
-                             what was sent (Llama: all of them; SGLang's Qwen3 classes read back none: no
-                             mismatch, and the greedy check above is the evidence)
+                             what was sent (Llama: all of them; SGLang's Qwen3 and Mixtral classes read back
+                             none: no mismatch, and the greedy check above is the evidence)
 Then expert parallelism: the trainer re-initialised at TP1 x EP2 (each rank holds 4 of the 8 experts) takes
 two steps on the MoE and syncs it again (experts gathered over the EP group on the stage leader):
   qwen3_moe_ep2_synced_equals_hf, qwen3_moe_ep2_outputs_changed, qwen3_moe_ep2_check_mode
@@ -35,15 +36,15 @@ import torch.distributed as dist  # noqa: E402
 from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 from tests.dist.bridge_e2e import engine_greedy, hf_greedy, report, train_batch  # noqa: E402
 
-KINDS = ("llama3", "qwen3", "qwen3_moe")
+KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral")
 LR = 5e-2
 
 
-def make_models(workdir):
+def make_models(workdir, kinds=KINDS):
     from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
     from tests.model_families import make_family_model
 
-    paths = {k: os.path.join(workdir, f"init_{k}") for k in KINDS}
+    paths = {k: os.path.join(workdir, f"init_{k}") for k in kinds}
     if dist.get_rank() == 0:
         for kind, path in paths.items():
             make_family_model(path, kind, num_layers=2, seed=3)
@@ -107,7 +108,7 @@ def run_family(kind, path, engine, workdir, initial, tag="", steps=1):
            f"{stats.num_buckets} buckets {stats.bytes / 1e6:.2f} MB grad_norm={gnorm:.3f} engine={got} hf={ref}"
            if rank0 else "")
     report(f"{kind}{tag}_outputs_changed", rank0 and got != initial, f"initial={initial} synced={got}")
-    c = stats.check  # SGLang 0.5.23's Qwen3 / Qwen3-MoE classes answer get_weights_by_name with None
+    c = stats.check  # SGLang 0.5.23's Qwen3 / Qwen3-MoE / Mixtral classes answer get_weights_by_name with None
     readable = c is not None and (bool(c.verified) if kind == "llama3" else
                                   all(why == "engine returned None" for _, why in c.unverifiable))
     report(f"{kind}{tag}_check_mode", rank0 and readable and not c.mismatched,
@@ -132,10 +133,11 @@ def main():
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated families to run (default: all)")
     args = ap.parse_args()
     init_distributed()
     os.makedirs(args.workdir, exist_ok=True)
-    paths = make_models(args.workdir)
+    paths = make_models(args.workdir, args.kinds.split(","))
     rank0 = dist.get_rank() == 0
     if rank0:
         import ray
