@@ -21,7 +21,8 @@ starts from the last COMPLETE checkpoint (never a .tmp or a folder the tracker d
 of a killed run survives it (the whole process tree seen while it ran -- trainer, Ray GCS/raylet/workers/
 agents, the SGLang engine and its scheduler, dist_checkpointing's Manager -- plus every process carrying
 the run's tag in its environment, checked with psutil), and the final weights (HF export), the step
-metrics of steps 1-3 and the safeguard counters equal the reference run's bitwise.  The figures are
+metrics of steps 1-3 and the safeguard counters equal the reference run's bitwise; the reference run logs every
+metric of a PPO run (tests/test_trainer_e2e.METRICS).  The figures are
 printed as one ``FAULT MATRIX`` line.
 
 The reference run also triggers each of the seed's safeguards and shows its counter in TensorBoard:
@@ -49,6 +50,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.test_trainer_e2e import METRICS
 from tests.tracking_readers import run_scalars
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
@@ -289,6 +291,8 @@ def test_fault_matrix(model, tmp_path):
     init = load_file(os.path.join(model[0], "model.safetensors"))
     assert any(not torch.equal(a[k], init[k]) for k in a), "training did not change the weights"
     sa, sb = run_scalars(full), run_scalars(chain)
+    missing = [tag for tag in METRICS if (tag, STEPS) not in sa]
+    assert not missing, f"metrics every PPO run logs are missing at step {STEPS}: {missing}"
     steps = range(1, STEPS + 1)
     for tag in EQUAL_TAGS:
         for step in steps:

@@ -51,7 +51,8 @@ def ray_local():
 def engine(ray_local, tiny_model):
     path, _, _ = tiny_model
     t0 = time.time()
-    mgr = RolloutManager(1, dict(model_path=path, tp_size=1, dtype="float32", context_length=256, random_seed=0))
+    mgr = RolloutManager(1, dict(model_path=path, tp_size=1, dtype="float32", context_length=256, random_seed=0),
+                         placement="colocated")
     print(f"\n[rollout] tp=1 engine start-up: {time.time() - t0:.1f} s")
     yield mgr
     mgr.shutdown()
@@ -320,26 +321,26 @@ def test_update_weights_from_distributed_gloo_broadcast(engine, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_release_and_resume_memory_keep_weights(tiny_model, ray_local):
+def test_release_and_resume_memory_keep_weights(engine, tiny_model):
     """The colocated lifecycle runs on CPU too: release -> resume weights -> push -> resume KV -> generate.
-    Resuming what was never released is never sent to SGLang (its scheduler would fail)."""
+    Resuming what was never released is never sent to SGLang (its scheduler would fail).  On the module's engine
+    (colocated), with the checkpoint's weights pushed first (earlier tests pushed others)."""
     path, _, prompts = tiny_model
     cfg = SamplingConfig(temperature=0.0, max_new_tokens=8)
-    mgr = RolloutManager(1, dict(model_path=path, tp_size=1, dtype="float32", context_length=256), placement="colocated")
-    try:
-        before = [s.response_ids for s in mgr.generate(prompts, cfg)]
-        mgr.resume_memory_occupation()  # nothing released: a no-op, the engine lives on
-        mgr.release_memory_occupation()
-        assert mgr.released_tags == ["kv_cache", "weights"]
-        with pytest.raises(RuntimeError, match="resume_memory_occupation"):
-            mgr.generate(prompts, cfg)
-        mgr.resume_memory_occupation(["weights"])
-        push_weights(mgr, sorted(load_state(path).items()))
-        mgr.resume_memory_occupation(["kv_cache"])
-        assert mgr.released_tags == [] and mgr.restarts == [0]
-        assert [s.response_ids for s in mgr.generate(prompts, cfg)] == before
-    finally:
-        mgr.shutdown()
+    state = sorted(load_state(path).items())
+    push_weights(engine, state)
+    restarts = list(engine.restarts)
+    before = [s.response_ids for s in engine.generate(prompts, cfg)]
+    engine.resume_memory_occupation()  # nothing released: a no-op, the engine lives on
+    engine.release_memory_occupation()
+    assert engine.released_tags == ["kv_cache", "weights"]
+    with pytest.raises(RuntimeError, match="resume_memory_occupation"):
+        engine.generate(prompts, cfg)
+    engine.resume_memory_occupation(["weights"])
+    push_weights(engine, state)
+    engine.resume_memory_occupation(["kv_cache"])
+    assert engine.released_tags == [] and engine.restarts == restarts
+    assert [s.response_ids for s in engine.generate(prompts, cfg)] == before
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
-"""The rollout seam through the trainer (`python -m rlhf.main`, CPU, real SGLang engine):
+"""The rollout seam through the trainer (`python -m rlhf.main`, CPU, real SGLang engine): an engine killed between
+steps is replaced, re-synced with the latest weights before it generates (the read-back check passes after the
+re-sync), and the run completes with the restart counted.
 
-* disaggregated mode syncs through the trainer end to end (2 trainer ranks at TP2 broadcasting into the
-  engine's weight-update group), every sync read back from the engine (`rollout.weight_sync_check`);
-* an engine killed between steps is replaced, re-synced with the latest weights before it generates
-  (the read-back check passes after the re-sync), and the run completes with the restart counted.
+Disaggregated mode through the trainer (2 trainer ranks at TP2 broadcasting into the engine's weight-update group,
+every sync read back with `rollout.weight_sync_check`) runs in tests/test_ray_cluster_local.py (engine on the other
+node) and tests/test_slurm_local.py.
 """
 import re
 import threading
@@ -42,16 +43,6 @@ def finish(proc, log_path, timeout=1500):
     out = open(log_path).read()
     assert rc == 0, f"exit {rc}:\n{out[-6000:]}"
     return out
-
-
-def test_disaggregated_mode_syncs_through_the_trainer(tiny_model, tmp_path):
-    out = tmp_path / "run"
-    proc = launch(overrides(tiny_model, out, 2) + ["rollout.mode=disaggregated",
-                                                   "parallel.tensor_model_parallel_size=2"], 2, tmp_path / "log")
-    finish(proc, tmp_path / "log")
-    s = scalars(out)
-    assert ("critic/score/mean", 2) in s and ("timing/sync_weights", 2) in s
-    assert s[("rollout/num_restarts", 2)] == 0
 
 
 def test_engine_killed_between_steps_is_resynced_before_it_generates(tiny_model, tmp_path):

@@ -32,8 +32,6 @@ from .tracking import Tracking
 
 __all__ = ["BaseTrainer"]
 
-FAIL_AT_STEP_ENV = "RLHF_FAIL_AT_STEP"  # fault injection for the resume tests: exit 17 at the start of that step
-
 
 def _due(freq: int, step: int, total: int) -> bool:
     """Every `freq` steps and at the last one; never when freq <= 0."""
@@ -129,8 +127,6 @@ class BaseTrainer:
                 self.tracker.log(last, 0)
             progress = self._progress_bar()
             for step in range(self.start_step + 1, self.total_steps + 1):
-                if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
-                    os._exit(17)
                 faults.maybe_fail("step_start", step=step)
                 t0 = time.perf_counter()
                 metrics = self.run_step(step)
