@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -29,12 +30,17 @@ def run_torchrun(script: str, nproc: int, args: list[str] = (), timeout: int = 9
     return proc.stdout + proc.stderr + f"\n[exit code {proc.returncode}]"
 
 
+_CHECK_LINE = re.compile(r"CHECK (\S+) (PASS|FAIL)(?: (.*))?$")
+
+
 def collect_checks(output: str) -> dict:
+    """{name: (passed, detail)} of the `CHECK name PASS|FAIL detail` lines, plus "_tail" (the output's end).  A line
+    is found anywhere in a line of output: another rank's unterminated write can precede it on the same line."""
     checks: dict = {"_tail": output[-6000:]}
     for line in output.splitlines():
-        if line.startswith("CHECK "):
-            parts = line.split(" ", 3)
-            checks[parts[1]] = (parts[2] == "PASS", parts[3] if len(parts) > 3 else "")
+        m = _CHECK_LINE.search(line)
+        if m:
+            checks[m.group(1)] = (m.group(2) == "PASS", m.group(3) or "")
     return checks
 
 

@@ -200,7 +200,8 @@ try:
     B.build_rl_dataset(cfg, "val", sys.argv[3], make_tiny_tokenizer(), sys.argv[2], require_ground_truth=True)
 except KeyError as e:
     out["error"] = (type(e).__name__, e.args[0])
-print("RESULT" + json.dumps(out), flush=True)
+with open(os.path.join(sys.argv[4], f"result_{dist.get_rank()}.json"), "w") as f:  # not stdout: the ranks share it
+    json.dump(out, f)
 dist.destroy_process_group()
 """
 
@@ -213,13 +214,15 @@ def test_rank0_tokenises_once_and_errors_reach_every_rank(tmp_path):
     script = tmp_path / "dist_data.py"
     script.write_text(DIST)
     cache = tmp_path / "cache"
+    # each rank writes its result to its own file: lines the two ranks print to the stdout they share can
+    # interleave (CI once read one line holding both ranks' results)
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        f"--master_port={free_port()}", str(script), f, str(cache), bad],
+                        f"--master_port={free_port()}", str(script), f, str(cache), bad, str(tmp_path)],
                        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1"), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    outs = sorted((json.loads(line.split("RESULT", 1)[1]) for line in r.stdout.splitlines() if "RESULT" in line),
-                  key=lambda o: o["rank"])
+    outs = [json.loads((tmp_path / f"result_{rank}.json").read_text()) for rank in (0, 1)]
+    assert [o["rank"] for o in outs] == [0, 1]
     assert [o["tokenised"] for o in outs] == [1, 0]  # rank 1 read rank 0's result
     assert outs[0]["items"] == outs[1]["items"] and len(outs[0]["items"]) == 5
     assert all(o["has_tokenizer"] for o in outs)
