@@ -16,6 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from rlhf.mcore.distributed import route_address
 from rlhf.mcore.weight_sync.bucketing import dtype_name
 from rlhf.mcore.weight_sync.plan import SendPlan
 from rlhf.mcore.weight_sync.validate import WeightBridgeError
@@ -33,8 +34,6 @@ def free_port() -> int:
 def reachable_address() -> str:
     """This host's address as the engines will dial it: the IP of the interface that routes outward
     (``gethostbyname(gethostname())`` gives 127.0.1.1 on stock Ubuntu); 127.0.0.1 without a route."""
-    from rlhf.mcore.distributed import route_address
-
     return route_address("10.255.255.255")  # a non-local address: the outward route
 
 
