@@ -1,6 +1,6 @@
 # GPU image for training on clusters: CUDA 13 + Python 3.11 + this package with the [gpu] extra
 # (Transformer Engine for CUDA 13) and its pinned stack (torch 2.14.1 cu130, megatron-core, SGLang, Ray, Hydra).
-# Every Python pin comes from setup.py; tests/test_docker_requirements.py resolves the same set on CPU machines.
+# Every Python pin comes from setup.py; tests/unit/test_docker_requirements.py resolves the same set on CPU machines.
 #
 #   docker build -t rlhf-megatron-sglang .
 #   docker run --gpus all --ipc=host --shm-size=32g -v $PWD/outputs:/workspace/rlhf/outputs \

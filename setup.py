@@ -1,5 +1,6 @@
-"""Installable package `rlhf`: RL dataflow, algorithms, data, rewards, rollout, trainer, and `rlhf.mcore`
-(megatron-core state, models, conversion, weight sync)."""
+"""Installable packages: `parallel` (the megatron-core layer: process groups, models from HF configs, forward,
+optimizer, checkpoints, conversion; knows nothing of RL) and `rlhf` (the RL dataflow on top: trainer, workers,
+algorithms, rewards, data, rollout, weight bridge, memory planner, config)."""
 from setuptools import find_namespace_packages, setup
 
 # One environment holds all of these (pip check clean; see README "Environment").
@@ -30,7 +31,7 @@ setup(
     description="RLHF post-training for LLMs: PPO-family algorithms on megatron-core 3D parallelism "
                 "with SGLang rollouts",
     python_requires=">=3.10",
-    packages=find_namespace_packages(include=["rlhf", "rlhf.*"]),
+    packages=find_namespace_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*"]),
     package_data={"rlhf": ["config/**/*.yaml", "rollout/sglang_cpu/standin/**/*.py"], "": ["*.yaml"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,

@@ -177,7 +177,7 @@ def main(a):
     import torch.distributed as dist
 
     from rlhf.config import compose_config
-    from rlhf.mcore.distributed import init_distributed
+    from parallel.distributed import init_distributed
     from rlhf.trainer.ppo_trainer import PPOTrainer
 
     rank = int(os.environ["RANK"])

@@ -61,7 +61,7 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
     import torch
     import torch.distributed as dist
 
-    from rlhf.mcore.weight_sync import WeightBridge
+    from rlhf.weight_bridge import WeightBridge
 
     bridge = WeightBridge(chunks, spec, engine, bucket_bytes=int(bucket_mb * 2**20))
     bridge.sync()  # warm-up: imports, plan, first-touch allocation of the persistent buckets
@@ -124,9 +124,9 @@ def main(args):
     import torch.distributed as dist
     from transformers import AutoConfig
 
-    from rlhf.mcore.convert import save_hf_checkpoint
-    from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
-    from rlhf.mcore.models import build_model_chunks
+    from parallel.convert import save_hf_checkpoint
+    from parallel.distributed import init_distributed, init_model_parallel, set_seed
+    from parallel.models import build_model_chunks
 
     init_distributed()
     rank = dist.get_rank()
@@ -192,7 +192,7 @@ def main(args):
                     if f.startswith("tokenizer") or f == "special_tokens_map.json":
                         shutil.copy(os.path.join(big, f), export_dir)
             t0 = time.perf_counter()
-            engines["big"].call("update_weights_from_disk", export_dir)
+            engines["big"].update_weights_from_disk(export_dir)
             t = time.perf_counter() - t0
             if i:  # the first round warms the file cache
                 loads.append(t)

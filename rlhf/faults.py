@@ -14,10 +14,10 @@ exits it with code 17.
 Points (where the call sits):
 
     step_start          rlhf.trainer.base   before each training step
-    ckpt_mid_save       rlhf.mcore.dist_checkpoint   a role's tensor files written, its metadata not yet
+    ckpt_mid_save       rlhf.trainer.checkpoint    a role's tensor files written, its metadata not yet
     ckpt_before_rename  rlhf.trainer.checkpoint      every file in global_step_<k>.tmp, before the rename
     ckpt_before_tracker rlhf.trainer.checkpoint      renamed, before latest_checkpointed_iteration.txt
-    sync_weights        rlhf.mcore.weight_sync.from_tensor  after each bucket delivered to the engines
+    sync_weights        rlhf.weight_bridge.from_tensor  after each bucket delivered to the engines
                         (``last=True`` on a sync's last bucket)
 
 Points that inject an error instead of killing (the safeguards' tests):

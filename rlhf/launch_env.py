@@ -2,7 +2,7 @@
 
 torchrun sets RANK / WORLD_SIZE / LOCAL_RANK; Slurm's srun sets SLURM_PROCID / SLURM_NTASKS /
 SLURM_LOCALID.  torchrun wins when both are set (torchrun inside an srun allocation); with neither it is
-a single process of unknown world size.  Same rules as ``rlhf.mcore.distributed.detect_launch_env``.
+a single process of unknown world size.  Same rules as ``parallel.distributed.detect_launch_env``.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ meet at a static rendezvous (torchrun's ``--nnodes=N --node_rank=R --master_addr
 * from the environment: ``NODE_RANK`` (0 .. nnodes-1), ``MASTER_ADDR`` (node 0's address), ``MASTER_PORT``
   (default 29500); node 0 hosts global rank 0;
 * inside a Slurm step of ONE task per node (``srun --ntasks-per-node=1``): ``SLURM_NODEID``, the first host of
-  ``SLURM_JOB_NODELIST`` and the job's port (``rlhf.mcore.distributed.slurm_job_ports``), unless
+  ``SLURM_JOB_NODELIST`` and the job's port (``parallel.distributed.slurm_job_ports``), unless
   ``MASTER_ADDR`` / ``MASTER_PORT`` are set.
 
 A process started by torchrun, or a task of an srun step with one task per rank (recipes' run_slurm.sbatch),
@@ -115,7 +115,7 @@ def _rendezvous_env(nnodes: int, env: Mapping[str, str]) -> tuple[int, str, int,
            f"python -m rlhf.main ... trainer.nnodes={nnodes}), or start one task per node under Slurm "
            f"(srun --ntasks-per-node=1 python -m rlhf.main ... trainer.nnodes={nnodes})")
     if "SLURM_NODEID" in env and "SLURM_JOB_NODELIST" in env and "NODE_RANK" not in env:
-        from rlhf.mcore.distributed import expand_slurm_nodelist, slurm_job_ports
+        from parallel.distributed import expand_slurm_nodelist, slurm_job_ports
 
         node_rank = _int_env(env, "SLURM_NODEID")
         addr = env.get("MASTER_ADDR") or expand_slurm_nodelist(env["SLURM_JOB_NODELIST"])[0]

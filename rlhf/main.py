@@ -35,7 +35,7 @@ that is given too; the composed config is written to DIR/.hydra/).
 options:
   -h, --help            show this message, the recipes and the algorithm presets
   --cfg [job], -c job   print the resolved config as YAML, check it (data and model paths included) and exit
-  --plan-memory[=GIB]   print the per-GPU memory plan (rlhf/mcore/memory_plan_cli.py) and exit: 0 fits, 2 not
+  --plan-memory[=GIB]   print the per-GPU memory plan (parallel/memory_plan_cli.py) and exit: 0 fits, 2 not
   --config FILE         a YAML file of settings, verl's layout or ours (the command line wins over it)
   --config-path DIR, -cp DIR, --config-name NAME, -cn NAME
                         the same as --config DIR/NAME.yaml (Hydra's options; DIR relative to the working
@@ -212,7 +212,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _plan_memory(cfg, gib: str, err) -> int:
     from rlhf.config import validate_config
-    from rlhf.mcore.memory_plan_cli import plan_memory_report
+    from rlhf.memory_plan.cli import plan_memory_report
 
     validate_config(cfg)
     try:

@@ -4,7 +4,7 @@
     python scripts/convert_checkpoint.py mcore-to-hf --mcore-path M --out H2 [--tp T --pp P --ep E]
     python scripts/convert_checkpoint.py mcore-to-hf --ckpt RUN/checkpoints/global_step_N --out H2 [--hf-config D]
 
-Every registered model family (rlhf.mcore.convert.registry: Llama 2/3.x, Qwen2/2.5, Mistral,
+Every registered model family (parallel.convert.registry: Llama 2/3.x, Qwen2/2.5, Mistral,
 Qwen3, Qwen3-MoE, Mixtral), experts included.  `H` is a local directory or a hub name; its
 config.json is checked first (architecture, rope type, layout: exit code 2 with the supported
 list) before any weight is downloaded.  The megatron checkpoint `M` is layout independent
@@ -63,8 +63,8 @@ def uneven(args) -> dict:
 
 def preflight(args, config_path: str) -> None:
     """Refuse an unsupported model or layout from config.json alone (exit code 2)."""
-    from rlhf.mcore.convert import UnsupportedModelError
-    from rlhf.mcore.preflight import check_model
+    from parallel.convert import UnsupportedModelError
+    from parallel.preflight import check_model
 
     try:
         check_model(config_path, tp=args.tp, pp=args.pp, ep=args.ep, **uneven(args))
@@ -75,7 +75,7 @@ def preflight(args, config_path: str) -> None:
 
 def init_parallel(args) -> None:
     """megatron parallel state (tp, pp and, for MoE, ep)."""
-    from rlhf.mcore.distributed import init_model_parallel
+    from parallel.distributed import init_model_parallel
 
     init_model_parallel(args.tp, args.pp, ep=args.ep)
 
@@ -121,8 +121,8 @@ def main(argv=None) -> int:
     import torch.distributed as dist
     from transformers import AutoConfig
 
-    from rlhf.mcore.distributed import destroy_distributed, init_distributed, set_seed
-    from rlhf.mcore.models import build_model_chunks
+    from parallel.distributed import destroy_distributed, init_distributed, set_seed
+    from parallel.models import build_model_chunks
 
     init_distributed()
     if dist.get_world_size() != world_size(args):
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     init_parallel(args)
     set_seed(0)
     if args.command == "hf-to-mcore":
-        from rlhf.mcore.dist_checkpoint import save_sharded
+        from parallel.dist_checkpoint import save_sharded
 
         hf_path = args.hf_path
         if not os.path.isdir(hf_path):
@@ -156,8 +156,8 @@ def main(argv=None) -> int:
             os.replace(tmp, args.out)
             print(f"wrote megatron checkpoint {args.out} (from {args.hf_path}, tp={args.tp} pp={args.pp} ep={args.ep})")
     else:
-        from rlhf.mcore.dist_checkpoint import load_sharded
-        from rlhf.mcore.convert import save_hf_checkpoint
+        from parallel.dist_checkpoint import load_sharded
+        from parallel.convert import save_hf_checkpoint
 
         if not os.path.isdir(hf_dir):
             raise SystemExit(f"{args.mcore_path!r} has no hf/ config directory; was it written by hf-to-mcore "

@@ -18,8 +18,8 @@ def main():
     import torch
     from safetensors.torch import load_file
 
-    from tests.helpers.tiny_models import make_tiny_hf_model
-    from tests.helpers.tiny_tokenizer import make_tiny_tokenizer
+    from tests.support.tiny_models import make_tiny_hf_model
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
     hf = make_tiny_hf_model(os.path.join(args.workdir, "hf"), "qwen2_tied", vocab_size=400,
                             tokenizer=make_tiny_tokenizer())

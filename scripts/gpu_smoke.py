@@ -4,15 +4,15 @@
     python scripts/gpu_smoke.py --device cpu        # dry run of the same checks on the CPU (tiny model)
 
 Prints the GPU's name, one ``CHECK <name> PASS|FAIL <detail>`` line per check, ``MEMORY`` lines (peak vs
-plan per phase) and a ``SUMMARY``; exits 1 when a check fails.  `tests/test_gpu_smoke.py` runs it (the
+plan per phase) and a ``SUMMARY``; exits 1 when a check fails.  `tests/e2e/test_gpu_smoke.py` runs it (the
 ``gpu`` marker: skipped without CUDA; the CPU dry run is a ``slow`` test).
 
 It goes through the functions the trainer uses, one level below the worker classes (which are being
-restructured): `rlhf.mcore.models.build_model_chunks` (bf16 actor, critic, reference from an HF
-checkpoint), `rlhf.mcore.forward.forward_backward` (old/ref log-probs, values, the actor and critic
-updates, a DPO step) with `rlhf.algorithms`' losses, `rlhf.mcore.optim` (megatron DDP + optimizer,
-guarded step), `rlhf.mcore.dist_checkpoint` (save/load), `rlhf.mcore.convert.save_hf_checkpoint`
-(HF export) and `rlhf.mcore.memory_plan` (estimate vs `torch.cuda.max_memory_allocated`, within 20%).
+restructured): `parallel.models.build_model_chunks` (bf16 actor, critic, reference from an HF
+checkpoint), `parallel.forward.forward_backward` (old/ref log-probs, values, the actor and critic
+updates, a DPO step) with `rlhf.algorithms`' losses, `parallel.optim` (megatron DDP + optimizer,
+guarded step), `parallel.dist_checkpoint` (save/load), `parallel.convert.save_hf_checkpoint`
+(HF export) and `rlhf.memory_plan.planner` (estimate vs `torch.cuda.max_memory_allocated`, within 20%).
 Without Transformer Engine it sets ``RLHF_ALLOW_NO_TE=1`` (megatron's local spec, torch Adam).
 """
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
         return 0
     import gpu_smoke_lib as lib
 
-    from rlhf.mcore.kernels import module_available
+    from parallel.kernels import module_available
 
     if args.device == "cuda" and not module_available("transformer_engine"):
         os.environ.setdefault("RLHF_ALLOW_NO_TE", "1")
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     start = time.time()
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (dry run)"
     print(f"GPU {name} torch={torch.__version__} size={args.size}", flush=True)
-    from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
+    from parallel.distributed import init_distributed, init_model_parallel, set_seed
 
     init_distributed()
     init_model_parallel(1, 1)
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     failed = [n for n, ok in RESULTS if not ok]
     print(f"SUMMARY {len(RESULTS) - len(failed)} passed, {len(failed)} failed in {time.time() - start:.0f} s"
           + (f" (failed: {', '.join(failed)})" if failed else ""), flush=True)
-    from rlhf.mcore.distributed import destroy_distributed
+    from parallel.distributed import destroy_distributed
 
     destroy_distributed()
     return 1 if failed else 0

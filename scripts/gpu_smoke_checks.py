@@ -38,7 +38,7 @@ class SmokeRun:
 
     # ------------------------------------------------------------------ helpers
     def fb(self, chunks, batch, **kw):
-        from rlhf.mcore.forward import forward_backward
+        from parallel.forward import forward_backward
 
         kw.setdefault("micro_batch_size", self.micro)
         return forward_backward(chunks, {k: batch[k] for k in batch}, **kw)
@@ -60,7 +60,7 @@ class SmokeRun:
         return lp
 
     def train_step(self, state, batch, kind, loss_fn, **kw):
-        from rlhf.mcore.optim import optimizer_step, zero_grads
+        from parallel.optim import optimizer_step, zero_grads
 
         zero_grads(state)
         metrics = self.fb(state.model, batch, kind=kind, loss_fn=loss_fn, forward_only=False, **kw)
@@ -73,7 +73,7 @@ class SmokeRun:
 
     # ------------------------------------------------------------------ checks
     def check_environment(self):
-        from rlhf.mcore.kernels import kernel_metrics, resolve_kernels
+        from parallel.kernels import kernel_metrics, resolve_kernels
 
         choice = resolve_kernels()
         self.use_te, self.fused_adam = choice.use_te, lib.optimizer_is_fused()
@@ -85,11 +85,11 @@ class SmokeRun:
     def check_build_bf16_actor_critic_reference(self):
         from transformers import AutoConfig
 
-        from rlhf.mcore.distributed import compute_device
-        from rlhf.mcore.forward import batch_to_device
-        from rlhf.mcore.memory_plan_terms import ModelShape, stage_params
-        from rlhf.mcore.models import build_model_chunks
-        from rlhf.mcore.optim import OptimConfig, build_train_state
+        from parallel.distributed import compute_device
+        from parallel.forward import batch_to_device
+        from rlhf.memory_plan.terms import ModelShape, stage_params
+        from parallel.models import build_model_chunks
+        from parallel.optim import OptimConfig, build_train_state
 
         self.path = os.path.join(self.workdir, "hf")
         self.hf_dict = lib.make_hf_model(self.path, self.size)
@@ -109,7 +109,7 @@ class SmokeRun:
             counts[bundle.role] = (n, stage_params(shape, 1, shape.num_layers, True, True, value_head=head)[0])
         params = [p for b in (self.actor, self.critic, self.reference) for c in b.chunks for p in c.parameters()]
         device_ok = all(p.device.type == self.device for p in params)
-        bf16 = all(p.dtype == torch.bfloat16 for p in params)  # norms too (rlhf.mcore.models.cast_params_)
+        bf16 = all(p.dtype == torch.bfloat16 for p in params)  # norms too (parallel.models.cast_params_)
         ok = all(n == planned for n, planned in counts.values()) and bf16 and device_ok
         return ok, f"params (built, planned) {counts}; all bf16: {bf16}; all on {self.device}: {device_ok}"
 
@@ -215,7 +215,7 @@ class SmokeRun:
 
     def check_memory_plan_vs_measured(self):
         """Each trainer phase's peak (torch allocator) against the plan of exactly what this process holds."""
-        from rlhf.mcore.optim import optimizer_step, zero_grads
+        from parallel.optim import optimizer_step, zero_grads
 
         self._free()
         plan = lib.smoke_plan(self.hf_dict, self.size, self.use_te, self.fused_adam, self.fused_swiglu, self.device)
@@ -275,10 +275,10 @@ class SmokeRun:
     def check_checkpoint_save_load(self):
         """save_sharded -> load into a freshly initialised actor + optimizer: equal weights, and the next step
         of both is bitwise the same."""
-        from rlhf.mcore.convert import iter_hf_tensors
-        from rlhf.mcore.dist_checkpoint import load_sharded, save_sharded
-        from rlhf.mcore.models import build_model_chunks
-        from rlhf.mcore.optim import OptimConfig, build_train_state
+        from parallel.convert import iter_hf_tensors
+        from parallel.dist_checkpoint import load_sharded, save_sharded
+        from parallel.models import build_model_chunks
+        from parallel.optim import OptimConfig, build_train_state
 
         ckpt = os.path.join(self.workdir, "ckpt")
         save_sharded(ckpt, self.actor_state.model, self.actor_state.optimizer,
@@ -302,7 +302,7 @@ class SmokeRun:
     def check_hf_export(self):
         from safetensors.torch import load_file
 
-        from rlhf.mcore.convert import iter_hf_tensors, save_hf_checkpoint
+        from parallel.convert import iter_hf_tensors, save_hf_checkpoint
 
         out = os.path.join(self.workdir, "hf_export")
         save_hf_checkpoint(self.actor.chunks, self.actor.spec, self.hf_config, out)

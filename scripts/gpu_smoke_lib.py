@@ -91,8 +91,8 @@ def measure_peak(fn, device: str) -> tuple[int, object]:
 def smoke_plan(hf_dict: dict, size: str, use_te: bool, fused_adam: bool, fused_swiglu: bool, device: str):
     """The memory plan of what the smoke process holds: actor + critic (torch/TE Adam, not distributed)
     and reference, TP1 x PP1 x DP1, bf16, no recompute, no engine."""
-    from rlhf.mcore.memory_plan import GiB, Layout, PlanInput, Role, Workload, plan_memory
-    from rlhf.mcore.memory_plan_terms import ModelShape
+    from rlhf.memory_plan.planner import GiB, Layout, PlanInput, Role, Workload, plan_memory
+    from rlhf.memory_plan.terms import ModelShape
 
     b = SIZES[size][1]
     micro = b["micro"]

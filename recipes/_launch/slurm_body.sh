@@ -5,7 +5,7 @@
 #
 # On an allocation of N nodes (node 0 = the first of `scontrol show hostnames $SLURM_JOB_NODELIST`):
 #  1. ports come from the job id: base = 20000 + 3 * (SLURM_JOB_ID % 4000); MASTER_PORT = base, the Ray
-#     head (GCS) port = base + 1, its client-server port = base + 2 (rlhf.mcore.distributed.slurm_job_ports
+#     head (GCS) port = base + 1, its client-server port = base + 2 (parallel.distributed.slurm_job_ports
 #     computes the same), so two jobs sharing a node never meet;
 #  2. MASTER_ADDR and the Ray head address are node 0's NodeAddr (scontrol), resolved to an IPv4 address;
 #  3. ONE srun step runs the trainer: tasks per node = the GPUs per node of the allocation (GPU recipes)

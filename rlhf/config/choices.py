@@ -12,7 +12,7 @@ from enum import Enum, StrEnum
 from typing import Any, Optional, Sequence, Union
 
 #: ``algorithm.adv_estimator`` names: rlhf.algorithms.AdvantageEstimator's values, kept here so composing and
-#: validating a config imports no torch (tests/test_config.py checks they equal the registry's)
+#: validating a config imports no torch (tests/unit/config/test_config.py checks they equal the registry's)
 ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo",
                   "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
 #: advantage estimators whose baseline is computed over the rollout.n responses of a prompt (they need
@@ -20,7 +20,7 @@ ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_bas
 GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_vectorized", "rloo_vectorized", "opo",
                     "gpg", "grpo_passk")
 #: ``actor.policy_loss.loss_mode`` names: the keys of rlhf.algorithms.POLICY_LOSS_REGISTRY (checked equal by
-#: tests/test_config.py); ``clip-cov`` style spellings with "-" are accepted too, as get_policy_loss_fn does
+#: tests/unit/config/test_config.py); ``clip-cov`` style spellings with "-" are accepted too, as get_policy_loss_fn does
 POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
 
 
@@ -56,7 +56,7 @@ Truncation = _choices("Truncation", "error left right middle", "what to do with 
                       "last tokens, right its first, middle both ends")
 Gsm8kMethod = _choices("Gsm8kMethod", "strict flexible", "strict: the answer after '####'; flexible: the last "
                        "number of the response")
-#: rlhf.algorithms.losses.LOSS_AGG_MODES (tests/test_config.py checks they agree)
+#: rlhf.algorithms.losses.LOSS_AGG_MODES (tests/unit/config/test_config.py checks they agree)
 LossAggMode = _choices("LossAggMode", "token-mean token-sum seq-mean-token-sum seq-mean-token-mean "
                        "seq-mean-token-sum-norm",
                        "how rlhf.algorithms.agg_loss averages the per-token loss")

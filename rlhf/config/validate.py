@@ -25,15 +25,15 @@ from rlhf.config.schema import field_problems
 
 __all__ = ["validate_config", "config_problems", "check_model_config", "SUPPORTED_ARCHITECTURES"]
 
-#: architectures the megatron model builder maps (the converter registry, rlhf.mcore.convert.supported_architectures,
-#: which imports torch; tests/test_config.py keeps the two equal)
+#: architectures the megatron model builder maps (the converter registry, parallel.convert.supported_architectures,
+#: which imports torch; tests/unit/config/test_config.py keeps the two equal)
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
                            "Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 
 def check_model_config(path: str | os.PathLike, layout: dict | None = None) -> list[str]:
     """Problems of the HF model whose ``config.json`` is at ``path`` (a model directory or the file), from that
-    file alone (rlhf.mcore.preflight.check_model): an architecture the trainer cannot build, a RoPE scaling it
+    file alone (parallel.preflight.check_model): an architecture the trainer cannot build, a RoPE scaling it
     does not implement, and with ``layout`` (tp, pp, vpp, ep, num_layers_in_first/last_pipeline_stage) a
     parallel layout that does not shard the model.  One line each, without the config key (the caller prefixes
     it); [] when the model is supported or the file cannot be read (the caller's own rules report that)."""
@@ -43,8 +43,8 @@ def check_model_config(path: str | os.PathLike, layout: dict | None = None) -> l
         json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return []
-    from rlhf.mcore.convert.spec import UnsupportedModelError
-    from rlhf.mcore.preflight import check_model
+    from parallel.convert.spec import UnsupportedModelError
+    from parallel.preflight import check_model
 
     try:
         check_model(str(p.parent), **(layout or {}))

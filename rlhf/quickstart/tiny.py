@@ -1,7 +1,7 @@
 """Tiny tokenizer and tiny Llama/Qwen2 causal LMs built locally (no hub downloads).
 
 Used by the quickstart (``model.path=tiny://quickstart``, see :mod:`rlhf.quickstart.model`)
-and by the tests (``tests/helpers/tiny_tokenizer.py`` / ``tiny_models.py`` re-export these).
+and by the tests (``tests/support/tiny_tokenizer.py`` / ``tiny_models.py`` re-export these).
 
 Tokenizer (:func:`make_tiny_tokenizer`)
 ---------------------------------------

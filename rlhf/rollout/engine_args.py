@@ -90,7 +90,7 @@ def expected_weights_from_checkpoint(model_path: str, dtype: str = "auto"
     Raises:
         FileNotFoundError: no safetensors file in ``model_path``.
     """
-    from rlhf.mcore.convert.hf_io import read_checkpoint_metadata
+    from parallel.convert.hf_io import read_checkpoint_metadata
 
     engine_dtype = engine_compute_dtype(model_path, dtype)
     return {n: (shape, engine_dtype if dt.is_floating_point else dt)

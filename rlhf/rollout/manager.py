@@ -1,7 +1,7 @@
 """RolloutManager: ``num_engines`` SGLang engines (Ray actors), driven generically.
 
-* :meth:`RolloutManager.call` / :meth:`call_async` fan any :class:`~rlhf.rollout.sglang_engine.SGLangEngine`
-  method out to all (or some) engines -- the engine interface is declared once, there.
+* It implements the engine fleet's interface (:class:`rlhf.rollout.engine.EngineFleet`): each method fans the
+  :class:`~rlhf.rollout.sglang_engine.SGLangEngine` method of the same name out to all (or some) engines.
 * An engine whose actor dies (SGLang's scheduler failed, the process was killed) is replaced by a fresh
   actor in the same loop that runs every call, within ``max_restarts`` replacements per call.  A fresh
   engine serves the checkpoint it was started from, so once the trainer has pushed weights it is
@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from rlhf.rollout.engine import Pending
 from rlhf.rollout.engine_args import engine_env, engine_kwargs, expected_weights_from_checkpoint
 from rlhf.rollout.placement import PlacementPlan, engine_actor_options, plan_placement
 from rlhf.rollout.sampling import SamplingConfig
@@ -91,7 +92,7 @@ def _is_actor_death(err: BaseException) -> bool:
 
 
 class RolloutManager:
-    """Start and drive ``num_engines`` engines.
+    """Start and drive ``num_engines`` engines (an :class:`rlhf.rollout.engine.EngineFleet`).
 
     Args:
         num_engines: engines (each with ``engine_config["tp_size"]`` ranks).
@@ -197,19 +198,25 @@ class RolloutManager:
             self._replace(index, f"{what}: {type(err).__name__}")
         return on_death
 
-    # ------------------------------------------------------------------ generic fan-out
-    def call_async(self, method: str, *args, engines: Optional[Sequence[int]] = None,
-                   per_engine: Optional[Sequence[Dict[str, Any]]] = None, **kwargs) -> List[tuple]:
-        """Start ``method(*args, **kwargs, **per_engine[k])`` on engines ``engines`` (default all);
-        returns ``[(engine index, ray ref)]`` for :meth:`wait`."""
+    # ------------------------------------------------------------------ fan-out (rlhf.rollout.engine)
+    def _start(self, method: Callable[[Any], Any], what: str, *args, engines: Optional[Sequence[int]] = None,
+               per_engine: Optional[Sequence[Dict[str, Any]]] = None, **kwargs) -> Pending:
+        """Start ``method(actor)(*args, **kwargs, **per_engine[k])`` on engines ``engines`` (default all);
+        ``method`` picks the actor's method (``lambda a: a.flush_cache``)."""
         targets = list(range(self.num_engines)) if engines is None else list(engines)
-        if method.startswith("update_weights"):
-            assert_plain_data(method, args, kwargs, per_engine)
+        if what.startswith("update_weights"):
+            assert_plain_data(what, args, kwargs, per_engine)
         extra = list(per_engine) if per_engine is not None else [{}] * len(targets)
-        return [(i, getattr(self.actors[i], method).remote(*args, **kwargs, **kw)) for i, kw in zip(targets, extra)]
+        if len(extra) != len(targets):
+            raise ValueError(f"{what}: {len(extra)} per-engine arguments for {len(targets)} engines {targets}")
+        return [(i, method(self.actors[i]).remote(*args, **kwargs, **kw)) for i, kw in zip(targets, extra)]
 
-    def wait(self, pending: List[tuple], what: str = "call") -> List[Any]:
-        """Results of :meth:`call_async` in order; a dead engine is replaced (and is stale) and gives None."""
+    def _run(self, method: Callable[[Any], Any], what: str, *args, **kwargs) -> List[Any]:
+        """:meth:`_start` then :meth:`wait`."""
+        return self.wait(self._start(method, what, *args, **kwargs), what)
+
+    def wait(self, pending: Pending, what: str = "call") -> List[Any]:
+        """Results of a started call in order; a dead engine is replaced (and is stale) and gives None."""
         import ray
 
         on_death, out = self._budget(what), []
@@ -223,10 +230,9 @@ class RolloutManager:
                 out.append(None)
         return out
 
-    def call(self, method: str, *args, engines: Optional[Sequence[int]] = None,
-             per_engine: Optional[Sequence[Dict[str, Any]]] = None, **kwargs) -> List[Any]:
-        """Run an engine method on every (or the listed) engine and return the results in engine order."""
-        return self.wait(self.call_async(method, *args, engines=engines, per_engine=per_engine, **kwargs), method)
+    def info(self, engines: Optional[Sequence[int]] = None) -> List[Dict[str, Any]]:
+        """Each engine's :meth:`SGLangEngine.info`."""
+        return self._run(lambda a: a.info, "info", engines=engines)
 
     # ------------------------------------------------------------------ generation
     def generate(self, prompt_token_ids: Sequence[Sequence[int]], sampling: SamplingConfig) -> List[RolloutSample]:
@@ -299,6 +305,47 @@ class RolloutManager:
             if self.restarts[i] == token[i]:
                 self._stale.discard(i)
 
+    # ------------------------------------------------------------------ weights: SGLang's calls
+    def begin_weight_update(self, engines: Optional[Sequence[int]] = None) -> None:
+        self._run(lambda a: a.begin_weight_update, "begin_weight_update", engines=engines)
+
+    def end_weight_update(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
+        return self._run(lambda a: a.end_weight_update, "end_weight_update", engines=engines)
+
+    def update_weights_from_tensor(self, payloads: Sequence[Sequence[bytes]], engines: Optional[Sequence[int]] = None,
+                                   load_format: str = "flattened_bucket", flush_cache: bool = False) -> Pending:
+        return self._start(lambda a: a.update_weights_from_tensor, "update_weights_from_tensor", engines=engines,
+                           per_engine=[{"serialized_named_tensors": list(p)} for p in payloads],
+                           load_format=load_format, flush_cache=flush_cache)
+
+    def init_weights_update_group(self, master_address: str, master_port: int, world_size: int, group_name: str,
+                                  backend: str, rank_offsets: Sequence[int]) -> Pending:
+        return self._start(lambda a: a.init_weights_update_group, "init_weights_update_group", master_address,
+                           master_port, world_size=world_size, group_name=group_name, backend=backend,
+                           per_engine=[{"rank_offset": int(r)} for r in rank_offsets])
+
+    def update_weights_from_distributed(self, names: Sequence[str], dtypes: Sequence[str],
+                                        shapes: Sequence[Sequence[int]], group_name: str, flush_cache: bool = False,
+                                        load_format: Optional[str] = "flattened_bucket") -> Pending:
+        return self._start(lambda a: a.update_weights_from_distributed, "update_weights_from_distributed",
+                           list(names), list(dtypes), [list(x) for x in shapes], group_name,
+                           flush_cache=flush_cache, load_format=load_format)
+
+    def destroy_weights_update_group(self, group_name: str) -> List[Any]:
+        return self._run(lambda a: a.destroy_weights_update_group, "destroy_weights_update_group", group_name)
+
+    def update_weights_from_disk(self, model_path: str, engines: Optional[Sequence[int]] = None) -> List[Any]:
+        return self._run(lambda a: a.update_weights_from_disk, "update_weights_from_disk", model_path,
+                         engines=engines)
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100,
+                            engines: Optional[Sequence[int]] = None) -> List[Any]:
+        return self._run(lambda a: a.get_weights_by_name, "get_weights_by_name", name, truncate_size=truncate_size,
+                         engines=engines)
+
+    def flush_cache(self, engines: Optional[Sequence[int]] = None) -> None:
+        self._run(lambda a: a.flush_cache, "flush_cache", engines=engines)
+
     # ------------------------------------------------------------------ memory (colocated)
     def release_memory_occupation(self) -> None:
         """Colocated: free every engine's weights and KV cache (no-op when disaggregated or released)."""
@@ -316,14 +363,17 @@ class RolloutManager:
     def _converge(self) -> None:
         """Bring every engine to the wanted released tags (an engine replaced meanwhile starts resident)."""
         for _ in range(self.max_restarts + 2):
-            for method, todo in (("release_memory_occupation", lambda i: self._released - self._engine_released[i]),
-                                 ("resume_memory_occupation", lambda i: self._engine_released[i] - self._released)):
+            for method, actor_method, todo in (
+                    ("release_memory_occupation", lambda a: a.release_memory_occupation,
+                     lambda i: self._released - self._engine_released[i]),
+                    ("resume_memory_occupation", lambda a: a.resume_memory_occupation,
+                     lambda i: self._engine_released[i] - self._released)):
                 engines = [i for i in range(self.num_engines) if todo(i)]
                 if not engines:
                     continue
                 tags = [sorted(todo(i)) for i in engines]
                 before = list(self.restarts)
-                self.call(method, engines=engines, per_engine=[{"tags": t} for t in tags])
+                self._run(actor_method, method, engines=engines, per_engine=[{"tags": t} for t in tags])
                 for i, t in zip(engines, tags):
                     if self.restarts[i] == before[i]:
                         self._engine_released[i] = (self._engine_released[i] | set(t) if method.startswith("release")
@@ -339,7 +389,7 @@ class RolloutManager:
     # ------------------------------------------------------------------ lifetime
     def engine_pids(self) -> List[int]:
         """Process ids of the engine actors (the SGLang schedulers are their children)."""
-        return [info["pid"] for info in self.call("info")]
+        return [info["pid"] for info in self.info()]
 
     def shutdown(self) -> None:
         """Stop every engine and kill its actor (idempotent)."""

@@ -13,7 +13,7 @@ node whose CUDA_VISIBLE_DEVICES Ray leaves alone) and the node (Ray node affinit
 restarted by Ray (``max_restarts=0``): the manager replaces a dead engine itself.
 
 Ray nodes of a multi-node job (:func:`rank_ray_nodes`, :func:`gpu_engine_nodes`, :func:`cpu_engine_nodes`):
-each trainer rank's node (its name, host name or IP, ``rlhf.mcore.distributed.node_label``) is matched to a
+each trainer rank's node (its name, host name or IP, ``parallel.distributed.node_label``) is matched to a
 Ray node; plan node k is the Ray node of trainer ranks ``k * gpus_per_node ...``, and disaggregated engines
 beyond the trainer's nodes go to the other Ray nodes with GPUs.  On CPU (no plan) a disaggregated engine goes
 to a Ray node other than trainer rank 0's (nodes without trainer ranks first), a colocated one to rank 0's.
@@ -123,7 +123,7 @@ def rank_ray_nodes(labels: Optional[List[Sequence[str]]], ray_nodes: List[Dict[s
     """The Ray node id of each trainer rank (None where it cannot be told).
 
     Args:
-        labels: ``(name, hostname, ip)`` per rank (``rlhf.mcore.distributed.rank_nodes``), or None (unknown).
+        labels: ``(name, hostname, ip)`` per rank (``parallel.distributed.rank_nodes``), or None (unknown).
         ray_nodes: ``ray.nodes()`` (``NodeID``, ``Alive``, ``NodeName``, ``NodeManagerHostname``,
             ``NodeManagerAddress``).
         driver_node: the Ray node of rank 0's driver (``ray.get_runtime_context().get_node_id()``): rank 0's

@@ -75,6 +75,7 @@ class SGLangEngine:
         self.weight_version = 0
         self._in_update = False
         self._updated = False
+        self._released: set = set()  # memory-saver tags this engine has released
 
     # ------------------------------------------------------------------ state
     def info(self) -> Dict[str, Any]:
@@ -214,16 +215,27 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ memory (colocated)
     def release_memory_occupation(self, tags: Optional[List[str]] = None) -> None:
-        """Free ``tags`` (default: weights and KV cache); a no-op for memory on CPU, where SGLang's
-        memory saver is disabled, but the same calls run."""
-        check_result(self.engine.release_memory_occupation(tags=list(tags or MEMORY_TAGS)),
-                     "release_memory_occupation")
+        """Free ``tags`` (default: weights and KV cache); tags already released are skipped.  A no-op for
+        memory on CPU, where SGLang's memory saver is disabled, but the same calls run."""
+        todo = [t for t in (tags or MEMORY_TAGS) if t not in self._released]
+        if todo:
+            check_result(self.engine.release_memory_occupation(tags=todo), "release_memory_occupation")
+            self._released |= set(todo)
 
     def resume_memory_occupation(self, tags: Optional[List[str]] = None) -> None:
-        """Re-allocate ``tags`` freed by :meth:`release_memory_occupation` (never call it on tags that
-        were not released: SGLang's scheduler then fails)."""
-        check_result(self.engine.resume_memory_occupation(tags=list(tags or MEMORY_TAGS)),
-                     "resume_memory_occupation")
+        """Re-allocate ``tags`` (default: all) freed by :meth:`release_memory_occupation`.
+
+        Raises:
+            EngineCallError: a tag this engine did not release; nothing reaches SGLang, whose scheduler dies
+                on such a resume (the engine would be lost and replaced, hiding the caller's mistake).
+        """
+        tags = list(tags or MEMORY_TAGS)
+        held = [t for t in tags if t not in self._released]
+        if held:
+            raise EngineCallError(f"resume_memory_occupation({tags}): engine {self.index} has not released {held} "
+                                  f"(released: {sorted(self._released)}); resume only what was released")
+        check_result(self.engine.resume_memory_occupation(tags=tags), "resume_memory_occupation")
+        self._released -= set(tags)
 
     def shutdown(self) -> None:
         """Stop the engine and its scheduler processes (the actor is killed by the manager after)."""

@@ -18,9 +18,9 @@ import time
 import torch.distributed as dist
 
 from rlhf import faults
-from rlhf.mcore.distributed import init_distributed, init_model_parallel, set_seed
-from rlhf.mcore.memory_plan_cli import check_plan_at_start
-from rlhf.mcore.step_guard import SkippedStepsError
+from parallel.distributed import init_distributed, init_model_parallel, set_seed
+from rlhf.memory_plan.cli import check_plan_at_start
+from parallel.step_guard import SkippedStepsError
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
 
 from .alerts import Alerts
@@ -215,7 +215,7 @@ class BaseTrainer:
 
     def export_hf(self) -> str:
         """Collective. The actor as an HF checkpoint (+ tokenizer) in ``<default_local_dir>/hf_export``."""
-        from rlhf.mcore.convert import save_hf_checkpoint
+        from parallel.convert import save_hf_checkpoint
 
         out = os.path.join(self.cfg.trainer.default_local_dir, "hf_export")
         save_hf_checkpoint(self.actor.chunks, self.actor.bundle.spec, self.hf_config, out, tokenizer=self.tokenizer)

@@ -16,7 +16,7 @@ deleted under another name (`global_step_<k>.deleting/`: an older checkpoint pas
 Stale `.tmp` / `.deleting` folders are removed on the next save.
 
 Slim checkpoints (``trainer.slim_checkpoint``, default true) keep only what resuming needs
-(rlhf.mcore.dist_checkpoint.save_sharded); full ones also hold recomputable copies.  Either loads.
+(parallel.dist_checkpoint.save_sharded); full ones also hold recomputable copies.  Either loads.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from rlhf import faults
-from rlhf.mcore.dist_checkpoint import load_sharded, save_sharded
+from parallel.dist_checkpoint import load_sharded, save_sharded
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STALE_SUFFIXES = (".tmp", ".deleting")
@@ -71,6 +71,12 @@ def latest_checkpoint(root: str) -> str | None:
     step = int(open(tracker).read().strip())
     path = os.path.join(root, f"global_step_{step}")
     return path if os.path.isdir(path) else None
+
+
+def _mid_save_fault_point():
+    """With ``RLHF_FAULT=ckpt_mid_save``: the hook that kills the run after a role's tensor files are written
+    and before its metadata.json (a kill in the middle of a sharded save)."""
+    return lambda checkpoint_dir: faults.maybe_fail("ckpt_mid_save", dir=checkpoint_dir)
 
 
 def _rng_state() -> dict:
@@ -118,9 +124,11 @@ def save_checkpoint(root: str, step: int, roles: dict, trainer_state: dict, max_
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
         os.makedirs(os.path.join(tmp, "rng"), exist_ok=True)
     dist.barrier()
+    mid_save = _mid_save_fault_point() if faults.armed("ckpt_mid_save") else None
     for name, state in roles.items():
         save_sharded(os.path.join(tmp, name), state.model, state.optimizer,
-                     common={"scheduler": to_builtins(state.scheduler.state_dict())}, slim=slim)
+                     common={"scheduler": to_builtins(state.scheduler.state_dict())}, slim=slim,
+                     after_tensor_files=mid_save)
     torch.save(_rng_state(), os.path.join(tmp, "rng", f"rank_{rank}.pt"))
     if rank == 0:
         torch.save(dict(trainer_state, step=step), os.path.join(tmp, "trainer_state.pt"))

@@ -1,7 +1,7 @@
 """The actor (and the frozen reference) on megatron: per-token log-probs and the policy update."""
 from __future__ import annotations
 
-from rlhf.mcore.moe import MoEMetrics
+from parallel.moe import MoEMetrics
 
 from .batch import MODEL_KEYS, dp_all_gather, dp_info
 from .dynamic_batch import token_budgets
@@ -11,7 +11,7 @@ __all__ = ["MegatronActor"]
 
 
 class MegatronActor(MegatronWorker):
-    """`bundle` (rlhf.mcore.models.ModelBundle) with its `state` (rlhf.mcore.optim.TrainState; None for a
+    """`bundle` (parallel.models.ModelBundle) with its `state` (parallel.optim.TrainState; None for a
     frozen reference).  `cfg` is the config's ``actor`` section (micro/mini batch sizes, ppo_epochs);
     `temperature` divides the logits before every log-prob (the rollout's, so the trainer's log-probs
     match the engine's).  With ``actor.use_dynamic_bsz`` micro batches are cut by token budgets
@@ -55,6 +55,6 @@ class MegatronActor(MegatronWorker):
             temperature=self.temperature, calculate_entropy=loss.needs_entropy)
         metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}
         metrics["actor/lr"] = float(self.state.optimizer.param_groups[0]["lr"])
-        if self.moe is not None:  # MoE: router aux loss and tokens per expert of this update (rlhf.mcore.moe)
+        if self.moe is not None:  # MoE: router aux loss and tokens per expert of this update (parallel.moe)
             metrics.update(self.moe.collect())
         return metrics

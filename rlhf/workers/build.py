@@ -7,8 +7,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from rlhf.mcore.models import build_model_chunks
-from rlhf.mcore.optim import OptimConfig, build_train_state
+from parallel.models import build_model_chunks
+from parallel.optim import OptimConfig, build_train_state
 
 from .actor import MegatronActor
 from .critic import MegatronCritic
@@ -63,7 +63,7 @@ def load_hf_config(path: str):
 
 
 def optim_config(cfg_optim) -> OptimConfig:
-    """rlhf.mcore.optim.OptimConfig from a config ``optim`` section (its fields, by name)."""
+    """parallel.optim.OptimConfig from a config ``optim`` section (its fields, by name)."""
     return OptimConfig(**{k: cfg_optim[k] for k in OptimConfig.__dataclass_fields__ if k in cfg_optim})
 
 

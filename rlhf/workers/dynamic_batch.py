@@ -3,7 +3,7 @@ rows of similar length grouped together, and each micro batch stripped of its pa
 
 Why not megatron-core's packed sequences (THD, ``PackedSeqParams``)?  They need Transformer Engine's fused
 attention: megatron's local layer spec (CPU, or any machine without TE) asserts ``packed_seq_params is None``
-in ``DotProductAttention``, and rlhf.mcore.forward feeds [b, s] rows.  The fallback used on every backend
+in ``DotProductAttention``, and parallel.forward feeds [b, s] rows.  The fallback used on every backend
 is **compacted padded rows**: a micro batch's rows are left-aligned (prompt tokens, then response tokens,
 then padding) and cut to the micro batch's longest real sequence, so the padding processed is only the
 difference between rows of one micro batch; sorting rows by length before cutting keeps that difference

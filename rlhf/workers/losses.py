@@ -4,7 +4,7 @@ A loss is a callable ``loss(outputs, micro_batch, prompt_length) -> (loss scalar
 attributes the update loop reads: ``keys`` (batch keys it needs besides the model inputs),
 ``needs_entropy`` (the forward computes per-token entropy), ``micro_group`` (rows that must share a
 micro batch) and ``global_info(full_mini_batch, dp_size) -> dict`` (counts of the whole mini batch).
-``outputs["log_probs"]`` is [b, S] with S >= P + R (rlhf.mcore.forward pads S at the right under
+``outputs["log_probs"]`` is [b, S] with S >= P + R (parallel.forward pads S at the right under
 sequence parallelism); the response is columns [P, P + R) (:func:`response_part`), P = `prompt_length`,
 R = ``micro_batch["response_mask"].shape[1]``.
 

@@ -44,7 +44,7 @@ def start_rollout(cfg, model_path: str):
     several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go."""
     import ray
 
-    from rlhf.mcore.distributed import rank_nodes
+    from parallel.distributed import rank_nodes
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
                                         rank_ray_nodes)
@@ -78,11 +78,11 @@ def start_rollout(cfg, model_path: str):
 
 class RolloutWorker:
     """Collective: engines started on global rank 0 (``manager``; None elsewhere) and the weight bridge from
-    ``actor_bundle`` (rlhf.mcore.models.ModelBundle) into them on every rank; ``tokenizer`` decodes responses
+    ``actor_bundle`` (parallel.models.ModelBundle) into them on every rank; ``tokenizer`` decodes responses
     for the reward."""
 
     def __init__(self, cfg, model_path: str, actor_bundle, tokenizer):
-        from rlhf.mcore.weight_sync import WeightBridge
+        from rlhf.weight_bridge import WeightBridge
         from rlhf.rollout import SamplingConfig
         from rlhf.rollout.sampling import stop_token_ids_for
 

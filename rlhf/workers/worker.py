@@ -14,8 +14,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from rlhf.mcore.forward import forward_backward
-from rlhf.mcore.optim import optimizer_step, zero_grads
+from parallel.forward import forward_backward
+from parallel.optim import optimizer_step, zero_grads
 
 from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batch_indices, pipeline_micro_batch_multiple
 from .dynamic_batch import PaddingCounter, compact_rows, expand_rows, partition_by_token_budget
@@ -44,7 +44,7 @@ def gather_metrics(per_micro: list[dict]) -> dict:
 
 
 def step_metrics(role: str, steps: list) -> dict:
-    """Metrics of a role's optimizer steps (rlhf.mcore.optim.StepResult): <role>/grad_norm (mean pre-clip
+    """Metrics of a role's optimizer steps (parallel.optim.StepResult): <role>/grad_norm (mean pre-clip
     norm), <role>/num_skipped_steps (non-finite gradient norm: the update was skipped),
     <role>/num_breaker_events (the gradient circuit breaker restarted the LR warm-up)."""
     return {f"{role}/grad_norm": float(np.mean([s.grad_norm for s in steps])),
@@ -90,8 +90,8 @@ def _grad_sync_unless(model, last: bool):
 
 
 class MegatronWorker:
-    """A megatron model (`bundle`: rlhf.mcore.models.ModelBundle) and, when it trains, its
-    `state` (rlhf.mcore.optim.TrainState: DDP chunks, optimizer, LR scheduler).
+    """A megatron model (`bundle`: parallel.models.ModelBundle) and, when it trains, its
+    `state` (parallel.optim.TrainState: DDP chunks, optimizer, LR scheduler).
 
     `forward_max_tokens` (dynamic batching, rlhf.workers.dynamic_batch): the no-grad forward cuts micro batches
     by this token budget instead of `forward_micro_batch_size` rows.  `padding` counts real and processed
@@ -139,7 +139,7 @@ class MegatronWorker:
     def forward(self, batch: dict, **forward_kwargs) -> dict:
         """No-grad forward of this rank's data-parallel slice of `batch` (MODEL_KEYS) in micro batches
         of at most `forward_micro_batch_size`; returns the local [N / dp, P + R] outputs of
-        rlhf.mcore.forward.forward_backward (`log_probs` / `entropy` / `values`).  Under virtual pipeline
+        parallel.forward.forward_backward (`log_probs` / `entropy` / `values`).  Under virtual pipeline
         stages the number of micro batches is a multiple of the pipeline size (megatron's interleaved
         schedule): a slice that does not split so is padded with copies of its last row, whose outputs
         are dropped."""
@@ -182,7 +182,7 @@ class MegatronWorker:
         back to the batch layout, so losses need no change; ``num_micro_batches`` is then the number of token
         micro batches.
 
-        Returns (per-micro-batch metrics of this rank, rlhf.mcore.optim.StepResult of every optimizer step).
+        Returns (per-micro-batch metrics of this rank, parallel.optim.StepResult of every optimizer step).
         """
         rank, size, _ = dp_info()
         n_mini = max(1, batch["input_ids"].shape[0] // (mini_batch_size * batch["n"]))

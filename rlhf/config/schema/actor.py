@@ -6,7 +6,7 @@ from typing import Any, Optional
 
 from rlhf.config.choices import KLEstimator, LossAggMode
 from rlhf.config.schema.rules import Checked, ge, gt, gt_or_null, rule
-from rlhf.mcore.optim_config import OptimConfig
+from parallel.optim_config import OptimConfig
 
 __all__ = ["PolicyLossConfig", "ActorConfig", "CriticConfig"]
 

@@ -1,0 +1,128 @@
+"""The memory plan of a composed training config (``python -m rlhf.main ... --plan-memory``).
+
+    from rlhf.memory_plan.from_config import plan_from_config, check_memory_plan
+    plan = plan_from_config(cfg, hf_config, world_size=8, gpu_memory_gib=80)
+    print(format_plan(plan))
+    check_memory_plan(plan)      # MemoryPlanError with the knobs when a phase does not fit
+
+Reads only plain values of the config (an OmegaConf DictConfig or a nested dict with the schema's
+keys, `rlhf.config.schema`), so it imports neither torch nor the config package.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rlhf.memory_plan.planner import (EngineSetup, GiB, Layout, MemoryPlan, PlanInput, Role, Workload, format_plan,
+                                    plan_memory)
+from rlhf.memory_plan.terms import ModelShape
+
+logger = logging.getLogger(__name__)
+
+
+class MemoryPlanError(ValueError):
+    """The plan does not fit the GPU; the message lists each phase's peak and the knob to turn."""
+
+
+def _get(cfg: Any, dotted: str, default: Any = None) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        try:
+            node = node[part] if part in node else None
+        except TypeError:
+            node = getattr(node, part, None)
+        if node is None:
+            return default
+    return node
+
+
+def _value(x: Any) -> Any:
+    return getattr(x, "value", x)  # Enum members -> their value
+
+
+def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_memory_gib: float = 80.0,
+                           transformer_engine: bool = True, cuda: bool = True,
+                           engine_memory_saver: bool = True, trainer_empty_cache: bool = True) -> PlanInput:
+    """PlanInput of the run `cfg` describes on `world_size` GPUs of `gpu_memory_gib` GiB each.
+
+    hf_config: the model's config.json dict or transformers config.  transformer_engine: the GPU
+    nodes have TE (flash attention, FusedAdam); False plans megatron's local spec and torch Adam.
+    engine_memory_saver: SGLang releases its memory during the trainer's phases.  trainer_empty_cache:
+    the trainer empties torch's cache before the engine resumes.
+    Raises ValueError when tp * pp does not divide world_size.
+    """
+    tp = int(_get(cfg, "parallel.tensor_model_parallel_size", 1))
+    pp = int(_get(cfg, "parallel.pipeline_model_parallel_size", 1))
+    if world_size % (tp * pp):
+        raise ValueError(f"tp={tp} x pp={pp} does not divide world_size={world_size}")
+    dp = world_size // (tp * pp)
+    layout = Layout(tp=tp, pp=pp, dp=dp, vpp=_get(cfg, "parallel.virtual_pipeline_model_parallel_size"),
+                    ep=int(_get(cfg, "parallel.expert_model_parallel_size", 1)),
+                    sequence_parallel=bool(_get(cfg, "parallel.sequence_parallel", False)),
+                    first_stage_layers=_get(cfg, "parallel.num_layers_in_first_pipeline_stage"),
+                    last_stage_layers=_get(cfg, "parallel.num_layers_in_last_pipeline_stage"))
+    algo = str(_value(_get(cfg, "algorithm.name", "ppo")))
+    dpo = algo == "dpo"
+    n = 2 if dpo else int(_get(cfg, "rollout.n", 1))  # sequences per prompt (DPO: a pair)
+    seq = int(_get(cfg, "data.max_prompt_length")) + int(_get(cfg, "data.max_response_length"))
+
+    def role(name: str, trainable: bool = True) -> Role:
+        section = "actor" if name == "reference" else name
+        micro_req = int(_get(cfg, f"{section}.ppo_micro_batch_size_per_gpu", 1))
+        local_mini = max(1, int(_get(cfg, f"{section}.ppo_mini_batch_size", 1)) * n // dp)
+        micro = max(1, min(micro_req, local_mini))
+        return Role(name=name, trainable=trainable,
+                    distributed_optimizer=bool(_get(cfg, f"{section}.optim.use_distributed_optimizer", False)),
+                    micro_batch=micro, num_micro_batches=max(1, local_mini // micro), entropy=not dpo)
+
+    roles = [role("actor")]
+    adv = str(_value(_get(cfg, "algorithm.adv_estimator", "gae")))
+    critic = _get(cfg, "critic.enable")
+    if not dpo and (critic if critic is not None else adv == "gae"):
+        roles.append(role("critic"))
+    if dpo or _get(cfg, "algorithm.use_kl_in_reward", False) or _get(cfg, "actor.use_kl_loss", False):
+        roles.append(role("reference", trainable=False))
+    dtype = str(_value(_get(cfg, "model.dtype", "bfloat16")))
+    params_bytes = 2 if dtype in ("bfloat16", "float16") else 4
+    engine = None
+    if not dpo:
+        rdtype = str(_value(_get(cfg, "rollout.dtype", "auto")))
+        wbytes = params_bytes if rdtype == "auto" else (2 if rdtype in ("bfloat16", "float16") else 4)
+        engine = EngineSetup(tp=int(_get(cfg, "rollout.tensor_model_parallel_size", 1)),
+                             num_engines=int(_get(cfg, "rollout.num_engines", 1)),
+                             mem_fraction_static=float(_get(cfg, "rollout.mem_fraction_static", 0.5)),
+                             weight_bytes=wbytes, kv_bytes=wbytes,
+                             colocated=str(_value(_get(cfg, "rollout.mode", "colocated"))) == "colocated",
+                             memory_saver=engine_memory_saver,
+                             sync_bucket_bytes=int(_get(cfg, "rollout.weight_sync_bucket_mb", 512)) << 20)
+    local_prompts = max(1, int(_get(cfg, "data.train_batch_size", 1)) * n // dp)
+    workload = Workload(seq_length=seq, temperature=float(_get(cfg, "rollout.temperature", 1.0)),
+                        log_prob_micro_batch=max(1, min(int(_get(cfg, "actor.log_prob_micro_batch_size_per_gpu", 1)),
+                                                        local_prompts)))
+    return PlanInput(model=ModelShape.from_hf_config(hf_config), layout=layout, roles=tuple(roles),
+                     workload=workload, gpu_bytes=gpu_memory_gib * GiB, num_gpus=world_size, engine=engine,
+                     params_bytes=params_bytes, recompute=_value(_get(cfg, "parallel.recompute")),
+                     flash_attention=transformer_engine, fused_adam=transformer_engine, cuda=cuda,
+                     divisible_by=int(_get(cfg, "model.make_vocab_size_divisible_by", 128)),
+                     trainer_empty_cache=trainer_empty_cache)
+
+
+def plan_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_memory_gib: float = 80.0,
+                     **kwargs) -> MemoryPlan:
+    """The memory plan (rlhf.memory_plan.planner.plan_memory) of the composed config `cfg` on `world_size`
+    GPUs of `gpu_memory_gib` GiB; keyword options as `plan_input_from_config`.  Print it with
+    `format_plan`.  This is what ``--plan-memory`` calls."""
+    return plan_memory(plan_input_from_config(cfg, hf_config, world_size=world_size, gpu_memory_gib=gpu_memory_gib,
+                                              **kwargs))
+
+
+def check_memory_plan(plan: MemoryPlan, strict: bool = True) -> MemoryPlan:
+    """Refuse (strict: MemoryPlanError) or warn (log) when a phase does not fit; the message is the plan's
+    table with the knob of each failing phase.  Returns the plan."""
+    if plan.fits:
+        return plan
+    message = "the run does not fit in GPU memory:\n" + format_plan(plan)
+    if strict:
+        raise MemoryPlanError(message)
+    logger.warning(message)
+    return plan

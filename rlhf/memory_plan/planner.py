@@ -1,0 +1,390 @@
+"""Per-GPU memory plan of a training run, phase by phase, before anything is allocated.
+
+    plan = plan_memory(PlanInput(model=ModelShape.from_hf_config(config_json), ...))
+    print(format_plan(plan))          # one row per phase: peak, headroom, biggest items, the knob to turn
+    plan.fits                         # every phase fits and the engine gets a KV cache
+
+`rlhf.memory_plan.from_config.plan_from_config(cfg, hf_config, ...)` builds the PlanInput from the
+composed training config (``--plan-memory``).  The byte counts are in `rlhf.memory_plan.terms`.
+
+Order of events modelled (colocated rollout, as `rlhf.setup` builds things):
+
+1. build: actor / critic / reference weights, megatron DDP's fp32 grad buffers and the optimizer's
+   fp32 main parameters (megatron allocates them when the optimizer is built).  Adam's moments do
+   not exist yet (torch allocates them at the first step).
+2. engine start: SGLang measures the FREE memory F (after the trainer's models, CUDA contexts
+   and NCCL buffers) and keeps `mem_fraction_static * F` for its weights + KV cache
+   (sglang 0.5.23 `measure_pre_model_load_memory` / `_profile_available_bytes`: KV = F * m - weights).
+3. from step 1 on, Adam's moments exist for good, but the engine's share was fixed before them:
+   generate and weight sync run with both (the phases that decide the fit).  During the trainer's
+   phases the engine is released (SGLang memory saver) and keeps its context and runtime pool.
+
+Assumptions (each a PlanInput field): one engine rank per GPU; the trainer calls
+`torch.cuda.empty_cache()` before the engine resumes (its cached activation blocks are not held);
+CUDA context 0.75 GiB per process, NCCL buffers 0.5 GiB per trainer process, SGLang's runtime
+pool (activations, CUDA graphs) 2 GiB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlhf.memory_plan.terms import (GiB, ModelShape, in_flight_micro_batches, kv_bytes_per_token,
+                                          layer_activations, logits_bytes, model_params, padded_vocab, stage_layers,
+                                          stage_params)
+
+__all__ = ["GiB", "ModelShape", "Layout", "Role", "Workload", "EngineSetup", "PlanInput", "Item", "Phase",
+           "MemoryPlan", "plan_memory", "format_plan"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Trainer parallelism (megatron): dp = world / (tp * pp)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    vpp: int | None = None
+    ep: int = 1
+    sequence_parallel: bool = False
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+
+@dataclass(frozen=True)
+class Role:
+    """One model the trainer holds: actor, critic (value head) or reference (frozen, weights only)."""
+
+    name: str
+    trainable: bool = True
+    distributed_optimizer: bool = False
+    micro_batch: int = 1  # sequences per training micro batch
+    num_micro_batches: int = 1  # per optimizer step on this rank (PP in-flight count)
+    entropy: bool = True  # the update computes the entropy (PPO actor)
+
+    @property
+    def value_head(self) -> bool:
+        return self.name == "critic"
+
+
+@dataclass(frozen=True)
+class Workload:
+    seq_length: int  # prompt + response tokens
+    log_prob_micro_batch: int = 1  # old/ref log-probs and values
+    temperature: float = 1.0
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """SGLang engines (rollout)."""
+
+    tp: int = 1
+    num_engines: int = 1
+    mem_fraction_static: float = 0.5
+    weight_bytes: int = 2
+    kv_bytes: int = 2
+    colocated: bool = True
+    memory_saver: bool = True  # released during the trainer's phases
+    runtime_bytes: float = 2 * GiB
+    sync_bucket_bytes: float = 512 << 20
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    model: ModelShape
+    layout: Layout
+    roles: tuple[Role, ...]
+    workload: Workload
+    gpu_bytes: float = 80 * GiB
+    num_gpus: int = 1
+    engine: EngineSetup | None = None
+    params_bytes: int = 2  # bf16
+    recompute: str | None = None
+    flash_attention: bool = True  # Transformer Engine spec (False: megatron's local spec)
+    fused_adam: bool = True  # TE/Apex FusedAdam (False: torch Adam, foreach on CUDA: one fp32 temp per param)
+    cuda: bool = True  # False: CPU run (no contexts, per-parameter Adam temporaries)
+    fused_swiglu: bool = True  # megatron's bias_activation_fusion (on with TE; needs triton + a C compiler)
+    divisible_by: int = 128
+    cuda_context_bytes: float = 0.75 * GiB
+    nccl_bytes: float = 0.5 * GiB
+    trainer_empty_cache: bool = True  # False: the trainer's cached activation blocks stay reserved while generating
+
+
+@dataclass(frozen=True)
+class Item:
+    name: str
+    bytes: float
+    torch: bool = True  # counted by the trainer's torch allocator (torch.cuda.max_memory_allocated)
+
+
+@dataclass
+class Phase:
+    name: str
+    items: list[Item]
+    knob: str
+    stage: int = 0
+
+    @property
+    def peak(self) -> float:
+        return sum(i.bytes for i in self.items)
+
+    @property
+    def torch_peak(self) -> float:
+        """What `torch.cuda.max_memory_allocated` of the trainer process should read in this phase."""
+        return sum(i.bytes for i in self.items if i.torch)
+
+
+@dataclass
+class MemoryPlan:
+    gpu_bytes: float
+    phases: list[Phase]
+    problems: list[str] = field(default_factory=list)
+    engine_free_at_start: float | None = None
+    engine_static: float | None = None
+    kv_cache_bytes: float | None = None
+    kv_cache_tokens: float | None = None
+    max_mem_fraction_static: float | None = None
+    summary: str = ""
+
+    def phase(self, name: str) -> Phase:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"no phase {name!r}; phases: {[p.name for p in self.phases]}")
+
+    @property
+    def peak(self) -> Phase:
+        return max(self.phases, key=lambda p: p.peak)
+
+    @property
+    def fits(self) -> bool:
+        return not self.problems and all(p.peak <= self.gpu_bytes for p in self.phases)
+
+    def knobs(self) -> list[str]:
+        """One line per phase that does not fit, plus the engine problems."""
+        return [f"{p.name}: needs {p.peak / GiB:.1f} GiB of {self.gpu_bytes / GiB:.1f}; {p.knob}"
+                for p in self.phases if p.peak > self.gpu_bytes] + list(self.problems)
+
+
+def _role_static(inp: PlanInput, role: Role, stage: int) -> dict[str, float]:
+    """weights / grads / main params / Adam moments of `role` on one rank of `stage`."""
+    lay = inp.layout
+    layers = stage_layers(inp.model.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+    dense, expert = stage_params(inp.model, lay.tp, layers[stage], stage == 0, stage == lay.pp - 1,
+                                 value_head=role.value_head, pp=lay.pp, ep=lay.ep, divisible_by=inp.divisible_by)
+    params = dense + expert
+    out = {"weights": params * inp.params_bytes}
+    if role.trainable:
+        edp = max(1, lay.dp // lay.ep)  # expert data parallel: world / (etp * ep * pp), etp = tp
+        shard = (dense / lay.dp + expert / edp) if role.distributed_optimizer else params
+        out["grads"] = params * 4  # DDP grad buffer, grad_reduce_in_fp32=True (parallel.optim.wrap_ddp)
+        out["main params"] = shard * 4 if inp.params_bytes < 4 else 0.0
+        out["adam"] = shard * 8
+        out["_optimizer_params"] = shard
+        vocab = padded_vocab(inp.model.vocab_size, inp.divisible_by, lay.tp)
+        out["_max_param"] = vocab / lay.tp * inp.model.hidden_size  # the largest tensor: embedding / LM head
+    return out
+
+
+def _seq(inp: PlanInput) -> int:
+    s, tp = inp.workload.seq_length, inp.layout.tp
+    return -(-s // tp) * tp if inp.layout.sequence_parallel and tp > 1 else s
+
+
+def _acts(inp: PlanInput, micro_batch: int):
+    return layer_activations(inp.model, _seq(inp), micro_batch, inp.layout.tp,
+                             sequence_parallel=inp.layout.sequence_parallel and inp.layout.tp > 1,
+                             act_bytes=inp.params_bytes, flash_attention=inp.flash_attention, recompute=inp.recompute,
+                             fused_norm=inp.cuda, fused_swiglu=inp.fused_swiglu)
+
+
+def _forward_peak(inp: PlanInput, role: Role, stage: int) -> float:
+    """No-grad forward of one log-prob micro batch: the biggest of a layer's intermediates and the logits."""
+    micro = inp.workload.log_prob_micro_batch
+    layer = _acts(inp, micro).forward_transient
+    if stage != inp.layout.pp - 1 or role.value_head:
+        return layer
+    logits = logits_bytes(inp.model, _seq(inp) * micro, inp.layout.tp, act_bytes=inp.params_bytes, entropy=False,
+                          temperature=inp.workload.temperature, divisible_by=inp.divisible_by)
+    return max(layer, logits)
+
+
+def _train_peak(inp: PlanInput, role: Role, stage: int) -> tuple[float, float]:
+    """(stored activations of the in-flight micro batches, the larger of the logits and the layer backward peaks)."""
+    lay = inp.layout
+    layers = stage_layers(inp.model.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)[stage]
+    acts = _acts(inp, role.micro_batch)
+    in_flight = in_flight_micro_batches(lay.pp, stage, role.num_micro_batches, lay.vpp)
+    stored = acts.stored * layers * in_flight
+    x, e, h = _seq(inp) * role.micro_batch, inp.params_bytes, inp.model.hidden_size
+    t_sp = lay.tp if lay.sequence_parallel else 1
+    layer_bwd = acts.backward_transient + (acts.full_layer if inp.recompute == "full" else 0.0)
+    top = 0.0
+    if stage == lay.pp - 1:
+        final_norm = (2 * e if inp.flash_attention or inp.cuda else 8 + e) * x * h / t_sp  # norm in + LM head in
+        top = final_norm
+        if not role.value_head:
+            top += logits_bytes(inp.model, x, lay.tp, act_bytes=e, entropy=role.entropy,
+                                temperature=inp.workload.temperature, divisible_by=inp.divisible_by)
+    return stored, max(top, layer_bwd)
+
+
+def plan_memory(inp: PlanInput) -> MemoryPlan:
+    """Estimate the per-GPU peak of every phase (worst pipeline stage per phase); see the module docstring.
+
+    Returns a MemoryPlan: phases with their items (bytes) and the knob to turn when one does not fit;
+    problems (engine weights above its share, a KV cache smaller than one sequence, more than one
+    engine rank per GPU).  Pure arithmetic; raises ValueError for a bad recompute value.
+    """
+    phases: list[Phase] = []
+    problems: list[str] = []
+    ctx = [Item("trainer CUDA context + NCCL", inp.cuda_context_bytes + inp.nccl_bytes, False)] if inp.cuda else []
+    eng = inp.engine
+    plan = MemoryPlan(gpu_bytes=inp.gpu_bytes, phases=phases, problems=problems)
+    stage_plans = []
+    for stage in range(inp.layout.pp):
+        statics = {r.name: _role_static(inp, r, stage) for r in inp.roles}
+        at_start = [Item(f"{n} {k}", v) for n, s in statics.items() for k, v in s.items()
+                    if k in ("weights", "grads", "main params") and v]
+        adam = [Item(f"{n} adam", s["adam"]) for n, s in statics.items() if s.get("adam")]
+        stage_plans.append((stage, statics, at_start, adam))
+    # the engine sizes itself against the fullest stage's free memory (SGLang takes the minimum over its ranks)
+    stage, statics, at_start, adam = max(stage_plans, key=lambda sp: sum(i.bytes for i in sp[2]))
+    engine_hold: list[Item] = []
+    engine_released: list[Item] = []
+    if eng is not None and eng.colocated:
+        per_gpu = -(-eng.num_engines * eng.tp // max(inp.num_gpus, 1))
+        if per_gpu > 1:
+            problems.append(f"{eng.num_engines} engines x TP{eng.tp} need {per_gpu} engine ranks per GPU on "
+                            f"{inp.num_gpus} GPUs; use rollout.num_engines * rollout.tensor_model_parallel_size "
+                            f"<= {inp.num_gpus}")
+        engine_ctx = Item("engine CUDA context", inp.cuda_context_bytes, False) if inp.cuda else None
+        used = sum(i.bytes for i in at_start + ctx) + (engine_ctx.bytes if engine_ctx else 0)
+        free = inp.gpu_bytes - used
+        weights = model_params(inp.model) * eng.weight_bytes / eng.tp
+        static = eng.mem_fraction_static * free
+        kv = static - weights
+        plan.engine_free_at_start, plan.engine_static, plan.kv_cache_bytes = free, static, kv
+        plan.kv_cache_tokens = max(kv, 0) / kv_bytes_per_token(inp.model, eng.tp, eng.kv_bytes)
+        if kv <= 0:
+            problems.append(f"engine weights ({weights / GiB:.1f} GiB per rank) exceed mem_fraction_static x free "
+                            f"memory at engine start ({static / GiB:.1f} GiB): raise rollout.mem_fraction_static, "
+                            f"or rollout.tensor_model_parallel_size")
+        elif plan.kv_cache_tokens < inp.workload.seq_length:
+            problems.append(f"KV cache holds {plan.kv_cache_tokens:.0f} tokens, less than one sequence "
+                            f"({inp.workload.seq_length}): raise rollout.mem_fraction_static")
+        engine_hold = ([engine_ctx] if engine_ctx else []) + [
+            Item("engine weights + KV cache (mem_fraction_static x free at start)", static, False),
+            Item("engine runtime pool (activations, CUDA graphs)", eng.runtime_bytes, False)]
+        kept = Item("engine runtime pool (released: kept)", eng.runtime_bytes, False)
+        engine_released = engine_hold if not eng.memory_saver else ([engine_ctx] if engine_ctx else []) + [kept]
+        phases.append(Phase("build", ctx + at_start, "use the distributed optimizer, raise tp/pp, or drop a role",
+                            stage))
+        phases.append(Phase("engine start", ctx + at_start + engine_hold, "lower rollout.mem_fraction_static", stage))
+        phases.append(Phase("generate", ctx + at_start + adam + engine_hold, "", stage))
+        sync = [Item("weight sync buckets (gathered + serialized)", 2 * eng.sync_bucket_bytes)]
+        phases.append(Phase("weight sync", ctx + at_start + adam + ([engine_ctx] if engine_ctx else []) +
+                            [Item("engine weights (resumed before the KV cache)", weights, False)] + sync,
+                            "lower rollout.weight_sync_bucket_mb", stage))
+    else:
+        phases.append(Phase("build", ctx + at_start, "use the distributed optimizer, raise tp/pp, or drop a role",
+                            stage))
+        if eng is not None:
+            free = inp.gpu_bytes - 2 * inp.cuda_context_bytes if inp.cuda else inp.gpu_bytes
+            weights = model_params(inp.model) * eng.weight_bytes / eng.tp
+            plan.engine_free_at_start, plan.engine_static = free, eng.mem_fraction_static * free
+            plan.kv_cache_bytes = plan.engine_static - weights
+            plan.kv_cache_tokens = max(plan.kv_cache_bytes, 0) / kv_bytes_per_token(inp.model, eng.tp, eng.kv_bytes)
+    _trainer_phases(inp, plan, stage_plans, ctx, engine_released)
+    if eng is not None and eng.colocated:
+        cached = 0.0
+        if not inp.trainer_empty_cache:
+            cached = max((p.torch_peak - sum(i.bytes for i in at_start + adam) for p in phases
+                          if p.name.endswith(("log-probs", "values", "fwd/bwd", "step"))), default=0.0)
+            for p in phases:
+                if p.name in ("generate", "weight sync"):
+                    p.items.append(Item("trainer cached blocks (no torch.cuda.empty_cache())", cached, False))
+                    p.knob += "call torch.cuda.empty_cache() before the engine resumes; "
+        free = plan.engine_free_at_start
+        growth = sum(i.bytes for i in adam) + eng.runtime_bytes + cached
+        plan.max_mem_fraction_static = max(0.0, 1 - growth / free) if free > 0 else 0.0
+        plan.phase("generate").knob += (
+            f"lower rollout.mem_fraction_static to <= {plan.max_mem_fraction_static:.2f} (Adam's moments appear "
+            f"after the engine measured free memory), or use the distributed optimizer / more DP")
+    layout = inp.layout
+    plan.summary = (f"{inp.gpu_bytes / GiB:.1f} GiB per GPU, {inp.num_gpus} GPUs; TP{layout.tp} PP{layout.pp} "
+                    f"DP{layout.dp}{' EP' + str(layout.ep) if layout.ep > 1 else ''}"
+                    f"{' SP' if layout.sequence_parallel else ''}; {'bf16' if inp.params_bytes == 2 else 'fp32'}; "
+                    f"recompute={inp.recompute}; {'flash (TE)' if inp.flash_attention else 'unfused (local spec)'} "
+                    f"attention; roles: {', '.join(r.name for r in inp.roles)}; "
+                    f"{inp.workload.seq_length} tokens per sequence")
+    return plan
+
+
+def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_released) -> None:
+    """log-probs / values / per-role fwd+bwd and optimizer step, worst stage each."""
+    roles = {r.name: r for r in inp.roles}
+
+    def worst(name: str, build, knob: str) -> None:
+        if inp.engine is not None and inp.engine.colocated and not inp.engine.memory_saver:
+            knob += "; or release the engine during training (SGLang enable_memory_saver)"
+        cands = [Phase(name, ctx + at_start + adam + engine_released + build(stage, statics), knob, stage)
+                 for stage, statics, at_start, adam in stage_plans]
+        plan.phases.append(max(cands, key=lambda p: p.peak))
+
+    lp_knob = "lower actor.log_prob_micro_batch_size_per_gpu (the logits of a micro batch dominate), or raise tp"
+    for name in ("actor", "reference"):
+        if name in roles:
+            worst(f"{name} log-probs", lambda st, s, r=roles[name]: [
+                Item(f"forward peak (micro batch {inp.workload.log_prob_micro_batch})", _forward_peak(inp, r, st))],
+                lp_knob)
+    if "critic" in roles:
+        worst("critic values", lambda st, s: [Item(f"forward peak (micro batch {inp.workload.log_prob_micro_batch})",
+                                                   _forward_peak(inp, roles["critic"], st))], lp_knob)
+    for role in inp.roles:
+        if not role.trainable:
+            continue
+
+        def train(st, s, r=role):
+            stored, peak = _train_peak(inp, r, st)
+            return [Item(f"stored activations (micro batch {r.micro_batch})", stored),
+                    Item("logits / layer backward peak", peak)]
+
+        worst(f"{role.name} fwd/bwd", train,
+              f"lower {role.name}.ppo_micro_batch_size_per_gpu, set parallel.recompute=full, or raise tp "
+              f"(with parallel.sequence_parallel=true)")
+
+        def step(st, s, r=role):
+            n = s[r.name]["_optimizer_params"]
+            if inp.fused_adam:
+                return []
+            # CUDA: foreach Adam's sqrt(exp_avg_sq) for the whole group + the gradient clip's scaled copy of the
+            # largest tensor (megatron's local multi_tensor_scale); CPU: two temporaries of the largest tensor
+            big = s[r.name]["_max_param"]
+            temp = 4 * n + 4 * big if inp.cuda else 8 * big
+            return [Item("Adam step temporaries (torch Adam, no fused kernel)", temp)]
+
+        worst(f"{role.name} optimizer step", step,
+              "install Transformer Engine (FusedAdam) or use the distributed optimizer")
+
+
+def format_plan(plan: MemoryPlan, verbose: bool = False) -> str:
+    """The plan as a text table: one row per phase (peak, headroom, status, largest items); the knob for
+    each phase that does not fit; the engine's share and KV cache; `verbose` lists every item."""
+    g = GiB
+    lines = [f"Memory plan: {plan.summary}",
+             f"{'phase':<26}{'peak GiB':>9}{'free GiB':>10}  {'status':<6} largest items (GiB)"]
+    for p in plan.phases:
+        items = sorted(p.items, key=lambda i: -i.bytes)
+        top = ", ".join(f"{i.name} {i.bytes / g:.1f}" for i in (items if verbose else items[:3]))
+        status = "ok" if p.peak <= plan.gpu_bytes else "OOM"
+        lines.append(f"{p.name:<26}{p.peak / g:>9.1f}{(plan.gpu_bytes - p.peak) / g:>10.1f}  {status:<6} {top}")
+    if plan.engine_static is not None:
+        lines.append(f"engine: free at start {plan.engine_free_at_start / g:.1f} GiB, static share "
+                     f"{plan.engine_static / g:.1f} GiB, KV cache {plan.kv_cache_bytes / g:.1f} GiB "
+                     f"({plan.kv_cache_tokens:,.0f} tokens)"
+                     + (f"; largest mem_fraction_static that fits: {plan.max_mem_fraction_static:.2f}"
+                        if plan.max_mem_fraction_static is not None else ""))
+    knobs = plan.knobs()
+    lines.append("fits" if not knobs else "DOES NOT FIT:")
+    lines += [f"  - {k}" for k in knobs]
+    return "\n".join(lines)

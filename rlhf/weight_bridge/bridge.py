@@ -1,0 +1,400 @@
+"""WeightBridge: stream the actor's megatron weights into the rollout engines after each update.
+
+Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
+
+1. **Plan** (plan.py): every stage leader lists the HF tensors its chunks convert to (converter on meta
+   tensors) and reports them to the controller (global rank 0, the only rank holding the engines'
+   handle), which validates EVERY name and shape against the engines' expected weights (validate.py)
+   and splits the stream into buckets.  The plan is cached: later syncs only compare the reports and the
+   engines' fingerprint (a replaced engine, another model) and re-plan when they changed.  A mismatch
+   raises WeightBridgeError on every rank; nothing has been sent.
+2. **Stream**: buckets laid out as SGLang's ``FlattenedTensorBucket``, in the engine dtype.  On CPU with
+   every TP rank of a stage on one host (shm_buckets.py), each rank copies its own shard into its regions
+   of a persistent shared-memory bucket, in parallel: gather + convert + pack is ONE copy, and the engine
+   maps that same memory.  Otherwise (hf_stream.py) the TP group gathers each parameter on the stage leader,
+   which converts it (q/k/v and gate/up split, padded vocab trimmed) and packs it.  Extra memory: one bucket
+   (two with ``overlap``), plus one gathered parameter and its converted copy on the gather path.
+3. **Deliver**: ``"tensor"`` (colocated, from_tensor.py: serialized bucket handles, bytes only) or
+   ``"distributed"`` (disaggregated, from_distributed.py: one flat broadcast per bucket), inside
+   ``begin_weight_update`` / ``end_weight_update`` on every engine; the KV/radix cache is flushed once
+   per sync, by the last bucket's update call.
+4. **Fresh engines**: the engines' handle learns which engines the sync reached (``begin_sync`` /
+   ``end_sync``); an engine replaced during the sync stays stale and is synced again by the caller.
+
+SGLang slices its own TP shards out of the full HF tensors, so the bridge is independent of the rollout
+TP size.  Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an
+HF name (standard map or a ``name_map`` hook, :func:`regex_name_map`) are sent; unmapped buffers are
+skipped and listed in ``SyncStats.skipped_buffers``; an unmapped parameter is an error.
+
+The engines' handle (``engines``) is an :class:`rlhf.rollout.engine.EngineFleet` (the rollout manager, or a
+test double): its methods carry SGLang's names (``begin_weight_update``, ``update_weights_from_tensor``,
+``update_weights_from_distributed``, ...) and are called as methods.
+
+Typical use (every trainer rank)::
+
+    bridge = WeightBridge(actor.chunks, actor.spec, rollout_manager if dist.get_rank() == 0 else None)
+    optimizer.step(); stats = bridge.sync()
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from parallel.convert import unwrap_model
+from parallel.model_config import HFModelSpec
+from rlhf.rollout.engine import EngineFleet
+from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter, dtype_from_any, dtype_name
+from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
+from rlhf.weight_bridge.from_distributed import DistributedTransport
+from rlhf.weight_bridge.from_tensor import TensorTransport, prepare_sharing
+from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
+from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
+from rlhf.weight_bridge.shm_buckets import SharedBuckets
+from rlhf.weight_bridge.topology import MegatronTopology
+from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
+
+__all__ = ["WeightBridge", "SyncStats"]
+
+
+class _NoPool:
+    """Release target of buckets that own no pool buffer (shared buckets)."""
+
+    def release(self, slot) -> None:
+        pass
+
+
+_NO_POOL = _NoPool()
+
+
+@dataclass
+class SyncStats:
+    """Outcome of one :meth:`WeightBridge.sync` on this rank (byte counts global, timings local, seconds)."""
+
+    seconds: float = 0.0
+    plan_seconds: float = 0.0  # plan check (or planning) + opening the engines' sessions
+    bytes: int = 0
+    num_tensors: int = 0
+    num_buckets: int = 0
+    peak_extra_bytes: int = 0  # bucket buffers + gathered/converted tensors on this rank
+    produce_seconds: float = 0.0  # waiting for this rank's own buckets (TP gather, convert, pack)
+    receive_seconds: float = 0.0  # controller, colocated PP: waiting for other stages' payloads
+    deliver_seconds: float = 0.0  # engine calls / broadcasts (and waiting for the engines)
+    finish_seconds: float = 0.0  # controller: end_weight_update on every engine
+    replanned: bool = False
+    engines: list[int] = field(default_factory=list)  # engines the sync reached
+    skipped_buffers: list[str] = field(default_factory=list)
+    check: CheckReport | None = None
+
+
+class WeightBridge:
+    """Streams the actor's weights from megatron chunks into the rollout engines (see module docstring).
+
+    Construct on EVERY trainer rank with the same arguments except ``engines``, which only the controller
+    (global rank 0) passes.
+
+    Args:
+        model_chunks: this rank's GPTModel chunks (DDP/Float16Module wrappers are fine).
+        spec: the HFModelSpec of the model.
+        engines: the engines' handle on the controller, None elsewhere.
+        transport: ``"tensor"`` (colocated) or ``"distributed"`` (disaggregated broadcast).
+        bucket_bytes: memory of the bucket buffers (default 512 MiB; two buffers of half of it with ``overlap``);
+            a larger single tensor gets a bucket of its own.
+        dtype: dtype sent; None = each weight's dtype in the engines' expected weights.
+        overlap: two buffers: bucket k+1 is written while the engines load bucket k (default); False: one.
+        name_map: hook mapping extra megatron names (e.g. persistent buffers) to HF tensors.
+        check: None, ``"sample"`` (first and last layer and all non-layer tensors) or ``"all"``: read sent
+            tensors back (check.py); a mismatch raises WeightBridgeError.
+        check_rows: rows per tensor read back.
+        allow_missing: predicate on engine weight names that may stay unsent.
+        group_prefix, backend, master_address, timeout_s: distributed transport settings (backend None:
+            nccl with CUDA, else gloo; master_address None: each stage leader's outward interface address).
+        shared_buckets: None (auto: CPU with every TP rank of a stage on one host), True or False: each TP rank
+            writes its shard straight into a shared bucket (shm_buckets.py) instead of a gather on the leader.
+        topology: override (tests: a simulated TP group); default MegatronTopology().
+    Raises:
+        ValueError: bad arguments, or ``engines`` given on a rank other than the controller (or missing there).
+    """
+
+    def __init__(self, model_chunks, spec: HFModelSpec, engines: EngineFleet | None = None, *,
+                 transport: str = "tensor", bucket_bytes: int = DEFAULT_BUCKET_BYTES, dtype=None, overlap: bool = True,
+                 name_map: NameMap | None = None, check: str | None = None, check_rows: int = 4,
+                 allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
+                 backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
+                 shared_buckets: bool | None = None, topology=None):
+        if transport not in ("tensor", "distributed"):
+            raise ValueError(f"transport={transport!r}: use 'tensor' (colocated) or 'distributed' (broadcast)")
+        if check not in (None, "sample", "all"):
+            raise ValueError(f"check={check!r}: use None, 'sample' or 'all'")
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes={bucket_bytes} must be >= 1")
+        self.chunks, self.spec = list(model_chunks), spec
+        self.topo = topology if topology is not None else MegatronTopology()
+        if self.topo.is_controller != (engines is not None):
+            raise ValueError(f"the engines' handle goes to global rank {self.topo.controller} and only there "
+                             f"(rank {self.topo.rank} got {'one' if engines is not None else 'none'})")
+        self.engines, self.transport = engines, transport
+        self.overlap = overlap
+        self.bucket_bytes = max(1, int(bucket_bytes) // 2) if overlap else int(bucket_bytes)  # per buffer
+        self.dtype = None if dtype is None else dtype_from_any(dtype)
+        self.name_map, self.check, self.check_rows, self.allow_missing = name_map, check, int(check_rows), allow_missing
+        self.device = next((p.device for c in self.chunks for p in unwrap_model(c).parameters()), torch.device("cpu"))
+        backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.dist = DistributedTransport(self.topo, engines, group_prefix, backend, master_address, timeout_s)
+        self.meter = MemoryMeter()
+        self._pool: BufferPool | None = None
+        self.shared_buckets = shared_buckets
+        self._shared_state = None  # SharedBuckets, or False when not usable
+        self._local: tuple | None = None  # (key, planned tensors) of this rank
+        self._plan_cache: tuple | None = None  # controller: (key, SendPlan)
+        self._ready = False
+        self.version = 0
+
+    # ---- planning -----------------------------------------------------------------------------
+    def _report(self, entries) -> dict | None:
+        if not self.topo.is_leader:
+            return None
+        key = tuple((e.local_name, tuple(e.tensor.shape), e.tensor.dtype) for e in entries)
+        if self._local is None or self._local[0] != key:
+            tensors = [(n, s, dtype_name(d)) for n, s, d in plan_local_tensors(entries, self.spec, self.topo.tp_size,
+                                                                                 getattr(self.topo, "ep_size", 1))]
+            self._local = (key, tensors)
+        rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": self._local[1]}
+        if self.transport == "distributed":
+            rep["group"] = self.dist.report()
+        return rep
+
+    def _controller(self, reports: list, engines: Sequence[int] | None) -> dict:
+        """Plan (or reuse the cached plan), open the engines' sessions; the verdict every rank receives."""
+        fp = self.engines.fingerprint()
+        key = (fp, tuple((r["pp_rank"], r["rank"], tuple(map(tuple, r["tensors"]))) if r and "tensors" in r
+                         else repr(r) for r in reports))
+        replanned = self._plan_cache is None or self._plan_cache[0] != key
+        if replanned:
+            expected = normalize_expected(self.engines.expected_weights())
+            plan = build_send_plan(reports, self.topo.controller, expected, self.spec, bucket_bytes=self.bucket_bytes,
+                                   dtype=self.dtype, check=self.check, allow_missing=self.allow_missing)
+            self._plan_cache = (key, plan)
+        plan = self._plan_cache[1]
+        everyone = list(range(self.engines.num_engines))
+        targets = everyone if engines is None or self.transport == "distributed" else sorted(set(engines))
+        groups = None
+        if self.transport == "distributed" and self.dist.fingerprint != fp:
+            groups = {r["pp_rank"]: r["group"] for r in reports if r}
+        return {"plan": plan, "targets": targets, "groups": groups, "fingerprint": fp, "replanned": replanned,
+                "tp_size": self.engines.tp_size}
+
+    def _plan(self, engines):
+        if not self._ready:
+            self.topo.init_collective()
+            self._ready = True
+        try:
+            entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, self.topo)
+            report = self._report(entries)
+        except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
+            entries, skipped, report = [], [], {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
+        reports = self.topo.all_gather_object(report)
+        verdict = None
+        if self.topo.is_controller:
+            try:
+                verdict = self._controller(reports, engines)
+            except Exception as e:  # noqa: BLE001 - every rank must learn about it
+                verdict = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{type(e).__name__}: {e}")
+        verdict = self.topo.broadcast_object(verdict)
+        if isinstance(verdict, BaseException):
+            raise verdict
+        return verdict, entries, skipped
+
+    def plan(self):
+        """Collective: the validated SendPlan (no weights move).  Raises WeightBridgeError on every rank when
+        a name or shape does not match the engines."""
+        return self._plan(None)[0]["plan"]
+
+    # ---- sync ---------------------------------------------------------------------------------
+    def _open(self, targets: list[int]):
+        """Controller: begin_sync + begin_weight_update; returns (token, error)."""
+        token = self.engines.begin_sync()
+        try:
+            self.engines.begin_weight_update(engines=targets)
+            return token, None
+        except Exception as e:  # noqa: BLE001
+            try:  # leave no session open behind us
+                self.engines.end_weight_update(engines=targets)
+            except Exception:  # noqa: BLE001
+                pass
+            return token, WeightBridgeError(f"begin_weight_update failed: {type(e).__name__}: {e}")
+
+    def _buffers(self, plan) -> BufferPool:
+        fitting = [b.nbytes for s in plan.stages for b in s.buckets if b.nbytes <= self.bucket_bytes]
+        need, count = max(fitting or [1]), 2 if self.overlap else 1
+        if self._pool is None or self._pool.max_bytes < need or len(self._pool._buffers) != count:
+            if self._pool is not None:
+                self._pool.close()
+            if self.transport == "tensor":
+                prepare_sharing(self.device)
+            self._pool = BufferPool(need, count=count, device=self.device, meter=self.meter,
+                                    shared=self.transport == "tensor")
+        return self._pool
+
+    def sync(self, engines: Sequence[int] | None = None) -> SyncStats:
+        """Collective over every trainer rank: push the current weights into the engines (all, or the listed
+        indices with the tensor transport; the distributed transport always reaches all).
+
+        Returns SyncStats.  Raises WeightBridgeError on every rank when the plan does not match the engines
+        (nothing sent), when an engine call fails (that engine may hold a mix of old and new weights: sync
+        again), or when check mode finds a mismatch.
+        """
+        t0 = time.perf_counter()
+        self.meter.reset_peak()
+        times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
+        verdict, entries, skipped = self._plan(engines)
+        plan, targets = verdict["plan"], verdict["targets"]
+        if verdict["groups"] is not None:
+            self.dist.setup(plan, verdict["groups"], verdict["fingerprint"])
+        token, go = self._open(targets) if self.topo.is_controller else (None, None)
+        go = self.topo.broadcast_object(go)
+        if isinstance(go, BaseException):
+            raise go
+        stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes, num_tensors=plan.num_tensors,
+                          num_buckets=plan.num_buckets, replanned=verdict["replanned"], skipped_buffers=skipped)
+        samples: dict[str, torch.Tensor] = {}
+        names = set(plan.check_names)
+
+        def record(_plan, bplan, buf):
+            if names:
+                sample_rows(buf, bplan, names, self.check_rows, samples)
+
+        error, reached = None, targets
+        try:
+            error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times)
+        except Exception as e:  # noqa: BLE001 - reported below so every rank raises the same error
+            error = f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+        t_finish = time.perf_counter()
+        if self.topo.is_controller:
+            try:
+                self.engines.end_weight_update(engines=reached)
+                self.engines.end_sync(token, [] if error else reached)
+            except Exception as e:  # noqa: BLE001
+                error = error or f"end_weight_update: {type(e).__name__}: {e}"
+        stats.finish_seconds = time.perf_counter() - t_finish
+        outcome = self.topo.all_gather_object((error, samples if names else None))
+        errors = [e for e, _ in outcome if e]
+        if errors:
+            raise WeightBridgeError("weight sync failed: " + "; ".join(dict.fromkeys(errors)))
+        if names:
+            self._check(plan, outcome, stats)
+        self.version += 1
+        stats.engines = list(reached)
+        stats.peak_extra_bytes = self.meter.peak
+        stats.produce_seconds, stats.receive_seconds, stats.deliver_seconds = (times["produce"], times["receive"],
+                                                                               times["deliver"])
+        stats.seconds = time.perf_counter() - t0
+        return stats
+
+    def _shared(self, entries):
+        """The single-copy shared buckets of this TP group, or None (collective over the TP group)."""
+        if self._shared_state is None:
+            tp_group = getattr(self.topo, "tp_group", None)
+            self._shared_state = False
+            if self.shared_buckets is not False and tp_group is not None and getattr(self.topo, "ep_size", 1) == 1:
+                sb = SharedBuckets(tp_group, self.topo.tp_size, self.topo.tp_rank, self.topo.tp_src, self.meter,
+                                   count=2 if self.overlap else 1)
+                self._shared_state = sb if sb.usable(entries) else False
+        return self._shared_state or None
+
+    def _deliver(self, plan, entries, targets, engine_tp, token, record, times):
+        """This rank's part of the delivery; returns (error or None, engines reached)."""
+        topo = self.topo
+        if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
+            collections.deque(hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
+            return None, targets
+        if not topo.active:
+            return None, targets
+        my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)
+        shared = self._shared(entries)
+        if shared is not None:  # every TP rank writes its shard into the shared bucket
+            pool = _NO_POOL
+            own = lambda: shared.stream(entries, my_stage.buckets, self.spec, times)  # noqa: E731
+        else:  # the stage leader gathers, converts and packs
+            pool = self._buffers(plan) if topo.is_leader else _NO_POOL
+            own = lambda: stage_buckets(entries, my_stage.buckets, topo, self.spec, pool, self.meter,  # noqa: E731
+                                        self.overlap, times)
+        if not topo.is_leader:  # TP peers take part in the writes / gathers only
+            for _ in (own() if shared is not None else hf_stream(entries, topo, self.spec, self.meter)):
+                pass
+            return None, targets
+        try:
+            if self.transport == "tensor":
+                tt = TensorTransport(topo, self.engines, targets, engine_tp, record, times, token)
+                if topo.is_controller:
+                    return tt.run_controller(plan, own, pool, in_flight=1 if self.overlap else 0), tt.targets
+                tt.run_leader(plan, own, pool)
+                return None, targets
+            return self._run_distributed(plan, my_stage, own, pool, record, times), targets
+        finally:
+            if self.device.type != "cpu" and self._pool is not None:  # GPU memory goes back to the trainer
+                self._pool.close()
+                self._pool = None
+
+    def _run_distributed(self, plan, my_stage, own, pool, record, times) -> str | None:
+        error = None
+        if self.topo.is_controller:
+            for stage in plan.stages:
+                mine = own() if stage is my_stage else None
+                for bplan in stage.buckets:
+                    pending = []
+                    try:
+                        if error is None:
+                            pending = self.dist.request(plan, stage, bplan, plan.is_last(stage, bplan))
+                    except Exception as e:  # noqa: BLE001
+                        error = f"{type(e).__name__}: {e}"
+                    if mine is not None:
+                        _, slot, buf = next(mine)
+                        try:
+                            record(plan, bplan, buf)
+                            if pending:  # the engines that accepted the request wait for the data
+                                self.dist.broadcast(buf, times)
+                        finally:
+                            pool.release(slot)
+                    t_wait = time.perf_counter()
+                    try:
+                        self.engines.wait(pending, "update_weights_from_distributed")
+                    except Exception as e:  # noqa: BLE001
+                        error = error or f"{type(e).__name__}: {e}"
+                    times["deliver"] += time.perf_counter() - t_wait
+                if mine is not None:
+                    for _ in mine:  # exhaust (raises if the stream disagrees with the plan)
+                        pass
+            return error
+        for bplan, slot, buf in own():
+            try:
+                record(plan, bplan, buf)
+                self.dist.broadcast(buf, times)
+            finally:
+                pool.release(slot)
+        return None
+
+    def _check(self, plan, outcome, stats: SyncStats) -> None:
+        verdict = None
+        if self.topo.is_controller:
+            sent = {}
+            for _, smp in outcome:
+                sent.update(smp or {})
+            stats.check = verify(self.engines, plan.check_names, sent, self.check_rows)
+            if stats.check.mismatched:
+                verdict = WeightBridgeError(f"engine weights differ from what was sent: {stats.check.mismatched[:10]}")
+        verdict = self.topo.broadcast_object(verdict)
+        if verdict is not None:
+            raise verdict
+
+    def close(self) -> None:
+        """Free the bucket buffers and leave the weight-update groups (the engines drop theirs)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        if self._shared_state:
+            self._shared_state.close()
+        self.dist.close()

@@ -1,0 +1,155 @@
+"""Disaggregated transport: ``update_weights_from_distributed`` over one weight-update group per PP stage.
+
+Group ``{prefix}_g{generation}_pp{p}``: rank 0 is stage p's leader, engine i's TP ranks follow at
+``1 + i * tp_size`` (NCCL on GPU, gloo on CPU).  Each stage broadcasts its own buckets straight to the
+engines, one flat message per bucket (SGLang's ``load_format="flattened_bucket"``); the controller only
+issues the requests (names, dtypes, shapes) and waits for them.  SGLang always broadcasts from group
+rank 0, hence one group per stage.  Groups are rebuilt (new generation) when the engines change
+(an engine was replaced), since a replaced engine is no longer a member.
+"""
+from __future__ import annotations
+
+import datetime
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+from parallel.distributed import route_address
+from rlhf.weight_bridge.bucketing import dtype_name
+from rlhf.weight_bridge.plan import SendPlan
+from rlhf.weight_bridge.validate import WeightBridgeError
+
+__all__ = ["DistributedTransport", "free_port", "reachable_address", "interface_address", "resolve_address"]
+
+
+def free_port() -> int:
+    """A TCP port free on this host now (for a group's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def reachable_address() -> str:
+    """This host's address as the engines will dial it: the IP of the interface that routes outward
+    (``gethostbyname(gethostname())`` gives 127.0.1.1 on stock Ubuntu); 127.0.0.1 without a route."""
+    return route_address("10.255.255.255")  # a non-local address: the outward route
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of network interface `name` (Linux; e.g. ``ib0``, ``eth0``, ``lo``).
+
+    Raises ValueError naming the interface and the interfaces this host has when it has no IPv4 address."""
+    import fcntl
+    import struct
+
+    names = [n for _, n in socket.if_nameindex()]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        raise ValueError(f"rollout.weight_update_address='iface:{name}': this host has no IPv4 address on "
+                         f"interface {name!r}; its interfaces: {names}") from None
+
+
+def resolve_address(spec: str | None) -> str:
+    """The address engines dial for a weight-update group (``rollout.weight_update_address``).
+
+    spec: None -> :func:`reachable_address`; ``"iface:<name>"`` -> :func:`interface_address` of that
+    interface on this rank's host; anything else (an IP or host name) as is.  Raises ValueError (see
+    interface_address)."""
+    if not spec:
+        return reachable_address()
+    if spec.startswith("iface:"):
+        return interface_address(spec[len("iface:"):])
+    return spec
+
+
+class DistributedTransport:
+    """The weight-update groups of one trainer rank (persistent across syncs) and their delivery.
+
+    Args:
+        topo: the topology; engines: the engines' handle on the controller (None elsewhere);
+        prefix: group name prefix; backend: "nccl" / "gloo"; master_address: address engines dial
+            (:func:`resolve_address`: None, ``"iface:<name>"`` or an address); timeout_s: group timeout.
+    """
+
+    def __init__(self, topo, engines, prefix: str, backend: str, master_address: str | None, timeout_s: float):
+        self.topo, self.engines, self.prefix, self.backend = topo, engines, prefix, backend
+        self.master_address, self.timeout_s = master_address, timeout_s
+        self.pg = None  # this leader's group
+        self.fingerprint = None
+        self.generation = 0
+        self.group_names: dict[int, str] = {}
+
+    def report(self) -> dict:
+        """What this stage leader adds to its plan report: a rendezvous address and port."""
+        return {"addr": resolve_address(self.master_address), "port": free_port()}
+
+    def setup(self, plan: SendPlan, reports: dict, fingerprint) -> None:
+        """Collective: (re)create every stage's group.  ``reports``: ``{pp_rank: {"addr", "port"}}``
+        (known to every rank).  Raises WeightBridgeError on every rank when an engine fails to join."""
+        self.close(engines_too=False)
+        self.generation += 1
+        topo, timeout = self.topo, datetime.timedelta(seconds=self.timeout_s)
+        tp, n = (self.engines.tp_size, self.engines.num_engines) if topo.is_controller else (None, None)
+        world = topo.broadcast_object(None if not topo.is_controller else 1 + n * tp)
+        names = {s.pp_rank: f"{self.prefix}_g{self.generation}_pp{s.pp_rank}" for s in plan.stages}
+
+        def join(p):
+            from sglang.srt.utils.common import init_custom_process_group
+
+            r = reports[p]
+            return init_custom_process_group(backend=self.backend, init_method=f"tcp://{r['addr']}:{r['port']}",
+                                             world_size=world, rank=0, group_name=names[p], timeout=timeout)
+
+        error = None
+        if topo.is_controller:
+            pending = []
+            for s in plan.stages:
+                r = reports[s.pp_rank]
+                pending += self.engines.init_weights_update_group(r["addr"], r["port"], world_size=world,
+                                                                  group_name=names[s.pp_rank], backend=self.backend,
+                                                                  rank_offsets=[1 + i * tp for i in range(n)])
+            try:
+                self.pg = join(plan.stages[0].pp_rank)
+                self.engines.wait(pending, "init_weights_update_group")
+            except Exception as e:  # noqa: BLE001 - every rank must learn about it
+                error = f"{type(e).__name__}: {e}"
+        elif topo.is_leader:
+            self.pg = join(topo.pp_rank)
+        error = topo.broadcast_object(error)
+        if error:
+            raise WeightBridgeError(f"weight-update groups could not be set up: {error}")
+        self.group_names, self.fingerprint = names, fingerprint
+
+    def request(self, plan: SendPlan, stage, bplan, last: bool) -> list:
+        """Controller: ask every engine to receive ``bplan`` of ``stage``; returns what :meth:`wait` takes."""
+        return self.engines.update_weights_from_distributed(bplan.names, [dtype_name(m.dtype) for m in bplan.metas],
+                                                            [list(m.shape) for m in bplan.metas],
+                                                            self.group_names[stage.pp_rank], flush_cache=last,
+                                                            load_format="flattened_bucket")
+
+    def broadcast(self, buf: torch.Tensor, times: dict) -> None:
+        """Stage leader: send one flat bucket to every engine of its group."""
+        t0 = time.perf_counter()
+        dist.broadcast(buf, src=0, group=self.pg)
+        times["deliver"] += time.perf_counter() - t0
+
+    def close(self, engines_too: bool = True) -> None:
+        """Leave this rank's group; with ``engines_too`` (controller) ask the engines to drop theirs."""
+        if self.pg is not None:
+            try:
+                dist.destroy_process_group(self.pg)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+            self.pg = None
+        if engines_too and self.topo.is_controller and self.engines is not None:
+            for name in self.group_names.values():
+                try:
+                    self.engines.destroy_weights_update_group(name)
+                except Exception:  # noqa: BLE001 - a replaced engine never had it
+                    pass
+        self.group_names = {}

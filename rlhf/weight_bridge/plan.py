@@ -1,0 +1,181 @@
+"""The send plan of a weight sync: which megatron tensors map to which HF tensors, per pipeline stage,
+validated against the engine and split into buckets.  No tensor data moves while planning: HF names
+and full shapes come from the converter applied to *meta* shards, i.e. from the very function that
+later converts the data."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from parallel.convert import GATHER_DIM, LocalTensor, ParamRole, hf_tensors_from_shards, walk_local_tensors
+from parallel.model_config import HFModelSpec
+from rlhf.weight_bridge.bucketing import BucketPlan, TensorMeta, dtype_from_any, plan_buckets
+from rlhf.weight_bridge.validate import WeightBridgeError, validate_against_expected
+
+__all__ = ["NameMap", "regex_name_map", "local_entries", "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan",
+           "build_send_plan"]
+
+NameMap = Callable[[Any, str, torch.Tensor], "ParamRole | None"]
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def regex_name_map(rules: Mapping[str, tuple[str, str]]) -> NameMap:
+    """A `name_map` hook from ``{regex on the local megatron name: (kind, HF name template)}``.
+
+    kind is one of the converter's kinds (``GATHER_DIM``: "replicated", "row", "vocab", "fc1", "qkv",
+    "qkv_bias"; it says how TP shards are joined).  The template may use ``{layer}`` (the *global* layer
+    index of a ``decoder.layers.<i>.`` name) and the regex's named groups; kinds with several HF tensors
+    ("fc1": gate, up; "qkv": q, k, v) take the names separated by commas.
+    Raises ValueError for an unknown kind.
+    """
+    compiled = [(re.compile(p), kind, tmpl) for p, (kind, tmpl) in rules.items()]
+    for _, kind, _ in compiled:
+        if kind not in GATHER_DIM:
+            raise ValueError(f"unknown kind {kind!r}; use one of {sorted(GATHER_DIM)}")
+
+    def name_map(chunk, local_name: str, tensor: torch.Tensor):
+        for rx, kind, tmpl in compiled:
+            m = rx.fullmatch(local_name)
+            if not m:
+                continue
+            fields = dict(m.groupdict())
+            lm = re.match(r"^decoder\.layers\.(\d+)\.", local_name)
+            if lm:
+                fields["layer"] = chunk.decoder.layers[int(lm.group(1))].layer_number - 1
+            return ParamRole(kind, tuple(s.strip().format(**fields) for s in tmpl.split(",")))
+        return None
+
+    return name_map
+
+
+def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = None
+                  ) -> tuple[list[LocalTensor], list[str]]:
+    """Every parameter and persistent buffer of this rank's chunks that maps to HF tensors (the converter's
+    one walk, :func:`parallel.convert.walk_local_tensors`), and the unmapped persistent buffers
+    (``"chunk<i>.<name>"``, skipped).  Raises WeightBridgeError for a parameter with no HF mapping."""
+    skipped: list[str] = []
+    try:
+        entries = list(walk_local_tensors(model_chunks, spec, name_map=name_map, skipped=skipped))
+    except (KeyError, ValueError) as e:
+        raise WeightBridgeError(f"{e.args[0]}: the engine could not be updated with it") from None
+    return entries, skipped
+
+
+def sync_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None,
+                 topo) -> tuple[list[LocalTensor], list[str]]:
+    """What this rank streams (`local_entries`): everything on data-parallel replica 0, only the routed experts
+    on an expert peer (expert parallelism: other experts of a leader's stage), nothing elsewhere."""
+    if topo.active:
+        return local_entries(model_chunks, spec, name_map)
+    if getattr(topo, "expert_peer", False):
+        entries = local_entries(model_chunks, spec, name_map)[0]
+        return [e for e in entries if e.role is not None and e.role.is_expert], []
+    return [], []
+
+
+def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: int,
+                       ep: int = 1) -> list[tuple[str, tuple, torch.dtype]]:
+    """``(HF name, full shape, source dtype)`` of every HF tensor `entries` convert to, in send order
+    (the converter run on meta tensors: no data, no communication).  With expert parallelism (`ep` > 1)
+    a routed expert tensor stands for the same local expert of every EP rank, in EP-rank order."""
+    from parallel.convert.params import param_role
+
+    out = []
+    for e in entries:
+        meta = torch.empty(tuple(e.tensor.shape), dtype=e.tensor.dtype, device="meta")
+        shards = [meta] if GATHER_DIM[e.role.kind] is None else [meta] * tp
+        converted = hf_tensors_from_shards(e.role, shards, spec)
+        if ep > 1 and e.role.is_expert:
+            for r in range(ep):
+                names = param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names
+                out += [(name, tuple(t.shape), e.tensor.dtype) for name, (_, t) in zip(names, converted)]
+            continue
+        out += [(name, tuple(t.shape), e.tensor.dtype) for name, t in converted]
+    return out
+
+
+@dataclass
+class StagePlan:
+    """What one PP stage sends: its leader's global rank, tensors (target dtypes), buckets, and for the
+    distributed transport its weight-update group."""
+
+    pp_rank: int
+    leader: int
+    metas: list[TensorMeta]
+    buckets: list[BucketPlan]
+    group_name: str | None = None
+    master_address: str | None = None
+    master_port: int | None = None
+
+
+@dataclass
+class SendPlan:
+    """The validated plan of a sync: per-stage tensors and buckets (stage order = send order) and the
+    names read back in check mode."""
+
+    stages: list[StagePlan]
+    check_names: list[str]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(m.nbytes for s in self.stages for m in s.metas)
+
+    @property
+    def num_tensors(self) -> int:
+        return sum(len(s.metas) for s in self.stages)
+
+    @property
+    def num_buckets(self) -> int:
+        return sum(len(s.buckets) for s in self.stages)
+
+    def is_last(self, stage: StagePlan, bucket: BucketPlan) -> bool:
+        return stage is self.stages[-1] and bucket is stage.buckets[-1]
+
+
+def _check_names(names: list[str], check: str | None) -> list[str]:
+    if check == "all":
+        return names
+    if check != "sample":
+        return []
+    layers = sorted({int(m.group(1)) for n in names if (m := _LAYER.match(n))})
+    keep = {layers[0], layers[-1]} if layers else set()
+    return [n for n in names if not (m := _LAYER.match(n)) or int(m.group(1)) in keep]
+
+
+def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFModelSpec, *, bucket_bytes: int,
+                    dtype: torch.dtype | None, check: str | None, allow_missing=None,
+                    engine_label: str = "the rollout engines") -> SendPlan:
+    """Controller: the stage leaders' reports (``{"pp_rank", "rank", "tensors", ...}`` or ``{"error"}``) ->
+    the validated SendPlan.  Tensors are sent in ``dtype``, else the engine's dtype for that weight.
+
+    Raises:
+        WeightBridgeError: a report error, a stage without leader at the controller, or any mismatch
+            with ``expected`` (all problems listed, nothing sent).
+    """
+    reports = [r for r in reports if r is not None]
+    errors = [r["error"] for r in reports if "error" in r]
+    if errors:
+        raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
+    by_stage = {}
+    for r in reports:
+        if r["pp_rank"] in by_stage:
+            raise WeightBridgeError(f"two leaders for pipeline stage {r['pp_rank']}")
+        by_stage[r["pp_rank"]] = r
+    if 0 not in by_stage or by_stage[0]["rank"] != controller:
+        raise WeightBridgeError(f"global rank {controller} must lead pipeline stage 0 (tp rank 0, dp rank 0); "
+                                f"megatron's rank order puts it there by default")
+    problems = validate_against_expected({p: r["tensors"] for p, r in by_stage.items()}, expected,
+                                         spec.tie_word_embeddings, engine_label, allow_missing)
+    if problems:
+        more = f" (+{len(problems) - 20} more)" if len(problems) > 20 else ""
+        raise WeightBridgeError("weight sync refused before sending anything:\n  " + "\n  ".join(problems[:20]) + more)
+    stages = []
+    for p in sorted(by_stage):
+        r = by_stage[p]
+        metas = [TensorMeta(name, tuple(shape), dtype or expected[name][1] or dtype_from_any(src))
+                 for name, shape, src in r["tensors"]]
+        stages.append(StagePlan(p, r["rank"], metas, plan_buckets(metas, bucket_bytes)))
+    return SendPlan(stages, _check_names([m.name for s in stages for m in s.metas], check))

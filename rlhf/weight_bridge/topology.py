@@ -1,0 +1,98 @@
+"""Who gathers, who sends, who talks to the engines: ranks and groups of a weight sync.
+
+Stage leader: TP rank 0 of data-parallel (and context-parallel) replica 0 of each PP stage.
+Expert parallelism (EP > 1): the routed experts of a stage are spread over the leader's expert-parallel group
+(ranks of other data-parallel replicas); those ranks ("expert peers") take part in the expert tensors only:
+each TP-gathers and converts its experts, then the EP group gathers them on the leader.
+Controller: global rank 0 (the leader of PP stage 0), the only rank holding the engines' handle.
+Control messages (plans, payload bytes, verdicts) use a gloo group over all ranks, created once.
+"""
+from __future__ import annotations
+
+import socket
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["MegatronTopology"]
+
+
+class MegatronTopology:
+    """Ranks and groups from megatron's parallel_state and torch.distributed."""
+
+    def __init__(self):
+        from megatron.core import parallel_state as ps
+
+        from rlhf.weight_bridge.validate import WeightBridgeError
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.tp_size = ps.get_tensor_model_parallel_world_size()
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_size = ps.get_pipeline_model_parallel_world_size()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.active = ps.get_data_parallel_rank(with_context_parallel=True) == 0
+        self.is_leader = self.active and self.tp_rank == 0
+        self.controller = 0
+        self.is_controller = self.rank == self.controller
+        self.tp_group = ps.get_tensor_model_parallel_group()
+        self.tp_src = ps.get_tensor_model_parallel_src_rank()
+        self.ep_size = ps.get_expert_model_parallel_world_size()
+        self.ep_rank = ps.get_expert_model_parallel_rank() if self.ep_size > 1 else 0
+        self.ep_group = ps.get_expert_model_parallel_group() if self.ep_size > 1 else None
+        # expert peer: holds other experts of a leader's stage (expert data-parallel replica 0, not DP replica 0)
+        self.expert_peer = (self.ep_size > 1 and not self.active and ps.get_expert_data_parallel_rank() == 0)
+        if self.ep_size > 1 and ps.get_expert_tensor_parallel_world_size() != self.tp_size:
+            raise WeightBridgeError(f"weight sync with expert_tensor_parallel_size="
+                                    f"{ps.get_expert_tensor_parallel_world_size()} != tensor_model_parallel_size="
+                                    f"{self.tp_size} is not supported; leave expert_tensor_parallel_size unset")
+        if self.is_leader and self.ep_rank != 0:
+            raise WeightBridgeError(f"the stage leader (rank {self.rank}) must be expert-parallel rank 0 "
+                                    f"(got {self.ep_rank}); use megatron's default rank order")
+        self._ctrl = None
+
+    def init_collective(self) -> None:
+        """Collective over all ranks: create the gloo control group (once, everyone)."""
+        if self._ctrl is None:
+            self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+
+    def gather(self, entry) -> list[torch.Tensor] | None:
+        """TP shards of ``entry.tensor`` on the stage leader (rank order), None elsewhere; the leader
+        calls :meth:`release_gather` once it no longer needs them."""
+        if self.tp_size == 1:
+            return [entry.tensor.detach().contiguous()]
+        t = entry.tensor.detach().contiguous()
+        out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
+        dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
+        return out
+
+    def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:
+        """Expert parallelism: ``t`` of every EP rank (EP-rank order) on EP rank 0 (the stage leader), None
+        elsewhere.  Collective over the EP group (TP rank 0 of each expert peer)."""
+        t = t.contiguous()
+        out = [torch.empty_like(t) for _ in range(self.ep_size)] if self.ep_rank == 0 else None
+        dist.gather(t, gather_list=out, dst=dist.get_global_rank(self.ep_group, 0), group=self.ep_group)
+        return out
+
+    def release_gather(self) -> None:
+        """The gathered shards are plain tensors: nothing to release."""
+
+    def all_gather_object(self, obj) -> list:
+        out = [None] * self.world
+        dist.all_gather_object(out, obj, group=self._ctrl)
+        return out
+
+    def broadcast_object(self, obj):
+        box = [obj]
+        dist.broadcast_object_list(box, src=self.controller, group=self._ctrl)
+        return box[0]
+
+    def send_object(self, obj, dst: int) -> None:
+        dist.send_object_list([obj], dst=dst, group=self._ctrl)
+
+    def recv_object(self, src: int):
+        box = [None]
+        dist.recv_object_list(box, src=src, group=self._ctrl)
+        return box[0]
+
+    def hostname(self) -> str:
+        return socket.gethostname()

@@ -1,0 +1,29 @@
+"""Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral) into a real SGLang CPU engine: greedy
+generation after the sync equals HF's with the same weights.  One torchrun launch of 2 gloo processes
+(tests/support/dist/family_sync_e2e.py, trainer TP2, one engine per family, one at a time), then the MoE again at TP1 x EP2;
+each CHECK line is one test."""
+import os
+
+import pytest
+
+from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+
+from tests.support.paths import DIST_SCRIPTS  # noqa: E402
+SCRIPT = os.path.join(DIST_SCRIPTS, "family_sync_e2e.py")
+KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral")
+EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed",
+                                                       "check_mode")]
+EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode")]
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    out = run_torchrun(SCRIPT, nproc=2, args=["--workdir", str(tmp_path_factory.mktemp("family_sync"))], timeout=1200)
+    return collect_checks(out)
+
+
+@pytest.mark.parametrize("name", EXPECTED)
+def test_check(checks, name):
+    assert_check(checks, name)

@@ -1,0 +1,117 @@
+"""RolloutManager's bookkeeping with light stand-in engine actors (real Ray, no SGLang): released tags converge
+per engine (a replaced engine starts resident and is brought to the wanted state; nothing resident is ever
+resumed), dead engines are replaced and stale once weights were pushed, generation avoids stale engines."""
+import os
+import time
+
+import pytest
+import ray
+
+import rlhf.rollout.manager as manager_mod
+from rlhf.rollout.manager import RolloutManager, StaleEnginesError
+from rlhf.rollout.sampling import SamplingConfig
+from rlhf.rollout.types import RolloutSample
+
+pytestmark = pytest.mark.slow  # Ray worker processes start in 5-20 s each on a loaded 2-core machine
+
+
+class StandInEngine:
+    """SGLangEngine's interface, in memory; SGLang's rules on release/resume are asserted."""
+
+    def __init__(self, engine_kwargs, index=0, expected_weights=None):
+        self.index, self.released = index, set()
+
+    def info(self):
+        return {"pid": os.getpid(), "index": self.index, "tp_size": 1, "startup_seconds": 0.0, "weight_version": 0}
+
+    def release_memory_occupation(self, tags=None):
+        assert not set(tags) & self.released, f"release of released {tags}"
+        self.released |= set(tags)
+
+    def resume_memory_occupation(self, tags=None):
+        assert set(tags) <= self.released, f"resume of resident {tags}"  # SGLang's scheduler dies on this
+        self.released -= set(tags)
+
+    def state(self):
+        return sorted(self.released)
+
+    def generate(self, prompts, sampling):
+        assert not self.released
+        return [RolloutSample(list(p), [7], [-0.1], "stop", i, 0, extra={"engine": self.index})
+                for i, p in enumerate(prompts)]
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    owned = not ray.is_initialized()
+    if owned:
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    if owned:
+        ray.shutdown()
+
+
+@pytest.fixture
+def mgr(ray_local, tmp_path, monkeypatch):
+    from tests.support.tiny_models import make_tiny_hf_model
+
+    make_tiny_hf_model(str(tmp_path), "llama_gqa", vocab_size=64, num_layers=1)
+    monkeypatch.setattr(manager_mod, "SGLangEngine", StandInEngine)
+    m = RolloutManager(2, dict(model_path=str(tmp_path), device="cpu"), placement="colocated", max_restarts=2)
+    yield m
+    m.shutdown()
+
+
+def kill(actor):
+    """ray.kill only asks the GCS to kill: a call sent right after can still run on the old actor (CI saw the
+    replacement not happen). Wait until the actor answers as dead before the test goes on."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.info.remote(), timeout=10)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"actor {actor} still answers 60 s after ray.kill")
+
+
+def states(m):
+    return [ray.get(a.state.remote()) for a in m.actors]
+
+
+def test_released_tags_converge_across_a_replacement(mgr):
+    mgr.resume_memory_occupation()  # nothing released: nothing sent
+    assert states(mgr) == [[], []]
+    mgr.release_memory_occupation()
+    assert states(mgr) == [["kv_cache", "weights"]] * 2 and mgr.released_tags == ["kv_cache", "weights"]
+    with pytest.raises(RuntimeError, match="resume_memory_occupation"):
+        mgr.generate([[1, 2]], SamplingConfig(max_new_tokens=1))
+    kill(mgr.actors[1])
+    mgr.resume_memory_occupation(["weights"])  # engine 1 dies in the call: replaced, then brought to the wanted state
+    assert mgr.restarts == [0, 1] and states(mgr) == [["kv_cache"], ["kv_cache"]]
+    mgr.resume_memory_occupation(["kv_cache"])
+    assert states(mgr) == [[], []] and mgr.released_tags == []
+
+
+def test_dead_engine_is_stale_after_a_push_and_generation_avoids_it(mgr):
+    cfg = SamplingConfig(max_new_tokens=1)
+    kill(mgr.actors[0])
+    out = mgr.generate([[1], [2], [3], [4]], cfg)  # before any push: the new engine serves the right weights
+    assert [s.prompt_index for s in out] == [0, 1, 2, 3] and mgr.restarts == [1, 0] and mgr.stale_engines() == []
+    token = mgr.begin_sync()
+    mgr.end_sync(token)
+    kill(mgr.actors[1])
+    out = mgr.generate([[1], [2], [3], [4]], cfg)  # engine 1 replaced and stale: everything on engine 0
+    assert mgr.stale_engines() == [1] and {s.extra["engine"] for s in out} == {0} and len(out) == 4
+    kill(mgr.actors[0])
+    with pytest.raises(StaleEnginesError) as ei:
+        mgr.generate([[1], [2]], cfg)
+    assert ei.value.engines == [0, 1] and ei.value.unfinished == [0, 1] and ei.value.samples == []
+    token = mgr.begin_sync()
+    assert mgr.replaced_since(token) == []
+    mgr.end_sync(token, engines=[1])
+    assert mgr.stale_engines() == [0]
+    assert {s.extra["engine"] for s in mgr.generate([[1], [2]], cfg)} == {1}

@@ -1,0 +1,184 @@
+"""Issue 10, kind 3, through the trainer's update loop: the actor's policy loss (every registered loss mode x
+every aggregation mode, entropy bonus and KL loss included), the critic's value loss and DPO give the same
+gradient for every optimizer step, and the same loss metrics, however a mini batch is cut into micro batches
+(1, 2, 4 rows) and data-parallel ranks (1, 2).
+
+MegatronWorker.train_mini_batches runs for real; megatron is replaced by what it does to the loss: the
+pipeline schedule divides each micro batch's loss by the number of micro batches before backward, and DDP
+averages the gradients over data-parallel ranks (here: the ranks run one after the other and their
+gradients are averaged).  The model is a table of per-token outputs (a leaf tensor), so the gradient of a
+whole-mini-batch loss is known exactly.  Clip-Cov / KL-Cov select tokens per micro batch by design
+(docs/algorithms.md) and are left out.  Hand check of the rule: a micro batch returns local_sum / N_global
+x dp x n_micro; the schedule divides by n_micro, the ranks' mean divides by dp: sum_all / N_global.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from rlhf import algorithms as algos
+from rlhf.config import compose_config
+from parallel.forward import split_micro_batches
+from parallel.optim import StepResult
+from rlhf.workers import critic as critic_mod
+from rlhf.workers import worker as worker_mod
+from rlhf.workers.critic import MegatronCritic
+from rlhf.workers.losses import DPOLoss, PPOPolicyLoss
+from rlhf.workers.worker import MegatronWorker
+
+N, P, R, n = 16, 1, 5, 2  # 16 rows = 8 prompts x 2; mini batch of 4 prompts -> 2 optimizer steps
+LENGTHS = [5, 1, 3, 0, 2, 4, 5, 3, 2, 2, 5, 1, 4, 3, 0, 5]
+SPLITS = [(1, 8), (1, 1), (1, 2), (1, 4), (2, 1), (2, 2), (2, 4)]  # (dp, micro batch rows); (1, 8) = reference
+
+
+def ppo_batch():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1] * k + [0] * (R - k) for k in LENGTHS])
+    loss_mask = mask.clone()
+    loss_mask[5] = 0  # an excluded (unscorable / overlong-filtered) sample
+    return {"input_ids": torch.arange(N).view(N, 1).repeat(1, P + R), "attention_mask": torch.ones(N, P + R),
+            "position_ids": torch.zeros(N, P + R), "response_mask": mask, "loss_mask": loss_mask,
+            "old_log_probs": -torch.rand(N, R, generator=g, dtype=torch.float64) - 0.5,
+            "ref_log_probs": -torch.rand(N, R, generator=g, dtype=torch.float64) - 0.5,
+            "advantages": torch.randn(N, R, generator=g, dtype=torch.float64),
+            "values": torch.randn(N, R, generator=g, dtype=torch.float64),
+            "returns": torch.randn(N, R, generator=g, dtype=torch.float64),
+            "ref_logps": -5 * torch.rand(N, generator=g, dtype=torch.float64), "n": n, "prompt_length": P,
+            "responses": torch.zeros(N, R, dtype=torch.long)}
+
+
+class FakeMegatron:
+    """forward_backward / zero_grads / optimizer_step of rlhf.workers.worker: outputs are rows of `table`."""
+
+    def __init__(self, monkeypatch, kind, dp_rank, dp_size):
+        g = torch.Generator().manual_seed(1)
+        self.table = (-torch.rand(N, P + R, generator=g, dtype=torch.float64) - 0.3).requires_grad_()
+        self.entropy = (torch.rand(N, P + R, generator=g, dtype=torch.float64) + 0.5).requires_grad_()
+        self.kind, self.grads, self.metrics = kind, [], []
+        monkeypatch.setattr(worker_mod, "dp_info", lambda: (dp_rank, dp_size, None))
+        monkeypatch.setattr(worker_mod, "forward_backward", self.forward_backward)
+        monkeypatch.setattr(worker_mod, "zero_grads", self.zero_grads)
+        monkeypatch.setattr(worker_mod, "optimizer_step", self.optimizer_step)
+
+    def forward_backward(self, model, mb, *, forward_only, loss_fn, micro_batch_size, **kw):
+        micros = split_micro_batches(mb, micro_batch_size)
+        out = []
+        for m in micros:
+            rows = m["input_ids"][:, 0]
+            outs = ({"values": self.table[rows]} if self.kind == "values"
+                    else {"log_probs": self.table[rows], "entropy": self.entropy[rows]})
+            loss, metrics = loss_fn(outs, m)
+            (loss / len(micros)).backward()  # megatron's schedule
+            out.append({k: float(v) for k, v in metrics.items()})
+        return out
+
+    def zero_grads(self, state):
+        self.table.grad = self.entropy.grad = None
+
+    def optimizer_step(self, state):
+        self.grads.append(torch.cat([self.table.grad.flatten(), (self.entropy.grad if self.entropy.grad is not None
+                                                                  else torch.zeros_like(self.entropy)).flatten()]))
+        return StepResult(skipped=False, grad_norm=0.0, lr=0.0)
+
+
+def run_split(monkeypatch, dp, micro, run):
+    """(per-step gradients averaged over the dp ranks, metrics averaged over every micro batch of every rank)."""
+    grads, per_micro = [], []
+    for rank in range(dp):
+        fake = FakeMegatron(monkeypatch, "values" if run.__name__ == "critic" else "log_probs", rank, dp)
+        per_micro += run(micro, fake)
+        grads.append(torch.stack(fake.grads))
+    metrics = {k: float(np.mean([m[k] for m in per_micro])) for k in per_micro[0]}
+    return torch.stack(grads).mean(0), metrics
+
+
+def actor_run(loss):
+    def actor(micro, fake):
+        w = MegatronWorker(None, state=SimpleNamespace(model=None), forward_micro_batch_size=4)
+        per_micro, steps = w.train_mini_batches(
+            ppo_batch(), ("input_ids", "attention_mask", "position_ids") + tuple(loss.keys),
+            lambda outs, mb: loss(outs, mb, P), mini_batch_size=4, micro_batch_size_per_gpu=micro, epochs=1, step=1,
+            micro_group=loss.micro_group, global_info=loss.global_info)
+        assert len(steps) == 2
+        return per_micro
+    return actor
+
+
+MODES = sorted(set(algos.POLICY_LOSS_REGISTRY) - {"clip_cov", "kl_cov"})
+
+
+@pytest.mark.parametrize("agg", algos.LOSS_AGG_MODES)
+@pytest.mark.parametrize("mode", MODES)
+def test_policy_loss_gradient_independent_of_micro_batches_and_dp(monkeypatch, mode, agg):
+    actor = compose_config([f"actor.policy_loss.loss_mode={mode}", f"actor.loss_agg_mode={agg}",
+                            "actor.entropy_coeff=0.01", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1"]).actor
+    run = actor_run(PPOPolicyLoss(actor))
+    ref_grad, ref_metrics = run_split(monkeypatch, *SPLITS[0], run)
+    assert ref_grad.abs().sum() > 0
+    for dp, micro in SPLITS[1:]:
+        grad, metrics = run_split(monkeypatch, dp, micro, run)
+        torch.testing.assert_close(grad, ref_grad, msg=f"dp={dp} micro={micro}")
+        for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss"):
+            assert metrics[k] == pytest.approx(ref_metrics[k], rel=1e-9, abs=1e-12), (k, dp, micro)
+
+
+def test_policy_loss_metric_is_the_mini_batch_loss(monkeypatch):
+    """Token-mean vanilla loss of each mini batch by hand (on-policy: r = exp(table - old)), averaged over the
+    two mini batches, equals actor/pg_loss for every split."""
+    actor = compose_config([]).actor
+    b, fake = ppo_batch(), FakeMegatron(monkeypatch, "log_probs", 0, 1)
+    lp = fake.table.detach()[:, P:]
+    ratio, adv = (lp - b["old_log_probs"]).exp(), b["advantages"]
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    pg = torch.where(adv < 0, torch.minimum(pg, -3 * adv), pg)
+    m = b["loss_mask"].bool()
+    want = np.mean([float(pg[rows][m[rows]].mean()) for rows in (slice(0, 8), slice(8, 16))])
+    for dp, micro in SPLITS:
+        _, metrics = run_split(monkeypatch, dp, micro, actor_run(PPOPolicyLoss(actor)))
+        assert metrics["actor/pg_loss"] == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("agg", algos.LOSS_AGG_MODES)
+def test_value_loss_gradient_independent_of_micro_batches_and_dp(monkeypatch, agg):
+    cfg = compose_config([f"critic.loss_agg_mode={agg}", "critic.ppo_mini_batch_size=4"]).critic
+
+    def critic(micro, fake):
+        c = MegatronCritic(None, SimpleNamespace(model=None), SimpleNamespace(**{**cfg, "ppo_micro_batch_size_per_gpu":
+                                                                                   micro}), forward_micro_batch_size=4)
+        monkeypatch.setattr(critic_mod, "gather_metrics", lambda per_micro: {"_per_micro": per_micro})
+        monkeypatch.setattr(critic_mod, "step_metrics", lambda role, steps: {})
+        return c.update_critic(ppo_batch(), step=1)["_per_micro"]
+
+    ref_grad, ref_metrics = run_split(monkeypatch, *SPLITS[0], critic)
+    assert ref_grad.abs().sum() > 0
+    for dp, micro in SPLITS[1:]:
+        grad, metrics = run_split(monkeypatch, dp, micro, critic)
+        torch.testing.assert_close(grad, ref_grad, msg=f"dp={dp} micro={micro}")
+        assert metrics["critic/vf_loss"] == pytest.approx(ref_metrics["critic/vf_loss"], rel=1e-9)
+
+
+@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge"])
+def test_dpo_gradient_independent_of_micro_batches_and_dp(monkeypatch, loss_type):
+    """Pairs are rows (2i, 2i + 1); the loss is the mean over the mini batch's 4 pairs for every split (micro
+    batches of whole pairs); IPO uses the response lengths (LENGTHS, the empty rows excluded below)."""
+    loss = DPOLoss(SimpleNamespace(beta=0.5, label_smoothing=0.0, loss_type=loss_type))
+
+    def dpo(micro, fake):
+        b = ppo_batch()
+        b["response_mask"] = b["response_mask"].clamp(min=1) if loss_type == "ipo" else b["response_mask"]
+        w = MegatronWorker(None, state=SimpleNamespace(model=None), forward_micro_batch_size=4)
+        per_micro, _ = w.train_mini_batches(
+            b, ("input_ids", "attention_mask", "position_ids") + loss.keys, lambda outs, mb: loss(outs, mb, P),
+            mini_batch_size=4, micro_batch_size_per_gpu=micro, epochs=1, step=1, micro_group=2,
+            global_info=loss.global_info)
+        return per_micro
+
+    ref_grad, ref_metrics = run_split(monkeypatch, *SPLITS[0], dpo)
+    assert ref_grad.abs().sum() > 0
+    for dp, micro in [(1, 2), (1, 4), (2, 2), (2, 4)]:  # micro batches of whole pairs
+        grad, metrics = run_split(monkeypatch, dp, micro, dpo)
+        torch.testing.assert_close(grad, ref_grad, msg=f"dp={dp} micro={micro}")
+        assert metrics["dpo/loss"] == pytest.approx(ref_metrics["dpo/loss"], rel=1e-9)
