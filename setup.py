@@ -22,7 +22,6 @@ INSTALL_REQUIRES = [
     "tokenizers>=0.22",
     "numpy>=1.26,<2.4",
     "tqdm>=4.66",
-    "rich>=13",
 ]
 
 setup(

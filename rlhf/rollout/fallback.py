@@ -1,4 +1,4 @@
-"""Rollout fault tolerance (the seed's safeguard, issue 10): a sample whose generation failed is generated
+"""Rollout fault tolerance: a sample whose generation failed is generated
 again with greedy decoding, for that sample alone, and the batch goes on.
 
 A sample failed when the engine aborted its request (``finish_reason == "abort"``: an error on that request),

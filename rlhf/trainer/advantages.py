@@ -42,7 +42,7 @@ SAMPLE_VALID_KEY = "reward/_sample_valid"
 
 
 def check_sampling(cfg) -> None:
-    """Refuse training rollouts with ``rollout.top_p < 1`` or ``rollout.top_k > 0`` (issue 10, kind 11).
+    """Refuse training rollouts with ``rollout.top_p < 1`` or ``rollout.top_k > 0``.
 
     SGLang then samples from the top-p / top-k truncated, renormalised distribution q, but reports (and
     the trainer computes) log-probs of the full tempered softmax p.  PPO's importance ratio would use

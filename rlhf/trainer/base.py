@@ -11,8 +11,8 @@ one per device) runs the same code: megatron work is SPMD, rank 0 alone logs and
 """
 from __future__ import annotations
 
+import logging
 import os
-import sys
 import time
 
 import torch.distributed as dist
@@ -29,6 +29,8 @@ from .checkpoint import load_checkpoint as load_checkpoint_dir
 from .checkpoint import save_checkpoint as save_checkpoint_dir
 from .metrics import add_step_timing
 from .tracking import Tracking
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["BaseTrainer"]
 
@@ -159,7 +161,7 @@ class BaseTrainer:
             return self.train_step(step)
         except SkippedStepsError as e:
             if dist.get_rank() == 0:
-                print(f"ERROR step {step}: training stopped: {e}", file=sys.stderr, flush=True)
+                logger.error("step %d: training stopped: %s", step, e)
             raise
 
     def _progress_bar(self):
@@ -211,7 +213,7 @@ class BaseTrainer:
         self.load_trainer_state(state)
         self.start_step = int(state["step"])
         if dist.get_rank() == 0:
-            print(f"resumed from {path} at step {self.start_step}", flush=True)
+            logger.info("resumed from %s at step %d", path, self.start_step)
 
     def export_hf(self) -> str:
         """Collective. The actor as an HF checkpoint (+ tokenizer) in ``<default_local_dir>/hf_export``."""

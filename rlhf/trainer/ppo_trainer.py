@@ -78,8 +78,8 @@ def use_critic(cfg) -> bool:
     """:func:`critic_enabled`, with a note when a critic is trained whose values are unused."""
     enabled = critic_enabled(cfg)
     if enabled and cfg.algorithm.adv_estimator != "gae" and dist.get_rank() == 0:
-        print(f"note: critic.enable=true with algorithm.adv_estimator={cfg.algorithm.adv_estimator}: a critic is "
-              f"trained but its values are unused (critic.enable=null builds one only for gae)", flush=True)
+        log.warning("critic.enable=true with algorithm.adv_estimator=%s: a critic is trained but its values are "
+                       "unused (critic.enable=null builds one only for gae)", cfg.algorithm.adv_estimator)
     return enabled
 
 
@@ -91,7 +91,7 @@ class PPOTrainer(BaseTrainer):
 
     def check_layout(self) -> None:
         """Virtual pipeline stages: every batch the actor / critic forward or train on splits into a multiple of
-        PP micro batches per data-parallel rank (issue 10, kind 12); else ValueError with the fix."""
+        PP micro batches per data-parallel rank; else ValueError with the fix."""
         cfg, n = self.cfg, self.cfg.rollout.n
         rows = {"data.train_batch_size x rollout.n": cfg.data.train_batch_size * n,
                 "actor.ppo_mini_batch_size x rollout.n": cfg.actor.ppo_mini_batch_size * n}

@@ -20,12 +20,15 @@ generates: in :meth:`RolloutWorker.generate` when no fresh engine is left, and a
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from contextlib import contextmanager
 from typing import List, Optional
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["RolloutWorker", "start_rollout"]
 
@@ -66,8 +69,8 @@ def start_rollout(cfg, model_path: str):
                               num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode)
     else:
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
-    print(f"[rollout] {r.mode}: {describe_engine_nodes(r.num_engines, node_ids, ray_nodes, plan)} "
-          f"({len(ray_nodes)} Ray node(s))", flush=True)
+    logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
+                                                                                    plan), len(ray_nodes))
     engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, dtype=r.dtype,
                          mem_fraction_static=r.mem_fraction_static,
                          context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,

@@ -1,4 +1,4 @@
-"""Issue 14, "must show": every new policy loss and advantage estimator runs 3 steps through the PPO trainer
+"""Every policy loss and advantage estimator runs 3 steps through the PPO trainer
 (CPU, the tiny quickstart model) and writes finite metrics to TensorBoard.
 
 One process builds one PPOTrainer (recipe grpo_tiny_cpu, small batches) and runs PPOTrainer.train_step three
@@ -30,7 +30,7 @@ from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.slow]
 
-# every new loss mode once, every new estimator at least once (issue 14, item 5)
+# every new loss mode once, every new estimator at least once
 COMBOS = [("gspo", "grpo"), ("cispo", "remax"), ("sapo", "opo"), ("gpg", "gpg"), ("geo_mean", "grpo_passk"),
           ("clip_cov", "rloo_vectorized"), ("kl_cov", "grpo_vectorized")]
 STEPS = 3

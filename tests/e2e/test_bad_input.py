@@ -1,5 +1,5 @@
 """Bad input ends `python -m rlhf.main` with a clear error naming the file / row / key, before any model or
-engine is built and with nothing half-written (issue 10): a model path that does not exist, a checkpoint
+engine is built and with nothing half-written: a model path that does not exist, a checkpoint
 directory of another model, a reward file that raises on import, an empty dataset, a prompt column of
 the wrong type, all prompts longer than data.max_prompt_length.  No SGLang engine starts in these runs."""
 from __future__ import annotations

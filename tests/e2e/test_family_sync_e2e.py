@@ -7,8 +7,8 @@ import os
 import pytest
 
 from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.paths import DIST_SCRIPTS
 
-from tests.support.paths import DIST_SCRIPTS  # noqa: E402
 SCRIPT = os.path.join(DIST_SCRIPTS, "family_sync_e2e.py")
 KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral")
 EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed",

@@ -1,4 +1,4 @@
-"""Fault-injection matrix (issue 10): SIGKILL at the dangerous points of a PPO run on CPU (quickstart model,
+"""Fault-injection matrix: SIGKILL at the dangerous points of a PPO run on CPU (quickstart model,
 greedy rollouts, real SGLang engine under Ray), then ``trainer.resume_mode=auto``.
 
 One uninterrupted reference run of 3 steps, then ONE chain of runs in another directory, each killed at the

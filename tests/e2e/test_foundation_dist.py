@@ -7,8 +7,8 @@ import os
 import pytest
 
 from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.paths import DIST_SCRIPTS
 
-from tests.support.paths import DIST_SCRIPTS  # noqa: E402
 SCRIPT = os.path.join(DIST_SCRIPTS, "foundation_checks.py")
 KINDS = ["llama_gqa", "llama_mha", "qwen2_tied", "llama_square"]
 LAYOUTS = ["tp1pp1", "tp2pp1", "tp1pp2", "tp2pp2"]

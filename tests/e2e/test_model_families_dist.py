@@ -1,12 +1,14 @@
 """Every supported model family vs Hugging Face at TP1/TP2/PP2 (+EP2, TP2xEP2 for MoE, an uneven
 pipeline), HF round trips, log-probs, moe/* metrics and a MoE checkpoint reshard: one torchrun
 launch of 4 gloo processes (tests/support/dist/family_checks.py); each CHECK line is one test here."""
+import os
+
 import pytest
 
 from tests.support.dist.family_checks import DENSE, LAYOUTS, MOE, layout_name
 from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.paths import DIST_SCRIPTS
 
-from tests.support.paths import DIST_SCRIPTS  # noqa: E402
 SCRIPT = os.path.join(DIST_SCRIPTS, "family_checks.py")
 
 

@@ -8,8 +8,8 @@ import os
 import pytest
 
 from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.paths import DIST_SCRIPTS
 
-from tests.support.paths import DIST_SCRIPTS  # noqa: E402
 SCRIPT = os.path.join(DIST_SCRIPTS, "optim_safety_checks.py")
 EXPECTED = ["megatron_core_steps_on_inf_grad", "inf_grad_step_is_noop_plain", "inf_grad_step_is_noop_distopt",
             "resume_bitwise_plain", "resume_bitwise_distopt", "slim_checkpoint_size", "slim_drops_frozen_params",

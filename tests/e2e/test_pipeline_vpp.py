@@ -1,4 +1,4 @@
-"""Issue 10, kind 12 on megatron's real interleaved schedule: tests/support/dist/vpp_checks.py under torchrun (2 gloo
+"""The VPP micro-batch rule on megatron's real interleaved schedule: tests/support/dist/vpp_checks.py under torchrun (2 gloo
 processes, PP2 x VPP2 next to PP2).  Before the fix, 3 sequences (one micro batch) made the interleaved
 schedule raise ("The number of contiguous micro-batches in a virtual pipeline stage should range in [PP=2 ,
 M=1]").  About 1-2 minutes on the shared 2-core machine (no engine)."""
@@ -7,8 +7,8 @@ import os
 import pytest
 
 from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.paths import DIST_SCRIPTS
 
-from tests.support.paths import DIST_SCRIPTS  # noqa: E402
 SCRIPT = os.path.join(DIST_SCRIPTS, "vpp_checks.py")
 EXPECTED = ["pp2_odd_batch_log_probs_equal_hf", "pp2vpp2_odd_batch_log_probs_equal_hf", "vpp_update_equals_pp_update"]
 

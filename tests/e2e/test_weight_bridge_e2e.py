@@ -9,8 +9,8 @@ import os
 import pytest
 
 from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.paths import DIST_SCRIPTS
 
-from tests.support.paths import DIST_SCRIPTS  # noqa: E402
 SCRIPT = os.path.join(DIST_SCRIPTS, "bridge_e2e.py")
 
 _STEPPED = [f"{phase}_{key}_step{step}_engine_equals_hf" for phase in ("tp2", "pp2") for step in (1, 2) for key in "AB"]

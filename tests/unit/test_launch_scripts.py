@@ -64,7 +64,7 @@ def test_script_syntax(script):
 
 
 def test_no_fixed_ports_and_no_ray_stop():
-    """The Slurm defects of issue 13 stay gone: fixed 29500/6379 ports, `ray stop` (kills other jobs' Ray)."""
+    """Past Slurm defects stay gone: fixed 29500/6379 ports, `ray stop` (kills other jobs' Ray)."""
     for p in SCRIPTS + sorted(LAUNCH.glob("*")):
         text = "\n".join(ln for ln in p.read_text().splitlines() if not ln.lstrip().startswith("#"))
         assert not re.search(r"\b(29500|6379)\b", text), p

@@ -1,4 +1,4 @@
-"""Issue 10, kind 12 under torchrun (2 gloo processes, PP2): the actor with virtual pipeline stages (VPP2, one
+"""The VPP micro-batch rule under torchrun (2 gloo processes, PP2): the actor with virtual pipeline stages (VPP2, one
 layer per chunk) on batch sizes whose single micro batch megatron's interleaved schedule refuses.
 
     torchrun --nproc_per_node=2 tests/support/dist/vpp_checks.py --workdir DIR

@@ -167,7 +167,7 @@ def test_every_registered_estimator_takes_verls_keyword_call():
         compute_reinforce_plus_plus_outcome_advantage(t([[0.0, 1.0]]), t([[1, 1]]))
 
 
-# ----------------------------------------------------------------- issue 10, kind 1: constant groups
+# ----------------------------------------------------------------- constant groups
 
 @pytest.mark.parametrize("fn", GROUP_ESTIMATORS, ids=lambda f: f.__name__)
 def test_identical_non_integer_rewards_give_exactly_zero(fn):
@@ -188,7 +188,7 @@ def test_masked_whiten_of_a_constant_is_exactly_zero():
     assert torch.equal(adv, torch.zeros_like(adv)) and torch.equal(ret, torch.full_like(ret, 0.3))
 
 
-# ----------------------------------------------------------------- issue 10, kinds 4 and 5
+# ----------------------------------------------------------------- non-finite and empty inputs
 
 @pytest.mark.parametrize("fn", GROUP_ESTIMATORS + [compute_reinforce_plus_plus_outcome_advantage],
                          ids=lambda f: f.__name__)

@@ -1,4 +1,4 @@
-"""Issue 10, kind 6: the adaptive KL controller follows Ziegler et al. 2019 (arXiv:1909.08593, sec. 2.2)
+"""The adaptive KL controller follows Ziegler et al. 2019 (arXiv:1909.08593, sec. 2.2)
 on the SEQUENCE KL; get_kl_controller takes verl's config object (and the older separate arguments)."""
 
 from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Issue 10, kind 3: every aggregation mode (and every policy loss built on it) gives the same loss AND
+"""Every aggregation mode (and every policy loss built on it) gives the same loss AND
 gradient however a mini-batch is split into micro-batches (sizes 1, 2, 4) and data-parallel ranks (1, 2).
 
 The simulation is what the trainer does: each rank takes its contiguous DP shard, sums the micro-batch

@@ -23,6 +23,7 @@ from rlhf.config.schema import RLHFConfig
 from rlhf.main import main, parse_args
 
 from tests.support.paths import REPO
+from tests.support.paths import FIXTURES as FIXTURES_DIR
 # recipe -> number of trainer processes it is written for
 RECIPES = {"quickstart": 1, "gsm8k_ppo_tiny_cpu": 2, "gsm8k_ppo_qwen2_7b": 8}
 
@@ -131,36 +132,35 @@ def test_interpolations_are_resolved(tmp_path):
     assert cfg.trainer.default_local_dir == "outputs/exp7"
 
 
-from tests.support.paths import FIXTURES as FIXTURES_DIR  # noqa: E402
 FIXTURES = FIXTURES_DIR / "composed_recipes"
 #: keys added to the schema after the recipes were captured, with their defaults
 ADDED_KEYS = {
     "actor.optim.lr_decay_steps": None, "critic.optim.lr_decay_steps": None,  # the single OptimConfig
-    # verl's policy-loss keys (issue 14)
+    # verl's policy-loss keys
     "actor.policy_loss": {"loss_mode": "vanilla", "clip_cov_ratio": 0.0002, "clip_cov_lb": 1.0, "clip_cov_ub": 5.0,
                           "kl_cov_ratio": 0.0002, "ppo_kl_coef": 0.1},
     "actor.tau_pos": 1.0, "actor.tau_neg": 1.05, "actor.loss_scale_factor": None,
-    # issue 10
+    # numerical safety
     "reward.exclude_unscorable": True, "algorithm.overlong_filter": False,
     "reward.gsm8k": {"method": "strict", "format_score": 0.0},
-    # verl's trainer / data keys (issue 12)
+    # verl's trainer / data keys
     "trainer.n_gpus_per_node": None, "trainer.nnodes": None, "trainer.critic_warmup": 0,
     "trainer.log_val_generations": 0, "trainer.log_freq": 1,
     "data.filter_overlong_prompts": True, "data.truncation": "error", "data.apply_chat_template": None,
     "data.chat_template_kwargs": {},
-    # issue 10 (safety): step guard, slim checkpoints, alerts, reward degradation
+    # safety: step guard, slim checkpoints, alerts, reward degradation
     **{f"{role}.optim.{k}": v for role in ("actor", "critic") for k, v in {
         "max_consecutive_skipped_steps": 10,
         "breaker": {"enable": True, "grad_norm": 100.0, "steps": 5, "warmup_steps": None}}.items()},
     "trainer.slim_checkpoint": True, "trainer.alerts": [],
-    "rollout.weight_update_address": None,  # issue 15: the disaggregated rendezvous address
+    "rollout.weight_update_address": None,  # the disaggregated rendezvous address
     "reward.fallback": {"type": "rule", "keywords": [], "keyword_score": 0.0, "length_penalty": 0.0,
                         "max_chars": None},
-    # issue 9: dynamic batching (verl's token budgets)
+    # dynamic batching (verl's token budgets)
     "actor.use_dynamic_bsz": False, "actor.ppo_max_token_len_per_gpu": 16384,
     "actor.log_prob_max_token_len_per_gpu": None, "critic.use_dynamic_bsz": False,
     "critic.ppo_max_token_len_per_gpu": 32768, "critic.forward_max_token_len_per_gpu": None,
-    # issue 11: MoE expert parallelism, router aux-loss coefficient, uneven pipelines
+    # MoE expert parallelism, router aux-loss coefficient, uneven pipelines
     "parallel.expert_model_parallel_size": 1, "model.moe_aux_loss_coef": None,
     "parallel.num_layers_in_first_pipeline_stage": None, "parallel.num_layers_in_last_pipeline_stage": None,
 }

@@ -398,7 +398,7 @@ def test_verl_keys_without_effect_are_warned_not_silent(caplog):
         compose_config(["actor_rollout_ref.actor.optim.lr=1e-6"])  # a mapped key: nothing to warn about
     assert not caplog.records
 def test_verl_dynamic_batching_keys_map():
-    """issue 9: verl's dynamic-batching keys set ours (rlhf.workers.dynamic_batch)."""
+    """verl's dynamic-batching keys set ours (rlhf.workers.dynamic_batch)."""
     c = compose_config(["actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
                         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=8192", "critic.use_dynamic_bsz=True",
                         "critic.ppo_max_token_len_per_gpu=2048", "critic.forward_max_token_len_per_gpu=3072"])
@@ -409,7 +409,7 @@ def test_verl_dynamic_batching_keys_map():
 
 
 def test_verl_algorithm_keys_and_override_prefixes():
-    """issue 14's config side through verl's names; verl's `+key` for a key we have; dict-valued fields."""
+    """The algorithm zoo's config side through verl's names; verl's `+key` for a key we have; dict-valued fields."""
     c = compose_config(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "algorithm.adv_estimator=remax",
                         "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.001", "actor_rollout_ref.actor.tau_neg=1.2",
                         "+actor_rollout_ref.actor.clip_ratio=0.3", "data.chat_template_kwargs.enable_thinking=false"])

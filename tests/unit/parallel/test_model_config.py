@@ -80,7 +80,7 @@ def test_slurm_nodelist_and_env():
         expand_slurm_nodelist("gpu-[01-03")
 
 
-# ---------------------------------------------------------------- model families (issue 11)
+# ---------------------------------------------------------------- model families
 from tests.support.model_families import FAMILY_MODELS  # noqa: E402
 
 

@@ -1,5 +1,5 @@
-"""LR warm-up convention, gradient circuit breaker and skip counting (issue 10, items 7/8 and the
-seed's breaker), on megatron's scheduler with a stand-in optimizer (only param_groups are read).
+"""LR warm-up convention, gradient circuit breaker and skip counting, on megatron's scheduler with a stand-in
+optimizer (only param_groups are read).
 
 The megatron-backed checks (inf-gradient step is a bitwise no-op, distributed-optimizer resume is
 bitwise, slim checkpoint size) run under torchrun: tests/support/dist/optim_safety_checks.py.

@@ -1,4 +1,4 @@
-"""Reward degradation (issue 10: the seed's safeguard, items 4 and 5): a source that fails on a sample
+"""Reward degradation: a source that fails on a sample
 (error, timeout, None, NaN, +-inf) gives it the configured fallback (the data source's rule reward, a
 static length/keyword score, or a constant), counted per source; samples nothing could score are
 flagged in the validity mask of RewardManager.score(..., return_valid=True)."""

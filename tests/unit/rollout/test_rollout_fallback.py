@@ -1,4 +1,4 @@
-"""Rollout fault tolerance (issue 10, the seed's safeguard): a failed sample is regenerated greedily, alone,
+"""Rollout fault tolerance: a failed sample is regenerated greedily, alone,
 the batch goes on, counted in rollout/num_fallbacks; plus the error-injecting fault points
 (rollout_request_error in the engine, reward_model_slow in the local reward model).  Fast, CPU, no engine:
 the engine-backed run is tests/e2e/test_fault_matrix.py (its reference run shows the counters in TensorBoard)."""

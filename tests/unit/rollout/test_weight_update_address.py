@@ -1,5 +1,5 @@
 """rollout.weight_update_address: the address engines dial for the disaggregated weight-update group
-(issue 15 item 10: it came from gethostbyname(gethostname()), 127.0.1.1 on stock Ubuntu)."""
+(it came from gethostbyname(gethostname()), 127.0.1.1 on stock Ubuntu)."""
 import socket
 
 import pytest

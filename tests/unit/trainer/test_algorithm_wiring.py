@@ -6,7 +6,7 @@
   batch["sample_valid"] / batch["loss_mask"], counted in reward/num_unscorable;
 * ReMax's greedy baseline per prompt; algorithm.overlong_filter from the finish reason;
 * the adaptive KL controller built from algorithm.kl_ctrl and fed the sequence KL;
-* top-p / top-k training rollouts refused (issue 10, kind 11).
+* top-p / top-k training rollouts refused.
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def test_adaptive_kl_controller_from_config_sees_the_sequence_kl():
     assert batch["token_level_rewards"][0].tolist() == pytest.approx([-0.025] * 4)  # 0 - 0.5 * 0.05
 
 
-# ---- issue 10, kind 11 -------------------------------------------------------------------------------
+# ---- top-p / top-k training rollouts ------------------------------------------------------------
 @pytest.mark.parametrize("overrides,bad", [
     (["rollout.top_p=0.7"], "rollout.top_p=0.7"), (["rollout.top_k=20"], "rollout.top_k=20"),
     (["rollout.top_p=0.9", "rollout.top_k=5"], "rollout.top_p=0.9 and rollout.top_k=5")])

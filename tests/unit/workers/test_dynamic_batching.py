@@ -1,4 +1,4 @@
-"""Issue 9 item 4: dynamic batching (actor/critic.use_dynamic_bsz, token-budget micro batches, compacted rows).
+"""Dynamic batching (actor/critic.use_dynamic_bsz, token-budget micro batches, compacted rows).
 
 - hand-computed partitions, compaction and its inverse;
 - the GSM8K tiny recipe's batches (real GSM8K prompts through the recipe's dataset settings and the tiny tokenizer,

@@ -1,4 +1,4 @@
-"""Issue 10, kind 12: under virtual pipeline stages megatron's interleaved schedule needs a number of micro
+"""Under virtual pipeline stages megatron's interleaved schedule needs a number of micro
 batches that is a multiple of PP.  The workers choose micro batch sizes that satisfy it (the no-grad forward
 pads a slice that cannot split), and the trainers refuse batch sizes that cannot, at start, with the fix.
 Fast (megatron stubbed); tests/e2e/test_pipeline_vpp.py runs the real schedule at PP2 x VPP2."""

@@ -1,4 +1,4 @@
-"""The trainer's RolloutWorker drives the colocated engine lifecycle in GPU order on every device (issue 15):
+"""The trainer's RolloutWorker drives the colocated engine lifecycle in GPU order on every device:
 generate (engines resident) -> release -> train -> resume weights -> sync -> resume KV cache, so validation right
 after a step generates on resident engines and weights are never synced into released memory.  One process
 (world size 1), the engines and the weight bridge replaced by stand-ins (tests/support/fakes.py)."""

@@ -1,4 +1,4 @@
-"""Issue 10, kind 3, through the trainer's update loop: the actor's policy loss (every registered loss mode x
+"""Through the trainer's update loop: the actor's policy loss (every registered loss mode x
 every aggregation mode, entropy bonus and KL loss included), the critic's value loss and DPO give the same
 gradient for every optimizer step, and the same loss metrics, however a mini batch is cut into micro batches
 (1, 2, 4 rows) and data-parallel ranks (1, 2).
