@@ -30,8 +30,10 @@ setup(
     description="RLHF post-training for LLMs: PPO-family algorithms on megatron-core 3D parallelism "
                 "with SGLang rollouts",
     python_requires=">=3.10",
-    packages=find_namespace_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*"]),
-    package_data={"rlhf": ["config/**/*.yaml", "rollout/sglang_cpu/standin/**/*.py"], "": ["*.yaml"]},
+    packages=find_namespace_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*", "recipes", "recipes.*"]),
+    package_data={"rlhf": ["config/**/*.yaml", "rollout/sglang_cpu/standin/**/*.py"], "": ["*.yaml"],
+                  # each recipe's config and launch scripts (recipe=NAME finds them in an installed package too)
+                  "recipes": ["*/*.yaml", "*/*.sh", "*/*.sbatch", "*/*.py", "*/*.md", "*.md"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require={

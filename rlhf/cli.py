@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--max_steps", type=int, help="trainer.total_training_steps")
     la.add_argument("--seed", type=int, help="trainer.seed")
     la.add_argument("--config", help="a YAML config file (verl's layout or ours), as python -m rlhf.main --config")
-    la.add_argument("--recipe", help="recipe to start from (rlhf/config/recipe/<name>.yaml)")
+    la.add_argument("--recipe", help="recipe to start from (recipes/<name>/<name>.yaml)")
     la.add_argument("--nproc", type=int, default=None, help="trainer processes (default: trainer.n_gpus_per_node "
                                                            "x nnodes, else the GPUs of this node, 1 without)")
     la.add_argument("--slurm", action="store_true", help="print the sbatch command instead of running")

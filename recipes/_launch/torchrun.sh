@@ -2,7 +2,7 @@
 # torchrun, each running `python -m rlhf.main recipe=$RECIPE "$@"` from the repository root.
 #
 # The recipe script sets, then sources this file with its arguments:
-#   RECIPE=<name>        the config recipe (rlhf/config/recipe/<name>.yaml)
+#   RECIPE=<name>        the config recipe (recipes/<name>/<name>.yaml)
 #   DEFAULT_NPROC=<n>    ranks when NPROC is not set (a multiple of TP x PP; the rest is data parallel)
 #   DEVICE=cpu|gpu       cpu: split the cores between the ranks (OMP_NUM_THREADS);
 #                        gpu: CUDA_DEVICE_MAX_CONNECTIONS=1 (megatron-core keeps TP/SP comms ordered)

@@ -6,7 +6,7 @@ Layout (all inside this package, so composition works from any working directory
     choices.py           the Enums and the torch-free name lists; errors.py: ConfigError and its subclasses
     compose.py           compose_config: Hydra compose of the tree below + recipe + algorithm preset + config
                          file + overrides
-    verl_keys.py         verl's keys and what each means here; verl_compat.py applies them (the alias layer)
+    verl/                verl's keys and what each means here (keys.py); compat.py applies them (the alias layer)
     config_file.py       --config FILE / --config-path + --config-name (verl's layout or ours)
     keys.py              schema keys and the "did you mean" error for an unknown key
     overrides.py         checking override strings; Python values -> override strings
@@ -14,7 +14,8 @@ Layout (all inside this package, so composition works from any working directory
     refs.py              what a data / model reference points at (local, hub, embedded://, tiny://)
     objects.py           in-process objects (object://...) handed to rlhf.Trainer
     ppo_trainer.yaml     base config: defaults = [schema, _self_, recipe: null, algorithm: null]
-    recipe/*.yaml        recipes (``# @package _global_``), picked by ``recipe=NAME``; shared bases in recipe/_base/
+    ../../recipes/       recipes: recipes/<NAME>/<NAME>.yaml (``# @package _global_``) beside the recipe's launch
+                         scripts, picked by ``recipe=NAME``; shared bases in recipes/_base/
     algorithm/*.yaml     algorithm presets (``# @package _global_``), picked by ``algorithm=NAME``
 
 Use::

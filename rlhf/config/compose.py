@@ -1,6 +1,6 @@
 """Compose the training config with Hydra from the config tree inside this package.
 
-    schema defaults (schema.py) < ppo_trainer.yaml < recipe/<NAME>.yaml < algorithm/<NAME>.yaml < key=value
+    schema defaults (schema.py) < ppo_trainer.yaml < recipes/<NAME>/<NAME>.yaml < algorithm/<NAME>.yaml < key=value
 
 The tree is read with Hydra's compose API from the ``rlhf.config`` package, so composing works from any
 working directory, in tests and on every torchrun / Slurm rank.  Keys and values are checked against the
@@ -21,11 +21,11 @@ from rlhf.config.config_file import load_config_file
 from rlhf.config.errors import ConfigError, ConfigValidationError, raise_all
 from rlhf.config.keys import check_closed, nearest_keys
 from rlhf.config.overrides import check_overrides
-from rlhf.config.verl_compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
+from rlhf.config.verl.compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
 
 __all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
            "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
-           "ALGORITHM_GROUP"]
+           "ALGORITHM_GROUP", "RECIPES_DIR", "recipe_files"]
 
 #: Name of the structured schema node in Hydra's ConfigStore (first entry of ppo_trainer.yaml's defaults).
 SCHEMA_NAME = "ppo_trainer_schema"
@@ -36,6 +36,9 @@ RECIPE_GROUP = "recipe"
 #: The config group holding the algorithm presets (``algorithm=NAME``), applied on top of the recipe.
 ALGORITHM_GROUP = "algorithm"
 CONFIG_DIR = Path(__file__).resolve().parent
+#: The recipes: ``recipes/<name>/<name>.yaml`` beside their launch scripts, shared bases in ``recipes/_base/``
+#: (the repository's top-level folder, installed beside the ``rlhf`` package).
+RECIPES_DIR = CONFIG_DIR.parents[1] / "recipes"
 _CONFIG_MODULE = "rlhf.config"
 DEFAULT_GROUP_N = 4
 
@@ -58,8 +61,27 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     if f"{SCHEMA_NAME}.yaml" not in store.repo:  # storing converts the dataclass again (~0.5 s)
         store.store(name=SCHEMA_NAME, node=RLHFConfig)
+        _store_recipes(store)
     if not OmegaConf.has_resolver("rlhf.rollout_n"):
         OmegaConf.register_new_resolver("rlhf.rollout_n", default_rollout_n)
+
+
+def recipe_files() -> dict[str, Path]:
+    """``{name: recipes/<name>/<name>.yaml}`` of the built-in recipes."""
+    if not RECIPES_DIR.is_dir():
+        return {}
+    return {d.name: d / f"{d.name}.yaml" for d in sorted(RECIPES_DIR.iterdir())
+            if not d.name.startswith("_") and (d / f"{d.name}.yaml").is_file()}
+
+
+def _store_recipes(store) -> None:
+    """The built-in recipes and their bases as Hydra config-group options (``recipe=NAME``; a recipe's
+    ``defaults: [_base/X]`` finds ``recipes/_base/X.yaml``), each file a ``# @package _global_`` config."""
+    nodes = [(RECIPE_GROUP, name, path) for name, path in recipe_files().items()]
+    nodes += [(f"{RECIPE_GROUP}/_base", p.stem, p) for p in sorted((RECIPES_DIR / "_base").glob("*.yaml"))]
+    for group, name, path in nodes:
+        store.store(group=group, name=name, node=OmegaConf.load(path), package="_global_",
+                    provider=str(path.relative_to(RECIPES_DIR.parent)))
 
 
 def _search_dirs(search_paths: Iterable[Union[str, os.PathLike]]) -> list[Path]:
@@ -78,8 +100,9 @@ def _search_dirs(search_paths: Iterable[Union[str, os.PathLike]]) -> list[Path]:
 
 
 def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the options (``<group>/<name>.yaml``) of a config group, sorted."""
-    names = set()
+    """Names of the options (``<group>/<name>.yaml``) of a config group, sorted (the recipes: the built-in ones
+    in ``recipes/`` and those of the extra directories)."""
+    names = set(recipe_files()) if group == RECIPE_GROUP else set()
     for d in _search_dirs(search_paths):
         for ext in ("yaml", "yml"):
             names.update(p.stem for p in (d / group).glob(f"*.{ext}"))
@@ -87,8 +110,8 @@ def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]] = (
 
 
 def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the recipes (``recipe/<name>.yaml``) in this package and in the extra config
-    directories ``search_paths`` (plain paths, ``file://`` or ``pkg://``), sorted."""
+    """Names of the recipes: the built-in ``recipes/<name>/<name>.yaml`` and ``recipe/<name>.yaml`` in the extra
+    config directories ``search_paths`` (plain paths, ``file://`` or ``pkg://``), sorted."""
     return list_options(RECIPE_GROUP, search_paths)
 
 
@@ -102,7 +125,8 @@ def describe_options(group: str) -> list[tuple[str, str]]:
     out = []
     for name in list_options(group):
         desc = ""
-        for line in (CONFIG_DIR / group / f"{name}.yaml").read_text(encoding="utf-8").splitlines():
+        path = recipe_files()[name] if group == RECIPE_GROUP else CONFIG_DIR / group / f"{name}.yaml"
+        for line in path.read_text(encoding="utf-8").splitlines():
             line = line.strip()
             if line.startswith("#") and "@package" not in line and line.lstrip("# "):
                 desc = line.lstrip("# ")
@@ -122,7 +146,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         overrides: Hydra overrides, e.g. ``["trainer.total_training_steps=5", "data.train_files=x.jsonl"]``;
             may contain ``recipe=NAME`` instead of the ``recipe`` argument, and ``algorithm=NAME`` to apply
             the preset ``algorithm/<NAME>.yaml`` on top of the recipe.
-        recipe: name of ``recipe/<name>.yaml`` (None: the overrides' ``recipe=``, else no recipe).
+        recipe: name of the recipe, ``recipes/<name>/<name>.yaml`` (None: the overrides' ``recipe=``, else no recipe).
         search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``) searched after
             this package, e.g. one holding your own ``recipe/my_run.yaml``.
         resolve: resolve ``${...}`` interpolations in place (every rank then sees plain values).
@@ -130,7 +154,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
             before ``overrides``.
 
     verl's keys (``actor_rollout_ref.actor.optim.lr``, ``critic.model.path``, ...) are rewritten to ours by
-    :mod:`rlhf.config.verl_compat`; ``hydra.run.dir=DIR`` sets ``trainer.default_local_dir`` unless that is
+    :mod:`rlhf.config.verl.compat`; ``hydra.run.dir=DIR`` sets ``trainer.default_local_dir`` unless that is
     given too.  Every problem (unknown keys, unsupported verl settings, bad values, rules across sections) is
     reported in one error.
 
@@ -209,7 +233,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
 
 
 def _translate(overrides: list[str], config_file: Optional[Union[str, os.PathLike]]) -> Translated:
-    """The config file's settings, then the overrides, in our keys (:mod:`rlhf.config.verl_compat`)."""
+    """The config file's settings, then the overrides, in our keys (:mod:`rlhf.config.verl.compat`)."""
     items, problems = load_config_file(config_file) if config_file is not None else ([], [])
     cli_items, passthrough = items_from_overrides(overrides)
     translated = translate_items(items + cli_items)
@@ -232,7 +256,7 @@ def _run_dir(overrides: list[str]) -> list[str]:
 
 def _tell(translated: Translated) -> None:
     """Warn (rank 0) about what the alias layer did that a user should know: settings read differently, and
-    every verl setting that has no effect here (:func:`~rlhf.config.verl_compat.ignored_lines`)."""
+    every verl setting that has no effect here (:func:`~rlhf.config.verl.compat.ignored_lines`)."""
     from rlhf.launch_env import launch_env
 
     lines = translated.notes + ignored_lines(translated.ignored)

@@ -7,7 +7,7 @@ both ours), a ``recipe: NAME`` or ``algorithm: NAME``, and other files of the sa
 in it works as on the command line.  A file whose ``defaults:`` name config groups of its own directory
 (verl's ``--config-path=<verl>/verl/trainer/config --config-name=ppo_trainer``) is composed by Hydra first, as
 verl would.  Its settings come before the command line's (the command line wins) and go through the verl alias
-layer (:mod:`rlhf.config.verl_compat`).  ``${...}`` interpolations between keys are kept,
+layer (:mod:`rlhf.config.verl.compat`).  ``${...}`` interpolations between keys are kept,
 with verl's keys rewritten to ours; one that cannot be (its target has no equivalent) is resolved within the file.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from rlhf.config.errors import ConfigError
-from rlhf.config.verl_compat import Item, translate_key
+from rlhf.config.verl.compat import Item, translate_key
 
 __all__ = ["BASE_NAMES", "find_config_file", "load_config_file"]
 

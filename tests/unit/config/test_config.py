@@ -177,7 +177,7 @@ CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu", "sapo_tiny_cpu", "gpg_tiny_
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))
 def test_recipe_composes_to_the_captured_config(name):
-    """Recipes on shared bases (recipe/_base/*.yaml) and presets (algorithm/*.yaml) compose to exactly the
+    """Recipes on shared bases (recipes/_base/*.yaml) and presets (algorithm/*.yaml) compose to exactly the
     values captured before they were rewritten (`python -m rlhf.main recipe=NAME --cfg`).  Keys added since
     (ADDED_KEYS) come with their defaults and change nothing else."""
     before = yaml.safe_load((FIXTURES / f"{name or '_base'}.yaml").read_text())

@@ -373,7 +373,7 @@ def test_current_verl_keys_are_mapped_or_refused_all_at_once():
 def test_verl_keys_without_effect_are_warned_not_silent(caplog):
     """A verl key accepted without effect is named in a warning with its reason (command line) or grouped by
     section (a config file); verl's _target_ class names are left out."""
-    from rlhf.config.verl_compat import ignored_lines
+    from rlhf.config.verl.compat import ignored_lines
 
     cli = "command-line override 'x'"
     assert ignored_lines([("actor_rollout_ref.rollout.enforce_eager", cli, "engine"),
@@ -385,7 +385,7 @@ def test_verl_keys_without_effect_are_warned_not_silent(caplog):
         "no effect here: a.b.free_cache_engine, actor_rollout_ref.rollout.enforce_eager (engine); "
         "trainer.balance_batch (worker)",
         "config file f.yaml: 3 verl settings have no effect here (engine, worker and profiler details; the reason "
-        "for each is in rlhf/config/verl_keys.py): critic.{strategy}; critic.profiler.{enable, tool_config.*}"]
+        "for each is in rlhf/config/verl/keys.py): critic.{strategy}; critic.profiler.{enable, tool_config.*}"]
     with caplog.at_level("WARNING", logger="rlhf.config"):
         compose_config(["actor_rollout_ref.rollout.enforce_eager=True", "trainer.use_v1=true",
                         "actor_rollout_ref.rollout.name=vllm"])

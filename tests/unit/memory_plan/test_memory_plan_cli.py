@@ -18,7 +18,8 @@ STATED = re.compile(r"Stated GPUs: (\d+) x (\d+) GiB")
 
 
 def _recipes():
-    return sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(ROOT, "rlhf/config/recipe/*.yaml")))
+    return sorted(os.path.basename(f)[:-5] for f in glob.glob(os.path.join(ROOT, "recipes/*/*.yaml"))
+                  if not f.split(os.sep)[-2].startswith("_"))
 
 
 @pytest.fixture(scope="module")

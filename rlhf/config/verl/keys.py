@@ -1,4 +1,4 @@
-"""verl's config keys and what each means here: the table behind :mod:`rlhf.config.verl_compat`.
+"""verl's config keys and what each means here: the table behind :mod:`rlhf.config.verl.compat`.
 
 Every rule is ``(pattern, action, arg)``; patterns are dotted keys where ``*`` matches one part (``muon_*`` a part
 starting so) and a trailing ``**`` any rest (also nothing).  The first matching rule wins.  Actions:

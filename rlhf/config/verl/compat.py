@@ -1,7 +1,7 @@
 """verl's key layout as an alias layer onto our schema.
 
 A verl command line (``actor_rollout_ref.actor.optim.lr=1e-6 critic.model.path=... trainer.logger=console``) or
-a verl-style YAML file is rewritten into our keys by the rules of :mod:`rlhf.config.verl_keys` before composing:
+a verl-style YAML file is rewritten into our keys by the rules of :mod:`rlhf.config.verl.keys` before composing:
 a key of our own schema stays as it is; a verl key is renamed (``actor_rollout_ref.rollout.gpu_memory_utilization``
 -> ``rollout.mem_fraction_static``, ``critic.model.path`` -> ``model.critic_path``), has its value rewritten
 (``trainer.logger=console`` -> ``[console]``), is accepted without effect (an engine or throughput knob), is
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 from rlhf.config.keys import first_bad_part, is_dict_field, split_key
-from rlhf.config.verl_keys import OURS, REWARD_MODEL_PREFIX, RULES, Unsupported
+from rlhf.config.verl.keys import OURS, REWARD_MODEL_PREFIX, RULES, Unsupported
 
 __all__ = ["Item", "Translated", "translate_items", "translate_key", "match_rule", "items_from_overrides",
            "check_same", "ignored_lines"]
@@ -333,6 +333,6 @@ def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
         n = len({(source, key) for key, src, _ in ignored if src == source and not key.endswith("_target_")})
         listed = "; ".join(f"{sec}.{{{', '.join(sorted(set(v)))}}}" for sec, v in sorted(sections.items()))
         out.append(f"{source}: {n} verl settings have no effect here (engine, worker and profiler details; the "
-                   f"reason for each is in rlhf/config/verl_keys.py): {listed}")
+                   f"reason for each is in rlhf/config/verl/keys.py): {listed}")
     return out
 
