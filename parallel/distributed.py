@@ -249,8 +249,8 @@ def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None, ep: in
 def compute_device() -> torch.device:
     """The device this rank computes on: ``cuda:<current>`` when CUDA is available, else ``cpu``.
 
-    The one device rule (see `parallel.forward`): the trainer moves each batch here once after
-    building it; models live here; forward outputs come back on the batch's device.
+    The one device rule (see `parallel.devices`): models live here; each role (actor, critic, reference)
+    moves a batch here once when it comes in; forward outputs come back on the batch's device.
     """
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())

@@ -18,9 +18,9 @@ the S they passed, and `[:, -R:]` slices the same response tokens as without pad
 
 Device rule (one for CPU and GPU): compute happens on the device of the model's parameters (the
 micro batches are moved there); everything returned (token outputs and loss_fn metrics) is on the
-device of the batch's `input_ids`.  The trainer moves each batch to `parallel.distributed.
-compute_device()` once after building it (`batch_to_device`), so masks, scores and outputs then
-share that device and no copy happens here.
+device of the batch's `input_ids`.  Each role (rlhf.workers.worker.MegatronWorker) moves a batch to
+`parallel.distributed.compute_device()` once when it comes in (`batch_to_device`), so masks and outputs
+then share that device and no copy happens here.
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from parallel import devices
 
 _PADDED_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -46,8 +47,9 @@ def left_align(x: torch.Tensor, shifts: torch.Tensor, inverse: bool = False) -> 
 
 
 def batch_to_device(batch: dict, device) -> dict:
-    """A copy of `batch` with every tensor value moved to `device` (other values as they are)."""
-    return {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in batch.items()}
+    """A copy of `batch` with every tensor value moved to `device` (other values as they are;
+    parallel.devices.to_device)."""
+    return devices.to_device(dict(batch), device)
 
 
 def split_micro_batches(batch: dict, micro_batch_size: int) -> list[dict]:
@@ -192,6 +194,8 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
             shape = (B, S, vocab_size) if kind == "logits" else (B, S)
             t = torch.empty(shape, dtype=torch.float32, device=device)
         if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+            pp_group = ps.get_pipeline_model_parallel_group()
+            t = devices.to_group_device(t, pp_group)
+            dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
         result[name] = (t[:, : S - pad] if pad else t).to(out_device)
     return result

@@ -23,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from parallel import devices
+
 AUX_LOSS_NAME = "load_balancing_loss"  # megatron-core's tracker key
 
 
@@ -72,10 +74,9 @@ class MoEMetrics:
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
         from megatron.core import parallel_state as ps
 
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-        t = t.to(dev)
-        dist.all_reduce(t, group=ps.get_pipeline_model_parallel_group())
-        dist.all_reduce(t, group=ps.get_data_parallel_group())
+        for group in (ps.get_pipeline_model_parallel_group(), ps.get_data_parallel_group()):
+            t = devices.to_group_device(t, group)
+            dist.all_reduce(t, group=group)
         return t.cpu()
 
     def collect(self) -> dict[str, float]:
@@ -87,7 +88,7 @@ class MoEMetrics:
 
         counts = self._reduce(self._counts.clone())
         if self._config.sequence_parallel:
-            counts = counts.to("cuda" if torch.cuda.is_available() else "cpu")
+            counts = devices.to_group_device(counts, ps.get_tensor_model_parallel_group())
             dist.all_reduce(counts, group=ps.get_tensor_model_parallel_group())
             counts = counts.cpu()
         calls = self._reduce(self._calls.clone()) / ps.get_data_parallel_world_size()

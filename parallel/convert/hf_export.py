@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 import torch.distributed as dist
 
+from parallel import devices
 from parallel.convert.layout import GATHER_DIM, hf_tensors_from_shards
 from parallel.convert.params import param_role, walk_local_tensors
 
@@ -22,8 +23,9 @@ from parallel.convert.params import param_role, walk_local_tensors
 def _all_gather(t: torch.Tensor, group, size: int) -> list[torch.Tensor]:
     if size == 1:
         return [t]
+    t = devices.to_group_device(t.contiguous(), group)
     out = [torch.empty_like(t) for _ in range(size)]
-    dist.all_gather(out, t.contiguous(), group=group)
+    dist.all_gather(out, t, group=group)
     return out
 
 

@@ -14,6 +14,8 @@ import socket
 import torch
 import torch.distributed as dist
 
+from parallel import devices
+
 __all__ = ["MegatronTopology"]
 
 
@@ -60,7 +62,7 @@ class MegatronTopology:
         calls :meth:`release_gather` once it no longer needs them."""
         if self.tp_size == 1:
             return [entry.tensor.detach().contiguous()]
-        t = entry.tensor.detach().contiguous()
+        t = devices.to_group_device(entry.tensor.detach().contiguous(), self.tp_group)
         out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
         dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
         return out
@@ -68,7 +70,7 @@ class MegatronTopology:
     def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:
         """Expert parallelism: ``t`` of every EP rank (EP-rank order) on EP rank 0 (the stage leader), None
         elsewhere.  Collective over the EP group (TP rank 0 of each expert peer)."""
-        t = t.contiguous()
+        t = devices.to_group_device(t.contiguous(), self.ep_group)
         out = [torch.empty_like(t) for _ in range(self.ep_size)] if self.ep_rank == 0 else None
         dist.gather(t, gather_list=out, dst=dist.get_global_rank(self.ep_group, 0), group=self.ep_group)
         return out

@@ -24,6 +24,7 @@ from typing import Iterator, Sequence
 import torch
 import torch.distributed as dist
 
+from parallel import devices
 from rlhf.data.collate import pad_sequences, position_ids_from_mask
 
 MODEL_KEYS = ("input_ids", "attention_mask", "position_ids")
@@ -108,11 +109,13 @@ def dp_slice(t: torch.Tensor, dp_rank: int, dp_size: int) -> torch.Tensor:
 
 
 def dp_all_gather(t: torch.Tensor, group, dp_size: int) -> torch.Tensor:
-    """Concatenate every data-parallel rank's [k, ...] tensor along dim 0 (rank order)."""
+    """Concatenate every data-parallel rank's [k, ...] tensor along dim 0 (rank order), on the device of `group`
+    (parallel.devices.group_device: where a role's outputs already are; a host tensor is copied there first)."""
     if dp_size == 1:
         return t
+    t = devices.to_group_device(t.contiguous(), group)
     parts = [torch.empty_like(t) for _ in range(dp_size)]
-    dist.all_gather(parts, t.contiguous(), group=group)
+    dist.all_gather(parts, t, group=group)
     return torch.cat(parts, 0)
 
 

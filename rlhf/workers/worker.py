@@ -3,9 +3,17 @@ over the data-parallel split, and the ONE mini-batch update loop.
 
 Every method is collective over the whole trainer job: each data-parallel rank works on its slice
 of the batch, and results are all-gathered so every rank holds full-batch tensors.
+
+Devices: a role's public methods that take a ``batch`` are its doors (:func:`role_entry`, applied to every such
+method of a subclass by construction): the batch is moved to the role's device (`parallel.distributed.
+compute_device()`) once when it comes in, the result goes back to the device of the caller's batch when it goes
+out.  So the trainer works on host tensors, a role on device tensors, and the data-parallel gathers of a role's
+outputs get tensors on the device of megatron's groups (parallel.devices).
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable, Sequence
@@ -14,13 +22,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from parallel import devices, distributed
 from parallel.forward import forward_backward
 from parallel.optim import optimizer_step, zero_grads
 
 from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batch_indices, pipeline_micro_batch_multiple
 from .dynamic_batch import PaddingCounter, compact_rows, expand_rows, partition_by_token_budget
 
-__all__ = ["MegatronWorker", "gather_metrics", "step_metrics", "GLOBAL_INFO_KEY", "padding_metrics"]
+__all__ = ["MegatronWorker", "gather_metrics", "step_metrics", "GLOBAL_INFO_KEY", "padding_metrics", "role_entry"]
 
 #: key of the micro batch dict that carries the whole mini batch's counts to the loss function:
 #: ``{"dp_size", "num_micro_batches", ...}`` plus what the loss's ``global_info`` returned (see
@@ -63,7 +72,8 @@ def padding_metrics(workers) -> dict:
             counts += torch.tensor(w.padding.take(), dtype=torch.float64)
     if dist.is_initialized() and dist.get_world_size() > 1:
         _, size, group = dp_info()
-        if size > 1:
+        if size > 1:  # built on the host: to the DP group's device first (cuda under NCCL)
+            counts = devices.to_group_device(counts, group)
             dist.all_reduce(counts, group=group)
     real, processed, fallback = counts.tolist()
     out = {"perf/padding_efficiency": real / processed if processed else 1.0}
@@ -89,16 +99,52 @@ def _grad_sync_unless(model, last: bool):
         config.finalize_model_grads_func = saved
 
 
+def role_entry(method: Callable) -> Callable:
+    """The door of a role method ``method(self, batch, ...)``: `batch` (a dict of tensors and other values) is moved
+    to ``self.device`` once (parallel.devices.to_device: no copy for tensors already there), and the tensors in
+    what the method returns (a tensor, or dicts / lists of them) go back to the device of the caller's
+    ``batch["input_ids"]``.  :class:`MegatronWorker` applies it to every public method of a subclass whose first
+    argument is ``batch``, so no role computes on a batch that skipped it."""
+    if getattr(method, "_role_entry", False):
+        return method
+
+    @functools.wraps(method)
+    def door(self, batch, *args, **kwargs):
+        caller = batch["input_ids"].device
+        return devices.to_device(method(self, devices.to_device(batch, self.device), *args, **kwargs), caller)
+
+    door._role_entry = True
+    return door
+
+
+def _takes_batch(fn) -> bool:
+    params = list(inspect.signature(fn).parameters)
+    return len(params) > 1 and params[1] == "batch"
+
+
 class MegatronWorker:
     """A megatron model (`bundle`: parallel.models.ModelBundle) and, when it trains, its
-    `state` (parallel.optim.TrainState: DDP chunks, optimizer, LR scheduler).
+    `state` (parallel.optim.TrainState: DDP chunks, optimizer, LR scheduler), computing on `device`
+    (default `parallel.distributed.compute_device()`).
+
+    Every public method of a subclass taking ``batch`` first is a door (:func:`role_entry`): batches come in
+    on `device`, results go out on the caller's device.  The methods here (:meth:`forward`,
+    :meth:`train_mini_batches`) are the building blocks of those doors and expect a batch on `device`.
 
     `forward_max_tokens` (dynamic batching, rlhf.workers.dynamic_batch): the no-grad forward cuts micro batches
     by this token budget instead of `forward_micro_batch_size` rows.  `padding` counts real and processed
     tokens (:func:`padding_metrics`)."""
 
-    def __init__(self, bundle, state=None, *, forward_micro_batch_size: int, forward_max_tokens: int | None = None):
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name, fn in list(vars(cls).items()):
+            if not name.startswith("_") and inspect.isfunction(fn) and _takes_batch(fn):
+                setattr(cls, name, role_entry(fn))
+
+    def __init__(self, bundle, state=None, *, forward_micro_batch_size: int, forward_max_tokens: int | None = None,
+                 device: torch.device | None = None):
         self.bundle, self.state = bundle, state
+        self.device = distributed.compute_device() if device is None else torch.device(device)
         self.forward_micro_batch_size = forward_micro_batch_size
         self.forward_max_tokens = forward_max_tokens
         self.padding = PaddingCounter()
