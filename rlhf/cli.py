@@ -96,17 +96,23 @@ def _simple_overrides(args) -> list[str]:
 
 def _processes(args, cfg) -> Optional[int]:
     """Trainer processes: --nproc, else trainer.n_gpus_per_node x trainer.nnodes, else (torchrun on this node)
-    the GPUs here (1 without); None for --slurm when neither is given (the sbatch script decides)."""
+    the GPUs here (1 without), less the GPUs of disaggregated engines (at least 1: the config check refuses a
+    job that leaves the trainer none); None for --slurm when neither is given (the sbatch script decides)."""
+    from rlhf.rollout.placement import engine_gpus
+
     if args.nproc:
         return args.nproc
+    r = cfg.rollout
+    engines = engine_gpus(r.mode, r.num_engines, r.tensor_model_parallel_size)
     gpus, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes
     if gpus:
-        return gpus * (nodes or 1)
+        return max(1, gpus * (nodes or 1) - engines)
     if args.slurm:
         return None
     import torch
 
-    return max(1, torch.cuda.device_count())
+    count = torch.cuda.device_count()
+    return max(1, count - engines) if count else 1
 
 
 def _batch_overrides(args, cfg, world: Optional[int]) -> tuple[list[str], list[str]]:

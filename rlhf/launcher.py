@@ -1,11 +1,11 @@
 """One command per node: ``python -m rlhf.main ...`` started without torchrun starts this node's trainer ranks
 itself, with torch's elastic agent (the launcher of ``torch.distributed.run``, used as a library).
 
-Ranks on this node: ``trainer.n_gpus_per_node`` when set, else
-
-* GPU: the visible GPUs; with ``rollout.mode=disaggregated`` on one node, minus the engines'
-  ``rollout.num_engines x rollout.tensor_model_parallel_size`` (they take the GPUs after the trainer's);
-* CPU: tensor x pipeline parallel size / ``trainer.nnodes`` (the smallest job the config runs as).
+Ranks on this node: the node's GPUs (``trainer.n_gpus_per_node`` when set, else the visible GPUs; with
+``rollout.mode=disaggregated`` on one node, minus the engines' ``rollout.num_engines x
+rollout.tensor_model_parallel_size``: they take the GPUs after the trainer's), else (CPU) tensor x pipeline
+parallel size / ``trainer.nnodes`` (the smallest job the config runs as).  recipes/_launch/torchrun.sh and
+slurm_body.sh ask the same (``python -m rlhf.main --print-launch=GPUS ...``).
 
 Nodes: ``trainer.nnodes`` (default 1).  With several nodes, every node runs the same command and the agents
 meet at a static rendezvous (torchrun's ``--nnodes=N --node_rank=R --master_addr=A --master_port=P``):
@@ -72,22 +72,22 @@ def local_ranks(cfg, cuda_count: Optional[int] = None) -> int:
     """Trainer ranks per node for ``cfg`` (see the module docstring); ``cuda_count`` None asks torch.
 
     Raises:
-        LaunchConfigError: on CPU, tensor x pipeline parallel not divisible by trainer.nnodes; on one GPU node
-            with disaggregated engines, no GPU left for the trainer.
+        LaunchConfigError: on CPU, tensor x pipeline parallel not divisible by trainer.nnodes; on one node of
+            GPUs with disaggregated engines, no GPU left for the trainer.
     """
-    if cfg.trainer.n_gpus_per_node:
-        return int(cfg.trainer.n_gpus_per_node)
     nnodes = cfg.trainer.nnodes or 1
-    gpus = _cuda_count() if cuda_count is None else cuda_count
-    r = cfg.rollout
+    r, declared = cfg.rollout, cfg.trainer.n_gpus_per_node
+    gpus = int(declared) if declared else _cuda_count() if cuda_count is None else cuda_count
     if gpus:
         if r.mode == "disaggregated" and nnodes == 1:
             engines = r.num_engines * r.tensor_model_parallel_size
             if gpus - engines < 1:
+                where = f"trainer.n_gpus_per_node={gpus}" if declared else f"this node's {gpus} GPUs"
                 raise LaunchConfigError(
-                    f"rollout.mode=disaggregated: {r.num_engines} engine(s) x TP {r.tensor_model_parallel_size} "
-                    f"take {engines} of this node's {gpus} GPUs and leave none for the trainer; lower "
-                    f"rollout.num_engines, use rollout.mode=colocated, or add nodes (trainer.nnodes)")
+                    f"rollout.mode=disaggregated: rollout.num_engines={r.num_engines} engine(s) x "
+                    f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size} take {engines} of {where} "
+                    f"and leave none for the trainer; lower rollout.num_engines, use rollout.mode=colocated, or "
+                    f"add nodes (trainer.nnodes)")
             return gpus - engines
         return gpus
     mp = cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size

@@ -35,7 +35,10 @@ that is given too; the composed config is written to DIR/.hydra/).
 options:
   -h, --help            show this message, the recipes and the algorithm presets
   --cfg [job], -c job   print the resolved config as YAML, check it (data and model paths included) and exit
-  --plan-memory[=GIB]   print the per-GPU memory plan (parallel/memory_plan_cli.py) and exit: 0 fits, 2 not
+  --plan-memory[=GIB]   print the per-GPU memory plan (rlhf/memory_plan/cli.py) and exit: 0 fits, 2 not
+  --print-launch[=GPUS] print "RANKS ENGINE_GPUS" and exit: the trainer ranks to start on a node of GPUS GPUs
+                        (default this machine's) and the GPUs the disaggregated engines keep (0 colocated);
+                        exit 2 when no GPU is left for the trainer (recipes/_launch/*.sh use it)
   --config FILE         a YAML file of settings, verl's layout or ours (the command line wins over it)
   --config-path DIR, -cp DIR, --config-name NAME, -cn NAME
                         the same as --config DIR/NAME.yaml (Hydra's options; DIR relative to the working
@@ -90,6 +93,11 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
             opts["cfg"] = True
         elif a == "--plan-memory" or a.startswith("--plan-memory="):
             opts["plan_memory"] = a.partition("=")[2] or "auto"
+        elif a == "--print-launch" or a.startswith("--print-launch="):
+            gpus = a.partition("=")[2]
+            if gpus and not gpus.isdigit():
+                raise UsageError(f"{a}: give this node's GPU count, e.g. --print-launch=8")
+            opts["print_launch"] = int(gpus) if gpus else "auto"
         elif a == "--resolve" or a in ("--run", "-r"):
             continue
         elif a in ("-m", "--multirun"):
@@ -179,14 +187,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"])
+        if opts.get("print_launch") is not None:
+            return _print_launch(cfg, opts["print_launch"])
         if opts.get("plan_memory"):
             return _plan_memory(cfg, opts["plan_memory"], err)
         if opts["cfg"] and env.rank == 0:
             print(OmegaConf.to_yaml(cfg), end="", flush=True)
-        from rlhf.launcher import plan_launch, run_node  # one command per node: start the local ranks
+        from rlhf.launcher import _cuda_count, plan_launch, run_node  # one command per node: start the local ranks
 
         node = None if opts["cfg"] else plan_launch(cfg, env)
-        validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True)
+        # a run checks the placement on this machine's GPUs too (before any model is built); --cfg stays torch-free
+        gpus = None if opts["cfg"] or cfg.trainer.n_gpus_per_node else (_cuda_count() or None)
+        validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True,
+                        gpus_per_node=gpus)
         if opts["cfg"]:
             return EXIT_OK
         if node is not None:
@@ -210,11 +223,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return EXIT_OK
 
 
+def _print_launch(cfg, gpus) -> int:
+    """``--print-launch``: "RANKS ENGINE_GPUS" of one node of ``gpus`` GPUs ("auto": this machine's); a
+    LaunchConfigError (no GPU left for the trainer) propagates to main's config-error exit."""
+    from rlhf.launcher import local_ranks
+    from rlhf.rollout.placement import engine_gpus
+
+    r = cfg.rollout
+    ranks = local_ranks(cfg, None if gpus == "auto" else gpus)
+    print(ranks, engine_gpus(r.mode, r.num_engines, r.tensor_model_parallel_size), flush=True)
+    return EXIT_OK
+
+
 def _plan_memory(cfg, gib: str, err) -> int:
     from rlhf.config import validate_config
-    from rlhf.memory_plan.cli import plan_memory_report
+    from rlhf.memory_plan.cli import plan_memory_report, planned_gpus
 
-    validate_config(cfg)
+    validate_config(cfg, gpus_per_node=planned_gpus(cfg)[0])  # the placement on the GPUs the plan assumes
     try:
         code, text = plan_memory_report(cfg, None if gib == "auto" else float(gib))
     except ValueError:

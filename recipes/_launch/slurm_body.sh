@@ -8,8 +8,9 @@
 #     head (GCS) port = base + 1, its client-server port = base + 2 (parallel.distributed.slurm_job_ports
 #     computes the same), so two jobs sharing a node never meet;
 #  2. MASTER_ADDR and the Ray head address are node 0's NodeAddr (scontrol), resolved to an IPv4 address;
-#  3. ONE srun step runs the trainer: tasks per node = the GPUs per node of the allocation (GPU recipes)
-#     or --ntasks-per-node (CPU recipes), each task `recipes/_launch/slurm_task.sh python -m rlhf.main
+#  3. ONE srun step runs the trainer: tasks per node = the GPUs per node of the allocation (GPU recipes; with
+#     rollout.mode=disaggregated, on one node, less the engines' GPUs: `rlhf.main --print-launch`; refused on
+#     several nodes) or --ntasks-per-node (CPU recipes), each task `recipes/_launch/slurm_task.sh python -m rlhf.main
 #     recipe=$RECIPE "$@"`.  The first task on each node also runs that node's Ray (head on node 0,
 #     worker elsewhere) inside the same step, so the trainer ranks and the Ray node (SGLang engines)
 #     share the step's GPUs and nothing claims them twice; rank 0 waits until all N Ray nodes have
@@ -67,7 +68,15 @@ case "${DEVICE:-cpu}" in
         fi
         [[ "${GPUS_PER_NODE:-}" =~ ^[1-9][0-9]*$ ]] || fail "no GPUs in this allocation" \
             "(SLURM_GPUS_ON_NODE='${SLURM_GPUS_ON_NODE:-}'): submit with --gpus-per-node=<n>, or use a CPU recipe"
-        TASKS_PER_NODE=$GPUS_PER_NODE                 # one trainer rank per GPU
+        # one trainer rank per GPU, less the GPUs disaggregated engines keep (after the trainer's, rlhf.main says)
+        launch=$("${PYTHON:-python}" -m rlhf.main --print-launch="$GPUS_PER_NODE" recipe="$RECIPE" "$@") || exit 2
+        read -r TASKS_PER_NODE ENGINE_GPUS <<< "$launch"
+        [[ "${TASKS_PER_NODE:-}" =~ ^[1-9][0-9]*$ ]] || fail "rlhf.main --print-launch printed '$launch'"
+        if [ "${ENGINE_GPUS:-0}" != 0 ] && [ "$NNODES" -gt 1 ]; then
+            fail "rollout.mode=disaggregated on $NNODES GPU nodes: the engines ($ENGINE_GPUS GPUs) take the GPUs" \
+                "after all the trainer's (rank r on node r / GPUs per node), but srun starts the same number of" \
+                "trainer tasks on every node; submit one node (sbatch -N 1) or use rollout.mode=colocated"
+        fi
         STEP_ARGS=(--gpus-per-node="$GPUS_PER_NODE")
         # megatron-core: one CUDA connection keeps TP/SP communication ordered with compute.
         export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}

@@ -22,6 +22,7 @@ from rlhf.config.errors import ConfigValidationError
 from rlhf.config.objects import is_object_ref, unknown_objects
 from rlhf.config.refs import cached_hub_file, parse_data_ref, parse_model_ref
 from rlhf.config.schema import field_problems
+from rlhf.rollout.placement import job_placement_problem, trainer_gpus
 
 __all__ = ["validate_config", "config_problems", "check_model_config", "SUPPORTED_ARCHITECTURES"]
 
@@ -94,10 +95,17 @@ def _context_length(cfg: DictConfig) -> list[str]:
 
 
 def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str]]:
-    """The trainer processes: the launcher's, else trainer.n_gpus_per_node x trainer.nnodes (colocated)."""
-    gpus, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes
-    declared = gpus * nodes if gpus and nodes and gpus >= 1 and nodes >= 1 else None
-    if declared is None or cfg.rollout.mode != "colocated":
+    """The trainer processes: the launcher's, else trainer.n_gpus_per_node x trainer.nnodes (default 1 node)
+    less the disaggregated engines' GPUs (what the launchers start)."""
+    gpus, nodes = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes or 1
+    declared = gpus * nodes if gpus and gpus >= 1 and nodes >= 1 else None
+    if declared is None:
+        return world_size, []
+    if cfg.rollout.mode != "colocated":
+        r = cfg.rollout
+        trainer = trainer_gpus(r.mode, declared, r.num_engines, r.tensor_model_parallel_size)
+        return (world_size if world_size is not None else trainer if trainer >= 1 else None), []
+    if cfg.trainer.nnodes is None:
         return world_size, []
     if world_size is not None and world_size != declared:
         return world_size, [f"trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} = {declared} but the job has "
@@ -136,6 +144,31 @@ def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
                        f"not split over data-parallel size {dp}; make ppo_mini_batch_size * rollout.n a multiple "
                        f"of {dp}.")
     return out
+
+
+def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Optional[int]) -> list[str]:
+    """The engines and trainer ranks fit the job's GPUs (rlhf/rollout/placement.py): colocated engines on
+    trainer rank 0's node, disaggregated ones on the GPUs the trainer leaves.  The GPUs: trainer.n_gpus_per_node
+    x trainer.nnodes (``gpus_per_node``, this machine's GPUs at the start of a run, when n_gpus_per_node is
+    null; trainer.nnodes null: the nodes the trainer's ranks fill); no check without a GPU count, nor for
+    disaggregated engines of a job as launched on several nodes (they may run on Ray nodes beyond the
+    trainer's)."""
+    r, t = cfg.rollout, cfg.trainer
+    if min(r.num_engines, r.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size) < 1:
+        return []  # reported by the section's own rules
+    declared = t.n_gpus_per_node if t.n_gpus_per_node and t.n_gpus_per_node >= 1 else None
+    per_node = declared or gpus_per_node
+    if not per_node or (t.nnodes is not None and t.nnodes < 1) or r.mode not in ("colocated", "disaggregated"):
+        return []
+    nnodes = t.nnodes or (-(-world_size // per_node) if world_size else 1)
+    if r.mode == "disaggregated" and not t.nnodes and nnodes > 1:
+        return []
+    src = (f"{'trainer.nnodes' if t.nnodes else 'nodes'} x "
+           f"{'trainer.n_gpus_per_node' if declared else 'GPUs per node (trainer.n_gpus_per_node=null)'}")
+    why = job_placement_problem(mode=r.mode, num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size,
+                                gpus_per_node=per_node, nnodes=nnodes, trainer_world_size=world_size,
+                                pp=cfg.parallel.pipeline_model_parallel_size, gpus_from=src)
+    return [why] if why else []
 
 
 def _critic_on(cfg: DictConfig) -> bool:
@@ -253,16 +286,19 @@ def _object_problems(cfg: DictConfig) -> list[str]:
             for key, value in refs for uri in unknown_objects(value)]
 
 
-def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False) -> list[str]:
+def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,
+                    gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg`` (one line each: key, value, why, fix): the sections' own rules first, then
     the rules across sections, then (``check_files``) the data and model references.  ``world_size``
-    enables the data-parallel checks (see validate_config)."""
+    enables the data-parallel checks, ``gpus_per_node`` the placement check (see validate_config)."""
     out = field_problems(cfg) + _context_length(cfg) + _batch_sizes(cfg, world_size) + _algorithm(cfg)
+    out += _placement(cfg, world_size, gpus_per_node)
     out += _object_problems(cfg)
     return out + (_file_problems(cfg) + _logger_problems(cfg) if check_files else [])
 
 
-def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False) -> None:
+def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,
+                    gpus_per_node: Optional[int] = None) -> None:
     """Check what the schema's types cannot: ranges, batch-size divisibility, settings that need each other.
     All problems are collected and raised together.
 
@@ -270,7 +306,11 @@ def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_fil
         cfg: a config from :func:`rlhf.config.compose_config`.
         world_size: number of trainer processes (torchrun / Slurm tasks) when known; enables the checks
             that depend on the data-parallel size ``world_size / (tp * pp)``.  When None,
-            ``trainer.n_gpus_per_node x trainer.nnodes`` is used if both are set (colocated rollout).
+            ``trainer.n_gpus_per_node x trainer.nnodes`` (nnodes default 1) is used when set, less the
+            disaggregated engines' GPUs (rollout.num_engines x rollout.tensor_model_parallel_size).
+        gpus_per_node: this machine's GPUs, for the placement check when trainer.n_gpus_per_node is null
+            (``rlhf.main`` passes it at the start of a run).  The placement check: colocated engines fit
+            the trainer's GPUs on rank 0's node, disaggregated ones the GPUs the trainer leaves.
         check_files: also check the data and model references (local paths exist, a model directory has a
             config.json of a supported architecture; hub names only against the local HF cache) and that the
             packages of the chosen ``trainer.logger`` backends are installed.  ``rlhf.main``,
@@ -279,6 +319,6 @@ def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     Raises:
         ConfigValidationError: one line per problem, naming the key, its value and the fix.
     """
-    problems = config_problems(cfg, world_size, check_files)
+    problems = config_problems(cfg, world_size, check_files, gpus_per_node)
     if problems:
         raise ConfigValidationError(problems)

@@ -5,8 +5,10 @@
 
 The model's shape comes from ``config.json`` alone (a local HF directory, or a hub name already in the
 local HF cache, else that one file is fetched): no weights are read.  The GPU count is
-``trainer.n_gpus_per_node x trainer.nnodes`` (default: this machine's CUDA devices, else 8 per node); the
-GPU size is the ``--plan-memory=GIB`` value, else this machine's first CUDA device, else 80 GiB.
+``trainer.n_gpus_per_node x trainer.nnodes`` (default: this machine's CUDA devices, else 8 per node), the
+trainer's those less the disaggregated engines' (``rollout.num_engines x rollout.tensor_model_parallel_size``;
+``rlhf.main --plan-memory`` first refuses a job whose engines and trainer do not fit those GPUs, through the
+config check's placement rule); the GPU size is the ``--plan-memory=GIB`` value, else this machine's first CUDA device, else 80 GiB.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import os
 from typing import Any
 
 from rlhf.memory_plan.planner import GiB, MemoryPlan, format_plan
-from rlhf.memory_plan.from_config import _get, check_memory_plan, plan_from_config
+from rlhf.memory_plan.from_config import _get, _value, check_memory_plan, plan_from_config
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +62,9 @@ def cuda_gpu_gib() -> float | None:
     return None
 
 
-def planned_world_size(cfg: Any) -> int:
-    """``trainer.n_gpus_per_node x trainer.nnodes``; unset: this machine's CUDA devices (else 8) x 1."""
+def planned_gpus(cfg: Any) -> tuple[int, int]:
+    """(GPUs per node, nodes) of the job: ``trainer.n_gpus_per_node`` (unset: this machine's CUDA devices,
+    else 8) and ``trainer.nnodes`` (default 1); the disaggregated engines' GPUs included."""
     per_node = _get(cfg, "trainer.n_gpus_per_node")
     if not per_node:
         try:
@@ -70,24 +73,47 @@ def planned_world_size(cfg: Any) -> int:
             per_node = torch.cuda.device_count() or DEFAULT_GPUS_PER_NODE
         except Exception:  # noqa: BLE001
             per_node = DEFAULT_GPUS_PER_NODE
-    return int(per_node) * int(_get(cfg, "trainer.nnodes") or 1)
+    return int(per_node), int(_get(cfg, "trainer.nnodes") or 1)
+
+
+def engine_gpus(cfg: Any) -> int:
+    """GPUs the disaggregated engines take beside the trainer's: ``rollout.num_engines x
+    rollout.tensor_model_parallel_size`` (0 colocated; the same rule as rlhf.rollout.placement.engine_gpus)."""
+    if str(_value(_get(cfg, "rollout.mode", "colocated"))) != "disaggregated":
+        return 0
+    return int(_get(cfg, "rollout.num_engines", 1)) * int(_get(cfg, "rollout.tensor_model_parallel_size", 1))
+
+
+def planned_world_size(cfg: Any) -> int:
+    """Trainer GPUs: :func:`planned_gpus` less the disaggregated engines' (:func:`engine_gpus`); < 1 when they
+    leave none (:func:`plan_memory_report` refuses it; ``rlhf.main --plan-memory`` also checks the placement,
+    rlhf.config.validate)."""
+    per_node, nnodes = planned_gpus(cfg)
+    return per_node * nnodes - engine_gpus(cfg)
 
 
 def plan_memory_report(cfg: Any, gpu_memory_gib: float | None = None, hf_config: Any = None,
                        world_size: int | None = None) -> tuple[int, str]:
     """(exit code, text) of ``--plan-memory``: 0 and the per-GPU table when every phase fits, 2 and the table
     with the knob of each failing phase when one does not, 2 and the reason when the plan cannot be made
-    (no config.json, a layout that does not divide the GPUs).  hf_config: default ``model.path``'s
+    (no config.json, a layout that does not divide the GPUs, disaggregated engines that leave the trainer no
+    GPU: checked before config.json is read).  hf_config: default ``model.path``'s
     config.json; gpu_memory_gib: default this machine's GPU, else 80; world_size: `planned_world_size`."""
     try:
+        world, engines = world_size or planned_world_size(cfg), engine_gpus(cfg)
+        if world < 1:
+            per_node, nnodes = planned_gpus(cfg)
+            raise ValueError(f"rollout.mode=disaggregated: rollout.num_engines x rollout.tensor_model_parallel_size = "
+                             f"{engines} GPUs of the {per_node * nnodes} (trainer.nnodes x trainer.n_gpus_per_node = "
+                             f"{nnodes} x {per_node}) leave none for the trainer; lower rollout.num_engines, add GPUs, "
+                             f"or use rollout.mode=colocated")
         hf = hf_config if hf_config is not None else read_hf_config_json(str(_get(cfg, "model.path", "")))
-        world = world_size or planned_world_size(cfg)
         gib = float(gpu_memory_gib or cuda_gpu_gib() or DEFAULT_GPU_GIB)
         plan = plan_from_config(cfg, hf, world_size=world, gpu_memory_gib=gib)
     except (FileNotFoundError, ValueError, KeyError) as e:
         return EXIT_DOES_NOT_FIT, f"cannot plan memory: {str(e).strip(chr(39))}"
-    head = (f"{world} GPUs of {gib:.0f} GiB (trainer.n_gpus_per_node x trainer.nnodes; GPU size: "
-            f"--plan-memory=GIB)")
+    head = (f"{world} GPUs of {gib:.0f} GiB (trainer.n_gpus_per_node x trainer.nnodes"
+            f"{f' less the engines {engines}' if engines and not world_size else ''}; GPU size: --plan-memory=GIB)")
     return (EXIT_FITS if plan.fits else EXIT_DOES_NOT_FIT), head + "\n" + format_plan(plan)
 
 

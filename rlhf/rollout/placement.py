@@ -4,9 +4,16 @@ Ray options that put each engine actor there.
 Trainer ranks follow the torchrun / srun convention: global rank r runs on node ``r // gpus_per_node``,
 GPU ``r % gpus_per_node``.
 
-* colocated: engine i shares the trainer's GPUs ``[i * tp, (i + 1) * tp)`` (global order), which must lie
-  on one node; the engines release their memory while the trainer computes.
+* colocated: engine i shares the trainer's GPUs ``[i * tp, (i + 1) * tp)`` (global order), all on trainer
+  rank 0's node; the engines release their memory while the trainer computes.  The colocated weight sync
+  hands every engine CUDA IPC handles of the pipeline stage leaders' buckets (ranks ``s * W / PP``, megatron's
+  default rank order; rank 0 alone without PP), and CUDA IPC works only within a node: so those ranks and
+  every engine must share one node (more engines than rank 0's node holds: rollout.mode=disaggregated).
 * disaggregated: engines take the GPUs after the trainer's, ``W + i * tp ...``, one node each.
+
+A job's GPUs (:func:`job_placement_problem`, the config check of ``--cfg`` and ``--plan-memory``):
+``trainer.nnodes x trainer.n_gpus_per_node``, the disaggregated engines' included: the trainer gets
+``GPUs - rollout.num_engines x rollout.tensor_model_parallel_size`` of them (:func:`trainer_gpus`).
 
 Engine actors claim no Ray GPU resources: the plan decides the devices (SGLang's ``base_gpu_id`` on a
 node whose CUDA_VISIBLE_DEVICES Ray leaves alone) and the node (Ray node affinity).  Engines are never
@@ -24,7 +31,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "rank_ray_nodes",
-           "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes"]
+           "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders", "engine_gpus",
+           "trainer_gpus", "job_placement_problem"]
 
 
 class PlacementError(ValueError):
@@ -51,13 +59,25 @@ class PlacementPlan:
         return self.engines[i][0].index
 
 
+def stage_leaders(trainer_world_size: int, pp: int = 1) -> List[int]:
+    """Global ranks of the pipeline stage leaders (TP rank 0 of data-parallel replica 0 of each stage) in
+    megatron's default rank order (tp-cp-ep-dp-pp): ``s * W / pp`` for stage s.  Their buckets are what the
+    colocated weight sync hands to the engines (rlhf/weight_bridge/from_tensor.py)."""
+    pp = max(1, pp)
+    return [s * (trainer_world_size // pp) for s in range(pp)]
+
+
 def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, num_engines: int, engine_tp: int,
-                   mode: str) -> PlacementPlan:
+                   mode: str, leaders: Sequence[int] = (0,)) -> PlacementPlan:
     """The devices of every trainer rank and engine (see module docstring).
 
+    Args:
+        leaders: colocated: the trainer ranks whose GPU memory the engines map (:func:`stage_leaders`);
+            every one of them and every engine must be on trainer rank 0's node.
     Raises:
-        PlacementError: more trainer ranks than GPUs, an engine spanning two nodes, engines beyond the
-            trainer's GPUs (colocated) or beyond the free GPUs (disaggregated), or any GPU used twice.
+        PlacementError: more trainer ranks than GPUs, an engine spanning two nodes, colocated engines beyond
+            the trainer's GPUs on rank 0's node or stage leaders on other nodes, disaggregated engines beyond
+            the free GPUs, or any GPU used twice.
     """
     total = nnodes * gpus_per_node
     if min(nnodes, gpus_per_node, trainer_world_size, num_engines, engine_tp) < 1:
@@ -72,13 +92,15 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
                              f"{gpus_per_node} GPUs: lower rollout.tensor_model_parallel_size")
     gpu = lambda g: GPU(g // gpus_per_node, g % gpus_per_node)  # noqa: E731 - global index -> GPU
     first = 0 if mode == "colocated" else trainer_world_size
-    limit = trainer_world_size if mode == "colocated" else total
     need = num_engines * engine_tp
-    if first + need > limit:
-        where = (f"the trainer's {trainer_world_size} GPUs (colocated)" if mode == "colocated"
-                 else f"the {total - trainer_world_size} GPUs left after the trainer's {trainer_world_size} (disaggregated)")
-        raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit {where}: lower "
-                             f"rollout.num_engines or rollout.tensor_model_parallel_size")
+    if mode == "colocated":
+        _check_colocated(gpus_per_node, trainer_world_size, num_engines, engine_tp, leaders)
+    elif first + need > total:
+        raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit the "
+                             f"{total - trainer_world_size} GPUs left after the trainer's {trainer_world_size} "
+                             f"(disaggregated): lower rollout.num_engines or rollout.tensor_model_parallel_size, or "
+                             f"start fewer trainer ranks (at most {total - need}: the launchers leave the engines' "
+                             f"GPUs free, recipes/_launch/torchrun.sh), or use rollout.mode=colocated")
     engines = []
     for i in range(num_engines):
         gpus = [gpu(first + i * engine_tp + k) for k in range(engine_tp)]
@@ -91,6 +113,67 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
     if len(set(used)) != len(used) or (mode == "disaggregated" and set(used) & set(trainer)):
         raise PlacementError("a GPU would be used twice")  # unreachable by construction; kept as the invariant
     return PlacementPlan(trainer, engines)
+
+
+def _check_colocated(gpus_per_node: int, world: int, num_engines: int, engine_tp: int, leaders: Sequence[int]) -> None:
+    """Colocated engines and the ranks whose memory they map (``leaders``) on trainer rank 0's node."""
+    need, local = num_engines * engine_tp, min(world, gpus_per_node)  # trainer GPUs on rank 0's node
+    off = [r for r in leaders if r // gpus_per_node != 0]
+    if off:
+        raise PlacementError(f"colocated: the weight sync hands every engine CUDA IPC handles of the pipeline stage "
+                             f"leaders' memory (trainer ranks {list(leaders)}), and CUDA IPC works only within a "
+                             f"node, but rank(s) {off} are not on rank 0's node of {gpus_per_node} GPUs: use "
+                             f"rollout.mode=disaggregated, or fewer pipeline stages / trainer ranks so that every "
+                             f"stage leader is on the first node")
+    if need > local:
+        most = local // engine_tp
+        where = (f"the trainer's {world} GPUs" if world <= gpus_per_node else
+                 f"the trainer's {local} GPUs on rank 0's node (of {world} trainer GPUs on "
+                 f"{-(-world // gpus_per_node)} nodes)")
+        raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit {where} (colocated: "
+                             f"the weight sync hands every engine CUDA IPC handles of rank 0's memory, which work "
+                             f"only within a node): lower rollout.num_engines to {most or 1}"
+                             f"{'' if most else ' and rollout.tensor_model_parallel_size'} or less, or use "
+                             f"rollout.mode=disaggregated")
+
+
+def engine_gpus(mode: str, num_engines: int, engine_tp: int) -> int:
+    """GPUs the engines take beside the trainer's: ``num_engines x engine_tp`` disaggregated, 0 colocated."""
+    return num_engines * engine_tp if mode == "disaggregated" else 0
+
+
+def trainer_gpus(mode: str, gpus: int, num_engines: int, engine_tp: int) -> int:
+    """Trainer ranks of a job of ``gpus`` GPUs: all of them colocated, those the engines leave disaggregated
+    (may be < 1: the caller refuses)."""
+    return gpus - engine_gpus(mode, num_engines, engine_tp)
+
+
+def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_per_node: int, nnodes: int = 1,
+                          trainer_world_size: Optional[int] = None, pp: int = 1,
+                          gpus_from: str = "trainer.nnodes x trainer.n_gpus_per_node") -> Optional[str]:
+    """Why the job does not place (one line naming the config values and the fix), None when it does.
+
+    Args:
+        gpus_per_node, nnodes: the job's GPUs (disaggregated engines' included); ``gpus_from`` says where they
+            came from, for the message.
+        trainer_world_size: the trainer ranks (the launcher's); None: :func:`trainer_gpus` (what the launchers
+            start).
+        pp: the trainer's pipeline parallel size (its stage leaders' memory goes to colocated engines).
+    """
+    total = gpus_per_node * nnodes
+    world = trainer_world_size if trainer_world_size is not None else trainer_gpus(mode, total, num_engines, engine_tp)
+    head = (f"rollout.mode={mode} with rollout.num_engines={num_engines} x rollout.tensor_model_parallel_size="
+            f"{engine_tp} on {total} GPUs ({gpus_from} = {nnodes} x {gpus_per_node})")
+    if world < 1:
+        return (f"{head}: the engines take {engine_gpus(mode, num_engines, engine_tp)} GPUs and leave none for the "
+                f"trainer; lower rollout.num_engines or rollout.tensor_model_parallel_size, add GPUs (trainer.nnodes), "
+                f"or use rollout.mode=colocated.")
+    try:
+        plan_placement(nnodes=nnodes, gpus_per_node=gpus_per_node, trainer_world_size=world, num_engines=num_engines,
+                       engine_tp=engine_tp, mode=mode, leaders=stage_leaders(world, pp))
+    except PlacementError as e:
+        return f"{head}, trainer on {world}: {e}."
+    return None
 
 
 def engine_actor_options(index: int, *, env: Dict[str, str], plan: Optional[PlacementPlan] = None,

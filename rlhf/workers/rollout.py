@@ -42,15 +42,15 @@ def _broadcast(obj):
 def start_rollout(cfg, model_path: str):
     """Ray (the cluster at RAY_ADDRESS, else a local one) and a RolloutManager of ``rollout.num_engines``
     SGLang engines serving ``model_path``, placed per ``rollout.mode`` (rlhf/rollout/placement.py): on GPU by
-    the plan (colocated on the trainer's GPUs, disaggregated after them, each plan node pinned to its Ray
-    node); on CPU a disaggregated engine goes to a Ray node other than trainer rank 0's when the cluster has
+    the plan (colocated on the trainer's GPUs of rank 0's node, disaggregated after the trainer's, each plan
+    node pinned to its Ray node); on CPU a disaggregated engine goes to a Ray node other than trainer rank 0's when the cluster has
     several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go."""
     import ray
 
     from parallel.distributed import rank_nodes
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
-                                        rank_ray_nodes)
+                                        rank_ray_nodes, stage_leaders)
 
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
@@ -66,7 +66,8 @@ def start_rollout(cfg, model_path: str):
         per_node = torch.cuda.device_count()
         nnodes, node_ids = gpu_engine_nodes(ranks, per_node, ray_nodes, r.mode)
         plan = plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=world,
-                              num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode)
+                              num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode,
+                              leaders=stage_leaders(world, cfg.parallel.pipeline_model_parallel_size))
     else:
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,

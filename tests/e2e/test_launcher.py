@@ -42,6 +42,7 @@ SINGLE = launch_env({})
     (cfg(gpus=4), 8, 4),
     (cfg(mode="disaggregated", engines=2, engine_tp=2), 8, 4),   # one node: the engines take the last 4
     (cfg(mode="disaggregated", engines=2, engine_tp=2, nnodes=2), 8, 8),  # engines on other Ray nodes
+    (cfg(mode="disaggregated", engines=2, engine_tp=2, gpus=8), 0, 4),   # n_gpus_per_node: the job's GPUs
 ])
 def test_local_ranks(c, cuda, expected):
     assert local_ranks(c, cuda_count=cuda) == expected

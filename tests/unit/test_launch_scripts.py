@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -75,12 +76,20 @@ def test_no_fixed_ports_and_no_ray_stop():
 # --------------------------------------------------------------------------- torchrun
 
 
+def _fake_python(tmp_path: Path, log: Path) -> Path:
+    """A PYTHON that logs how torchrun would be started; `-m rlhf.main --print-launch` (the launchers' question
+    to the config) runs for real."""
+    _stub(tmp_path, "fakepython", f'[[ "$*" == *--print-launch* ]] && exec {sys.executable} "$@"\n'
+                                  f'echo "PWD=$PWD OMP=${{OMP_NUM_THREADS:-unset}} '
+                                  f'CDMC=${{CUDA_DEVICE_MAX_CONNECTIONS:-unset}} ARGS=$*" > {log}\n')
+    return tmp_path / "fakepython"
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 @pytest.mark.parametrize("nproc", [None, "2"], ids=["default", "NPROC=2"])
 def test_torchrun_script_dry_run(name, nproc, tmp_path):
     log = tmp_path / "log"
-    _stub(tmp_path, "fakepython", f'echo "PWD=$PWD OMP=${{OMP_NUM_THREADS:-unset}} '
-                                  f'CDMC=${{CUDA_DEVICE_MAX_CONNECTIONS:-unset}} ARGS=$*" > {log}\n')
+    _fake_python(tmp_path, log)
     extra = {"NPROC": nproc} if nproc else {}
     r = subprocess.run(["bash", str(REPO / "recipes" / name / "run_torchrun.sh"), "trainer.seed=3"],
                        env=_env(PYTHON=str(tmp_path / "fakepython"), **extra), capture_output=True, text=True,
@@ -98,16 +107,49 @@ def test_torchrun_script_dry_run(name, nproc, tmp_path):
         assert "OMP=unset" in line and "CDMC=1 " in line
 
 
+def _torchrun(tmp_path: Path, *overrides: str, **extra):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    log = tmp_path / "log"
+    r = subprocess.run(["bash", str(REPO / "recipes" / "gsm8k_ppo_qwen2_7b" / "run_torchrun.sh"), *overrides],
+                       env=_env(PYTHON=str(_fake_python(tmp_path, log)), **extra), capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    return r, (log.read_text() if log.exists() else "")
+
+
+def test_torchrun_leaves_the_disaggregated_engines_their_gpus(tmp_path):
+    # 8 GPUs: 2 engines of TP2 keep 4, torchrun starts the other 4 as trainer ranks
+    r, line = _torchrun(tmp_path / "a", "rollout.mode=disaggregated", "rollout.num_engines=2")
+    assert r.returncode == 0, r.stderr
+    assert "--nproc_per_node=4 -m rlhf.main recipe=gsm8k_ppo_qwen2_7b rollout.mode=disaggregated" in line, line
+    assert "4 trainer rank(s); GPUs 4.. kept for the disaggregated engines (4)" in r.stderr
+    # GPUS: this machine's GPUs; 1 engine of TP2 on 4 GPUs leaves 2
+    r, line = _torchrun(tmp_path / "b", "rollout.mode=disaggregated", "rollout.num_engines=1", GPUS="4")
+    assert r.returncode == 0 and "--nproc_per_node=2 " in line, r.stderr
+    # colocated: every GPU
+    r, line = _torchrun(tmp_path / "c", GPUS="4")
+    assert r.returncode == 0 and "--nproc_per_node=4 " in line, r.stderr
+
+
+def test_torchrun_refuses_when_the_engines_leave_no_gpu(tmp_path):
+    # the recipe's 4 engines of TP2 take all 8 GPUs
+    r, line = _torchrun(tmp_path, "rollout.mode=disaggregated")
+    assert r.returncode == 2 and not line, "torchrun must not start"
+    assert ("rollout.num_engines=4 engine(s) x rollout.tensor_model_parallel_size=2 take 8 of this node's 8 GPUs "
+            "and leave none for the trainer; lower rollout.num_engines, use rollout.mode=colocated") in r.stderr
+
+
 # --------------------------------------------------------------------------- Slurm body (stubbed Slurm)
 
 
-def _slurm_dry_run(name: str, tmp_path: Path, job_id: int = 1234, srun_rc: int = 0, **extra):
-    """Run recipes/<name>/run_slurm.sbatch on a fake 2-node allocation: stub scontrol (node01, node02 with
-    NodeAddr 10.0.0.1/2) and srun (logs its arguments and the environment the tasks get)."""
+def _slurm_dry_run(name: str, tmp_path: Path, job_id: int = 1234, srun_rc: int = 0, overrides=("trainer.seed=3",),
+                   **extra):
+    """Run recipes/<name>/run_slurm.sbatch on a fake 2-node allocation (SLURM_JOB_NODELIST=node01: one node):
+    stub scontrol (node01, node02 with NodeAddr 10.0.0.1/2) and srun (logs its arguments and the environment
+    the tasks get)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     log = tmp_path / "srun.log"
     _stub(tmp_path, "scontrol", """
-        if [[ $1 == show && $2 == hostnames ]]; then echo node01; echo node02; exit 0; fi
+        if [[ $1 == show && $2 == hostnames ]]; then echo node01; [[ $3 == node01 ]] || echo node02; exit 0; fi
         if [[ $1 == show && $2 == node ]]; then n=${@: -1}; echo "NodeName=$n Arch=x86_64 NodeAddr=10.0.0.${n: -1} State=IDLE"; exit 0; fi
         exit 1
     """)
@@ -121,8 +163,9 @@ def _slurm_dry_run(name: str, tmp_path: Path, job_id: int = 1234, srun_rc: int =
     """)
     env = _env(PATH=f"{tmp_path}{os.pathsep}{os.environ['PATH']}", SLURM_JOB_ID=str(job_id),
                SLURM_JOB_NODELIST="node[01-02]", SLURM_NNODES="2", SLURM_SUBMIT_DIR=str(REPO),
-               SLURM_CPUS_PER_TASK="4", **extra)
-    r = subprocess.run(["bash", str(REPO / "recipes" / name / "run_slurm.sbatch"), "trainer.seed=3"], env=env,
+               SLURM_CPUS_PER_TASK="4")
+    env.update(extra)
+    r = subprocess.run(["bash", str(REPO / "recipes" / name / "run_slurm.sbatch"), *overrides], env=env,
                        capture_output=True, text=True, cwd=tmp_path, timeout=60)
     lines = log.read_text().splitlines() if log.exists() else []
     args = [ln[5:] for ln in lines if ln.startswith("ARGS ")]
@@ -161,6 +204,23 @@ def test_slurm_tasks_per_node_follow_the_allocation(tmp_path):
     assert r.returncode == 0 and "--ntasks-per-node=1 " in args[0]
     r, args, _ = _slurm_dry_run("gsm8k_ppo_qwen2_7b", tmp_path / "gpu", SLURM_GPUS_PER_NODE="h100:2")
     assert r.returncode == 0 and "--ntasks-per-node=2 " in args[0] and "--gpus-per-node=2 " in args[0]
+
+
+def test_slurm_leaves_the_disaggregated_engines_their_gpus(tmp_path):
+    one_node = dict(SLURM_GPUS_ON_NODE="8", SLURM_JOB_NODELIST="node01", SLURM_NNODES="1")
+    r, args, _ = _slurm_dry_run("gsm8k_ppo_qwen2_7b", tmp_path / "one", overrides=(
+        "rollout.mode=disaggregated", "rollout.num_engines=2"), **one_node)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "--ntasks-per-node=4 " in args[0] and "--gpus-per-node=8 " in args[0]  # 4 ranks, the step has all 8 GPUs
+    # two nodes: srun's tasks per node are uniform, the engines take the GPUs after all the trainer's: refused
+    r, args, _ = _slurm_dry_run("gsm8k_ppo_qwen2_7b", tmp_path / "two", overrides=(
+        "rollout.mode=disaggregated", "rollout.num_engines=2"), SLURM_GPUS_ON_NODE="8")
+    assert r.returncode == 1 and not args
+    assert "rollout.mode=disaggregated on 2 GPU nodes" in r.stderr and "sbatch -N 1" in r.stderr
+    # no GPU left on the one node: rlhf.main's message, no step started
+    r, args, _ = _slurm_dry_run("gsm8k_ppo_qwen2_7b", tmp_path / "none", overrides=("rollout.mode=disaggregated",),
+                                **one_node)
+    assert r.returncode == 2 and not args and "leave none for the trainer" in r.stderr
 
 
 def test_slurm_gpu_recipe_without_gpus_fails_clearly(tmp_path):

@@ -1,7 +1,7 @@
 """Engine / trainer GPU placement (rlhf.rollout.placement): a pure function, values written by hand."""
 import pytest
 
-from rlhf.rollout.placement import GPU, PlacementError, engine_actor_options, plan_placement
+from rlhf.rollout.placement import GPU, PlacementError, engine_actor_options, plan_placement, stage_leaders
 
 
 def gpus(node, *idx):
@@ -21,11 +21,36 @@ def test_colocated_one_node(tp, n, expected):
     assert [plan.base_gpu_id(i) for i in range(n)] == [e[0].index for e in expected]
 
 
-def test_colocated_two_nodes_engines_follow_the_trainer_ranks():
-    plan = plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=8, num_engines=4, engine_tp=2, mode="colocated")
+def test_colocated_two_nodes_engines_stay_on_rank0s_node():
+    # the colocated weight sync hands every engine CUDA IPC handles of rank 0's memory: node 0 only
+    plan = plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=8, num_engines=2, engine_tp=2, mode="colocated")
     assert plan.trainer[5] == GPU(1, 1)
-    assert plan.engines == [gpus(0, 0, 1), gpus(0, 2, 3), gpus(1, 0, 1), gpus(1, 2, 3)]
-    assert [plan.engine_node(i) for i in range(4)] == [0, 0, 1, 1]
+    assert plan.engines == [gpus(0, 0, 1), gpus(0, 2, 3)]
+    assert [plan.engine_node(i) for i in range(2)] == [0, 0]
+
+
+@pytest.mark.parametrize("nnodes,per_node,engines,tp,most", [
+    (2, 4, 4, 2, 2),    # engines 2 and 3 would be on node 1 (GPUs 4-7)
+    (2, 8, 8, 2, 4),    # 8 engines of TP2 on 2 x 8 GPUs: 16 GPUs, rank 0's node has 8
+])
+def test_colocated_engines_beyond_rank0s_node_are_refused(nnodes, per_node, engines, tp, most):
+    with pytest.raises(PlacementError, match=rf"{engines} engine\(s\) x TP {tp} = {engines * tp} GPUs do not fit the "
+                                             rf"trainer's {per_node} GPUs on rank 0's node .*CUDA IPC.*"
+                                             rf"rollout.num_engines to {most} or less, or use rollout.mode=disaggregated"):
+        plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=nnodes * per_node,
+                       num_engines=engines, engine_tp=tp, mode="colocated")
+
+
+def test_colocated_stage_leaders_on_other_nodes_are_refused():
+    # TP4 PP2 on 2 x 4 GPUs: stage 1's leader is rank 4 (node 1); its buckets' IPC handles cannot reach node 0
+    assert stage_leaders(8, 2) == [0, 4] and stage_leaders(16, 4) == [0, 4, 8, 12] and stage_leaders(8) == [0]
+    with pytest.raises(PlacementError, match=r"trainer ranks \[0, 4\].*rank\(s\) \[4\] are not on rank 0's node"):
+        plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=8, num_engines=1, engine_tp=2, mode="colocated",
+                       leaders=stage_leaders(8, 2))
+    # PP2 on one node of 8: both leaders (0, 4) there
+    plan = plan_placement(nnodes=1, gpus_per_node=8, trainer_world_size=8, num_engines=4, engine_tp=2,
+                          mode="colocated", leaders=stage_leaders(8, 2))
+    assert plan.engines[3] == gpus(0, 6, 7)
 
 
 @pytest.mark.parametrize("tp,n,expected", [
