@@ -22,7 +22,7 @@ of a killed run survives it (the whole process tree seen while it ran -- trainer
 agents, the SGLang engine and its scheduler, dist_checkpointing's Manager -- plus every process carrying
 the run's tag in its environment, checked with psutil), and the final weights (HF export), the step
 metrics of steps 1-3 and the safeguard counters equal the reference run's bitwise; the reference run logs every
-metric of a PPO run (tests/test_trainer_e2e.METRICS).  The figures are
+metric of a PPO run (tests/e2e/test_trainer_e2e.METRICS).  The figures are
 printed as one ``FAULT MATRIX`` line.
 
 The reference run also triggers each of the seed's safeguards and shows its counter in TensorBoard:
