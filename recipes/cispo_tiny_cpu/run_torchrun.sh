@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# cispo_tiny_cpu: CISPO policy loss with GRPO advantages on the embedded arithmetic task,
-# tiny model, on CPU.
+# cispo_tiny_cpu: CISPO (Clipped IS-weight Policy Optimization, MiniMax 2025, arXiv:2506.13585) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=cispo_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dapo_tiny_cpu: DAPO (dynamic sampling, decoupled clip, overlong shaping) on the embedded arithmetic task, tiny model, CPU.
+# dapo_tiny_cpu: DAPO (GRPO + dynamic sampling, decoupled clip, token-mean, overlong shaping) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=dapo_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# dpo_qwen2_7b: DPO on preference pairs with Qwen2-7B-Instruct on 8 GPUs (TP4 x DP2, no rollout engine).
+# dpo_qwen2_7b: DPO on preference pairs with Qwen2-7B-Instruct, 8 GPUs (TP4 x DP2), no rollout engine.
 #
 # One machine, 8 GPUs: torchrun starts the ranks, each running `python -m rlhf.main recipe=dpo_qwen2_7b`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.
-#   bash recipes/dpo_qwen2_7b/run_torchrun.sh model.path=/models/Qwen2-7B-Instruct
+#   bash recipes/dpo_qwen2_7b/run_torchrun.sh model.path=<local copy of the model>
 #   NPROC=<n> bash recipes/dpo_qwen2_7b/run_torchrun.sh      # another number of ranks (a multiple of TP x PP)
 # Options of rlhf.main work too: --cfg prints the resolved config, --help lists the recipes.
 RECIPE=dpo_qwen2_7b DEFAULT_NPROC=8 DEVICE=gpu

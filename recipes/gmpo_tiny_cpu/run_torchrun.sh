@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# gmpo_tiny_cpu: GMPO policy loss (geometric mean of the token ratios) with GRPO advantages,
-# on the embedded arithmetic task, tiny model, on CPU.
+# gmpo_tiny_cpu: GMPO (Geometric-Mean Policy Optimization, Zhao et al. 2025, arXiv:2507.20673) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=gmpo_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

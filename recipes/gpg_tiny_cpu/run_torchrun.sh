@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# gpg_tiny_cpu: GPG advantages and loss (-A log pi, no ratio, no clip),
-# on the embedded arithmetic task, tiny model, on CPU.
+# gpg_tiny_cpu: GPG (Group Policy Gradient, Chu et al. 2025, arXiv:2504.02546) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=gpg_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# grpo_passk_tiny_cpu: pass@k GRPO advantages (only the best response of a group) with PPO's clipped loss,
-# on the embedded arithmetic task, tiny model, on CPU.
+# grpo_passk_tiny_cpu: pass@k GRPO (Tang et al. 2025, "Optimizing Language Models for Inference Time
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=grpo_passk_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# gspo_tiny_cpu: GSPO policy loss with GRPO advantages on the embedded arithmetic task,
-# tiny model, on CPU.
+# gspo_tiny_cpu: GSPO (Group Sequence Policy Optimization, Zheng et al. 2025, arXiv:2507.18071) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=gspo_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

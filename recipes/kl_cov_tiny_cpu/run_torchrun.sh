@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# kl_cov_tiny_cpu: KL-Cov policy loss (KL penalty on high-covariance tokens) with GRPO advantages,
-# on the embedded arithmetic task, tiny model, on CPU.
+# kl_cov_tiny_cpu: KL-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=kl_cov_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

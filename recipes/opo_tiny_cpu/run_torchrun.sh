@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# opo_tiny_cpu: OPO advantages (length-weighted baseline), exact on-policy,
-# on the embedded arithmetic task, tiny model, on CPU.
+# opo_tiny_cpu: OPO (On-Policy RL with Optimal reward baseline, Hao et al. 2025, arXiv:2505.23585) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=opo_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# reinforce_pp_tiny_cpu: REINFORCE++ (no critic) on the embedded arithmetic task with a tiny model, on CPU.
+# reinforce_pp_tiny_cpu: REINFORCE++ (no critic) on the embedded arithmetic task, tiny model, CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=reinforce_pp_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

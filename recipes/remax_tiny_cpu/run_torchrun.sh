@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# remax_tiny_cpu: ReMax advantages (greedy-response baseline) with PPO's clipped loss,
-# on the embedded arithmetic task, tiny model, on CPU.
+# remax_tiny_cpu: ReMax (Li et al. 2023, arXiv:2310.10505) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=remax_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# rloo_tiny_cpu: RLOO (no critic) on the embedded arithmetic task with a tiny model, on CPU.
+# rloo_tiny_cpu: RLOO (no critic) on the embedded arithmetic task, tiny model, CPU, a few minutes.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=rloo_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

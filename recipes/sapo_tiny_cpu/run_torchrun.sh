@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# sapo_tiny_cpu: SAPO policy loss (soft gate instead of the clip) with GRPO advantages,
-# on the embedded arithmetic task, tiny model, on CPU.
+# sapo_tiny_cpu: SAPO (Soft Adaptive Policy Optimization, Qwen team 2025, arXiv:2511.20347) on CPU.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=sapo_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.
