@@ -16,8 +16,8 @@ exactly --response-length tokens in both the engine and HF `generate` (checked a
 Step: `PPOTrainer.train_step` of the real trainer (recipe gsm8k_ppo_tiny_cpu, algorithm=grpo, no critic,
 no reference; real GSM8K prompts and reward), --prompts prompts x --n responses, greedy (temperature 0),
 one optimizer step per step (ppo_mini_batch_size = --prompts), micro batches of --micro sequences.
-Phases are the trainer's own timers (timing/gen, timing/old_log_prob, timing/update_actor,
-timing/sync_weights, timing/step); overhead = step - those four (advantages, batch building, metrics).
+Phases are the trainer's own timers (timing_s/gen, timing_s/old_log_prob, timing_s/update_actor,
+timing_s/sync_weights, timing_s/step); overhead = step - those four (advantages, batch building, metrics).
 
 Baselines (rank 0, torch threads = --hf-threads, default 2 = the cores the two trainer ranks use; rank 1
 waits; the engine stays up, as during the step), run right after each trainer step on that step's prompts
@@ -34,7 +34,7 @@ The LAST line printed is exactly
     ppo_step: gen_vs_hf=<..> logprob_vs_hf=<..> update_vs_hf=<..> sync_vs_copy=<..> overhead_frac=<..>
 (gen/logprob/update: medians over the --repeats timed steps, after --warmup untimed ones, of the per-step
 ratio trainer phase / HF baseline; sync_vs_copy: median sync / median copy; overhead_frac: median per-step
-share of timing/step outside the four phases).  The ratios of the medians are printed too.
+share of timing_s/step outside the four phases).  The ratios of the medians are printed too.
 """
 import argparse
 import os
@@ -210,10 +210,10 @@ def main(a):
         rec.begin()
         t0 = time.perf_counter()
         m = trainer.train_step(step)
-        m["timing/step"] = time.perf_counter() - t0
+        m["timing_s/step"] = time.perf_counter() - t0
         rec.end(m)
         metrics.append(m)
-        line = " ".join(f"{k[7:]}={m[k]:.3f}" for k in sorted(m) if k.startswith("timing/"))
+        line = " ".join(f"{k[9:]}={m[k]:.3f}" for k in sorted(m) if k.startswith("timing_s/"))
         if hf is not None and not spies:  # the baselines right after the step: same load, same data
             b = hf.step(rec.steps[-1], probe_log=log if step == 1 else None)
             base.append(b)
@@ -227,8 +227,9 @@ def main(a):
         s.wait()
     dist.barrier()
     timed = metrics[a.warmup:]
-    t = {k: median([m[f"timing/{k}"] for m in timed]) for k in PHASES + ("step",)}
-    overhead = median([(m["timing/step"] - sum(m[f"timing/{k}"] for k in PHASES)) / m["timing/step"] for m in timed])
+    t = {k: median([m[f"timing_s/{k}"] for m in timed]) for k in PHASES + ("step",)}
+    overhead = median([(m["timing_s/step"] - sum(m[f"timing_s/{k}"] for k in PHASES)) / m["timing_s/step"]
+                       for m in timed])
     stats = rec.steps[-1]["sync_stats"]
     if rank == 0:
         report(a, t, overhead, rec.steps[a.warmup:], stats, base[a.warmup:], log)
@@ -272,7 +273,7 @@ def report(a, t, overhead, sw, stats, base, log):
 
 
 def sw_times(sw, phase):
-    return [s["timing"][f"timing/{phase}"] for s in sw]
+    return [s["timing"][f"timing_s/{phase}"] for s in sw]
 
 
 if __name__ == "__main__":

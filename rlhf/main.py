@@ -112,7 +112,9 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
             else:
                 values[_VALUE_OPTS[name]] = value
         elif a.startswith("-") and not a.startswith("~"):
-            raise UsageError(f"unknown option {a!r}")
+            from rlhf.config.resume import RESUME_HINT, is_resume_option
+
+            raise UsageError(f"unknown option {a!r}" + (f"; {RESUME_HINT}" if is_resume_option(a) else ""))
         elif "=" not in a and not a.startswith("~"):
             raise UsageError(f"{a!r} is not a key=value override (did you mean recipe={a}?)")
         elif a.startswith(("algorithm=", "+algorithm=")):  # the preset algorithm/<NAME>.yaml

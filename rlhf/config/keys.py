@@ -150,6 +150,10 @@ def unknown_key_error(full_key: str, source: str = "") -> ConfigKeyError:
     lines.append(f"{where[0].upper()}{where[1:]} has no key {bad!r}."
                  + (f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""))
     lines.append((f"Valid keys in {'.'.join(prefix)!r}: " if prefix else "Valid top-level keys: ") + ", ".join(level))
+    from rlhf.config.resume import RESUME_HINT, is_resume_option
+
+    if is_resume_option(parts[-1]):  # trainer.ckpt_path, resume_from_checkpoint, load_dir, ...
+        lines.append(RESUME_HINT[0].upper() + RESUME_HINT[1:] + ".")
     return ConfigKeyError("\n".join(lines), key=full_key, suggestions=suggestions, source=source)
 
 

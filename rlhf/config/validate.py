@@ -3,7 +3,8 @@ an estimator against rollout.n, ...), the ones that look outside the config (the
 reward file, a local model's context length), every section's own rules
 (:func:`rlhf.config.schema.field_problems`), and with ``check_files`` the data and model references
 (:mod:`rlhf.config.refs`: local paths exist, a model directory has a readable config.json of a supported
-architecture), all reported together in one :class:`ConfigValidationError`.  No network, no torch.
+architecture, the checkpoint to resume from exists: :mod:`rlhf.config.resume`), all reported together in one
+:class:`ConfigValidationError`.  No network, no torch.
 
 Types and fixed choices were already checked by OmegaConf while composing (:mod:`rlhf.config.compose`).
 """
@@ -21,6 +22,7 @@ from rlhf.config.choices import ADV_ESTIMATORS, GROUP_ESTIMATORS, POLICY_LOSS_MO
 from rlhf.config.errors import ConfigValidationError
 from rlhf.config.objects import is_object_ref, unknown_objects
 from rlhf.config.refs import cached_hub_file, parse_data_ref, parse_model_ref
+from rlhf.config.resume import resume_problems
 from rlhf.config.schema import field_problems
 from rlhf.rollout.placement import job_placement_problem, trainer_gpus
 
@@ -256,7 +258,7 @@ def _file_problems(cfg: DictConfig) -> list[str]:
             out += _model_problems(f"reward.sources[{i}].path", src.path, architecture=False)
         elif src.type == "custom" and src.path and not is_object_ref(src.path) and not Path(src.path).is_file():
             out.append(f"reward.sources[{i}].path={src.path!r} is not a file; give a .py file defining {src.name}.")
-    return out
+    return out + resume_problems(cfg.trainer)
 
 
 #: trainer.logger backends that need a package of their own: name -> (module, pip extra of setup.py)

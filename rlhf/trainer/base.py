@@ -1,7 +1,7 @@
 """The skeleton every trainer shares: :meth:`BaseTrainer.fit`.
 
-    init distributed -> resume -> [validate] -> for each step: train_step -> metrics
-    -> validate every test_freq -> checkpoint every save_freq -> HF export -> close
+    init distributed -> resume -> [validate] -> for each step: train_step (profiled when listed in
+    global_profiler.steps) -> metrics -> validate every test_freq -> checkpoint every save_freq -> HF export -> close
 
 A subclass builds its parts in ``__init__`` (after ``super().__init__``: ``self.actor``,
 ``self.train_loader``, ``self.total_steps``) and implements :meth:`train_step` and :meth:`validate`;
@@ -18,16 +18,18 @@ import time
 import torch.distributed as dist
 
 from rlhf import faults
-from parallel.distributed import init_distributed, init_model_parallel, set_seed
+from parallel.distributed import compute_device, init_distributed, init_model_parallel, set_seed
+from rlhf.config.resume import resolve_resume_path
 from rlhf.memory_plan.cli import check_plan_at_start
 from parallel.step_guard import SkippedStepsError
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
 
 from .alerts import Alerts
-from .checkpoint import check_model, checkpoint_root, latest_checkpoint, model_summary, read_model_summary
+from .checkpoint import check_model, checkpoint_root, model_summary, read_model_summary
 from .checkpoint import load_checkpoint as load_checkpoint_dir
 from .checkpoint import save_checkpoint as save_checkpoint_dir
 from .metrics import add_step_timing
+from .profiling import StepProfiler
 from .tracking import Tracking
 
 logger = logging.getLogger(__name__)
@@ -53,6 +55,8 @@ class BaseTrainer:
     def __init__(self, cfg):
         self.cfg = cfg
         self.start_step = 0
+        t = cfg.trainer  # a resume path that names no checkpoint fails here, before anything starts
+        self.resume_path = resolve_resume_path(t.resume_mode, t.resume_from_path, t.default_local_dir)
         p = cfg.parallel
         init_distributed()
         init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
@@ -67,7 +71,7 @@ class BaseTrainer:
         self.hf_config = load_hf_config(self.model_path)
         if dist.get_rank() == 0:  # on GPU: a warning with the knob when a phase will not fit (CPU: a debug line)
             check_plan_at_start(cfg, self.hf_config, world_size=dist.get_world_size())
-        self.resume_path = self.resume_checkpoint()  # a checkpoint of another model is refused here, before any build
+        self.resume_checkpoint()  # a checkpoint of another model is refused here, before any build
         self.tracker = None  # created by fit(): a run that fails to start leaves no TensorBoard file
         self.alerts = Alerts(cfg.trainer.alerts, {r: cfg[r].optim for r in ("actor", "critic")},
                              echo=dist.get_rank() == 0)
@@ -107,6 +111,20 @@ class BaseTrainer:
         """``trainer.total_training_steps``, or ``total_epochs`` passes over `loader`."""
         return self.cfg.trainer.total_training_steps or len(loader) * self.cfg.trainer.total_epochs
 
+    def fill_lr_decay_steps(self, role: str, updates: int, epochs: int) -> None:
+        """verl's default (verl/utils/megatron/optimizer.py get_megatron_optimizer_param_scheduler): a decaying
+        ``<role>.optim.lr_decay_style`` with ``lr_decay_steps`` null decays over the whole run.  The schedule here
+        counts optimizer steps, so that is `updates` x mini batches per update (data.train_batch_size /
+        <role>.ppo_mini_batch_size) x `epochs`; a note on rank 0 says so.  Set before the role is built."""
+        optim = self.cfg[role].optim
+        if optim.lr_decay_steps is not None or str(optim.lr_decay_style) == "constant":
+            return
+        steps = max(updates, 1) * max(self.cfg.data.train_batch_size // self.cfg[role].ppo_mini_batch_size, 1) * epochs
+        optim.lr_decay_steps = steps
+        if dist.get_rank() == 0:
+            print(f"note: {role}.optim.lr_decay_steps=null with lr_decay_style={optim.lr_decay_style}: decaying over "
+                  f"the run's {steps} optimizer steps (the last runs above min_lr)", flush=True)
+
     def data_files(self, split: str):
         """``data.train_files`` ("train") or ``data.val_files`` as plain paths: quickstart tasks through the
         quickstart hook (collective), OmegaConf lists as python lists."""
@@ -118,9 +136,11 @@ class BaseTrainer:
         return OmegaConf.to_container(files, resolve=True) if OmegaConf.is_config(files) else files
 
     def fit(self) -> dict:
-        """Collective. Train from the latest checkpoint (``trainer.resume_mode``) to ``total_steps``;
-        returns the last step's metrics (the validation metrics when no step ran)."""
+        """Collective. Train from the latest checkpoint (``trainer.resume_mode``) to ``total_steps``, with
+        torch.profiler traces of the ``global_profiler.steps`` (rlhf.trainer.profiling); returns the last step's
+        metrics (the validation metrics when no step ran)."""
         t, last = self.cfg.trainer, {}
+        profiler = StepProfiler.from_config(self.cfg, dist.get_rank(), compute_device())
         try:
             self.tracker = Tracking.from_config(self.cfg, enabled=dist.get_rank() == 0)
             self.load_checkpoint()
@@ -130,9 +150,11 @@ class BaseTrainer:
             progress = self._progress_bar()
             for step in range(self.start_step + 1, self.total_steps + 1):
                 faults.maybe_fail("step_start", step=step)
-                t0 = time.perf_counter()
-                metrics = self.run_step(step)
-                add_step_timing(metrics, time.perf_counter() - t0, metrics.pop("_tokens"), dist.get_world_size())
+                with profiler.step(step):  # (a profiled step's time leaves out the trace export)
+                    t0 = time.perf_counter()
+                    metrics = self.run_step(step)
+                    seconds = time.perf_counter() - t0
+                add_step_timing(metrics, seconds, metrics.pop("_tokens"), dist.get_world_size())
                 if _due(t.test_freq, step, self.total_steps):
                     metrics.update(self.validate())
                 self.alerts.check(metrics, step)
@@ -151,6 +173,7 @@ class BaseTrainer:
             if t.export_hf_at_end:
                 self.export_hf()
         finally:
+            profiler.close()
             self.close()
         return last
 
@@ -173,32 +196,31 @@ class BaseTrainer:
 
     # ---- checkpoints / export --------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> str:
-        """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint)."""
-        t = self.cfg.trainer
+        """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint); rank 0
+        prints ``saving checkpoint to <path>`` before and ``saved checkpoint <path> (step N, S s)`` after."""
+        t, rank0 = self.cfg.trainer, dist.get_rank() == 0
+        root = checkpoint_root(t.default_local_dir)
+        if rank0:
+            print(f"saving checkpoint to {os.path.join(root, f'global_step_{step}')}", flush=True)
+        t0 = time.perf_counter()
         state = dict(self.trainer_state(), model=model_summary(self.hf_config))
-        return save_checkpoint_dir(checkpoint_root(t.default_local_dir), step, self.checkpoint_roles(), state,
-                                   t.max_ckpt_to_keep, slim=t.slim_checkpoint)
+        path = save_checkpoint_dir(root, step, self.checkpoint_roles(), state, t.max_ckpt_to_keep,
+                                   slim=t.slim_checkpoint)
+        if rank0:
+            print(f"saved checkpoint {path} (step {step}, {time.perf_counter() - t0:.1f} s); resume with "
+                  f"trainer.resume_from_path={path}", flush=True)
+        return path
 
     def resume_checkpoint(self) -> str | None:
-        """The checkpoint ``trainer.resume_mode`` resumes from: auto (the latest complete one, if any),
-        resume_path (``trainer.resume_from_path``), disable (None).  Checks that it was saved for this model
-        (config.json's shapes) without reading any tensor.
+        """:attr:`resume_path`, the checkpoint ``trainer.resume_mode`` / ``trainer.resume_from_path`` name
+        (rlhf.config.resume.resolve_resume_path, run first thing in ``__init__``), after checking that it was
+        saved for this model (config.json's shapes) without reading any tensor.
 
-        Raises ValueError for resume_path without a path or a checkpoint of another model; FileNotFoundError
-        for a resume_from_path that is not a complete checkpoint.
+        Raises ValueError for a checkpoint of another model; FileNotFoundError for one without trainer_state.pt.
         """
-        t = self.cfg.trainer
-        if t.resume_mode == "disable":
-            return None
-        if t.resume_mode == "resume_path":
-            if not t.resume_from_path:
-                raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<checkpoint dir>")
-            path = t.resume_from_path
-        else:
-            path = latest_checkpoint(checkpoint_root(t.default_local_dir))
-            if path is None:
-                return None
-        check_model(path, read_model_summary(path), model_summary(self.hf_config))
+        path = self.resume_path
+        if path is not None:
+            check_model(path, read_model_summary(path), model_summary(self.hf_config))
         return path
 
     def load_checkpoint(self) -> None:

@@ -32,8 +32,8 @@ import torch.distributed as dist
 
 from rlhf import faults
 from parallel.dist_checkpoint import load_sharded, save_sharded
+from rlhf.config.resume import TRACKER, latest_in
 
-TRACKER = "latest_checkpointed_iteration.txt"
 STALE_SUFFIXES = (".tmp", ".deleting")
 # config.json fields that must match between a checkpoint and the model it is loaded into
 MODEL_SUMMARY_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -65,12 +65,7 @@ def checkpoint_root(default_local_dir: str) -> str:
 
 def latest_checkpoint(root: str) -> str | None:
     """Path of the newest complete checkpoint under `root` (per the tracker file), or None."""
-    tracker = os.path.join(root, TRACKER)
-    if not os.path.exists(tracker):
-        return None
-    step = int(open(tracker).read().strip())
-    path = os.path.join(root, f"global_step_{step}")
-    return path if os.path.isdir(path) else None
+    return latest_in(root)
 
 
 def _mid_save_fault_point():

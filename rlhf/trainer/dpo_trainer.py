@@ -64,6 +64,7 @@ class DPOTrainer(BaseTrainer):
         self.train_loader = StatefulPromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,
                                                  drop_last=True, collate_fn=list)
         self.total_steps = self.steps_for(self.train_loader)
+        self.fill_lr_decay_steps("actor", self.total_steps, epochs=1)
         self.actor = build_actor(cfg, self.hf_config, self.model_path, temperature=1.0)
         self.reference = build_reference(cfg, self.hf_config, self.model_path, temperature=1.0)
         self.loss = DPOLoss(cfg.algorithm.dpo)

@@ -24,7 +24,7 @@ logger = logging.getLogger("rlhf.metrics")
 
 CONSOLE_KEYS = ("critic/score/mean", "val/score", "actor/pg_loss", "critic/vf_loss", "actor/kl",
                 "response_length/mean", "dapo/num_gen_batches", "reward/num_fallbacks", "dpo/loss", "dpo/accuracy",
-                "val/preference_accuracy", "perf/rollout_tokens_per_s", "timing/step")
+                "val/preference_accuracy", "perf/rollout_tokens_per_s", "timing_s/step")
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_chars: int = 2000) -> str:

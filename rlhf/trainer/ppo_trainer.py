@@ -49,13 +49,13 @@ from .advantages import (
 )
 from .base import BaseTrainer
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
-from .metrics import compute_data_metrics, rollout_metrics, timer
+from .metrics import compute_data_metrics, compute_timing_metrics, rollout_metrics, timer
 from .val_metrics import generations_table, validation_metrics
 
 # compute_advantages lives in rlhf.trainer.advantages; re-exported here where it was
 log = logging.getLogger(__name__)
 
-__all__ = ["PPOTrainer", "compute_advantages", "log_prob_temperature", "rollout_seed"]
+__all__ = ["PPOTrainer", "compute_advantages", "log_prob_temperature", "rollout_seed", "algorithm_label"]
 
 
 def log_prob_temperature(cfg) -> float:
@@ -67,6 +67,15 @@ def log_prob_temperature(cfg) -> float:
 def rollout_seed(seed: int, step: int, round_index: int) -> int:
     """Sampling seed of generation round `round_index` of `step` (distinct per step and round)."""
     return seed * 100_003 + step * 1009 + round_index * 7
+
+
+def algorithm_label(cfg) -> str:
+    """The algorithm's name for the progress bar: DAPO (``algorithm.filter_groups.enable``), PPO (gae), else the
+    estimator in capitals (GRPO, RLOO, REINFORCE_PLUS_PLUS, ...)."""
+    if cfg.algorithm.filter_groups.enable:
+        return "DAPO"
+    est = str(cfg.algorithm.adv_estimator)
+    return "PPO" if est == "gae" else est.upper()
 
 
 def critic_enabled(cfg) -> bool:
@@ -86,7 +95,6 @@ def use_critic(cfg) -> bool:
 class PPOTrainer(BaseTrainer):
     """PPO and its critic-free variants (``algorithm.adv_estimator``), DAPO when configured."""
 
-    progress_desc = "PPO"
     progress_postfix = ("score", "critic/score/mean")
 
     def check_layout(self) -> None:
@@ -104,6 +112,7 @@ class PPOTrainer(BaseTrainer):
         check_sampling(cfg)  # no top-p / top-k truncation in training rollouts
         check_reward_config(cfg.reward)  # custom reward files import (ImportError naming the file), before any model
         super().__init__(cfg)
+        self.progress_desc = algorithm_label(cfg)
         d, rank0 = cfg.data, dist.get_rank() == 0
         cache, gt = os.path.join(cfg.trainer.default_local_dir, "data"), needs_ground_truth(cfg.reward)
         train = build_rl_dataset(d, "train", self.data_files("train"), self.tokenizer, cache, require_ground_truth=gt)
@@ -112,6 +121,9 @@ class PPOTrainer(BaseTrainer):
         self.train_loader = StatefulPromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,
                                                  drop_last=True, collate_fn=collate_prompts)
         self.total_steps = self.steps_for(self.train_loader)
+        self.fill_lr_decay_steps("actor", self.total_steps - cfg.trainer.critic_warmup, cfg.actor.ppo_epochs)
+        if critic_enabled(cfg):
+            self.fill_lr_decay_steps("critic", self.total_steps, cfg.critic.ppo_epochs)
         temperature = log_prob_temperature(cfg)
         self.actor = build_actor(cfg, self.hf_config, self.model_path, temperature=temperature)
         need_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
@@ -189,8 +201,9 @@ class PPOTrainer(BaseTrainer):
             with timer(m, "sync_weights"):  # (an actor that did not change needs no sync)
                 self.rollout.sync_weights()
 
-        m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length))
-        m.update(rollout_metrics(batch, scores, m["timing/gen"]))
+        m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length, cfg.data.max_prompt_length))
+        m.update(compute_timing_metrics(m, batch))  # timing_per_token_ms/*
+        m.update(rollout_metrics(batch, scores, m["timing_s/gen"]))
         if not cfg.algorithm.use_kl_in_reward:
             m.setdefault("actor/reward_kl_penalty", 0.0)
         m.update(padding_metrics([self.actor, self.reference, self.critic]))  # perf/padding_efficiency

@@ -7,6 +7,13 @@
     val/generations                Table (data_source, prompt, response, score) of the first
                                    trainer.log_val_generations responses (the same prompts every validation)
 
+and verl's names (verl/trainer/ppo/metric_utils.py process_validation_metrics, grouped as in ray_trainer.py
+_val_metrics_update), per data source over the prompts answered N times:
+
+    val-core/<data_source>/reward/mean@N   mean over prompts of the mean of their N scores (N: the most
+                                           responses a prompt of that source got; smaller N under val-aux/)
+    val-aux/<data_source>/reward/std@N     (N > 1) mean over prompts of the population std of their N scores
+
 A response counts as correct for pass@k when its score is at least :data:`CORRECT_SCORE` (the rule rewards
 score 1.0 for a correct answer, rlhf.rewards).
 """
@@ -18,8 +25,8 @@ from typing import Any, Hashable, Sequence
 
 from .tracking import Table
 
-__all__ = ["pass_at_k", "pass_at_k_values", "validation_metrics", "generations_table", "CORRECT_SCORE",
-           "GENERATION_COLUMNS"]
+__all__ = ["pass_at_k", "pass_at_k_values", "validation_metrics", "verl_validation_metrics", "generations_table",
+           "CORRECT_SCORE", "GENERATION_COLUMNS"]
 
 CORRECT_SCORE = 1.0
 GENERATION_COLUMNS = ("data_source", "prompt", "response", "score")
@@ -49,8 +56,9 @@ def pass_at_k_values(n: int) -> list[int]:
 
 def validation_metrics(data_sources: Sequence[str], prompt_ids: Sequence[Hashable], scores: Sequence[float],
                        n: int) -> dict:
-    """The ``val/*`` scalars (module docstring) of M responses: `data_sources` [M], `prompt_ids` [M] (the
-    responses of one prompt share an id), `scores` [M]; `n` responses per prompt (``rollout.val_kwargs.n``).
+    """The ``val/*``, ``val-core/*`` and ``val-aux/*`` scalars (module docstring) of M responses:
+    `data_sources` [M], `prompt_ids` [M] (the responses of one prompt share an id), `scores` [M]; `n` responses
+    per prompt (``rollout.val_kwargs.n``).
     Prompts with fewer than n responses use their own count.  Empty input gives ``{"val/score": 0.0}``."""
     if not scores:
         return {"val/score": 0.0}
@@ -60,6 +68,7 @@ def validation_metrics(data_sources: Sequence[str], prompt_ids: Sequence[Hashabl
     for ds, pid, s in zip(data_sources, prompt_ids, scores):
         by_source[ds].append(float(s))
         groups[ds][pid].append(float(s))
+    out.update(verl_validation_metrics(groups))
     for ds, values in sorted(by_source.items()):
         out[f"val/{ds}/score"] = sum(values) / len(values)
         if n <= 1:
@@ -69,6 +78,25 @@ def validation_metrics(data_sources: Sequence[str], prompt_ids: Sequence[Hashabl
             est = [pass_at_k(len(g), sum(s >= CORRECT_SCORE for s in g), min(k, len(g))) for g in prompts]
             out[f"val/{ds}/pass@{k}"] = sum(est) / len(est)
         out[f"val/{ds}/best@{n}"] = sum(max(g) for g in prompts) / len(prompts)
+    return out
+
+
+def verl_validation_metrics(groups: dict[str, dict[Hashable, list[float]]]) -> dict:
+    """verl's ``val-core/<ds>/reward/mean@N`` and ``val-aux/<ds>/reward/{mean,std}@N`` (module docstring) of
+    `groups`: data source -> prompt id -> that prompt's scores.  verl's bootstrapped best@N / worst@N are left
+    out (val/<ds>/best@n is the exact mean of the best scores)."""
+    out = {}
+    for ds, prompts in sorted(groups.items()):
+        per_name: dict[str, list[float]] = defaultdict(list)
+        for g in prompts.values():
+            n, mean = len(g), sum(g) / len(g)
+            per_name[f"mean@{n}"].append(mean)
+            if n > 1:
+                per_name[f"std@{n}"].append((sum((x - mean) ** 2 for x in g) / n) ** 0.5)
+        n_max = max(len(g) for g in prompts.values())
+        for name, values in per_name.items():
+            sec = "val-core" if name == f"mean@{n_max}" else "val-aux"
+            out[f"{sec}/{ds}/reward/{name}"] = sum(values) / len(values)
     return out
 
 

@@ -41,7 +41,7 @@ class MegatronActor(MegatronWorker):
         ``actor.use_dynamic_bsz``, of at most ``actor.ppo_max_token_len_per_gpu`` tokens); the loss's
         ``global_info`` gives it the whole mini batch's counts (split-invariant losses).  Returns the loss's
         metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps),
-        actor/num_skipped_steps, actor/num_breaker_events (rlhf.workers.worker.step_metrics) and actor/lr."""
+        actor/num_skipped_steps, actor/num_breaker_events and actor/lr (rlhf.workers.worker.step_metrics)."""
         cfg, P = self.cfg, batch["prompt_length"]
         if self.moe is not None:
             self.moe.reset()
@@ -53,8 +53,7 @@ class MegatronActor(MegatronWorker):
             global_info=getattr(loss, "global_info", None), max_tokens_per_micro_batch=self.update_budget,
             kind="log_probs", vocab_size=self.vocab_size,
             temperature=self.temperature, calculate_entropy=loss.needs_entropy)
-        metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}
-        metrics["actor/lr"] = float(self.state.optimizer.param_groups[0]["lr"])
+        metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}  # actor/lr: the LR the update used
         if self.moe is not None:  # MoE: router aux loss and tokens per expert of this update (parallel.moe)
             metrics.update(self.moe.collect())
         return metrics

@@ -39,7 +39,7 @@ class MegatronCritic(MegatronWorker):
         the whole mini batch's counts (invariant to micro batches and data parallelism, see
         rlhf.workers.losses), with the actor's batching (``critic.ppo_epochs``, mini and micro batch sizes).
         Returns critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean and the step metrics
-        (rlhf.workers.worker.step_metrics: critic/grad_norm, critic/num_skipped_steps, ...)."""
+        (rlhf.workers.worker.step_metrics: critic/grad_norm, critic/num_skipped_steps, critic/lr, ...)."""
         cfg = self.cfg
         P, R = batch["prompt_length"], batch["responses"].shape[1]
         mask_key = LOSS_MASK_KEY if LOSS_MASK_KEY in batch else "response_mask"

@@ -55,8 +55,10 @@ def gather_metrics(per_micro: list[dict]) -> dict:
 def step_metrics(role: str, steps: list) -> dict:
     """Metrics of a role's optimizer steps (parallel.optim.StepResult): <role>/grad_norm (mean pre-clip
     norm), <role>/num_skipped_steps (non-finite gradient norm: the update was skipped),
-    <role>/num_breaker_events (the gradient circuit breaker restarted the LR warm-up)."""
+    <role>/num_breaker_events (the gradient circuit breaker restarted the LR warm-up), <role>/lr (the LR the
+    update's last optimizer step used, read before the scheduler stepped: verl's actor/lr, critic/lr)."""
     return {f"{role}/grad_norm": float(np.mean([s.grad_norm for s in steps])),
+            f"{role}/lr": float(steps[-1].lr),
             f"{role}/num_skipped_steps": float(sum(s.skipped for s in steps)),
             f"{role}/num_breaker_events": float(sum(s.breaker is not None for s in steps))}
 

@@ -78,7 +78,8 @@ try:
             print("STEP " + json.dumps({"step": step, "loss_mode": loss_mode, "estimator": estimator,
                                         "loss_fn": trainer.policy_loss.policy_loss_fn.__name__,
                                         "seconds": round(time.time() - t1, 1),
-                                        **{k[7:]: round(v, 2) for k, v in metrics.items() if k.startswith("timing/")}}),
+                                        **{k[9:]: round(v, 2) for k, v in metrics.items()
+                                           if k.startswith("timing_s/")}}),
                   flush=True)
 finally:
     trainer.close()
@@ -125,7 +126,7 @@ def test_new_loss_modes_and_estimators_run_through_the_trainer(tiny_model, tmp_p
     required = ["actor/pg_loss", "actor/entropy", "actor/ppo_kl", "actor/grad_norm", "actor/lr",
                 "critic/advantages/mean", "critic/score/mean", "actor/rollout_log_prob_diff",
                 "actor/reward_kl_penalty_seq", "actor/reward_kl_penalty_coeff", "reward/num_fallbacks",
-                "reward/num_unscorable", "actor/num_overlong_filtered", "timing/update_actor"]
+                "reward/num_unscorable", "actor/num_overlong_filtered", "timing_s/update_actor"]
     for tag in required:
         assert sorted(s.get(tag, {})) == list(range(1, total + 1)), tag
     for tag, by_step in s.items():  # every metric written is finite

@@ -16,8 +16,8 @@ GSM8K = os.path.abspath(os.path.join(ROOT, "..", "shared", "data", "gsm8k"))
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 METRICS = ["critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/grad_norm",
-           "critic/advantages/mean", "response_length/mean", "actor/kl", "timing/gen", "timing/update_actor",
-           "timing/update_critic", "timing/sync_weights", "actor/reward_kl_penalty", "perf/throughput",
+           "critic/advantages/mean", "response_length/mean", "actor/kl", "timing_s/gen", "timing_s/update_actor",
+           "timing_s/update_critic", "timing_s/sync_weights", "actor/reward_kl_penalty", "perf/throughput",
            "perf/padding_efficiency"]
 # dynamic batching (token budgets of 2 x (512 + 32), compacted rows) on the PP2 run
 DYNAMIC = ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=1088", "critic.use_dynamic_bsz=true",

@@ -8,7 +8,7 @@ dataclass is built, and on the composed config by :func:`field_problems`, which 
 once); rules that span sections are in :mod:`rlhf.config.validate`.  Names follow verl's.
 
 One module per group of sections: data.py (data, model, parallel), actor.py (actor, actor.policy_loss,
-critic), rollout.py, algorithm.py, reward.py, trainer.py; rules.py holds the range helpers.
+critic), rollout.py, algorithm.py, reward.py, trainer.py (trainer, global_profiler); rules.py holds the range helpers.
 """
 from __future__ import annotations
 
@@ -22,12 +22,13 @@ from rlhf.config.schema.reward import (CustomRewardConfig, Gsm8kRewardConfig, Ov
                                        RewardSourceConfig)
 from rlhf.config.schema.rollout import RolloutConfig, RolloutValConfig
 from rlhf.config.schema.rules import Checked
-from rlhf.config.schema.trainer import TrainerConfig
+from rlhf.config.schema.trainer import GlobalProfilerConfig, TrainerConfig
 
 __all__ = ["RLHFConfig", "field_problems", "Checked", "DataConfig", "ModelConfig", "ParallelConfig", "ActorConfig",
            "PolicyLossConfig", "CriticConfig", "RolloutConfig", "RolloutValConfig", "AlgorithmConfig",
            "KLControlConfig", "FilterGroupsConfig", "DPOConfig", "RewardConfig", "RewardSourceConfig",
-           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig"]
+           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig",
+           "GlobalProfilerConfig"]
 
 
 @dataclass
@@ -41,6 +42,7 @@ class RLHFConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
 
 
 def field_problems(cfg: Any) -> list[str]:

@@ -1,4 +1,5 @@
-"""Schema section ``trainer``: steps, logging, checkpoints, and the job's size."""
+"""Schema sections ``trainer`` (steps, logging, checkpoints, and the job's size) and ``global_profiler`` (verl's
+section: which steps are profiled, rlhf/trainer/profiling.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,7 +8,10 @@ from typing import Optional
 from rlhf.config.choices import LoggerBackend, ResumeMode
 from rlhf.config.schema.rules import Checked, ge, ge_or_null, steps_or_never
 
-__all__ = ["AlertConfig", "TrainerConfig"]
+__all__ = ["AlertConfig", "TrainerConfig", "GlobalProfilerConfig", "PROFILER_TOOLS"]
+
+#: global_profiler.tool values (null: torch)
+PROFILER_TOOLS = ("torch", "nsys")
 
 
 @dataclass
@@ -41,7 +45,9 @@ class TrainerConfig(Checked):
     test_freq: int = -1
     val_before_train: bool = True
     critic_warmup: int = 0  # first steps that train only the critic (the actor is not updated)
+    # auto: the latest checkpoint under default_local_dir, or resume_from_path when given; resume_path: resume_from_path
     resume_mode: ResumeMode = ResumeMode.auto
+    # a checkpoint (<run>/checkpoints/global_step_N), or a checkpoints directory / run directory (its latest)
     resume_from_path: Optional[str] = None
     max_ckpt_to_keep: Optional[int] = 2
     # true: checkpoints hold what resuming needs only (no recomputable fp32 copy of fp32 weights, no frozen weights);
@@ -66,10 +72,33 @@ class TrainerConfig(Checked):
                + ge_or_null(self, at, "n_gpus_per_node nnodes", "null: as launched"))
         mode, rfp = self.resume_mode, self.resume_from_path
         if mode == ResumeMode.resume_path and not rfp:
-            out.append(f"{at}resume_mode=resume_path needs {at}resume_from_path=<checkpoint dir>.")
-        if rfp and mode in (ResumeMode.auto, ResumeMode.disable):
-            out.append(f"{at}resume_from_path={rfp!r} is ignored with {at}resume_mode={mode}; "
+            out.append(f"{at}resume_mode=resume_path needs {at}resume_from_path=<run>/checkpoints/global_step_N "
+                       f"(a checkpoint, or a checkpoints directory for its latest).")
+        if rfp and mode == ResumeMode.disable:
+            out.append(f"{at}resume_from_path={rfp!r} is ignored with {at}resume_mode=disable; "
                        f"set {at}resume_mode=resume_path (or drop resume_from_path).")
         if not self.default_local_dir:
             out.append(f"{at}default_local_dir is empty; give the output directory for checkpoints and logs.")
+        return out
+
+
+@dataclass
+class GlobalProfilerConfig(Checked):
+    """verl's ``global_profiler``: torch.profiler traces (or an nsys capture range) of the listed training steps
+    (rlhf/trainer/profiling.py)."""
+    tool: Optional[str] = None  # null or torch: torch.profiler traces; nsys: cudaProfilerStart/Stop + NVTX ranges
+    steps: Optional[list[int]] = None  # training steps to profile, e.g. [1, 5, 10]; null: none
+    save_path: Optional[str] = None  # traces' directory; null: <trainer.default_local_dir>/profile
+    profile_continuous_steps: bool = False  # verl's: one trace over consecutive listed steps (not supported)
+
+    def problems(self, at: str = "") -> list[str]:
+        out = []
+        if self.tool is not None and self.tool not in PROFILER_TOOLS:
+            out.append(f"{at}tool={self.tool!r} is not supported here; use torch (trace files) or nsys, or null.")
+        bad = [s for s in (self.steps or []) if s is None or s < 1]
+        if bad:
+            out.append(f"{at}steps={list(self.steps)} holds {bad}: steps count from 1, e.g. {at}steps=[1,5,10].")
+        if self.profile_continuous_steps:
+            out.append(f"{at}profile_continuous_steps=true is not supported: each listed step gets its own trace; "
+                       f"set it to false.")
         return out

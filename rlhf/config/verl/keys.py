@@ -306,6 +306,7 @@ RULES: list[tuple] = [
              "a verl data-loader detail (workers, shared memory, images, ...)"),
     # ----------------------------------------------------------------- trainer
     ("trainer.max_actor_ckpt_to_keep", "map", "trainer.max_ckpt_to_keep"),
+    ("trainer.profile_steps", "map", "global_profiler.steps"),
     ("trainer.max_critic_ckpt_to_keep", "ignore", "one count for both: trainer.max_ckpt_to_keep"),
     ("trainer.default_hdfs_dir", "neutral", ((None,), "copy trainer.default_local_dir yourself")),
     ("trainer.val_only", "neutral", ((False,), "not supported; evaluate with trainer.val_before_train and "
@@ -314,7 +315,7 @@ RULES: list[tuple] = [
     ("trainer.validation_data_dir", "neutral", ((None,), "use trainer.log_val_generations")),
     ("trainer.device", "neutral", (("cuda", "cpu"), "cuda is used when available, else the CPU")),
     *_ignore("trainer", "balance_batch esi_redundant_time del_local_ckpt_after_load ray_wait_register_center_timeout "
-             "use_legacy_worker_impl profile_steps profile_continuous_steps controller_nsight_options.** "
+             "use_legacy_worker_impl profile_continuous_steps controller_nsight_options.** "
              "worker_nsight_options.** npu_profile.**",
              "a verl trainer detail (batch balancing, Ray timeouts, profiling)"),
     # ----------------------------------------------------------------- algorithm
@@ -378,7 +379,10 @@ RULES: list[tuple] = [
     ("skip.**", "ignore", "rollout skipping is off"),
     ("trainer.use_v1", "ignore", "verl's trainer implementation switch"),
     ("trainer.v1.**", "ignore", "settings of verl's v1 trainer (asynchronous modes)"),
-    ("global_profiler.**", "ignore", "profiling is not configured here"),
+    ("global_profiler.finish_hook_cmd", "neutral", ((None, ""), "no command is run after profiling here")),
+    ("global_profiler.global_tool_config.**", "ignore", "nsys / npu options: nsys is configured on its command line"),
+    ("global_profiler.**", "ignore", "verl's profiler detail (result relocation, finish hooks); traces are written "
+                                     "to global_profiler.save_path"),
     ("transfer_queue.**", "ignore", "not supported"),
     ("ray_kwargs.**", "ignore", "Ray is started by the trainer"),
     ("ray_init.**", "ignore", "Ray is started by the trainer"),

@@ -163,6 +163,8 @@ ADDED_KEYS = {
     # MoE expert parallelism, router aux-loss coefficient, uneven pipelines
     "parallel.expert_model_parallel_size": 1, "model.moe_aux_loss_coef": None,
     "parallel.num_layers_in_first_pipeline_stage": None, "parallel.num_layers_in_last_pipeline_stage": None,
+    # verl's global_profiler section (torch.profiler traces of the listed steps)
+    "global_profiler": {"tool": None, "steps": None, "save_path": None, "profile_continuous_steps": False},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {
@@ -369,8 +371,9 @@ def quickstart_cfg():
     ([("algorithm.adv_estimator", 'gea')], None, ["algorithm.adv_estimator='gea'", "algorithm.adv_estimator=gae"]),
     ([("actor.loss_agg_mode", 'token_mean')], None, ["actor.loss_agg_mode", "token-mean"]),
     ([("trainer.resume_mode", 'resume')], None, ["trainer.resume_mode='resume'", "resume_path"]),
-    ([("trainer.resume_mode", 'resume_path')], None, ["trainer.resume_from_path=<checkpoint dir>"]),
-    ([("trainer.resume_from_path", '/ckpt/x')], None, ["trainer.resume_mode=resume_path"]),
+    ([("trainer.resume_mode", 'resume_path')], None, ["trainer.resume_from_path=<run>/checkpoints/global_step_N"]),
+    ([("trainer.resume_mode", 'disable'), ("trainer.resume_from_path", '/ckpt/x')], None,
+     ["ignored with trainer.resume_mode=disable", "trainer.resume_mode=resume_path"]),
     ([("actor.ppo_mini_batch_size", 3)], None, ["actor.ppo_mini_batch_size=3 does not divide", "train_batch_size=16"]),
     ([("critic.ppo_mini_batch_size", 32)], None, ["critic.ppo_mini_batch_size=32 is larger"]),
     ([("critic.enable", False)], None, ["needs a critic"]),
@@ -532,7 +535,7 @@ def test_section_rules_run_in_post_init():
 
     with pytest.raises(ConfigValidationError, match=r"top_p=0 must be in \(0, 1\]"):
         RolloutConfig(top_p=0)
-    with pytest.raises(ConfigValidationError, match="resume_from_path=<checkpoint dir>"):
+    with pytest.raises(ConfigValidationError, match="resume_from_path=<run>/checkpoints/global_step_N"):
         TrainerConfig(resume_mode="resume_path")
     assert RolloutConfig(n=3).n == 3
 

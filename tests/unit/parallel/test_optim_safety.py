@@ -42,10 +42,10 @@ def test_warmup_first_step_is_not_wasted():
 
 
 def test_warmup_then_linear_decay_hand_values():
-    # W=2, decay reaches min_lr=0.1 at step 6: step k>2 uses 0.1 + 0.9 * (1 - (k-2)/4)
+    # W=2, D=6, min_lr=0.1: step k>2 runs at megatron's position k-1, 0.1 + 0.9 * (1 - (k-1-2)/4); step 7 at min
     opt, sched = make_scheduler(lr=1.0, warmup=2, decay_steps=6, style="linear", min_lr=0.1)
     used, _ = run_lrs(opt, sched, 8)
-    expect = [0.5, 1.0, 0.1 + 0.9 * 0.75, 0.1 + 0.9 * 0.5, 0.1 + 0.9 * 0.25, 0.1, 0.1, 0.1]
+    expect = [0.5, 1.0, 1.0, 0.1 + 0.9 * 0.75, 0.1 + 0.9 * 0.5, 0.1 + 0.9 * 0.25, 0.1, 0.1]
     assert used == pytest.approx(expect, abs=1e-15)
 
 
@@ -57,8 +57,46 @@ def test_no_warmup_is_constant_from_step_one():
 def test_cosine_decay_hand_values():
     opt, sched = make_scheduler(lr=2.0, warmup=1, decay_steps=3, style="cosine")
     used, _ = run_lrs(opt, sched, 4)
-    # step 1: warm-up end (2.0); step 2: ratio 1/2 -> 2 * 0.5 * (cos(pi/2) + 1) = 1.0; step 3: 0; step 4: min
-    assert used == pytest.approx([2.0, 1.0, 0.0, 0.0], abs=1e-15)
+    # step 1: warm-up end (2.0); step 2: position 1, ratio 0 (2.0); step 3: ratio 1/2 -> 2 * 0.5 * (cos(pi/2) + 1)
+    # = 1.0; step 4: ratio 1 -> min_lr 0
+    assert used == pytest.approx([2.0, 2.0, 1.0, 0.0], abs=1e-15)
+
+
+def test_decay_over_the_run_leaves_the_last_update_above_min_lr():
+    """Bug: with lr_decay_steps = the run's steps and min_lr=0 the last update ran at LR 0 (a wasted step).
+    Now step k > W runs at megatron's position k - 1, as verl's workers do (they read the LR, then step(1)):
+    4 steps, no warm-up, cosine from 1.0: 0.5 * (cos(pi * (k-1) / 4) + 1)."""
+    opt, sched = make_scheduler(lr=1.0, warmup=0, decay_steps=4, style="cosine")
+    used, _ = run_lrs(opt, sched, 5)
+    expect = [1.0, 0.5 * (math.cos(math.pi / 4) + 1), 0.5, 0.5 * (math.cos(3 * math.pi / 4) + 1), 0.0]
+    assert used == pytest.approx(expect, abs=1e-12)
+    assert used[3] == pytest.approx(0.1464466, abs=1e-7)  # the run's last step: above 0
+    # linear, W=2, D=5: steps 3..5 at 1 - (k-1-2)/3: 1, 2/3, 1/3; step 6 at 0
+    opt, sched = make_scheduler(lr=1.0, warmup=2, decay_steps=5, style="linear")
+    assert run_lrs(opt, sched, 6)[0] == pytest.approx([0.5, 1.0, 1.0, 2 / 3, 1 / 3, 0.0], abs=1e-12)
+
+
+@pytest.mark.parametrize("style", ["linear", "cosine"])
+def test_decay_matches_verls_use_of_megatrons_scheduler(style):
+    """verl (verl/workers/megatron_workers.py update_actor) logs and uses param_groups' LR, then calls
+    scheduler.step(1): step k runs at f(k-1) of a plain OptimizerParamScheduler (init_lr 0).  Ours equals it
+    after the warm-up, and is one step ahead during it (no step at LR 0)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    W, D, n = 3, 10, 12
+    verl_opt = SimpleNamespace(param_groups=[{}])
+    verl = OptimizerParamScheduler(verl_opt, init_lr=0.0, max_lr=1.0, min_lr=0.0, lr_warmup_steps=W,
+                                   lr_decay_steps=D, lr_decay_style=style, start_wd=0.0, end_wd=0.0,
+                                   wd_incr_steps=1, wd_incr_style="constant")
+    verl_lrs = []
+    for _ in range(n + 1):
+        verl_lrs.append(verl_opt.param_groups[0]["lr"])
+        verl.step(1)
+    opt, sched = make_scheduler(lr=1.0, warmup=W, decay_steps=D, style=style)
+    ours = run_lrs(opt, sched, n)[0]
+    assert verl_lrs[0] == 0.0 and ours[:W] == pytest.approx(verl_lrs[1:W + 1], abs=1e-15)
+    assert ours[W:] == pytest.approx(verl_lrs[W:n], abs=1e-15)
+    assert ours[D - 1] > 0.0 and ours[D] == 0.0  # step D (the last of the decay) above min_lr, D + 1 at it
 
 
 def test_scheduler_state_round_trip_keeps_next_lr():
@@ -116,12 +154,13 @@ def test_breaker_warmup_default_and_disable():
 
 
 def test_breaker_during_decay_multiplies_the_schedule():
-    # linear decay 1.0 -> 0 at step 10, no warm-up; breaker (2 steps > 10, warm-up 2) fires at step 2
+    # linear decay 1.0 -> 0 over 10 steps, no warm-up: step k at 1 - (k-1)/10; breaker (2 steps > 10, warm-up 2)
+    # fires at step 2: step 3 at half its 0.8
     opt, sched = make_scheduler(lr=1.0, warmup=0, decay_steps=10, style="linear")
     guard = StepGuard(StepGuardConfig(breaker=BreakerConfig(grad_norm=10.0, steps=2, warmup_steps=2)))
     used, events = run_lrs(opt, sched, 5, guard, [11.0, 12.0, 1.0, 1.0, 1.0])
     assert events[1] is not None
-    assert used == pytest.approx([0.9, 0.8, 0.7 * 0.5, 0.6, 0.5], abs=1e-15)
+    assert used == pytest.approx([1.0, 0.9, 0.8 * 0.5, 0.7, 0.6], abs=1e-15)
 
 
 def test_consecutive_skips_raise_clear_error():

@@ -34,9 +34,13 @@ def test_validation_metrics_per_data_source():
     m = validation_metrics(["a", "a", "a", "a", "b", "b"], [0, 0, 1, 1, 2, 2], [1.0, 0.0, 0.0, 0.0, 1.0, 1.0], n=2)
     assert m == pytest.approx({"val/score": 0.5, "val/a/score": 0.25, "val/b/score": 1.0,
                                "val/a/pass@1": (0.5 + 0) / 2, "val/a/pass@2": (1 + 0) / 2, "val/a/best@2": 0.5,
-                               "val/b/pass@1": 1.0, "val/b/pass@2": 1.0, "val/b/best@2": 1.0})
-    assert validation_metrics(["a", "b"], [0, 1], [0.5, 1.0], n=1) == {"val/score": 0.75, "val/a/score": 0.5,
-                                                                        "val/b/score": 1.0}
+                               "val/b/pass@1": 1.0, "val/b/pass@2": 1.0, "val/b/best@2": 1.0,
+                               # verl's: mean over prompts of their mean / population std of their 2 scores
+                               "val-core/a/reward/mean@2": 0.25, "val-aux/a/reward/std@2": 0.25,
+                               "val-core/b/reward/mean@2": 1.0, "val-aux/b/reward/std@2": 0.0})
+    assert validation_metrics(["a", "b"], [0, 1], [0.5, 1.0], n=1) == {
+        "val/score": 0.75, "val/a/score": 0.5, "val/b/score": 1.0, "val-core/a/reward/mean@1": 0.5,
+        "val-core/b/reward/mean@1": 1.0}
     assert validation_metrics([], [], [], n=4) == {"val/score": 0.0}
 
 
@@ -77,7 +81,9 @@ def test_validate_logs_per_source_scores_pass_at_k_and_generations_to_tensorboar
     assert tb["scalars"] == pytest.approx({
         ("val/score", 3): 0.5, ("val/openai/gsm8k/score", 3): 0.25, ("val/math/score", 3): 1.0,
         ("val/openai/gsm8k/pass@1", 3): 0.25, ("val/openai/gsm8k/pass@2", 3): 0.5, ("val/openai/gsm8k/best@2", 3): 0.5,
-        ("val/math/pass@1", 3): 1.0, ("val/math/pass@2", 3): 1.0, ("val/math/best@2", 3): 1.0})
+        ("val/math/pass@1", 3): 1.0, ("val/math/pass@2", 3): 1.0, ("val/math/best@2", 3): 1.0,
+        ("val-core/openai/gsm8k/reward/mean@2", 3): 0.25, ("val-aux/openai/gsm8k/reward/std@2", 3): 0.25,
+        ("val-core/math/reward/mean@2", 3): 1.0, ("val-aux/math/reward/std@2", 3): 0.0})
     text = tb["text"][("val/generations", 3)]
     assert text.count("| openai/gsm8k |") == 3 and "| 20 21 | 1 |" in text
 
@@ -101,12 +107,18 @@ def test_train_step_histograms_tokens_per_s_and_critic_warmup(tmp_path):
 
     m1 = trainer.train_step(1)  # critic warm-up: critic updated, actor not, engines not re-synced
     assert trainer.critic.updates == [1] and trainer.actor.updates == [] and trainer.rollout.synced == 0
-    assert "actor/pg_loss" not in m1 and "timing/update_actor" not in m1 and m1["critic/vf_loss"] == 0.25
+    assert "actor/pg_loss" not in m1 and "timing_s/update_actor" not in m1 and m1["critic/vf_loss"] == 0.25
     m2 = trainer.train_step(2)
     assert trainer.critic.updates == [1, 2] and trainer.actor.updates == [2] and trainer.rollout.synced == 1
     assert m2["actor/pg_loss"] == 0.5
 
-    assert m2["perf/rollout_tokens_per_s"] == pytest.approx(10 / m2["timing/gen"])
+    assert m2["perf/rollout_tokens_per_s"] == pytest.approx(10 / m2["timing_s/gen"])
+    # verl's names: prompts of 2 tokens, responses of 2, 3, 1, 4 (max 4: one clipped); the critic's values are 0
+    assert m2["prompt_length/mean"] == 2.0 and m2["prompt_length/clip_ratio"] == 0.0
+    assert (m2["response_length/min"], m2["response_length/max"], m2["response_length/clip_ratio"]) == (1.0, 4.0, 0.25)
+    assert m2["timing_per_token_ms/gen"] == pytest.approx(m2["timing_s/gen"] * 1000 / 10)
+    assert m2["timing_per_token_ms/update_actor"] == pytest.approx(m2["timing_s/update_actor"] * 1000 / 18)
+    assert m2["critic/values/max"] == 0.0 and "critic/vf_explained_var" in m2
     assert m2["critic/score/hist"].values == [1.0, 0.0, 0.5, 1.0]
     assert m2["response_length/hist"].values == [2.0, 3.0, 1.0, 4.0]
     assert not any(k.startswith("memory/") for k in m2)  # CPU: no GPU memory metrics
@@ -132,7 +144,7 @@ def test_timer_records_gpu_memory_per_phase_when_cuda_is_in_use(monkeypatch):
         pass
     assert calls == ["reset"]
     assert m["memory/update_actor/max_allocated_gb"] == 3.0 and m["memory/update_actor/max_reserved_gb"] == 2.5
-    assert set(m) == {"timing/update_actor", "memory/update_actor/max_allocated_gb",
+    assert set(m) == {"timing_s/update_actor", "memory/update_actor/max_allocated_gb",
                       "memory/update_actor/max_reserved_gb"}
 
 
