@@ -22,6 +22,9 @@ INSTALL_REQUIRES = [
     "tokenizers>=0.22",
     "numpy>=1.26,<2.4",
     "tqdm>=4.66",
+    # rule rewards of the MATH / NuminaMath / Geometry3K data sources (rlhf/rewards/math_check.py): Hugging Face's
+    # answer-equivalence checker; it pulls latex2sympy2_extended==1.11.0, which runs on omegaconf's antlr 4.9
+    "math-verify==0.9.0",
 ]
 
 setup(

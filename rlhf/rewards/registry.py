@@ -30,6 +30,9 @@ from .timeout import run_with_timeouts
 
 __all__ = [
     "register_reward_fn",
+    "register_reward_prefix",
+    "refuse_data_source",
+    "UnsupportedDataSourceError",
     "get_reward_fn",
     "registered_data_sources",
     "load_custom_reward_fn",
@@ -48,6 +51,8 @@ RewardFn = Callable[..., Any]
 ARITHMETIC_DATA_SOURCE = "synthetic/arithmetic"
 
 _REGISTRY: Dict[str, RewardFn] = {}
+_PREFIXES: Dict[str, RewardFn] = {}  # data_source prefix -> fn (verl's data_source.startswith("aime"))
+_REFUSED: Dict[str, str] = {}  # data_source -> why there is no rule reward for it
 _CALL_KEYS = ("data_source", "solution_str", "ground_truth", "extra_info")
 
 
@@ -89,31 +94,62 @@ def register_reward_fn(*names: str, overwrite: bool = False) -> Callable[[Reward
     return decorator
 
 
+class UnsupportedDataSourceError(KeyError):
+    """A data_source refused with a reason (code needs a sandbox); a KeyError like an unknown data_source."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def register_reward_prefix(*prefixes: str, overwrite: bool = False) -> Callable[[RewardFn], RewardFn]:
+    """Like :func:`register_reward_fn`, for every data_source starting with one of ``prefixes`` that has no
+    exact registration (the longest prefix wins); e.g. ``register_reward_prefix("aime")`` for aime24, aime2025."""
+    def decorator(fn: RewardFn) -> RewardFn:
+        for p in prefixes:
+            if not isinstance(p, str) or not p or (p in _PREFIXES and _PREFIXES[p] is not fn and not overwrite):
+                raise ValueError(f"register_reward_prefix: {p!r} is empty or already registered; overwrite=True.")
+        _PREFIXES.update({p: fn for p in prefixes})
+        return fn
+    return decorator
+
+
+def refuse_data_source(*names: str, reason: str) -> None:
+    """Make :func:`get_reward_fn` raise :class:`UnsupportedDataSourceError` with ``reason`` for ``names``."""
+    _REFUSED.update({n: reason for n in names})
+
+
 def registered_data_sources() -> List[str]:
-    """Sorted list of registered ``data_source`` names."""
-    return sorted(_REGISTRY)
+    """Sorted list of registered ``data_source`` names; prefixes as ``"aime*"``."""
+    return sorted(list(_REGISTRY) + [p + "*" for p in _PREFIXES])
 
 
 def get_reward_fn(data_source: str) -> RewardFn:
-    """The reward fn registered for ``data_source``.
+    """The reward fn registered for ``data_source`` (exactly, else by the longest registered prefix).
 
     Raises:
+        UnsupportedDataSourceError: a refused data_source (:func:`refuse_data_source`) with no exact fn.
         KeyError: unknown ``data_source``; the message names it and lists the registered ones.
     """
-    try:
-        return _REGISTRY[data_source]
-    except (KeyError, TypeError):
-        raise KeyError(
-            f"No reward function registered for data_source={data_source!r}. Registered: "
-            f"{registered_data_sources()}. Register one with @rlhf.rewards.register_reward_fn({data_source!r}) "
-            "or pass a custom reward function (load_custom_reward_fn)."
-        ) from None
+    if isinstance(data_source, str):
+        if data_source in _REGISTRY:
+            return _REGISTRY[data_source]
+        if data_source in _REFUSED:
+            raise UnsupportedDataSourceError(f"data_source={data_source!r}: {_REFUSED[data_source]}")
+        matches = [p for p in _PREFIXES if data_source.startswith(p)]
+        if matches:
+            return _PREFIXES[max(matches, key=len)]
+    raise KeyError(
+        f"No reward function registered for data_source={data_source!r}. Registered: "
+        f"{registered_data_sources()}. Register one with @rlhf.rewards.register_reward_fn({data_source!r}) "
+        "or pass a custom reward function (load_custom_reward_fn)."
+    )
 
 
 def _unregister(*names: str) -> None:
     """Remove names from the registry (for tests)."""
     for name in names:
         _REGISTRY.pop(name, None)
+        _PREFIXES.pop(name, None)
 
 
 def _fn_name(fn: Any) -> str:
