@@ -23,7 +23,11 @@ class ValueHead(torch.nn.Module):
     """Scalar value head: hidden [s, b, h] -> values [s, b, 1], replicated over TP.
 
     Stands in for GPTModel.output_layer, so it accepts (and ignores) the LM head's keyword args.
-    Under sequence parallelism the hidden states are gathered first.
+    Under sequence parallelism the hidden states are gathered first.  The head's computation (and
+    the loss after it) is duplicated on every TP rank, so the gather's backward only splits the
+    gradient back to this rank's sequence slice (`tensor_parallel_output_grad=False`); the default
+    reduce-scatter would sum the TP ranks' identical gradients: every trunk gradient x TP, the
+    head's own x 1.
     """
 
     def __init__(self, hidden_size: int, sequence_parallel: bool, dtype: torch.dtype):
@@ -36,7 +40,7 @@ class ValueHead(torch.nn.Module):
         if self.sequence_parallel:
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=True)
+            hidden_states = gather_from_sequence_parallel_region(hidden_states, tensor_parallel_output_grad=False)
         return torch.nn.functional.linear(hidden_states, self.weight.to(hidden_states.dtype)), None
 
 

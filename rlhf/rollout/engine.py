@@ -103,7 +103,9 @@ class EngineFleet(Protocol):
         """Colocated: free the engines' weights and KV cache while the trainer runs."""
 
     def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
-        """Colocated: re-allocate ``tags`` (default all) that the engines released."""
+        """Colocated: re-allocate ``tags`` (default all) that the engines released.  Resumed ``weights`` are memory
+        without the weights (SGLang's memory saver keeps no copy): a sync must reach the engines before they
+        generate."""
 
     # ---- lifetime
     def info(self, engines: Optional[Sequence[int]] = None) -> List[Dict[str, Any]]:

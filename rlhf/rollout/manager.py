@@ -13,6 +13,10 @@
   weights and KV cache while it trains, :meth:`resume_memory_occupation` re-allocates exactly the tags
   that were released (SGLang's scheduler fails on a resume of something not released).
   Disaggregated engines keep their memory (both calls are no-ops).
+* Released weights are gone: SGLang's memory saver keeps no CPU copy (``enable_weights_cpu_backup`` is off), so
+  a resume gives back memory, not the weights.  An engine whose weights were resumed serves garbage until a
+  sync reaches it; :meth:`generate` raises :class:`WeightsDiscardedError` instead (the same on CPU, where
+  nothing is freed, so the CPU suite catches a missing sync).
 """
 from __future__ import annotations
 
@@ -27,7 +31,8 @@ from rlhf.rollout.sampling import SamplingConfig
 from rlhf.rollout.sglang_engine import MEMORY_TAGS, SGLangEngine
 from rlhf.rollout.types import RolloutSample
 
-__all__ = ["RolloutManager", "RolloutFailedError", "StaleEnginesError", "split_evenly", "assert_plain_data"]
+__all__ = ["RolloutManager", "RolloutFailedError", "StaleEnginesError", "WeightsDiscardedError", "split_evenly",
+           "assert_plain_data"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,18 @@ class StaleEnginesError(RuntimeError):
         super().__init__(f"rollout engines {engines} were restarted and need the latest weights "
                          f"({len(unfinished)} prompts left)")
         self.engines, self.samples, self.unfinished = engines, samples, unfinished
+
+
+class WeightsDiscardedError(RuntimeError):
+    """Generation was asked of engines whose weights were released and resumed without a sync since: SGLang's
+    memory saver discarded them (no CPU backup), so they would generate garbage.  Attribute: engines."""
+
+    def __init__(self, engines: List[int]):
+        super().__init__(f"rollout engines {engines} resumed their weights after a release without a weight sync "
+                         f"since (SGLang's memory saver keeps no copy of released weights: they would generate "
+                         f"garbage); push the actor's weights (RolloutWorker.sync_weights) before generate(), or "
+                         f"do not release weights that will not be synced")
+        self.engines = engines
 
 
 def split_evenly(items: Sequence[int], n_parts: int) -> List[List[int]]:
@@ -141,6 +158,7 @@ class RolloutManager:
         self._weights_pushed = False
         self._released: set = set()  # tags the engines should have released (colocated)
         self._engine_released: List[set] = [set() for _ in range(num_engines)]  # what each engine has released
+        self._discarded: set = set()  # engines whose weights were resumed after a release, not synced since
         self.actors: List[Any] = []
         self.startup_info: List[Dict[str, Any]] = []
         if start:
@@ -185,6 +203,7 @@ class RolloutManager:
         if self._weights_pushed:
             self._stale.add(index)
         self._engine_released[index] = set()  # a new engine holds all its memory
+        self._discarded.discard(index)  # ... and its checkpoint's weights (stale once weights were pushed)
         self.restart_log.append({"engine": index, "reason": reason, "seconds": time.time() - t0})
 
     def _budget(self, what: str) -> Callable[[int, BaseException], None]:
@@ -241,6 +260,7 @@ class RolloutManager:
 
         Raises:
             RuntimeError: colocated engines are released (resume them first).
+            WeightsDiscardedError: engines resumed their weights and no sync reached them since.
             StaleEnginesError: no fresh engine left (the trainer must sync weights, then generate the rest).
             RolloutFailedError: the restart budget is spent.
         """
@@ -249,6 +269,8 @@ class RolloutManager:
         if self._released:
             raise RuntimeError(f"rollout engines have released {sorted(self._released)}: call "
                                f"resume_memory_occupation() before generate()")
+        if self._discarded:
+            raise WeightsDiscardedError(sorted(self._discarded))
         prompts = [list(p) for p in prompt_token_ids]
         todo, done, on_death = list(range(len(prompts))), {}, self._budget("generate")
         while todo:
@@ -290,6 +312,10 @@ class RolloutManager:
         """Engines restarted since the last sync that reached them (they serve old weights)."""
         return sorted(self._stale)
 
+    def weights_discarded(self) -> List[int]:
+        """Engines whose weights were released and resumed with no sync since (they hold garbage)."""
+        return sorted(self._discarded)
+
     def begin_sync(self) -> tuple:
         """Called by the weight sync before it sends; returns a token for :meth:`end_sync`."""
         self._weights_pushed = True
@@ -300,10 +326,12 @@ class RolloutManager:
         return [i for i in range(self.num_engines) if self.restarts[i] != token[i]]
 
     def end_sync(self, token: tuple, engines: Optional[Sequence[int]] = None) -> None:
-        """A sync begun with ``token`` reached ``engines`` (default all): those not restarted since are fresh."""
+        """A sync begun with ``token`` reached ``engines`` (default all): those not restarted since are fresh and
+        hold the pushed weights."""
         for i in (range(self.num_engines) if engines is None else engines):
             if self.restarts[i] == token[i]:
                 self._stale.discard(i)
+                self._discarded.discard(i)
 
     # ------------------------------------------------------------------ weights: SGLang's calls
     def begin_weight_update(self, engines: Optional[Sequence[int]] = None) -> None:
@@ -355,7 +383,8 @@ class RolloutManager:
 
     def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
         """Colocated: re-allocate ``tags`` (default all) on the engines that released them; never resumes
-        what an engine holds (SGLang's scheduler fails on that)."""
+        what an engine holds (SGLang's scheduler fails on that).  Resumed weights are memory only: those engines
+        are :meth:`weights_discarded` until a sync reaches them."""
         if self.placement == "colocated":
             self._released -= set(tags or MEMORY_TAGS)
             self._converge()
@@ -378,6 +407,8 @@ class RolloutManager:
                     if self.restarts[i] == before[i]:
                         self._engine_released[i] = (self._engine_released[i] | set(t) if method.startswith("release")
                                                     else self._engine_released[i] - set(t))
+                        if method.startswith("resume") and "weights" in t:
+                            self._discarded.add(i)
             if all(self._engine_released[i] == self._released for i in range(self.num_engines)):
                 return
         raise RolloutFailedError(f"rollout engines could not reach released tags {sorted(self._released)}")

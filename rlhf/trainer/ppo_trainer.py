@@ -198,8 +198,11 @@ class PPOTrainer(BaseTrainer):
         if step > cfg.trainer.critic_warmup and not no_signal:  # the first critic_warmup steps train only the critic
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
-            with timer(m, "sync_weights"):  # (an actor that did not change needs no sync)
+            with timer(m, "sync_weights"):
                 self.rollout.sync_weights()
+        else:  # the actor did not change, but colocated engines released (lost) their weights in serving()
+            with timer(m, "sync_weights"):
+                self.rollout.restore_weights()
 
         m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length, cfg.data.max_prompt_length))
         m.update(compute_timing_metrics(m, batch))  # timing_per_token_ms/*

@@ -7,6 +7,12 @@ Lifecycle of a PPO step (colocated; every call is a no-op where it does not appl
     train ...                                      # the trainer has the devices
     rollout.sync_weights()                         # resume weights -> sync -> re-sync replaced engines
                                                    # -> resume KV cache: engines serve again (validation)
+    (or, when the actor did not change) rollout.restore_weights()   # the same, only if weights were released
+
+Released weights are gone (SGLang's memory saver keeps no CPU copy), so every step that released them ends with
+a sync, also when the actor was not updated (critic warm-up, a batch with nothing to learn from): the engines'
+resumed memory would otherwise generate garbage on GPU (the manager refuses that generation:
+rlhf.rollout.manager.WeightsDiscardedError).
 
 SGLang's memory saver frees nothing on CPU, but the same calls run, so the CPU suite exercises the GPU
 order.  Every method is collective over all trainer ranks: rank 0 talks to the engines (a
@@ -108,12 +114,15 @@ class RolloutWorker:
                                    master_address=r.weight_update_address)
         self.max_resyncs = r.max_restarts + 1
         self.last_sync = None
+        self.colocated = r.mode == "colocated"
+        self.weights_released = False  # the engines released their weights and no sync refilled them since
 
     # ---- memory (colocated) ---------------------------------------------------------------------------
     def release(self) -> None:
         """Colocated: free the engines' weights and KV cache while the trainer computes."""
         if self.rank0:
             self.manager.release_memory_occupation()
+        self.weights_released = self.weights_released or self.colocated
         dist.barrier()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -201,6 +210,7 @@ class RolloutWorker:
         cache after), then re-sync engines replaced meanwhile.  Returns the full sync's SyncStats."""
         self.resume(["weights"])
         stats = self.last_sync = self.bridge.sync()
+        self.weights_released = False
         for _ in range(self.max_resyncs):
             stale = _broadcast(self.manager.stale_engines() if self.rank0 else None)
             if not stale:
@@ -208,6 +218,13 @@ class RolloutWorker:
             self.last_sync = self.bridge.sync(engines=stale)
         self.resume(["kv_cache"])
         return stats
+
+    def restore_weights(self):
+        """Collective.  After a step that did not change the actor: leave the engines serving its weights.  Colocated
+        engines that released their weights (:meth:`serving`) lost them -- SGLang's memory saver keeps no CPU copy
+        -- so they get a full :meth:`sync_weights`; engines that kept their weights need nothing.  Returns the
+        sync's SyncStats, or None when none was needed."""
+        return self.sync_weights() if self.weights_released else None
 
     def close(self) -> None:
         """Close the weight bridge and shut the engines down."""

@@ -244,6 +244,9 @@ class FakeRollout:
     def sync_weights(self):
         self.synced += 1
 
+    def restore_weights(self):  # nothing is released by this stand-in's serving(): nothing to restore
+        return None
+
     def serving(self):
         import contextlib
 
@@ -281,11 +284,14 @@ class FakeActor:
 class FakeRolloutManager:
     """RolloutManager stand-in for the trainer's RolloutWorker: the manager's memory semantics (a resume of
     what is not released is a no-op, as the real manager converges per engine), generation refused while
-    released (SGLang cannot serve without its weights / KV cache), and a log of every call."""
+    released (SGLang cannot serve without its weights / KV cache) and while resumed weights were not synced
+    since (SGLang's memory saver discards released weights: ``weights_discarded``, cleared by a
+    RecordingBridge sync), and a log of every call."""
 
     def __init__(self, num_engines: int = 1, tp_size: int = 1):
         self.num_engines, self.tp_size, self.num_restarts = num_engines, tp_size, 0
         self.released: set = set()
+        self.weights_discarded = False
         self.log: list = []
 
     def release_memory_occupation(self):
@@ -294,6 +300,8 @@ class FakeRolloutManager:
 
     def resume_memory_occupation(self, tags=None):
         self.log.append(f"resume:{','.join(sorted(tags or ['kv_cache', 'weights']))}")
+        if "weights" in self.released and "weights" in (tags or ["weights"]):
+            self.weights_discarded = True
         self.released -= set(tags or ["kv_cache", "weights"])
 
     def generate(self, prompts, sampling):
@@ -302,6 +310,10 @@ class FakeRolloutManager:
         self.log.append("generate")
         if self.released:
             raise RuntimeError(f"generate on engines that released {sorted(self.released)}")
+        if self.weights_discarded:
+            from rlhf.rollout.manager import WeightsDiscardedError
+
+            raise WeightsDiscardedError(list(range(self.num_engines)))
         return [RolloutSample(list(p), [5, 6], [-0.5, -0.5], "stop", i, j)
                 for i, p in enumerate(prompts) for j in range(sampling.n)]
 
@@ -323,6 +335,7 @@ class RecordingBridge:
         if self.manager is not None:
             assert "weights" not in self.manager.released, "weights synced into released engine memory"
             self.manager.log.append("sync")
+            self.manager.weights_discarded = False
         self.syncs.append(engines)
 
     def close(self):

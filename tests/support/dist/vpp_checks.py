@@ -7,7 +7,9 @@ Checks (`CHECK <name> PASS|FAIL <detail>` on rank 0, turned into tests by tests/
 - the no-grad log-probs of 3 sequences (an odd count: padded to 4, 2 micro batches) equal HF's, at PP2 and
   at PP2 x VPP2;
 - one PPO update of 4 sequences with ppo_micro_batch_size_per_gpu=4 (VPP: 2 micro batches of 2) gives the same
-  loss and gradient norm as without virtual stages (1 micro batch of 4): the split does not change the step.
+  loss and gradient norm as without virtual stages (1 micro batch of 4): the split does not change the step;
+- at TP2 (this launch's other 2-rank layout), one critic update and one actor update give the same gradient for
+  every parameter, and the same grad norm, with sequence parallelism on and off (tests/support/dist/sp_grad_checks.py).
 """
 import argparse
 import os
@@ -113,6 +115,15 @@ def main():
     detail = "" if not ok and (a is None or b is None) else \
         " ".join(f"{k}={a[k]:.6g}/{b[k]:.6g}" for k in ("actor/pg_loss", "actor/grad_norm"))
     report("vpp_update_equals_pp_update", ok, detail)
+    from tests.support.dist.sp_grad_checks import SP_CHECKS, check_sp_gradients
+
+    try:
+        sp_results = check_sp_gradients(path)
+    except Exception as e:  # noqa: BLE001 - a crash fails these checks
+        traceback.print_exc()
+        sp_results = {name: (False, f"{type(e).__name__}: {e}"[:400]) for name in SP_CHECKS}
+    for name, (ok, detail) in sp_results.items():
+        report(name, ok, detail)
     dist.barrier()
     dist.destroy_process_group()
 

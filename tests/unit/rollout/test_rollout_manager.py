@@ -115,3 +115,25 @@ def test_dead_engine_is_stale_after_a_push_and_generation_avoids_it(mgr):
     mgr.end_sync(token, engines=[1])
     assert mgr.stale_engines() == [0]
     assert {s.extra["engine"] for s in mgr.generate([[1], [2]], cfg)} == {1}
+
+
+def test_resumed_weights_are_refused_until_a_sync_reaches_them(mgr):
+    """SGLang's memory saver keeps no copy of released weights: a resume gives memory back, not the weights.  The
+    manager refuses to generate on such engines until a sync reaches them (GPU: garbage; CPU: the same error)."""
+    from rlhf.rollout.manager import WeightsDiscardedError
+
+    cfg = SamplingConfig(max_new_tokens=1)
+    mgr.release_memory_occupation()
+    mgr.resume_memory_occupation()
+    assert mgr.weights_discarded() == [0, 1]
+    with pytest.raises(WeightsDiscardedError, match=r"\[0, 1\].*sync") as ei:
+        mgr.generate([[1]], cfg)
+    assert ei.value.engines == [0, 1]
+    token = mgr.begin_sync()
+    mgr.end_sync(token, engines=[1])  # the sync reached engine 1 only
+    with pytest.raises(WeightsDiscardedError, match=r"\[0\]"):
+        mgr.generate([[1]], cfg)
+    kill(mgr.actors[0])
+    mgr.info()  # engine 0 replaced: a fresh engine holds its checkpoint's weights (stale, not discarded)
+    assert mgr.weights_discarded() == [] and mgr.stale_engines() == [0]
+    assert {s.extra["engine"] for s in mgr.generate([[1], [2]], cfg)} == {1}

@@ -70,3 +70,72 @@ def test_resume_from_checkpoint_syncs_into_resident_engines(worker):
     w, manager = worker
     w.sync_weights()  # BaseTrainer's resume syncs before any generation
     assert manager.log == ["resume:weights", "sync", "resume:kv_cache"] and manager.released == set()
+
+
+class UnscorableReward:
+    """A reward outage: every sample unscorable (the trainer skips the actor and critic updates)."""
+
+    def score(self, texts, sources, truths, extra_infos=None, prompts=None):
+        from rlhf.trainer.advantages import SAMPLE_VALID_KEY
+
+        return [0.0] * len(texts), {"reward/num_fallbacks": 0.0, SAMPLE_VALID_KEY: [False] * len(texts)}
+
+
+def ppo_trainer(worker, reward):
+    """PPOTrainer.train_step over the real RolloutWorker (fake engines and bridge) and stand-in actor / critic."""
+    from rlhf.trainer.ppo_trainer import PPOTrainer
+    from tests.support.fakes import FakeActor, FakePromptLoader
+
+    w, _ = worker
+    trainer = object.__new__(PPOTrainer)
+    trainer.cfg = compose_config(["rollout.n=2", "rollout.mode=colocated", "data.max_response_length=4",
+                                  "trainer.critic_warmup=1"])
+    trainer.tokenizer, trainer.reward, trainer.rollout = w.tokenizer, reward, w
+    trainer.train_loader = FakePromptLoader([batch(2) for _ in range(3)])
+    trainer.actor, trainer.critic, trainer.reference = FakeActor(), FakeActor(), None
+    trainer.kl_ctrl, trainer.policy_loss = None, "loss"
+    return trainer
+
+
+def test_critic_warmup_step_leaves_engines_serving_synced_weights(worker):
+    """A critic warm-up step does not change the actor, but serving() released the colocated engines' weights,
+    which SGLang's memory saver discards: the step must end with a sync, so that the validation right after it
+    and the next step's generation serve real weights (the fake manager refuses resumed-but-unsynced weights
+    as rlhf.rollout.manager.RolloutManager does)."""
+    w, manager = worker
+    trainer = ppo_trainer(worker, Reward())
+    trainer.train_step(1)  # warm-up: only the critic trains
+    assert trainer.actor.updates == [] and trainer.critic.updates == [1]
+    assert manager.released == set() and not manager.weights_discarded
+    _, val_scores, _ = w.generate(batch(3), w.val_sampling, Reward())  # validation after the warm-up step
+    assert len(val_scores) == 3
+    trainer.train_step(2)  # the actor trains and is synced as before
+    assert trainer.actor.updates == [2]
+    step = ["resume:kv_cache,weights", "generate", "release", "resume:weights", "sync", "resume:kv_cache"]
+    assert manager.log == step + ["generate"] + step
+
+
+def test_step_with_no_scorable_sample_leaves_engines_serving(worker):
+    """A batch without any scorable sample skips both updates; the next generation still serves synced weights."""
+    w, manager = worker
+    trainer = ppo_trainer(worker, UnscorableReward())
+    m = trainer.train_step(2)  # past the warm-up: only the missing signal skips the actor update
+    assert m["training/no_scorable_samples"] == 1.0 and trainer.actor.updates == trainer.critic.updates == []
+    assert not manager.weights_discarded
+    trainer.reward = Reward()
+    trainer.train_step(3)
+    assert trainer.actor.updates == [3] and manager.log.count("sync") == 2
+
+
+def test_generation_on_resumed_unsynced_weights_is_refused(worker):
+    """Resumed weights are memory, not weights: generate() refuses until a sync refills them."""
+    from rlhf.rollout.manager import WeightsDiscardedError
+
+    w, manager = worker
+    with w.serving():
+        w.generate(batch(1), w.train_sampling, Reward())
+    w.resume()
+    with pytest.raises(WeightsDiscardedError, match="sync"):
+        w.generate(batch(1), w.val_sampling, Reward())
+    w.restore_weights()
+    assert len(w.generate(batch(1), w.val_sampling, Reward())[1]) == 1
