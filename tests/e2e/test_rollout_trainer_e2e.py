@@ -88,4 +88,4 @@ def test_critic_warmup_step_then_validation_colocated(tiny_model, tmp_path):
     assert ("actor/pg_loss", 1) not in s and ("critic/vf_loss", 1) in s  # step 1 trained only the critic
     assert ("actor/pg_loss", 2) in s
     assert ("val/score", 1) in s and ("val/score", 2) in s  # validation right after the warm-up step, and after 2
-    assert ("timing/sync_weights", 1) in s  # the warm-up step's engines got their weights back
+    assert ("timing_s/sync_weights", 1) in s  # the warm-up step's engines got their weights back
