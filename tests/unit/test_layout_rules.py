@@ -73,6 +73,18 @@ def resolve(name, mods):
 
 
 MAX_LINES = 600
+#: the design's top level (plus docs/ and benchmarks/); dot-files aside, nothing else is tracked there
+TOP_LEVEL = {"setup.py", "rlhf", "parallel", "recipes", "scripts", "tests", "Dockerfile", "docs", "benchmarks",
+             "README.md"}
+
+
+def test_top_level_is_the_designs():
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    top = {p.split("/", 1)[0] for p in tracked.split()} - {p for p in tracked.split() if p.startswith(".")}
+    top = {t for t in top if not t.startswith(".")}
+    assert top == TOP_LEVEL, f"top level: extra {sorted(top - TOP_LEVEL)}, missing {sorted(TOP_LEVEL - top)}"
 
 
 def test_no_product_file_over_600_lines():
