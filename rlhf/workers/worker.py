@@ -104,19 +104,30 @@ def _grad_sync_unless(model, last: bool):
 def role_entry(method: Callable) -> Callable:
     """The door of a role method ``method(self, batch, ...)``: `batch` (a dict of tensors and other values) is moved
     to ``self.device`` once (parallel.devices.to_device: no copy for tensors already there), and the tensors in
-    what the method returns (a tensor, or dicts / lists of them) go back to the device of the caller's
-    ``batch["input_ids"]``.  :class:`MegatronWorker` applies it to every public method of a subclass whose first
+    what the method returns (a tensor, or dicts / lists of them) go back to the device of the caller's batch
+    (``batch["input_ids"]``, else its first tensor; a batch without tensors leaves the results where they are).  :class:`MegatronWorker` applies it to every public method of a subclass whose first
     argument is ``batch``, so no role computes on a batch that skipped it."""
     if getattr(method, "_role_entry", False):
         return method
 
     @functools.wraps(method)
     def door(self, batch, *args, **kwargs):
-        caller = batch["input_ids"].device
-        return devices.to_device(method(self, devices.to_device(batch, self.device), *args, **kwargs), caller)
+        caller = _caller_device(batch)
+        out = method(self, devices.to_device(batch, self.device), *args, **kwargs)
+        return out if caller is None else devices.to_device(out, caller)
 
     door._role_entry = True
     return door
+
+
+def _caller_device(batch):
+    """The device of the caller's batch: ``batch["input_ids"]``'s, else its first tensor's, else None."""
+    if isinstance(batch, dict):
+        first = batch.get("input_ids")
+        if not isinstance(first, torch.Tensor):
+            first = next((v for v in batch.values() if isinstance(v, torch.Tensor)), None)
+        return None if first is None else first.device
+    return batch.device if isinstance(batch, torch.Tensor) else None
 
 
 def _takes_batch(fn) -> bool:

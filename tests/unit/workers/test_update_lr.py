@@ -7,6 +7,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from parallel.lr_schedule import build_scheduler
 from parallel.optim import StepResult, TrainState, optimizer_step
@@ -37,6 +38,7 @@ def _actor(monkeypatch, optimizer_steps_per_update: int, **schedule):
     opt = _Optimizer()
     sched = build_scheduler(opt, lr=1.0, min_lr=0.0, weight_decay=0.0, **schedule)
     actor = object.__new__(MegatronActor)
+    actor.device = torch.device("cpu")  # the role's device (its batch door moves batches there)
     actor.state, actor.moe, actor.update_budget, actor.temperature = TrainState([], opt, sched), None, None, 1.0
     actor.bundle = SimpleNamespace(spec=SimpleNamespace(vocab_size=8))
     actor.cfg = SimpleNamespace(ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, ppo_epochs=1)

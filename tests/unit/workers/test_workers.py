@@ -130,7 +130,8 @@ def test_step_metrics_count_skips_and_breaker_events():
     steps = [StepResult(False, 2.0, 0.1), StepResult(True, float("inf"), 0.1),
              StepResult(False, 4.0, 0.1, breaker="ev")]
     m = step_metrics("critic", steps[::2])
-    assert m == {"critic/grad_norm": 3.0, "critic/num_skipped_steps": 0.0, "critic/num_breaker_events": 1.0}
+    assert m == {"critic/grad_norm": 3.0, "critic/num_skipped_steps": 0.0, "critic/num_breaker_events": 1.0,
+                 "critic/lr": 0.1}  # the LR of the last optimizer step
     assert step_metrics("actor", steps)["actor/num_skipped_steps"] == 1.0
 
 
