@@ -38,6 +38,7 @@ Typical use (every trainer rank)::
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -49,15 +50,19 @@ from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
 from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter, dtype_from_any, dtype_name
 from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
+from rlhf.weight_bridge.engine_layout import (DirectPlan, EngineLayout, LayoutUnavailable, agree, build_direct_plan,
+                                              compose_writes, fetch_layout)
 from rlhf.weight_bridge.from_distributed import DistributedTransport
-from rlhf.weight_bridge.from_tensor import TensorTransport, prepare_sharing
+from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
-from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
+from rlhf.weight_bridge.plan import NameMap, SendPlan, StagePlan, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
 from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
 
 __all__ = ["WeightBridge", "SyncStats"]
+
+logger = logging.getLogger(__name__)
 
 
 class _NoPool:
@@ -85,9 +90,18 @@ class SyncStats:
     deliver_seconds: float = 0.0  # engine calls / broadcasts (and waiting for the engines)
     finish_seconds: float = 0.0  # controller: end_weight_update on every engine
     replanned: bool = False
+    path: str = "generic"  # "engine_layout": buckets in the engine's parameter layout; "generic": SGLang's loaders
+    fallback_reason: str | None = None  # why the engine-layout path was not taken (engine_layout on)
+    fallback_syncs: int = 0  # syncs of this bridge so far that fell back to the generic path
     engines: list[int] = field(default_factory=list)  # engines the sync reached
     skipped_buffers: list[str] = field(default_factory=list)
     check: CheckReport | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The sync's trainer metrics: ``weight_sync/engine_layout`` (1.0 when the engine-layout path ran) and
+        ``weight_sync/fallback_syncs`` (syncs of the bridge so far on the generic path)."""
+        return {"weight_sync/engine_layout": float(self.path == "engine_layout"),
+                "weight_sync/fallback_syncs": float(self.fallback_syncs)}
 
 
 class WeightBridge:
@@ -115,6 +129,10 @@ class WeightBridge:
         shared_buckets: None (auto: CPU with every TP rank of a stage on one host), True or False: each TP rank
             writes its shard straight into a shared bucket (shm_buckets.py) instead of a gather on the leader.
         topology: override (tests: a simulated TP group); default MegatronTopology().
+        engine_layout: write buckets in the engines' own parameter layout (engine_layout.py: derived once per
+            engine from its own loaders; the engine copies each parameter once) when the engines, the transport
+            and the topology allow it; otherwise, and with False, SGLang's generic loading (reason logged once,
+            counted in ``SyncStats.fallback_syncs``).
     Raises:
         ValueError: bad arguments, or ``engines`` given on a rank other than the controller (or missing there).
     """
@@ -124,7 +142,7 @@ class WeightBridge:
                  name_map: NameMap | None = None, check: str | None = None, check_rows: int = 4,
                  allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
                  backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
-                 shared_buckets: bool | None = None, topology=None):
+                 shared_buckets: bool | None = None, topology=None, engine_layout: bool = True):
         if transport not in ("tensor", "distributed"):
             raise ValueError(f"transport={transport!r}: use 'tensor' (colocated) or 'distributed' (broadcast)")
         if check not in (None, "sample", "all"):
@@ -152,9 +170,18 @@ class WeightBridge:
         self._plan_cache: tuple | None = None  # controller: (key, SendPlan)
         self._ready = False
         self.version = 0
+        self.engine_layout = bool(engine_layout)
+        self._layout: tuple | None = None  # controller: (engines' fingerprint, EngineLayout or the reason it is not)
+        self._direct_cache: tuple | None = None  # controller: (inputs, DirectPlan)
+        self._direct_sent = None  # controller: key of the DirectPlan last broadcast
+        self._direct_refused: dict = {}  # controller: DirectPlan key -> why its writes cannot cover the engine
+        self._direct: DirectPlan | None = None  # every rank: the DirectPlan last received
+        self._direct_ops: tuple | None = None  # (plan key, ops, covered) of this rank, agreed by every rank
+        self.fallback_syncs = 0
+        self._logged: set = set()
 
     # ---- planning -----------------------------------------------------------------------------
-    def _report(self, entries) -> dict | None:
+    def _report(self, entries, shared: bool) -> dict | None:
         if not self.topo.is_leader:
             return None
         key = tuple((e.local_name, tuple(e.tensor.shape), e.tensor.dtype) for e in entries)
@@ -162,7 +189,7 @@ class WeightBridge:
             tensors = [(n, s, dtype_name(d)) for n, s, d in plan_local_tensors(entries, self.spec, self.topo.tp_size,
                                                                                  getattr(self.topo, "ep_size", 1))]
             self._local = (key, tensors)
-        rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": self._local[1]}
+        rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": self._local[1], "shared": shared}
         if self.transport == "distributed":
             rep["group"] = self.dist.report()
         return rep
@@ -184,8 +211,72 @@ class WeightBridge:
         groups = None
         if self.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
+        direct, reason = self._direct_verdict(plan, reports, fp)
+        if direct is not None and direct.key == self._direct_sent:
+            direct = direct.key  # every rank holds it already
+        elif direct is not None:
+            self._direct_sent = direct.key
         return {"plan": plan, "targets": targets, "groups": groups, "fingerprint": fp, "replanned": replanned,
-                "tp_size": self.engines.tp_size}
+                "tp_size": self.engines.tp_size, "direct": direct, "direct_reason": reason}
+
+    def _direct_verdict(self, plan, reports, fp) -> tuple[DirectPlan | None, str | None]:
+        """Controller: the engine-layout plan of this sync, or None and the reason."""
+        if not self.engine_layout:
+            return None, None
+        if self.transport != "tensor":
+            return None, "the distributed transport broadcasts HF tensors"
+        if len(plan.stages) > 1:
+            return None, "a pipeline-parallel trainer (buckets would come from several stages)"
+        if self.check:
+            return None, "check mode reads HF tensors back"
+        if not all(r.get("shared") for r in reports if r and "tensors" in r):
+            return None, ("every trainer TP rank must write into shared buckets (CPU, one host, no expert "
+                          "parallelism); the TP gather path converts to HF tensors")
+        try:
+            if self._layout is None or self._layout[0] != fp:
+                held = self._layout[1] if self._layout and isinstance(self._layout[1], EngineLayout) else None
+                got = fetch_layout(self.engines, held.fingerprint if held else None)
+                self._layout = (fp, held if isinstance(got, str) else got)
+        except LayoutUnavailable as e:
+            self._layout = (fp, f"the engines' parameter layout is not available: {e}")
+        layout = self._layout[1]
+        if isinstance(layout, str):
+            return None, layout
+        sent = {m.name: m.dtype for s in plan.stages for m in s.metas}
+        inputs = (layout.fingerprint, tuple(sorted(sent.items(), key=str)), self.bucket_bytes)
+        try:
+            if self._direct_cache is None or self._direct_cache[0] != inputs:
+                self._direct_cache = (inputs, build_direct_plan(layout, sent, self.bucket_bytes))
+        except LayoutUnavailable as e:
+            return None, str(e)
+        direct = self._direct_cache[1]
+        return (None, self._direct_refused[direct.key]) if direct.key in self._direct_refused else (direct, None)
+
+    def _agree_direct(self, verdict: dict, entries) -> None:
+        """Every rank: take the verdict's DirectPlan, compose this rank's writes (once per plan) and agree that
+        they cover the engine (collective once per plan); a plan that does not is dropped for the generic path."""
+        direct = verdict.get("direct")
+        if isinstance(direct, DirectPlan):
+            self._direct = direct
+        elif isinstance(direct, str) and (self._direct is None or self._direct.key != direct):
+            raise WeightBridgeError(f"internal: engine-layout plan {direct} was never received on rank {self.topo.rank}")
+        verdict["direct"] = self._direct if direct is not None else None
+        if direct is None or (self._direct_ops is not None and self._direct_ops[0] == self._direct.key):
+            return
+        mine, ops = (None, 0), None
+        if self.topo.active:
+            try:
+                ops, covered = compose_writes(self._direct, entries, self.spec, self.topo.tp_rank, self.topo.tp_size)
+                mine = (None, covered)
+            except Exception as e:  # noqa: BLE001 - every rank must learn about it
+                mine = (f"rank {self.topo.rank}: {type(e).__name__}: {e}", 0)
+        reason = agree(self._direct, self.topo.all_gather_object(mine))
+        if reason is None:
+            self._direct_ops = (self._direct.key, ops)
+            return
+        if self.topo.is_controller:
+            self._direct_refused[self._direct.key] = reason
+        verdict["direct"], verdict["direct_reason"] = None, reason
 
     def _plan(self, engines):
         if not self._ready:
@@ -193,7 +284,9 @@ class WeightBridge:
             self._ready = True
         try:
             entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, self.topo)
-            report = self._report(entries)
+            shared = (self.engine_layout and self.transport == "tensor" and self.topo.active
+                      and self._shared(entries) is not None)  # collective over the TP group, once
+            report = self._report(entries, shared)
         except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
             entries, skipped, report = [], [], {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
         reports = self.topo.all_gather_object(report)
@@ -206,6 +299,7 @@ class WeightBridge:
         verdict = self.topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
+        self._agree_direct(verdict, entries)
         return verdict, entries, skipped
 
     def plan(self):
@@ -258,8 +352,20 @@ class WeightBridge:
         go = self.topo.broadcast_object(go)
         if isinstance(go, BaseException):
             raise go
+        direct = verdict["direct"]
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes, num_tensors=plan.num_tensors,
-                          num_buckets=plan.num_buckets, replanned=verdict["replanned"], skipped_buffers=skipped)
+                          num_buckets=len(direct.buckets) if direct else plan.num_buckets,
+                          replanned=verdict["replanned"], skipped_buffers=skipped)
+        if direct is not None:
+            stats.path = "engine_layout"
+        elif self.engine_layout:
+            self.fallback_syncs += 1
+            stats.fallback_reason = verdict["direct_reason"]
+            if self.topo.is_controller and stats.fallback_reason not in self._logged:
+                self._logged.add(stats.fallback_reason)
+                logger.warning("weight sync: SGLang's generic loading is used (engine-layout path not available: %s)",
+                               stats.fallback_reason)
+        stats.fallback_syncs = self.fallback_syncs
         samples: dict[str, torch.Tensor] = {}
         names = set(plan.check_names)
 
@@ -269,7 +375,7 @@ class WeightBridge:
 
         error, reached = None, targets
         try:
-            error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times)
+            error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times, direct)
         except Exception as e:  # noqa: BLE001 - reported below so every rank raises the same error
             error = f"rank {self.topo.rank}: {type(e).__name__}: {e}"
         t_finish = time.perf_counter()
@@ -305,7 +411,7 @@ class WeightBridge:
                 self._shared_state = sb if sb.usable(entries) else False
         return self._shared_state or None
 
-    def _deliver(self, plan, entries, targets, engine_tp, token, record, times):
+    def _deliver(self, plan, entries, targets, engine_tp, token, record, times, direct=None):
         """This rank's part of the delivery; returns (error or None, engines reached)."""
         topo = self.topo
         if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
@@ -313,6 +419,15 @@ class WeightBridge:
             return None, targets
         if not topo.active:
             return None, targets
+        if direct is not None:  # every TP rank writes its elements straight into the engine-rank sections
+            shared = self._shared(entries)
+            own = lambda: shared.stream_direct(direct, self._direct_ops[1], entries, times)  # noqa: E731
+            if not topo.is_leader:
+                collections.deque(own(), maxlen=0)
+                return None, targets
+            tt = DirectTransport(direct, topo, self.engines, targets, engine_tp, record, times, token)
+            stage = SendPlan([StagePlan(topo.pp_rank, topo.rank, [], direct.buckets)], [])
+            return tt.run_controller(stage, own, _NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
         my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)
         shared = self._shared(entries)
         if shared is not None:  # every TP rank writes its shard into the shared bucket
