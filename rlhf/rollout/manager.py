@@ -336,8 +336,8 @@ class RolloutManager:
 
     def update_weights_in_engine_layout(self, payloads: Sequence[Sequence[bytes]], header: str,
                                         engines: Optional[Sequence[int]] = None, flush_cache: bool = False) -> Pending:
-        return self._start(lambda a: a.update_weights_in_engine_layout, "update_weights_in_engine_layout", header,
-                           engines=engines, per_engine=[{"payloads": list(p)} for p in payloads],
+        return self._start(lambda a: a.update_weights_in_engine_layout, "update_weights_in_engine_layout",
+                           engines=engines, per_engine=[{"payloads": list(p)} for p in payloads], header=header,
                            flush_cache=flush_cache)
 
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:

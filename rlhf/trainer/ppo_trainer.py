@@ -187,7 +187,9 @@ class PPOTrainer(BaseTrainer):
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
             with timer(m, "sync_weights"):  # (an actor that did not change needs no sync)
-                self.rollout.sync_weights()
+                sync = self.rollout.sync_weights()
+            if sync is not None:  # weight_sync/engine_layout, weight_sync/fallback_syncs
+                m.update(sync.metrics())
 
         m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length))
         m.update(rollout_metrics(batch, scores, m["timing/gen"]))
