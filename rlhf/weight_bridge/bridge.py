@@ -38,7 +38,6 @@ Typical use (every trainer rank)::
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -50,8 +49,7 @@ from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
 from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter, dtype_from_any, dtype_name
 from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
-from rlhf.weight_bridge.engine_layout import (DirectPlan, EngineLayout, LayoutUnavailable, agree, build_direct_plan,
-                                              compose_writes, fetch_layout)
+from rlhf.weight_bridge.direct_path import EngineLayoutPath
 from rlhf.weight_bridge.from_distributed import DistributedTransport
 from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
@@ -61,8 +59,6 @@ from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
 
 __all__ = ["WeightBridge", "SyncStats"]
-
-logger = logging.getLogger(__name__)
 
 
 class _NoPool:
@@ -171,14 +167,7 @@ class WeightBridge:
         self._ready = False
         self.version = 0
         self.engine_layout = bool(engine_layout)
-        self._layout: tuple | None = None  # controller: (engines' fingerprint, EngineLayout or the reason it is not)
-        self._direct_cache: tuple | None = None  # controller: (inputs, DirectPlan)
-        self._direct_sent = None  # controller: key of the DirectPlan last broadcast
-        self._direct_refused: dict = {}  # controller: DirectPlan key -> why its writes cannot cover the engine
-        self._direct: DirectPlan | None = None  # every rank: the DirectPlan last received
-        self._direct_ops: tuple | None = None  # (plan key, ops, covered) of this rank, agreed by every rank
-        self.fallback_syncs = 0
-        self._logged: set = set()
+        self.layout_path = EngineLayoutPath(self.engine_layout)
 
     # ---- planning -----------------------------------------------------------------------------
     def _report(self, entries, shared: bool) -> dict | None:
@@ -211,72 +200,10 @@ class WeightBridge:
         groups = None
         if self.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
-        direct, reason = self._direct_verdict(plan, reports, fp)
-        if direct is not None and direct.key == self._direct_sent:
-            direct = direct.key  # every rank holds it already
-        elif direct is not None:
-            self._direct_sent = direct.key
+        direct, reason = self.layout_path.verdict(plan, reports, fp, self.engines, self.transport, self.check,
+                                                  self.bucket_bytes)
         return {"plan": plan, "targets": targets, "groups": groups, "fingerprint": fp, "replanned": replanned,
                 "tp_size": self.engines.tp_size, "direct": direct, "direct_reason": reason}
-
-    def _direct_verdict(self, plan, reports, fp) -> tuple[DirectPlan | None, str | None]:
-        """Controller: the engine-layout plan of this sync, or None and the reason."""
-        if not self.engine_layout:
-            return None, None
-        if self.transport != "tensor":
-            return None, "the distributed transport broadcasts HF tensors"
-        if len(plan.stages) > 1:
-            return None, "a pipeline-parallel trainer (buckets would come from several stages)"
-        if self.check:
-            return None, "check mode reads HF tensors back"
-        if not all(r.get("shared") for r in reports if r and "tensors" in r):
-            return None, ("every trainer TP rank must write into shared buckets (CPU, one host, no expert "
-                          "parallelism); the TP gather path converts to HF tensors")
-        try:
-            if self._layout is None or self._layout[0] != fp:
-                held = self._layout[1] if self._layout and isinstance(self._layout[1], EngineLayout) else None
-                got = fetch_layout(self.engines, held.fingerprint if held else None)
-                self._layout = (fp, held if isinstance(got, str) else got)
-        except LayoutUnavailable as e:
-            self._layout = (fp, f"the engines' parameter layout is not available: {e}")
-        layout = self._layout[1]
-        if isinstance(layout, str):
-            return None, layout
-        sent = {m.name: m.dtype for s in plan.stages for m in s.metas}
-        inputs = (layout.fingerprint, tuple(sorted(sent.items(), key=str)), self.bucket_bytes)
-        try:
-            if self._direct_cache is None or self._direct_cache[0] != inputs:
-                self._direct_cache = (inputs, build_direct_plan(layout, sent, self.bucket_bytes))
-        except LayoutUnavailable as e:
-            return None, str(e)
-        direct = self._direct_cache[1]
-        return (None, self._direct_refused[direct.key]) if direct.key in self._direct_refused else (direct, None)
-
-    def _agree_direct(self, verdict: dict, entries) -> None:
-        """Every rank: take the verdict's DirectPlan, compose this rank's writes (once per plan) and agree that
-        they cover the engine (collective once per plan); a plan that does not is dropped for the generic path."""
-        direct = verdict.get("direct")
-        if isinstance(direct, DirectPlan):
-            self._direct = direct
-        elif isinstance(direct, str) and (self._direct is None or self._direct.key != direct):
-            raise WeightBridgeError(f"internal: engine-layout plan {direct} was never received on rank {self.topo.rank}")
-        verdict["direct"] = self._direct if direct is not None else None
-        if direct is None or (self._direct_ops is not None and self._direct_ops[0] == self._direct.key):
-            return
-        mine, ops = (None, 0), None
-        if self.topo.active:
-            try:
-                ops, covered = compose_writes(self._direct, entries, self.spec, self.topo.tp_rank, self.topo.tp_size)
-                mine = (None, covered)
-            except Exception as e:  # noqa: BLE001 - every rank must learn about it
-                mine = (f"rank {self.topo.rank}: {type(e).__name__}: {e}", 0)
-        reason = agree(self._direct, self.topo.all_gather_object(mine))
-        if reason is None:
-            self._direct_ops = (self._direct.key, ops)
-            return
-        if self.topo.is_controller:
-            self._direct_refused[self._direct.key] = reason
-        verdict["direct"], verdict["direct_reason"] = None, reason
 
     def _plan(self, engines):
         if not self._ready:
@@ -299,7 +226,7 @@ class WeightBridge:
         verdict = self.topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
-        self._agree_direct(verdict, entries)
+        self.layout_path.receive(verdict, entries, self.topo, self.spec)
         return verdict, entries, skipped
 
     def plan(self):
@@ -356,16 +283,8 @@ class WeightBridge:
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes, num_tensors=plan.num_tensors,
                           num_buckets=len(direct.buckets) if direct else plan.num_buckets,
                           replanned=verdict["replanned"], skipped_buffers=skipped)
-        if direct is not None:
-            stats.path = "engine_layout"
-        elif self.engine_layout:
-            self.fallback_syncs += 1
-            stats.fallback_reason = verdict["direct_reason"]
-            if self.topo.is_controller and stats.fallback_reason not in self._logged:
-                self._logged.add(stats.fallback_reason)
-                logger.warning("weight sync: SGLang's generic loading is used (engine-layout path not available: %s)",
-                               stats.fallback_reason)
-        stats.fallback_syncs = self.fallback_syncs
+        stats.path, stats.fallback_reason, stats.fallback_syncs = self.layout_path.account(
+            direct, verdict["direct_reason"], self.topo.is_controller)
         samples: dict[str, torch.Tensor] = {}
         names = set(plan.check_names)
 
@@ -421,7 +340,7 @@ class WeightBridge:
             return None, targets
         if direct is not None:  # every TP rank writes its elements straight into the engine-rank sections
             shared = self._shared(entries)
-            own = lambda: shared.stream_direct(direct, self._direct_ops[1], entries, times)  # noqa: E731
+            own = lambda: shared.stream_direct(direct, self.layout_path.ops, entries, times)  # noqa: E731
             if not topo.is_leader:
                 collections.deque(own(), maxlen=0)
                 return None, targets

@@ -371,7 +371,7 @@ def check_layout_refusal(bridge, eng, ref):
     version = weight_version(eng) if rank0 else None
     restarts = list(eng.restarts) if rank0 else None
     if rank0:
-        bridge._direct.layout.fingerprint = "0" * 20  # what a bucket for another layout carries
+        bridge.layout_path.plan.layout.fingerprint = "0" * 20  # what a bucket for another layout carries
     try:
         bridge.sync()
         raised = ""
