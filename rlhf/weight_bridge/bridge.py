@@ -22,7 +22,10 @@ Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
    ``end_sync``); an engine replaced during the sync stays stale and is synced again by the caller.
 
 SGLang slices its own TP shards out of the full HF tensors, so the bridge is independent of the rollout
-TP size.  Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an
+TP size.  Engine-layout path (default where possible, engine_layout.py / direct_path.py): with the shared
+buckets and the tensor transport at PP 1, the ranks write straight into each engine TP rank's parameter layout
+(derived once per engine from its own loaders) and the engine copies each parameter once; otherwise, with the
+reason logged once and counted (``SyncStats.fallback_syncs``), the generic path above.  Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an
 HF name (standard map or a ``name_map`` hook, :func:`regex_name_map`) are sent; unmapped buffers are
 skipped and listed in ``SyncStats.skipped_buffers``; an unmapped parameter is an error.
 
