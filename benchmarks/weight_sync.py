@@ -9,9 +9,12 @@ Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, 
 TP 1, fp32; a RolloutManager on rank 0).  A second engine serves the quickstart-sized model (0.5 MB).
 
 Timed (medians of --repeats runs after one untimed warm-up of each path, so imports, first-touch page
-faults and the engine's first load are excluded):
+faults, the engine's layout probe and the engine's first load are excluded):
   * bridge      -- `WeightBridge.sync()` with its defaults (512 MB buckets; on CPU every TP rank writes its
-                   shard into a shared bucket the engine maps): plan check, writes, delivery, session end, flush;
+                   elements straight into the engine's parameter layout in a shared bucket the engine maps, and
+                   the engine copies each parameter once): plan check, writes, delivery, session end, flush;
+  * generic     -- the same with `engine_layout=False`: the ranks write HF tensors, SGLang's `load_weights` loads
+                   them through its per-parameter loaders (the fallback path);
   * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0);
   * load        -- the engine's `update_weights_from_disk(dir)` of the same weights (safetensors written by
                    `save_hf_checkpoint`, file pages hot in the OS cache);
@@ -23,7 +26,7 @@ increase of resident memory during a timed sync (VmHWM after the sync minus VmRS
 /proc/self/clear_refs) or, when larger, the bridge's persistent bucket buffers (allocated once, kept across syncs).
 
 The LAST line printed is exactly
-    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB>
+    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> generic_vs_copy=<generic/copy>
 """
 import argparse
 import os
@@ -56,15 +59,18 @@ def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
-def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
+def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, engine_layout=True):
     """Warm-up sync, then `repeats` timed syncs; returns (median seconds, peak extra RSS MB, last stats)."""
     import torch
     import torch.distributed as dist
 
     from rlhf.weight_bridge import WeightBridge
 
-    bridge = WeightBridge(chunks, spec, engine, bucket_bytes=int(bucket_mb * 2**20))
-    bridge.sync()  # warm-up: imports, plan, first-touch allocation of the persistent buckets
+    bridge = WeightBridge(chunks, spec, engine, bucket_bytes=int(bucket_mb * 2**20), engine_layout=engine_layout)
+    t0 = time.perf_counter()
+    first = bridge.sync()  # warm-up: imports, plan (and the engine's layout probe), first-touch of the buckets
+    log(f"bridge {label}: first sync {time.perf_counter() - t0:.2f} s ({first.path} path"
+        f"{'' if first.fallback_reason is None else ': ' + first.fallback_reason})")
     times, rss_peaks = [], []
     for _ in range(repeats):
         dist.barrier()
@@ -81,7 +87,7 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
         rss_peaks.append(peak.item())
     bridge.close()
     med = median(times)
-    log(f"bridge {label}: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms of "
+    log(f"bridge {label} [{stats.path}]: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms of "
         f"{[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; rank 0 last sync: plan "
         f"{stats.plan_seconds * 1e3:.1f} ms, writes {stats.produce_seconds * 1e3:.1f} ms, delivery "
         f"{stats.deliver_seconds * 1e3:.1f} ms, end {stats.finish_seconds * 1e3:.1f} ms; peak extra "
@@ -161,6 +167,8 @@ def main(args):
         for c in actor.chunks:
             for p in c.parameters():
                 p.mul_(1.01)
+    t_generic, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
+                                  engine_layout=False)
     t_bridge, peak_mb, stats = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big")
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
     t_tiny, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(args.repeats, 9), log, "tiny")
@@ -209,7 +217,8 @@ def main(args):
     dist.barrier()
     if rank == 0:
         print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} vs_export_load={t_bridge / t_export_load:.3f} "
-              f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f}",
+              f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f} "
+              f"generic_vs_copy={t_generic / t_copy:.2f}",
               flush=True)
     dist.destroy_process_group()
 

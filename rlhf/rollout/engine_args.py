@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from rlhf.rollout import sglang_cpu
+from rlhf.rollout.engine_loader import LOADER
 
 __all__ = ["engine_kwargs", "engine_env", "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES"]
 
@@ -32,7 +33,8 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
             :mod:`rlhf.rollout.sglang_cpu` are added.
         max_total_tokens: KV-cache tokens (on CPU default 2048).
         enable_memory_saver: SGLang's memory saver (release/resume free memory); None: on with CUDA.
-        overrides: more ``sglang.Engine`` arguments, applied last.
+        overrides: more ``sglang.Engine`` arguments, applied last (``custom_weight_loader`` entries are kept and
+            :data:`rlhf.rollout.engine_loader.LOADER` is added: the weight sync's engine-layout path).
     Raises:
         ValueError: a bad value, named with the fix.
     """
@@ -60,7 +62,10 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
         kw["enable_memory_saver"] = True if enable_memory_saver is None else bool(enable_memory_saver)
         if max_total_tokens is not None:
             kw["max_total_tokens"] = int(max_total_tokens)
+    loaders = list(overrides.pop("custom_weight_loader", None) or [])
     kw.update(overrides)
+    # our loader of buckets written in the engine's parameter layout (rlhf.rollout.engine_loader)
+    kw["custom_weight_loader"] = loaders + [LOADER] if LOADER not in loaders else loaders
     return kw
 
 

@@ -76,6 +76,7 @@ class SGLangEngine:
         self._in_update = False
         self._updated = False
         self._released: set = set()  # memory-saver tags this engine has released
+        self._layout: Optional[Dict[str, Any]] = None  # the probed parameter layout (engine_layout path)
 
     # ------------------------------------------------------------------ state
     def info(self) -> Dict[str, Any]:
@@ -201,6 +202,86 @@ class SGLangEngine:
                                                                  load_format=load_format),
                      "update_weights_from_distributed")
         self._updated = True
+
+    def _loader_call(self, header: Dict[str, Any]) -> List[Any]:
+        """Run one file-reporting operation of our custom loader (rlhf.rollout.engine_loader) on every TP
+        rank and return the ranks' results (the schedulers are this actor's children, on this host)."""
+        import json
+        import tempfile
+
+        import torch
+
+        from rlhf.rollout.engine_loader import LOADER
+
+        with tempfile.TemporaryDirectory(prefix="rlhf_engine_") as tmp:
+            out = os.path.join(tmp, "result")
+            opened = not self._in_update
+            if opened:
+                check_result(self.engine.begin_weight_update(), "begin_weight_update")
+            try:
+                check_result(self.engine.update_weights_from_tensor(
+                    named_tensors=[(json.dumps(dict(header, out=out)), torch.empty(0))], load_format=LOADER,
+                    flush_cache=False), f"custom loader {header['op']}")
+            finally:
+                if opened:
+                    check_result(self.engine.end_weight_update(), "end_weight_update")
+            files = [f"{out}.rank{r}.pt" for r in range(self.tp_size)]
+            missing = [f for f in files if not os.path.exists(f)]
+            if missing:
+                raise EngineCallError(f"custom loader {header['op']}: no result from TP ranks {missing} (engine TP "
+                                      f"ranks on another host?)")
+            return [torch.load(f, weights_only=False) for f in files]
+
+    def weight_layout(self, known: Optional[str] = None) -> Dict[str, Any]:
+        """This engine's parameter layout, probed once with the model's own loaders
+        (rlhf.rollout.engine_loader.probe_layout); ``{"fingerprint"}`` only when it equals ``known``,
+        ``{"error": reason}`` when it cannot be derived (the weight sync then uses SGLang's generic loading)."""
+        if self._layout is None:
+            from rlhf.rollout.engine_loader import layout_fingerprint
+
+            hf = [[n, list(shape)] for n, (shape, _dt) in self._expected.items()]
+            try:
+                ranks = self._loader_call({"op": "probe", "hf": hf})
+                errors = [r["error"] for r in ranks if "error" in r]
+                self._layout = ({"error": "; ".join(errors)} if errors else
+                                {"fingerprint": layout_fingerprint(ranks), "ranks": ranks})
+            except Exception as e:  # noqa: BLE001 - the caller falls back, the engine serves on
+                self._layout = {"error": f"{type(e).__name__}: {e}"}
+        if known is not None and self._layout.get("fingerprint") == known:
+            return {"fingerprint": known}
+        return self._layout
+
+    def update_weights_in_engine_layout(self, payloads: List[bytes], header: str, flush_cache: bool = False) -> None:
+        """Load one bucket already in this engine's parameter layout: ``payloads[r]`` is TP rank r's serialized
+        flat uint8 tensor, ``header`` the JSON of rlhf.weight_bridge.engine_layout.DirectPlan.header.
+
+        Raises:
+            EngineCallError: outside a session, wrong payload count, or a bucket laid out for another layout than
+                this engine's probed one (refused before SGLang sees it: nothing is loaded).
+        """
+        import json
+
+        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
+
+        from rlhf.rollout.engine_loader import LOADER
+
+        self._require_session("update_weights_in_engine_layout")
+        if len(payloads) != self.tp_size:
+            raise EngineCallError(f"update_weights_in_engine_layout: {len(payloads)} payloads for "
+                                  f"tp_size={self.tp_size} (one per TP rank)")
+        want = json.loads(header).get("fingerprint")
+        have = (self._layout or {}).get("fingerprint")
+        if want is None or want != have:
+            raise EngineCallError(f"update_weights_in_engine_layout refused: the bucket is laid out for engine layout "
+                                  f"{want}, engine {self.index} has {have or 'none probed'}; nothing was loaded")
+        check_result(self.engine.update_weights_from_tensor(
+            named_tensors=[(header, LocalSerializedTensor(values=list(payloads)))], load_format=LOADER,
+            flush_cache=flush_cache), "update_weights_in_engine_layout")
+        self._updated = True
+
+    def engine_parameters(self) -> List[Dict[str, Any]]:
+        """Every parameter of every TP rank (engine names; CPU copies, the whole model: tests, diagnostics)."""
+        return self._loader_call({"op": "dump"})
 
     def destroy_weights_update_group(self, group_name: str) -> None:
         check_result(self.engine.destroy_weights_update_group(group_name), "destroy_weights_update_group")

@@ -199,10 +199,12 @@ class PPOTrainer(BaseTrainer):
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
             with timer(m, "sync_weights"):
-                self.rollout.sync_weights()
+                sync = self.rollout.sync_weights()
         else:  # the actor did not change, but colocated engines released (lost) their weights in serving()
             with timer(m, "sync_weights"):
-                self.rollout.restore_weights()
+                sync = self.rollout.restore_weights()
+        if sync is not None and hasattr(sync, "metrics"):  # weight_sync/engine_layout, weight_sync/fallback_syncs
+            m.update(sync.metrics())
 
         m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length, cfg.data.max_prompt_length))
         m.update(compute_timing_metrics(m, batch))  # timing_per_token_ms/*

@@ -22,7 +22,12 @@ Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
    ``end_sync``); an engine replaced during the sync stays stale and is synced again by the caller.
 
 SGLang slices its own TP shards out of the full HF tensors, so the bridge is independent of the rollout
-TP size.  Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an
+TP size.  Engine-layout path (opt-in, ``engine_layout=True``; engine_layout.py / direct_path.py): with the
+shared buckets and the tensor transport at PP 1, the ranks write straight into each engine TP rank's parameter
+layout (derived once per engine from its own loaders) and the engine copies each parameter once; otherwise, with
+the reason logged once and counted (``SyncStats.fallback_syncs``), the generic path above.  Off by default until
+it is measured faster: its one-time probe of the engine's loaders is slow (benchmarks/README.md).
+Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an
 HF name (standard map or a ``name_map`` hook, :func:`regex_name_map`) are sent; unmapped buffers are
 skipped and listed in ``SyncStats.skipped_buffers``; an unmapped parameter is an error.
 
@@ -49,10 +54,11 @@ from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
 from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter, dtype_from_any, dtype_name
 from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
+from rlhf.weight_bridge.direct_path import EngineLayoutPath
 from rlhf.weight_bridge.from_distributed import DistributedTransport
-from rlhf.weight_bridge.from_tensor import TensorTransport, prepare_sharing
+from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
-from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
+from rlhf.weight_bridge.plan import NameMap, SendPlan, StagePlan, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
 from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
@@ -85,9 +91,18 @@ class SyncStats:
     deliver_seconds: float = 0.0  # engine calls / broadcasts (and waiting for the engines)
     finish_seconds: float = 0.0  # controller: end_weight_update on every engine
     replanned: bool = False
+    path: str = "generic"  # "engine_layout": buckets in the engine's parameter layout; "generic": SGLang's loaders
+    fallback_reason: str | None = None  # why the engine-layout path was not taken (engine_layout on)
+    fallback_syncs: int = 0  # syncs of this bridge so far that fell back to the generic path
     engines: list[int] = field(default_factory=list)  # engines the sync reached
     skipped_buffers: list[str] = field(default_factory=list)
     check: CheckReport | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """The sync's trainer metrics: ``weight_sync/engine_layout`` (1.0 when the engine-layout path ran) and
+        ``weight_sync/fallback_syncs`` (syncs of the bridge so far on the generic path)."""
+        return {"weight_sync/engine_layout": float(self.path == "engine_layout"),
+                "weight_sync/fallback_syncs": float(self.fallback_syncs)}
 
 
 class WeightBridge:
@@ -115,6 +130,10 @@ class WeightBridge:
         shared_buckets: None (auto: CPU with every TP rank of a stage on one host), True or False: each TP rank
             writes its shard straight into a shared bucket (shm_buckets.py) instead of a gather on the leader.
         topology: override (tests: a simulated TP group); default MegatronTopology().
+        engine_layout: write buckets in the engines' own parameter layout (engine_layout.py: derived once per
+            engine from its own loaders; the engine copies each parameter once) when the engines, the transport
+            and the topology allow it; otherwise, and with False, SGLang's generic loading (reason logged once,
+            counted in ``SyncStats.fallback_syncs``).  Off by default (see the module docstring).
     Raises:
         ValueError: bad arguments, or ``engines`` given on a rank other than the controller (or missing there).
     """
@@ -124,7 +143,7 @@ class WeightBridge:
                  name_map: NameMap | None = None, check: str | None = None, check_rows: int = 4,
                  allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
                  backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
-                 shared_buckets: bool | None = None, topology=None):
+                 shared_buckets: bool | None = None, topology=None, engine_layout: bool = False):
         if transport not in ("tensor", "distributed"):
             raise ValueError(f"transport={transport!r}: use 'tensor' (colocated) or 'distributed' (broadcast)")
         if check not in (None, "sample", "all"):
@@ -152,9 +171,11 @@ class WeightBridge:
         self._plan_cache: tuple | None = None  # controller: (key, SendPlan)
         self._ready = False
         self.version = 0
+        self.engine_layout = bool(engine_layout)
+        self.layout_path = EngineLayoutPath(self.engine_layout)
 
     # ---- planning -----------------------------------------------------------------------------
-    def _report(self, entries) -> dict | None:
+    def _report(self, entries, shared: bool) -> dict | None:
         if not self.topo.is_leader:
             return None
         key = tuple((e.local_name, tuple(e.tensor.shape), e.tensor.dtype) for e in entries)
@@ -162,7 +183,7 @@ class WeightBridge:
             tensors = [(n, s, dtype_name(d)) for n, s, d in plan_local_tensors(entries, self.spec, self.topo.tp_size,
                                                                                  getattr(self.topo, "ep_size", 1))]
             self._local = (key, tensors)
-        rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": self._local[1]}
+        rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": self._local[1], "shared": shared}
         if self.transport == "distributed":
             rep["group"] = self.dist.report()
         return rep
@@ -184,8 +205,10 @@ class WeightBridge:
         groups = None
         if self.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
+        direct, reason = self.layout_path.verdict(plan, reports, fp, self.engines, self.transport, self.check,
+                                                  self.bucket_bytes)
         return {"plan": plan, "targets": targets, "groups": groups, "fingerprint": fp, "replanned": replanned,
-                "tp_size": self.engines.tp_size}
+                "tp_size": self.engines.tp_size, "direct": direct, "direct_reason": reason}
 
     def _plan(self, engines):
         if not self._ready:
@@ -193,7 +216,9 @@ class WeightBridge:
             self._ready = True
         try:
             entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, self.topo)
-            report = self._report(entries)
+            shared = (self.engine_layout and self.transport == "tensor" and self.topo.active
+                      and self._shared(entries) is not None)  # collective over the TP group, once
+            report = self._report(entries, shared)
         except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
             entries, skipped, report = [], [], {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
         reports = self.topo.all_gather_object(report)
@@ -206,6 +231,7 @@ class WeightBridge:
         verdict = self.topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
+        self.layout_path.receive(verdict, entries, self.topo, self.spec)
         return verdict, entries, skipped
 
     def plan(self):
@@ -258,8 +284,12 @@ class WeightBridge:
         go = self.topo.broadcast_object(go)
         if isinstance(go, BaseException):
             raise go
+        direct = verdict["direct"]
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes, num_tensors=plan.num_tensors,
-                          num_buckets=plan.num_buckets, replanned=verdict["replanned"], skipped_buffers=skipped)
+                          num_buckets=len(direct.buckets) if direct else plan.num_buckets,
+                          replanned=verdict["replanned"], skipped_buffers=skipped)
+        stats.path, stats.fallback_reason, stats.fallback_syncs = self.layout_path.account(
+            direct, verdict["direct_reason"], self.topo.is_controller)
         samples: dict[str, torch.Tensor] = {}
         names = set(plan.check_names)
 
@@ -269,7 +299,7 @@ class WeightBridge:
 
         error, reached = None, targets
         try:
-            error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times)
+            error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times, direct)
         except Exception as e:  # noqa: BLE001 - reported below so every rank raises the same error
             error = f"rank {self.topo.rank}: {type(e).__name__}: {e}"
         t_finish = time.perf_counter()
@@ -305,7 +335,7 @@ class WeightBridge:
                 self._shared_state = sb if sb.usable(entries) else False
         return self._shared_state or None
 
-    def _deliver(self, plan, entries, targets, engine_tp, token, record, times):
+    def _deliver(self, plan, entries, targets, engine_tp, token, record, times, direct=None):
         """This rank's part of the delivery; returns (error or None, engines reached)."""
         topo = self.topo
         if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
@@ -313,6 +343,15 @@ class WeightBridge:
             return None, targets
         if not topo.active:
             return None, targets
+        if direct is not None:  # every TP rank writes its elements straight into the engine-rank sections
+            shared = self._shared(entries)
+            own = lambda: shared.stream_direct(direct, self.layout_path.ops, entries, times)  # noqa: E731
+            if not topo.is_leader:
+                collections.deque(own(), maxlen=0)
+                return None, targets
+            tt = DirectTransport(direct, topo, self.engines, targets, engine_tp, record, times, token)
+            stage = SendPlan([StagePlan(topo.pp_rank, topo.rank, [], direct.buckets)], [])
+            return tt.run_controller(stage, own, _NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
         my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)
         shared = self._shared(entries)
         if shared is not None:  # every TP rank writes its shard into the shared bucket

@@ -169,3 +169,27 @@ class TensorTransport:
             pool.release(slot)
             if msg[0] == "error":
                 raise RuntimeError(msg[1])
+
+
+class DirectTransport(TensorTransport):
+    """The colocated delivery of an engine-layout plan (rlhf.weight_bridge.engine_layout.DirectPlan): bucket k's
+    buffer holds one section per engine TP rank; engine rank e gets a handle of section e only, and the engine's
+    custom loader (rlhf.rollout.engine_loader) copies each region into its parameter."""
+
+    def __init__(self, direct_plan, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.direct = direct_plan
+
+    def _payloads(self, plan: SendPlan, bplan: BucketPlan, buf: torch.Tensor):
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        stride = self.direct.stride(bplan)
+        per_engine = [[MultiprocessingSerializer.serialize(buf[e * stride:e * stride + bplan.nbytes])
+                       for e in range(self.tp_size)] for _ in self.initial]
+        return self.direct.header(bplan), per_engine
+
+    def _send(self, payloads, last: bool):
+        header, per_engine = payloads
+        by_engine = dict(zip(self.initial, per_engine))
+        return self.engines.update_weights_in_engine_layout([by_engine[i] for i in self.targets], header,
+                                                            engines=self.targets, flush_cache=last)

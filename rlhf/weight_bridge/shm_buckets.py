@@ -78,22 +78,40 @@ class SharedBuckets:
                times: dict) -> Iterator[tuple[BucketPlan, None, torch.Tensor]]:
         """Collective over the TP group: write every bucket of the stage; the leader yields
         ``(plan, None, buffer)`` once all ranks wrote it (the peers yield nothing)."""
-        import time
-
         regions = defaultdict(list)
         for e in entries:
             for reg in shard_regions(e.role, e.tensor.detach(), spec, self.tp_rank, self.tp_size):
                 regions[reg.name].append(reg)
-        self.ensure(max((b.nbytes for b in buckets), default=1))
+
+        def write(_k, bplan, buf):
+            for name, view in bucket_views(buf, bplan):
+                for reg in regions.get(name, ()):
+                    reg.write(view)
+
+        return self._stream(buckets, [b.nbytes for b in buckets], write, times)
+
+    def stream_direct(self, plan, ops: list, entries: Sequence[LocalTensor],
+                      times: dict) -> Iterator[tuple[BucketPlan, None, torch.Tensor]]:
+        """Like :meth:`stream`, for an engine-layout plan (rlhf.weight_bridge.engine_layout.DirectPlan): each
+        rank runs its composed block copies ``ops[k]`` into bucket k's engine-rank sections."""
+        from rlhf.weight_bridge.engine_layout import write_section_ops
+
+        flats = [e.tensor.detach().view(-1) for e in entries]
+        sizes = [plan.buffer_bytes(b) for b in plan.buckets]
+        return self._stream(plan.buckets, sizes,
+                            lambda k, b, buf: write_section_ops(ops[k], buf, plan.stride(b), flats), times)
+
+    def _stream(self, buckets, sizes, write, times):
+        import time
+
+        self.ensure(max(sizes, default=1))
         for k, bplan in enumerate(buckets):
             t0 = time.perf_counter()
             if k >= self.count:  # the leader has seen bucket k - count loaded: its buffer is free again
                 dist.barrier(group=self.tp_group)
-            buf = self.buffers[k % self.count][: bplan.nbytes]
+            buf = self.buffers[k % self.count][: sizes[k]]
             with torch.no_grad():
-                for name, view in bucket_views(buf, bplan):
-                    for reg in regions.get(name, ()):
-                        reg.write(view)
+                write(k, bplan, buf)
             dist.barrier(group=self.tp_group)  # bucket k complete
             times["produce"] += time.perf_counter() - t0
             if self.tp_rank == 0:

@@ -153,6 +153,30 @@ class FakeEngines:
                            per_engine=[{"serialized_named_tensors": p} for p in payloads],
                            load_format=load_format, flush_cache=flush_cache)
 
+    def weight_layout(self, engines=None, known=None):
+        """The fake engines hold HF tensors, not SGLang parameters: no layout (the bridge falls back), unless a
+        test sets ``layout`` (``{"fingerprint", "ranks"}``, as SGLangEngine.weight_layout returns)."""
+        self.log.append("weight_layout")
+        got = getattr(self, "layout", None) or {"error": "fake engines hold HF tensors (no parameter layout)"}
+        if known is not None and got.get("fingerprint") == known:
+            got = {"fingerprint": known}
+        return [dict(got) for _ in (range(self.num_engines) if engines is None else engines)]
+
+    def update_weights_in_engine_layout(self, payloads, header, engines=None, flush_cache=False):
+        """Records the headers; refuses (like SGLangEngine) a bucket for another layout than ``layout``'s."""
+        import json
+
+        assert_plain_data("update_weights_in_engine_layout", payloads, header)
+        want, have = json.loads(header).get("fingerprint"), (getattr(self, "layout", None) or {}).get("fingerprint")
+        if want != have:
+            raise RuntimeError(f"update_weights_in_engine_layout refused: layout {want}, engine has {have}")
+        self.log.append("update_weights_in_engine_layout")
+        self.layout_headers = getattr(self, "layout_headers", []) + [header]
+        return [(i, None) for i in (range(self.num_engines) if engines is None else engines)]
+
+    def engine_parameters(self, engines=None):
+        return [[dict(e.received)] for i, e in enumerate(self.engines) if engines is None or i in engines]
+
     def get_weights_by_name(self, name, truncate_size=100, engines=None):
         return self.wait(self._start(lambda e: e.get_weights_by_name, "get_weights_by_name", name,
                                      truncate_size=truncate_size, engines=engines))
@@ -242,7 +266,10 @@ class FakeRollout:
         return self.results.pop(0)
 
     def sync_weights(self):
+        from rlhf.weight_bridge import SyncStats
+
         self.synced += 1
+        return SyncStats()
 
     def restore_weights(self):  # nothing is released by this stand-in's serving(): nothing to restore
         return None
@@ -337,6 +364,9 @@ class RecordingBridge:
             self.manager.log.append("sync")
             self.manager.weights_discarded = False
         self.syncs.append(engines)
+        from rlhf.weight_bridge import SyncStats
+
+        return SyncStats()
 
     def close(self):
         pass

@@ -15,6 +15,8 @@ output must equal HF `generate` of the model exported with save_hf_checkpoint, a
 must have changed.  The Llama keeps its final norm as a persistent buffer (frozen for the
 optimizer) that is changed between steps outside the optimizer, so the sync must carry it.
 Then a bad name map (unknown name, wrong shape) is refused before sending and the engine lives on.
+Phase "layout" (trainer TP2, then TP1): the engine-layout path against the generic path on both engines, every
+parameter of every engine TP rank compared bitwise; a bucket for another engine layout is refused, nothing loaded.
 
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0 (see tests/e2e/test_weight_bridge_e2e.py).
 """
@@ -289,9 +291,106 @@ def check_refusals(actor, state, engines, last, paths):
         report(f"refused_{name}_engine_lives_on", ok, detail)
 
 
+def run_layout_phase(paths, engines, workdir):
+    """The engine-layout path (buckets in the engines' parameter layout, one copy per parameter in the engine)
+    against SGLang's generic loading, at trainer TP 2 and 1, engine A (Qwen2 tied, engine TP 1) and B (Llama untied,
+    engine TP 2): every parameter of every engine TP rank must be bitwise what the generic path gives."""
+    from transformers import AutoConfig
+
+    from megatron.core import parallel_state as ps
+
+    from parallel.convert import save_hf_checkpoint
+    from parallel.models import build_model_chunks
+    from rlhf.rollout.sampling import stop_token_ids_for
+    from rlhf.weight_bridge import WeightBridge
+
+    rank0 = dist.get_rank() == 0
+    for tp in (2, 1):
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        init_model_parallel(tp=tp, pp=1)
+        set_seed(99)
+        for key, path in paths.items():
+            eng = engines[key] if rank0 else None
+            actor = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
+            g = torch.Generator().manual_seed(7 + tp)
+            with torch.no_grad():  # weights the engine does not hold yet
+                for c in actor.chunks:
+                    for prm in c.parameters():
+                        prm.add_(0.05 * torch.randn(prm.shape, generator=g))
+            name = f"layout_ttp{tp}_{key}"
+            generic = WeightBridge(actor.chunks, actor.spec, eng, bucket_bytes=64 * 1024, engine_layout=False)
+            g_stats = generic.sync()
+            generic.close()
+            ref = by_name = None
+            if rank0:
+                ref = eng.engine_parameters()[0]
+                by_name = {n: eng.get_weights_by_name(n, truncate_size=10 ** 6)[0] for n in ref[0]}
+                eng.update_weights_from_disk(path)  # back to the checkpoint: the next sync must rewrite everything
+            direct = WeightBridge(actor.chunks, actor.spec, eng, bucket_bytes=64 * 1024, engine_layout=True)
+            stats = [direct.sync() for _ in range(2)]
+            ok, detail = False, ""
+            if rank0:
+                got = eng.engine_parameters()[0]
+                diff = [f"rank{r}:{n}" for r in range(len(ref)) for n in ref[r]
+                        if n not in got[r] or not torch.equal(got[r][n], ref[r][n])]
+                n_params = sum(len(x) for x in ref)
+                ok = (not diff and len(got) == ENGINE_TP[key] and all(s.path == "engine_layout" for s in stats)
+                      and g_stats.path == "generic" and not stats[1].replanned and stats[1].fallback_syncs == 0)
+                detail = (f"{n_params} parameters over {len(ref)} engine TP rank(s); paths "
+                          f"{[g_stats.path] + [s.path for s in stats]} fallback={stats[0].fallback_reason} "
+                          f"buckets={stats[0].num_buckets} plan={stats[1].plan_seconds * 1e3:.1f}ms "
+                          f"deliver={stats[1].deliver_seconds * 1e3:.1f}ms differ={diff[:5]}")
+            report(f"{name}_every_engine_parameter_equals_generic", ok, detail)
+            if rank0:
+                again = {n: eng.get_weights_by_name(n, truncate_size=10 ** 6)[0] for n in ref[0]}
+                readable = [n for n, v in by_name.items() if v is not None]
+                ok = again == by_name and (key == "A" or len(readable) == len(by_name))  # Qwen2 has no reader
+                detail = f"{len(readable)} of {len(by_name)} parameter names readable by get_weights_by_name"
+            report(f"{name}_get_weights_by_name_equals_generic", ok, detail)
+            out_dir = os.path.join(workdir, f"{name}_export")
+            save_hf_checkpoint(actor.chunks, actor.spec, AutoConfig.from_pretrained(path), out_dir)
+            if rank0:
+                stop = stop_token_ids_for(path)
+                got_ids, ref_ids = engine_greedy(eng, stop), hf_greedy(out_dir, stop)
+                ok, detail = got_ids == ref_ids, f"engine={got_ids} hf={ref_ids}"
+            report(f"{name}_engine_equals_hf", ok, detail)
+            if tp == 2 and key == "B":
+                check_layout_refusal(direct, eng, ref if rank0 else None)
+            direct.close()
+    dist.barrier()
+
+
+def check_layout_refusal(bridge, eng, ref):
+    """A bucket laid out for another engine layout is refused by the engine before anything is loaded: the
+    bridge's held layout is made stale (as if the engine had changed under it)."""
+    from rlhf.weight_bridge import WeightBridgeError
+
+    rank0 = dist.get_rank() == 0
+    before = eng.engine_parameters()[0] if rank0 else None
+    version = weight_version(eng) if rank0 else None
+    restarts = list(eng.restarts) if rank0 else None
+    if rank0:
+        bridge.layout_path.plan.layout.fingerprint = "0" * 20  # what a bucket for another layout carries
+    try:
+        bridge.sync()
+        raised = ""
+    except WeightBridgeError as e:
+        raised = str(e)
+    ok, detail = False, ""
+    if rank0:
+        now = eng.engine_parameters()[0]
+        same = all(torch.equal(now[r][n], before[r][n]) for r in range(len(before)) for n in before[r])
+        ok = ("refused" in raised and same and weight_version(eng) == version and eng.restarts == restarts)
+        detail = f"unchanged={same} version {version}->{weight_version(eng)} restarts {restarts}->{eng.restarts} " \
+                 f"error: {raised[:300]}"
+    report("layout_changed_engine_refused_nothing_loaded", ok, detail)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--phases", default="tp2,layout,pp2,pp2vpp2", help="comma-separated subset (debugging)")
     args = ap.parse_args()
     init_distributed()
     os.makedirs(args.workdir, exist_ok=True)
@@ -311,9 +410,16 @@ def main():
                 ok = initial[key] == hf_greedy(paths[key], stop)
                 print(f"CHECK engine_{key}_initial_equals_hf {'PASS' if ok else 'FAIL'} {initial[key]}", flush=True)
         dist.barrier()
-        for phase, tp, pp, vpp in (("tp2", 2, 1, None), ("pp2", 1, 2, None), ("pp2vpp2", 1, 2, 2)):
+        phases = args.phases.split(",")
+        for phase, tp, pp, vpp in (("tp2", 2, 1, None), ("layout", 0, 0, None), ("pp2", 1, 2, None),
+                                   ("pp2vpp2", 1, 2, 2)):
+            if phase not in phases:
+                continue
             try:
-                run_phase(phase, tp, pp, vpp, paths, engines, threads, args.workdir, initial)
+                if phase == "layout":
+                    run_layout_phase(paths, engines, args.workdir)
+                else:
+                    run_phase(phase, tp, pp, vpp, paths, engines, threads, args.workdir, initial)
             except Exception:
                 traceback.print_exc()
                 print(f"CHECK {phase}_phase_completed FAIL rank {dist.get_rank()}: exception (see log)", flush=True)

@@ -1,0 +1,127 @@
+"""The engine-layout path's state inside one WeightBridge: which plan a sync uses, and why not when it falls back.
+
+The controller asks the engines for their parameter layout once per engines' fingerprint (a restarted engine
+is probed again), builds the DirectPlan (engine_layout.py) and ships it to every rank once; every rank composes
+its block writes once per plan and all ranks agree that they cover every engine element before the first sync
+that uses it.  Whatever stands in the way (another transport, a pipeline-parallel trainer, check mode, no
+shared buckets, an engine whose loaders do more than copy, a plan the shards do not cover) makes the sync take
+SGLang's generic loading; the reason is logged once and counted.
+"""
+from __future__ import annotations
+
+import logging
+
+from rlhf.weight_bridge.engine_layout import (DirectPlan, EngineLayout, LayoutUnavailable, agree, build_direct_plan,
+                                              compose_writes, fetch_layout)
+from rlhf.weight_bridge.validate import WeightBridgeError
+
+__all__ = ["EngineLayoutPath"]
+
+logger = logging.getLogger(__name__)
+
+
+class EngineLayoutPath:
+    """Plans, composed writes and fallback accounting of the engine-layout path (``enabled``: try it at all)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self._layout: tuple | None = None  # controller: (engines' fingerprint, EngineLayout or why there is none)
+        self._cache: tuple | None = None  # controller: (inputs, DirectPlan)
+        self._sent = None  # controller: key of the DirectPlan last broadcast
+        self._refused: dict = {}  # controller: DirectPlan key -> why its writes cannot cover the engine
+        self._plan: DirectPlan | None = None  # every rank: the DirectPlan last received
+        self._ops: tuple | None = None  # (plan key, this rank's ops), agreed by every rank
+        self.fallback_syncs = 0
+        self._logged: set = set()
+
+    @property
+    def plan(self) -> DirectPlan | None:
+        """The DirectPlan last received (None before the first)."""
+        return self._plan
+
+    @property
+    def ops(self) -> list:
+        """This rank's block writes of the agreed plan (engine_layout.compose_writes)."""
+        return self._ops[1]
+
+    def verdict(self, plan, reports, fp, engines, transport: str, check, bucket_bytes: int):
+        """Controller: ``(DirectPlan, or its key when every rank holds it, or None; reason when None)``."""
+        direct, reason = self._choose(plan, reports, fp, engines, transport, check, bucket_bytes)
+        if direct is None:
+            return None, reason
+        if direct.key == self._sent:
+            return direct.key, None
+        self._sent = direct.key
+        return direct, None
+
+    def _choose(self, plan, reports, fp, engines, transport, check, bucket_bytes):
+        if not self.enabled:
+            return None, None
+        if transport != "tensor":
+            return None, "the distributed transport broadcasts HF tensors"
+        if len(plan.stages) > 1:
+            return None, "a pipeline-parallel trainer (buckets would come from several stages)"
+        if check:
+            return None, "check mode reads HF tensors back"
+        if not all(r.get("shared") for r in reports if r and "tensors" in r):
+            return None, ("every trainer TP rank must write into shared buckets (CPU, one host, no expert "
+                          "parallelism); the TP gather path converts to HF tensors")
+        if self._layout is None or self._layout[0] != fp:
+            held = self._layout[1] if self._layout and isinstance(self._layout[1], EngineLayout) else None
+            try:
+                got = fetch_layout(engines, held.fingerprint if held else None)
+                self._layout = (fp, held if isinstance(got, str) else got)
+            except LayoutUnavailable as e:
+                self._layout = (fp, f"the engines' parameter layout is not available: {e}")
+        layout = self._layout[1]
+        if isinstance(layout, str):
+            return None, layout
+        sent = {m.name: m.dtype for s in plan.stages for m in s.metas}
+        inputs = (layout.fingerprint, tuple(sorted(sent.items(), key=str)), bucket_bytes)
+        try:
+            if self._cache is None or self._cache[0] != inputs:
+                self._cache = (inputs, build_direct_plan(layout, sent, bucket_bytes))
+        except LayoutUnavailable as e:
+            return None, str(e)
+        direct = self._cache[1]
+        return (None, self._refused[direct.key]) if direct.key in self._refused else (direct, None)
+
+    def receive(self, verdict: dict, entries, topo, spec) -> None:
+        """Every rank: take the verdict's DirectPlan (``verdict["direct"]`` becomes the plan or None), compose this
+        rank's writes once per plan and agree that they cover the engine (a collective, once per plan); a plan
+        that does not is dropped for the generic path (``verdict["direct_reason"]`` says why)."""
+        direct = verdict.get("direct")
+        if isinstance(direct, DirectPlan):
+            self._plan = direct
+        elif isinstance(direct, str) and (self._plan is None or self._plan.key != direct):
+            raise WeightBridgeError(f"internal: engine-layout plan {direct} never reached rank {topo.rank}")
+        verdict["direct"] = self._plan if direct is not None else None
+        if direct is None or (self._ops is not None and self._ops[0] == self._plan.key):
+            return
+        mine, ops = (None, 0), None
+        if topo.active:
+            try:
+                ops, covered = compose_writes(self._plan, entries, spec, topo.tp_rank, topo.tp_size)
+                mine = (None, covered)
+            except Exception as e:  # noqa: BLE001 - every rank must learn about it
+                mine = (f"rank {topo.rank}: {type(e).__name__}: {e}", 0)
+        reason = agree(self._plan, topo.all_gather_object(mine))
+        if reason is None:
+            self._ops = (self._plan.key, ops)
+            return
+        if topo.is_controller:
+            self._refused[self._plan.key] = reason
+        verdict["direct"], verdict["direct_reason"] = None, reason
+
+    def account(self, direct, reason: str | None, is_controller: bool) -> tuple[str, str | None, int]:
+        """``(path, fallback reason, fallback syncs so far)`` of a sync; a new reason is logged once (controller)."""
+        if direct is not None:
+            return "engine_layout", None, self.fallback_syncs
+        if not self.enabled:
+            return "generic", None, self.fallback_syncs
+        self.fallback_syncs += 1
+        if is_controller and reason not in self._logged:
+            self._logged.add(reason)
+            logger.warning("weight sync: SGLang's generic loading is used (engine-layout path not available: %s)",
+                           reason)
+        return "generic", reason, self.fallback_syncs
