@@ -218,6 +218,7 @@ class PPOTrainer(BaseTrainer):
         loader = StatefulPromptLoader(self.val_dataset, min(self.cfg.data.val_batch_size, n), shuffle=False,
                                       drop_last=False, collate_fn=collate_prompts)
         sources, prompt_ids, scores, rows = [], [], [], []
+        self.rollout.ensure_resident()  # after a critic-warm-up step the engines are still released
         for batch in loader:
             samples, batch_scores, _ = self.rollout.generate(batch, self.rollout.val_sampling, self.reward)
             for x, score in zip(samples, batch_scores):

@@ -73,7 +73,7 @@ def start_rollout(cfg, model_path: str):
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
                                                                                     plan), len(ray_nodes))
     engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, dtype=r.dtype,
-                         mem_fraction_static=r.mem_fraction_static,
+                         mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
                          context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,
                          random_seed=cfg.trainer.seed)
     return RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
@@ -108,12 +108,17 @@ class RolloutWorker:
                                    master_address=r.weight_update_address)
         self.max_resyncs = r.max_restarts + 1
         self.last_sync = None
+        # colocated engines release their weights while the trainer computes; SGLang's memory saver does not
+        # keep a copy, so resumed weights hold garbage until the next sync refills them
+        self.colocated = r.mode == "colocated"
+        self.weights_dropped = False
 
     # ---- memory (colocated) ---------------------------------------------------------------------------
     def release(self) -> None:
         """Colocated: free the engines' weights and KV cache while the trainer computes."""
         if self.rank0:
             self.manager.release_memory_occupation()
+        self.weights_dropped = self.colocated
         dist.barrier()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -127,10 +132,19 @@ class RolloutWorker:
             self.manager.resume_memory_occupation(tags)
         dist.barrier()
 
+    def ensure_resident(self) -> None:
+        """Collective.  Engines ready to generate with the actor's weights: a plain resume when they kept their
+        weights (or were never released), else a full :meth:`sync_weights`, since weights released since the last
+        sync (a critic-warm-up step updates no actor and syncs nothing) come back as undefined memory."""
+        if self.weights_dropped:
+            self.sync_weights()
+        else:
+            self.resume()
+
     @contextmanager
     def serving(self):
-        """Engines hold their memory inside the block (resume ... release)."""
-        self.resume()
+        """Engines hold their memory, and the actor's weights, inside the block (ensure_resident ... release)."""
+        self.ensure_resident()
         yield
         self.release()
 
@@ -201,6 +215,7 @@ class RolloutWorker:
         cache after), then re-sync engines replaced meanwhile.  Returns the full sync's SyncStats."""
         self.resume(["weights"])
         stats = self.last_sync = self.bridge.sync()
+        self.weights_dropped = False
         for _ in range(self.max_resyncs):
             stale = _broadcast(self.manager.stale_engines() if self.rank0 else None)
             if not stale:

@@ -286,11 +286,13 @@ class FakeRolloutManager:
     def __init__(self, num_engines: int = 1, tp_size: int = 1):
         self.num_engines, self.tp_size, self.num_restarts = num_engines, tp_size, 0
         self.released: set = set()
+        self.weights_lost = False  # released weights come back undefined (SGLang's memory saver keeps no copy)
         self.log: list = []
 
     def release_memory_occupation(self):
         self.log.append("release")
         self.released = {"kv_cache", "weights"}
+        self.weights_lost = True
 
     def resume_memory_occupation(self, tags=None):
         self.log.append(f"resume:{','.join(sorted(tags or ['kv_cache', 'weights']))}")
@@ -302,6 +304,8 @@ class FakeRolloutManager:
         self.log.append("generate")
         if self.released:
             raise RuntimeError(f"generate on engines that released {sorted(self.released)}")
+        if self.weights_lost:
+            raise RuntimeError("generate on resumed weights that no sync refilled (undefined memory on a GPU)")
         return [RolloutSample(list(p), [5, 6], [-0.5, -0.5], "stop", i, j)
                 for i, p in enumerate(prompts) for j in range(sampling.n)]
 
@@ -323,6 +327,7 @@ class RecordingBridge:
         if self.manager is not None:
             assert "weights" not in self.manager.released, "weights synced into released engine memory"
             self.manager.log.append("sync")
+            self.manager.weights_lost = False
         self.syncs.append(engines)
 
     def close(self):
