@@ -1,102 +1,129 @@
-"""GPU smoke test of the megatron side, on ONE GPU with only torch + megatron-core + transformers installed.
+"""GPU smoke test of the product path: `python -m rlhf.main recipe=gpu_smoke` twice (steps 1-3, then a resume
+to step 4), then checks on what the runs wrote (scripts/gpu_smoke_run.py).
 
-    python scripts/gpu_smoke.py                     # CUDA, a ~0.2B Qwen2-shaped model, under 10 minutes
-    python scripts/gpu_smoke.py --device cpu        # dry run of the same checks on the CPU (tiny model)
+    python scripts/gpu_smoke.py                    # one GPU: TP1, one colocated SGLang engine (memory saver)
+    python scripts/gpu_smoke.py --device cpu       # the same recipe on the CPU (CPU engine, gloo): CI's dry run
+    python scripts/gpu_smoke.py --gpus 2           # 2 GPUs, via torchrun: DP2, TP2, and disaggregated (1 + 1)
+    python scripts/gpu_smoke.py --gpus 2 --print-commands   # the command lines only
 
-Prints the GPU's name, one ``CHECK <name> PASS|FAIL <detail>`` line per check, ``MEMORY`` lines (peak vs
-plan per phase) and a ``SUMMARY``; exits 1 when a check fails.  `tests/e2e/test_gpu_smoke.py` runs it (the
-``gpu`` marker: skipped without CUDA; the CPU dry run is a ``slow`` test).
-
-It goes through the functions the trainer uses, one level below the worker classes (which are being
-restructured): `parallel.models.build_model_chunks` (bf16 actor, critic, reference from an HF
-checkpoint), `parallel.forward.forward_backward` (old/ref log-probs, values, the actor and critic
-updates, a DPO step) with `rlhf.algorithms`' losses, `parallel.optim` (megatron DDP + optimizer,
-guarded step), `parallel.dist_checkpoint` (save/load), `parallel.convert.save_hf_checkpoint`
-(HF export) and `rlhf.memory_plan.planner` (estimate vs `torch.cuda.max_memory_allocated`, within 20%).
-Without Transformer Engine it sets ``RLHF_ALLOW_NO_TE=1`` (megatron's local spec, torch Adam).
+Prints one ``CHECK <name> PASS|FAIL <detail>`` line per check (prefixed by the layout with --gpus 2) and a
+``SUMMARY``; exits 1 when a check fails.  Each run's output goes to ``<workdir>/<layout>/run{1,2}.log``.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
+import subprocess
 import sys
 import tempfile
 import time
-import traceback
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-RESULTS: list[tuple[str, bool]] = []
+#: the CPU form: the CPU SGLang engine and gloo come from hiding CUDA (rlhf picks both when CUDA is absent);
+#: float32 as the CPU recipes run
+CPU_OVERRIDES = ("model.dtype=float32",)
+#: --gpus 2 layouts: (name, ranks, overrides); the disaggregated engine takes the GPU the trainer leaves
+LAYOUTS_2GPU = (("dp2", 2, ()), ("tp2", 2, ("parallel.tensor_model_parallel_size=2",)),
+                ("disaggregated", 1, ("rollout.mode=disaggregated",)))
 
 
-def report(name: str, ok: bool, detail: str = "") -> None:
-    print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
-    RESULTS.append((name, ok))
+def commands(layout: str, ranks: int, overrides, run_dir: str, device: str) -> list[list[str]]:
+    """The two command lines of one layout: steps 1-3, then steps to 4 resuming from the latest checkpoint."""
+    if ranks > 1:
+        head = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes=1", f"--nproc_per_node={ranks}"]
+    else:
+        head = [sys.executable]
+    base = head + ["-m", "rlhf.main", "recipe=gpu_smoke", f"trainer.default_local_dir={run_dir}",
+                   *(CPU_OVERRIDES if device == "cpu" else ()), *overrides]
+    return [base, base + ["trainer.total_training_steps=4"]]
 
 
-def run_check(name: str, fn, box: dict | None = None) -> None:
-    """Run `fn() -> (ok, detail[, value])`; an exception is a FAIL with its message (the next checks still run)."""
-    try:
-        out = fn()
-        ok, detail = out[0], out[1]
-        if box is not None and len(out) > 2:
-            box[name] = out[2]
-    except Exception as e:  # noqa: BLE001  (one failing check must not hide the others)
-        traceback.print_exc()
-        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-    report(name, ok, detail)
+def run_env(device: str) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    else:
+        env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")  # megatron-core: TP/SP comms ordered with compute
+    return env
+
+
+def run_layout(layout, ranks, overrides, workdir, device, timeout) -> tuple[tuple, tuple]:
+    """Runs both invocations of one layout; returns (exit codes, log texts)."""
+    run_dir = os.path.join(workdir, layout)
+    os.makedirs(run_dir, exist_ok=True)
+    rcs, logs = [], []
+    for i, cmd in enumerate(commands(layout, ranks, overrides, run_dir, device), 1):
+        print(f"RUN {layout} {i}: {shlex.join(cmd)}", flush=True)
+        log_path = os.path.join(run_dir, f"run{i}.log")
+        t0 = time.time()
+        with open(log_path, "w") as log:
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, env=run_env(device), stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=timeout).returncode
+            except subprocess.TimeoutExpired:
+                rc = 124
+        text = open(log_path, errors="replace").read()
+        print(f"RAN {layout} {i}: exit {rc} in {time.time() - t0:.0f} s (log {log_path})", flush=True)
+        if rc != 0:
+            print("\n".join(text.splitlines()[-25:]), flush=True)
+        rcs.append(rc)
+        logs.append(text)
+    return tuple(rcs), tuple(logs)
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    ap.add_argument("--size", choices=["tiny", "small"], default=None, help="default: small on cuda, tiny on cpu")
-    ap.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one)")
-    ap.add_argument("--tolerance", type=float, default=0.20, help="memory plan vs measured, relative")
+    ap.add_argument("--gpus", type=int, choices=[1, 2], default=1, help="2: the DP2 / TP2 / disaggregated layouts")
+    ap.add_argument("--workdir", default=None, help="run directories (default: a temporary one)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per invocation")
+    ap.add_argument("--val-tolerance", type=float, default=None,
+                    help="|val/score step 1 - step 0| allowed (default: 0 on cpu, 0.125 on cuda: 1 of 8 greedy "
+                         "validation answers may flip with GPU kernels' nondeterminism)")
+    ap.add_argument("--print-commands", action="store_true", help="print the command lines and exit")
     args = ap.parse_args(argv)
-    args.size = args.size or ("small" if args.device == "cuda" else "tiny")
+    if args.gpus > 1 and args.device == "cpu":
+        ap.error("--gpus 2 needs --device cuda (the CPU form is one process)")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.device == "cpu":
-        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch initialises CUDA
-    sys.path.insert(0, ROOT)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import torch
+    from gpu_smoke_run import check_run
 
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("SKIP no CUDA device; run with --device cpu for the dry run", flush=True)
-        return 0
-    import gpu_smoke_lib as lib
-
-    from parallel.kernels import module_available
-
-    if args.device == "cuda" and not module_available("transformer_engine"):
-        os.environ.setdefault("RLHF_ALLOW_NO_TE", "1")
-    lib.set_single_process_env()
-    start = time.time()
-    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (dry run)"
-    print(f"GPU {name} torch={torch.__version__} size={args.size}", flush=True)
-    from parallel.distributed import init_distributed, init_model_parallel, set_seed
-
-    init_distributed()
-    init_model_parallel(1, 1)
-    set_seed(1234)
     workdir = args.workdir or tempfile.mkdtemp(prefix="gpu_smoke_")
-    from gpu_smoke_checks import SmokeRun
+    layouts = LAYOUTS_2GPU if args.gpus == 2 else (("gpu1" if args.device == "cuda" else "cpu", 1, ()),)
+    if args.print_commands:
+        for layout, ranks, overrides in layouts:
+            for cmd in commands(layout, ranks, overrides, os.path.join(workdir, layout), args.device):
+                print(shlex.join(cmd))
+        return 0
+    if args.device == "cuda":
+        import torch
 
-    run = SmokeRun(args.size, args.device, workdir, args.tolerance)
-    for check in run.checks():
-        run_check(check.__name__.removeprefix("check_"), check)
-    for line in run.memory_lines:
-        print(line, flush=True)
-    failed = [n for n, ok in RESULTS if not ok]
-    print(f"SUMMARY {len(RESULTS) - len(failed)} passed, {len(failed)} failed in {time.time() - start:.0f} s"
+        if not torch.cuda.is_available():
+            print("SKIP no CUDA device; run with --device cpu for the dry run", flush=True)
+            return 0
+        if torch.cuda.device_count() < args.gpus:
+            print(f"SKIP --gpus {args.gpus} but {torch.cuda.device_count()} CUDA device(s)", flush=True)
+            return 0
+        print(f"GPU {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()} torch={torch.__version__}")
+    tol = args.val_tolerance if args.val_tolerance is not None else (0.0 if args.device == "cpu" else 0.125)
+    start, results = time.time(), []
+    for layout, ranks, overrides in layouts:
+        rcs, logs = run_layout(layout, ranks, overrides, workdir, args.device, args.timeout)
+        for name, ok, detail in check_run(os.path.join(workdir, layout), rcs, logs, tol):
+            name = name if len(layouts) == 1 else f"{layout}/{name}"
+            print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
+            results.append((name, ok))
+    failed = [n for n, ok in results if not ok]
+    print(f"SUMMARY {len(results) - len(failed)} passed, {len(failed)} failed in {time.time() - start:.0f} s"
           + (f" (failed: {', '.join(failed)})" if failed else ""), flush=True)
-    from parallel.distributed import destroy_distributed
-
-    destroy_distributed()
     return 1 if failed else 0
 
 

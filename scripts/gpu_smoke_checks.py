@@ -1,4 +1,4 @@
-"""The checks of scripts/gpu_smoke.py, in order; each returns (ok, detail).  State flows from one check to
+"""The checks of scripts/gpu_smoke_megatron.py, in order; each returns (ok, detail).  State flows from one check to
 the next (models, log-probs, values), so a failed build fails the rest with a clear message."""
 from __future__ import annotations
 
@@ -44,8 +44,17 @@ class SmokeRun:
         return forward_backward(chunks, {k: batch[k] for k in batch}, **kw)
 
     def log_probs(self, chunks, batch):
-        with torch.no_grad():
-            return self.fb(chunks, batch, kind="log_probs", vocab_size=self.vocab)["log_probs"]
+        """Log-probs with every chunk in eval mode (as the reference is built), the modes restored after: the
+        actor and the reference are compared like with like."""
+        modes = [c.training for c in chunks]
+        for c in chunks:
+            c.eval()
+        try:
+            with torch.no_grad():
+                return self.fb(chunks, batch, kind="log_probs", vocab_size=self.vocab)["log_probs"]
+        finally:
+            for c, m in zip(chunks, modes):
+                c.train(m)
 
     def hf_reference(self, path, dtype=torch.float32):
         from transformers import AutoModelForCausalLM
@@ -124,9 +133,14 @@ class SmokeRun:
         diff = (self.old - expected)[valid].abs()
         pad_zero = bool((self.old[~valid] == 0).all())
         self.ref_lp = ref
-        ok = torch.equal(self.old, ref) and diff.mean() < 0.02 and diff.max() < 0.25 and pad_zero
-        return ok, (f"vs HF fp32: mean_abs_diff={diff.mean():.2e} max={diff.max():.2e}; reference == actor: "
-                    f"{torch.equal(self.old, ref)}; zeros at padding: {pad_zero}")
+        cfg = self.actor.config
+        no_dropout = cfg.hidden_dropout == 0.0 and cfg.attention_dropout == 0.0
+        eval_mode = not any(c.training for c in self.reference.chunks)
+        ok = (torch.equal(self.old, ref) and diff.mean() < 0.02 and diff.max() < 0.25 and pad_zero and no_dropout
+              and eval_mode)
+        return ok, (f"vs HF fp32: mean_abs_diff={diff.mean():.2e} max={diff.max():.2e}; reference == actor (both "
+                    f"eval mode, dropout 0: {no_dropout and eval_mode}): {torch.equal(self.old, ref)}; zeros at "
+                    f"padding: {pad_zero}")
 
     def check_device_rule(self):
         """Outputs (and loss_fn metrics) come back on the device of the batch given."""

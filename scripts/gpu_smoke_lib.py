@@ -1,4 +1,4 @@
-"""Helpers of scripts/gpu_smoke.py: the smoke model sizes, batches, the memory measurement and the plan.
+"""Helpers of scripts/gpu_smoke_megatron.py: the smoke model sizes, batches, the memory measurement and the plan.
 
 Kept apart from the checks so each file has one job; nothing here runs on import.
 """

@@ -79,7 +79,7 @@ def start_rollout(cfg, model_path: str):
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
                                                                                     plan), len(ray_nodes))
     engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, dtype=r.dtype,
-                         mem_fraction_static=r.mem_fraction_static,
+                         mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
                          context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,
                          random_seed=cfg.trainer.seed)
     return RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
@@ -136,10 +136,19 @@ class RolloutWorker:
             self.manager.resume_memory_occupation(tags)
         dist.barrier()
 
+    def ensure_resident(self) -> None:
+        """Collective.  Engines ready to generate with the actor's weights: a plain resume when they kept their
+        weights (or were never released), else a full :meth:`sync_weights`, since weights released since the last
+        sync (a critic-warm-up step updates no actor and syncs nothing) come back as undefined memory."""
+        if self.weights_released:
+            self.sync_weights()
+        else:
+            self.resume()
+
     @contextmanager
     def serving(self):
-        """Engines hold their memory inside the block (resume ... release)."""
-        self.resume()
+        """Engines hold their memory, and the actor's weights, inside the block (ensure_resident ... release)."""
+        self.ensure_resident()
         yield
         self.release()
 

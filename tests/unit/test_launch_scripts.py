@@ -24,7 +24,7 @@ RECIPES = {
     **{f"{name}_tiny_cpu": (1, "cpu") for name in ("sapo", "gpg", "gmpo", "clip_cov", "kl_cov", "remax", "opo",
                                                   "grpo_passk")},
     "gsm8k_ppo_qwen2_7b": (8, "gpu"), "grpo_qwen2_7b": (8, "gpu"),
-    "dapo_qwen2_7b": (8, "gpu"), "dpo_qwen2_7b": (8, "gpu"),
+    "dapo_qwen2_7b": (8, "gpu"), "dpo_qwen2_7b": (8, "gpu"), "gpu_smoke": (1, "gpu"),
 }
 SCRIPTS = sorted((REPO / "recipes").glob("*/run_*"))
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC", "OMP_NUM_THREADS",

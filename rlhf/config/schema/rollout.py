@@ -32,6 +32,9 @@ class RolloutConfig(Checked):
     top_p: float = 1.0
     top_k: int = -1
     mem_fraction_static: float = 0.5  # also settable as verl's rollout.gpu_memory_utilization
+    # SGLang's memory saver: colocated engines free their weights and KV cache while the trainer computes
+    # (release / resume).  null: on with CUDA; ignored on CPU (the CPU engine has no memory saver)
+    enable_memory_saver: Optional[bool] = None
     dtype: RolloutDtype = RolloutDtype.auto
     max_restarts: int = 2
     weight_sync_bucket_mb: int = 512

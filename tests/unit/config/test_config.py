@@ -154,6 +154,7 @@ ADDED_KEYS = {
         "breaker": {"enable": True, "grad_norm": 100.0, "steps": 5, "warmup_steps": None}}.items()},
     "trainer.slim_checkpoint": True, "trainer.alerts": [],
     "rollout.weight_update_address": None,  # the disaggregated rendezvous address
+    "rollout.enable_memory_saver": None,  # SGLang's memory saver (null: on with CUDA)
     "reward.fallback": {"type": "rule", "keywords": [], "keyword_score": 0.0, "length_penalty": 0.0,
                         "max_chars": None},
     # dynamic batching (verl's token budgets)
@@ -174,7 +175,8 @@ CHANGED_DEFAULTS = {
 }
 #: recipes captured after ADDED_KEYS were added (their fixtures already hold those keys)
 CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu", "sapo_tiny_cpu", "gpg_tiny_cpu", "gmpo_tiny_cpu",
-                  "clip_cov_tiny_cpu", "kl_cov_tiny_cpu", "remax_tiny_cpu", "opo_tiny_cpu", "grpo_passk_tiny_cpu"}
+                  "clip_cov_tiny_cpu", "kl_cov_tiny_cpu", "remax_tiny_cpu", "opo_tiny_cpu", "grpo_passk_tiny_cpu",
+                  "gpu_smoke"}
 
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))

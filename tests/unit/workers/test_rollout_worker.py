@@ -139,3 +139,32 @@ def test_generation_on_resumed_unsynced_weights_is_refused(worker):
         w.generate(batch(1), w.val_sampling, Reward())
     w.restore_weights()
     assert len(w.generate(batch(1), w.val_sampling, Reward())[1]) == 1
+
+
+def test_critic_warmup_step_resyncs_before_the_next_generation(worker):
+    """A critic-warm-up step updates no actor and syncs nothing, but the engines released their weights while
+    the trainer computed: SGLang's memory saver resumes them as undefined memory.  The next generation (the
+    next step's or a validation's) refills them first."""
+    w, manager = worker
+    with w.serving():  # step 1 (critic warm-up): generate, release, no actor update, no sync
+        w.generate(batch(2), w.train_sampling, Reward())
+    assert manager.released == {"kv_cache", "weights"} and w.weights_released
+    with w.serving():  # step 2: weights back before generating
+        w.generate(batch(2), w.train_sampling, Reward())
+    assert manager.log == ["resume:kv_cache,weights", "generate", "release", "resume:weights", "sync",
+                           "resume:kv_cache", "generate", "release"]
+
+
+def test_validation_after_a_critic_warmup_step_generates_on_synced_engines(worker):
+    """PPOTrainer.validate calls ensure_resident: after a warm-up step (engines released, no sync) validation
+    generated on released engines and the run stopped at the first validation after it."""
+    w, manager = worker
+    with w.serving():
+        w.generate(batch(2), w.train_sampling, Reward())
+    w.ensure_resident()  # what validate() does first
+    _, scores, _ = w.generate(batch(3), w.val_sampling, Reward())
+    assert len(scores) == 3 and not w.weights_released
+    assert manager.log[-4:] == ["resume:weights", "sync", "resume:kv_cache", "generate"]
+    w.ensure_resident()  # resident and synced: no second sync (the manager's resume of nothing is a no-op)
+    assert manager.log[-2:] == ["generate", "resume:kv_cache,weights"] and manager.released == set()
+
