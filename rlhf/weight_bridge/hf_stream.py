@@ -90,16 +90,24 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter):
 
 
 class Threaded:
-    """Run an iterator in a daemon thread, one item ahead (its exceptions re-raised in the consumer)."""
+    """Run an iterator in a daemon thread, one item ahead (its exceptions re-raised in the consumer).
+
+    The thread runs on the creating thread's CUDA device: the current CUDA device is per host thread and a
+    new thread starts on cuda:0, so without it a stage leader on another GPU (PP > 1: rank s * W / PP) would
+    gather its TP shards on cuda:0 (``parallel.devices.group_device`` reads the current device) while its TP
+    peers use their own GPUs."""
 
     _END = object()
 
     def __init__(self, it: Iterator):
         self.q: queue.Queue = queue.Queue(maxsize=1)
-        threading.Thread(target=self._run, args=(it,), daemon=True).start()
+        device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+        threading.Thread(target=self._run, args=(it, device), daemon=True).start()
 
-    def _run(self, it):
+    def _run(self, it, device=None):
         try:
+            if device is not None:
+                torch.cuda.set_device(device)
             for x in it:
                 self.q.put(x)
         except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
