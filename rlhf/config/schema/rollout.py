@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rlhf.config.choices import RolloutDtype, RolloutMode, RolloutName
-from rlhf.config.schema.rules import Checked, ge, rule, sampling
+from rlhf.config.schema.rules import Checked, ge, ge_or_null, rule, sampling
 
 __all__ = ["RolloutValConfig", "RolloutConfig"]
 
@@ -32,7 +32,10 @@ class RolloutConfig(Checked):
     top_p: float = 1.0
     top_k: int = -1
     mem_fraction_static: float = 0.5  # also settable as verl's rollout.gpu_memory_utilization
-    dtype: RolloutDtype = RolloutDtype.auto
+    dtype: RolloutDtype = RolloutDtype.auto  # auto: model.dtype (rlhf.rollout.engine_args.resolve_engine_dtype)
+    # KV-cache tokens of each engine (an upper bound: SGLang keeps less if its memory profile says so); null:
+    # sized to the batch an engine serves (rlhf.rollout.engine_args.batch_kv_tokens)
+    max_total_tokens: Optional[int] = None
     max_restarts: int = 2
     weight_sync_bucket_mb: int = 512
     weight_sync_check: bool = False
@@ -45,6 +48,7 @@ class RolloutConfig(Checked):
     def problems(self, at: str = "") -> list[str]:
         return (ge(self, at, "tensor_model_parallel_size num_engines weight_sync_bucket_mb", 1)
                 + ge(self, at, "max_restarts", 0) + sampling(self, at)
+                + ge_or_null(self, at, "max_total_tokens", "null sizes the KV cache to the rollout batch")
                 + rule(self, at, "mem_fraction_static", lambda v: 0 < v < 1,
                        "must be in (0, 1) (fraction of device memory for SGLang's weights + KV cache; ~0.5 "
                        "when colocated with the trainer)"))
