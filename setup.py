@@ -49,6 +49,8 @@ setup(
         "wandb": ["wandb>=0.19"],
         "mlflow": ["mlflow-skinny>=2.16"],
         # the tests read wandb (offline) and mlflow (local file store) runs back: ~25 MB of wheels, <1 min
+        # benchmarks/vs_trl.py: the same GRPO run through Hugging Face TRL's GRPOTrainer
+        "bench": ["trl==1.16.0"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "wandb>=0.19", "mlflow-skinny>=2.16"],
     },
     entry_points={"console_scripts": ["rlhf=rlhf.cli:main"]},

@@ -43,7 +43,8 @@ Recompute = _choices("Recompute", "full selective", "null (off), full or selecti
 RolloutName = _choices("RolloutName", "sglang", "SGLang is the rollout engine")
 RolloutMode = _choices("RolloutMode", "colocated disaggregated", "colocated: engines share the trainer's devices; "
                        "disaggregated: engines on devices of their own")
-RolloutDtype = _choices("RolloutDtype", "auto float32 bfloat16 float16", "auto follows the model's torch_dtype")
+RolloutDtype = _choices("RolloutDtype", "auto float32 bfloat16 float16",
+                        "auto follows model.dtype (the engines run in the actor's training dtype)")
 AlgorithmName = _choices("AlgorithmName", "ppo dpo", "ppo (also for the critic-free estimators grpo, rloo, ...) "
                          "or dpo")
 KLControlType = _choices("KLControlType", "fixed adaptive", "fixed keeps kl_coef, adaptive steers it to target_kl")

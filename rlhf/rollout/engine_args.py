@@ -10,11 +10,61 @@ import torch
 from rlhf.rollout import sglang_cpu
 from rlhf.rollout.engine_loader import LOADER
 
-__all__ = ["engine_kwargs", "engine_env", "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES"]
+__all__ = ["engine_kwargs", "engine_env", "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES",
+           "resolve_engine_dtype", "batch_kv_tokens", "MAX_BATCH_KV_TOKENS"]
 
 ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                  "half": torch.float16, "bfloat16": torch.bfloat16}
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def resolve_engine_dtype(rollout_dtype: str, trainer_dtype: str) -> str:
+    """The dtype the engines are started in: ``rollout.dtype``, where ``"auto"`` means the trainer's
+    ``model.dtype`` -- the engines serve the weights the actor trains, in its precision (an fp32 actor gets
+    fp32 engines, a bf16 actor bf16 ones), and the weight sync sends them without a cast.  SGLang's own
+    ``"auto"`` would run float32 checkpoints in float16 (slower on CPUs without fp16 matmuls, and a
+    different precision from the trainer's on any device).
+
+    Raises:
+        ValueError: either value not a known dtype name.
+    """
+    rollout_dtype, trainer_dtype = str(rollout_dtype), str(trainer_dtype)
+    if trainer_dtype not in ENGINE_DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(ENGINE_DTYPES)}, got {trainer_dtype!r}")
+    if rollout_dtype == "auto":
+        return trainer_dtype
+    if rollout_dtype not in ENGINE_DTYPES:
+        raise ValueError(f"rollout.dtype must be 'auto' or one of {sorted(ENGINE_DTYPES)}, got {rollout_dtype!r}")
+    return rollout_dtype
+
+
+#: Upper bound of :func:`batch_kv_tokens` (~57 GB of bf16 KV for a 7B Qwen2 with 4 KV heads).
+MAX_BATCH_KV_TOKENS = 1 << 20
+
+
+def batch_kv_tokens(prompts: int, n: int, max_prompt_length: int, max_response_length: int, num_engines: int = 1,
+                    val_prompts: int = 0, val_n: int = 1, cap: int = MAX_BATCH_KV_TOKENS) -> int:
+    """KV-cache tokens for one engine to hold its whole share of a rollout batch at once: an engine serves
+    ``ceil(prompts / num_engines)`` prompts (a prompt's ``n`` responses stay on one engine) of at most
+    ``max_prompt_length + max_response_length + 8`` tokens each (the engines' context length), for the
+    training batch and for the validation batch (``val_prompts`` x ``val_n``), whichever is larger.  Clamped
+    to ``[context length, cap]``: one request always fits; more than ``cap`` only costs memory (SGLang
+    queues what does not fit).  E.g. 16 prompts x 4 x (64 + 16 + 8) on one engine -> 5632.
+
+    Raises:
+        ValueError: a count or length < 1 (or ``val_prompts`` < 0).
+    """
+    for name, v in (("prompts", prompts), ("n", n), ("max_prompt_length", max_prompt_length),
+                    ("max_response_length", max_response_length), ("num_engines", num_engines), ("val_n", val_n),
+                    ("cap", cap)):
+        if int(v) < 1:
+            raise ValueError(f"{name} must be >= 1, got {v!r}")
+    if int(val_prompts) < 0:
+        raise ValueError(f"val_prompts must be >= 0, got {val_prompts!r}")
+    per_seq = int(max_prompt_length) + int(max_response_length) + 8
+    per_engine = lambda p: -(-int(p) // int(num_engines))  # noqa: E731 (ceil division)
+    seqs = max(per_engine(prompts) * int(n), per_engine(val_prompts) * int(val_n))
+    return max(per_seq, min(seqs * per_seq, int(cap)))
 
 
 def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fraction_static: Optional[float] = None,
@@ -26,12 +76,14 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
     Args:
         model_path: HF model directory (config, tokenizer, safetensors).
         tp_size: the engine's tensor-parallel size (independent of the trainer's TP).
-        dtype: "auto" (checkpoint dtype), "float32", "bfloat16" or "float16".
+        dtype: "auto" (SGLang's rule: checkpoint dtype, float32 run as float16), "float32", "bfloat16" or
+            "float16"; the trainer passes :func:`resolve_engine_dtype` (its own dtype).
         mem_fraction_static: SGLang's share of device memory for weights + KV cache (None: SGLang's default).
         context_length: max prompt + response tokens (None: the model's max_position_embeddings).
         device: "cpu", "cuda" or None (CPU exactly when CUDA is unavailable); on CPU the settings of
             :mod:`rlhf.rollout.sglang_cpu` are added.
-        max_total_tokens: KV-cache tokens (on CPU default 2048).
+        max_total_tokens: KV-cache tokens, an upper bound on SGLang's profiled pool (None: on CPU 2048, on
+            GPU SGLang's profile).
         enable_memory_saver: SGLang's memory saver (release/resume free memory); None: on with CUDA.
         overrides: more ``sglang.Engine`` arguments, applied last (``custom_weight_loader`` entries are kept and
             :data:`rlhf.rollout.engine_loader.LOADER` is added: the weight sync's engine-layout path).
@@ -50,8 +102,11 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
     if context_length is not None and context_length < 2:
         raise ValueError(f"context_length must be >= 2, got {context_length!r}")
     on_cpu = sglang_cpu.use_cpu_engine(device)
+    # sleep_on_idle: with no request queued the scheduler blocks on its request sockets (zmq poll, 1 s timeout)
+    # instead of spinning through its idle housekeeping, which otherwise keeps a core busy while the trainer
+    # computes (on CPU it is the trainer's core; on GPU a host core per engine).  Only the idle path changes.
     kw: Dict[str, Any] = dict(model_path=model_path, tp_size=tp_size, dtype=dtype, random_seed=int(random_seed),
-                              log_level=log_level)
+                              log_level=log_level, sleep_on_idle=True)
     if mem_fraction_static is not None and not on_cpu:
         kw["mem_fraction_static"] = float(mem_fraction_static)
     if context_length is not None:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rlhf.config.choices import RolloutDtype, RolloutMode, RolloutName
-from rlhf.config.schema.rules import Checked, ge, rule, sampling
+from rlhf.config.schema.rules import Checked, ge, ge_or_null, rule, sampling
 
 __all__ = ["RolloutValConfig", "RolloutConfig"]
 
@@ -35,7 +35,10 @@ class RolloutConfig(Checked):
     # SGLang's memory saver: colocated engines free their weights and KV cache while the trainer computes
     # (release / resume).  null: on with CUDA; ignored on CPU (the CPU engine has no memory saver)
     enable_memory_saver: Optional[bool] = None
-    dtype: RolloutDtype = RolloutDtype.auto
+    dtype: RolloutDtype = RolloutDtype.auto  # auto: model.dtype (rlhf.rollout.engine_args.resolve_engine_dtype)
+    # KV-cache tokens of each engine (an upper bound: SGLang keeps less if its memory profile says so); null:
+    # sized to the batch an engine serves (rlhf.rollout.engine_args.batch_kv_tokens)
+    max_total_tokens: Optional[int] = None
     max_restarts: int = 2
     weight_sync_bucket_mb: int = 512
     weight_sync_check: bool = False
@@ -48,6 +51,7 @@ class RolloutConfig(Checked):
     def problems(self, at: str = "") -> list[str]:
         return (ge(self, at, "tensor_model_parallel_size num_engines weight_sync_bucket_mb", 1)
                 + ge(self, at, "max_restarts", 0) + sampling(self, at)
+                + ge_or_null(self, at, "max_total_tokens", "null sizes the KV cache to the rollout batch")
                 + rule(self, at, "mem_fraction_static", lambda v: 0 < v < 1,
                        "must be in (0, 1) (fraction of device memory for SGLang's weights + KV cache; ~0.5 "
                        "when colocated with the trainer)"))

@@ -23,8 +23,9 @@ Engine keyword arguments (:func:`cpu_engine_kwargs`):
 * ``attention_backend="torch_native"`` -- the default CPU backend (``intel_amx``) needs real sgl_kernel ops;
 * ``disable_cuda_graph=True``, ``skip_server_warmup=True`` -- nothing to capture on CPU; warm-up costs
   start-up time;
-* ``max_total_tokens`` (default 2048) -- on CPU SGLang sizes the KV pool from host memory; a small fixed
-  pool keeps start-up fast and memory small (override for real workloads).
+* ``max_total_tokens`` (default 2048 when the caller gives none) -- on CPU SGLang sizes the KV pool from host
+  memory; a bounded pool keeps start-up fast and memory small.  The trainer passes ``rollout.max_total_tokens``
+  or the batch-sized value of :func:`rlhf.rollout.engine_args.batch_kv_tokens`.
 """
 
 from __future__ import annotations

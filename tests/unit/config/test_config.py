@@ -155,6 +155,7 @@ ADDED_KEYS = {
     "trainer.slim_checkpoint": True, "trainer.alerts": [],
     "rollout.weight_update_address": None,  # the disaggregated rendezvous address
     "rollout.enable_memory_saver": None,  # SGLang's memory saver (null: on with CUDA)
+    "rollout.max_total_tokens": None,  # the engines' KV-cache size (null: sized to the batch)
     "reward.fallback": {"type": "rule", "keywords": [], "keyword_score": 0.0, "length_penalty": 0.0,
                         "max_chars": None},
     # dynamic batching (verl's token budgets)

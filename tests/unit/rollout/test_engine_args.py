@@ -1,0 +1,67 @@
+"""The engines' dtype, KV-cache size and idle behaviour, from the config (no engine or model is started)."""
+import pytest
+import torch
+
+from rlhf.config.compose import compose_config
+from rlhf.config.validate import config_problems
+from rlhf.rollout.engine_args import (MAX_BATCH_KV_TOKENS, batch_kv_tokens, engine_kwargs,
+                                      expected_weights_from_checkpoint, resolve_engine_dtype)
+
+
+def test_auto_dtype_is_the_trainers_dtype_quickstart_fp32():
+    cfg = compose_config([], recipe="quickstart")
+    assert str(cfg.model.dtype) == "float32" and str(cfg.rollout.dtype) == "auto"
+    # SGLang's own "auto" would run this fp32 checkpoint in float16; the engines serve what the actor trains.
+    assert resolve_engine_dtype(cfg.rollout.dtype, cfg.model.dtype) == "float32"
+
+
+def test_auto_dtype_is_the_trainers_dtype_bf16_gpu_recipe():
+    cfg = compose_config(["rollout.dtype=auto"], recipe="grpo_qwen2_7b")
+    assert str(cfg.model.dtype) == "bfloat16"
+    assert resolve_engine_dtype(cfg.rollout.dtype, cfg.model.dtype) == "bfloat16"
+
+
+def test_explicit_rollout_dtype_wins_and_bad_names_are_refused():
+    assert resolve_engine_dtype("float16", "float32") == "float16"
+    with pytest.raises(ValueError, match="rollout.dtype"):
+        resolve_engine_dtype("fp8", "float32")
+    with pytest.raises(ValueError, match="model.dtype"):
+        resolve_engine_dtype("auto", "int8")
+
+
+def test_weight_sync_dtype_follows_the_resolved_engine_dtype(tmp_path):
+    # an fp32 checkpoint (as tiny://quickstart is saved): SGLang's "auto" would expect float16 weights
+    from rlhf.quickstart.tiny import make_tiny_hf_model
+
+    path = make_tiny_hf_model(str(tmp_path / "m"), num_layers=1, hidden_size=32)
+    assert {dt for _, dt in expected_weights_from_checkpoint(path, "auto").values()} == {torch.float16}
+    assert {dt for _, dt in expected_weights_from_checkpoint(
+        path, resolve_engine_dtype("auto", "float32")).values()} == {torch.float32}
+
+
+def test_batch_kv_tokens_sizes_the_cache_to_an_engines_share_of_the_batch():
+    # grpo_tiny_cpu: 16 prompts x 4 responses x (64 + 16 + 8) tokens on one engine; val 64 x 1 x 88 (equal)
+    assert batch_kv_tokens(16, 4, 64, 16, val_prompts=64, val_n=1) == 16 * 4 * 88 == 5632
+    # two engines: ceil(15 / 2) = 8 prompts each, n=4 -> 32 sequences of 88
+    assert batch_kv_tokens(15, 4, 64, 16, num_engines=2) == 8 * 4 * 88
+    # the validation batch is larger: 512 prompts x 1 response
+    assert batch_kv_tokens(8, 2, 64, 16, val_prompts=512, val_n=1) == 512 * 88
+    # capped; never below one request's context
+    assert batch_kv_tokens(1024, 16, 1024, 1024) == MAX_BATCH_KV_TOKENS
+    assert batch_kv_tokens(1, 1, 64, 16, cap=10) == 88
+    with pytest.raises(ValueError, match="num_engines"):
+        batch_kv_tokens(16, 4, 64, 16, num_engines=0)
+
+
+def test_rollout_max_total_tokens_key_is_checked():
+    assert compose_config([], recipe="grpo_tiny_cpu").rollout.max_total_tokens is None
+    assert compose_config(["rollout.max_total_tokens=4096"], recipe="grpo_tiny_cpu").rollout.max_total_tokens == 4096
+    problems = config_problems(compose_config(["rollout.max_total_tokens=0"], recipe="grpo_tiny_cpu"))
+    assert any("rollout.max_total_tokens=0 must be >= 1 (or null)" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_engines_sleep_on_idle_and_take_the_kv_size_on_both_devices(tmp_path, device):
+    (tmp_path / "config.json").write_text("{}")
+    kw = engine_kwargs(str(tmp_path), device=device, max_total_tokens=5632)
+    assert kw["sleep_on_idle"] is True and kw["max_total_tokens"] == 5632
