@@ -1,32 +1,32 @@
 """verl-compatible facade: ``from rlhf.algorithms.core_algos import ...`` works like
-``verl.trainer.ppo.core_algos``.  The implementations live in small modules:
-registry, advantages, group_advantages, group_variants, losses, policy_losses,
-cov_losses, kl, masked_ops, dapo, config_access.
+``verl.trainer.ppo.core_algos``.  It only re-exports; the implementations live by idea in
+registry, estimators/, policy_losses/, aggregation, masked_ops, kl, value_loss, entropy,
+dapo and config_access (see rlhf/algorithms/__init__.py).
 
-``ADV_ESTIMATOR_REGISTRY`` and ``POLICY_LOSS_REGISTRY`` are forwarded by
-reference: reading them gives the live registries, and assigning them here
-(``core_algos.ADV_ESTIMATOR_REGISTRY = {...}``) replaces the registry that
-``register_adv_est`` / ``get_adv_estimator_fn`` use.
+``ADV_ESTIMATOR_REGISTRY`` and ``POLICY_LOSS_REGISTRY`` are read from registry.py at each
+access (they are never bound here), so this module, ``rlhf.algorithms`` and registry.py
+always show the same dicts; a rebinding here (``core_algos.ADV_ESTIMATOR_REGISTRY = {...}``,
+as verl's tests do) is adopted by the next registry call, see registry.py.
 """
 
-from rlhf.algorithms import _forwarding
-from rlhf.algorithms.advantages import (
-    compute_gae_advantage_return,
-    compute_reinforce_plus_plus_outcome_advantage,
-    compute_remax_outcome_advantage,
-)
+from rlhf.algorithms import registry
+from rlhf.algorithms.aggregation import agg_loss, global_batch_info
 from rlhf.algorithms.config_access import ConfigOverlay, config_get
-from rlhf.algorithms.cov_losses import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
 from rlhf.algorithms.dapo import compute_overlong_penalty, filter_groups_by_metric
-from rlhf.algorithms.group_advantages import (
+from rlhf.algorithms.entropy import compute_entropy_loss, entropy_from_logits
+from rlhf.algorithms.estimators import (
+    compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
     compute_grpo_vectorized_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
 )
-from rlhf.algorithms.group_variants import compute_gpg_outcome_advantage, compute_grpo_passk_outcome_advantage
 from rlhf.algorithms.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -35,35 +35,38 @@ from rlhf.algorithms.kl import (
     kl_penalty,
     sequence_kl,
 )
-from rlhf.algorithms.losses import (
-    LOSS_AGG_MODES,
-    agg_loss,
-    compute_entropy_loss,
-    compute_policy_loss,
-    compute_value_loss,
-    entropy_from_logits,
-    global_batch_info,
-)
 from rlhf.algorithms.masked_ops import masked_mean, masked_sum, masked_var, masked_whiten
 from rlhf.algorithms.policy_losses import (
+    compute_policy_loss,
     compute_policy_loss_cispo,
+    compute_policy_loss_clip_cov,
     compute_policy_loss_geo_mean,
     compute_policy_loss_gpg,
     compute_policy_loss_gspo,
+    compute_policy_loss_kl_cov,
     compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
 )
 from rlhf.algorithms.registry import (
+    LOSS_AGG_MODES,
     AdvantageEstimator,
     PolicyLossFn,
+    PolicyLossMode,
     get_adv_estimator_fn,
     get_policy_loss_fn,
     register_adv_est,
     register_policy_loss,
 )
+from rlhf.algorithms.value_loss import compute_value_loss
 
-__getattr__ = _forwarding.forwarded_getattr(__name__)
-_forwarding.install(__name__)
+
+def __getattr__(name: str):
+    """The registries, read live from registry.py (never bound here, see the module docstring)."""
+    if name in registry.REGISTRY_NAMES:
+        registry.adopt_facade_rebinding()
+        return getattr(registry, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",
@@ -74,6 +77,7 @@ __all__ = [
     "FixedKLController",
     "LOSS_AGG_MODES",
     "PolicyLossFn",
+    "PolicyLossMode",
     "agg_loss",
     "apply_kl_penalty",
     "compute_entropy_loss",

@@ -1,6 +1,8 @@
 """DAPO helpers (Yu et al. 2025, "DAPO: An Open-Source LLM Reinforcement
 Learning System at Scale", arXiv:2503.14476): overlong reward shaping and
-dynamic-sampling group filter.
+dynamic-sampling group filter, the sampling-side pieces (the trainer's loop is
+rlhf/trainer/dynamic_sampling.py).  DAPO's token-level pieces, the decoupled clip ranges and
+``loss_agg_mode="token-mean"``, are in policy_losses/ppo.py and aggregation.py.
 """
 
 from collections.abc import Sequence
@@ -9,7 +11,7 @@ from typing import Union
 import numpy as np
 import torch
 
-from rlhf.algorithms._grouping import GroupIndex, group_ids
+from rlhf.algorithms.grouping import GroupIndex, group_ids
 from rlhf.algorithms._validation import check_1d
 
 

@@ -1,4 +1,4 @@
-"""KL estimators, KL-coefficient controllers and the in-reward KL penalty.
+"""KL penalties: the estimators, the KL-coefficient controllers and the in-reward KL penalty.
 
 Estimators follow John Schulman, "Approximating KL Divergence" (2020),
 http://joschu.net/blog/kl-approx.html, written for KL(pi || pi_ref) with
@@ -22,20 +22,19 @@ import torch
 from rlhf.algorithms._validation import check_2d, check_same_shape
 from rlhf.algorithms.config_access import config_get
 from rlhf.algorithms.masked_ops import masked_mean, masked_sum
+from rlhf.algorithms.registry import KL_CTRL_TYPES, KL_PENALTY_TYPES
 
 # log-ratio clamp before exp() and output clamp of the k3 estimator (verl values).
 _K3_LOG_RATIO_CLAMP = 20.0
 _K3_VALUE_CLAMP = 10.0
 
-_MODE_ALIASES = {"kl": "k1", "k1": "k1", "abs": "abs", "mse": "k2", "k2": "k2", "low_var_kl": "k3", "k3": "k3"}
-
 
 def _kl_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, mode: str) -> torch.Tensor:
     if mode == "full":
         raise NotImplementedError("kl_penalty='full' needs full-vocabulary distributions and is not implemented")
-    estimator = _MODE_ALIASES.get(mode)
+    estimator = KL_PENALTY_TYPES.get(mode)
     if estimator is None:
-        valid = sorted(_MODE_ALIASES) + [m + "+" for m in sorted(_MODE_ALIASES)]
+        valid = sorted(KL_PENALTY_TYPES) + [m + "+" for m in sorted(KL_PENALTY_TYPES)]
         raise ValueError(f"unknown kl_penalty {mode!r}; valid: {valid}")
     log_ratio = logprob - ref_logprob
     if estimator == "k1":
@@ -185,7 +184,7 @@ def get_kl_controller(
         if target_kl is None or horizon is None:
             raise ValueError("adaptive KL controller needs target_kl and horizon (algorithm.kl_ctrl.*)")
         return AdaptiveKLController(init_kl_coef=kl_coef, target_kl=target_kl, horizon=horizon)
-    raise ValueError(f"unknown kl_ctrl type {kl_ctrl_type!r}; valid: ['fixed', 'adaptive']")
+    raise ValueError(f"unknown kl_ctrl type {kl_ctrl_type!r}; valid: {list(KL_CTRL_TYPES)}")
 
 
 def sequence_kl(kld: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

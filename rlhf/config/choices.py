@@ -11,17 +11,10 @@ import typing
 from enum import Enum, StrEnum
 from typing import Any, Optional, Sequence, Union
 
-#: ``algorithm.adv_estimator`` names: rlhf.algorithms.AdvantageEstimator's values, kept here so composing and
-#: validating a config imports no torch (tests/unit/config/test_config.py checks they equal the registry's)
-ADV_ESTIMATORS = ("gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "rloo", "opo",
-                  "grpo_passk", "gpg", "rloo_vectorized", "grpo_vectorized")
-#: advantage estimators whose baseline is computed over the rollout.n responses of a prompt (they need
-#: rollout.n >= 2; rollout.n defaults to 4 for them)
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_vectorized", "rloo_vectorized", "opo",
-                    "gpg", "grpo_passk")
-#: ``actor.policy_loss.loss_mode`` names: the keys of rlhf.algorithms.POLICY_LOSS_REGISTRY (checked equal by
-#: tests/unit/config/test_config.py); ``clip-cov`` style spellings with "-" are accepted too, as get_policy_loss_fn does
-POLICY_LOSS_MODES = ("vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo")
+# The algorithms' name lists are defined once, in rlhf.algorithms.registry (torch-free: composing and
+# validating a config import no torch); GROUP_ESTIMATORS is re-exported for rlhf.config.
+from rlhf.algorithms.registry import GROUP_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES, LOSS_AGG_MODES  # noqa: F401
+
 
 
 class Choice(StrEnum):
@@ -47,7 +40,7 @@ RolloutDtype = _choices("RolloutDtype", "auto float32 bfloat16 float16",
                         "auto follows model.dtype (the engines run in the actor's training dtype)")
 AlgorithmName = _choices("AlgorithmName", "ppo dpo", "ppo (also for the critic-free estimators grpo, rloo, ...) "
                          "or dpo")
-KLControlType = _choices("KLControlType", "fixed adaptive", "fixed keeps kl_coef, adaptive steers it to target_kl")
+KLControlType = _choices("KLControlType", " ".join(KL_CTRL_TYPES), "fixed keeps kl_coef, adaptive steers it to target_kl")
 ResumeMode = _choices("ResumeMode", "auto disable resume_path", "auto resumes from the latest checkpoint in "
                       "trainer.default_local_dir, disable starts fresh, resume_path loads trainer.resume_from_path")
 LoggerBackend = _choices("LoggerBackend", "console tensorboard wandb mlflow",
@@ -57,13 +50,10 @@ Truncation = _choices("Truncation", "error left right middle", "what to do with 
                       "last tokens, right its first, middle both ends")
 Gsm8kMethod = _choices("Gsm8kMethod", "strict flexible", "strict: the answer after '####'; flexible: the last "
                        "number of the response")
-#: rlhf.algorithms.losses.LOSS_AGG_MODES (tests/unit/config/test_config.py checks they agree)
-LossAggMode = _choices("LossAggMode", "token-mean token-sum seq-mean-token-sum seq-mean-token-mean "
-                       "seq-mean-token-sum-norm",
-                       "how rlhf.algorithms.agg_loss averages the per-token loss")
-_KL = "kl k1 abs mse k2 low_var_kl k3"
+LossAggMode = _choices("LossAggMode", " ".join(LOSS_AGG_MODES), "how rlhf.algorithms.agg_loss averages the "
+                       "per-token loss")
 #: estimators of rlhf.algorithms.kl_penalty; a "+" suffix: that value with k2's gradient (straight-through)
-KLEstimator = _choices("KLEstimator", _KL + " " + " ".join(k + "+" for k in _KL.split()),
+KLEstimator = _choices("KLEstimator", " ".join([*KL_PENALTY_TYPES, *(k + "+" for k in KL_PENALTY_TYPES)]),
                        "k1 (kl), abs, k2 (mse), k3 (low_var_kl), each also with '+' (the k2 gradient)")
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from rlhf.config.choices import ADV_ESTIMATORS, GROUP_ESTIMATORS, POLICY_LOSS_MODES, choice_problem
+from rlhf.algorithms import registry
+from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
 from rlhf.config.errors import ConfigValidationError
 from rlhf.config.objects import is_object_ref, unknown_objects
 from rlhf.config.refs import cached_hub_file, parse_data_ref, parse_model_ref
@@ -59,19 +59,14 @@ def check_model_config(path: str | os.PathLike, layout: dict | None = None) -> l
 # --------------------------------------------------------------------------- names the algorithms accept
 
 
-def _live_names(attr: str) -> set[str]:
-    """Names registered at run time (a user's register_adv_est / register_policy_loss), read only when the
-    algorithms are already imported: validating stays torch-free."""
-    registry = sys.modules.get("rlhf.algorithms.registry")
-    return set(getattr(registry, attr, {}) or {}) if registry is not None else set()
-
-
 def _valid_adv_estimators() -> list[str]:
-    return sorted(set(ADV_ESTIMATORS) | _live_names("ADV_ESTIMATOR_REGISTRY"))
+    """The built-in estimators and any registered at run time (a user's register_adv_est); torch-free."""
+    return registry.adv_estimator_names()
 
 
 def _valid_loss_modes() -> list[str]:
-    return sorted(set(POLICY_LOSS_MODES) | _live_names("POLICY_LOSS_REGISTRY"))
+    """The built-in policy losses and any registered at run time (register_policy_loss); torch-free."""
+    return registry.policy_loss_names()
 
 
 # --------------------------------------------------------------------------- rules across sections

@@ -1,4 +1,5 @@
-"""Sampling configuration for rollouts and collection of stop token ids."""
+"""Sampling configuration for rollouts, collection of stop token ids, and the check that training
+rollouts sample from the full softmax (:func:`check_sampling`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-__all__ = ["SamplingConfig", "stop_token_ids_for"]
+__all__ = ["SamplingConfig", "check_sampling", "stop_token_ids_for"]
 
 
 @dataclass
@@ -141,3 +142,26 @@ def stop_token_ids_for(tokenizer_or_path: Any, extra: Sequence[int] = ()) -> Lis
         raise ValueError(f"stop_token_ids_for: extra ids must be >= 0, got {list(extra)!r}")
     ids += extra_ids
     return sorted(set(i for i in ids if i >= 0))
+
+
+def check_sampling(cfg) -> None:
+    """Refuse training rollouts with ``rollout.top_p < 1`` or ``rollout.top_k > 0``.
+
+    SGLang then samples from the top-p / top-k truncated, renormalised distribution q, but reports (and
+    the trainer computes) log-probs of the full tempered softmax p.  PPO's importance ratio would use
+    p_old where the samples came from q (log q = log p - log Z, Z the kept mass: ~0.36 nats/token at
+    top_p=0.7) and ``actor/rollout_log_prob_diff`` could not see it.  With the check, the distribution
+    the engine samples from is exactly the one both sides compute, which the diff metric compares.
+    ``rollout.val_kwargs`` may truncate (validation trains nothing).
+
+    Raises ValueError naming the setting and the fix.
+    """
+    r = cfg.rollout
+    bad = ([f"rollout.top_p={r.top_p}"] if r.top_p < 1 else []) + ([f"rollout.top_k={r.top_k}"] if r.top_k > 0 else [])
+    if bad:
+        raise ValueError(
+            f"{' and '.join(bad)}: SGLang would sample training responses from the top-p/top-k truncated, "
+            "renormalised distribution while the engine's and the trainer's log-probs (PPO's importance ratio, "
+            "actor/rollout_log_prob_diff) are those of the full softmax, so every update would use the wrong "
+            "behaviour policy. Set rollout.top_p=1.0 rollout.top_k=-1 (rollout.temperature still applies; "
+            "rollout.val_kwargs.top_p/top_k may stay for validation).")

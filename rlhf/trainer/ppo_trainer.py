@@ -7,9 +7,9 @@ The rollout engines (SGLang, supervised by Ray) and the reward are driven by glo
 broadcasts the generated batch (rlhf.workers.rollout).  Critic-free estimators (GRPO, RLOO,
 REINFORCE++) build no critic.  DAPO's dynamic sampling runs only when ``algorithm.filter_groups.enable``
 (rlhf.trainer.dynamic_sampling); the loop, checkpoints and export are BaseTrainer's.  Which samples count
-(unscorable rewards, overlong filtering), ReMax's greedy baselines and the advantages through the
-estimator registry are rlhf.trainer.advantages; the policy loss is ``actor.policy_loss.loss_mode`` from
-the registry (rlhf.workers.losses).
+(unscorable rewards: rlhf.rewards.validity; overlong filtering) and the advantages through the estimator
+registry are rlhf.trainer.advantages, ReMax's greedy baselines rlhf.trainer.remax; the policy loss is
+``actor.policy_loss.loss_mode`` from the registry (rlhf.workers.losses).
 """
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ from rlhf.data.collate import collate_prompts
 from rlhf.data.loader import StatefulPromptLoader
 from rlhf.data.build import build_rl_dataset, needs_ground_truth
 from rlhf.rewards.manager import check_reward_config
+from rlhf.rewards.validity import ValidityReward, attach_reward_validity
+from rlhf.rollout.sampling import check_sampling
 from rlhf.workers.batch import (
     build_rollout_batch,
     check_micro_batch_layout,
@@ -38,18 +40,11 @@ from rlhf.workers.losses import PPOPolicyLoss
 from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.worker import padding_metrics
 
-from .advantages import (
-    ValidityReward,
-    attach_remax_baselines,
-    attach_reward_validity,
-    check_sampling,
-    compute_advantages,
-    greedy_sampling,
-    sample_masks,
-)
+from .advantages import compute_advantages, sample_masks
 from .base import BaseTrainer
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
 from .metrics import compute_data_metrics, compute_timing_metrics, rollout_metrics, timer
+from .remax import attach_remax_baselines, greedy_sampling
 from .val_metrics import generations_table, validation_metrics
 
 # compute_advantages lives in rlhf.trainer.advantages; re-exported here where it was

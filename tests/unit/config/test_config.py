@@ -467,9 +467,7 @@ def test_bad_choice_in_recipe_file(tmp_path):
 
 
 def test_choices_read_as_strings_and_match_the_algorithms():
-    from rlhf.algorithms import kl_penalty
-    from rlhf.algorithms.advantages import ADV_ESTIMATOR_REGISTRY
-    from rlhf.algorithms.losses import LOSS_AGG_MODES
+    from rlhf.algorithms import ADV_ESTIMATOR_REGISTRY, LOSS_AGG_MODES, kl_penalty
     from rlhf.config.choices import GROUP_ESTIMATORS, KLEstimator, LossAggMode
 
     cfg = compose_config([], recipe="gsm8k_ppo_qwen2_7b")
@@ -491,27 +489,53 @@ def test_choices_read_as_strings_and_match_the_algorithms():
 
 
 def test_torch_free_name_lists_equal_the_algorithm_registries():
-    """rlhf.config keeps the estimator / policy-loss names and the supported architectures as plain tuples
-    (composing and validating import no torch); they must be exactly the registries'."""
-    from rlhf.algorithms import POLICY_LOSS_REGISTRY, AdvantageEstimator
-    from rlhf.algorithms.advantages import ADV_ESTIMATOR_REGISTRY
-    from rlhf.config.choices import ADV_ESTIMATORS, GROUP_ESTIMATORS, POLICY_LOSS_MODES
+    """The estimator / policy-loss names are declared once, torch-free, in rlhf.algorithms.registry (rlhf.config
+    asks it); the built-ins registered under exactly those names.  The supported architectures likewise."""
+    from rlhf.algorithms import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+    from rlhf.algorithms.registry import (
+        GROUP_ESTIMATORS,
+        AdvantageEstimator,
+        PolicyLossMode,
+        adv_estimator_names,
+        policy_loss_names,
+    )
+    from rlhf.config import choices
     from rlhf.config.validate import SUPPORTED_ARCHITECTURES
     from parallel.model_config import SUPPORTED_ARCHITECTURES as MCORE_ARCHITECTURES
 
-    assert sorted(ADV_ESTIMATORS) == sorted(ADV_ESTIMATOR_REGISTRY) == sorted(e.value for e in AdvantageEstimator)
-    assert sorted(POLICY_LOSS_MODES) == sorted(POLICY_LOSS_REGISTRY)
+    assert adv_estimator_names() == sorted(ADV_ESTIMATOR_REGISTRY) == sorted(e.value for e in AdvantageEstimator)
+    assert policy_loss_names() == sorted(POLICY_LOSS_REGISTRY) == sorted(m.value for m in PolicyLossMode)
+    assert choices.GROUP_ESTIMATORS is GROUP_ESTIMATORS
+    assert not hasattr(choices, "ADV_ESTIMATORS") and not hasattr(choices, "POLICY_LOSS_MODES")  # no copies
     assert set(GROUP_ESTIMATORS) == {"grpo", "rloo", "reinforce_plus_plus_baseline", "grpo_vectorized",
                                      "rloo_vectorized", "opo", "gpg", "grpo_passk"}
     assert tuple(SUPPORTED_ARCHITECTURES) == tuple(MCORE_ARCHITECTURES)
 
 
+def test_validation_asks_the_registry_for_run_time_names(quickstart_cfg):
+    """A loss mode / estimator registered at run time validates; an unknown one gets the nearest name."""
+    from rlhf.algorithms import POLICY_LOSS_REGISTRY, register_policy_loss
+
+    cfg = copy.deepcopy(quickstart_cfg)
+    OmegaConf.update(cfg, "actor.policy_loss.loss_mode", "my_test_loss")
+    with pytest.raises(ConfigValidationError, match="actor.policy_loss.loss_mode='my_test_loss' is not one of"):
+        validate_config(cfg, world_size=1)
+    try:
+        register_policy_loss("my_test_loss")(lambda *a, **k: None)
+        validate_config(cfg, world_size=1)
+        OmegaConf.update(cfg, "actor.policy_loss.loss_mode", "my_test_los")
+        with pytest.raises(ConfigValidationError, match=r"did you mean actor.policy_loss.loss_mode=my_test_loss\?"):
+            validate_config(cfg, world_size=1)
+    finally:
+        POLICY_LOSS_REGISTRY.pop("my_test_loss", None)
+
+
 def test_policy_loss_modes_and_estimators_compose_and_validate(quickstart_cfg):
     """Every registered loss mode (also with a '-' spelling) and the new estimators validate;
     the group estimators get rollout.n=4 by default, remax and gae keep 1."""
-    from rlhf.config.choices import POLICY_LOSS_MODES
+    from rlhf.algorithms.registry import PolicyLossMode
 
-    for mode in POLICY_LOSS_MODES:
+    for mode in (m.value for m in PolicyLossMode):
         cfg = compose_config([f"actor.policy_loss.loss_mode={mode}"], recipe="quickstart")
         validate_config(cfg, world_size=1)
     cfg = compose_config(["actor.policy_loss.loss_mode=clip-cov"], recipe="quickstart")

@@ -17,18 +17,11 @@ import torch
 from rlhf import algorithms as algos
 from rlhf.config import compose_config
 from rlhf.rewards.manager import RewardManager, RewardSource
-from rlhf.rollout.sampling import SamplingConfig
+from rlhf.rewards.validity import SAMPLE_VALID_KEY, ValidityReward, attach_reward_validity
+from rlhf.rollout.sampling import SamplingConfig, check_sampling
 from rlhf.rollout.types import RolloutSample
-from rlhf.trainer.advantages import (
-    SAMPLE_VALID_KEY,
-    ValidityReward,
-    attach_remax_baselines,
-    attach_reward_validity,
-    check_sampling,
-    compute_advantages,
-    greedy_sampling,
-    sample_masks,
-)
+from rlhf.trainer.advantages import compute_advantages, sample_masks
+from rlhf.trainer.remax import attach_remax_baselines, greedy_sampling
 from rlhf.workers.batch import build_rollout_batch, outcome_token_scores
 
 

@@ -158,7 +158,7 @@ def test_a_batch_with_no_scorable_sample_skips_the_updates_instead_of_crashing()
     """Bug: a reward outage (every sample unscorable) crashed GAE's whitening ("needs at least 2 valid
     entries").  Now the step logs training/no_scorable_samples=1 and neither trains nor re-syncs; the next
     step with scores trains as usual."""
-    from rlhf.trainer.advantages import SAMPLE_VALID_KEY
+    from rlhf.rewards.validity import SAMPLE_VALID_KEY
 
     cfg = compose_config(["rollout.n=2", "data.max_response_length=4", "algorithm.adv_estimator=gae"])
     samples = [RolloutSample([9, 9], [5] * k, [0.0] * k, "stop", p, i) for p, i, k in

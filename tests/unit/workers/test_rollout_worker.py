@@ -76,7 +76,7 @@ class UnscorableReward:
     """A reward outage: every sample unscorable (the trainer skips the actor and critic updates)."""
 
     def score(self, texts, sources, truths, extra_infos=None, prompts=None):
-        from rlhf.trainer.advantages import SAMPLE_VALID_KEY
+        from rlhf.rewards.validity import SAMPLE_VALID_KEY
 
         return [0.0] * len(texts), {"reward/num_fallbacks": 0.0, SAMPLE_VALID_KEY: [False] * len(texts)}
 

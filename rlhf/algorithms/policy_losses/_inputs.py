@@ -26,6 +26,10 @@ class PolicyInputs(NamedTuple):
     log_prob: torch.Tensor
 
 
+#: a metric that is always 0 for a loss (e.g. no clip fraction), as verl reports it
+ZERO = torch.tensor(0.0)
+
+
 def prepare(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights=None) -> PolicyInputs:
     """Check shapes (2-D, all equal, weights too) and zero every masked entry.
 

@@ -1,5 +1,6 @@
-"""Every aggregation mode (and every policy loss built on it) gives the same loss AND
-gradient however a mini-batch is split into micro-batches (sizes 1, 2, 4) and data-parallel ranks (1, 2).
+"""Loss aggregation (rlhf/algorithms/aggregation.py): every mode by hand, and every mode (and every policy
+loss built on it) gives the same loss AND gradient however a mini-batch is split into micro-batches (sizes 1,
+2, 4) and data-parallel ranks (1, 2).
 
 The simulation is what the trainer does: each rank takes its contiguous DP shard, sums the micro-batch
 losses computed with the WHOLE mini-batch's counts (``global_batch_info``), and data-parallel gradient
@@ -13,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from rlhf.algorithms import LOSS_AGG_MODES, ConfigOverlay, agg_loss, get_policy_loss_fn, global_batch_info
+from rlhf.algorithms import ConfigOverlay, LOSS_AGG_MODES, agg_loss, get_policy_loss_fn, global_batch_info
 
 B, L = 8, 5
 # unequal lengths, one fully masked row (an excluded sample) and a masked span inside a response
@@ -38,6 +39,25 @@ def split_total(loss_of, dp, micro):
 
 
 SPLITS = list(itertools.product([1, 2], [1, 2, 4]))
+
+NAN, INF = float("nan"), float("inf")
+
+
+def t(rows, dtype=torch.float64):
+    return torch.tensor(rows, dtype=dtype)
+
+
+# ----------------------------------------------------------------- agg_loss
+
+LOSS = t([[1.0, 2.0, 3.0, NAN], [4.0, 5.0, 1e30, INF], [NAN, NAN, NAN, NAN]])
+LOSS_MASK = t([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+EXPECTED_AGG = {
+    "token-mean": 15 / 5,  # 1+2+3+4+5 over 5 tokens
+    "seq-mean-token-sum": (6 + 9) / 2,  # the empty third row is excluded
+    "seq-mean-token-mean": (2.0 + 4.5) / 2,
+    # Dr.GRPO: token sums over a constant normaliser (response_length = 4), mean over the 2 non-empty rows
+    "seq-mean-token-sum-norm": (6 / 4 + 9 / 4) / 2,
+}
 
 
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
@@ -115,3 +135,38 @@ def test_policy_losses_invariant_to_micro_batch_and_dp(loss_mode, agg, dp, micro
     (grad,) = torch.autograd.grad(total, log_prob)
     torch.testing.assert_close(total, reference)
     torch.testing.assert_close(grad, ref_grad)
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED_AGG))
+def test_agg_loss_values_ignore_padding(mode):
+    assert agg_loss(LOSS, LOSS_MASK, mode).item() == pytest.approx(EXPECTED_AGG[mode])
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED_AGG))
+def test_agg_loss_invariant_to_padding_value(mode):
+    results = []
+    for pad in [0.0, -3.0, 1e30, NAN, INF]:
+        loss = torch.where(LOSS_MASK.bool(), LOSS, torch.full_like(LOSS, pad))
+        results.append(agg_loss(loss, LOSS_MASK, mode).item())
+    assert all(r == results[0] for r in results)
+
+
+@pytest.mark.parametrize("mode", list(EXPECTED_AGG))
+def test_agg_loss_all_masked_is_zero_not_nan(mode):
+    assert agg_loss(LOSS, torch.zeros_like(LOSS_MASK), mode).item() == 0.0
+
+
+def test_agg_loss_gradient_weights():
+    finite = torch.where(LOSS_MASK.bool(), LOSS, torch.full_like(LOSS, 1e30)).requires_grad_()
+    agg_loss(finite, LOSS_MASK, "seq-mean-token-mean").backward()
+    # each of the 2 non-empty rows weighs 1/2, split over its 3 resp. 2 tokens
+    expected = t([[1 / 6, 1 / 6, 1 / 6, 0], [1 / 4, 1 / 4, 0, 0], [0, 0, 0, 0]])
+    torch.testing.assert_close(finite.grad, expected)
+
+
+def test_agg_loss_dr_grpo_custom_normaliser_and_errors():
+    assert agg_loss(LOSS, LOSS_MASK, "seq-mean-token-sum-norm", loss_scale_factor=10).item() == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="'token_sum'"):  # a misspelt mode is named
+        agg_loss(LOSS, LOSS_MASK, "token_sum")
+    with pytest.raises(ValueError, match="shape mismatch"):
+        agg_loss(LOSS, LOSS_MASK[:2], "token-mean")

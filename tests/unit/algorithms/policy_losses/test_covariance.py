@@ -36,6 +36,17 @@ def clip_cov(config, delta=(0.0, 0.0, 0.0, 0.0)):
     return loss.item(), log_prob.grad[0].tolist(), metrics
 
 
+def kl_cov(ratio, delta):
+    old, log_prob, adv, mask = make(delta)
+    loss, metrics = get_policy_loss_fn("kl_cov")(old, log_prob, adv, mask, "token-mean",
+                                                 {"policy_loss": {"kl_cov_ratio": ratio, "ppo_kl_coef": 0.1}})
+    loss.backward()
+    return loss.item(), log_prob.grad[0].tolist(), metrics
+
+
+DELTA = (0.1, 0.2, -0.3, 0.4)
+
+
 def test_clip_cov_zeroes_the_high_covariance_tokens():
     """clip_cov_ratio 0.5 -> max(1, int(0.5 * 4)) = 2 tokens: both candidates (0 and 3) lose their
     loss and gradient.  r = 1, token-mean: loss = (-A_1 - A_2) / 4 = 0; gradient -A_t / 4 on tokens 1, 2."""
@@ -70,17 +81,6 @@ def test_clip_cov_bounds_select_the_candidates():
     """lb = 2.5: only Cov = 3 (token 0) qualifies, even with room for 2."""
     _, g, _ = clip_cov({"policy_loss": {"clip_cov_ratio": 0.5, "clip_cov_lb": 2.5}})
     assert g == pytest.approx([0.0, -0.5, 0.5, 0.5])
-
-
-def kl_cov(ratio, delta):
-    old, log_prob, adv, mask = make(delta)
-    loss, metrics = get_policy_loss_fn("kl_cov")(old, log_prob, adv, mask, "token-mean",
-                                                 {"policy_loss": {"kl_cov_ratio": ratio, "ppo_kl_coef": 0.1}})
-    loss.backward()
-    return loss.item(), log_prob.grad[0].tolist(), metrics
-
-
-DELTA = (0.1, 0.2, -0.3, 0.4)
 
 
 @pytest.mark.parametrize("ratio,penalised", [(0.25, [0]), (0.5, [0, 3]), (5.0, [0, 1, 2, 3])])  # k <= N

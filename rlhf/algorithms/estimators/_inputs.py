@@ -1,4 +1,4 @@
-"""Input checks and small helpers shared by the advantage estimators.
+"""Input checks and helpers shared by the advantage estimators (token-level and group-relative).
 
 ``sample_mask`` (bs,) marks the samples whose reward is trustworthy (1) and the
 ones the reward could not score (0: error, timeout, None, non-finite).  Invalid
@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from rlhf.algorithms._validation import check_2d, check_same_shape
+from rlhf.algorithms.grouping import GroupStats, group_ids, group_stats
 from rlhf.algorithms.masked_ops import masked_sum
 
 
@@ -77,3 +78,29 @@ def broadcast_over_response(scalars: torch.Tensor, response_mask: torch.Tensor) 
     """(bs,) scalar per response -> (bs, response_length), 0 at masked positions."""
     per_token = scalars.unsqueeze(-1).expand(response_mask.shape)
     return torch.where(response_mask != 0, per_token, torch.zeros_like(per_token))
+
+
+def token_inputs(token_level_rewards, response_mask, sample_mask, **more: torch.Tensor):
+    """Validate, apply ``sample_mask`` to the mask and refuse non-finite valid entries."""
+    check_rewards_and_mask(token_level_rewards, response_mask)
+    valid = sample_validity(sample_mask, token_level_rewards.shape[0], token_level_rewards.device)
+    mask = effective_mask(response_mask, valid)
+    for name, tensor in {"token_level_rewards": token_level_rewards, **more}.items():
+        refuse_non_finite(name, tensor, mask != 0)
+    return mask
+
+
+def grouped(token_level_rewards, response_mask, index, sample_mask):
+    """Scores, validity, dense group ids, total group sizes and :class:`GroupStats` over valid samples."""
+    scores, valid = outcome_scores(token_level_rewards, response_mask, sample_mask)
+    gid, n_groups = group_ids(index, scores.shape[0], scores.device)
+    total = torch.zeros(n_groups, dtype=scores.dtype, device=scores.device).index_add(
+        0, gid, torch.ones_like(scores))
+    return scores, valid, gid, total[gid], group_stats(scores, gid, n_groups, valid)
+
+
+def centered_scores(scores, valid, gid, total, stats: GroupStats) -> torch.Tensor:
+    """``R_i - mean_g`` with exact 0 for constant groups and invalid samples, ``R_i`` for groups of size 1."""
+    centered = torch.where(stats.constant[gid], torch.zeros_like(scores), scores - stats.mean[gid])
+    centered = torch.where(total < 2, scores, centered)
+    return torch.where(valid, centered, torch.zeros_like(scores))

@@ -1,74 +1,95 @@
-"""Group estimators with a twist on the GRPO baseline: GPG and pass@k GRPO.
+"""Group-relative outcome estimators, and the GRPO family: GRPO, Dr.GRPO (GRPO without the
+std division), ``grpo_vectorized`` and pass@k GRPO.
 
-Shared behaviour as in group_advantages.py: exact 0 for groups whose valid
-scores are all equal, ``sample_mask`` excludes unscorable samples, a
-non-finite valid score raises ValueError, verl's ``config=`` is accepted.
+Each reduces a response to one score ``R_i = sum_t mask_t * r_t`` and compares
+it with the other responses to the same prompt (``index``: one prompt uid per
+sample).  Shared behaviour:
+
+* a group whose valid scores are all exactly equal gets advantage exactly 0
+  (no rounding residue of ``R_i - mean``, which dividing by a ~1 ulp std would
+  blow up to a same-signed +-0.7);
+* ``sample_mask`` (bs,) excludes unscorable samples from the group statistics;
+  they get advantage 0; a group with fewer than 2 valid samples gets 0;
+* a group of total size 1 (``rollout.n = 1``) uses baseline 0, as verl does;
+* a non-finite score at a valid sample raises ValueError;
+* ``config=`` (verl AlgoConfig) and extra keyword arguments are accepted.
+
+Returns are ``(advantages, returns)``, identical (bs, response_length) tensors, 0 at masked
+positions.  These conventions hold for every group estimator (rloo, opo, gpg, reinforce.py's
+REINFORCE++-baseline); the shared helpers are in _inputs.py.
 """
 
 from typing import Any, Optional
 
 import torch
 
-from rlhf.algorithms._estimator_inputs import broadcast_over_response
-from rlhf.algorithms._grouping import GroupIndex
 from rlhf.algorithms.config_access import resolve
-from rlhf.algorithms.group_advantages import centered_scores, grouped
+from rlhf.algorithms.estimators._inputs import broadcast_over_response, centered_scores, grouped
+from rlhf.algorithms.grouping import GroupIndex
 from rlhf.algorithms.registry import AdvantageEstimator, register_adv_est
 
 
-@register_adv_est(AdvantageEstimator.GPG)
-def compute_gpg_outcome_advantage(
+@register_adv_est(AdvantageEstimator.GRPO)
+def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     index: GroupIndex,
     epsilon: float = 1e-6,
-    f_norm: float = 1.0,
-    alpha: Optional[float] = None,
+    norm_adv_by_std_in_grpo: Optional[bool] = None,
     config: Any = None,
     sample_mask: Optional[torch.Tensor] = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """GPG, Group Policy Gradient (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement
-    Learning Baseline for Model Reasoning", arXiv:2504.02546, corrected advantage):
+    """GRPO outcome advantage (Shao et al. 2024, DeepSeekMath, arXiv:2402.03300, sec. 4.1.2):
 
-        A_i = alpha * (R_i - mean_g(R)) / F_norm,    alpha = B / (B - M)
+        A_i = (R_i - mean_g(R)) / (std_g(R) + epsilon)
 
-    B is the number of valid samples in the batch and M the number of those in
-    groups whose rewards are all equal (they carry no gradient, so the others
-    are scaled up to keep the batch gradient's magnitude: "accurate gradient
-    estimation").  alpha = 1 when every sample is in such a group.  A group of
-    size 1 uses mean 0 (as verl) and does not count in M.  (verl computes M
-    from the raw scores, ``B / count_nonzero(R)``, which for 0/1 rewards counts
-    the correct answers instead; we follow the paper.)
+    with the mean and *unbiased* std over the valid responses of prompt group g.
+    With ``norm_adv_by_std_in_grpo=False`` the division is dropped (Dr.GRPO,
+    Liu et al. 2025, arXiv:2503.20783, eq. 3).  A group of size 1 uses mean 0
+    and std 1 (as verl), so its advantage is R_i / (1 + epsilon).
 
     Args:
         token_level_rewards: shape (bs, response_length); R_i is the masked sum.
         response_mask: same shape.
-        index: (bs,) prompt uids.
-        epsilon: unused (verl signature).
-        f_norm: F_norm > 0 (1 in the paper's main setting).
-        alpha: fixed alpha instead of B / (B - M) (optional).
-        config: unused (verl signature).
+        index: (bs,) prompt uids (numpy array / list / tensor).
+        epsilon: added to the std to avoid division by zero.
+        norm_adv_by_std_in_grpo: divide by the group std; None reads
+            ``config.norm_adv_by_std_in_grpo`` (default True).
+        config: verl AlgoConfig-like object (optional).
         sample_mask: (bs,) 1 = valid sample (optional).
 
     Returns:
         (advantages, returns), identical tensors of shape (bs, response_length).
 
     Raises:
-        ValueError: shape mismatch, ``len(index) != bs``, non-finite valid score, f_norm <= 0.
+        ValueError: shape mismatch, ``len(index) != bs``, or a non-finite valid score.
     """
-    if not f_norm > 0:
-        raise ValueError(f"f_norm must be > 0, got {f_norm}")
+    norm = resolve(norm_adv_by_std_in_grpo, config, "norm_adv_by_std_in_grpo", True)
     with torch.no_grad():
         scores, valid, gid, total, stats = grouped(token_level_rewards, response_mask, index, sample_mask)
         centered = centered_scores(scores, valid, gid, total, stats)
-        if alpha is None:
-            n_valid = valid.sum()
-            n_degenerate = (valid & stats.constant[gid] & (total >= 2)).sum()
-            alpha = n_valid.to(scores.dtype) / (n_valid - n_degenerate).clamp_min(1).to(scores.dtype)
-            alpha = torch.where(n_valid == n_degenerate, torch.ones_like(alpha), alpha)
-        advantages = broadcast_over_response(alpha * centered / f_norm, response_mask)
+        std = torch.where(total < 2, torch.ones_like(scores), stats.std[gid])
+        scalars = centered / (std + epsilon) if norm else centered
+        advantages = broadcast_over_response(scalars, response_mask)
     return advantages, advantages
+
+
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: GroupIndex,
+    epsilon: float = 1e-6,
+    norm_adv_by_std_in_grpo: Optional[bool] = None,
+    config: Any = None,
+    sample_mask: Optional[torch.Tensor] = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``grpo_vectorized`` name; identical to :func:`compute_grpo_outcome_advantage`
+    (which is already vectorised).  Same arguments, values and errors."""
+    return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon,
+                                          norm_adv_by_std_in_grpo, config, sample_mask)
 
 
 @register_adv_est(AdvantageEstimator.GRPO_PASSK)

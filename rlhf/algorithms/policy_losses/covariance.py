@@ -17,18 +17,19 @@ The selection is made over the tokens passed in one call (a micro-batch), as in
 the paper's code, so unlike the aggregation it depends on the micro-batch split.
 Config keys (``actor.policy_loss.*``, verl names and defaults): clip_cov_ratio
 0.0002, clip_cov_lb 1.0, clip_cov_ub 5.0, kl_cov_ratio 0.0002, ppo_kl_coef 0.1
-(verl's ``PolicyLossConfig``).  Calling convention as in policy_losses.py.
+(verl's ``PolicyLossConfig``).  Calling convention as in policy_losses/__init__.py.
 """
 
 from typing import Any, Optional
 
 import torch
 
-from rlhf.algorithms._policy_inputs import agg_kwargs, apply_weights, as_metrics, clip_bounds, prepare
+from rlhf.algorithms.aggregation import agg_loss
 from rlhf.algorithms.config_access import config_get
-from rlhf.algorithms.losses import LOG_RATIO_CLAMP, agg_loss
 from rlhf.algorithms.masked_ops import masked_mean
-from rlhf.algorithms.registry import register_policy_loss
+from rlhf.algorithms.policy_losses._inputs import agg_kwargs, apply_weights, as_metrics, clip_bounds, prepare
+from rlhf.algorithms.policy_losses.ppo import LOG_RATIO_CLAMP
+from rlhf.algorithms.registry import PolicyLossMode, register_policy_loss
 
 Tensor = torch.Tensor
 
@@ -47,7 +48,7 @@ def _ratio_arg(config: Any, key: str) -> float:
     return value
 
 
-@register_policy_loss("clip_cov")
+@register_policy_loss(PolicyLossMode.CLIP_COV)
 def compute_policy_loss_clip_cov(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                                  loss_agg_mode: str = "token-mean", config: Any = None,
                                  rollout_is_weights: Optional[Tensor] = None) -> tuple[Tensor, dict]:
@@ -77,7 +78,7 @@ def compute_policy_loss_clip_cov(old_log_prob: Tensor, log_prob: Tensor, advanta
                             ppo_kl=masked_mean(-x.log_ratio, x.valid))
 
 
-@register_policy_loss("kl_cov")
+@register_policy_loss(PolicyLossMode.KL_COV)
 def compute_policy_loss_kl_cov(old_log_prob: Tensor, log_prob: Tensor, advantages: Tensor, response_mask: Tensor,
                                loss_agg_mode: str = "token-mean", config: Any = None,
                                rollout_is_weights: Optional[Tensor] = None) -> tuple[Tensor, dict]:

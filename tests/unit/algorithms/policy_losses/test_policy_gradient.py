@@ -1,0 +1,51 @@
+"""REINFORCE-form losses (rlhf/algorithms/policy_losses/policy_gradient.py) by hand: GPG, CISPO.
+
+Shared inputs as in test_sequence_level.py (old_log_prob = 0, rows of unequal length).
+"""
+
+import math
+
+import pytest
+import torch
+
+from rlhf.algorithms import get_policy_loss_fn
+
+NAN = float("nan")
+
+
+def inputs():
+    log_prob = torch.tensor([[0.1, 0.3, NAN], [0.0, -0.3, 0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[0.0, 0.0, NAN], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, NAN], [-0.5, -0.5, -0.5]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float64)
+    return old, log_prob, adv, mask
+
+
+def run(mode, config=None, agg="token-mean"):
+    old, log_prob, adv, mask = inputs()
+    loss, metrics = get_policy_loss_fn(mode)(old, log_prob, adv, mask, agg, config)
+    loss.backward()
+    return loss.item(), log_prob.grad, metrics
+
+
+def grad(rows):
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_gpg_plain_policy_gradient():
+    """GPG: -A log pi, token-mean over 5 tokens: (-0.1 - 0.3 + 0.5 * (0 - 0.3 + 0)) / 5 = -0.11;
+    gradient -A / 5: row 0 -0.2, row 1 +0.1."""
+    loss, g, _ = run("gpg")
+    assert loss == pytest.approx(-0.11)
+    torch.testing.assert_close(g, grad([[-0.2, -0.2, 0.0], [0.1, 0.1, 0.1]]))
+
+
+def test_cispo_clipped_stop_gradient_weight():
+    """CISPO, eps 0.2: r_hat = clip(r, 0.8, 1.2) (detached): row 0 [exp(0.1), 1.2 (clipped from exp(0.3))],
+    row 1 [1, 0.8 (clipped from exp(-0.3) = 0.741), 1].  loss = sum -r_hat A log pi / 5
+        = (-(exp(0.1) * 0.1) - 1.2 * 0.3 + 0.5 * 0.8 * (-0.3)) / 5
+    gradient -r_hat A / 5 on EVERY token (clipped ones included): that is the point of CISPO."""
+    loss, g, metrics = run("cispo", {"clip_ratio": 0.2})
+    assert loss == pytest.approx((-math.exp(0.1) * 0.1 - 1.2 * 0.3 + 0.5 * 0.8 * -0.3) / 5)
+    torch.testing.assert_close(g, grad([[-math.exp(0.1) / 5, -1.2 / 5, 0.0], [0.5 / 5, 0.4 / 5, 0.5 / 5]]))
+    assert metrics["actor/pg_clipfrac"] == pytest.approx(2 / 5)
