@@ -36,7 +36,7 @@ def __getattr__(name: str):
     if name == "__all__":
         return _public_names()
     if name in _registry.REGISTRY_NAMES:
-        _registry.adopt_facade_rebinding()
+        _registry.load_builtins()
         return getattr(_registry, name)
     if name.startswith("_") or name in _SUBMODULES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -63,7 +63,7 @@ from rlhf.algorithms.value_loss import compute_value_loss
 def __getattr__(name: str):
     """The registries, read live from registry.py (never bound here, see the module docstring)."""
     if name in registry.REGISTRY_NAMES:
-        registry.adopt_facade_rebinding()
+        registry.load_builtins()
         return getattr(registry, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

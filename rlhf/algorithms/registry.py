@@ -7,7 +7,9 @@ Every name list of the algorithms is defined here once: the advantage estimators
 (``KL_CTRL_TYPES``).  rlhf.config builds its choices from them, so composing a config stays
 torch-free.  The built-in estimators and losses register themselves when their modules
 (rlhf.algorithms.estimators, rlhf.algorithms.policy_losses) are imported; every function
-here imports them first, so a lookup always sees the built-ins.
+here, and reading a registry through rlhf.algorithms or core_algos, imports them first, so a
+lookup always sees the built-ins (this module's own names stay empty until then: config
+validation reads the declared names without importing torch).
 
 Registries, as verl's tests use them:
 
@@ -113,9 +115,10 @@ def adopt_facade_rebinding() -> None:
 _builtins_imported = False
 
 
-def _builtins_loaded() -> None:
+def load_builtins() -> None:
     """Import the built-in estimators and policy losses once (they register themselves; the
-    registrations they make while importing do not re-enter), then adopt a facade rebinding."""
+    registrations they make while importing do not re-enter), then adopt a facade rebinding.
+    Reading a registry through rlhf.algorithms or core_algos, and every function here, calls it."""
     global _builtins_imported
     if not _builtins_imported:
         _builtins_imported = True
@@ -162,7 +165,7 @@ def register_adv_est(name_or_enum: Union[str, Enum]) -> Callable:
     """
 
     def decorator(fn: Callable) -> Callable:
-        _builtins_loaded()
+        load_builtins()
         name = _name_of(name_or_enum)
         if ADV_ESTIMATOR_REGISTRY.get(name, fn) is not fn:
             raise ValueError(f"advantage estimator {name!r} is already registered to {ADV_ESTIMATOR_REGISTRY[name]}")
@@ -178,7 +181,7 @@ def get_adv_estimator_fn(name_or_enum: Union[str, Enum]) -> Callable:
     Raises:
         ValueError: unknown name; the message names the nearest registered one and lists them all.
     """
-    _builtins_loaded()
+    load_builtins()
     name = _name_of(name_or_enum)
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise _unknown("advantage estimator", name, ADV_ESTIMATOR_REGISTRY)
@@ -196,7 +199,7 @@ def register_policy_loss(name: Union[str, Enum], override: bool = False) -> Call
     """
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        _builtins_loaded()
+        load_builtins()
         key = _name_of(name)
         if not override and POLICY_LOSS_REGISTRY.get(key, fn) is not fn:
             raise ValueError(
@@ -215,7 +218,7 @@ def get_policy_loss_fn(name: Union[str, Enum]) -> PolicyLossFn:
     Raises:
         ValueError: unknown name; the message names the nearest registered one and lists them all.
     """
-    _builtins_loaded()
+    load_builtins()
     name = _name_of(name)
     for candidate in (name, name.replace("-", "_")):
         if candidate in POLICY_LOSS_REGISTRY:

@@ -188,17 +188,19 @@ def test_two_facades_rebound_to_different_dicts_is_refused(saved_adv_registry):
 
 
 def test_a_lookup_through_the_torch_free_registry_loads_the_built_ins():
-    """``import rlhf.algorithms.registry`` (config validation) loads no torch; its first lookup imports and
-    registers every built-in estimator and policy loss."""
+    """``import rlhf.algorithms.registry`` (config validation) loads no torch; its first lookup, or reading a
+    registry through rlhf.algorithms (as ``sorted(algos.POLICY_LOSS_REGISTRY)`` at a test module's top does),
+    imports and registers every built-in estimator and policy loss."""
     code = textwrap.dedent("""
         import sys
         from rlhf.algorithms import registry
         assert not [m for m in sys.modules if m.split(".")[0] == "torch"]
         assert registry.adv_estimator_names()[:2] == ["gae", "gpg"] and not registry.ADV_ESTIMATOR_REGISTRY
+        import rlhf.algorithms as algos
+        assert sorted(algos.POLICY_LOSS_REGISTRY) == registry.policy_loss_names(), algos.POLICY_LOSS_REGISTRY
         fn = registry.get_adv_estimator_fn("grpo")
         assert fn.__module__ == "rlhf.algorithms.estimators.grpo", fn.__module__
         assert sorted(registry.ADV_ESTIMATOR_REGISTRY) == registry.adv_estimator_names()
-        assert sorted(registry.POLICY_LOSS_REGISTRY) == registry.policy_loss_names()
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
