@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from rlhf.algorithms import ConfigOverlay, LOSS_AGG_MODES, agg_loss, get_policy_loss_fn, global_batch_info
+from tests.unit.algorithms.helpers import INF, NAN, t
 
 B, L = 8, 5
 # unequal lengths, one fully masked row (an excluded sample) and a masked span inside a response
@@ -39,12 +40,6 @@ def split_total(loss_of, dp, micro):
 
 
 SPLITS = list(itertools.product([1, 2], [1, 2, 4]))
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
 
 
 # ----------------------------------------------------------------- agg_loss

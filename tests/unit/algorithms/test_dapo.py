@@ -10,12 +10,7 @@ import pytest
 import torch
 
 from rlhf.algorithms import compute_overlong_penalty, filter_groups_by_metric
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
+from tests.unit.algorithms.helpers import NAN, t
 
 
 # ----------------------------------------------------------------- DAPO helpers

@@ -19,12 +19,7 @@ from rlhf.algorithms import (
     kl_penalty,
     sequence_kl,
 )
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
+from tests.unit.algorithms.helpers import NAN, t
 
 
 # ----------------------------------------------------------------- KL estimators

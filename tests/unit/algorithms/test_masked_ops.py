@@ -9,12 +9,7 @@ import pytest
 import torch
 
 from rlhf.algorithms import compute_reinforce_plus_plus_outcome_advantage, masked_mean, masked_var, masked_whiten
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
+from tests.unit.algorithms.helpers import INF, NAN, outcome, t
 
 
 # ----------------------------------------------------------------- masked ops
@@ -22,13 +17,6 @@ def t(rows, dtype=torch.float64):
 VALUES = t([[1.0, 2.0, NAN], [4.0, INF, 6.0]])
 MASK = t([[1, 1, 0], [1, 0, 1]])
 VALID = [1.0, 2.0, 4.0, 6.0]
-
-
-def outcome(scores, lengths, width=4, dtype=torch.float64):
-    """Outcome reward on the last valid token, NaN padding (must never leak)."""
-    rewards = [[0.0] * (n - 1) + [s] + [NAN] * (width - n) for s, n in zip(scores, lengths)]
-    mask = [[1] * n + [0] * (width - n) for n in lengths]
-    return t(rewards, dtype), t(mask, dtype)
 
 
 def test_masked_mean_ignores_nan_and_inf_padding():

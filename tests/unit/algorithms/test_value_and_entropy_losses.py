@@ -9,12 +9,7 @@ import pytest
 import torch
 
 from rlhf.algorithms import compute_entropy_loss, compute_value_loss
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
+from tests.unit.algorithms.helpers import INF, NAN, t
 
 
 # ----------------------------------------------------------------- value / entropy loss

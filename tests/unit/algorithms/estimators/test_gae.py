@@ -3,31 +3,11 @@
 Expected numbers are worked out in comments or with plain python, never by the function under test.
 """
 
-import math
-import statistics
-
 import pytest
 import torch
 
 from rlhf.algorithms import compute_gae_advantage_return
-
-NAN = float("nan")
-
-
-def t(rows):
-    return torch.tensor(rows, dtype=torch.float64)
-
-
-def whiten(xs):
-    """Plain-python whitening with the unbiased std (what masked_whiten should do)."""
-    mean, std = statistics.mean(xs), statistics.stdev(xs)
-    return [(x - mean) / math.sqrt(std**2 + 1e-8) for x in xs]
-
-
-def scatter(valid_values, mask_row):
-    """Place values at the mask's valid positions of a row, 0 elsewhere."""
-    it = iter(valid_values)
-    return [next(it) if m else 0.0 for m in mask_row]
+from tests.unit.algorithms.helpers import NAN, scatter, t, whiten
 
 
 # ----------------------------------------------------------------- GAE

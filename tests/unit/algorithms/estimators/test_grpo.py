@@ -19,34 +19,7 @@ from rlhf.algorithms import (
     compute_rloo_vectorized_outcome_advantage,
     get_adv_estimator_fn,
 )
-
-NAN, INF = float("nan"), float("inf")
-EPS = 1e-6
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
-
-
-def outcome(scores, lengths, width=4, dtype=torch.float64):
-    """Outcome reward on the last valid token, NaN padding (must never leak)."""
-    rewards = [[0.0] * (n - 1) + [s] + [NAN] * (width - n) for s, n in zip(scores, lengths)]
-    mask = [[1] * n + [0] * (width - n) for n in lengths]
-    return t(rewards, dtype), t(mask, dtype)
-
-
-def per_sample(adv):
-    """The advantage of each row (every valid token carries the same scalar)."""
-    return adv[:, 0].tolist()
-
-
-def outcome_rewards(scores, lengths, width, pad=NAN):
-    """Outcome reward on the last valid token; NaN in padding to prove it never leaks."""
-    rewards, mask = [], []
-    for score, n in zip(scores, lengths):
-        rewards.append([0.0] * (n - 1) + [score] + [pad] * (width - n))
-        mask.append([1] * n + [0] * (width - n))
-    return t(rewards), t(mask)
+from tests.unit.algorithms.helpers import EPS, outcome, outcome_rewards, per_sample, t
 
 
 # ----------------------------------------------------------------- GRPO

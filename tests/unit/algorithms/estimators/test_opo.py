@@ -7,24 +7,7 @@ import pytest
 import torch
 
 from rlhf.algorithms import compute_opo_outcome_advantage
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
-
-
-def outcome(scores, lengths, width=4, dtype=torch.float64):
-    """Outcome reward on the last valid token, NaN padding (must never leak)."""
-    rewards = [[0.0] * (n - 1) + [s] + [NAN] * (width - n) for s, n in zip(scores, lengths)]
-    mask = [[1] * n + [0] * (width - n) for n in lengths]
-    return t(rewards, dtype), t(mask, dtype)
-
-
-def per_sample(adv):
-    """The advantage of each row (every valid token carries the same scalar)."""
-    return adv[:, 0].tolist()
+from tests.unit.algorithms.helpers import outcome, per_sample
 
 
 # ----------------------------------------------------------------- OPO

@@ -3,36 +3,13 @@
 Expected numbers are worked out in comments or with plain python, never by the function under test.
 """
 
-import math
-import statistics
-
 import torch
 
 from rlhf.algorithms import (
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
 )
-
-NAN = float("nan")
-
-
-def t(rows):
-    return torch.tensor(rows, dtype=torch.float64)
-
-
-def whiten(xs):
-    """Plain-python whitening with the unbiased std (what masked_whiten should do)."""
-    mean, std = statistics.mean(xs), statistics.stdev(xs)
-    return [(x - mean) / math.sqrt(std**2 + 1e-8) for x in xs]
-
-
-def outcome_rewards(scores, lengths, width, pad=NAN):
-    """Outcome reward on the last valid token; NaN in padding to prove it never leaks."""
-    rewards, mask = [], []
-    for score, n in zip(scores, lengths):
-        rewards.append([0.0] * (n - 1) + [score] + [pad] * (width - n))
-        mask.append([1] * n + [0] * (width - n))
-    return t(rewards), t(mask)
+from tests.unit.algorithms.helpers import NAN, outcome_rewards, t, whiten
 
 
 # ----------------------------------------------------------------- REINFORCE++

@@ -7,12 +7,7 @@ import pytest
 import torch
 
 from rlhf.algorithms import compute_remax_outcome_advantage
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
+from tests.unit.algorithms.helpers import INF, NAN, t
 
 
 # ----------------------------------------------------------------- ReMax

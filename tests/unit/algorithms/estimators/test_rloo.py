@@ -6,21 +6,7 @@ Expected numbers are worked out in comments or with plain python, never by the f
 import torch
 
 from rlhf.algorithms import compute_rloo_outcome_advantage
-
-NAN = float("nan")
-
-
-def t(rows):
-    return torch.tensor(rows, dtype=torch.float64)
-
-
-def outcome_rewards(scores, lengths, width, pad=NAN):
-    """Outcome reward on the last valid token; NaN in padding to prove it never leaks."""
-    rewards, mask = [], []
-    for score, n in zip(scores, lengths):
-        rewards.append([0.0] * (n - 1) + [score] + [pad] * (width - n))
-        mask.append([1] * n + [0] * (width - n))
-    return t(rewards), t(mask)
+from tests.unit.algorithms.helpers import outcome_rewards, t
 
 
 # ----------------------------------------------------------------- RLOO

@@ -9,20 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlhf.algorithms import ConfigOverlay, compute_policy_loss_vanilla, get_policy_loss_fn
-
-NAN = float("nan")
-
-
-def inputs():
-    log_prob = torch.tensor([[0.1, 0.3, NAN], [0.0, -0.3, 0.0]], dtype=torch.float64, requires_grad=True)
-    old = torch.tensor([[0.0, 0.0, NAN], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    adv = torch.tensor([[1.0, 1.0, NAN], [-0.5, -0.5, -0.5]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float64)
-    return old, log_prob, adv, mask
-
-
-def grad(rows):
-    return torch.tensor(rows, dtype=torch.float64)
+from tests.unit.algorithms.helpers import inputs
 
 
 def test_rollout_is_weights_scale_token_losses():

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from rlhf.algorithms import get_policy_loss_fn
+from tests.unit.algorithms.helpers import NAN
 
-NAN = float("nan")
 A = [2.0, 2.0, -2.0, -2.0]
 LOGP = [0.0, -3.0, -0.5, -2.5]
 

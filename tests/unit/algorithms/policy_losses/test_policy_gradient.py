@@ -8,28 +8,7 @@ import math
 import pytest
 import torch
 
-from rlhf.algorithms import get_policy_loss_fn
-
-NAN = float("nan")
-
-
-def inputs():
-    log_prob = torch.tensor([[0.1, 0.3, NAN], [0.0, -0.3, 0.0]], dtype=torch.float64, requires_grad=True)
-    old = torch.tensor([[0.0, 0.0, NAN], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    adv = torch.tensor([[1.0, 1.0, NAN], [-0.5, -0.5, -0.5]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float64)
-    return old, log_prob, adv, mask
-
-
-def run(mode, config=None, agg="token-mean"):
-    old, log_prob, adv, mask = inputs()
-    loss, metrics = get_policy_loss_fn(mode)(old, log_prob, adv, mask, agg, config)
-    loss.backward()
-    return loss.item(), log_prob.grad, metrics
-
-
-def grad(rows):
-    return torch.tensor(rows, dtype=torch.float64)
+from tests.unit.algorithms.helpers import grad, run
 
 
 def test_gpg_plain_policy_gradient():

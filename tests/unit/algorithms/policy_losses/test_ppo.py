@@ -11,13 +11,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlhf.algorithms import compute_policy_loss, compute_policy_loss_vanilla, get_policy_loss_fn
-
-NAN, INF = float("nan"), float("inf")
-
-
-def t(rows, dtype=torch.float64):
-    return torch.tensor(rows, dtype=dtype)
+from rlhf.algorithms import compute_policy_loss, compute_policy_loss_vanilla
+from tests.unit.algorithms.helpers import NAN, grad, run, sigmoid, t
 
 
 # ----------------------------------------------------------------- policy loss
@@ -26,29 +21,6 @@ def _reference_pg_token_loss(adv, ratio, low, high, c):
     """Plain-python PPO token loss with dual clip."""
     loss = max(-adv * ratio, -adv * min(max(ratio, 1 - low), 1 + high))
     return min(loss, -adv * c) if adv < 0 else loss
-
-
-def sigmoid(x):
-    return 1 / (1 + math.exp(-x))
-
-
-def inputs():
-    log_prob = torch.tensor([[0.1, 0.3, NAN], [0.0, -0.3, 0.0]], dtype=torch.float64, requires_grad=True)
-    old = torch.tensor([[0.0, 0.0, NAN], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    adv = torch.tensor([[1.0, 1.0, NAN], [-0.5, -0.5, -0.5]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.float64)
-    return old, log_prob, adv, mask
-
-
-def run(mode, config=None, agg="token-mean"):
-    old, log_prob, adv, mask = inputs()
-    loss, metrics = get_policy_loss_fn(mode)(old, log_prob, adv, mask, agg, config)
-    loss.backward()
-    return loss.item(), log_prob.grad, metrics
-
-
-def grad(rows):
-    return torch.tensor(rows, dtype=torch.float64)
 
 
 def test_policy_loss_clip_and_dual_clip_by_hand():
