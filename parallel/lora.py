@@ -24,6 +24,8 @@ Megatron's TE spec fuses the input norm into ``linear_qkv`` / ``linear_fc1`` (TE
 the layer sees the un-normed input); the hook then applies that norm itself (RMSNorm or LayerNorm from the
 layer's own ``layer_norm_weight``/``layer_norm_bias``) before A.  Routed MoE experts are not adapted.
 
+The module imports no megatron at import time (the config validates target_modules with it).
+
 Megatron-Bridge's PEFT (megatron.bridge.peft) implements the same idea but is not usable here: megatron-bridge
 0.3.1 requires transformers<5 (we run 5.x), Transformer Engine, mamba-ssm and more at install time.
 """
@@ -36,8 +38,6 @@ import zlib
 from dataclasses import dataclass
 
 import torch
-
-from parallel import cpu_patches  # noqa: F401  (must precede megatron.core imports)
 
 __all__ = ["LoRASettings", "MEGATRON_TARGETS", "resolve_targets", "apply_lora", "adapters_disabled",
            "lora_container", "adapted_layers", "LoRAAdapter", "CONTAINER"]
@@ -230,6 +230,7 @@ def apply_lora(chunks, settings: LoRASettings) -> int:
     targeted dense linear layer; returns how many adapters this rank holds.  Needs megatron's model parallel
     state.  Raises ValueError for rank < 1, an unknown A init, a chunk that already has adapters, or targets that
     match no layer (a MoE model's routed experts are not adapted: linear_fc1/fc2 then match nothing)."""
+    from parallel import cpu_patches  # noqa: F401  (must precede megatron.core imports)
     from megatron.core import parallel_state as ps
 
     if settings.rank < 1:
