@@ -13,6 +13,11 @@ policy-gradient-like loss (parallel.optim + parallel.forward), then:
   tp_layout_independent (TP2 phase): the adapters after two steps equal the TP1 phase's
   checkpoint_adapters_only: slim dist checkpoint holds only adapters + optimizer state (sizes printed vs full)
   resume_exact: step 3 after loading the step-2 checkpoint into a fresh model equals the uninterrupted step 3 bitwise
+Phase "grpo" (TP2): two GRPO steps of the PPO trainer (recipe grpo_tiny_cpu, model.lora.rank=4, KL loss so a
+reference is built) with the in-process HF engine double (tests/support/hf_sampling_engine.py) fed by the real
+weight bridge; then the reference is the adapters-off actor, adapters changed, base bitwise unchanged, the
+engine's weights (what the bridge sent) equal the trainer's merged HF export bitwise and the PEFT adapter +
+HF base closely, and the trainer's checkpoint holds only adapters + optimizer state.
 Each check prints `CHECK <phase>_<name> PASS|FAIL <detail>` on rank 0 (tests/e2e/test_lora_dist.py).
 """
 import argparse
@@ -93,6 +98,13 @@ def adapters(chunks):
 
     return {f"{p}.{n}": t.detach().clone() for c in chunks for p, a in adapted_layers(c).items()
             for n, t in (("a", a.a), ("b", a.b))}
+
+
+def checkpoint_keys(d):
+    """The tensor keys of a dist checkpoint (model and optimizer state)."""
+    from megatron.core.dist_checkpointing import load_tensors_metadata
+
+    return sorted(load_tensors_metadata(d))
 
 
 def dir_bytes(d):
@@ -202,16 +214,18 @@ def run_phase(phase, tp, path, workdir, memo):
     report(f"{phase}_bridge_sends_merged", ok_bridge, details[0])
     report(f"{phase}_hf_merged_logits", ok_merged and hf_err < 1e-4, details[1])
     report(f"{phase}_peft_export", ok_peft, details[2])
-    # TP1 (distributed optimizer over DP2) and TP2 train the same adapters: equal up to float rounding, which
-    # Adam's g / sqrt(v) amplifies for near-zero gradients; the log-probs must agree closely
+    # the TP math: TP2's adapter gradients (column: A replicated / B sharded, row: A sharded / B replicated, with
+    # their own TP collectives) equal TP1's.  (After Adam steps the adapters agree only to ~1e-4: Adam's
+    # g / (sqrt(v) + eps) amplifies rounding in near-zero gradient elements.)
+    grads = first_grads(path, settings)
     if phase == "tp1":
-        memo["a2"], memo["lp"] = full_adapters(chunks, bundle.spec), lora_lp
+        memo["grads"] = grads
     else:
-        now = full_adapters(chunks, bundle.spec)
-        err = max(float((now[k] - memo["a2"][k]).abs().max()) for k in now)
-        lp_err = float((lora_lp - memo["lp"]).abs().max())
-        report(f"{phase}_tp_layout_independent", set(now) == set(memo["a2"]) and err < 1e-3 and lp_err < 1e-4,
-               f"max adapter diff vs TP1 {err:.2g}, log-prob diff {lp_err:.2g}")
+        ref_g = memo["grads"]
+        err = max(float((grads[k] - ref_g[k]).abs().max() / ref_g[k].abs().max().clamp(min=1e-12)) for k in grads)
+        zero = [k for k in ref_g if not ref_g[k].abs().max() > 0]
+        report(f"{phase}_tp_grads_equal_tp1", set(grads) == set(ref_g) and err < 1e-5 and not zero,
+               f"max relative diff {err:.2g} over {len(grads)} tensors")
 
     # checkpoint: slim (adapters + their optimizer state) vs full; resume exact
     slim_dir, full_dir = os.path.join(workdir, f"{phase}_ckpt_slim"), os.path.join(workdir, f"{phase}_ckpt_full")
@@ -220,7 +234,9 @@ def run_phase(phase, tp, path, workdir, memo):
     save_sharded(full_dir, state.model, state.optimizer, common=common, slim=False)
     slim_b, full_b = dir_bytes(slim_dir), dir_bytes(full_dir)
     n_model = sum(p.numel() for n, p in unwrap_model(chunks[0]).named_parameters()) * ps.get_tensor_model_parallel_world_size()
-    report(f"{phase}_checkpoint_adapters_only", slim_b < full_b / 3,
+    keys = checkpoint_keys(slim_dir)
+    report(f"{phase}_checkpoint_adapters_only", slim_b < full_b / 3 and keys
+           and all(".lora." in k or k.startswith("lora.") for k in keys) and len(checkpoint_keys(full_dir)) > len(keys),
            f"slim {slim_b} B vs full {full_b} B ({slim_b / full_b:.1%}); adapters {n_ad} of ~{n_model} elements/rank")
     step(bundle, state, 3)
     want = adapters(chunks)
@@ -234,6 +250,117 @@ def run_phase(phase, tp, path, workdir, memo):
            f"max diff {max(float((got[k] - want[k]).abs().max()) for k in want):.3g}")
 
 
+def run_grpo_phase(path, workdir):
+    from megatron.core import parallel_state as ps
+
+    import rlhf.workers.rollout
+    from rlhf.config import compose_config, validate_config
+    from rlhf.trainer.ppo_trainer import PPOTrainer
+    from rlhf.workers.lora_reference import AdapterOffReference
+    from tests.support.hf_sampling_engine import start_hf_sampling_engine
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    rlhf.workers.rollout.start_rollout = start_hf_sampling_engine
+    out = os.path.join(workdir, "grpo")
+    reward = os.path.join(workdir, "length_reward.py")
+    if dist.get_rank() == 0:  # the tiny random model never answers: a reward that differs within a group
+        with open(reward, "w") as f:
+            f.write("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                    "    return float(len(solution_str) % 5)\n")
+    dist.barrier()
+    cfg = compose_config([f"model.path={path}", f"trainer.default_local_dir={out}", "trainer.logger=[console]",
+                          "parallel.tensor_model_parallel_size=2", "data.train_batch_size=2", "rollout.n=2",
+                          "actor.ppo_mini_batch_size=2", "actor.ppo_micro_batch_size_per_gpu=2",
+                          "data.max_response_length=8", "actor.use_kl_loss=true", "actor.optim.lr=5e-2",
+                          f"reward.custom_reward_function.path={reward}", "rollout.temperature=1.0",
+                          "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+                          "actor_rollout_ref.model.target_modules=all-linear",
+                          "trainer.val_before_train=false", "trainer.progress_bar=false"], recipe="grpo_tiny_cpu")
+    validate_config(cfg, world_size=dist.get_world_size())
+    trainer = PPOTrainer(cfg)
+    try:
+        chunks = trainer.actor.chunks
+        base0 = {n: p.detach().clone() for n, p in chunks[0].named_parameters() if not n.startswith("lora_adapters.")}
+        a0 = adapters(chunks)
+        report("grpo_reference_is_adapters_off_actor", isinstance(trainer.reference, AdapterOffReference)
+               and trainer.reference.actor is trainer.actor and trainer.actor.lora.rank == 4)
+        metrics = [trainer.train_step(k) for k in (1, 2)]
+        a2 = adapters(chunks)
+        changed = sum(not torch.equal(a0[k], a2[k]) for k in a0)
+        report("grpo_adapters_changed", changed > 0, f"{changed} of {len(a0)} adapter tensors changed, kl "
+               f"{[round(float(m.get('actor/kl', 0.0)), 5) for m in metrics]}")
+        report("grpo_base_bitwise_unchanged", all(torch.equal(p, base0[n]) for n, p in chunks[0].named_parameters()
+                                                  if n in base0))
+        trainer.rollout.bridge.sync()
+        merged_dir = trainer.export_hf()
+        if dist.get_rank() == 0:
+            engine = trainer.rollout.manager
+            engine._refresh_weights()
+            sent = {k: v for k, v in engine.model.state_dict().items()}
+            merged = load_dir(merged_dir)
+            want, _, _ = hf_merged_from_peft(load_dir(path), merged_dir + "_adapter")
+            same = all(torch.equal(sent[k], merged[k]) for k in merged)
+            err = max(float((merged[k] - want[k]).abs().max()) for k in want)
+            diff = sum(not torch.equal(merged[k], load_dir(path)[k]) for k in merged)
+            ok, detail = same and err < 1e-6 and diff > 0, f"{diff} merged tensors differ from the base; peft err {err:.2g}"
+        else:
+            ok, detail = False, ""
+        report("grpo_engine_weights_are_merged_export", ok, detail)
+        ckpt = trainer.save_checkpoint(2)
+        keys, actor_b = checkpoint_keys(os.path.join(ckpt, "actor")), dir_bytes(os.path.join(ckpt, "actor"))
+        report("grpo_checkpoint_adapters_only", keys and all(".lora." in k or k.startswith("lora.") for k in keys),
+               f"{len(keys)} tensors, {actor_b} B; non-adapter keys {[k for k in keys if 'lora.' not in k][:3]}")
+    finally:
+        trainer.close()
+
+
+def first_grads(path, settings):
+    """Full (HF-layout) gradients of every adapter for one backward pass from seeded non-zero B (so A gets a
+    gradient too); megatron's gradient reduction is switched off (every DP rank has the same batch)."""
+    from parallel.forward import forward_backward
+    from parallel.lora import COLUMN, _init_a, adapted_layers
+    from parallel.optim import zero_grads
+    from megatron.core import parallel_state as ps
+
+    bundle, state = build(path, settings)
+    tp, r = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    ads = [a for c in bundle.chunks for a in adapted_layers(c).values()]
+    with torch.no_grad():
+        for a in ads:  # B seeded in the HF... megatron full layout of TP1, then this rank's slice
+            full = _init_a((a.b.shape[0] * (tp if a.kind == COLUMN else 1), settings.rank), "xavier", a.key + "B", 1)
+            if a.kind == COLUMN and tp > 1:
+                full = _tp_slice(full, a, tp, r, bundle.spec)
+            a.b.copy_(full)
+    zero_grads(state)
+    cfg = bundle.config
+    saved, cfg.finalize_model_grads_func = cfg.finalize_model_grads_func, None
+    adv = torch.tensor([1.0, -0.5])
+
+    def loss_fn(outputs, mb):
+        mask = mb["attention_mask"].float()
+        return -((outputs["log_probs"] * mask).sum(1) * adv).sum() / mask.sum(), {}
+
+    forward_backward(state.model, batch(bundle.spec.vocab_size, 55), kind="log_probs", vocab_size=bundle.spec.vocab_size,
+                     loss_fn=loss_fn, forward_only=False, micro_batch_size=2)
+    cfg.finalize_model_grads_func = saved
+    swap = [(p, p.data) for a in ads for p in (a.a, a.b)]
+    for p, _ in swap:
+        p.data = p.main_grad.view_as(p).to(p.dtype)
+    grads = full_adapters(bundle.chunks, bundle.spec)
+    for p, d in swap:
+        p.data = d
+    return grads
+
+
+def _tp_slice(full, adapter, tp, rank, spec):
+    """This TP rank's rows of a column-parallel B given in TP1's megatron layout (q/k/v groups, or gate; up)."""
+    if adapter.key.endswith("linear_fc1"):
+        gate, up = full.chunk(2, 0)
+        return torch.cat([gate.chunk(tp, 0)[rank], up.chunk(tp, 0)[rank]], 0)
+    return full.chunk(tp, 0)[rank]  # linear_qkv: whole query groups per rank, in order
+
+
 def full_adapters(chunks, spec):
     from parallel.lora_export import peft_adapter_tensors
 
@@ -243,6 +370,7 @@ def full_adapters(chunks, spec):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--phases", default="tp1,tp2,grpo", help="comma-separated subset (debugging)")
     args = ap.parse_args()
     init_distributed()
     os.makedirs(args.workdir, exist_ok=True)
@@ -255,9 +383,12 @@ def main():
         make_tiny_hf_model(path, "llama_gqa", vocab_size=len(tok), hidden_size=64, num_layers=2, seed=7, tokenizer=tok)
     dist.barrier()
     memo = {}
-    for phase, tp in (("tp1", 1), ("tp2", 2)):
+    for phase, tp in [p for p in (("tp1", 1), ("tp2", 2), ("grpo", 2)) if p[0] in args.phases.split(",")]:
         try:
-            run_phase(phase, tp, path, args.workdir, memo)
+            if phase == "grpo":
+                run_grpo_phase(path, args.workdir)
+            else:
+                run_phase(phase, tp, path, args.workdir, memo)
         except Exception:
             traceback.print_exc()
             print(f"CHECK {phase}_phase_completed FAIL rank {dist.get_rank()}: exception (see log)", flush=True)
