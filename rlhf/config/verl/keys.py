@@ -185,7 +185,8 @@ def _lora(at: str) -> list[tuple]:
 def _no_lora(at: str) -> list[tuple]:
     why = "LoRA on the critic is not supported; it trains fully"
     return [(f"{at}.lora_rank", "neutral", ((0,), why)), (f"{at}.lora.rank", "neutral", ((0,), why)),
-            (f"{at}.lora_adapter_path", "neutral", ((None,), why)), (f"{at}.lora.adapter_path", "neutral", ((None,), why)),
+            (f"{at}.lora_adapter_path", "neutral", ((None,), why)),
+            (f"{at}.lora.adapter_path", "neutral", ((None,), why)),
             (f"{at}.lora.**", "ignore", "LoRA is off (rank 0)")]
 
 
