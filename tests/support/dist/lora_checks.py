@@ -11,6 +11,7 @@ policy-gradient-like loss (parallel.optim + parallel.forward), then:
   hf_merged_logits: HF's model loaded from save_hf_checkpoint (merged) gives the megatron LoRA model's log-probs
   peft_export: adapter_config.json fields, every lora_A/lora_B key a PEFT LoraModel of the HF model would hold
   tp_layout_independent (TP2 phase): the adapters after two steps equal the TP1 phase's
+  tp2sp_tp_grads_equal_tp1: the same at TP2 with sequence parallelism
   checkpoint_adapters_only: slim dist checkpoint holds only adapters + optimizer state (sizes printed vs full)
   resume_exact: step 3 after loading the step-2 checkpoint into a fresh model equals the uninterrupted step 3 bitwise
 Phase "grpo" (TP2): two GRPO steps of the PPO trainer (recipe grpo_tiny_cpu, model.lora.rank=4, KL loss so a
@@ -80,14 +81,14 @@ def log_probs(chunks, vocab):
         return forward_backward(chunks, batch(vocab, 7), kind="log_probs", vocab_size=vocab, micro_batch_size=2)["log_probs"]
 
 
-def build(path, settings):
+def build(path, settings, sequence_parallel=False):
     from transformers import AutoConfig
 
     from parallel.lora import apply_lora
     from parallel.models import build_model_chunks
     from parallel.optim import OptimConfig, build_train_state
 
-    bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
+    bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path, sequence_parallel=sequence_parallel)
     apply_lora(bundle.chunks, settings)
     state = build_train_state(bundle.chunks, bundle.config, OptimConfig(lr=5e-2, clip_grad=10.0))
     return bundle, state
@@ -250,6 +251,24 @@ def run_phase(phase, tp, path, workdir, memo):
            f"max diff {max(float((got[k] - want[k]).abs().max()) for k in want):.3g}")
 
 
+def run_sp_phase(path, memo):
+    """TP2 with sequence parallelism: the adapters' gradients equal TP1's (the all-gather / reduce-scatter of the
+    r-wide activations and the sequence_parallel marks on the replicated adapter tensors)."""
+    from megatron.core import parallel_state as ps
+
+    from parallel.lora import LoRASettings
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_model_parallel(tp=2, pp=1)
+    set_seed(1234)
+    grads = first_grads(path, LoRASettings(rank=RANK, alpha=ALPHA), sequence_parallel=True)
+    ref_g = memo["grads"]
+    err = max(float((grads[k] - ref_g[k]).abs().max() / ref_g[k].abs().max().clamp(min=1e-12)) for k in grads)
+    report("tp2sp_tp_grads_equal_tp1", set(grads) == set(ref_g) and err < 1e-5,
+           f"max relative diff {err:.2g} over {len(grads)} tensors")
+
+
 def run_grpo_phase(path, workdir):
     from megatron.core import parallel_state as ps
 
@@ -315,15 +334,16 @@ def run_grpo_phase(path, workdir):
         trainer.close()
 
 
-def first_grads(path, settings):
+def first_grads(path, settings, sequence_parallel=False):
     """Full (HF-layout) gradients of every adapter for one backward pass from seeded non-zero B (so A gets a
-    gradient too); megatron's gradient reduction is switched off (every DP rank has the same batch)."""
+    gradient too); megatron's gradient reduction is switched off (every DP rank has the same batch), except under
+    sequence parallelism (DP 1), where finalize_model_grads sums the sequence-parallel adapters' partial gradients."""
     from parallel.forward import forward_backward
     from parallel.lora import COLUMN, _init_a, adapted_layers
     from parallel.optim import zero_grads
     from megatron.core import parallel_state as ps
 
-    bundle, state = build(path, settings)
+    bundle, state = build(path, settings, sequence_parallel)
     tp, r = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     ads = [a for c in bundle.chunks for a in adapted_layers(c).values()]
     with torch.no_grad():
@@ -334,7 +354,9 @@ def first_grads(path, settings):
             a.b.copy_(full)
     zero_grads(state)
     cfg = bundle.config
-    saved, cfg.finalize_model_grads_func = cfg.finalize_model_grads_func, None
+    saved = cfg.finalize_model_grads_func
+    if not sequence_parallel:
+        cfg.finalize_model_grads_func = None
     adv = torch.tensor([1.0, -0.5])
 
     def loss_fn(outputs, mb):
@@ -370,7 +392,7 @@ def full_adapters(chunks, spec):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--phases", default="tp1,tp2,grpo", help="comma-separated subset (debugging)")
+    ap.add_argument("--phases", default="tp1,tp2,tp2sp,grpo", help="comma-separated subset (debugging)")
     args = ap.parse_args()
     init_distributed()
     os.makedirs(args.workdir, exist_ok=True)
@@ -383,9 +405,12 @@ def main():
         make_tiny_hf_model(path, "llama_gqa", vocab_size=len(tok), hidden_size=64, num_layers=2, seed=7, tokenizer=tok)
     dist.barrier()
     memo = {}
-    for phase, tp in [p for p in (("tp1", 1), ("tp2", 2), ("grpo", 2)) if p[0] in args.phases.split(",")]:
+    phases = (("tp1", 1), ("tp2", 2), ("tp2sp", 2), ("grpo", 2))
+    for phase, tp in [p for p in phases if p[0] in args.phases.split(",")]:
         try:
-            if phase == "grpo":
+            if phase == "tp2sp":
+                run_sp_phase(path, memo)
+            elif phase == "grpo":
                 run_grpo_phase(path, args.workdir)
             else:
                 run_phase(phase, tp, path, args.workdir, memo)
