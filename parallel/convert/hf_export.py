@@ -40,7 +40,7 @@ def iter_hf_tensors(model_chunks, spec, dtype: torch.dtype | None = None) -> Ite
 
     tp_group, tp = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
     for t in walk_local_tensors(model_chunks, spec):
-        tensor, role = t.tensor.detach(), t.role
+        tensor, role = t.values(), t.role
         if role.is_expert:
             group, size = ps.get_expert_tensor_parallel_group(), ps.get_expert_tensor_parallel_world_size()
         else:

@@ -90,6 +90,13 @@ class LocalTensor:
     tensor: torch.Tensor
     role: ParamRole | None
     is_param: bool
+    merge: Callable[[torch.Tensor], torch.Tensor] | None = None  # LoRA: base shard -> merged shard
+
+    def values(self) -> torch.Tensor:
+        """The local tensor's values to export or send, detached: the LoRA-merged shard ``W + (alpha / r) B A``
+        for an adapted base weight (a new tensor each call; parallel.lora), else the tensor itself."""
+        t = self.tensor.detach()
+        return t if self.merge is None else self.merge(t)
 
 
 def walk_local_tensors(model_chunks, spec, name_map: NameMapHook | None = None, include_value_head: bool = False,
@@ -105,13 +112,20 @@ def walk_local_tensors(model_chunks, spec, name_map: NameMapHook | None = None, 
     (appended to `skipped` as ``"chunk<i>.<name>"`` when a list is given).
     Raises KeyError naming a *parameter* with no HF mapping (add a `name_map` rule for it) and
     ValueError for a role whose kind is not one of `GATHER_DIM`.
+
+    LoRA (parallel.lora): the adapters' own tensors are skipped (they have no HF name); an adapted layer's
+    weight carries a `merge`, so :meth:`LocalTensor.values` gives the merged weight.
     """
+    from parallel.lora import CONTAINER, adapted_layers
+
     for ci, chunk in enumerate(model_chunks):
         chunk = unwrap_model(chunk)
         params = {n for n, _ in chunk.named_parameters()}
+        merges = {f"{path}.weight": a.merged for path, a in adapted_layers(chunk).items()}
         is_value_model = getattr(chunk, "is_value_model", False)
         for name, tensor in chunk.state_dict(keep_vars=True).items():
-            if tensor is None or not torch.is_tensor(tensor) or name.endswith("_extra_state"):
+            if (tensor is None or not torch.is_tensor(tensor) or name.endswith("_extra_state")
+                    or name.startswith(CONTAINER + ".")):
                 continue
             if (name == "output_layer.weight" and spec.tie_word_embeddings and not is_value_model
                     and not include_tied_copy):
@@ -131,7 +145,7 @@ def walk_local_tensors(model_chunks, spec, name_map: NameMapHook | None = None, 
                     continue
             if role is not None and role.kind not in GATHER_DIM:
                 raise ValueError(f"{name!r}: unknown role kind {role.kind!r}; use one of {sorted(GATHER_DIM)}")
-            yield LocalTensor(ci, chunk, name, tensor, role, name in params)
+            yield LocalTensor(ci, chunk, name, tensor, role, name in params, merges.get(name))
 
 
 def iter_local_params(model_chunks, spec, include_value_head: bool = False):

@@ -238,9 +238,15 @@ class BaseTrainer:
             logger.info("resumed from %s at step %d", path, self.start_step)
 
     def export_hf(self) -> str:
-        """Collective. The actor as an HF checkpoint (+ tokenizer) in ``<default_local_dir>/hf_export``."""
+        """Collective. The actor as an HF checkpoint (+ tokenizer) in ``<default_local_dir>/hf_export``; a LoRA
+        actor's weights merged (W + alpha/r B A), and its adapter as a PEFT directory in ``hf_export_adapter``."""
         from parallel.convert import save_hf_checkpoint
 
         out = os.path.join(self.cfg.trainer.default_local_dir, "hf_export")
         save_hf_checkpoint(self.actor.chunks, self.actor.bundle.spec, self.hf_config, out, tokenizer=self.tokenizer)
+        if getattr(self.actor, "lora", None) is not None:  # merged weights above; the adapter alone for PEFT
+            from parallel.lora_export import save_peft_adapter
+
+            save_peft_adapter(self.actor.chunks, self.actor.bundle.spec, self.actor.lora, out + "_adapter",
+                              base_model=self.model_path)
         return out

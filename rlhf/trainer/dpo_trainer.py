@@ -66,7 +66,7 @@ class DPOTrainer(BaseTrainer):
         self.total_steps = self.steps_for(self.train_loader)
         self.fill_lr_decay_steps("actor", self.total_steps, epochs=1)
         self.actor = build_actor(cfg, self.hf_config, self.model_path, temperature=1.0)
-        self.reference = build_reference(cfg, self.hf_config, self.model_path, temperature=1.0)
+        self.reference = build_reference(cfg, self.hf_config, self.model_path, temperature=1.0, actor=self.actor)
         self.loss = DPOLoss(cfg.algorithm.dpo)
         self.val_ref_logps = None  # the reference's validation log-probs never change: computed once
 

@@ -122,7 +122,8 @@ class PPOTrainer(BaseTrainer):
         temperature = log_prob_temperature(cfg)
         self.actor = build_actor(cfg, self.hf_config, self.model_path, temperature=temperature)
         need_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
-        self.reference = build_reference(cfg, self.hf_config, self.model_path, temperature=temperature) \
+        self.reference = build_reference(cfg, self.hf_config, self.model_path, temperature=temperature,
+                                         actor=self.actor) \
             if need_ref else None
         self.critic = build_critic(cfg, self.model_path) if use_critic(cfg) else None
         self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer)

@@ -35,7 +35,7 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
         if dim is None:
             if not topo.is_leader:
                 continue
-            shards = [e.tensor.detach()]
+            shards = [e.values()]
         else:
             shards = topo.gather(e)
             if not topo.is_leader:

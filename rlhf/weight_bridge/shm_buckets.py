@@ -80,7 +80,7 @@ class SharedBuckets:
         ``(plan, None, buffer)`` once all ranks wrote it (the peers yield nothing)."""
         regions = defaultdict(list)
         for e in entries:
-            for reg in shard_regions(e.role, e.tensor.detach(), spec, self.tp_rank, self.tp_size):
+            for reg in shard_regions(e.role, e.values(), spec, self.tp_rank, self.tp_size):
                 regions[reg.name].append(reg)
 
         def write(_k, bplan, buf):
@@ -96,7 +96,7 @@ class SharedBuckets:
         rank runs its composed block copies ``ops[k]`` into bucket k's engine-rank sections."""
         from rlhf.weight_bridge.engine_layout import write_section_ops
 
-        flats = [e.tensor.detach().view(-1) for e in entries]
+        flats = [e.values().view(-1) for e in entries]
         sizes = [plan.buffer_bytes(b) for b in plan.buckets]
         return self._stream(plan.buckets, sizes,
                             lambda k, b, buf: write_section_ops(ops[k], buf, plan.stride(b), flats), times)

@@ -61,8 +61,8 @@ class MegatronTopology:
         """TP shards of ``entry.tensor`` on the stage leader (rank order), None elsewhere; the leader
         calls :meth:`release_gather` once it no longer needs them."""
         if self.tp_size == 1:
-            return [entry.tensor.detach().contiguous()]
-        t = devices.to_group_device(entry.tensor.detach().contiguous(), self.tp_group)
+            return [entry.values().contiguous()]
+        t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
         out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
         dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
         return out

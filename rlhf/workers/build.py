@@ -13,6 +13,7 @@ from parallel.optim import OptimConfig, build_train_state
 from .actor import MegatronActor
 from .critic import MegatronCritic
 from .dynamic_batch import check_token_budget, token_budgets
+from .lora_reference import AdapterOffReference, lora_settings
 
 __all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "check_dynamic_batching",
            "build_actor",
@@ -97,15 +98,30 @@ def check_dynamic_batching(cfg, role: str) -> None:
 
 def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
     """Collective. The actor from the HF weights at `model_path`, with its optimizer (``actor.optim``).
+    With ``model.lora.rank`` > 0 the base weights are frozen and LoRA adapters (parallel.lora) are what the
+    optimizer trains; ``actor.lora`` holds their settings (None without LoRA).
     Raises ValueError for a dynamic-batching token budget below the longest sequence, before building."""
     check_dynamic_batching(cfg, "actor")
     bundle = _chunks(cfg, hf_config, "actor", model_path)
-    return MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
-                         cfg.actor, temperature=temperature)
+    settings = lora_settings(cfg)
+    if settings is not None:
+        from parallel.lora import apply_lora
+
+        apply_lora(bundle.chunks, settings)
+    actor = MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
+                          cfg.actor, temperature=temperature)
+    actor.lora = settings
+    return actor
 
 
-def build_reference(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
-    """Collective. The frozen reference policy (the initial actor weights, no optimizer)."""
+def build_reference(cfg, hf_config, model_path: str, *, temperature: float, actor: MegatronActor | None = None):
+    """Collective. The frozen reference policy (the initial actor weights, no optimizer).  With LoRA
+    (``model.lora.rank`` > 0) it is `actor` with its adapters off (AdapterOffReference: no second copy of the
+    weights); ValueError when `actor` is not given then."""
+    if lora_settings(cfg) is not None:
+        if actor is None:
+            raise ValueError("model.lora.rank > 0: the reference is the actor with its adapters off; pass actor=")
+        return AdapterOffReference(actor)
     return MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
 
 

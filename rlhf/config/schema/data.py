@@ -5,9 +5,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlhf.config.choices import ModelDtype, Recompute, Truncation
-from rlhf.config.schema.rules import Checked, ge, ge_or_null
+from rlhf.config.schema.rules import Checked, ge, ge_or_null, gt
 
-__all__ = ["DataConfig", "ModelConfig", "ParallelConfig"]
+__all__ = ["DataConfig", "LoRAConfig", "ModelConfig", "ParallelConfig"]
 
 
 @dataclass
@@ -46,6 +46,33 @@ class DataConfig(Checked):
 
 
 @dataclass
+class LoRAConfig(Checked):
+    # LoRA on the actor (parallel.lora): rank 0 = off (full fine-tuning); the update B A is scaled by alpha / rank.
+    # Base weights frozen, the reference is the actor with its adapters off, rollouts get the merged weights.
+    rank: int = 0
+    alpha: float = 16.0
+    # all-linear, or a list of HF names (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; q/k/v and
+    # gate/up together: megatron fuses them) or megatron names (linear_qkv linear_proj linear_fc1 linear_fc2)
+    target_modules: Any = "all-linear"
+    a_init: str = "xavier"  # init of A: xavier (verl's megatron default) or kaiming (PEFT's); B starts at 0
+
+    def problems(self, at: str = "") -> list[str]:
+        out = ge(self, at, "rank", 0, "0 switches LoRA off")
+        if not self.rank:
+            return out
+        out += gt(self, at, "alpha", 0)
+        if self.a_init not in ("xavier", "kaiming"):
+            out.append(f"{at}a_init={self.a_init!r} must be one of [xavier, kaiming].")
+        from parallel.lora import resolve_targets
+
+        try:
+            resolve_targets(self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules))
+        except ValueError as e:
+            out.append(f"{at}{e}.")
+        return out
+
+
+@dataclass
 class ModelConfig(Checked):
     path: str = "tiny://quickstart"  # HF dir, hub name, or tiny://quickstart (built + warmed up locally)
     tokenizer_path: Optional[str] = None
@@ -58,6 +85,7 @@ class ModelConfig(Checked):
     # tiny://quickstart only: supervised warm-up so PPO starts with some signal
     warmup_steps: int = 300
     warmup_lr: float = 3e-3
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def problems(self, at: str = "") -> list[str]:
         return [] if self.path else [f"{at}path is empty; give an HF directory, a hub name or tiny://quickstart."]

@@ -5,7 +5,7 @@ a verl-style YAML file is rewritten into our keys by the rules of :mod:`rlhf.con
 a key of our own schema stays as it is; a verl key is renamed (``actor_rollout_ref.rollout.gpu_memory_utilization``
 -> ``rollout.mem_fraction_static``, ``critic.model.path`` -> ``model.critic_path``), has its value rewritten
 (``trainer.logger=console`` -> ``[console]``), is accepted without effect (an engine or throughput knob), is
-accepted only at its "off" value (``lora_rank=0``), or must equal our value after composing (the reference's and
+accepted only at its "off" value (``lora.dropout=0``), or must equal our value after composing (the reference's and
 critic's parallel layout).  Every setting we cannot honour is collected, with the reason and what to use instead,
 so all of them are reported together (:func:`translate_items`).
 """

@@ -145,25 +145,66 @@ def _megatron(at: str, same: bool) -> list[tuple]:
     ]
 
 
-def _model_common(at: str) -> list[tuple]:
+def _lora_rank(v: Any) -> list[tuple[str, Any]]:
+    return [] if not v else [("model.lora.rank", v)]  # verl's megatron lora.rank; 0 (its default) keeps lora_rank
+
+
+def _lora_a_init(v: Any) -> list[tuple[str, Any]]:
+    if v in ("xavier", "kaiming"):
+        return [("model.lora.a_init", v)]
+    raise Unsupported("the LoRA A init here is xavier or kaiming (B starts at zero)")
+
+
+def _lora(at: str) -> list[tuple]:
+    """The actor's LoRA keys: verl's FSDP-style (lora_rank, lora_alpha, target_modules) and its megatron
+    ``lora.*`` section both set ``model.lora`` (the last one given wins)."""
+    why = "only plain LoRA (type lora, no dropout, B initialised to zero, adapters in the model's dtype)"
+    return [
+        (f"{at}.lora_rank", "map", "model.lora.rank"),
+        (f"{at}.lora_alpha", "map", "model.lora.alpha"),
+        (f"{at}.target_modules", "map", "model.lora.target_modules"),
+        (f"{at}.exclude_modules", "neutral", (_OFF, "exclude_modules is not supported; list target_modules instead")),
+        (f"{at}.lora_adapter_path", "neutral", ((None,), "loading a LoRA adapter is not supported; "
+                                                          "merge it into the HF weights and use model.path")),
+        (f"{at}.lora.rank", "fn", _lora_rank),
+        (f"{at}.lora.alpha", "map", "model.lora.alpha"),
+        (f"{at}.lora.target_modules", "map", "model.lora.target_modules"),
+        (f"{at}.lora.lora_A_init_method", "fn", _lora_a_init),
+        (f"{at}.lora.type", "neutral", (("lora",), why)),
+        (f"{at}.lora.dropout", "neutral", ((0, 0.0, None), why)),
+        (f"{at}.lora.lora_B_init_method", "neutral", (("zero",), why)),
+        (f"{at}.lora.dtype", "neutral", ((None,), why)),
+        (f"{at}.lora.exclude_modules", "neutral", (_OFF, "exclude_modules is not supported; list target_modules")),
+        (f"{at}.lora.adapter_path", "neutral", ((None,), "loading a LoRA adapter is not supported; "
+                                                         "merge it into the HF weights and use model.path")),
+        (f"{at}.lora.merge", "ignore", "the rollout always gets the merged weights (W + alpha/r B A)"),
+        (f"{at}.lora.**", "ignore", "a verl LoRA detail without effect here (dropout position, vision towers)"),
+    ]
+
+
+def _no_lora(at: str) -> list[tuple]:
+    why = "LoRA on the critic is not supported; it trains fully"
+    return [(f"{at}.lora_rank", "neutral", ((0,), why)), (f"{at}.lora.rank", "neutral", ((0,), why)),
+            (f"{at}.lora_adapter_path", "neutral", ((None,), why)),
+            (f"{at}.lora.adapter_path", "neutral", ((None,), why)),
+            (f"{at}.lora.**", "ignore", "LoRA is off (rank 0)")]
+
+
+def _model_common(at: str, lora: bool = False) -> list[tuple]:
     return [
         (f"{at}.trust_remote_code", "neutral", ((False, None), "models load with transformers' built-in classes")),
         (f"{at}.external_lib", "neutral", ((None, ""), "models load with transformers' built-in classes")),
         (f"{at}.override_config.**", "neutral", (_OFF, "edit the model's config.json instead")),
         (f"{at}.override_config", "neutral", (_OFF, "edit the model's config.json instead")),
-        (f"{at}.lora_rank", "neutral", ((0,), "LoRA is not supported; full fine-tuning only")),
-        (f"{at}.lora.rank", "neutral", ((0,), "LoRA is not supported; full fine-tuning only")),
-        (f"{at}.lora_adapter_path", "neutral", ((None,), "LoRA is not supported")),
-        (f"{at}.lora.adapter_path", "neutral", ((None,), "LoRA is not supported")),
-        (f"{at}.lora.**", "ignore", "LoRA is off (rank 0)"),
+        *(_lora(at) if lora else _no_lora(at)),
         (f"{at}.enable_activation_offload", "neutral", ((False,), "activation offload is not supported")),
         (f"{at}.enable_gradient_checkpointing", "ignore",
          "verl's FSDP switch; megatron recompute is parallel.recompute"),
         (f"{at}.tiled_mlp.enabled", "neutral", ((False,), "tiled MLP is not supported")),
         (f"{at}.mtp.enable", "neutral", ((False,), "multi-token prediction is not supported")),
         (f"{at}.hf_config_path", "neutral", ((None,), "the config.json next to the weights is used")),
-        *_ignore(at, "use_shm use_remove_padding use_fused_kernels fused_kernel_options.** use_liger target_modules "
-                 "exclude_modules lora_alpha tiled_mlp.** mtp.** fsdp_config.**",
+        *_ignore(at, "use_shm use_remove_padding use_fused_kernels fused_kernel_options.** use_liger "
+                 "tiled_mlp.** mtp.** fsdp_config.**" + ("" if lora else " target_modules exclude_modules lora_alpha"),
                  "a verl model-loading detail (padding removal, fused kernels, shared memory, ...)"),
     ]
 
@@ -176,7 +217,7 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.model.tokenizer_path", "map", "model.tokenizer_path"),
     ("actor_rollout_ref.model.custom_chat_template", "neutral",
      ((None,), "set chat_template in the tokenizer's tokenizer_config.json (model.tokenizer_path)")),
-    *_model_common("actor_rollout_ref.model"),
+    *_model_common("actor_rollout_ref.model", lora=True),
     # ----------------------------------------------------------------- actor_rollout_ref.actor
     *_optim("actor_rollout_ref.actor.optim", "actor.optim"),
     *_megatron("actor_rollout_ref.actor.megatron", same=False),

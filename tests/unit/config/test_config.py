@@ -167,6 +167,8 @@ ADDED_KEYS = {
     "parallel.num_layers_in_first_pipeline_stage": None, "parallel.num_layers_in_last_pipeline_stage": None,
     # verl's global_profiler section (torch.profiler traces of the listed steps)
     "global_profiler": {"tool": None, "steps": None, "save_path": None, "profile_continuous_steps": False},
+    # LoRA on the actor (rank 0: off)
+    "model.lora": {"rank": 0, "alpha": 16.0, "target_modules": "all-linear", "a_init": "xavier"},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

@@ -310,7 +310,7 @@ def test_verl_yaml_interpolations_defaults_and_reward_model(tmp_path):
 def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     """Every setting with no equivalent, every unknown key and every bad value: one error, each with the
     reason and what to use instead."""
-    bad = ["actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+    bad = ["critic.model.lora_rank=8", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
            "actor_rollout_ref.actor.megatron.context_parallel_size=2", "actor_rollout_ref.rollout.name=hf",
            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4", "trainer.default_hdfs_dir=hdfs://x",
            "actor_rollout_ref.actor.clip_ratoi=0.3", "trainer.totl_training_steps=3", "rollout.mode=hybrid"]
@@ -320,7 +320,7 @@ def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     assert len(e.problems) == len(bad), str(e)
     assert e.key == "actor_rollout_ref.actor.clip_ratoi" and "actor.clip_ratio" in e.suggestions
     msg = str(e)
-    for s in ["lora_rank=8 is not supported", "LoRA is not supported",
+    for s in ["lora_rank=8 is not supported", "LoRA on the critic is not supported",
               "ulysses_sequence_parallel_size=2 is not supported", "use parallel.sequence_parallel", "context parallelism is not supported (accepted: 1, null)",
               "rollout.name='hf' is not supported", "use rollout.name=sglang",
               "ref.megatron.tensor_model_parallel_size=4 is not supported", "parallel.tensor_model_parallel_size=2",

@@ -1,0 +1,93 @@
+"""Export a LoRA actor's adapters as a PEFT adapter directory (adapter_config.json + adapter_model.safetensors).
+
+Megatron fuses q/k/v into ``linear_qkv`` and gate/up into ``linear_fc1``, with one adapter per fused layer:
+``delta W_qkv = s * B_qkv A``.  Its rows split like the base weight's (parallel.convert.layout), so PEFT's per-module
+adapters are B_q, B_k, B_v (the row blocks of B_qkv, converted exactly as W_qkv is) sharing the one A:
+``delta W_q = s * B_q A`` -- the same update, in PEFT's layout.  Row-parallel layers (o_proj, down_proj) map
+one to one.  The merged HF weights come from parallel.convert.save_hf_checkpoint (its walk merges adapted
+weights, parallel.lora).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+import torch.distributed as dist
+
+from parallel.convert.layout import hf_tensors_from_shards
+from parallel.convert.params import param_role, unwrap_model
+from parallel.lora import COLUMN, HF_TO_MEGATRON, LoRASettings, adapted_layers
+
+__all__ = ["peft_adapter_tensors", "save_peft_adapter", "PEFT_PREFIX"]
+
+PEFT_PREFIX = "base_model.model."
+
+
+def _gather(t: torch.Tensor, dim: int, group, size: int) -> list[torch.Tensor]:
+    from parallel import devices
+
+    if size == 1:
+        return [t.detach()]
+    t = devices.to_group_device(t.detach().contiguous(), group)
+    out = [torch.empty_like(t) for _ in range(size)]
+    dist.all_gather(out, t, group=group)
+    return out
+
+
+@torch.no_grad()
+def peft_adapter_tensors(model_chunks, spec) -> dict[str, torch.Tensor]:
+    """{PEFT key: full tensor (cpu)} of this PP stage's adapters: ``base_model.model.<hf module>.lora_A.weight``
+    [r, in] and ``.lora_B.weight`` [out, r].  Collective over the TP group (one all-gather per sharded tensor)."""
+    from megatron.core import parallel_state as ps
+
+    group, size = ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size()
+    out = {}
+    for chunk in model_chunks:
+        chunk = unwrap_model(chunk)
+        for path, adapter in adapted_layers(chunk).items():
+            role = param_role(f"{path}.weight", chunk, spec)
+            if adapter.kind == COLUMN:
+                a_full = adapter.a.detach()
+                bs = hf_tensors_from_shards(role, _gather(adapter.b, 0, group, size), spec)
+                pairs = [(name, a_full, b) for name, b in bs]
+            else:
+                (name, a_full), = hf_tensors_from_shards(role, _gather(adapter.a, 1, group, size), spec)
+                pairs = [(name, a_full, adapter.b.detach())]
+            for name, a, b in pairs:
+                module = PEFT_PREFIX + name.removesuffix(".weight")
+                out[f"{module}.lora_A.weight"] = a.cpu().clone()
+                out[f"{module}.lora_B.weight"] = b.cpu().clone().contiguous()
+    return out
+
+
+def peft_target_modules(targets) -> list[str]:
+    """The HF (PEFT) module names of megatron `targets` (linear_qkv -> q_proj, k_proj, v_proj, ...)."""
+    return sorted(n for n, m in HF_TO_MEGATRON.items() if m in targets)
+
+
+def save_peft_adapter(model_chunks, spec, settings: LoRASettings, out_dir: str, base_model: str | None = None,
+                      dtype: torch.dtype | None = None) -> None:
+    """Collective over the whole job: write `out_dir`/adapter_config.json and adapter_model.safetensors (global
+    rank 0 writes, after gathering every PP stage's adapters), loadable with
+    ``peft.PeftModel.from_pretrained(hf_model, out_dir)`` onto the base HF model.  `dtype` casts the tensors."""
+    from safetensors.torch import save_file
+
+    local = peft_adapter_tensors(model_chunks, spec)
+    if dtype is not None:
+        local = {k: v.to(dtype) for k, v in local.items()}
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, local)
+    if dist.get_rank() == 0:
+        tensors = {k: v for p in parts for k, v in p.items()}
+        os.makedirs(out_dir, exist_ok=True)
+        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings.rank, "lora_alpha": settings.alpha,
+                  "target_modules": peft_target_modules(settings.targets), "lora_dropout": 0.0, "bias": "none",
+                  "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "inference_mode": True,
+                  "init_lora_weights": True, "base_model_name_or_path": base_model, "modules_to_save": None}
+        tmp = os.path.join(out_dir, "adapter_model.safetensors.tmp")
+        save_file(dict(sorted(tensors.items())), tmp, metadata={"format": "pt"})
+        os.replace(tmp, os.path.join(out_dir, "adapter_model.safetensors"))
+        with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
+            json.dump(config, f, indent=2)
+    dist.barrier()
