@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from parallel.models import build_model_chunks
+from parallel.offload import RoleOffload
 from parallel.optim import OptimConfig, build_train_state
 
 from .actor import MegatronActor
@@ -16,7 +17,7 @@ from .dynamic_batch import check_token_budget, token_budgets
 
 __all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "check_dynamic_batching",
            "build_actor",
-           "build_reference", "build_critic", "resolve_reward_paths"]
+           "build_reference", "build_critic", "resolve_reward_paths", "attach_offload"]
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -95,18 +96,39 @@ def check_dynamic_batching(cfg, role: str) -> None:
             check_token_budget(f"{role}.{key}", value, cfg.data.max_prompt_length, cfg.data.max_response_length)
 
 
+def attach_offload(worker, parts, role: str):
+    """Give `worker` (a MegatronWorker) a parallel.offload.RoleOffload of its enabled `parts` (names of
+    parallel.offload.PARTS; none: no offload) on its device, and offload them now; returns the worker."""
+    parts = [p for p in parts if p]
+    if parts:
+        state = worker.state
+        worker.offload = RoleOffload(state.model if state is not None else worker.chunks,
+                                     state.optimizer if state is not None else None, worker.device, parts, role)
+        worker.offload.offload()
+    return worker
+
+
+def _offload_parts(section) -> list[str]:
+    """``<role>.offload`` (params / grads / optimizer flags) -> the names switched on."""
+    off = section.get("offload")
+    return [] if off is None else [k for k in ("params", "grads", "optimizer") if off.get(k)]
+
+
 def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
     """Collective. The actor from the HF weights at `model_path`, with its optimizer (``actor.optim``).
     Raises ValueError for a dynamic-batching token budget below the longest sequence, before building."""
     check_dynamic_batching(cfg, "actor")
     bundle = _chunks(cfg, hf_config, "actor", model_path)
-    return MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
-                         cfg.actor, temperature=temperature)
+    actor = MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
+                          cfg.actor, temperature=temperature)
+    return attach_offload(actor, _offload_parts(cfg.actor), "actor")
 
 
 def build_reference(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
-    """Collective. The frozen reference policy (the initial actor weights, no optimizer)."""
-    return MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
+    """Collective. The frozen reference policy (the initial actor weights, no optimizer); its parameters are
+    offloaded outside its forward with ``actor.ref_param_offload``."""
+    ref = MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
+    return attach_offload(ref, ["params" if cfg.actor.get("ref_param_offload") else None], "reference")
 
 
 def resolve_reward_paths(cfg):
@@ -129,5 +151,6 @@ def build_critic(cfg, model_path: str) -> MegatronCritic:
     critic_path = resolve_model_path(cfg, cfg.model.critic_path) if cfg.model.critic_path else model_path
     bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path)
     state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim), role="critic")
-    return MegatronCritic(bundle, state, cfg.critic,
-                          forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)
+    critic = MegatronCritic(bundle, state, cfg.critic,
+                            forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)
+    return attach_offload(critic, _offload_parts(cfg.critic), "critic")
