@@ -104,8 +104,8 @@ def megatron_optimizer_options(optim: OptimConfig) -> dict:
 def check_megatron_optimizer_options(optim: OptimConfig, device: torch.device, role: str = "actor") -> None:
     """Refuse, naming the key, the megatron-core optimizer options `device` cannot run: ``optimizer_cpu_offload``
     off CUDA (megatron's HybridDeviceOptimizer runs its device part on CUDA streams; on the CPU the state is on the
-    host already) and ``use_precision_aware_optimizer`` without CPU offload when Transformer Engine (its FusedAdam)
-    is not installed.  Raises ValueError."""
+    host already) and ``use_precision_aware_optimizer`` when Transformer Engine (its FusedAdam) is not installed.
+    Raises ValueError."""
     import importlib.util
 
     at = f"{role}.optim."
@@ -113,11 +113,10 @@ def check_megatron_optimizer_options(optim: OptimConfig, device: torch.device, r
         raise ValueError(f"{at}optimizer_cpu_offload=true needs a CUDA device (megatron's HybridDeviceOptimizer "
                          f"copies between CUDA streams); this role computes on {device}, where the optimizer state "
                          f"is on the host already: set {at}optimizer_cpu_offload=false")
-    if optim.use_precision_aware_optimizer and not optim.optimizer_cpu_offload \
-            and importlib.util.find_spec("transformer_engine") is None:
-        raise ValueError(f"{at}use_precision_aware_optimizer=true needs Transformer Engine's FusedAdam (not "
-                         f"installed) unless {at}optimizer_cpu_offload=true; install transformer_engine or set "
-                         f"{at}use_precision_aware_optimizer=false")
+    if optim.use_precision_aware_optimizer and importlib.util.find_spec("transformer_engine") is None:
+        # megatron-core 0.16.1's OptimizerConfig reads Transformer Engine's version first (also with CPU offload)
+        raise ValueError(f"{at}use_precision_aware_optimizer=true needs Transformer Engine (its FusedAdam; not "
+                         f"installed); install transformer_engine or set {at}use_precision_aware_optimizer=false")
 
 
 def build_train_state(chunks, config, optim: OptimConfig, guard: StepGuardConfig | None = None,

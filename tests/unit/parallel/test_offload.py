@@ -168,3 +168,31 @@ def test_offloaded_roles_train_bitwise_equal_and_in_phase_order(tiny, monkeypatc
         init = _build(tiny, plain_cfg)
         assert any(not torch.equal(p, q) for p, q in zip(off.state.model[0].parameters(),
                                                          init.state.model[0].parameters())), moved[:3]
+
+
+def test_megatron_optimizer_options_reach_megatron_and_cpu_refuses_what_needs_cuda():
+    from megatron.core.optimizer import OptimizerConfig
+
+    from parallel.optim import OptimConfig, check_megatron_optimizer_options, megatron_optimizer_options
+
+    optim = OptimConfig(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0, use_precision_aware_optimizer=True,
+                        use_distributed_optimizer=True, exp_avg_dtype="bf16", exp_avg_sq_dtype="torch.float16",
+                        main_params_dtype="fp16", main_grads_dtype="bfloat16")
+    kw = megatron_optimizer_options(optim)
+    assert kw == {"optimizer_cpu_offload": True, "optimizer_offload_fraction": 1.0,
+                  "use_precision_aware_optimizer": True, "main_grads_dtype": torch.bfloat16,
+                  "main_params_dtype": torch.float16, "exp_avg_dtype": torch.bfloat16, "exp_avg_sq_dtype": torch.float16}
+    # megatron's own checks take the offload fields (the precision-aware ones need Transformer Engine to construct)
+    c = OptimizerConfig(optimizer="adam", lr=1e-6, use_distributed_optimizer=True,
+                        **megatron_optimizer_options(OptimConfig(optimizer_cpu_offload=True,
+                                                                 optimizer_offload_fraction=0.25)))
+    assert (c.optimizer_cpu_offload, c.optimizer_offload_fraction, c.exp_avg_dtype) == (True, 0.25, torch.float32)
+    cpu_offload = OptimConfig(optimizer_cpu_offload=True, optimizer_offload_fraction=1.0)
+    check_megatron_optimizer_options(cpu_offload, torch.device("cuda", 0))  # fine on a GPU (never run here)
+    with pytest.raises(ValueError, match=r"critic.optim.optimizer_cpu_offload=true needs a CUDA device"):
+        check_megatron_optimizer_options(cpu_offload, torch.device("cpu"), "critic")
+    no_te = OptimConfig(use_precision_aware_optimizer=True)
+    with pytest.raises(ValueError, match=r"actor.optim.use_precision_aware_optimizer=true needs Transformer Engine"):
+        check_megatron_optimizer_options(no_te, torch.device("cpu"))
+    with pytest.raises(ValueError, match=r"exp_avg_dtype='bf16' needs use_precision_aware_optimizer=true"):
+        OptimConfig(exp_avg_dtype="bf16")
