@@ -17,7 +17,7 @@ from .dynamic_batch import check_token_budget, token_budgets
 
 __all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "check_dynamic_batching",
            "build_actor",
-           "build_reference", "build_critic", "resolve_reward_paths", "attach_offload"]
+           "build_reference", "build_critic", "resolve_reward_paths", "attach_offload", "offload_parts"]
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -108,7 +108,7 @@ def attach_offload(worker, parts, role: str):
     return worker
 
 
-def _offload_parts(section) -> list[str]:
+def offload_parts(section) -> list[str]:
     """``<role>.offload`` (params / grads / optimizer flags) -> the names switched on."""
     off = section.get("offload")
     return [] if off is None else [k for k in ("params", "grads", "optimizer") if off.get(k)]
@@ -121,7 +121,7 @@ def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> Megat
     bundle = _chunks(cfg, hf_config, "actor", model_path)
     actor = MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
                           cfg.actor, temperature=temperature)
-    return attach_offload(actor, _offload_parts(cfg.actor), "actor")
+    return attach_offload(actor, offload_parts(cfg.actor), "actor")
 
 
 def build_reference(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
@@ -153,4 +153,4 @@ def build_critic(cfg, model_path: str) -> MegatronCritic:
     state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim), role="critic")
     critic = MegatronCritic(bundle, state, cfg.critic,
                             forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)
-    return attach_offload(critic, _offload_parts(cfg.critic), "critic")
+    return attach_offload(critic, offload_parts(cfg.critic), "critic")

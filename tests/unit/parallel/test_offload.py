@@ -48,14 +48,14 @@ def _build(tiny, cfg, role="actor", dtype=torch.float32):
     from parallel.models import build_model_chunks
     from parallel.optim import build_train_state
     from rlhf.workers.actor import MegatronActor
-    from rlhf.workers.build import _offload_parts, attach_offload, optim_config
+    from rlhf.workers.build import offload_parts, attach_offload, optim_config
 
     path, hf = tiny
     set_seed(0)
     bundle = build_model_chunks(hf, role, path, params_dtype=dtype)
     state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)) if role == "actor" else None
     worker = MegatronActor(bundle, state, cfg.actor)
-    parts = _offload_parts(cfg.actor) if role == "actor" else ["params" if cfg.actor.ref_param_offload else None]
+    parts = offload_parts(cfg.actor) if role == "actor" else ["params" if cfg.actor.ref_param_offload else None]
     return attach_offload(worker, parts, role)
 
 
