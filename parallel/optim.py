@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from parallel import cpu_patches  # noqa: F401
-from parallel.optim_config import LRDecayStyle, OptimConfig
+from parallel import distributed
+from parallel.optim_config import MEGATRON_DTYPES, LRDecayStyle, OptimConfig, megatron_dtype_name
 from parallel.step_guard import BreakerEvent, StepGuard, StepGuardConfig
 
 
@@ -58,12 +59,13 @@ class StepResult:
         return (not self.skipped, self.grad_norm)[i]
 
 
-def wrap_ddp(chunks, config, use_distributed_optimizer: bool = True) -> list:
-    """Wrap each GPTModel chunk in megatron DDP (fp32 grad buffers); sets the config hooks the
-    pipeline schedule uses (finalize_model_grads, no_sync)."""
+def wrap_ddp(chunks, config, use_distributed_optimizer: bool = True, grad_reduce_in_fp32: bool = True) -> list:
+    """Wrap each GPTModel chunk in megatron DDP (fp32 grad buffers unless `grad_reduce_in_fp32` is False: the
+    precision-aware optimizer's bf16 main grads); sets the config hooks the pipeline schedule uses
+    (finalize_model_grads, no_sync)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 
-    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=grad_reduce_in_fp32, overlap_grad_reduce=False,
                                                use_distributed_optimizer=use_distributed_optimizer)
     wrapped = [DistributedDataParallel(config=config, ddp_config=ddp_config, module=c,
                                        disable_bucketing=(i > 0)) for i, c in enumerate(chunks)]
@@ -81,6 +83,40 @@ def resolve_distributed_optimizer(setting: bool | None) -> bool:
     from megatron.core import parallel_state
 
     return parallel_state.get_data_parallel_world_size() > 1
+
+
+#: megatron's short dtype names (parallel.optim_config.MEGATRON_DTYPES) -> torch dtypes; fp8 moments are stored as
+#: uint8 (Megatron-LM's dtype map)
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.uint8}
+
+
+def megatron_optimizer_options(optim: OptimConfig) -> dict:
+    """The OptimizerConfig keyword arguments of ``optim``'s megatron-core options: optimizer_cpu_offload,
+    optimizer_offload_fraction, use_precision_aware_optimizer and the four *_dtype fields as torch dtypes."""
+    out = {"optimizer_cpu_offload": bool(optim.optimizer_cpu_offload),
+           "optimizer_offload_fraction": float(optim.optimizer_offload_fraction),
+           "use_precision_aware_optimizer": bool(optim.use_precision_aware_optimizer)}
+    for k in MEGATRON_DTYPES:
+        out[k] = TORCH_DTYPES[megatron_dtype_name(getattr(optim, k))]
+    return out
+
+
+def check_megatron_optimizer_options(optim: OptimConfig, device: torch.device, role: str = "actor") -> None:
+    """Refuse, naming the key, the megatron-core optimizer options `device` cannot run: ``optimizer_cpu_offload``
+    off CUDA (megatron's HybridDeviceOptimizer runs its device part on CUDA streams; on the CPU the state is on the
+    host already) and ``use_precision_aware_optimizer`` when Transformer Engine (its FusedAdam) is not installed.
+    Raises ValueError."""
+    import importlib.util
+
+    at = f"{role}.optim."
+    if optim.optimizer_cpu_offload and torch.device(device).type != "cuda":
+        raise ValueError(f"{at}optimizer_cpu_offload=true needs a CUDA device (megatron's HybridDeviceOptimizer "
+                         f"copies between CUDA streams); this role computes on {device}, where the optimizer state "
+                         f"is on the host already: set {at}optimizer_cpu_offload=false")
+    if optim.use_precision_aware_optimizer and importlib.util.find_spec("transformer_engine") is None:
+        # megatron-core 0.16.1's OptimizerConfig reads Transformer Engine's version first (also with CPU offload)
+        raise ValueError(f"{at}use_precision_aware_optimizer=true needs Transformer Engine (its FusedAdam; not "
+                         f"installed); install transformer_engine or set {at}use_precision_aware_optimizer=false")
 
 
 def build_train_state(chunks, config, optim: OptimConfig, guard: StepGuardConfig | None = None,
@@ -101,13 +137,17 @@ def build_train_state(chunks, config, optim: OptimConfig, guard: StepGuardConfig
     if guard is None:
         guard = StepGuardConfig(optim.max_consecutive_skipped_steps, optim.breaker)
     step_guard = StepGuard(guard, role, optim.lr_warmup_steps)
-    use_dist_opt = resolve_distributed_optimizer(optim.use_distributed_optimizer)
-    model = wrap_ddp(chunks, config, use_dist_opt)
+    # megatron's precision-aware optimizer runs only as a distributed optimizer (at any data-parallel size)
+    use_dist_opt = True if optim.use_precision_aware_optimizer and optim.use_distributed_optimizer is None \
+        else resolve_distributed_optimizer(optim.use_distributed_optimizer)
+    check_megatron_optimizer_options(optim, distributed.compute_device(), role)
+    model = wrap_ddp(chunks, config, use_dist_opt,
+                     grad_reduce_in_fp32=megatron_dtype_name(optim.main_grads_dtype) == "fp32")
     opt_config = OptimizerConfig(
         optimizer="adam", lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
         adam_beta1=optim.adam_beta1, adam_beta2=optim.adam_beta2, adam_eps=optim.adam_eps,
         clip_grad=optim.clip_grad, use_distributed_optimizer=use_dist_opt,
-        bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype)
+        bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype, **megatron_optimizer_options(optim))
     optimizer = get_megatron_optimizer(opt_config, model)
     scheduler = build_scheduler(optimizer, lr=optim.lr, min_lr=optim.min_lr, weight_decay=optim.weight_decay,
                                 warmup_steps=optim.lr_warmup_steps, decay_steps=optim.lr_decay_steps,

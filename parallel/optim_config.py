@@ -10,6 +10,19 @@ from typing import Optional
 from parallel.step_guard import BreakerConfig, guard_problems
 
 
+#: the dtype names megatron-core accepts for each precision-aware field (Megatron-LM's --main-grads-dtype, ...)
+MEGATRON_DTYPES = {"main_grads_dtype": ("fp32", "bf16"), "main_params_dtype": ("fp32", "fp16"),
+                   "exp_avg_dtype": ("fp32", "fp16", "bf16", "fp8"), "exp_avg_sq_dtype": ("fp32", "fp16", "bf16", "fp8")}
+_DTYPE_ALIASES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "uint8": "fp8"}
+
+
+def megatron_dtype_name(value) -> str:
+    """A dtype given as ``fp32`` / ``bf16`` / ``float32`` / ``torch.bfloat16`` / ... -> megatron's short name
+    (``fp32``, ``bf16``, ``fp16``, ``fp8``); other values as they are (refused by :meth:`OptimConfig.problems`)."""
+    name = str(value).removeprefix("torch.")
+    return _DTYPE_ALIASES.get(name, name)
+
+
 class LRDecayStyle(StrEnum):
     """constant keeps lr after warm-up; linear and cosine decay it to min_lr over lr_decay_steps"""
 
@@ -49,9 +62,22 @@ class OptimConfig:
     lr_decay_style: LRDecayStyle = LRDecayStyle.constant
     max_consecutive_skipped_steps: int = 10  # this many skipped (inf/NaN grad norm) steps in a row stop the run
     breaker: BreakerConfig = field(default_factory=BreakerConfig)  # gradient circuit breaker
+    # megatron-core's own optimizer options (verl: optim.override_optimizer_config.*): Adam's state and step on the
+    # host for `optimizer_offload_fraction` of the parameters (HybridDeviceOptimizer: CUDA only), and the
+    # precision-aware optimizer (Transformer Engine's FusedAdam, distributed optimizer) whose main grads / main
+    # params / Adam moments may be kept in lower precision (the *_dtype names: MEGATRON_DTYPES)
+    optimizer_cpu_offload: bool = False
+    optimizer_offload_fraction: float = 0.0  # megatron's default: 0 offloads nothing; 1 all of it
+    use_precision_aware_optimizer: bool = False
+    main_grads_dtype: str = "fp32"  # fp32 | bf16
+    main_params_dtype: str = "fp32"  # fp32 | fp16
+    exp_avg_dtype: str = "fp32"  # fp32 | fp16 | bf16 | fp8
+    exp_avg_sq_dtype: str = "fp32"  # fp32 | fp16 | bf16 | fp8
 
     def __post_init__(self) -> None:
         self.lr_decay_style = LRDecayStyle(self.lr_decay_style)  # ValueError names the bad value
+        for k in MEGATRON_DTYPES:
+            setattr(self, k, megatron_dtype_name(getattr(self, k)))
         if isinstance(self.breaker, Mapping):
             self.breaker = BreakerConfig(**dict(self.breaker))
         problems = OptimConfig.problems(self) + self.breaker.problems("breaker.")
@@ -70,5 +96,29 @@ class OptimConfig:
             out.append(f"{at}lr_decay_steps={self.lr_decay_steps!r} must be >= 1 (or null: no decay).")
         if isinstance(self.lr, (int, float)) and isinstance(self.min_lr, (int, float)) and self.min_lr > self.lr:
             out.append(f"{at}min_lr={self.min_lr} is above {at}lr={self.lr}; lower min_lr.")
+        out += _megatron_problems(self, at)
         # the breaker's own problems: BreakerConfig.problems (the config checker visits that node itself)
         return out + guard_problems(self.max_consecutive_skipped_steps, None, at)
+
+
+def _megatron_problems(o, at: str) -> list[str]:
+    """megatron-core's own checks of the offload / precision-aware fields (OptimizerConfig.__post_init__ asserts),
+    as config problems naming the key and the fix."""
+    out = []
+    for k, allowed in MEGATRON_DTYPES.items():
+        v = megatron_dtype_name(getattr(o, k))
+        if v not in allowed:
+            out.append(f"{at}{k}={getattr(o, k)!r} must be one of {list(allowed)}.")
+        elif v != "fp32" and not o.use_precision_aware_optimizer:
+            out.append(f"{at}{k}={getattr(o, k)!r} needs {at}use_precision_aware_optimizer=true (megatron keeps "
+                       f"main grads, main params and Adam moments in fp32 otherwise).")
+    frac = o.optimizer_offload_fraction
+    if frac is None or not 0 <= frac <= 1:
+        out.append(f"{at}optimizer_offload_fraction={frac!r} must be in [0, 1].")
+    elif o.optimizer_cpu_offload and frac == 0:
+        out.append(f"{at}optimizer_cpu_offload=true with {at}optimizer_offload_fraction=0 offloads nothing; set the "
+                   f"fraction of the optimizer state to keep on the host (1: all of it).")
+    if o.use_precision_aware_optimizer and o.use_distributed_optimizer is False:
+        out.append(f"{at}use_precision_aware_optimizer=true needs the distributed optimizer: set "
+                   f"{at}use_distributed_optimizer=true or null (null: on whenever the precision-aware optimizer is).")
+    return out

@@ -40,6 +40,20 @@ def _value(x: Any) -> Any:
     return getattr(x, "value", x)  # Enum members -> their value
 
 
+_DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1, "uint8": 1}
+
+
+def _optimizer_bytes(cfg: Any, o: str, precision: bool) -> dict:
+    """Role fields of megatron's optimizer options under `o` (``actor.optim.``): the host share of
+    optimizer_cpu_offload and, with the precision-aware optimizer, the bytes of main grads / params / moments."""
+    def size(key: str) -> int:
+        return _DTYPE_BYTES.get(str(_get(cfg, o + key, "fp32")).removeprefix("torch."), 4) if precision else 4
+
+    host = float(_get(cfg, o + "optimizer_offload_fraction", 0.0)) if _get(cfg, o + "optimizer_cpu_offload") else 0.0
+    return {"optimizer_host_fraction": host, "grad_bytes": size("main_grads_dtype"),
+            "main_param_bytes": size("main_params_dtype"), "adam_bytes": size("exp_avg_dtype") + size("exp_avg_sq_dtype")}
+
+
 def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_memory_gib: float = 80.0,
                            transformer_engine: bool = True, cuda: bool = True,
                            engine_memory_saver: bool = True, trainer_empty_cache: bool = True) -> PlanInput:
@@ -71,9 +85,18 @@ def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_mem
         micro_req = int(_get(cfg, f"{section}.ppo_micro_batch_size_per_gpu", 1))
         local_mini = max(1, int(_get(cfg, f"{section}.ppo_mini_batch_size", 1)) * n // dp)
         micro = max(1, min(micro_req, local_mini))
-        return Role(name=name, trainable=trainable,
-                    distributed_optimizer=bool(_get(cfg, f"{section}.optim.use_distributed_optimizer", False)),
-                    micro_batch=micro, num_micro_batches=max(1, local_mini // micro), entropy=not dpo)
+        if name == "reference":
+            offload = ("params",) if _get(cfg, "actor.ref_param_offload", False) else ()
+        else:
+            offload = tuple(p for p in ("params", "grads", "optimizer") if _get(cfg, f"{section}.offload.{p}", False))
+        o = f"{section}.optim."
+        dist_opt = _get(cfg, o + "use_distributed_optimizer")
+        precision = bool(_get(cfg, o + "use_precision_aware_optimizer", False))
+        if dist_opt is None:  # the precision-aware optimizer runs as a distributed optimizer (parallel.optim)
+            dist_opt = precision
+        return Role(name=name, trainable=trainable, distributed_optimizer=bool(dist_opt),
+                    micro_batch=micro, num_micro_batches=max(1, local_mini // micro), entropy=not dpo,
+                    offload=offload, **_optimizer_bytes(cfg, o, precision))
 
     roles = [role("actor")]
     adv = str(_value(_get(cfg, "algorithm.adv_estimator", "gae")))

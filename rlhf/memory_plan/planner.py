@@ -60,6 +60,13 @@ class Role:
     micro_batch: int = 1  # sequences per training micro batch
     num_micro_batches: int = 1  # per optimizer step on this rank (PP in-flight count)
     entropy: bool = True  # the update computes the entropy (PPO actor)
+    # parts moved to the host between the phases that use them (parallel.offload: params, grads, optimizer): on
+    # the device only in the role's own phases (and the actor's weights in the weight sync)
+    offload: tuple[str, ...] = ()
+    optimizer_host_fraction: float = 0.0  # megatron's optimizer_cpu_offload: this share of the state stays on host
+    grad_bytes: int = 4  # main_grads_dtype (fp32: grad_reduce_in_fp32)
+    main_param_bytes: int = 4  # main_params_dtype
+    adam_bytes: int = 8  # exp_avg_dtype + exp_avg_sq_dtype
 
     @property
     def value_head(self) -> bool:
@@ -176,13 +183,28 @@ def _role_static(inp: PlanInput, role: Role, stage: int) -> dict[str, float]:
     if role.trainable:
         edp = max(1, lay.dp // lay.ep)  # expert data parallel: world / (etp * ep * pp), etp = tp
         shard = (dense / lay.dp + expert / edp) if role.distributed_optimizer else params
-        out["grads"] = params * 4  # DDP grad buffer, grad_reduce_in_fp32=True (parallel.optim.wrap_ddp)
-        out["main params"] = shard * 4 if inp.params_bytes < 4 else 0.0
-        out["adam"] = shard * 8
+        out["grads"] = params * role.grad_bytes  # DDP grad buffer, fp32 unless main_grads_dtype=bf16
+        on_device = 1.0 - role.optimizer_host_fraction  # megatron's HybridDeviceOptimizer keeps the rest on host
+        out["main params"] = shard * role.main_param_bytes * on_device if inp.params_bytes < 4 else 0.0
+        out["adam"] = shard * role.adam_bytes * on_device
         out["_optimizer_params"] = shard
         vocab = padded_vocab(inp.model.vocab_size, inp.divisible_by, lay.tp)
         out["_max_param"] = vocab / lay.tp * inp.model.hidden_size  # the largest tensor: embedding / LM head
     return out
+
+
+#: which offload part (parallel.offload.PARTS) each static item of a role belongs to
+PART_OF = {"weights": "params", "grads": "grads", "main params": "optimizer", "adam": "optimizer"}
+
+
+def _resident(role: Role, kind: str) -> bool:
+    return PART_OF[kind] not in role.offload
+
+
+def _loaded(role: Role, static: dict, parts=("params", "grads", "optimizer")) -> list[Item]:
+    """The offloaded items of `role` its phase loads back (`parts`)."""
+    return [Item(f"{role.name} {k} (loaded from host)", v) for k, v in static.items()
+            if k in PART_OF and v and PART_OF[k] in role.offload and PART_OF[k] in parts]
 
 
 def _seq(inp: PlanInput) -> int:
@@ -243,12 +265,20 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
     stage_plans = []
     for stage in range(inp.layout.pp):
         statics = {r.name: _role_static(inp, r, stage) for r in inp.roles}
+        roles = {r.name: r for r in inp.roles}
         at_start = [Item(f"{n} {k}", v) for n, s in statics.items() for k, v in s.items()
-                    if k in ("weights", "grads", "main params") and v]
-        adam = [Item(f"{n} adam", s["adam"]) for n, s in statics.items() if s.get("adam")]
-        stage_plans.append((stage, statics, at_start, adam))
+                    if k in ("weights", "grads", "main params") and v and _resident(roles[n], k)]
+        adam = [Item(f"{n} adam", s["adam"]) for n, s in statics.items() if s.get("adam")
+                and _resident(roles[n], "adam")]
+        # a role with offload is built whole, then offloaded: the largest one is there for a moment
+        # (Adam's moments appear at the first step, not at build)
+        built = max(([i for i in _loaded(r, statics[r.name]) if not i.name.startswith(f"{r.name} adam")]
+                     for r in inp.roles if r.offload), key=lambda i: sum(x.bytes for x in i), default=[])
+        at_start_build = at_start + [Item(i.name.replace("(loaded from host)", "(while built, then offloaded)"),
+                                          i.bytes) for i in built]
+        stage_plans.append((stage, statics, at_start, adam, at_start_build))
     # the engine sizes itself against the fullest stage's free memory (SGLang takes the minimum over its ranks)
-    stage, statics, at_start, adam = max(stage_plans, key=lambda sp: sum(i.bytes for i in sp[2]))
+    stage, statics, at_start, adam, at_start_build = max(stage_plans, key=lambda sp: sum(i.bytes for i in sp[2]))
     engine_hold: list[Item] = []
     engine_released: list[Item] = []
     if eng is not None and eng.colocated:
@@ -277,17 +307,19 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
             Item("engine runtime pool (activations, CUDA graphs)", eng.runtime_bytes, False)]
         kept = Item("engine runtime pool (released: kept)", eng.runtime_bytes, False)
         engine_released = engine_hold if not eng.memory_saver else ([engine_ctx] if engine_ctx else []) + [kept]
-        phases.append(Phase("build", ctx + at_start, "use the distributed optimizer, raise tp/pp, or drop a role",
-                            stage))
+        phases.append(Phase("build", ctx + at_start_build, "use the distributed optimizer, raise tp/pp, or drop a "
+                            "role", stage))
         phases.append(Phase("engine start", ctx + at_start + engine_hold, "lower rollout.mem_fraction_static", stage))
         phases.append(Phase("generate", ctx + at_start + adam + engine_hold, "", stage))
         sync = [Item("weight sync buckets (gathered + serialized)", 2 * eng.sync_bucket_bytes)]
+        actor = next((r for r in inp.roles if r.name == "actor"), None)
+        sync += _loaded(actor, statics["actor"], ("params",)) if actor is not None else []
         phases.append(Phase("weight sync", ctx + at_start + adam + ([engine_ctx] if engine_ctx else []) +
                             [Item("engine weights (resumed before the KV cache)", weights, False)] + sync,
                             "lower rollout.weight_sync_bucket_mb", stage))
     else:
-        phases.append(Phase("build", ctx + at_start, "use the distributed optimizer, raise tp/pp, or drop a role",
-                            stage))
+        phases.append(Phase("build", ctx + at_start_build, "use the distributed optimizer, raise tp/pp, or drop a "
+                            "role", stage))
         if eng is not None:
             free = inp.gpu_bytes - 2 * inp.cuda_context_bytes if inp.cuda else inp.gpu_bytes
             weights = model_params(inp.model) * eng.weight_bytes / eng.tp
@@ -328,18 +360,19 @@ def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_r
         if inp.engine is not None and inp.engine.colocated and not inp.engine.memory_saver:
             knob += "; or release the engine during training (SGLang enable_memory_saver)"
         cands = [Phase(name, ctx + at_start + adam + engine_released + build(stage, statics), knob, stage)
-                 for stage, statics, at_start, adam in stage_plans]
+                 for stage, statics, at_start, adam, _ in stage_plans]
         plan.phases.append(max(cands, key=lambda p: p.peak))
 
     lp_knob = "lower actor.log_prob_micro_batch_size_per_gpu (the logits of a micro batch dominate), or raise tp"
     for name in ("actor", "reference"):
         if name in roles:
             worst(f"{name} log-probs", lambda st, s, r=roles[name]: [
-                Item(f"forward peak (micro batch {inp.workload.log_prob_micro_batch})", _forward_peak(inp, r, st))],
-                lp_knob)
+                Item(f"forward peak (micro batch {inp.workload.log_prob_micro_batch})", _forward_peak(inp, r, st)),
+                *_loaded(r, s[r.name], ("params",))], lp_knob)
     if "critic" in roles:
         worst("critic values", lambda st, s: [Item(f"forward peak (micro batch {inp.workload.log_prob_micro_batch})",
-                                                   _forward_peak(inp, roles["critic"], st))], lp_knob)
+                                                   _forward_peak(inp, roles["critic"], st)),
+                                              *_loaded(roles["critic"], s["critic"], ("params",))], lp_knob)
     for role in inp.roles:
         if not role.trainable:
             continue
@@ -347,7 +380,7 @@ def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_r
         def train(st, s, r=role):
             stored, peak = _train_peak(inp, r, st)
             return [Item(f"stored activations (micro batch {r.micro_batch})", stored),
-                    Item("logits / layer backward peak", peak)]
+                    Item("logits / layer backward peak", peak), *_loaded(r, s[r.name])]
 
         worst(f"{role.name} fwd/bwd", train,
               f"lower {role.name}.ppo_micro_batch_size_per_gpu, set parallel.recompute=full, or raise tp "
@@ -355,13 +388,14 @@ def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_r
 
         def step(st, s, r=role):
             n = s[r.name]["_optimizer_params"]
+            loaded = _loaded(r, s[r.name])
             if inp.fused_adam:
-                return []
+                return loaded
             # CUDA: foreach Adam's sqrt(exp_avg_sq) for the whole group + the gradient clip's scaled copy of the
             # largest tensor (megatron's local multi_tensor_scale); CPU: two temporaries of the largest tensor
             big = s[r.name]["_max_param"]
             temp = 4 * n + 4 * big if inp.cuda else 8 * big
-            return [Item("Adam step temporaries (torch Adam, no fused kernel)", temp)]
+            return [Item("Adam step temporaries (torch Adam, no fused kernel)", temp), *loaded]
 
         worst(f"{role.name} optimizer step", step,
               "install Transformer Engine (FusedAdam) or use the distributed optimizer")

@@ -11,6 +11,7 @@ one per device) runs the same code: megatron work is SPMD, rank 0 alone logs and
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -195,6 +196,17 @@ class BaseTrainer:
         return tqdm(total=self.total_steps, initial=self.start_step, desc=self.progress_desc, dynamic_ncols=True)
 
     # ---- checkpoints / export --------------------------------------------------------------------
+    @contextlib.contextmanager
+    def roles_resident(self):
+        """Every role's parameters, gradients and optimizer state on its device inside the block (those offloaded,
+        ``<role>.offload``, leave again after it): what a checkpoint or an export reads and writes."""
+        with contextlib.ExitStack() as stack:
+            for name in ("actor", "reference", "critic"):
+                worker = getattr(self, name, None)
+                if worker is not None and hasattr(worker, "resident"):
+                    stack.enter_context(worker.resident())
+            yield
+
     def save_checkpoint(self, step: int) -> str:
         """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint); rank 0
         prints ``saving checkpoint to <path>`` before and ``saved checkpoint <path> (step N, S s)`` after."""
@@ -204,8 +216,9 @@ class BaseTrainer:
             print(f"saving checkpoint to {os.path.join(root, f'global_step_{step}')}", flush=True)
         t0 = time.perf_counter()
         state = dict(self.trainer_state(), model=model_summary(self.hf_config))
-        path = save_checkpoint_dir(root, step, self.checkpoint_roles(), state, t.max_ckpt_to_keep,
-                                   slim=t.slim_checkpoint)
+        with self.roles_resident():
+            path = save_checkpoint_dir(root, step, self.checkpoint_roles(), state, t.max_ckpt_to_keep,
+                                       slim=t.slim_checkpoint)
         if rank0:
             print(f"saved checkpoint {path} (step {step}, {time.perf_counter() - t0:.1f} s); resume with "
                   f"trainer.resume_from_path={path}", flush=True)
@@ -231,8 +244,9 @@ class BaseTrainer:
         path = self.resume_path
         if path is None:
             return
-        state = load_checkpoint_dir(path, self.checkpoint_roles(), model=model_summary(self.hf_config))
-        self.load_trainer_state(state)
+        with self.roles_resident():  # (load_trainer_state may sync the loaded actor into the engines)
+            state = load_checkpoint_dir(path, self.checkpoint_roles(), model=model_summary(self.hf_config))
+            self.load_trainer_state(state)
         self.start_step = int(state["step"])
         if dist.get_rank() == 0:
             logger.info("resumed from %s at step %d", path, self.start_step)
@@ -243,10 +257,12 @@ class BaseTrainer:
         from parallel.convert import save_hf_checkpoint
 
         out = os.path.join(self.cfg.trainer.default_local_dir, "hf_export")
-        save_hf_checkpoint(self.actor.chunks, self.actor.bundle.spec, self.hf_config, out, tokenizer=self.tokenizer)
-        if getattr(self.actor, "lora", None) is not None:  # merged weights above; the adapter alone for PEFT
-            from parallel.lora_export import save_peft_adapter
+        with self.roles_resident():
+            save_hf_checkpoint(self.actor.chunks, self.actor.bundle.spec, self.hf_config, out,
+                               tokenizer=self.tokenizer)
+            if getattr(self.actor, "lora", None) is not None:  # merged weights above; the adapter alone for PEFT
+                from parallel.lora_export import save_peft_adapter
 
-            save_peft_adapter(self.actor.chunks, self.actor.bundle.spec, self.actor.lora, out + "_adapter",
-                              base_model=self.model_path)
+                save_peft_adapter(self.actor.chunks, self.actor.bundle.spec, self.actor.lora, out + "_adapter",
+                                  base_model=self.model_path)
         return out

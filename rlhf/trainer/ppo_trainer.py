@@ -127,6 +127,7 @@ class PPOTrainer(BaseTrainer):
             if need_ref else None
         self.critic = build_critic(cfg, self.model_path) if use_critic(cfg) else None
         self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer)
+        self.rollout.actor_resident = lambda: self.actor.resident("params")  # offloaded parameters, for each sync
         self.kl_ctrl = algos.get_kl_controller(cfg.algorithm.kl_ctrl)
         self.reward = None
         reward_cfg = resolve_reward_paths(cfg)  # collective: reward-model references resolved like the actor's

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from parallel.models import build_model_chunks
+from parallel.offload import RoleOffload
 from parallel.optim import OptimConfig, build_train_state
 
 from .actor import MegatronActor
@@ -17,7 +18,7 @@ from .lora_reference import AdapterOffReference, lora_settings
 
 __all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "check_dynamic_batching",
            "build_actor",
-           "build_reference", "build_critic", "resolve_reward_paths"]
+           "build_reference", "build_critic", "resolve_reward_paths", "attach_offload", "offload_parts"]
 
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -96,6 +97,24 @@ def check_dynamic_batching(cfg, role: str) -> None:
             check_token_budget(f"{role}.{key}", value, cfg.data.max_prompt_length, cfg.data.max_response_length)
 
 
+def attach_offload(worker, parts, role: str):
+    """Give `worker` (a MegatronWorker) a parallel.offload.RoleOffload of its enabled `parts` (names of
+    parallel.offload.PARTS; none: no offload) on its device, and offload them now; returns the worker."""
+    parts = [p for p in parts if p]
+    if parts:
+        state = worker.state
+        worker.offload = RoleOffload(state.model if state is not None else worker.chunks,
+                                     state.optimizer if state is not None else None, worker.device, parts, role)
+        worker.offload.offload()
+    return worker
+
+
+def offload_parts(section) -> list[str]:
+    """``<role>.offload`` (params / grads / optimizer flags) -> the names switched on."""
+    off = section.get("offload")
+    return [] if off is None else [k for k in ("params", "grads", "optimizer") if off.get(k)]
+
+
 def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
     """Collective. The actor from the HF weights at `model_path`, with its optimizer (``actor.optim``).
     With ``model.lora.rank`` > 0 the base weights are frozen and LoRA adapters (parallel.lora) are what the
@@ -111,18 +130,20 @@ def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> Megat
     actor = MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
                           cfg.actor, temperature=temperature)
     actor.lora = settings
-    return actor
+    return attach_offload(actor, offload_parts(cfg.actor), "actor")
 
 
 def build_reference(cfg, hf_config, model_path: str, *, temperature: float, actor: MegatronActor | None = None):
-    """Collective. The frozen reference policy (the initial actor weights, no optimizer).  With LoRA
-    (``model.lora.rank`` > 0) it is `actor` with its adapters off (AdapterOffReference: no second copy of the
-    weights); ValueError when `actor` is not given then."""
+    """Collective. The frozen reference policy (the initial actor weights, no optimizer; its parameters
+    offloaded between its forwards with ``actor.ref_param_offload``).  With LoRA (``model.lora.rank`` > 0) it
+    is `actor` with its adapters off (AdapterOffReference: no second copy of the weights); ValueError when
+    `actor` is not given then."""
     if lora_settings(cfg) is not None:
         if actor is None:
             raise ValueError("model.lora.rank > 0: the reference is the actor with its adapters off; pass actor=")
         return AdapterOffReference(actor)
-    return MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
+    ref = MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
+    return attach_offload(ref, ["params" if cfg.actor.get("ref_param_offload") else None], "reference")
 
 
 def resolve_reward_paths(cfg):
@@ -145,5 +166,6 @@ def build_critic(cfg, model_path: str) -> MegatronCritic:
     critic_path = resolve_model_path(cfg, cfg.model.critic_path) if cfg.model.critic_path else model_path
     bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path)
     state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim), role="critic")
-    return MegatronCritic(bundle, state, cfg.critic,
-                          forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)
+    critic = MegatronCritic(bundle, state, cfg.critic,
+                            forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)
+    return attach_offload(critic, offload_parts(cfg.critic), "critic")

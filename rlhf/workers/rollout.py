@@ -25,6 +25,7 @@ generates: in :meth:`RolloutWorker.generate` when no fresh engine is left, and a
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -121,6 +122,9 @@ class RolloutWorker:
         self.last_sync = None
         self.colocated = r.mode == "colocated"
         self.weights_released = False  # the engines released their weights and no sync refilled them since
+        # context manager factory around every sync: the actor's parameters on its device while the bridge reads
+        # them (the trainer sets the actor's MegatronWorker.resident when the actor's parameters are offloaded)
+        self.actor_resident = contextlib.nullcontext
 
     # ---- memory (colocated) ---------------------------------------------------------------------------
     def release(self) -> None:
@@ -176,7 +180,8 @@ class RolloutWorker:
             stale = _broadcast(stale)
             if stale is None:
                 return sorted(done, key=lambda s: (s.prompt_index, s.sample_index)) if self.rank0 else None
-            self.last_sync = self.bridge.sync(engines=stale)
+            with self.actor_resident():
+                self.last_sync = self.bridge.sync(engines=stale)
         raise RuntimeError(f"rollout engines {stale} kept being replaced during generation; see the engine logs")
 
     def _retry_failed(self, samples, sampling) -> tuple:
@@ -223,13 +228,14 @@ class RolloutWorker:
         """Collective.  Push the actor's weights into every engine (colocated: weights re-allocated first, KV
         cache after), then re-sync engines replaced meanwhile.  Returns the full sync's SyncStats."""
         self.resume(["weights"])
-        stats = self.last_sync = self.bridge.sync()
-        self.weights_released = False
-        for _ in range(self.max_resyncs):
-            stale = _broadcast(self.manager.stale_engines() if self.rank0 else None)
-            if not stale:
-                break
-            self.last_sync = self.bridge.sync(engines=stale)
+        with self.actor_resident():
+            stats = self.last_sync = self.bridge.sync()
+            self.weights_released = False
+            for _ in range(self.max_resyncs):
+                stale = _broadcast(self.manager.stale_engines() if self.rank0 else None)
+                if not stale:
+                    break
+                self.last_sync = self.bridge.sync(engines=stale)
         self.resume(["kv_cache"])
         return stats
 

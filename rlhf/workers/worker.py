@@ -12,6 +12,7 @@ outputs get tensors on the device of megatron's groups (parallel.devices).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from collections import defaultdict
@@ -130,6 +131,18 @@ def _caller_device(batch):
     return batch.device if isinstance(batch, torch.Tensor) else None
 
 
+def _needs(*parts: str) -> Callable:
+    """A building block that runs with the role's `parts` on its device (:meth:`MegatronWorker.resident`): with
+    offload on they are loaded first and the role's offloaded parts leave again when the outermost one returns."""
+    def wrap(method):
+        @functools.wraps(method)
+        def run(self, *args, **kwargs):
+            with self.resident(*parts):
+                return method(self, *args, **kwargs)
+        return run
+    return wrap
+
+
 def _takes_batch(fn) -> bool:
     params = list(inspect.signature(fn).parameters)
     return len(params) > 1 and params[1] == "batch"
@@ -146,7 +159,9 @@ class MegatronWorker:
 
     `forward_max_tokens` (dynamic batching, rlhf.workers.dynamic_batch): the no-grad forward cuts micro batches
     by this token budget instead of `forward_micro_batch_size` rows.  `padding` counts real and processed
-    tokens (:func:`padding_metrics`)."""
+    tokens (:func:`padding_metrics`).  `offload` (parallel.offload.RoleOffload, None: off) moves the role's
+    parameters / gradients / optimizer state off the device outside :meth:`forward` and
+    :meth:`train_mini_batches` (and :meth:`resident` blocks of other users: weight sync, checkpoints)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -161,6 +176,13 @@ class MegatronWorker:
         self.forward_micro_batch_size = forward_micro_batch_size
         self.forward_max_tokens = forward_max_tokens
         self.padding = PaddingCounter()
+        self.offload = None
+
+    def resident(self, *parts: str):
+        """Context manager: the role's `parts` (``params``, ``grads``, ``optimizer``; none named: all) on its device
+        inside the block, offloaded again after the outermost block (parallel.offload.RoleOffload.resident); a
+        no-op without offload."""
+        return contextlib.nullcontext() if self.offload is None else self.offload.resident(*parts)
 
     @staticmethod
     def _refuse_dynamic_under_vpp(multiple: int) -> None:
@@ -195,6 +217,7 @@ class MegatronWorker:
         """Unpadded vocabulary size of the model."""
         return self.bundle.spec.vocab_size
 
+    @_needs("params")
     def forward(self, batch: dict, **forward_kwargs) -> dict:
         """No-grad forward of this rank's data-parallel slice of `batch` (MODEL_KEYS) in micro batches
         of at most `forward_micro_batch_size`; returns the local [N / dp, P + R] outputs of
@@ -218,6 +241,7 @@ class MegatronWorker:
                 n + pad, self.forward_micro_batch_size, multiple_of=multiple), **forward_kwargs)
         return {k: v[:n] for k, v in out.items()} if pad else out
 
+    @_needs("params", "grads", "optimizer")
     def train_mini_batches(self, batch: dict, keys: Sequence[str], loss_fn: Callable, *, mini_batch_size: int,
                            micro_batch_size_per_gpu: int, epochs: int, step: int, seed_offset: int = 0,
                            micro_group: int = 1, global_info: Callable | None = None,

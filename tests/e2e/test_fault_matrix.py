@@ -21,7 +21,10 @@ starts from the last COMPLETE checkpoint (never a .tmp or a folder the tracker d
 of a killed run survives it (the whole process tree seen while it ran -- trainer, Ray GCS/raylet/workers/
 agents, the SGLang engine and its scheduler, dist_checkpointing's Manager -- plus every process carrying
 the run's tag in its environment, checked with psutil), and the final weights (HF export), the step
-metrics of steps 1-3 and the safeguard counters equal the reference run's bitwise; the reference run logs every
+metrics of steps 1-3 and the safeguard counters equal the reference run's bitwise; the chain runs with every
+offload on (OFFLOAD: the actor's parameters, gradients and optimizer state, the reference's and the critic's,
+parallel/offload.py), the reference run without, so the bitwise equality also shows that offload changes nothing
+(and that checkpoints save and resume offloaded roles); the reference run logs every
 metric of a PPO run (tests/e2e/test_trainer_e2e.METRICS).  The figures are
 printed as one ``FAULT MATRIX`` line.
 
@@ -69,6 +72,9 @@ CHAIN = [
     ("B weight sync between buckets", "sync_weights@{hit}", "group", 1, "tracker2"),
 ]
 STEPS = 3
+# every role's offload on in the chain's runs (the reference run keeps everything on the device)
+OFFLOAD = [f"{role}.offload.{part}=true" for role in ("actor", "critic") for part in ("params", "grads", "optimizer")]
+OFFLOAD.append("actor.ref_param_offload=true")
 # the reference run's safeguards (see the module docstring)
 SAFEGUARD_FAULTS = {"RLHF_FAULT": "rollout_request_error@3,reward_model_slow@1", "RLHF_FAULT_STALL_S": "6",
                     "RLHF_FAULT_TRACE": "1"}
@@ -89,9 +95,11 @@ def model(tmp_path_factory):
             make_tiny_rm(root / "rm"))
 
 
-def overrides(model, out_dir):
+def overrides(model, out_dir, extra=()):
     model_path, rm_path = model
-    return ["recipe=quickstart", f"model.path={model_path}", f"trainer.default_local_dir={out_dir}",
+    # actor.use_kl_loss: a reference model (offloaded in the chain)
+    return ["recipe=quickstart", "actor.use_kl_loss=true", f"model.path={model_path}",
+            f"trainer.default_local_dir={out_dir}",
             f"trainer.total_training_steps={STEPS}", "trainer.save_freq=1", "trainer.test_freq=-1",
             "trainer.val_before_train=false", "trainer.progress_bar=false", "data.train_batch_size=4",
             "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2", "rollout.n=2",
@@ -100,7 +108,7 @@ def overrides(model, out_dir):
             "actor.optim.breaker.grad_norm=1e-6", "actor.optim.breaker.steps=2",
             "trainer.alerts=[{metric: actor/entropy, above: 0.0}]", "reward.timeout_s=2",
             f"reward.sources=[{{type: rule, weight: 1.0}}, {{type: model, path: '{rm_path}', weight: 0.0, "
-            f"placement: local}}]"]
+            f"placement: local}}]", *extra]
 
 
 def _ident(p):
@@ -249,8 +257,8 @@ def test_fault_matrix(model, tmp_path):
             assert counts[0] >= 2, f"one bucket per sync {counts}: lower rollout.weight_sync_bucket_mb"
             figures["buckets_per_sync"] = counts[0]
             fault = fault.format(hit=2 * counts[0] + 1)
-        rc, out, procs, secs = launch(overrides(model, chain), {"RLHF_FAULT": fault, "RLHF_FAULT_MODE": mode},
-                                      log_dir)
+        rc, out, procs, secs = launch(overrides(model, chain, OFFLOAD), {"RLHF_FAULT": fault,
+                                                                         "RLHF_FAULT_MODE": mode}, log_dir)
         killed_at = time.monotonic()
         run_seconds.append(secs)
         for d in deferred:
@@ -273,7 +281,7 @@ def test_fault_matrix(model, tmp_path):
             figures["runs_resumed"] += 1
         check_left_behind(chain / "checkpoints", left_behind)
 
-    rc, out, procs, secs = launch(overrides(model, chain), {}, log_dir)
+    rc, out, procs, secs = launch(overrides(model, chain, OFFLOAD), {}, log_dir)
     run_seconds.append(secs)
     for d in deferred:
         check_orphans(*d)

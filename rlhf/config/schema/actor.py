@@ -8,7 +8,19 @@ from rlhf.config.choices import KLEstimator, LossAggMode
 from rlhf.config.schema.rules import Checked, ge, gt, gt_or_null, rule
 from parallel.optim_config import OptimConfig
 
-__all__ = ["PolicyLossConfig", "ActorConfig", "CriticConfig"]
+__all__ = ["PolicyLossConfig", "OffloadConfig", "ActorConfig", "CriticConfig"]
+
+
+@dataclass
+class OffloadConfig(Checked):
+    """What of a role leaves its device while other phases run (generation, the other roles' passes) and comes
+    back before the role uses it (parallel.offload; verl's ``<role>.megatron.param_offload`` / ``grad_offload``
+    / ``optimizer_offload``).  Results are bitwise those without offload; each switch costs two host<->device
+    copies of its part per use.  ``--plan-memory`` shows what each saves."""
+
+    params: bool = False  # the model parameters (megatron DDP's param buffers)
+    grads: bool = False  # the gradient buffers (main_grad) and the optimizer's gradients
+    optimizer: bool = False  # the optimizer's main parameters (when not the model's) and its state (Adam moments)
 
 
 def _ppo_role(obj: Any, at: str) -> list[str]:
@@ -67,6 +79,8 @@ class ActorConfig(Checked):
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
     log_prob_max_token_len_per_gpu: Optional[int] = None  # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    ref_param_offload: bool = False  # the reference's parameters off the device outside its log-prob forward
 
     def problems(self, at: str = "") -> list[str]:
         return (_ppo_role(self, at) + ge(self, at, "log_prob_micro_batch_size_per_gpu ppo_max_token_len_per_gpu", 1)
@@ -94,6 +108,7 @@ class CriticConfig(Checked):
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: Optional[int] = None  # null: ppo_max_token_len_per_gpu
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
 
     def problems(self, at: str = "") -> list[str]:
         return (_ppo_role(self, at) + rule(self, at, "cliprange_value", lambda v: v > 0, "must be > 0 (verl uses 0.5)")

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from parallel.optim_config import megatron_dtype_name
+
 __all__ = ["Unsupported", "RULES", "OURS", "REWARD_MODEL_PREFIX"]
 
 
@@ -73,6 +75,15 @@ def _recompute(v: Any) -> list[tuple[str, Any]]:
     raise Unsupported("parallel.recompute is null, full or selective")
 
 
+_MEGATRON_DTYPES = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
+
+
+def _dtype(key: str) -> Callable[[Any], list]:
+    def fn(v: Any) -> list[tuple[str, Any]]:  # verl's null: megatron's fp32 default
+        return [] if v is None else [(key, megatron_dtype_name(v))]
+    return fn
+
+
 def _optim(at: str, ours: str) -> list[tuple]:
     """The optimizer keys of verl's megatron and FSDP optimizers under ``at`` -> our OptimConfig ``ours``."""
     return [
@@ -83,17 +94,22 @@ def _optim(at: str, ours: str) -> list[tuple]:
         (f"{at}.warmup_style", "fn", _schedule(ours)),
         (f"{at}.optimizer", "neutral", (("adam", "adamw", "AdamW"), "the optimizer is megatron's Adam (AdamW)")),
         (f"{at}.optimizer_impl", "neutral", (("torch.optim", None), "the optimizer is megatron's Adam (AdamW)")),
-        (f"{at}.use_precision_aware_optimizer", "neutral", ((False,), "optimizer states are kept in fp32")),
+        (f"{at}.use_precision_aware_optimizer", "map", f"{ours}.use_precision_aware_optimizer"),
         (f"{at}.use_layer_wise_distributed_optimizer", "neutral", ((False,), "use actor.optim.use_distributed_"
                                                                             "optimizer")),
-        *[(f"{at}.{n}", "neutral", (("fp32", "float32", None), "optimizer states and main grads are fp32"))
-          for n in ("main_grads_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")],
+        *[(f"{at}.{n}", "fn", _dtype(f"{ours}.{n}")) for n in _MEGATRON_DTYPES],
         (f"{at}.zero_indexed_step", "ignore", "the schedule counts steps as megatron's scheduler does"),
         (f"{at}.muon_*", "ignore", "only for optimizer=muon"),
         (f"{at}.lr_warmup_init", "neutral", ((0, 0.0), "warm-up starts at 0")),
         (f"{at}.min_lr_ratio", "neutral", ((None, 0, 0.0), f"give the floor as {ours}.min_lr")),
         (f"{at}.weight_decay_incr_style", "neutral", (("constant",), "weight decay is constant")),
         (f"{at}.use_checkpoint_opt_param_scheduler", "neutral", ((False,), "the schedule comes from the config")),
+        # megatron-core OptimizerConfig fields verl passes through (override_optimizer_config.<field>)
+        *[(f"{at}.override_optimizer_config.{n}", "map", f"{ours}.{n}")
+          for n in ("optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer")],
+        *[(f"{at}.override_optimizer_config.{n}", "fn", _dtype(f"{ours}.{n}")) for n in _MEGATRON_DTYPES],
+        (f"{at}.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d", "ignore",
+         "a HybridDeviceOptimizer copy-overlap knob; megatron's default applies"),
         (f"{at}.override_optimizer_config", "neutral", (_OFF, "set the keys of " + ours)),
         (f"{at}.total_training_steps", "ignore", "filled in by verl; here trainer.total_training_steps"),
         (f"{at}.lr_wsd_decay_style", "ignore", "only for the wsd schedule"),
@@ -112,19 +128,26 @@ _ENGINE = "an SGLang engine setting chosen here"
 _THROUGHPUT = "a throughput knob of verl's workers; batches here are fixed-size"
 
 
-def _megatron(at: str, same: bool) -> list[tuple]:
-    """``<role>.megatron.*``: the actor's sets our parallel layout; the reference's and critic's must equal it."""
+def _offload(at: str, ours: dict) -> list[tuple]:
+    """``<role>.megatron.{param,grad,optimizer}_offload`` -> our keys ``ours[part]`` (None: the role has no such
+    part, accepted without effect)."""
+    return [(f"{at}.{part}_offload", "map", key) if key else
+            (f"{at}.{part}_offload", "ignore", "the reference has no gradients or optimizer")
+            for part, key in ours.items()]
+
+
+def _megatron(at: str, same: bool, offload: dict) -> list[tuple]:
+    """``<role>.megatron.*``: the actor's sets our parallel layout; the reference's and critic's must equal it.
+    `offload`: see :func:`_offload`."""
     kind = "same" if same else "map"
     return [
+        *_offload(at, offload),
         (f"{at}.tensor_model_parallel_size", kind, "parallel.tensor_model_parallel_size"),
         (f"{at}.pipeline_model_parallel_size", kind, "parallel.pipeline_model_parallel_size"),
         (f"{at}.virtual_pipeline_model_parallel_size", kind, "parallel.virtual_pipeline_model_parallel_size"),
         (f"{at}.context_parallel_size", "neutral", ((1, None), "context parallelism is not supported")),
         (f"{at}.expert_model_parallel_size", kind, "parallel.expert_model_parallel_size"),
         (f"{at}.expert_tensor_parallel_size", "neutral", ((1, None), "experts are split over TP")),
-        (f"{at}.param_offload", "neutral", ((False,), "parameter offload is not supported")),
-        (f"{at}.grad_offload", "neutral", ((False,), "gradient offload is not supported")),
-        (f"{at}.optimizer_offload", "neutral", ((False,), "optimizer offload is not supported")),
         (f"{at}.use_dist_checkpointing", "neutral", ((False,), "load HF weights (model.path); convert with "
                                                               "scripts/convert_checkpoint.py")),
         *([(f"{at}.override_transformer_config", "ignore", "the actor's settings apply"),
@@ -220,7 +243,8 @@ RULES: list[tuple] = [
     *_model_common("actor_rollout_ref.model", lora=True),
     # ----------------------------------------------------------------- actor_rollout_ref.actor
     *_optim("actor_rollout_ref.actor.optim", "actor.optim"),
-    *_megatron("actor_rollout_ref.actor.megatron", same=False),
+    *_megatron("actor_rollout_ref.actor.megatron", same=False, offload={
+        "param": "actor.offload.params", "grad": "actor.offload.grads", "optimizer": "actor.offload.optimizer"}),
     ("actor_rollout_ref.actor.grad_clip", "map", "actor.optim.clip_grad"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", "neutral", ((None,), "give it per device: "
                                                                           "actor.ppo_micro_batch_size_per_gpu")),
@@ -240,7 +264,8 @@ RULES: list[tuple] = [
              "a verl actor-worker detail (compilation, checkpoint contents, profiler, ...)"),
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
-    *_megatron("actor_rollout_ref.ref.megatron", same=True),
+    *_megatron("actor_rollout_ref.ref.megatron", same=True, offload={
+        "param": "actor.ref_param_offload", "grad": None, "optimizer": None}),
     ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "ignore", "the reference's log-prob forward batches by tokens "
                                                                  "exactly when actor.use_dynamic_bsz"),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
@@ -309,7 +334,8 @@ RULES: list[tuple] = [
     ("critic.loss_scale_factor", "neutral", ((None,), "the critic's loss is aggregated by critic.loss_agg_mode")),
     *_model_common("critic.model"),
     *_optim("critic.optim", "critic.optim"),
-    *_megatron("critic.megatron", same=True),
+    *_megatron("critic.megatron", same=True, offload={
+        "param": "critic.offload.params", "grad": "critic.offload.grads", "optimizer": "critic.offload.optimizer"}),
     ("critic.grad_clip", "map", "critic.optim.clip_grad"),
     ("critic.ppo_micro_batch_size", "neutral", ((None,), "give it per device: critic.ppo_micro_batch_size_per_gpu")),
     ("critic.use_dynamic_bsz", "map", "critic.use_dynamic_bsz"),

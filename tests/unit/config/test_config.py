@@ -169,6 +169,13 @@ ADDED_KEYS = {
     "global_profiler": {"tool": None, "steps": None, "save_path": None, "profile_continuous_steps": False},
     # LoRA on the actor (rank 0: off)
     "model.lora": {"rank": 0, "alpha": 16.0, "target_modules": "all-linear", "a_init": "xavier"},
+    # offload between phases (verl's megatron.*_offload) and megatron-core's own optimizer options
+    "actor.offload": {"params": False, "grads": False, "optimizer": False}, "actor.ref_param_offload": False,
+    "critic.offload": {"params": False, "grads": False, "optimizer": False},
+    **{f"{role}.optim.{k}": v for role in ("actor", "critic") for k, v in {
+        "optimizer_cpu_offload": False, "optimizer_offload_fraction": 0.0, "use_precision_aware_optimizer": False,
+        "main_grads_dtype": "fp32", "main_params_dtype": "fp32", "exp_avg_dtype": "fp32",
+        "exp_avg_sq_dtype": "fp32"}.items()},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

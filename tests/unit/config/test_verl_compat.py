@@ -355,16 +355,15 @@ def test_current_verl_keys_are_mapped_or_refused_all_at_once():
     assert c.actor.optim.lr_decay_style == compose_config([]).actor.optim.lr_decay_style
     bad = ["distillation.enabled=true", "actor_rollout_ref.rollout.disaggregation.enabled=true",
            "actor_rollout_ref.actor.qat.enable=true", "reward.sandbox_fusion.url=http://sandbox",
-           "actor_rollout_ref.actor.optim.use_precision_aware_optimizer=true", "skip.rollout.enable=true",
-           "critic.optim.exp_avg_dtype=bf16", "actor_rollout_ref.rollout.temprature=0.7"]
+           "skip.rollout.enable=true", "actor_rollout_ref.rollout.temprature=0.7"]
     with pytest.raises(ConfigKeyError) as ei:
         compose_config(bad)
     msg = str(ei.value)
     assert len(ei.value.problems) == len(bad), msg
     for s in ["distillation.enabled=True is not supported", "on-policy distillation is not supported",
               "disaggregation.enabled=True is not supported", "qat.enable=True is not supported",
-              "sandbox_fusion.url='http://sandbox' is not supported", "use_precision_aware_optimizer=True",
-              "skip.rollout.enable=True", "exp_avg_dtype='bf16' is not supported",
+              "sandbox_fusion.url='http://sandbox' is not supported",
+              "skip.rollout.enable=True",
               "'actor_rollout_ref.rollout.temprature' (read as 'rollout.temprature'",
               "Did you mean: rollout.temperature"]:
         assert s in msg, f"{s!r} not in\n{msg}"
@@ -636,3 +635,38 @@ def test_check_model_config_hook(tmp_path):
     # the parallel layout is checked from config.json too (2 layers do not split over 4 pipeline stages)
     assert "pipeline" in check_model_config(_model_dir(tmp_path / "d"), dict(pp=4))[0]
     assert check_model_config(tmp_path / "missing") == []  # unreadable: reported by the caller's own rules
+
+
+def test_verl_offload_and_megatron_optimizer_keys_are_mapped():
+    """verl's megatron offload switches of actor, reference and critic, and megatron-core's optimizer options
+    (optim.*, optim.override_optimizer_config.*) land on our keys; megatron's own constraints are config problems
+    naming the key (a low-precision moment without the precision-aware optimizer, a CPU offload of nothing)."""
+    from rlhf.config.validate import config_problems
+
+    on = ["actor_rollout_ref.actor.megatron.param_offload=true", "actor_rollout_ref.actor.megatron.grad_offload=true",
+          "actor_rollout_ref.actor.megatron.optimizer_offload=true", "actor_rollout_ref.ref.megatron.param_offload=true",
+          "actor_rollout_ref.ref.megatron.grad_offload=true", "critic.megatron.param_offload=true",
+          "critic.megatron.optimizer_offload=true",
+          "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=true",
+          "+actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_offload_fraction=0.5",
+          "actor_rollout_ref.actor.optim.use_precision_aware_optimizer=true",
+          "actor_rollout_ref.actor.optim.exp_avg_dtype=bf16",
+          "+actor_rollout_ref.actor.optim.override_optimizer_config.exp_avg_sq_dtype=torch.bfloat16",
+          "actor_rollout_ref.actor.optim.main_grads_dtype=null"]
+    c = compose_config(on)
+    assert dict(c.actor.offload) == {"params": True, "grads": True, "optimizer": True} and c.actor.ref_param_offload
+    assert dict(c.critic.offload) == {"params": True, "grads": False, "optimizer": True}
+    o = c.actor.optim
+    assert (o.optimizer_cpu_offload, o.optimizer_offload_fraction, o.use_precision_aware_optimizer) == (True, 0.5, True)
+    assert (o.exp_avg_dtype, o.exp_avg_sq_dtype, o.main_grads_dtype, o.main_params_dtype) == ("bf16", "bf16", "fp32",
+                                                                                               "fp32")
+    assert not config_problems(c)
+    off = compose_config([k.replace("=true", "=false") for k in on[:7]])
+    assert off.actor.offload == compose_config([]).actor.offload and not off.actor.ref_param_offload
+    bad = compose_config(["critic.optim.exp_avg_dtype=bf16", "actor.optim.optimizer_cpu_offload=true",
+                          "actor.optim.exp_avg_sq_dtype=int4"])
+    msg = "\n".join(config_problems(bad))
+    for s in ["critic.optim.exp_avg_dtype='bf16' needs critic.optim.use_precision_aware_optimizer=true",
+              "actor.optim.optimizer_cpu_offload=true with actor.optim.optimizer_offload_fraction=0 offloads nothing",
+              "actor.optim.exp_avg_sq_dtype='int4' must be one of ['fp32', 'fp16', 'bf16', 'fp8']"]:
+        assert s in msg, f"{s!r} not in\n{msg}"

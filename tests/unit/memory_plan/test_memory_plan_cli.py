@@ -15,6 +15,20 @@ from tests.unit.memory_plan.test_memory_plan import QWEN2_7B
 
 from tests.support.paths import ROOT
 STATED = re.compile(r"Stated GPUs: (\d+) x (\d+) GiB")
+#: a Qwen3-30B-A3B-shaped config.json (the public config's shape, no weights) and the layout its README plan uses
+QWEN3_30B_A3B = json.load(open(os.path.join(ROOT, "tests", "support", "fixtures", "qwen3_30b_a3b", "config.json")))
+MOE_LAYOUT = ["parallel.expert_model_parallel_size=8"]
+
+
+def offload_overrides(cfg) -> list[str]:
+    """Every offload switch of the roles `cfg` builds (actor; reference with a KL term or DPO; critic under gae)."""
+    out = [f"actor.offload.{p}=true" for p in ("params", "grads", "optimizer")]
+    if cfg.algorithm.name == "dpo" or cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss:
+        out.append("actor.ref_param_offload=true")
+    if cfg.algorithm.name != "dpo" and (cfg.critic.enable if cfg.critic.enable is not None
+                                        else cfg.algorithm.adv_estimator == "gae"):
+        out += [f"critic.offload.{p}=true" for p in ("params", "grads", "optimizer")]
+    return out
 
 
 def _recipes():
@@ -114,3 +128,60 @@ def test_every_gpu_recipe_fits_its_stated_gpus_and_its_readme_shows_the_plan(com
         code, table = plan_memory_report(composed[r], gib, hf_config=QWEN2_7B, world_size=gpus)
         assert code == 0 and table in text, f"{path}: the plan block is stale; regenerate it:\n{table}"
         assert plan.peak.peak < (gib - 5) * GiB  # 5 GiB of headroom for what the plan does not model
+
+
+def test_readmes_show_what_offload_buys(composed):
+    """Each GPU recipe's README shows its plan with every offload on (kept in step with the planner): the engine
+    measures more free memory at start and nothing of the trainer stays resident while it generates; the
+    Qwen3-30B-A3B-shaped plans (grpo_qwen2_7b's README) without and with offload."""
+    from rlhf.config import compose_config
+    from rlhf.memory_plan.from_config import plan_input_from_config
+    from rlhf.memory_plan.planner import plan_memory
+
+    for r in gpu_recipes(composed):
+        text = open(os.path.join(ROOT, "recipes", r, "README.md"), encoding="utf-8").read()
+        over = offload_overrides(composed[r])
+        assert f"recipe={r} trainer.n_gpus_per_node=8 {' '.join(over)} --plan-memory=80" in text, r
+        off = compose_config(over, recipe=r)
+        code, table = plan_memory_report(off, 80, hf_config=QWEN2_7B, world_size=8)
+        assert code == 0 and table in text, f"{r}: the offload plan block is stale; regenerate it:\n{table}"
+        plain = plan_from_config(composed[r], QWEN2_7B, world_size=8, gpu_memory_gib=80)
+        lean = plan_from_config(off, QWEN2_7B, world_size=8, gpu_memory_gib=80)
+        if plain.engine_free_at_start:  # (DPO has no engine)
+            assert lean.engine_free_at_start > plain.engine_free_at_start and lean.kv_cache_bytes > plain.kv_cache_bytes
+            assert not [i for i in lean.phase("generate").items if i.name.startswith(("actor", "critic", "reference"))]
+        assert lean.phase("actor fwd/bwd").peak <= plain.phase("actor fwd/bwd").peak
+    grpo = open(os.path.join(ROOT, "recipes", "grpo_qwen2_7b", "README.md"), encoding="utf-8").read()
+    for over in ([], offload_overrides(composed["grpo_qwen2_7b"])):
+        cfg = compose_config([*MOE_LAYOUT, *over], recipe="grpo_qwen2_7b")
+        code, table = plan_memory_report(cfg, 80, hf_config=QWEN3_30B_A3B, world_size=8)
+        assert code == 0 and table in grpo, f"the Qwen3-30B-A3B plan block is stale; regenerate it:\n{table}"
+    moe = plan_input_from_config(compose_config(MOE_LAYOUT, recipe="grpo_qwen2_7b"), QWEN3_30B_A3B, world_size=8)
+    assert moe.model.num_experts == 128 and moe.model.moe_topk == 8
+    assert plan_memory(moe).phases  # the fixture plans
+
+
+def test_offload_and_megatron_optimizer_options_in_the_plan(composed):
+    """Hand values on grpo_qwen2_7b (actor + reference, TP4 DP2, bf16): each offloaded part leaves the resident
+    items and comes back (loaded from host) exactly in its role's phases; megatron's optimizer_cpu_offload
+    keeps its fraction of main params + moments on host; bf16 moments halve them."""
+    from rlhf.config import compose_config
+
+    def items(overrides, phase):
+        plan = plan_from_config(compose_config(overrides, recipe="grpo_qwen2_7b"), QWEN2_7B, world_size=8)
+        return {i.name: i.bytes for i in plan.phase(phase).items}
+
+    base = items([], "generate")
+    grads_only = items(["actor.offload.grads=true"], "generate")
+    assert "actor grads" not in grads_only and grads_only["actor adam"] == base["actor adam"]
+    assert items(["actor.offload.grads=true"], "actor fwd/bwd")["actor grads (loaded from host)"] == base["actor grads"]
+    assert items(["actor.ref_param_offload=true"], "reference log-probs")["reference weights (loaded from host)"] \
+        == base["reference weights"]
+    assert "reference weights" not in items(["actor.ref_param_offload=true"], "actor log-probs")
+    half = items(["actor.optim.optimizer_cpu_offload=true", "actor.optim.optimizer_offload_fraction=0.5"], "generate")
+    assert half["actor adam"] == pytest.approx(base["actor adam"] / 2)
+    assert half["actor main params"] == pytest.approx(base["actor main params"] / 2)
+    bf16 = items(["actor.optim.use_precision_aware_optimizer=true", "actor.optim.exp_avg_dtype=bf16",
+                  "actor.optim.exp_avg_sq_dtype=bf16"], "generate")
+    # (the recipe's distributed optimizer shards them already): 2 + 2 bytes per moment element instead of 4 + 4
+    assert bf16["actor adam"] == pytest.approx(base["actor adam"] / 2)

@@ -168,3 +168,32 @@ def test_validation_after_a_critic_warmup_step_generates_on_synced_engines(worke
     w.ensure_resident()  # resident and synced: no second sync (the manager's resume of nothing is a no-op)
     assert manager.log[-2:] == ["generate", "resume:kv_cache,weights"] and manager.released == set()
 
+
+
+def test_every_weight_sync_runs_with_the_actor_parameters_resident(worker):
+    """With the actor's parameters offloaded (actor.offload.params) the trainer gives the worker the actor's
+    ``resident`` (rlhf.trainer.ppo_trainer): each sync -- after an update, and the one serving() needs after a
+    critic warm-up step -- reads the parameters inside it, and generation runs without them."""
+    import contextlib
+
+    w, manager = worker
+
+    @contextlib.contextmanager
+    def resident():
+        manager.log.append("actor params in")
+        yield
+        manager.log.append("actor params out")
+
+    w.actor_resident = resident
+    with w.serving():
+        w.generate(batch(1), w.train_sampling, Reward())
+    w.sync_weights()  # an actor update
+    with w.serving():
+        w.generate(batch(1), w.train_sampling, Reward())
+    assert w.restore_weights() is not None  # a critic warm-up step: no update, the released weights re-synced
+    with w.serving():
+        w.generate(batch(1), w.train_sampling, Reward())
+    log = manager.log
+    syncs = [k for k, e in enumerate(log) if e == "sync"]
+    assert len(syncs) == 2 and all(log[k - 1] == "actor params in" and log[k + 1] == "actor params out" for k in syncs)
+    assert log.count("actor params in") == 2 and log.count("generate") == 3
