@@ -31,7 +31,7 @@ __all__ = ["validate_config", "config_problems", "check_model_config", "SUPPORTE
 #: architectures the megatron model builder maps (the converter registry, parallel.convert.supported_architectures,
 #: which imports torch; tests/unit/config/test_config.py keeps the two equal)
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-                           "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+                           "Qwen3MoeForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM")
 
 
 def check_model_config(path: str | os.PathLike, layout: dict | None = None) -> list[str]:

@@ -48,6 +48,8 @@ FAMILY_MODELS = {
         norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
         qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_interleave=True,
         max_position_embeddings=163840,
+        # keys of the release's config.json that transformers' class lacks and SGLang's DeepseekV2 model reads
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
                          "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
                          "original_max_position_embeddings": 4096})),
