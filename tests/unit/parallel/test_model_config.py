@@ -354,3 +354,14 @@ def test_deepseek_v3_yarn_equals_transformers(rope):
     q_head = m.qk_head_dim + m.qk_pos_emb_head_dim
     ours = _yarn_get_mscale(m.rotary_scaling_factor, m.mscale_all_dim) ** 2 / math.sqrt(q_head)
     assert ours == pytest.approx(yarn_apply_mscale(hf_cfg.rope_parameters, q_head ** -0.5), rel=1e-12)
+
+
+def test_cfg_refuses_deepseek_v3_with_a_cpu_rollout_engine(tmp_path, capsys):
+    """On a machine without CUDA the SGLang engine runs on CPU, where its DeepSeek-V3 greedy output differs
+    from HF's on the same weights: `--cfg` exits 2 naming why and the way out (GPU engine or DPO)."""
+    from rlhf.main import main
+
+    _dsv3().save_pretrained(str(tmp_path))
+    assert main(["recipe=quickstart", f"model.path={tmp_path}", "--cfg"]) == 2
+    err = capsys.readouterr().err
+    assert "DeepseekV3ForCausalLM" in err and "CPU engine" in err and "GPU" in err, err
