@@ -254,6 +254,22 @@ def patch_moe_without_te() -> None:
         moe_utils.te_general_gemm = None
 
 
+def patch_mla_without_te() -> None:
+    """Set megatron's `multi_latent_attention.HAVE_TE = False` when Transformer Engine is absent.
+
+    megatron-core 0.16.1's TE extension module imports without TE and leaves `TELinear` a
+    MagicMock, so MLA's import guard sets HAVE_TE = True and `MLASelfAttention.__init__` then calls
+    `isinstance(linear_proj, TELinear)` with a mock: TypeError on every machine without TE (CPU or
+    GPU).  False skips that TE-only fp8 branch.  Idempotent.
+    """
+    import importlib.util
+
+    from megatron.core.transformer import multi_latent_attention
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        multi_latent_attention.HAVE_TE = False
+
+
 def _patch_moe_host_copies() -> None:
     """Make the MoE all-to-all dispatcher's "device -> host" copies of split sizes work on CPU.
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from parallel.convert.registry import get_converter, resolve_architecture, supported_architectures
 from parallel.convert.spec import HFModelSpec, UnsupportedModelError
 from parallel.kernels import resolve_kernels
-from parallel.rope import rope_parameters
+from parallel.rope import SUPPORTED_ROPE_TYPES, rope_parameters
 
 __all__ = ["HFModelSpec", "SUPPORTED_ARCHITECTURES", "UnsupportedModelError", "hf_model_spec", "padded_vocab_size",
            "transformer_config_from_hf", "validate_parallel_layout"]
@@ -38,8 +38,9 @@ def hf_model_spec(hf_config) -> HFModelSpec:
     heads = hf_config.num_attention_heads
     kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
-    family_fields = get_converter(arch).spec_fields(hf_config, arch)
-    rope_theta, rope_scaling = rope_parameters(hf_config)
+    family = get_converter(arch)
+    family_fields = family.spec_fields(hf_config, arch)
+    rope_theta, rope_scaling = rope_parameters(hf_config, family.extra.get("rope_types", SUPPORTED_ROPE_TYPES))
     return HFModelSpec(
         architecture=arch, vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
         ffn_hidden_size=hf_config.intermediate_size, num_layers=hf_config.num_hidden_layers,
@@ -74,8 +75,17 @@ def validate_parallel_layout(spec: HFModelSpec, tp: int, pp: int, vpp: int | Non
         raise ValueError(f"tensor parallel size tp={tp} does not divide num_key_value_heads="
                          f"{spec.num_query_groups} (megatron shards whole query groups); use tp in "
                          f"{[d for d in range(1, spec.num_query_groups + 1) if spec.num_query_groups % d == 0]}")
-    if spec.ffn_hidden_size % tp and not spec.is_moe:
+    if spec.ffn_hidden_size % tp and (not spec.is_moe or spec.moe_dense_layers):
         raise ValueError(f"tp={tp} does not divide intermediate_size={spec.ffn_hidden_size}")
+    if spec.moe_shared_ffn_hidden_size % tp:
+        raise ValueError(f"tp={tp} does not divide the shared experts' intermediate size "
+                         f"{spec.moe_shared_ffn_hidden_size}; choose tp dividing it")
+    mla = spec.extra.get("megatron", {}) if spec.multi_latent_attention else {}
+    for what, rows in (("q_lora_rank", mla.get("q_lora_rank")),
+                       ("kv_lora_rank + qk_rope_head_dim", mla and mla["kv_lora_rank"] + mla["qk_pos_emb_head_dim"])):
+        if rows and rows % tp:  # MLA down projections are column-parallel
+            raise ValueError(f"tp={tp} does not divide {what}={rows} (megatron's column-parallel MLA down "
+                             f"projection); choose tp dividing it")
     etp = tp if etp is None else etp
     if ep < 1 or (ep > 1 and not spec.is_moe):
         raise ValueError(f"expert parallel size ep={ep} needs a MoE model with experts to split "
@@ -118,10 +128,12 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     `router_aux_loss_coef`, 0 turns the loss off.  MoE routing follows the HF model: softmax
     over the top-k logits when `norm_topk_prob` (Mixtral, Qwen3-MoE releases), else top-k of the
     softmax over all experts.  MoE with tp > 1 turns sequence parallelism on (megatron-core
-    refuses MoE x TP without it).  `overrides` are passed to TransformerConfig last.
+    refuses MoE x TP without it).  A family's `spec.extra["megatron"]` fields come after these
+    (DeepSeek-V3: MLA sizes, YaRN, sigmoid router); with ``multi_latent_attention`` the config is
+    an MLATransformerConfig.  `overrides` are passed to the config last.
     Raises UnsupportedModelError / ValueError from hf_model_spec / validate_parallel_layout.
     """
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     spec = hf_model_spec(hf_config)
     validate_parallel_layout(spec, tp, pp, vpp, num_layers_in_first_pipeline_stage,
@@ -162,5 +174,6 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
         kw.update(recompute_granularity="selective")
     elif recompute is not None:
         raise ValueError(f"recompute={recompute!r}: use None, 'full' or 'selective'")
+    kw.update(spec.extra.get("megatron", {}))
     kw.update(overrides)
-    return TransformerConfig(**kw)
+    return (MLATransformerConfig if kw.get("multi_latent_attention") else TransformerConfig)(**kw)

@@ -69,37 +69,95 @@ class ModelBundle:
     padded_vocab_size: int
 
 
+class LatentRMSNorm(TorchRMSNorm):
+    """MLA's q/kv latent RMSNorm: eps 1e-6 whatever `rms_norm_eps` is (transformers' and DeepSeek's
+    `q_a_layernorm` / `kv_a_layernorm`); sequence-parallel-marked like the layer norms (the latents
+    are scattered back to the sequence-parallel layout before the norm)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-6, **_):
+        from parallel.convert.deepseek_v3 import LATENT_NORM_EPS
+
+        super().__init__(config, hidden_size, eps=LATENT_NORM_EPS)
+
+
+def mla_core_attention():
+    """megatron's local `DotProductAttention` for MLA: that one has no `k_channels` / `v_channels`
+    (query/key heads of qk_nope + qk_rope dims, value heads of v_head_dim), so its output width is
+    taken from the value heads here.  Same math otherwise (baddbmm, masked softmax, bmm)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+    class MLADotProductAttention(DotProductAttention):
+        def __init__(self, *args, k_channels: int | None = None, v_channels: int | None = None, **kwargs):
+            super().__init__(*args, **kwargs)
+            if v_channels is not None:
+                self.hidden_size_per_partition = v_channels * self.num_attention_heads_per_partition
+
+    return MLADotProductAttention
+
+
+def _one_layer_spec(use_te: bool, spec: HFModelSpec | None, config, moe: bool):
+    """One transformer layer's ModuleSpec (dense or MoE MLP; GQA or MLA attention)."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+    from megatron.core.transformer.spec_utils import ModuleSpec
+
+    kw, mla = {}, spec is not None and spec.multi_latent_attention
+    if spec is not None:
+        kw = dict(num_experts=spec.num_experts if moe and spec.num_experts else None, moe_grouped_gemm=False,
+                  qk_layernorm=spec.qk_norm or mla, multi_latent_attention=mla)
+    if use_te:
+        layer = specs.get_gpt_layer_with_transformer_engine_spec(**kw)
+        if mla:  # column-parallel down projections, as on the local spec (one converter layout for both)
+            from megatron.core.extensions.transformer_engine import TEColumnParallelLinear
+
+            attn = layer.submodules.self_attention.submodules
+            attn.linear_q_down_proj = attn.linear_kv_down_proj = TEColumnParallelLinear
+        return layer
+    layer = specs.get_gpt_layer_local_spec(normalization="RMSNorm", **kw)
+    sub = layer.submodules
+    if mla:
+        attn = sub.self_attention.submodules
+        attn.q_layernorm = attn.kv_layernorm = LatentRMSNorm
+        attn.core_attention = mla_core_attention()
+    if config is None or not config.sequence_parallel:
+        return layer
+    sub.input_layernorm = sub.pre_mlp_layernorm = TorchRMSNorm
+    if spec is not None and spec.qk_norm:
+        attn = sub.self_attention.submodules
+        attn.q_layernorm = attn.k_layernorm = ModuleSpec(module=TorchRMSNorm, params={"mark_sequence_parallel": False})
+    return layer
+
+
 def layer_spec(use_te: bool | None = None, spec: HFModelSpec | None = None, config=None, vp_stage: int | None = None):
     """Transformer Engine spec when TE and CUDA are present (or `use_te=True`), else the local spec.
 
     `use_te=None` takes `parallel.kernels.resolve_kernels()`: on GPU without TE that raises
     TransformerEngineMissingError unless ``RLHF_ALLOW_NO_TE=1``.
 
-    With `spec`: q/k layernorm (Qwen3) and MoE layers (router + SequentialMLP experts, no grouped
-    GEMM, so expert names are the same on CPU and GPU) as the model needs.  With a `config` under
-    sequence parallelism the local spec becomes a block spec whose norms are `TorchRMSNorm`.
+    With `spec`: q/k layernorm (Qwen3), multi-latent attention (DeepSeek-V3) and MoE layers
+    (router + SequentialMLP experts, no grouped GEMM, so expert names are the same on CPU and GPU)
+    as the model needs.  With a `config`, a block spec (this stage's layers) when the local spec
+    runs under sequence parallelism (norms become `TorchRMSNorm`) or when some layers are dense
+    and others MoE (`config.moe_layer_freq`, DeepSeek-V3's first_k_dense_replace).
     """
-    from megatron.core.models.gpt import gpt_layer_specs as specs
-    from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_block import (LayerNormImpl, TransformerBlockSubmodules,
+                                                             get_num_layers_to_build, get_transformer_layer_offset)
 
     if use_te is None:
         use_te = resolve_kernels(use_te).use_te
-    kw = {}
-    if spec is not None:
-        kw = dict(num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm)
-    if use_te:
-        return specs.get_gpt_layer_with_transformer_engine_spec(**kw)
-    local = specs.get_gpt_layer_local_spec(normalization="RMSNorm", **kw)
-    if config is None or not config.sequence_parallel:
-        return local
-    sub = local.submodules
-    sub.input_layernorm = sub.pre_mlp_layernorm = TorchRMSNorm
-    attn = sub.self_attention.submodules
-    if spec is not None and spec.qk_norm:
-        attn.q_layernorm = attn.k_layernorm = ModuleSpec(module=TorchRMSNorm, params={"mark_sequence_parallel": False})
-    return TransformerBlockSubmodules(layer_specs=[local] * get_num_layers_to_build(config, vp_stage=vp_stage),
-                                      layer_norm=TorchRMSNorm)
+    freq = getattr(config, "moe_layer_freq", 1) if config is not None else 1
+    mixed = isinstance(freq, list) and len(set(freq)) > 1
+    if not mixed:
+        layer = _one_layer_spec(use_te, spec, config, moe=True)
+        if use_te or config is None or not config.sequence_parallel:
+            return layer
+        layers = [layer] * get_num_layers_to_build(config, vp_stage=vp_stage)
+    else:
+        dense, moe = _one_layer_spec(use_te, spec, config, moe=False), _one_layer_spec(use_te, spec, config, moe=True)
+        offset = get_transformer_layer_offset(config, vp_stage=vp_stage)
+        layers = [moe if freq[i] else dense
+                  for i in range(offset, offset + get_num_layers_to_build(config, vp_stage=vp_stage))]
+    norm = TorchRMSNorm if not use_te and config.sequence_parallel else LayerNormImpl  # what megatron would pick
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=norm)
 
 
 def cast_params_(model: torch.nn.Module, dtype: torch.dtype) -> int:
@@ -144,6 +202,8 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
     spec = hf_model_spec(hf_config)
     if spec.is_moe:
         cpu_patches.patch_moe_without_te()
+    if spec.multi_latent_attention:
+        cpu_patches.patch_mla_without_te()
     vocab = padded_vocab_size(spec.vocab_size, make_vocab_size_divisible_by, tp)
     is_critic = role == "critic"
     chunks = []

@@ -12,7 +12,10 @@ those of transformers bitwise:
   embedding after it is built.
 
 Types whose frequencies depend on the sequence length at run time (``dynamic``) or that scale
-attention (``yarn``, ``longrope``) are refused with the supported list.
+attention (``yarn``, ``longrope``) are refused with the supported list, except ``yarn`` for
+multi-latent attention (DeepSeek-V3): megatron-core's MLA layers carry their own YaRN rotary
+embedding and softmax scale (`parallel.convert.deepseek_v3.megatron_rope`), so the family lists
+it in its `extra["rope_types"]` and `apply_rope_scaling` leaves MLA models alone.
 """
 from __future__ import annotations
 
@@ -27,12 +30,13 @@ _WHY_NOT = {
 }
 
 
-def rope_parameters(hf_config) -> tuple[float, dict | None]:
+def rope_parameters(hf_config, supported: tuple[str, ...] = SUPPORTED_ROPE_TYPES) -> tuple[float, dict | None]:
     """(rope_theta, scaling) of a HF config; scaling is None for plain RoPE, else the rope
     parameters dict with its normalised ``rope_type``.
 
     Reads transformers >= 5 `rope_parameters` and legacy `rope_theta` / `rope_scaling`.
-    Raises UnsupportedModelError for a rope type outside SUPPORTED_ROPE_TYPES, naming why.
+    `supported`: the rope types the model family accepts (default SUPPORTED_ROPE_TYPES).
+    Raises UnsupportedModelError for a rope type outside `supported`, naming why.
     """
     params = getattr(hf_config, "rope_parameters", None)
     params = dict(params) if isinstance(params, dict) and "rope_theta" in params else {}
@@ -40,10 +44,10 @@ def rope_parameters(hf_config) -> tuple[float, dict | None]:
         params = dict(getattr(hf_config, "rope_scaling", None) or {})
         params["rope_theta"] = float(getattr(hf_config, "rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type")) or "default"
-    if rope_type not in SUPPORTED_ROPE_TYPES:
+    if rope_type not in supported:
         why = _WHY_NOT.get(rope_type, "it has no megatron-core equivalent here")
         raise UnsupportedModelError(f"rope_type={rope_type!r} is not supported ({why}); supported rope types: "
-                                    f"{', '.join(SUPPORTED_ROPE_TYPES)}")
+                                    f"{', '.join(supported)}")
     theta = float(params["rope_theta"])
     if rope_type == "default":
         return theta, None
@@ -85,8 +89,9 @@ def hf_inv_freq(hf_config):
 
 def apply_rope_scaling(model, hf_config, spec) -> None:
     """Give a built GPTModel chunk transformers' frequencies where megatron's own option cannot
-    express the config's rope scaling (no-op for plain RoPE and Llama-3.x-standard llama3)."""
-    if spec.rope_scaling is None or megatron_llama3_covers(spec.rope_scaling):
+    express the config's rope scaling (no-op for plain RoPE, Llama-3.x-standard llama3 and MLA,
+    whose attention layers build their own rotary embedding)."""
+    if spec.rope_scaling is None or megatron_llama3_covers(spec.rope_scaling) or spec.multi_latent_attention:
         return
     rotary = getattr(model, "rotary_pos_emb", None)
     if rotary is None:

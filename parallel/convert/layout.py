@@ -8,8 +8,9 @@ Kinds (`ParamRole.kind`):
   make_vocab_size_divisible_by * tp with zero rows (embedding, untied output layer).
 * ``qkv`` / ``qkv_bias``: `linear_qkv` interleaved per query group: for each of the G groups,
   its num_heads / G q heads, then its k head, then its v head; TP ranks hold whole groups.
-* ``fc1``: SwiGLU `linear_fc1` is [gate; up], each split separately over TP: rank r holds
-  [gate_r; up_r].
+* ``column``: TP splits dim 0 into contiguous row blocks (MLA's q/kv down and up projections).
+* ``fc1`` / ``shared_fc1``: SwiGLU `linear_fc1` is [gate; up], each split separately over TP: rank r holds
+  [gate_r; up_r]; ``shared_fc1`` is a MoE layer's shared experts (sized `moe_shared_ffn_hidden_size`).
 * ``expert_fc1`` / ``expert_row``: a routed expert's fc1 / fc2, laid out like ``fc1`` / ``row``
   but split over the *expert* tensor-parallel group; each expert lives on one expert-parallel
   rank only.
@@ -23,11 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-GATHER_DIM = {"replicated": None, "vocab": 0, "row": 1, "fc1": 0, "qkv": 0, "qkv_bias": 0,
-              "expert_fc1": 0, "expert_row": 1}
+GATHER_DIM = {"replicated": None, "vocab": 0, "row": 1, "column": 0, "fc1": 0, "shared_fc1": 0, "qkv": 0,
+              "qkv_bias": 0, "expert_fc1": 0, "expert_row": 1}
 """Kind -> the dim along which TP shards are concatenated (None: replicated, nothing to gather)."""
 
 EXPERT_KINDS = frozenset({"expert_fc1", "expert_row"})
+FC1_KINDS = frozenset({"fc1", "shared_fc1", "expert_fc1"})
+"""Kinds packed [gate; up] with each half split over (expert-)TP."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ def _expected_hf_shapes(role: ParamRole, spec) -> dict[str, list[int]]:
         return dict(zip(role.hf_names, ([q_rows], [kv_rows], [kv_rows])))
     if role.kind == "fc1":
         return {n: [spec.ffn_hidden_size, H] for n in role.hf_names}
+    if role.kind == "shared_fc1":
+        return {n: [spec.moe_shared_ffn_hidden_size, H] for n in role.hf_names}
     if role.kind == "expert_fc1":
         return {n: [spec.moe_ffn_hidden_size, H] for n in role.hf_names}
     if role.kind == "expert_row":
@@ -98,7 +103,13 @@ def local_shard_from_hf(reader, role: ParamRole, param: torch.Tensor, spec, tp_r
     if kind in ("row", "expert_row"):
         cols = param.shape[1]
         return reader.get(role.hf_names[0], cols=slice(tp_rank * cols, (tp_rank + 1) * cols))
-    if kind in ("fc1", "expert_fc1"):
+    if kind == "column":
+        rows, full = param.shape[0], reader.shape(role.hf_names[0])
+        if full[0] != rows * tp:
+            raise ValueError(f"tensor {role.hf_names[0]!r} has shape {full} in {reader.path!r}, expected "
+                             f"{rows * tp} rows ({rows} per rank x tp={tp}) from the model config")
+        return reader.get(role.hf_names[0], slice(tp_rank * rows, (tp_rank + 1) * rows))
+    if kind in FC1_KINDS:
         rows = param.shape[0] // 2
         sl = slice(tp_rank * rows, (tp_rank + 1) * rows)
         return torch.cat([reader.get(role.hf_names[0], sl), reader.get(role.hf_names[1], sl)], 0)
@@ -130,7 +141,9 @@ def hf_tensors_from_shards(role: ParamRole, shards: list[torch.Tensor], spec) ->
         return [(role.hf_names[0], torch.cat(shards, 0)[: spec.vocab_size])]
     if kind in ("row", "expert_row"):
         return [(role.hf_names[0], torch.cat(shards, 1))]
-    if kind in ("fc1", "expert_fc1"):
+    if kind == "column":
+        return [(role.hf_names[0], torch.cat(shards, 0))]
+    if kind in FC1_KINDS:
         gates, ups = zip(*(s.chunk(2, 0) for s in shards))
         return [(role.hf_names[0], torch.cat(gates, 0)), (role.hf_names[1], torch.cat(ups, 0))]
     if kind in ("qkv", "qkv_bias"):

@@ -7,11 +7,11 @@ here.  Re-exported by `parallel.convert`.
 """
 from __future__ import annotations
 
-from parallel.convert import llama, mixtral, qwen3
+from parallel.convert import deepseek_v3, llama, mixtral, qwen3
 from parallel.convert.family import ModelFamily
 from parallel.convert.spec import UnsupportedModelError
 
-FAMILIES: tuple[ModelFamily, ...] = (llama.FAMILY, qwen3.FAMILY, mixtral.FAMILY)
+FAMILIES: tuple[ModelFamily, ...] = (llama.FAMILY, qwen3.FAMILY, mixtral.FAMILY, deepseek_v3.FAMILY)
 
 CONVERTERS: dict[str, ModelFamily] = {arch: fam for fam in FAMILIES for arch in fam.architectures}
 """HF architecture name -> ModelFamily."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from parallel.convert.layout import ParamRole
+from parallel.convert.layout import FC1_KINDS, ParamRole
 
 __all__ = ["Region", "shard_regions"]
 
@@ -52,7 +52,10 @@ def shard_regions(role: ParamRole, shard: torch.Tensor, spec, tp_rank: int, tp: 
     if kind in ("row", "expert_row"):
         cols = shard.shape[1]
         return [Region(names[0], 1, tp_rank * cols, cols, shard)]
-    if kind in ("fc1", "expert_fc1"):
+    if kind == "column":
+        rows = shard.shape[0]
+        return [Region(names[0], 0, tp_rank * rows, rows, shard)]
+    if kind in FC1_KINDS:
         rows = shard.shape[0] // 2
         gate, up = shard.split(rows, 0)
         return [Region(names[0], 0, tp_rank * rows, rows, gate), Region(names[1], 0, tp_rank * rows, rows, up)]

@@ -23,7 +23,9 @@ class HFModelSpec:
     `moe_topk` experts per token, `moe_ffn_hidden_size` each expert's intermediate size,
     `moe_norm_topk_prob` whether the top-k routing weights are renormalised to sum to 1,
     `moe_aux_loss_coef` the HF config's router load-balancing coefficient (informational; the
-    trainer takes its own from config).
+    trainer takes its own from config), `moe_shared_ffn_hidden_size` the shared experts' fused
+    intermediate size (0: none), `moe_dense_layers` how many leading layers are dense MLPs.
+    `extra["megatron"]`: TransformerConfig fields a family sets itself (DeepSeek-V3: MLA, router).
     """
 
     architecture: str
@@ -46,8 +48,15 @@ class HFModelSpec:
     moe_ffn_hidden_size: int = 0
     moe_norm_topk_prob: bool = True
     moe_aux_loss_coef: float = 0.0
+    moe_shared_ffn_hidden_size: int = 0
+    moe_dense_layers: int = 0
     extra: dict = field(default_factory=dict)
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def multi_latent_attention(self) -> bool:
+        """True for MLA models (DeepSeek-V3): megatron's MLASelfAttention with its own RoPE."""
+        return bool(self.extra.get("megatron", {}).get("multi_latent_attention"))

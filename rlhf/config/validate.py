@@ -31,7 +31,7 @@ __all__ = ["validate_config", "config_problems", "check_model_config", "SUPPORTE
 #: architectures the megatron model builder maps (the converter registry, parallel.convert.supported_architectures,
 #: which imports torch; tests/unit/config/test_config.py keeps the two equal)
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-                           "Qwen3MoeForCausalLM", "MixtralForCausalLM")
+                           "Qwen3MoeForCausalLM", "MixtralForCausalLM", "DeepseekV3ForCausalLM")
 
 
 def check_model_config(path: str | os.PathLike, layout: dict | None = None) -> list[str]:
@@ -232,6 +232,48 @@ def _model_problems(key: str, value: Optional[str], architecture: bool = True, l
     return [f"{key}={value!r}: {p}." for p in check_model_config(config, layout)] if config and architecture else []
 
 
+#: architectures SGLang's CPU engine cannot roll out faithfully: architecture -> what was observed
+CPU_ENGINE_REFUSED = {
+    "DeepseekV3ForCausalLM": (
+        "SGLang 0.5.23's CPU engine (torch_native attention, the sgl_kernel stand-in of rlhf/rollout/sglang_cpu) "
+        "loads DeepseekV3ForCausalLM (sglang/srt/models/deepseek_v2.py) and generates, but its greedy tokens on "
+        "the unmodified Hugging Face weights differ from transformers' from the first token (a tiny DeepSeek-V3: "
+        "engine [481, 438, 187, ...] vs HF [53, 146, 625, ...]; tests/support/dist/family_sync_e2e.py --kinds "
+        "deepseek_v3), so CPU rollouts of it would train on another model's samples; run the rollout engine on "
+        "GPU (the trainer side converts and syncs DeepSeek-V3 on CPU and GPU), or use algorithm.name=dpo"),
+}
+
+
+_REFUSED_MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}  # configs without `architectures`
+
+
+def _architecture(path: Optional[str]) -> Optional[str]:
+    """`architectures[0]` of a model's config.json (local directory, or a hub name already in the HF cache),
+    else the architecture of its `model_type` when refused on CPU engines; None when unreadable."""
+    ref = parse_model_ref(path) if path else None
+    config = Path(ref.path) / "config.json" if ref is not None and ref.kind == "local" else (
+        cached_hub_file(ref.path) if ref is not None and ref.kind == "hub" else None)
+    try:
+        d = json.loads(Path(config).read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return None
+    return (d.get("architectures") or [_REFUSED_MODEL_TYPES.get(d.get("model_type"))])[0]
+
+
+def _cpu_engine_problems(cfg: DictConfig) -> list[str]:
+    """A model family the SGLang CPU engine cannot run faithfully, when this run's engine is on CPU."""
+    if str(getattr(cfg.algorithm.name, "value", cfg.algorithm.name)) == "dpo":
+        return []  # no rollout engine
+    arch = _architecture(cfg.model.path)
+    if arch not in CPU_ENGINE_REFUSED:
+        return []
+    from rlhf.rollout.sglang_cpu import use_cpu_engine
+
+    if not use_cpu_engine():
+        return []
+    return [f"model.path={cfg.model.path!r} is a {arch}: {CPU_ENGINE_REFUSED[arch]}."]
+
+
 def _file_problems(cfg: DictConfig) -> list[str]:
     out = _data_problems("data.train_files", cfg.data.train_files)
     out += _data_problems("data.val_files", cfg.data.val_files)
@@ -241,6 +283,7 @@ def _file_problems(cfg: DictConfig) -> list[str]:
                   num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
                   num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage)
     out += _model_problems("model.path", cfg.model.path, layout=layout)
+    out += _cpu_engine_problems(cfg)
     if _critic_on(cfg):
         out += _model_problems("model.critic_path", cfg.model.critic_path)
     tok = cfg.model.tokenizer_path

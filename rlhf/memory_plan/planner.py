@@ -176,8 +176,10 @@ def _role_static(inp: PlanInput, role: Role, stage: int) -> dict[str, float]:
     """weights / grads / main params / Adam moments of `role` on one rank of `stage`."""
     lay = inp.layout
     layers = stage_layers(inp.model.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
+    dense_mlp = max(0, min(layers[stage], inp.model.dense_layers - sum(layers[:stage]))) if inp.model.num_experts else 0
     dense, expert = stage_params(inp.model, lay.tp, layers[stage], stage == 0, stage == lay.pp - 1,
-                                 value_head=role.value_head, pp=lay.pp, ep=lay.ep, divisible_by=inp.divisible_by)
+                                 value_head=role.value_head, pp=lay.pp, ep=lay.ep, divisible_by=inp.divisible_by,
+                                 dense_mlp_layers=dense_mlp)
     params = dense + expert
     out = {"weights": params * inp.params_bytes}
     if role.trainable:

@@ -52,6 +52,19 @@ class ModelShape:
     num_experts: int = 0
     moe_topk: int = 0
     moe_ffn_hidden_size: int = 0
+    # DeepSeek-V3: multi-latent attention sizes (kv_lora_rank > 0 marks MLA), leading dense layers,
+    # the shared experts' fused intermediate size
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    dense_layers: int = 0
+    shared_ffn_hidden_size: int = 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @classmethod
     def from_hf_config(cls, hf: Any) -> "ModelShape":
@@ -63,8 +76,14 @@ class ModelShape:
                 raise KeyError(f"HF config lacks {k!r}; pass the model's config.json")
         heads = d["num_attention_heads"]
         arch = (d.get("architectures") or [""])[0]
-        experts = d.get("num_experts") or d.get("num_local_experts") or 0
-        return cls(
+        experts = d.get("num_experts") or d.get("num_local_experts") or d.get("n_routed_experts") or 0
+        mla = {}
+        if d.get("kv_lora_rank"):  # DeepSeek-V3 / Moonlight
+            mla = dict(q_lora_rank=d.get("q_lora_rank") or 0, kv_lora_rank=d["kv_lora_rank"],
+                       qk_rope_head_dim=d["qk_rope_head_dim"], qk_nope_head_dim=d["qk_nope_head_dim"],
+                       v_head_dim=d["v_head_dim"], dense_layers=d.get("first_k_dense_replace") or 0,
+                       shared_ffn_hidden_size=(d.get("n_shared_experts") or 0) * d["moe_intermediate_size"])
+        return cls(**mla,
             vocab_size=d["vocab_size"], hidden_size=d["hidden_size"], ffn_hidden_size=d["intermediate_size"],
             num_layers=d["num_hidden_layers"], num_attention_heads=heads,
             num_kv_heads=d.get("num_key_value_heads") or heads,
@@ -96,28 +115,47 @@ def stage_layers(num_layers: int, pp: int, first: int | None = None, last: int |
     return out
 
 
-def layer_params(m: ModelShape, tp: int, ep: int = 1, etp: int | None = None) -> tuple[float, float]:
-    """(dense, expert) parameter elements of one transformer layer on one rank."""
+def _mla_params(m: ModelShape, tp: int) -> float:
+    """One MLA layer's attention parameters on one rank: column-parallel q/kv down and up projections
+    (megatron splits all four over TP), the replicated latent norms, the row-parallel output."""
+    a, h, qk = m.num_attention_heads, m.hidden_size, m.qk_nope_head_dim + m.qk_rope_head_dim
+    q = (h * m.q_lora_rank + m.q_lora_rank * a * qk) / tp + m.q_lora_rank if m.q_lora_rank else h * a * qk / tp
+    kv = (h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * a * (m.qk_nope_head_dim + m.v_head_dim)) / tp
+    return q + kv + m.kv_lora_rank + a * m.v_head_dim * h / tp
+
+
+def layer_params(m: ModelShape, tp: int, ep: int = 1, etp: int | None = None,
+                 moe: bool = True) -> tuple[float, float]:
+    """(dense, expert) parameter elements of one transformer layer on one rank.  `moe=False`: one of
+    a MoE model's leading dense-MLP layers (DeepSeek-V3's first_k_dense_replace)."""
     a, g, d, h = m.num_attention_heads, m.num_kv_heads, m.head_dim, m.hidden_size
     qkv_out = (a + 2 * g) * d
     attn = (h * qkv_out + (qkv_out if m.qkv_bias else 0) + a * d * h) / tp + (2 * d if m.qk_norm else 0)
+    if m.mla:
+        attn = _mla_params(m, tp)
     dense = attn + 2 * h  # + input and pre-MLP RMSNorm weights (replicated)
-    if m.num_experts:
+    if m.num_experts and moe:
         etp = tp if etp is None else etp
-        return dense + m.num_experts * h, (m.num_experts / ep) * 3 * h * m.moe_ffn_hidden_size / etp
+        router = m.num_experts * h + (m.num_experts if m.mla else 0)  # + DeepSeek's correction bias
+        return (dense + router + 3 * h * m.shared_ffn_hidden_size / tp,
+                (m.num_experts / ep) * 3 * h * m.moe_ffn_hidden_size / etp)
     return dense + 3 * h * m.ffn_hidden_size / tp, 0.0
 
 
 def stage_params(m: ModelShape, tp: int, layers: int, first: bool, last: bool, *, value_head: bool = False,
-                 pp: int = 1, ep: int = 1, etp: int | None = None, divisible_by: int = 128) -> tuple[float, float]:
+                 pp: int = 1, ep: int = 1, etp: int | None = None, divisible_by: int = 128,
+                 dense_mlp_layers: int = 0) -> tuple[float, float]:
     """(dense, expert) parameter elements held by one rank of a pipeline stage.
 
     The first stage holds the embedding; the last the final norm and the LM head (a replica of the
     embedding when tied and pp > 1, none when tied on a single stage) or, for the critic, a scalar head.
+    `dense_mlp_layers`: how many of the stage's layers are a MoE model's leading dense-MLP layers.
     """
     dense, expert = layer_params(m, tp, ep, etp)
+    plain, _ = layer_params(m, tp, ep, etp, moe=False)
     vocab = padded_vocab(m.vocab_size, divisible_by, tp)
-    total = layers * dense
+    total = (layers - dense_mlp_layers) * dense + dense_mlp_layers * plain
+    expert_layers = layers - dense_mlp_layers
     if first:
         total += vocab * m.hidden_size / tp
     if last:
@@ -126,14 +164,16 @@ def stage_params(m: ModelShape, tp: int, layers: int, first: bool, last: bool, *
             total += m.hidden_size
         elif not m.tie_word_embeddings or pp > 1:
             total += vocab * m.hidden_size / tp
-    return total, layers * expert
+    return total, expert_layers * expert
 
 
 def model_params(m: ModelShape) -> float:
     """All parameter elements of the HF model (for the rollout engine's weights)."""
     dense, expert = layer_params(m, 1)
+    plain, _ = layer_params(m, 1, moe=False)
     head = 0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size
-    return m.num_layers * (dense + expert) + m.vocab_size * m.hidden_size + head + m.hidden_size
+    k = m.dense_layers if m.num_experts else 0
+    return (m.num_layers - k) * (dense + expert) + k * plain + m.vocab_size * m.hidden_size + head + m.hidden_size
 
 
 @dataclass(frozen=True)
@@ -166,6 +206,8 @@ def layer_activations(m: ModelShape, seq: int, micro_batch: int, tp: int, *, seq
     x, e, h = seq * micro_batch, act_bytes, m.hidden_size
     t_sp = tp if sequence_parallel else 1
     heads, groups, d = m.num_attention_heads / tp, max(m.num_kv_heads / tp, 1), m.head_dim
+    if m.mla:  # counted as MHA over q/k heads of qk_nope + qk_rope dims (v heads are no wider; small latents left out)
+        groups, d = heads, m.qk_nope_head_dim + m.qk_rope_head_dim
     f = (m.moe_ffn_hidden_size * max(m.moe_topk, 1)) if m.num_experts else m.ffn_hidden_size
     s2 = micro_batch * heads * seq * seq
     if flash_attention:
@@ -231,5 +273,9 @@ def in_flight_micro_batches(pp: int, stage: int, num_micro: int, vpp: int | None
 
 
 def kv_bytes_per_token(m: ModelShape, engine_tp: int, kv_bytes: int = 2) -> float:
-    """SGLang MHA/GQA KV cache: K and V for every layer, the rank's KV heads (replicated when tp > heads)."""
+    """SGLang MHA/GQA KV cache: K and V for every layer, the rank's KV heads (replicated when tp > heads).
+    MLA (DeepSeek-V3): the latent and the shared rope key, kv_lora_rank + qk_rope_head_dim per token and
+    layer, the same on every TP rank (SGLang's MLATokenToKVPool)."""
+    if m.mla:
+        return m.num_layers * (m.kv_lora_rank + m.qk_rope_head_dim) * kv_bytes
     return 2 * m.num_layers * max(1, math.ceil(m.num_kv_heads / engine_tp)) * m.head_dim * kv_bytes

@@ -39,6 +39,20 @@ FAMILY_MODELS = {
     "mixtral": ("MixtralConfig", dict(intermediate_size=48, num_local_experts=8, num_experts_per_tok=2,
                                       tie_word_embeddings=False, rms_norm_eps=1e-5, router_aux_loss_coef=0.02,
                                       rope_parameters={"rope_type": "default", "rope_theta": 1000000.0})),
+    # DeepSeek-V3 (671B) / Moonlight-16B-A3B: MLA (q LoRA, kv latent, rope 64 + nope 128 -> 8 + 16 here), YaRN
+    # factor 40, first_k_dense_replace 3 -> 1, 256 routed experts top-8 in 8 groups (4 kept) -> 8 top-2 in 2 groups
+    # (1 kept: top-k // topk_group = 2 as in the release), 1 shared expert, sigmoid + correction bias, scale 2.5
+    "deepseek_v3": ("DeepseekV3Config", dict(
+        num_key_value_heads=4, intermediate_size=96, moe_intermediate_size=32, n_routed_experts=8,
+        num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1, routed_scaling_factor=2.5,
+        norm_topk_prob=True, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=16, tie_word_embeddings=False, rms_norm_eps=1e-6, rope_interleave=True,
+        max_position_embeddings=163840,
+        # keys of the release's config.json that transformers' class lacks and SGLang's DeepseekV2 model reads
+        moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", ep_size=1,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0,
+                         "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4096})),
 }
 
 
@@ -56,6 +70,9 @@ def build_family_model(kind: str, num_layers: int = 4, seed: int = 0, **override
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             else:
                 p.copy_(0.1 * torch.randn_like(p))
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's router bias: non-zero so its mapping shows
+                b.copy_(0.1 * torch.randn_like(b))
     return model.eval()
 
 

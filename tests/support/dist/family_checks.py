@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 
 DENSE = ["llama3", "llama3_custom", "qwen2_5", "qwen3"]
-MOE = ["qwen3_moe", "mixtral"]
+MOE = ["qwen3_moe", "mixtral", "deepseek_v3"]
 # (tp, pp, ep, num_layers_in_first_pipeline_stage)
 LAYOUTS = [(1, 1, 1, None), (2, 1, 1, None), (1, 2, 1, None), (1, 1, 2, None), (2, 1, 2, None), (1, 2, 1, 1)]
 RESULTS = []

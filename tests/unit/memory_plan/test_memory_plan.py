@@ -216,3 +216,46 @@ def test_plan_from_config_reads_a_plain_dict_and_checks_world_size():
     assert [p.name for p in plan.phases][:3] == ["build", "engine start", "generate"]
     with pytest.raises(ValueError, match="does not divide world_size=6"):
         plan_from_config(cfg, QWEN2_7B, world_size=6)
+
+
+# DeepSeek-V3's config.json (the released values that size the model; no download needed)
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": True,
+    "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128, "v_head_dim": 128, "tie_word_embeddings": False, "rms_norm_eps": 1e-06,
+    "max_position_embeddings": 163840, "hidden_act": "silu",
+    "rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}, "rope_theta": 10000,
+}
+
+
+def test_deepseek_v3_parameters_and_mla_kv_cache_by_hand():
+    m = ModelShape.from_hf_config(DEEPSEEK_V3)
+    assert (m.mla, m.dense_layers, m.shared_ffn_hidden_size, m.num_experts) == (True, 3, 2048, 256)
+    assert model_params(m) == pytest.approx(671.03e9, rel=1e-4)  # DeepSeek-V3: 671B (without the MTP layer)
+    # MLA caches the 512-dim latent and the 64-dim rope key per token and layer, on every engine TP rank
+    assert kv_bytes_per_token(m, engine_tp=8, kv_bytes=2) == 61 * (512 + 64) * 2
+    # one MLA attention at tp 8: q 7168 x 1536 + 1536 x 128 x 192, kv 7168 x 576 + 512 x 128 x 256, o 16384 x 7168
+    attn = (7168 * 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 * 128 * 256 + 128 * 128 * 7168) / 8 + 1536 + 512
+    moe_layer = attn + 2 * 7168 + 256 * 7168 + 256 + 3 * 7168 * 2048 / 8
+    dense_layer = attn + 2 * 7168 + 3 * 7168 * 18432 / 8
+    # pp 2 stage 0 of 31 layers: 3 dense + 28 MoE layers and the embedding; ep 8: 32 experts per rank
+    embed = 130048 * 7168 / 8  # vocab padded to a multiple of 128 x 8
+    got = stage_params(m, 8, 31, True, False, pp=2, ep=8, dense_mlp_layers=3)
+    assert got == pytest.approx((3 * dense_layer + 28 * moe_layer + embed, 28 * 32 * 3 * 7168 * 2048 / 8), rel=1e-12)
+
+
+def test_plan_from_config_reads_the_deepseek_v3_config_json():
+    cfg = {"parallel": {"tensor_model_parallel_size": 8, "pipeline_model_parallel_size": 16,
+                        "expert_model_parallel_size": 8},
+           "data": {"max_prompt_length": 512, "max_response_length": 512, "train_batch_size": 128},
+           "algorithm": {"name": "grpo", "adv_estimator": "grpo"},
+           "rollout": {"n": 4, "num_engines": 8, "tensor_model_parallel_size": 16, "mem_fraction_static": 0.85},
+           "model": {"dtype": "bfloat16"}}
+    plan = plan_from_config(cfg, DEEPSEEK_V3, world_size=128, gpu_memory_gib=141)
+    assert plan.kv_cache_bytes > 0, format_plan(plan)
+    assert [p.name for p in plan.phases][:3] == ["build", "engine start", "generate"]
+    assert plan.kv_cache_tokens == pytest.approx(plan.kv_cache_bytes / (61 * 576 * 2))

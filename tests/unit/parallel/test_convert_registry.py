@@ -14,7 +14,8 @@ from parallel.convert.spec import HFModelSpec
 
 def test_registry_lists_every_family_architecture():
     assert set(supported_architectures()) == {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM",
-                                              "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM"}
+                                              "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "MixtralForCausalLM",
+                                              "DeepseekV3ForCausalLM"}
     assert get_converter("Qwen2ForCausalLM") is CONVERTERS["LlamaForCausalLM"]
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel.*supported: LlamaForCausalLM"):
         get_converter("GPT2LMHeadModel")

@@ -273,3 +273,95 @@ def test_verl_expert_parallel_key_maps_to_ours():
     with pytest.raises(ConfigError, match="ref.megatron.expert_model_parallel_size=4 is not supported"):
         compose_config(["actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
                         "actor_rollout_ref.ref.megatron.expert_model_parallel_size=4"], recipe="quickstart")
+
+
+def _dsv3(**kw):
+    return family_config("deepseek_v3", **kw)
+
+
+def test_deepseek_v3_spec_and_megatron_config():
+    """DeepSeek-V3's HF fields land on megatron's MLA / MoE options (values from the tiny config
+    shaped like the release: tests/support/model_families.py)."""
+    spec = hf_model_spec(_dsv3())
+    assert (spec.architecture, spec.num_experts, spec.moe_topk, spec.moe_ffn_hidden_size,
+            spec.moe_shared_ffn_hidden_size, spec.moe_dense_layers, spec.multi_latent_attention) == \
+        ("DeepseekV3ForCausalLM", 8, 2, 32, 32, 1, True)
+    cfg = transformer_config_from_hf(_dsv3(), tp=2, ep=2)
+    assert type(cfg).__name__ == "MLATransformerConfig"
+    assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.qk_pos_emb_head_dim, cfg.v_head_dim) == \
+        (32, 16, 16, 8, 16)
+    assert (cfg.moe_router_score_function, cfg.moe_router_enable_expert_bias, cfg.moe_router_bias_update_rate,
+            cfg.moe_router_topk_scaling_factor, cfg.moe_router_num_groups, cfg.moe_router_group_topk) == \
+        ("sigmoid", True, 0.0, 2.5, 2, 1)
+    assert cfg.moe_layer_freq == [0, 1, 1, 1] and cfg.moe_shared_expert_intermediate_size == 32
+    assert (cfg.rope_type, cfg.rotary_scaling_factor, cfg.original_max_position_embeddings, cfg.mscale,
+            cfg.mscale_all_dim) == ("yarn", 40.0, 4096, 1.0, 1.0)
+    plain = transformer_config_from_hf(_dsv3(rope_parameters={"rope_type": "default", "rope_theta": 5e4}))
+    assert (plain.rope_type, plain.rotary_base) == ("rope", 5e4)
+    # Moonlight-16B-A3B: one group, 64 experts top-6, 2 shared experts, no q LoRA
+    moon = transformer_config_from_hf(_dsv3(n_group=1, topk_group=1, n_routed_experts=64, num_experts_per_tok=6,
+                                            n_shared_experts=2, q_lora_rank=None))
+    assert moon.moe_router_num_groups is None and moon.moe_shared_expert_intermediate_size == 64
+    assert moon.q_lora_rank is None
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(norm_topk_prob=False), "always renormalises"),
+    (dict(num_experts_per_tok=4), "top-2 experts"),
+    (dict(rope_interleave=False), "rope_interleave=False"),
+    (dict(attention_bias=True), "attention_bias"),
+    (dict(quantization_config={"quant_method": "fp8"}), "dequantize it to bf16"),
+    (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "attention_factor": 1.2,
+                           "original_max_position_embeddings": 64}), "attention_factor"),
+    (dict(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 4.0}), "rope_type='linear'"),
+])
+def test_deepseek_v3_refusals_name_the_value(kw, match):
+    with pytest.raises(UnsupportedModelError, match=match):
+        hf_model_spec(_dsv3(**kw))
+
+
+def test_deepseek_v3_tp_must_divide_the_latent_projections():
+    spec = hf_model_spec(_dsv3(kv_lora_rank=15))
+    with pytest.raises(ValueError, match=r"tp=2 does not divide kv_lora_rank \+ qk_rope_head_dim=23"):
+        validate_parallel_layout(spec, tp=2, pp=1)
+
+
+@pytest.mark.parametrize("rope", [dict(mscale=1.0, mscale_all_dim=1.0), dict(mscale=0.707, mscale_all_dim=0.707),
+                                  dict(mscale=1.0, mscale_all_dim=0.0), dict()])
+def test_deepseek_v3_yarn_equals_transformers(rope):
+    """megatron's MLA YaRN (frequencies, cos/sin concentration, softmax scale) from our mapping equals
+    transformers' DeepSeek-V3 rotary embedding and attention scaling."""
+    import math
+
+    from parallel import cpu_patches
+
+    cpu_patches.apply_cpu_patches()  # YaRN's get_emb moves its buffers to torch.cuda.current_device()
+    from megatron.core.models.common.embeddings import YarnRotaryEmbedding, _yarn_get_mscale
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3RotaryEmbedding, yarn_apply_mscale
+
+    params = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "beta_fast": 32.0, "beta_slow": 1.0,
+              "original_max_position_embeddings": 4096, **rope}
+    hf_cfg = _dsv3(rope_parameters=params)
+    m = transformer_config_from_hf(hf_cfg)
+    yarn = YarnRotaryEmbedding(m.qk_pos_emb_head_dim, rotary_base=m.rotary_base, scaling_factor=m.rotary_scaling_factor,
+                               original_max_position_embeddings=m.original_max_position_embeddings,
+                               beta_fast=m.beta_fast, beta_slow=m.beta_slow, mscale=m.mscale,
+                               mscale_all_dim=m.mscale_all_dim, use_cpu_initialization=True)
+    emb, concentration = yarn(16)
+    hf = DeepseekV3RotaryEmbedding(hf_cfg)
+    cos, _ = hf(torch.zeros(1), torch.arange(16)[None])
+    assert torch.allclose((emb.squeeze().cos() * concentration).float(), cos[0], atol=1e-6, rtol=0)
+    q_head = m.qk_head_dim + m.qk_pos_emb_head_dim
+    ours = _yarn_get_mscale(m.rotary_scaling_factor, m.mscale_all_dim) ** 2 / math.sqrt(q_head)
+    assert ours == pytest.approx(yarn_apply_mscale(hf_cfg.rope_parameters, q_head ** -0.5), rel=1e-12)
+
+
+def test_cfg_refuses_deepseek_v3_with_a_cpu_rollout_engine(tmp_path, capsys):
+    """On a machine without CUDA the SGLang engine runs on CPU, where its DeepSeek-V3 greedy output differs
+    from HF's on the same weights: `--cfg` exits 2 naming why and the way out (GPU engine or DPO)."""
+    from rlhf.main import main
+
+    _dsv3().save_pretrained(str(tmp_path))
+    assert main(["recipe=quickstart", f"model.path={tmp_path}", "--cfg"]) == 2
+    err = capsys.readouterr().err
+    assert "DeepseekV3ForCausalLM" in err and "CPU engine" in err and "GPU" in err, err

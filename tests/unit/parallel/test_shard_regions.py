@@ -25,7 +25,9 @@ def shards_for(kind, tp, g):
         return shards
     if kind == "row":
         return [torch.randn(H, 32 // tp, generator=g) for _ in range(tp)]
-    if kind == "fc1":
+    if kind == "column":
+        return [torch.randn(24 // tp, H, generator=g) for _ in range(tp)]
+    if kind in ("fc1", "shared_fc1"):
         return [torch.randn(2 * 48 // tp, H, generator=g) for _ in range(tp)]
     if kind == "qkv":
         return [torch.randn(G // tp * (nq + 2) * d, H, generator=g) for _ in range(tp)]
@@ -35,7 +37,8 @@ def shards_for(kind, tp, g):
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("kind,names", [("replicated", ("n",)), ("vocab", ("e",)), ("row", ("o",)),
-                                        ("fc1", ("gate", "up")), ("qkv", QKV), ("qkv_bias", QKV)])
+                                        ("fc1", ("gate", "up")), ("shared_fc1", ("gate", "up")),
+                                        ("column", ("q_b",)), ("qkv", QKV), ("qkv_bias", QKV)])
 def test_regions_of_all_ranks_rebuild_the_hf_tensors(kind, names, tp):
     g = torch.Generator().manual_seed(tp)
     shards = shards_for(kind, tp, g)
