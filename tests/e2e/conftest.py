@@ -31,7 +31,8 @@ def shared_dist_checks(request, tmp_path_factory):
     """``get(script) -> {name: (passed, detail)}``: the CHECK lines of one check script, from the launch shared
     with the other collected scripts of its world size (run on the first request).  A CHECK name printed by two
     scripts of a launch is reported as failed (its owner would be ambiguous)."""
-    collected = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items}
+    collected = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items
+                 if getattr(item, "module", None) is not None}
     results: dict = {}
 
     def get(script: str) -> dict:
