@@ -2,7 +2,8 @@
 line a test.
 
 * the `gpu` test runs it on one GPU (skipped without CUDA);
-* the `slow` CPU dry run runs the same recipe and checks with the CPU engine and gloo (what CI can do);
+* the `slow` CPU dry run runs the same recipe and checks with the CPU engine and gloo (what CI can do); it is
+  also the CPU test of the critic warm-up step through the trainer (colocated, validation after it);
 * the command lines of --gpus 2 (only checkable on GPUs) are checked for their layout here.
 """
 import os
@@ -54,7 +55,19 @@ def test_gpu_smoke_on_one_gpu(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_dry_run_passes_every_check(tmp_path):
+    """Also the CPU quickstart's critic warm-up through the trainer (colocated engine, trainer.critic_warmup=1,
+    trainer.test_freq=1): step 1 trained only the critic and ended with a weight sync, the validation right after
+    it and after step 2 generated on synced weights (the manager refuses resumed-but-unsynced weights:
+    rlhf.rollout.manager.WeightsDiscardedError, so the run would fail), step 2 updated the actor."""
     _assert_all_pass(run_smoke("--device", "cpu", "--workdir", str(tmp_path), timeout=1800))
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gpu_smoke_run import read_scalars
+
+    s = read_scalars(str(tmp_path / "cpu"))
+    assert 1 not in s.get("actor/pg_loss", {}) and 1 in s["critic/vf_loss"]  # step 1 trained only the critic
+    assert 2 in s["actor/pg_loss"]
+    assert {1, 2} <= set(s["val/score"])  # validation right after the warm-up step, and after step 2
+    assert 1 in s["timing_s/sync_weights"]  # the warm-up step's engine got its weights back
 
 
 def test_two_gpu_command_lines(tmp_path):

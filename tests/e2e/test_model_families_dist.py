@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tests.support.dist.family_checks import DENSE, LAYOUTS, MOE, layout_name
-from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.dist_utils import assert_check
 from tests.support.paths import DIST_SCRIPTS
 
 SCRIPT = os.path.join(DIST_SCRIPTS, "family_checks.py")
@@ -34,9 +34,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    out = run_torchrun(SCRIPT, nproc=4, args=["--workdir", str(tmp_path_factory.mktemp("families"))], timeout=1500)
-    return collect_checks(out)
+def checks(shared_dist_checks):
+    # one torchrun launch with the other collected check scripts of its world size (tests/e2e/conftest.py)
+    return shared_dist_checks("family_checks.py")
 
 
 @pytest.mark.parametrize("name", EXPECTED)

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.dist_utils import assert_check
 from tests.support.paths import DIST_SCRIPTS
 
 SCRIPT = os.path.join(DIST_SCRIPTS, "vpp_checks.py")
@@ -19,9 +19,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    return collect_checks(run_torchrun(SCRIPT, nproc=2, args=["--workdir", str(tmp_path_factory.mktemp("vpp"))],
-                                       timeout=900))
+def checks(shared_dist_checks):
+    # one torchrun launch with the other collected check scripts of its world size (tests/e2e/conftest.py)
+    return shared_dist_checks("vpp_checks.py")
 
 
 @pytest.mark.parametrize("name", EXPECTED)

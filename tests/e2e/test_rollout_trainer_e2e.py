@@ -4,7 +4,8 @@ re-sync), and the run completes with the restart counted.
 
 Disaggregated mode through the trainer (2 trainer ranks at TP2 broadcasting into the engine's weight-update group,
 every sync read back with `rollout.weight_sync_check`) runs in tests/e2e/test_ray_cluster_local.py (engine on the other
-node) and tests/e2e/test_slurm_local.py.
+node) and tests/e2e/test_slurm_local.py; the critic warm-up step (colocated engine, validation right after it) in
+the CPU dry run of scripts/gpu_smoke.py (tests/e2e/test_gpu_smoke.py).
 """
 import re
 import threading
@@ -70,22 +71,3 @@ def test_engine_killed_between_steps_is_resynced_before_it_generates(tiny_model,
     s = scalars(out)
     assert s[("rollout/num_restarts", 3)] == 1
     assert ("critic/score/mean", 3) in s  # steps after the restart generated (on re-synced weights: checked)
-
-
-def test_critic_warmup_step_then_validation_colocated(tiny_model, tmp_path):
-    """Step 1 is a critic warm-up step (the actor is not updated): the colocated engine released its weights
-    during training and SGLang's memory saver keeps no copy, so the step still ends with a sync (weights resumed
-    and pushed, KV cache resumed).  The validation right after it, and step 2, generate on synced weights (the
-    manager refuses resumed-but-unsynced weights: rlhf.rollout.manager.WeightsDiscardedError).  Before the fix
-    step 1 left the engine released and this validation raised."""
-    out, log = tmp_path / "run", tmp_path / "log"
-    changed = ["trainer.critic_warmup=1", "trainer.test_freq=1", "data.max_val_samples=4", "data.val_batch_size=4",
-               "rollout.weight_sync_check=false"]
-    keys = {c.split("=")[0] for c in changed}
-    args = [a for a in overrides(tiny_model, out, 2) if a.split("=")[0] not in keys] + changed
-    finish(launch(args, 1, log), log, timeout=900)
-    s = scalars(out)
-    assert ("actor/pg_loss", 1) not in s and ("critic/vf_loss", 1) in s  # step 1 trained only the critic
-    assert ("actor/pg_loss", 2) in s
-    assert ("val/score", 1) in s and ("val/score", 2) in s  # validation right after the warm-up step, and after 2
-    assert ("timing_s/sync_weights", 1) in s  # the warm-up step's engines got their weights back

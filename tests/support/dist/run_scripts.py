@@ -1,0 +1,94 @@
+"""Several torchrun check scripts in ONE launch: the same gloo processes run them one after another, so the
+interpreter start, the torch / megatron-core imports and the process group are paid once per launch instead of
+once per script (tests/e2e/conftest.py groups the scripts of the same world size).
+
+    torchrun --nproc_per_node=N tests/support/dist/run_scripts.py --workdir DIR SCRIPT.py [SCRIPT.py ...]
+
+Each script runs as ``__main__`` with the arguments ``--workdir DIR/<script name>``, exactly as its own launch
+would run it, except that:
+
+* its ``torch.distributed.destroy_process_group()`` of the default group is deferred to the end of the launch
+  (the group is shared; sub-groups are destroyed as asked);
+* megatron-core's model-parallel state is reset before each script (each script initialises its own grid);
+* the rank-to-node table of ``parallel.distributed.init_distributed`` is restored before each script (a
+  script's ``destroy_distributed()`` clears it).
+
+Rank 0 prints ``SCRIPT <name> BEGIN`` / ``SCRIPT <name> END`` around each script.  A script that raises, or exits
+non-zero, ends the launch with its exit code (the other ranks are then stopped by torchrun), so the CHECK lines
+of the scripts after it are missing and their tests fail with the output's tail.  A script that changes the
+process for good (e.g. patches a module: tests/support/dist/device_checks.py) must come last.
+"""
+import argparse
+import os
+import runpy
+import sys
+import traceback
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+
+import torch.distributed as dist  # noqa: E402
+
+
+def run_one(script: str, workdir: str) -> int:
+    """Run ``script`` as __main__ with ``--workdir workdir``; returns its exit code (0 when it returned)."""
+    saved_argv = sys.argv
+    sys.argv = [script, "--workdir", workdir]
+    try:
+        runpy.run_path(script, run_name="__main__")
+        return 0
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved_argv
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("scripts", nargs="+")
+    args = ap.parse_args()
+
+    from megatron.core import parallel_state as ps
+
+    import parallel.distributed as pd
+
+    pd.init_distributed()
+    rank_nodes = pd._RANK_NODES
+    destroy = dist.destroy_process_group
+
+    def deferred_destroy(group=None):  # the default group is shared by every script of the launch
+        if group is not None:
+            destroy(group)
+
+    dist.destroy_process_group = deferred_destroy
+    rank0 = dist.get_rank() == 0
+    try:
+        for script in args.scripts:
+            name = os.path.splitext(os.path.basename(script))[0]
+            if ps.model_parallel_is_initialized():
+                ps.destroy_model_parallel()
+            pd._RANK_NODES = rank_nodes
+            dist.barrier()
+            if rank0:
+                print(f"SCRIPT {name} BEGIN", flush=True)
+            try:
+                rc = run_one(script, os.path.join(args.workdir, name))
+            except Exception:  # noqa: BLE001 - reported, then the launch ends with it
+                traceback.print_exc()
+                rc = 1
+            if rc:
+                print(f"SCRIPT {name} FAILED rank {dist.get_rank()} exit {rc}", flush=True)
+                return rc
+            if rank0:
+                print(f"SCRIPT {name} END", flush=True)
+    finally:
+        dist.destroy_process_group = destroy
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    dist.barrier()
+    destroy()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
