@@ -83,9 +83,11 @@ def hub_unreachable(timeout_s: float = 3.0) -> Optional[str]:
     return None
 
 
-def hub_data_problems(cfg: Any, unreachable: Callable[[], Optional[str]] = hub_unreachable) -> list[str]:
+def hub_data_problems(cfg: Any, unreachable: Optional[Callable[[], Optional[str]]] = None) -> list[str]:
     """Hub datasets of ``data.train_files`` / ``data.val_files`` that are not in the local cache while the hub
-    cannot be reached (`unreachable`, asked once and only for such a dataset)."""
+    cannot be reached (`unreachable`, default :func:`hub_unreachable`, asked once and only for such a
+    dataset)."""
+    unreachable = unreachable or hub_unreachable
     out, why = [], "unasked"
     for key in ("train_files", "val_files"):
         value = cfg.data[key]

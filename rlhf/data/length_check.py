@@ -109,8 +109,8 @@ def _split_problem(key: str, files: Any, lengths: List[int], more: bool, data_cf
     limit, n = int(data_cfg.max_prompt_length), len(lengths)
     kept = sum(x <= limit for x in lengths)
     error_mode = not data_cfg.filter_overlong_prompts and str(data_cfg.truncation) == "error"
-    if not n or (kept >= need if data_cfg.filter_overlong_prompts else not error_mode or kept == n):
-        return None
+    if not n or kept == n or (kept >= need if data_cfg.filter_overlong_prompts else not error_mode):
+        return None  # every prompt fits, or enough do (a smaller data set is the dataset builder's to report)
     s = sorted(lengths)
     read = f"the first {n} prompts" if more else f"the {n} prompts"
     head = (f"data.max_prompt_length={limit} keeps {kept} of {read} of {key}={files!r} ({100 * kept / n:.0f}%)"
