@@ -112,4 +112,4 @@ def preflight_problems(cfg: Any) -> list[str]:
     from rlhf.data.length_check import prompt_length_problems
 
     hub = hub_data_problems(cfg)
-    return hub + wandb_problems(cfg) + ([] if hub else prompt_length_problems(cfg))
+    return hub + wandb_problems(cfg) + ([] if hub else prompt_length_problems(cfg, hub_cached_dataset))

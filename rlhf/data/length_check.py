@@ -16,7 +16,7 @@ checks them.
 from __future__ import annotations
 
 import logging
-from typing import Any, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from rlhf.config.refs import parse_data_ref, parse_model_ref
 
@@ -51,17 +51,15 @@ def config_tokenizer(cfg: Any) -> Tuple[Any, str]:
         return None, f"{ref}: {type(e).__name__}"
 
 
-def _readable(files: Any) -> bool:
+def _readable(files: Any, hub_cached: Callable[[str], Any]) -> bool:
     items = [files] if isinstance(files, str) else list(files or [])
     if not items:
         return False
-    from rlhf.config.preflight import hub_cached_dataset
-
     for item in items:
         ref = parse_data_ref(str(item))
         if ref.kind == "embedded" or ref.kind == "invalid" or (ref.kind == "local" and not ref.exists):
             return False
-        if ref.kind == "hub" and hub_cached_dataset(ref.path) is None:
+        if ref.kind == "hub" and hub_cached(ref.path) is None:
             return False
     return True
 
@@ -124,14 +122,16 @@ def _split_problem(key: str, files: Any, lengths: List[int], more: bool, data_cf
             f"data.max_prompt_length + data.max_response_length within the model's context.")
 
 
-def prompt_length_problems(cfg: Any) -> List[str]:
+def prompt_length_problems(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None) -> List[str]:
     """The problems of the module docstring, one line each ([] when the data or tokenizer cannot be read
-    cheaply, or reading them fails: the dataset builder reports that later with its own message)."""
+    cheaply, or reading them fails: the dataset builder reports that later with its own message).
+    `hub_cached(name)`: the local cache of a hub dataset or None (rlhf.config.preflight.hub_cached_dataset;
+    default: hub datasets are skipped)."""
     d = cfg.data
     if not d.filter_overlong_prompts and str(d.truncation) != "error":
         return []  # long prompts are truncated: nothing to stop on
     splits = [(f"data.{k}", d[k], s) for k, s in (("train_files", "train"), ("val_files", "val"))
-              if _readable(d[k])]
+              if _readable(d[k], hub_cached)]
     if not splits:
         return []
     try:
