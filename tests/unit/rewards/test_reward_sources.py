@@ -84,7 +84,8 @@ def test_ray_worker_scores_like_in_process(tiny_rm):
     try:
         remote = RayRewardModelScorer(tiny_rm, micro_batch_size=2)
         # the worker loads in the background: a start limit it cannot meet stops the run naming the key
-        with pytest.raises(TimeoutError, match=r"reward.sources\[0\].start_timeout_s=0.01; raise"):
+        key = r"reward.sources\[0\].start_timeout_s"
+        with pytest.raises(TimeoutError, match=key + r"=0.01\); raise " + key):
             remote.wait_ready(0.01, "reward.sources[0].start_timeout_s")
         assert remote.wait_ready(120) < 120
         remote.timeout_s = 5.0  # loaded: the first call answers within a scoring timeout
