@@ -334,7 +334,16 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     out = field_problems(cfg) + _context_length(cfg) + _batch_sizes(cfg, world_size) + _algorithm(cfg)
     out += _placement(cfg, world_size, gpus_per_node)
     out += _object_problems(cfg)
-    return out + (_file_problems(cfg) + _logger_problems(cfg) if check_files else [])
+    return out + (_checked_files(cfg) if check_files else [])
+
+
+def _checked_files(cfg: DictConfig) -> list[str]:
+    """The data and model references, the logger packages, then (when the references were found) offline hub
+    data, W&B credentials and prompt lengths against the data (rlhf.config.preflight)."""
+    from rlhf.config.preflight import preflight_problems
+
+    files = _file_problems(cfg)
+    return files + _logger_problems(cfg) + ([] if files else preflight_problems(cfg))
 
 
 def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,

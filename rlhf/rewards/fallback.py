@@ -95,7 +95,7 @@ class Fallback:
                                          [batch["responses"][i] for i in pick],
                                          [batch["ground_truths"][i] for i in pick],
                                          [batch["extra_infos"][i] for i in pick], timeout_s=timeout_s,
-                                         overrides=self.overrides)
+                                         overrides=self.overrides, reasons=[])  # counted by the manager
             for j, v, f in zip(ruled, vals, failed):
                 if not f and math.isfinite(v):
                     out[j], scored[j] = v, True

@@ -53,21 +53,25 @@ class RewardSource:
     scorer: Any = None
     chunk_size: Optional[int] = None
     overrides: Optional[dict] = None  # rule: data_source -> fn before the registry (reward.gsm8k.*)
+    start_timeout_s: Optional[float] = None  # model: seconds to wait for it to load (None: no limit)
+    start_timeout_key: str = "reward.sources[i].start_timeout_s"  # the config key, for the error
 
     @property
     def is_rule(self) -> bool:
         """The registry's rule reward (no custom fn, no model)."""
         return self.fn is None and self.scorer is None
 
-    def evaluate(self, batch: dict, timeout_s: Optional[float]) -> Tuple[List[float], List[bool]]:
+    def evaluate(self, batch: dict, timeout_s: Optional[float], reasons: Optional[List[str]] = None
+                 ) -> Tuple[List[float], List[bool]]:
         """-> (scores, failed) for `batch` (keys: responses, data_sources, ground_truths, extra_infos,
         prompts); a failed sample's score is NaN.  Never raises for a failing reward; config errors
-        (unknown data_source) still raise."""
+        (unknown data_source) still raise.  With `reasons` (a list), one short reason per failed sample is
+        appended to it and nothing is logged above DEBUG (the caller summarises); else each failure warns."""
         n = len(batch["responses"])
         if self.scorer is None:
             return score_samples(batch["data_sources"], batch["responses"], batch["ground_truths"],
                                  extra_infos=batch["extra_infos"], timeout_s=timeout_s, reward_fn=self.fn,
-                                 overrides=self.overrides)
+                                 overrides=self.overrides, reasons=reasons)
         scores, failed = [math.nan] * n, [True] * n
         step = self.chunk_size or max(1, n)
         for lo in range(0, n, step):
@@ -77,9 +81,24 @@ class RewardSource:
                     lambda: self.scorer.score(batch["prompts"][lo:hi], batch["responses"][lo:hi]), timeout_s)
                 scores[lo:hi], failed[lo:hi] = check_scores(out, hi - lo, owner=self.name), [False] * (hi - lo)
             except Exception as e:  # noqa: BLE001 - any failure of the model falls back
-                logger.warning("reward source %s failed on samples %d..%d: %s: %s; using the fallback",
-                               self.name, lo, hi - 1, type(e).__name__, e)
+                why = (f"timed out ({timeout_s:.3g}s, reward.timeout_s)" if isinstance(e, TimeoutError)
+                       or type(e).__name__ == "GetTimeoutError" else f"{type(e).__name__}: {str(e)[:120]}")
+                if reasons is not None:
+                    reasons += [f"{self.name} {why}"] * (hi - lo)
+                (logger.debug if reasons is not None else logger.warning)(
+                    "reward source %s failed on samples %d..%d: %s; using the fallback", self.name, lo, hi - 1, why)
         return scores, failed
+
+    def wait_ready(self, timeout_s: Optional[float], key: str) -> None:
+        """Block until the source can score: a reward model in its own Ray worker has loaded (it loads in
+        the background from the moment it is built).  Nothing to wait for otherwise.
+
+        Raises:
+            TimeoutError: not ready after `timeout_s` seconds; the message names the config `key`.
+            RuntimeError: the worker failed while loading (the message carries its error).
+        """
+        if self.scorer is not None and hasattr(self.scorer, "wait_ready"):
+            self.scorer.wait_ready(timeout_s, key)
 
     def score(self, batch: dict, timeout_s: Optional[float], fallback_score: float) -> Tuple[List[float], int]:
         """-> (scores, num_fallbacks): :meth:`evaluate` with `fallback_score` for the failed samples."""
@@ -128,13 +147,16 @@ class RewardManager:
                  "prompts": list(prompts) if prompts is not None else [""] * n}
         total, valid = [0.0] * n, [False] * n
         metrics = {"reward/num_fallbacks": 0.0}
+        summary = []
         for src in self.sources:
-            scores, failed = src.evaluate(batch, self.timeout_s)
+            reasons: List[str] = []
+            scores, failed = src.evaluate(batch, self.timeout_s, reasons)
             idx = [i for i in range(n) if failed[i]]
             if idx:
                 values, scored = self.fallback.scores(batch, idx, self.timeout_s, src.is_rule)
                 for i, v, ok in zip(idx, values, scored):
                     scores[i], valid[i] = v, valid[i] or ok
+                summary.append(_fallback_summary(src.name, len(idx), n, reasons, self.fallback.type, sum(scored)))
             valid = [v or not f for v, f in zip(valid, failed)]
             total = [t + src.weight * s for t, s in zip(total, scores)]
             metrics["reward/num_fallbacks"] += len(idx)
@@ -142,7 +164,17 @@ class RewardManager:
             if len(self.sources) > 1:
                 metrics[f"reward/{src.name}/mean"] = sum(scores) / max(1, n)
         metrics["reward/num_unscorable"] = float(n - sum(valid))
+        if summary:  # one warning per batch, not one per sample
+            logger.warning("reward fallbacks: %s (reward/num_fallbacks=%d, reward/num_unscorable=%d)",
+                           "; ".join(summary), metrics["reward/num_fallbacks"], metrics["reward/num_unscorable"])
         return (total, metrics, valid) if return_valid else (total, metrics)
+
+    def wait_ready(self) -> None:
+        """Block until every source can score (:meth:`RewardSource.wait_ready`, each with its own
+        ``start_timeout_s``); :func:`build_reward_manager` calls it so the first batch is never scored by
+        fallbacks while a reward model is still loading."""
+        for src in self.sources:
+            src.wait_ready(src.start_timeout_s, src.start_timeout_key)
 
     def close(self) -> None:
         """Close every source."""
@@ -206,8 +238,23 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
             kw = dict(micro_batch_size=e.micro_batch_size, max_length=e.max_length)
             scorer = (RayRewardModelScorer(e.path, num_gpus=e.num_gpus, **kw) if e.placement == "ray"
                       else HFRewardModelScorer(e.path, **kw))
-            sources.append(RewardSource(name, float(e.weight), scorer=scorer, chunk_size=e.micro_batch_size))
-    return RewardManager(sources, reward_cfg.timeout_s, fallback=fallback)
+            sources.append(RewardSource(name, float(e.weight), scorer=scorer, chunk_size=e.micro_batch_size,
+                                        start_timeout_s=e.start_timeout_s,
+                                        start_timeout_key=f"reward.sources[{i}].start_timeout_s"))
+    manager = RewardManager(sources, reward_cfg.timeout_s, fallback=fallback)
+    manager.wait_ready()  # reward models load in their workers meanwhile; the first batch needs them
+    return manager
+
+
+def _fallback_summary(name: str, failed: int, n: int, reasons: Sequence[str], kind: str, scored: int) -> str:
+    """``"model: 64/64 samples fell back (64 x model timed out (3s, reward.timeout_s)); rule fallback scored
+    60"``: one source's failures in a batch, the reasons counted."""
+    counts: dict = {}
+    for r in reasons:
+        counts[r] = counts.get(r, 0) + 1
+    why = ", ".join(f"{c} x {r}" for r, c in sorted(counts.items(), key=lambda x: -x[1])[:3]) or "failed"
+    tail = f"; rule fallback scored {scored}" if kind == "rule" else f"; {kind} fallback"
+    return f"{name}: {failed}/{n} samples fell back ({why}){tail}"
 
 
 # the names before the rename (tests, user code)

@@ -342,11 +342,14 @@ def score_samples(
     reward_fn: Optional[RewardFn] = None,
     max_workers: int = 8,
     overrides: Optional[Dict[str, RewardFn]] = None,
+    reasons: Optional[List[str]] = None,
 ) -> Tuple[List[float], List[bool]]:
     """:func:`compute_scores` without the fallback: ``(scores, failed)``, (B,) each; ``failed[i]`` when sample
     i's fn raised, timed out, or returned a non-number / NaN / +-inf (its score is then NaN).  `overrides`
-    (data_source -> fn) take precedence over the registry.  Same arguments and errors as
-    :func:`compute_scores`."""
+    (data_source -> fn) take precedence over the registry.  With `reasons` (a list) every failure appends
+    one short reason to it (``"TimeoutError (3s)"``, ``"ValueError: ..."``) and is logged at DEBUG only, for a
+    caller that reports a summary (RewardManager: one warning per batch); without it each failure is a
+    warning.  Same arguments and errors as :func:`compute_scores`."""
     n = len(responses)
     if len(data_sources) != n or len(ground_truths) != n or (extra_infos is not None and len(extra_infos) != n):
         raise ValueError(
@@ -372,13 +375,15 @@ def score_samples(
             try:
                 scores[i], failed[i] = run(i), False
             except Exception as e:  # noqa: BLE001
-                _log_failure(i, data_sources[i], fns[i], e)
+                _log_failure(i, data_sources[i], fns[i], e, reasons)
         return scores, failed
 
     results, timed_out = run_with_timeouts(run, n, float(timeout_s), max_workers)
     for i in range(n):
         if i in timed_out:
-            logger.warning(
+            if reasons is not None:
+                reasons.append(f"{_fn_name(fns[i])} timed out ({timeout_s:.3g}s, reward.timeout_s)")
+            (logger.debug if reasons is not None else logger.warning)(
                 "reward fn %s timed out after %.3gs on sample %d (data_source=%r); using the fallback",
                 _fn_name(fns[i]), timeout_s, i, data_sources[i],
             )
@@ -387,12 +392,14 @@ def score_samples(
         if ok:
             scores[i], failed[i] = val, False
         else:
-            _log_failure(i, data_sources[i], fns[i], val)
+            _log_failure(i, data_sources[i], fns[i], val, reasons)
     return scores, failed
 
 
-def _log_failure(i: int, data_source: str, fn: RewardFn, err: BaseException) -> None:
-    logger.warning(
+def _log_failure(i: int, data_source: str, fn: RewardFn, err: BaseException, reasons: Optional[list] = None) -> None:
+    if reasons is not None:
+        reasons.append(f"{_fn_name(fn)}: {type(err).__name__}: {str(err)[:120]}")
+    (logger.debug if reasons is not None else logger.warning)(
         "reward fn %s failed on sample %d (data_source=%r): %s: %s; using fallback score",
         _fn_name(fn), i, data_source, type(err).__name__, err,
     )

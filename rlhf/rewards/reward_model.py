@@ -131,6 +131,10 @@ class HFRewardModelScorer(RewardModelScorer):
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token or self.tokenizer.unk_token
 
+    def ready(self) -> bool:
+        """True (the model is loaded once the object exists); :class:`RayRewardModelScorer` waits on it."""
+        return True
+
     def render(self, prompt: Prompt, response: str) -> str:
         if getattr(self.tokenizer, "chat_template", None):
             messages = _as_messages(prompt) + [{"role": "assistant", "content": response}]
@@ -170,8 +174,9 @@ class HFRewardModelScorer(RewardModelScorer):
 class RayRewardModelScorer(RewardModelScorer):
     """:class:`HFRewardModelScorer` in a Ray actor of its own (``num_gpus`` GPUs, 0 = CPU).
 
-    Needs a running Ray session (the trainer's; else one is started locally).  ``score`` waits
-    for the actor at most ``timeout_s`` seconds (None: no limit) and raises
+    Needs a running Ray session (the trainer's; else one is started locally).  The model loads in the
+    worker in the background; :meth:`wait_ready` blocks until it has (the reward manager calls it before the
+    first batch).  ``score`` waits for the actor at most ``timeout_s`` seconds (None: no limit) and raises
     ``ray.exceptions.GetTimeoutError`` beyond it; exceptions in the actor re-raise here.
     """
 
@@ -184,9 +189,32 @@ class RayRewardModelScorer(RewardModelScorer):
             ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {"PYTHONPATH": os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH", "")] if p)}
-        self.timeout_s = timeout_s
+        self.timeout_s, self.path = timeout_s, path
         self.actor = ray.remote(HFRewardModelScorer).options(
             num_cpus=0, num_gpus=num_gpus, runtime_env={"env_vars": env}).remote(path, **scorer_kwargs)
+
+    def wait_ready(self, timeout_s: float | None, key: str = "reward.sources[i].start_timeout_s") -> float:
+        """Block until the worker has loaded the model; returns the seconds waited.
+
+        Raises:
+            TimeoutError: not loaded after `timeout_s` seconds (None: no limit); the message names `key`,
+                the config key that raises the limit.
+            RuntimeError: the worker died while loading (e.g. a bad path); the message carries its error.
+        """
+        import time
+
+        import ray
+
+        t0 = time.monotonic()
+        try:
+            ray.get(self.actor.ready.remote(), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError(f"the reward model {self.path!r} was not loaded in its Ray worker after {timeout_s:g} s "
+                               f"({key}={timeout_s:g}); raise {key}, or give the worker GPUs "
+                               f"(num_gpus) / a smaller model") from None
+        except ray.exceptions.RayError as e:
+            raise RuntimeError(f"the reward model {self.path!r} failed to load in its Ray worker: {e}") from None
+        return time.monotonic() - t0
 
     def score(self, prompts: Sequence[Prompt], responses: Sequence[str]) -> List[float]:
         import ray

@@ -16,13 +16,17 @@ Used by rlhf.workers.rollout.RolloutWorker.generate.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+from collections import Counter
 from typing import List, Optional, Sequence
 
 from .sampling import SamplingConfig
 from .types import FINISH_ABORT, RolloutSample
 
 __all__ = ["sample_failure", "failed_samples", "greedy_retry_sampling", "merge_retries"]
+
+logger = logging.getLogger(__name__)
 
 
 def sample_failure(sample: RolloutSample) -> Optional[str]:
@@ -50,21 +54,27 @@ def greedy_retry_sampling(sampling: SamplingConfig) -> SamplingConfig:
 def merge_retries(samples: List[RolloutSample], failed: Sequence[int], retried: Sequence[RolloutSample]) -> dict:
     """Put ``retried[i]``'s response in place of ``samples[failed[i]]`` (in place; prompt_index and
     sample_index kept; ``extra["rollout_fallback"]`` = why it failed).  Returns the counters
-    ``rollout/num_fallbacks`` and ``rollout/num_failed_samples`` (floats).
+    ``rollout/num_fallbacks`` and ``rollout/num_failed_samples`` (floats), and logs them in one warning
+    (how many samples of the batch failed, why, how many still failed after the retry).
 
     Raises:
         ValueError: ``len(retried) != len(failed)``.
     """
     if len(retried) != len(failed):
         raise ValueError(f"merge_retries: {len(retried)} retried samples for {len(failed)} failed ones")
-    still = 0
+    still, reasons = 0, Counter()
     for k, new in zip(failed, retried):
         old = samples[k]
         why = sample_failure(old)
+        reasons[why or "failed"] += 1
         samples[k] = dataclasses.replace(new, prompt_ids=old.prompt_ids, prompt_index=old.prompt_index,
                                          sample_index=old.sample_index,
                                          extra=dict(new.extra, rollout_fallback=why or "failed"))
         if sample_failure(samples[k]) is not None:
             samples[k].extra["rollout_failed"] = True
             still += 1
+    if failed:
+        why = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+        logger.warning("rollout: %d of %d samples failed (%s) and were regenerated greedily; %d failed again "
+                       "(rollout/num_fallbacks, rollout/num_failed_samples)", len(failed), len(samples), why, still)
     return {"rollout/num_fallbacks": float(len(failed)), "rollout/num_failed_samples": float(still)}

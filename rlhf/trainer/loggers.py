@@ -101,16 +101,9 @@ class TensorBoardLogger:
 
 
 def _wandb_credentials() -> bool:
-    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled",
-                                                                                        "dryrun"):
-        return True
-    import netrc
+    from rlhf.config.preflight import wandb_credentials
 
-    host = re.sub(r"^https?://", "", os.environ.get("WANDB_BASE_URL", "api.wandb.ai")).split("/")[0]
-    try:
-        return netrc.netrc().authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError):
-        return False
+    return wandb_credentials()
 
 
 class WandbLogger:

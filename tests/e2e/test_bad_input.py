@@ -1,7 +1,7 @@
 """Bad input ends `python -m rlhf.main` with a clear error naming the file / row / key, before any model or
 engine is built and with nothing half-written: a model path that does not exist, a checkpoint
 directory of another model, a reward file that raises on import, an empty dataset, a prompt column of
-the wrong type, all prompts longer than data.max_prompt_length.  No SGLang engine starts in these runs."""
+the wrong type, all prompts longer than data.max_prompt_length (a config error naming the limit that keeps them).  No SGLang engine starts in these runs."""
 from __future__ import annotations
 
 import json
@@ -75,11 +75,13 @@ def test_bad_dataset(model, tmp_path, case):
                                   {"prompt": 12345, "ground_truth": "3", "data_source": "gsm8k"}],
             "all_too_long": [{"prompt": "word " * 400, "ground_truth": "1", "data_source": "gsm8k"}] * 3}[case]
     data = write_rows(tmp_path / "train.jsonl", rows)
+    # prompts too long for data.max_prompt_length are a config error (exit 2, no model loaded), the limit that
+    # keeps them named; the other cases stop in the dataset builder
     err, out = run([f"model.path={model}", f"data.train_files={data}", f"data.val_files={data}",
-                    "data.max_prompt_length=64"], tmp_path, 1)
+                    "data.max_prompt_length=64"], tmp_path, 2 if case == "all_too_long" else 1)
     expect = {"empty": f"{data}: the dataset has no rows; give a file or split with data",
               "wrong_prompt_type": f"{data}: row 1: prompt must be a string or a list of chat messages, got int",
-              "all_too_long": f"kept 0 of 3 prompts read from ['{data}']; filtered 3 prompts longer than "
-                              "max_prompt_length=64 tokens"}[case]
+              "all_too_long": f"data.max_prompt_length=64 keeps 0 of the 3 prompts of data.train_files='{data}' "
+                              "(0%)"}[case]
     assert expect in err
     assert not (out / "tensorboard").exists() and not (out / "checkpoints").exists()

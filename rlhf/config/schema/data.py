@@ -22,7 +22,7 @@ class DataConfig(Checked):
     train_batch_size: int = 8  # prompts per PPO step (each gets rollout.n responses)
     val_batch_size: int = 32
     max_train_samples: Optional[int] = None
-    max_val_samples: Optional[int] = 64
+    max_val_samples: Optional[int] = None  # null: the whole validation set (verl); recipes may cap it
     shuffle: bool = True
     seed: int = 1
     # prompts longer than max_prompt_length: dropped (true), else handled by `truncation`

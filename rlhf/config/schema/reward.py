@@ -39,6 +39,9 @@ class RewardSourceConfig:
     num_gpus: float = 0.0  # model, placement=ray: GPUs of the worker
     micro_batch_size: int = 16  # model: sequences per forward
     max_length: int = 2048  # model: prompt + response tokens (truncated from the left)
+    # model, placement=ray: seconds to wait for the worker to load the model before the first batch (the run
+    # stops with an error naming this key past it; null: no limit)
+    start_timeout_s: Optional[float] = 600.0
 
 
 @dataclass

@@ -583,9 +583,15 @@ def _model_dir(root: Path, arch: str = "Qwen2ForCausalLM", **extra) -> Path:
     return root
 
 
-def test_file_checks_run_before_any_download(tmp_path, capsys):
+def test_file_checks_run_before_any_download(tmp_path, capsys, monkeypatch):
     """Missing local data, a model directory without config.json, an unsupported architecture (local or in the
-    HF cache) are all reported by --cfg; hub names that are not cached pass (no network)."""
+    HF cache) are all reported by --cfg; hub names that are not cached pass (no download) while the hub is
+    reachable (offline: tests/unit/config/test_preflight.py)."""
+    from rlhf.config import preflight
+
+    monkeypatch.setattr(preflight, "hub_unreachable", lambda: None)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "1+1=", "data_source": "x"}\n')
     good = _model_dir(tmp_path / "qwen")

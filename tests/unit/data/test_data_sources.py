@@ -241,3 +241,15 @@ def test_prompts_without_a_data_source_are_named_by_their_file_for_a_reward_mode
     with pytest.raises(KeyError, match=r"chat_prompts\.jsonl: row 0: row has no 'data_source'"):
         build_rl_dataset(cfg, "train", f, tok, None, require_ground_truth=True)
     assert source_label("openai/gsm8k") == "openai/gsm8k" and source_label("object://dataset/3") == "dataset"
+
+
+def test_validation_runs_on_the_whole_val_set_unless_limited(tmp_path, tok):
+    """data.max_val_samples defaults to null (verl): all 100 validation prompts, not the first 64; a limit still
+    applies when given (the CPU recipes set theirs in recipes/_base/tiny_cpu.yaml)."""
+    f = _jsonl(tmp_path / "val.jsonl", [{"prompt": f"q{i}", "ground_truth": str(i), "data_source": "a"}
+                                        for i in range(100)])
+    cfg = compose_config([]).data
+    assert cfg.max_val_samples is None
+    assert len(build_rl_dataset(cfg, "val", f, tok, None)) == 100
+    assert len(build_rl_dataset(compose_config(["data.max_val_samples=10"]).data, "val", f, tok, None)) == 10
+    assert compose_config([], recipe="quickstart").data.max_val_samples == 64  # the recipe's own cap

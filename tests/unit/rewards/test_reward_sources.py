@@ -83,6 +83,12 @@ def test_ray_worker_scores_like_in_process(tiny_rm):
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         remote = RayRewardModelScorer(tiny_rm, micro_batch_size=2)
+        # the worker loads in the background: a start limit it cannot meet stops the run naming the key
+        key = r"reward.sources\[0\].start_timeout_s"
+        with pytest.raises(TimeoutError, match=key + r"=0.01\); raise " + key):
+            remote.wait_ready(0.01, "reward.sources[0].start_timeout_s")
+        assert remote.wait_ready(120) < 120
+        remote.timeout_s = 5.0  # loaded: the first call answers within a scoring timeout
         assert remote(PROMPTS, RESPONSES) == pytest.approx(HFRewardModelScorer(tiny_rm).score(PROMPTS, RESPONSES),
                                                            abs=1e-5)
         remote.close()
@@ -185,3 +191,49 @@ def test_build_errors(tmp_path):
     # two sources of one type get distinct names
     rs = build_reward_manager(_reward_cfg([{"type": "rule", "weight": 1.0}, {"type": "rule", "weight": 0.5}]))
     assert [s.name for s in rs.sources] == ["rule0", "rule1"]
+
+
+def test_fallbacks_are_one_warning_per_batch(caplog):
+    """6 samples, a model source whose 3 micro batches (2 pairs each) all time out, and a rule source that raises
+    on 2 samples: one summary warning for the batch (counts and reasons), no line per sample or micro batch."""
+    def flaky_rule(data_source, solution_str, ground_truth, extra_info=None):
+        if "boom" in solution_str:
+            raise RuntimeError("rule server down")
+        return 1.0
+
+    rs = RewardManager([RewardSource("model", 1.0, scorer=_Stub(delay=1.0), chunk_size=2),
+                        RewardSource("custom", 1.0, fn=flaky_rule)], timeout_s=0.2, fallback_score=0.0)
+    responses = ["#### 1", "boom", "#### 2", "boom", "x", "y"]
+    with caplog.at_level("WARNING", logger="rlhf.rewards"):
+        _, m = rs.score(responses, ["gsm8k"] * 6, ["1"] * 6, prompts=["p"] * 6)
+    assert m["reward/model/num_fallbacks"] == 6 and m["reward/custom/num_fallbacks"] == 2
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "model: 6/6 samples fell back (6 x model timed out (0.2s, reward.timeout_s))" in warnings[0]
+    assert "custom: 2/6 samples fell back (2 x " in warnings[0] and "flaky_rule: RuntimeError: rule server down); constant fallback" in warnings[0]
+    assert "reward/num_fallbacks=8" in warnings[0]
+
+
+class _SlowStart(_Stub):
+    """A model scorer whose worker is still loading: wait_ready raises as RayRewardModelScorer's does."""
+    waited: list = []
+
+    def __init__(self, path, num_gpus=0.0, **kwargs):
+        super().__init__()
+
+    def wait_ready(self, timeout_s, key):
+        _SlowStart.waited.append((timeout_s, key))
+        raise TimeoutError(f"not loaded after {timeout_s} s ({key}={timeout_s}); raise {key}")
+
+
+def test_build_waits_for_the_reward_model_with_its_start_timeout(monkeypatch):
+    """build_reward_manager waits for each Ray reward model before returning (so the first batch is never
+    scored by fallbacks), with reward.sources[i].start_timeout_s; past it the build fails naming the key."""
+    from rlhf.rewards import reward_model
+
+    monkeypatch.setattr(reward_model, "RayRewardModelScorer", _SlowStart)
+    cfg = _reward_cfg([{"type": "rule"}, {"type": "model", "path": "rm", "start_timeout_s": 42.0}])
+    assert OmegaConf.structured(RewardSourceConfig).start_timeout_s == 600.0  # generous default
+    with pytest.raises(TimeoutError, match=r"reward.sources\[1\].start_timeout_s=42.0"):
+        build_reward_manager(cfg)
+    assert _SlowStart.waited == [(42.0, "reward.sources[1].start_timeout_s")]

@@ -29,7 +29,7 @@ def test_failure_kinds():
     assert sample_failure(_s(0, 0, [4], [-math.inf])) == "non-finite log-prob"
 
 
-def test_failed_samples_are_replaced_in_place_and_counted():
+def test_failed_samples_are_replaced_in_place_and_counted(caplog):
     """Two prompts x n=2; samples 1 (aborted) and 2 (empty) fail.  The retry gives prompt 0 -> [7, 2] and
     prompt 1 -> aborted again: both replaced (indices kept), num_fallbacks = 2, num_failed_samples = 1."""
     samples = [_s(0, 0, [5, 2]), _s(0, 1, [], reason="abort"), _s(1, 0, []), _s(1, 1, [6, 6, 2])]
@@ -42,8 +42,13 @@ def test_failed_samples_are_replaced_in_place_and_counted():
         (1, 0.0, 1.0, -1, None, 7, [2])
     retried = [RolloutSample([9, 0], [7, 2], [-0.25, -0.125], "stop", 0, 0, 4),  # prompt_index relative to the retry
                RolloutSample([9, 1], [], [], "abort", 1, 0, 4)]
-    m = merge_retries(samples, bad, retried)
+    with caplog.at_level("WARNING", logger="rlhf.rollout"):
+        m = merge_retries(samples, bad, retried)
     assert m == {"rollout/num_fallbacks": 2.0, "rollout/num_failed_samples": 1.0}
+    # the fallback is logged once for the batch: how many, why, how many failed again
+    assert [r.getMessage() for r in caplog.records] == [
+        "rollout: 2 of 4 samples failed (1 abort, 1 empty) and were regenerated greedily; 1 failed again "
+        "(rollout/num_fallbacks, rollout/num_failed_samples)"]
     assert [(s.prompt_index, s.sample_index) for s in samples] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert samples[1].response_ids == [7, 2] and samples[1].response_log_probs == [-0.25, -0.125]
     assert samples[1].weight_version == 4 and samples[1].extra == {"rollout_fallback": "abort"}

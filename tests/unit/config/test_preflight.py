@@ -1,0 +1,91 @@
+"""Start-up checks of a run's surroundings (rlhf/config/preflight.py, rlhf/data/length_check.py): a hub dataset
+while offline, wandb without credentials, data.max_prompt_length against the data; each reported by
+config_problems(check_files=True) (``--cfg``, ``rlhf launch``, ``rlhf.Trainer(...)``) before any model."""
+from __future__ import annotations
+
+import pytest
+
+from rlhf.config import ConfigValidationError, compose_config
+from rlhf.config.preflight import hub_data_problems
+from rlhf.config.validate import config_problems
+
+
+@pytest.fixture()
+def offline_home(tmp_path, monkeypatch):
+    """An empty HF cache, no W&B credentials, the hub marked offline."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for var in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "WANDB_API_KEY", "WANDB_MODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    return tmp_path
+
+
+def test_hub_dataset_offline_is_a_config_problem(offline_home):
+    cfg = compose_config(["data.train_files=openai/gsm8k:main@train", f"trainer.default_local_dir={offline_home}"])
+    problems = config_problems(cfg, world_size=1, check_files=True)
+    assert problems == ["data.train_files='openai/gsm8k:main@train' is a hub dataset that is not in the local HF "
+                        "cache, and the hub cannot be reached (HF_HUB_OFFLINE=1): download it where there is a "
+                        "network (datasets.load_dataset('openai/gsm8k'), then copy ~/.cache/huggingface), or give "
+                        "a local .jsonl/.parquet file."]
+    # an unreachable endpoint (no offline variable) reads the same; the probe runs once, for the first such ref
+    calls = []
+    cfg = compose_config(["data.train_files=[openai/gsm8k,openai/gsm8k]", "data.val_files=openai/gsm8k"])
+    out = hub_data_problems(cfg, unreachable=lambda: calls.append(1) or "huggingface.co:443 is unreachable (x)")
+    assert len(out) == 3 and calls == [1] and out[1].startswith("data.train_files[1]='openai/gsm8k'")
+    assert hub_data_problems(cfg, unreachable=lambda: None) == []  # online: the trainer downloads it
+    (offline_home / "hf" / "datasets" / "openai___gsm8k" / "main").mkdir(parents=True)  # in datasets' cache
+    assert hub_data_problems(cfg, unreachable=lambda: "offline") == []
+
+
+def test_wandb_without_credentials_is_a_config_problem(offline_home, monkeypatch):
+    cfg = compose_config(["trainer.logger=[console,wandb]"])
+    problems = config_problems(cfg, world_size=1, check_files=True)
+    assert len(problems) == 1 and "no W&B credentials" in problems[0] and "WANDB_MODE=offline" in problems[0] \
+        and "wandb login" in problems[0]
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert config_problems(cfg, world_size=1, check_files=True) == []
+    monkeypatch.delenv("WANDB_MODE")
+    (offline_home / "netrc").write_text("machine api.wandb.ai\n  login user\n  password abc123\n")
+    assert config_problems(cfg, world_size=1, check_files=True) == []
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from rlhf.quickstart.tiny import make_tiny_tokenizer
+
+    return make_tiny_tokenizer()
+
+
+def test_prompt_length_against_the_data_from_the_python_api(tok, offline_home):
+    """Trainer(...) with a dataset whose prompts are all longer than data.max_prompt_length=64 fails at once,
+    naming the smallest limit that keeps them all; that limit is the dataset filter's (RLHFDataset keeps
+    every prompt at it and drops the longest one below it)."""
+    from rlhf import Trainer
+    from rlhf.config.objects import register_object
+    from rlhf.data.rl_dataset import RLHFDataset
+    from rlhf.quickstart.tokenizer import prompt_ids
+
+    rows = [{"prompt": [{"role": "user", "content": "count " * k}], "ground_truth": "1", "data_source": "gsm8k"}
+            for k in (70, 90, 120, 75)]
+    lengths = [len(prompt_ids(tok, r["prompt"])) for r in rows]
+    assert min(lengths) > 64
+    with pytest.raises(ConfigValidationError) as e:
+        Trainer(dataset=rows, tokenizer=tok, output_dir=str(offline_home / "run"))
+    msg = str(e.value)
+    assert f"data.max_prompt_length=64 keeps 0 of the 4 prompts of data.train_files=" in msg
+    assert f"they have {min(lengths)}..{max(lengths)} tokens" in msg
+    assert f"set data.max_prompt_length={max(lengths)} to keep them all" in msg
+    assert "keeps 0 of the 4 prompts of data.val_files=" in msg
+    uri = register_object(rows, "dataset")
+    assert len(RLHFDataset(uri, tok, max(lengths))) == 4 and len(RLHFDataset(uri, tok, max(lengths) - 1)) == 3
+    # at that limit (one batch of 4 prompts) the check passes
+    Trainer(dataset=rows, tokenizer=tok, output_dir=str(offline_home / "run"),
+            **{"data.max_prompt_length": max(lengths), "data.train_batch_size": 4,
+               "actor.ppo_mini_batch_size": 4, "critic.ppo_mini_batch_size": 4})
+    # fewer prompts fit than one training batch: refused too, with the fraction kept
+    with pytest.raises(ConfigValidationError, match=r"keeps 2 of the 4 prompts .* \(50%\); a training batch needs "
+                                                     r"data.train_batch_size=4"):
+        Trainer(dataset=rows, tokenizer=tok, output_dir=str(offline_home / "run"),
+                **{"data.max_prompt_length": sorted(lengths)[1], "data.train_batch_size": 4,
+                   "actor.ppo_mini_batch_size": 4, "critic.ppo_mini_batch_size": 4})
