@@ -73,11 +73,11 @@ def test_engine_killed_between_steps_is_resynced_before_it_generates(tiny_model,
 
 
 def test_critic_warmup_step_then_validation_colocated(tiny_model, tmp_path):
-    """Step 1 is a critic warm-up step (the actor is not updated): the colocated engine released its weights
-    during training and SGLang's memory saver keeps no copy, so the step still ends with a sync (weights resumed
-    and pushed, KV cache resumed).  The validation right after it, and step 2, generate on synced weights (the
-    manager refuses resumed-but-unsynced weights: rlhf.rollout.manager.WeightsDiscardedError).  Before the fix
-    step 1 left the engine released and this validation raised."""
+    """Step 1 is a critic warm-up step (the actor is not updated, nothing is synced): the colocated engine released
+    its weights during training and SGLang's memory saver keeps no copy, so the validation right after it syncs
+    first (PPOTrainer.validate -> RolloutWorker.ensure_resident: weights resumed and pushed, KV cache resumed), and
+    step 2 generates on synced weights (the manager refuses resumed-but-unsynced weights:
+    rlhf.rollout.manager.WeightsDiscardedError).  Without it this validation raised."""
     out, log = tmp_path / "run", tmp_path / "log"
     changed = ["trainer.critic_warmup=1", "trainer.test_freq=1", "data.max_val_samples=4", "data.val_batch_size=4",
                "rollout.weight_sync_check=false"]
@@ -88,4 +88,4 @@ def test_critic_warmup_step_then_validation_colocated(tiny_model, tmp_path):
     assert ("actor/pg_loss", 1) not in s and ("critic/vf_loss", 1) in s  # step 1 trained only the critic
     assert ("actor/pg_loss", 2) in s
     assert ("val/score", 1) in s and ("val/score", 2) in s  # validation right after the warm-up step, and after 2
-    assert ("timing_s/sync_weights", 1) in s  # the warm-up step's engines got their weights back
+    assert ("timing_s/sync_weights", 1) not in s  # the warm-up step syncs nothing; the validation after it does
