@@ -54,6 +54,9 @@ def test_peer_holder_takes_each_broadcast_after_the_gathers_of_its_last_tensor(m
                    ("send", 0, [(0, 1)])]
     assert bufs[2] == bufs[0] != bufs[1]
     assert pool._free.qsize() == 2  # every copy handed back at the end
+    log.clear()  # a data-parallel replica's holder (no TP part): every bucket in order
+    holder.run([_bucket(0, 2), _bucket(1, 1)])
+    assert [x[0] for x in log] == ["broadcast", "send", "broadcast", "send"] and pool._free.qsize() == 2
     pool.close()
 
 
