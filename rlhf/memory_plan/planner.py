@@ -150,6 +150,9 @@ class MemoryPlan:
     kv_cache_bytes: float | None = None
     kv_cache_tokens: float | None = None
     max_mem_fraction_static: float | None = None
+    # colocated weight sync at PP 1: the bucket copy on each engine GPU other than the stage leader's (bytes; the
+    # leader's GPU, in phase "weight sync", holds more)
+    sync_copy_bytes: float | None = None
     summary: str = ""
 
     def phase(self, name: str) -> Phase:
@@ -313,9 +316,17 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
                             "role", stage))
         phases.append(Phase("engine start", ctx + at_start + engine_hold, "lower rollout.mem_fraction_static", stage))
         phases.append(Phase("generate", ctx + at_start + adam + engine_hold, "", stage))
-        sync = [Item("weight sync buckets (gathered + serialized)", 2 * eng.sync_bucket_bytes)]
+        # the stage leader's GPU (the worst): its bucket pool plus a gathered parameter and its converted copy.
+        # PP 1: every other engine GPU holds one copy of the pool (plan.sync_copy_bytes), which its engine rank
+        # maps (rlhf/weight_bridge/local_handles.py); PP > 1: every engine rank maps the leaders' buckets, a CUDA
+        # context on each leader's GPU per engine process on another GPU
+        sync = [Item("weight sync buckets on the stage leader's GPU (gathered + packed)", 2 * eng.sync_bucket_bytes)]
+        plan.sync_copy_bytes = eng.sync_bucket_bytes if inp.layout.pp == 1 else 0.0
+        if inp.layout.pp > 1 and inp.cuda:
+            sync.append(Item("engine processes' CUDA contexts on the stage leader's GPU (PP > 1: each engine rank "
+                             "maps the leaders' buckets)", (eng.num_engines * eng.tp - 1) * inp.cuda_context_bytes))
         actor = next((r for r in inp.roles if r.name == "actor"), None)
-        sync += _loaded(actor, statics["actor"], ("params",)) if actor is not None else []
+        sync += _loaded(actor, statics["actor"], ("params",)) if actor is not None else []  # offloaded: back for the sync
         phases.append(Phase("weight sync", ctx + at_start + adam + ([engine_ctx] if engine_ctx else []) +
                             [Item("engine weights (resumed before the KV cache)", weights, False)] + sync,
                             "lower rollout.weight_sync_bucket_mb", stage))

@@ -86,7 +86,7 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
             GPU SGLang's profile).
         enable_memory_saver: SGLang's memory saver (release/resume free memory); None: on with CUDA.
         overrides: more ``sglang.Engine`` arguments, applied last (``custom_weight_loader`` entries are kept and
-            :data:`rlhf.rollout.engine_loader.LOADER` is added: the weight sync's engine-layout path).
+            :data:`rlhf.rollout.engine_loader.LOADER` is added: the weight sync loads every bucket through it).
     Raises:
         ValueError: a bad value, named with the fix.
     """

@@ -12,12 +12,19 @@ rlhf.rollout.engine_args registers it for every engine.  ``named_tensors`` holds
 * ``load`` -- a bucket already in this rank's parameter layout (fused q/k/v, merged gate/up, padded vocabulary,
   sharded by engine TP rank): one contiguous copy per parameter (:func:`copy_bucket`), refused when the
   bucket was laid out for other parameters (:func:`param_signature`).
+* ``bucket`` -- SGLang's generic loading of one ``FlattenedTensorBucket`` (the colocated weight sync's default
+  path): this rank deserializes ITS payload from the header, runs the model's own ``load_weights`` on the bucket's
+  tensors and waits for its devices (:func:`load_bucket`).  SGLang's ``load_format="flattened_bucket"`` does the
+  same without the wait: its copies are queued on the device and the engine replies while they may still read the
+  sender's buffer, which the sender then reuses for the next bucket.  Through this op the reply (SGLang answers
+  after a barrier of its TP ranks, i.e. after every rank's loader returned) means every copy is done.
 * ``dump`` -- every parameter of this rank to a file (diagnostics, tests).
 
 Imports only torch and the standard library at module level (the scheduler imports it on each call).
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -27,7 +34,7 @@ from typing import Iterable, Sequence
 import torch
 
 __all__ = ["LOADER", "LayoutProbeError", "engine_params", "param_signature", "probe_layout", "layout_fingerprint",
-           "copy_bucket", "load"]
+           "copy_bucket", "bucket_header", "load_bucket", "wait_for_devices", "load"]
 
 #: the import path SGLang calls (``load_format`` of the update and an entry of ``custom_weight_loader``)
 LOADER = "rlhf.rollout.engine_loader.load"
@@ -166,10 +173,39 @@ def copy_bucket(params: dict, flat: torch.Tensor, regions: Iterable[tuple[str, i
             p.data.copy_(flat[off:off + nbytes].view(p.dtype).view(p.shape))
             devices.add(p.device)
             done += nbytes
-    for dev in devices:
-        if dev.type == "cuda":  # CUDA copies are asynchronous; CPU ones are done
-            torch.cuda.synchronize(dev)
+    wait_for_devices(devices | {flat.device})
     return done
+
+
+def wait_for_devices(devices: Iterable[torch.device]) -> None:
+    """Block until every kernel queued on each of ``devices`` (all streams) finished: device copies are
+    asynchronous, and the sender reuses its buffer once the engine replied.  ``torch.<type>.synchronize`` of each
+    device's own module (a no-op on the CPU, whose copies are done when they return)."""
+    for dev in {torch.device(d) for d in devices}:
+        torch.get_device_module(dev).synchronize(dev)
+
+
+def bucket_header(payloads: Sequence) -> str:
+    """The ``bucket`` operation's JSON header for one bucket: ``payloads[r]`` is engine TP rank r's serialized
+    ``{"flattened_tensor", "metadata"}`` (bytes, or SGLang's base64 string), carried base64-encoded."""
+    enc = [p if isinstance(p, str) else base64.b64encode(bytes(p)).decode("ascii") for p in payloads]
+    return json.dumps({"op": "bucket", "payloads": enc})
+
+
+def load_bucket(model, payload, load_weights=None) -> int:
+    """Load one serialized FlattenedTensorBucket (``payload``: bytes or base64 string) with the model's own
+    ``load_weights`` (SGLang's generic loading: TP slicing, fused q/k/v, ...), then wait for the devices of the
+    bucket and of the parameters (:func:`wait_for_devices`), so no copy still reads the sender's memory when this
+    returns.  Returns the number of tensors loaded."""
+    from sglang.srt.utils.common import MultiprocessingSerializer
+    from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
+
+    obj = MultiprocessingSerializer.deserialize(payload)
+    flat = obj["flattened_tensor"]
+    named = FlattenedTensorBucket(flattened_tensor=flat, metadata=obj["metadata"]).reconstruct_tensors()
+    (load_weights or model.load_weights)(named)
+    wait_for_devices({flat.device} | {p.device for p in engine_params(model).values()})
+    return len(named)
 
 
 def _tp() -> tuple[int, int]:
@@ -201,6 +237,11 @@ def load(model, named_tensors) -> None:
             raise ValueError(f"{LOADER}: bucket laid out for parameter signature {want}, engine TP rank {rank} has "
                              f"{mine}: refused, nothing copied")
         copy_bucket(params, tensor, head["params"])
+    elif op == "bucket":
+        payloads = head["payloads"]
+        if rank >= len(payloads):
+            raise ValueError(f"{LOADER}: bucket with {len(payloads)} payloads, engine TP rank {rank} has none")
+        load_bucket(model, payloads[rank])
     elif op == "probe":
         try:
             result = probe_layout(model, head["hf"], rank, size)
@@ -210,4 +251,4 @@ def load(model, named_tensors) -> None:
     elif op == "dump":
         torch.save({n: p.detach().cpu().clone() for n, p in params.items()}, f"{head['out']}.rank{rank}.pt")
     else:
-        raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'load', 'probe' or 'dump')")
+        raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'load', 'bucket', 'probe' or 'dump')")

@@ -153,16 +153,28 @@ class SGLangEngine:
         ``{"flattened_tensor", "metadata"}`` (SGLang's FlattenedTensorBucket), whose memory (CPU shared
         memory or CUDA IPC) belongs to the trainer process that serialized it.
 
+        ``load_format="flattened_bucket"`` runs through our custom loader's ``bucket`` operation
+        (rlhf.rollout.engine_loader.load_bucket): SGLang's own ``load_weights`` on the bucket, then each TP rank
+        waits for its device, so when this returns no copy still reads the sender's buffer (SGLang's
+        ``flattened_bucket`` replies with the copies possibly still queued; the sender reuses its buffers).
+        Another ``load_format`` goes to SGLang as it is.
+
         Raises:
             EngineCallError: outside a session, wrong payload count, or SGLang's failure.
         """
+        from rlhf.rollout.engine_loader import LOADER, bucket_header
+
         self._require_session("update_weights_from_tensor")
         if len(serialized_named_tensors) != self.tp_size:
             raise EngineCallError(f"update_weights_from_tensor: {len(serialized_named_tensors)} payloads for "
                                   f"tp_size={self.tp_size} (one per TP rank)")
-        check_result(self.engine.update_weights_from_tensor(named_tensors=list(serialized_named_tensors),
-                                                            load_format=load_format, flush_cache=flush_cache),
-                     "update_weights_from_tensor")
+        named: List[Any] = list(serialized_named_tensors)
+        if load_format == "flattened_bucket":
+            import torch
+
+            named, load_format = [(bucket_header(named), torch.empty(0))], LOADER
+        check_result(self.engine.update_weights_from_tensor(named_tensors=named, load_format=load_format,
+                                                            flush_cache=flush_cache), "update_weights_from_tensor")
         self._updated = True
 
     def update_weights_from_disk(self, model_path: str) -> int:

@@ -196,12 +196,9 @@ class PPOTrainer(BaseTrainer):
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
             with timer(m, "sync_weights"):
-                sync = self.rollout.sync_weights()
-        else:  # the actor did not change, but colocated engines released (lost) their weights in serving()
-            with timer(m, "sync_weights"):
-                sync = self.rollout.restore_weights()
-        if sync is not None and hasattr(sync, "metrics"):  # weight_sync/engine_layout, weight_sync/fallback_syncs
-            m.update(sync.metrics())
+                m.update(self.rollout.sync_weights().metrics())  # weight_sync/engine_layout, weight_sync/fallback_syncs
+        # else the actor did not change; colocated engines that released their weights in serving() get them back
+        # from the next generation's RolloutWorker.ensure_resident (the next step's serving(), or validate())
 
         m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length, cfg.data.max_prompt_length))
         m.update(compute_timing_metrics(m, batch))  # timing_per_token_ms/*
@@ -217,6 +214,7 @@ class PPOTrainer(BaseTrainer):
         ``val/<data_source>/score`` (and pass@k, best@n when ``val_kwargs.n > 1``), and the first
         ``trainer.log_val_generations`` responses as the ``val/generations`` table (rlhf.trainer.val_metrics)."""
         n, show = len(self.val_dataset), self.cfg.trainer.log_val_generations
+        self.rollout.ensure_resident()  # engines hold the actor's weights (a step without sync left them released)
         loader = StatefulPromptLoader(self.val_dataset, min(self.cfg.data.val_batch_size, n), shuffle=False,
                                       drop_last=False, collate_fn=collate_prompts)
         sources, prompt_ids, scores, rows = [], [], [], []

@@ -14,7 +14,9 @@ Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
    maps that same memory.  Otherwise (hf_stream.py) the TP group gathers each parameter on the stage leader,
    which converts it (q/k/v and gate/up split, padded vocab trimmed) and packs it.  Extra memory: one bucket
    (two with ``overlap``), plus one gathered parameter and its converted copy on the gather path.
-3. **Deliver**: ``"tensor"`` (colocated, from_tensor.py: serialized bucket handles, bytes only) or
+3. **Deliver**: ``"tensor"`` (colocated, from_tensor.py: serialized bucket handles, bytes only; at PP 1 on the
+   gather path each engine TP rank's handle is of a copy held by the trainer rank on its device,
+   local_handles.py) or
    ``"distributed"`` (disaggregated, from_distributed.py: one flat broadcast per bucket), inside
    ``begin_weight_update`` / ``end_weight_update`` on every engine; the KV/radix cache is flushed once
    per sync, by the last bucket's update call.
@@ -48,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+import torch.distributed as dist
 
 from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
@@ -58,6 +61,7 @@ from rlhf.weight_bridge.direct_path import EngineLayoutPath
 from rlhf.weight_bridge.from_distributed import DistributedTransport
 from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
+from rlhf.weight_bridge.local_handles import BucketHolder, LocalHandleTransport, holder_ranks
 from rlhf.weight_bridge.plan import NameMap, SendPlan, StagePlan, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
 from rlhf.weight_bridge.topology import MegatronTopology
@@ -134,6 +138,9 @@ class WeightBridge:
             engine from its own loaders; the engine copies each parameter once) when the engines, the transport
             and the topology allow it; otherwise, and with False, SGLang's generic loading (reason logged once,
             counted in ``SyncStats.fallback_syncs``).  Off by default (see the module docstring).
+        local_handles: colocated (``"tensor"``, PP 1, the leader's gather path): each engine TP rank loads from the
+            trainer rank on its own device, which holds a copy of each bucket (local_handles.py; default); False:
+            every engine rank maps the stage leader's buckets.
     Raises:
         ValueError: bad arguments, or ``engines`` given on a rank other than the controller (or missing there).
     """
@@ -143,7 +150,8 @@ class WeightBridge:
                  name_map: NameMap | None = None, check: str | None = None, check_rows: int = 4,
                  allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
                  backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
-                 shared_buckets: bool | None = None, topology=None, engine_layout: bool = False):
+                 shared_buckets: bool | None = None, topology=None, engine_layout: bool = False,
+                 local_handles: bool = True):
         if transport not in ("tensor", "distributed"):
             raise ValueError(f"transport={transport!r}: use 'tensor' (colocated) or 'distributed' (broadcast)")
         if check not in (None, "sample", "all"):
@@ -169,9 +177,10 @@ class WeightBridge:
         self._shared_state = None  # SharedBuckets, or False when not usable
         self._local: tuple | None = None  # (key, planned tensors) of this rank
         self._plan_cache: tuple | None = None  # controller: (key, SendPlan)
+        self._holder_groups: dict = {}  # member ranks -> broadcast group of the engine-local handles
         self._ready = False
         self.version = 0
-        self.engine_layout = bool(engine_layout)
+        self.engine_layout, self.local_handles = bool(engine_layout), bool(local_handles)
         self.layout_path = EngineLayoutPath(self.engine_layout)
 
     # ---- planning -----------------------------------------------------------------------------
@@ -207,8 +216,13 @@ class WeightBridge:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
         direct, reason = self.layout_path.verdict(plan, reports, fp, self.engines, self.transport, self.check,
                                                   self.bucket_bytes)
+        holders = None
+        if (self.local_handles and self.transport == "tensor" and direct is None and len(plan.stages) == 1
+                and getattr(self.topo, "ep_size", 1) == 1 and not any(r.get("shared_buckets") for r in reports if r)):
+            holders = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, self.topo.rank)
+            holders = holders if any(h != self.topo.rank for h in holders.values()) else None
         return {"plan": plan, "targets": targets, "groups": groups, "fingerprint": fp, "replanned": replanned,
-                "tp_size": self.engines.tp_size, "direct": direct, "direct_reason": reason}
+                "tp_size": self.engines.tp_size, "direct": direct, "direct_reason": reason, "holders": holders}
 
     def _plan(self, engines):
         if not self._ready:
@@ -216,9 +230,10 @@ class WeightBridge:
             self._ready = True
         try:
             entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, self.topo)
-            shared = (self.engine_layout and self.transport == "tensor" and self.topo.active
-                      and self._shared(entries) is not None)  # collective over the TP group, once
-            report = self._report(entries, shared)
+            sb = self.topo.active and self._shared(entries) is not None  # collective over the TP group, once
+            report = self._report(entries, self.engine_layout and self.transport == "tensor" and sb)
+            if report is not None:
+                report["shared_buckets"] = sb
         except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
             entries, skipped, report = [], [], {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
         reports = self.topo.all_gather_object(report)
@@ -231,6 +246,11 @@ class WeightBridge:
         verdict = self.topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
+        if verdict["holders"] is not None:  # collective over every rank (torch's new_group), once per member set
+            members = tuple(sorted({self.topo.controller, *verdict["holders"].values()}))
+            if members not in self._holder_groups:
+                self._holder_groups[members] = dist.new_group(ranks=list(members))
+            verdict["holder_group"] = self._holder_groups[members]
         self.layout_path.receive(verdict, entries, self.topo, self.spec)
         return verdict, entries, skipped
 
@@ -299,7 +319,8 @@ class WeightBridge:
 
         error, reached = None, targets
         try:
-            error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times, direct)
+            error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times, direct,
+                                           verdict["holders"], verdict.get("holder_group"))
         except Exception as e:  # noqa: BLE001 - reported below so every rank raises the same error
             error = f"rank {self.topo.rank}: {type(e).__name__}: {e}"
         t_finish = time.perf_counter()
@@ -335,13 +356,32 @@ class WeightBridge:
                 self._shared_state = sb if sb.usable(entries) else False
         return self._shared_state or None
 
-    def _deliver(self, plan, entries, targets, engine_tp, token, record, times, direct=None):
+    def _free_pool(self) -> None:
+        """GPU memory goes back to the trainer after each sync; blocks shared through CUDA IPC stay in torch's
+        limbo (not in the cache ``empty_cache`` frees) until collected, once the engines dropped them."""
+        if self.device.type != "cpu" and self._pool is not None:
+            self._pool.close()
+            self._pool = None
+            if self.device.type == "cuda":
+                torch.cuda.ipc_collect()
+
+    def _deliver(self, plan, entries, targets, engine_tp, token, record, times, direct=None, holders=None,
+                 holder_group=None):
         """This rank's part of the delivery; returns (error or None, engines reached)."""
         topo = self.topo
         if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
             collections.deque(hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
             return None, targets
+        holder = None
+        if holders is not None and not topo.is_controller and topo.rank in holders.values():
+            holder = BucketHolder(topo, holder_group, topo.controller, [m for m, h in holders.items() if h == topo.rank],
+                                  targets, self._buffers(plan), 2 if self.overlap else 1)
         if not topo.active:
+            if holder is not None:  # a data-parallel replica's rank on an engine rank's device
+                try:
+                    holder.run(plan.stages[0].buckets)
+                finally:
+                    self._free_pool()
             return None, targets
         if direct is not None:  # every TP rank writes its elements straight into the engine-rank sections
             shared = self._shared(entries)
@@ -359,24 +399,34 @@ class WeightBridge:
             own = lambda: shared.stream(entries, my_stage.buckets, self.spec, times)  # noqa: E731
         else:  # the stage leader gathers, converts and packs
             pool = self._buffers(plan) if topo.is_leader else _NO_POOL
+            # with holders, no producer thread: the leader's TP gathers and holder broadcasts then go out from one
+            # thread in the order its peers take them (two NCCL communicators never wait on each other); bucket
+            # k+1 is still produced while the engines load bucket k (two buffers, one bucket in flight)
             own = lambda: stage_buckets(entries, my_stage.buckets, topo, self.spec, pool, self.meter,  # noqa: E731
-                                        self.overlap, times)
+                                        self.overlap and holders is None, times)
         if not topo.is_leader:  # TP peers take part in the writes / gathers only
+            if holder is not None:  # ... and hold the buckets of an engine rank on their device
+                try:
+                    holder.run(my_stage.buckets, entries, self.spec, topo.tp_size,
+                               lambda e: collections.deque(hf_stream([e], topo, self.spec, self.meter), maxlen=0))
+                finally:
+                    self._free_pool()
+                return None, targets
             for _ in (own() if shared is not None else hf_stream(entries, topo, self.spec, self.meter)):
                 pass
             return None, targets
         try:
             if self.transport == "tensor":
-                tt = TensorTransport(topo, self.engines, targets, engine_tp, record, times, token)
+                tt = (LocalHandleTransport(holders, holder_group, topo, self.engines, targets, engine_tp, record, times,
+                                           token) if holders is not None else
+                      TensorTransport(topo, self.engines, targets, engine_tp, record, times, token))
                 if topo.is_controller:
                     return tt.run_controller(plan, own, pool, in_flight=1 if self.overlap else 0), tt.targets
                 tt.run_leader(plan, own, pool)
                 return None, targets
             return self._run_distributed(plan, my_stage, own, pool, record, times), targets
         finally:
-            if self.device.type != "cpu" and self._pool is not None:  # GPU memory goes back to the trainer
-                self._pool.close()
-                self._pool = None
+            self._free_pool()
 
     def _run_distributed(self, plan, my_stage, own, pool, record, times) -> str | None:
         error = None

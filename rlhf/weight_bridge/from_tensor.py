@@ -64,6 +64,8 @@ class TensorTransport:
         times: timing accumulator (``deliver``, ``receive``).
     """
 
+    payloads_always = False  # _payloads is a collective: call it for every bucket, also after an error
+
     def __init__(self, topo, engines, targets: list[int], tp_size: int, record: Callable, times: dict,
                  token=None):
         self.topo, self.engines, self.tp_size, self.token = topo, engines, tp_size, token
@@ -138,9 +140,12 @@ class TensorTransport:
         for bplan, slot, buf in own():
             call = None
             try:
+                # a handle never loaded would keep CUDA IPC's reference count up: none after an error, unless the
+                # payloads are a collective (local_handles: the holders wait for every bucket)
+                payloads = self._payloads(plan, bplan, buf) if error is None or self.payloads_always else None
                 self.record(plan, bplan, buf)
                 if error is None:
-                    call = self._send(self._payloads(plan, bplan, buf), plan.is_last(stage, bplan))
+                    call = self._send(payloads, plan.is_last(stage, bplan))
             except Exception as e:  # noqa: BLE001
                 error = error or f"{type(e).__name__}: {e}"
             pending.append((call, slot, plan.is_last(stage, bplan)))

@@ -7,10 +7,11 @@ Lifecycle of a PPO step (colocated; every call is a no-op where it does not appl
     train ...                                      # the trainer has the devices
     rollout.sync_weights()                         # resume weights -> sync -> re-sync replaced engines
                                                    # -> resume KV cache: engines serve again (validation)
-    (or, when the actor did not change) rollout.restore_weights()   # the same, only if weights were released
+    (or, when the actor did not change: nothing; the next serving() / ensure_resident() syncs released weights)
 
-Released weights are gone (SGLang's memory saver keeps no CPU copy), so every step that released them ends with
-a sync, also when the actor was not updated (critic warm-up, a batch with nothing to learn from): the engines'
+Released weights are gone (SGLang's memory saver keeps no CPU copy), so the next generation after a step that
+released them and did not sync (critic warm-up, a batch with nothing to learn from) starts with a sync
+(:meth:`RolloutWorker.ensure_resident`, called by ``serving()`` and by the trainer's validation): the engines'
 resumed memory would otherwise generate garbage on GPU (the manager refuses that generation:
 rlhf.rollout.manager.WeightsDiscardedError).
 
@@ -238,13 +239,6 @@ class RolloutWorker:
                 self.last_sync = self.bridge.sync(engines=stale)
         self.resume(["kv_cache"])
         return stats
-
-    def restore_weights(self):
-        """Collective.  After a step that did not change the actor: leave the engines serving its weights.  Colocated
-        engines that released their weights (:meth:`serving`) lost them -- SGLang's memory saver keeps no CPU copy
-        -- so they get a full :meth:`sync_weights`; engines that kept their weights need nothing.  Returns the
-        sync's SyncStats, or None when none was needed."""
-        return self.sync_weights() if self.weights_released else None
 
     def close(self) -> None:
         """Close the weight bridge and shut the engines down."""

@@ -271,7 +271,7 @@ class FakeRollout:
         self.synced += 1
         return SyncStats()
 
-    def restore_weights(self):  # nothing is released by this stand-in's serving(): nothing to restore
+    def ensure_resident(self):  # nothing is released by this stand-in's serving(): nothing to restore
         return None
 
     def serving(self):

@@ -251,10 +251,65 @@ def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initi
     last = {key: outputs[key][-1] for key in paths}
 
     if phase == "tp2":
+        check_local_handles(actors["B"], states["B"], engines)
         check_refusals(actors["B"], states["B"], engines, last, paths)
     for b in bridges.values():
         b.close()
     dist.barrier()
+
+
+class _RecordingFleet:
+    """The engines' handle, recording which process created the memory of each colocated payload entry (the pid
+    in torch's shared-memory file name, ``/torch_<pid>_...``, inside the serialized handle)."""
+
+    def __init__(self, inner):
+        self.inner, self.creators = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def update_weights_from_tensor(self, payloads, **kw):
+        import re
+
+        self.creators += [[int(re.search(rb"/torch_(\d+)_", p).group(1)) for p in row] for row in payloads]
+        return self.inner.update_weights_from_tensor(payloads, **kw)
+
+
+def check_local_handles(actor, state, engines):
+    """Trainer TP2 -> engine B (TP2), "tensor" transport on the leader's gather path: with engine-local handles
+    (rlhf/weight_bridge/local_handles.py) engine TP rank r's entry of every bucket is memory of trainer rank r
+    (the rank on that engine rank's GPU when colocated), without them every entry is the leader's; the engine's
+    parameters are bitwise the same either way."""
+    from rlhf.weight_bridge import WeightBridge
+
+    rank0 = dist.get_rank() == 0
+    pids = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    creators, params = {}, {}
+    for local in (False, True):
+        fleet = _RecordingFleet(engines["B"]) if rank0 else None
+        bridge = WeightBridge(state.model, actor.spec, fleet, transport="tensor", bucket_bytes=64 * 1024,
+                              overlap=True, shared_buckets=False, local_handles=local,
+                              group_prefix=f"e2e_local_{local}")
+        bridge.sync()
+        bridge.close()
+        if rank0:
+            creators[local], params[local] = fleet.creators, engines["B"].engine_parameters()
+    ok, detail = False, ""
+    if rank0:
+        want = {False: [pids[0], pids[0]], True: [pids[0], pids[1]]}
+        ok = all(creators[k] and all(row == want[k] for row in creators[k]) for k in want)
+        detail = (f"trainer pids {pids}; entries per bucket, leader only: {creators[False][:2]}..., local: "
+                  f"{creators[True][:2]}... ({len(creators[True])} buckets)")
+    report("tp2_B_local_handles_entry_r_from_trainer_rank_r", ok, detail)
+    same, detail = False, ""
+    if rank0:
+        a, b = params[False], params[True]
+        bad = [(e, r, n) for e in range(len(a)) for r in range(len(a[e])) for n in a[e][r]
+               if not torch.equal(a[e][r][n], b[e][r][n])]
+        same = not bad and len(a) == len(b) and all(set(x) == set(y) for ea, eb in zip(a, b) for x, y in zip(ea, eb))
+        detail = f"{sum(len(x) for e in a for x in e)} engine parameters compared; differing: {bad[:3]}"
+    report("tp2_B_local_handles_engine_parameters_bitwise_equal", same, detail)
 
 
 def check_refusals(actor, state, engines, last, paths):

@@ -97,22 +97,34 @@ def ppo_trainer(worker, reward):
     return trainer
 
 
-def test_critic_warmup_step_leaves_engines_serving_synced_weights(worker):
-    """A critic warm-up step does not change the actor, but serving() released the colocated engines' weights,
-    which SGLang's memory saver discards: the step must end with a sync, so that the validation right after it
-    and the next step's generation serve real weights (the fake manager refuses resumed-but-unsynced weights
-    as rlhf.rollout.manager.RolloutManager does)."""
+def test_critic_warmup_step_then_validation_and_next_step_serve_synced_weights(worker):
+    """A critic warm-up step does not change the actor and syncs nothing, but serving() released the colocated
+    engines' weights, which SGLang's memory saver discards: the validation right after it (PPOTrainer.validate
+    starts with ensure_resident) and the next step's serving() must sync first (the fake manager refuses
+    resumed-but-unsynced weights as rlhf.rollout.manager.RolloutManager does)."""
     w, manager = worker
     trainer = ppo_trainer(worker, Reward())
-    trainer.train_step(1)  # warm-up: only the critic trains
+    m = trainer.train_step(1)  # warm-up: only the critic trains, nothing is synced
     assert trainer.actor.updates == [] and trainer.critic.updates == [1]
-    assert manager.released == set() and not manager.weights_discarded
+    assert "timing_s/sync_weights" not in m and w.weights_released
+    w.ensure_resident()  # what validate() does first
     _, val_scores, _ = w.generate(batch(3), w.val_sampling, Reward())  # validation after the warm-up step
-    assert len(val_scores) == 3
+    assert len(val_scores) == 3 and not manager.weights_discarded
     trainer.train_step(2)  # the actor trains and is synced as before
     assert trainer.actor.updates == [2]
-    step = ["resume:kv_cache,weights", "generate", "release", "resume:weights", "sync", "resume:kv_cache"]
-    assert manager.log == step + ["generate"] + step
+    sync = ["resume:weights", "sync", "resume:kv_cache"]
+    assert manager.log == (["resume:kv_cache,weights", "generate", "release"] + sync + ["generate"] +
+                           ["resume:kv_cache,weights", "generate", "release"] + sync)
+
+
+def test_critic_warmup_step_then_next_step_syncs_before_generating(worker):
+    """Two steps in a row without validation: the second step's serving() refills the weights step 1 released."""
+    w, manager = worker
+    trainer = ppo_trainer(worker, Reward())
+    trainer.train_step(1)
+    trainer.train_step(2)
+    assert not manager.weights_discarded and trainer.actor.updates == [2]
+    assert manager.log[3:7] == ["resume:weights", "sync", "resume:kv_cache", "generate"]
 
 
 def test_step_with_no_scorable_sample_leaves_engines_serving(worker):
@@ -137,7 +149,7 @@ def test_generation_on_resumed_unsynced_weights_is_refused(worker):
     w.resume()
     with pytest.raises(WeightsDiscardedError, match="sync"):
         w.generate(batch(1), w.val_sampling, Reward())
-    w.restore_weights()
+    w.ensure_resident()
     assert len(w.generate(batch(1), w.val_sampling, Reward())[1]) == 1
 
 
