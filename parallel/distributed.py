@@ -202,15 +202,17 @@ def init_distributed(backend: str | None = None, timeout_minutes: int = 30) -> L
 
 
 def check_parallel_sizes(world: int, tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1,
-                         etp: int | None = None) -> None:
+                         etp: int | None = None, cp: int = 1) -> None:
     """Check a megatron-core process grid before building it; raises ValueError naming the value and the fix.
 
-    Dense grid: world = tp x pp x dp.  Expert grid (megatron-core's second decomposition of the same
+    Dense grid: world = tp x cp x pp x dp (cp: context parallel).  Expert grid (megatron-core's second decomposition of the same
     ranks): world = etp x ep x pp x edp with etp (expert tensor parallel) defaulting to tp, so
     ep x etp x pp must divide the world size as well.
     """
-    if tp < 1 or pp < 1 or world % (tp * pp) != 0:
-        raise ValueError(f"tp={tp} x pp={pp} must divide world_size={world}; launch tp*pp*dp processes")
+    if tp < 1 or pp < 1 or cp < 1 or world % (tp * pp * cp) != 0:
+        cp_part = f" x cp={cp}" if cp != 1 else ""
+        raise ValueError(f"tp={tp}{cp_part} x pp={pp} must divide world_size={world}; launch tp*{'cp*' if cp != 1 else ''}"
+                         f"pp*dp processes")
     if vpp is not None and (vpp < 1 or pp == 1):
         raise ValueError(f"vpp={vpp} needs pp > 1 and vpp >= 1 (got pp={pp}); use vpp=None")
     etp_ = tp if etp is None else etp
@@ -221,9 +223,10 @@ def check_parallel_sizes(world: int, tp: int = 1, pp: int = 1, vpp: int | None =
 
 
 def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1,
-                        etp: int | None = None) -> None:
+                        etp: int | None = None, cp: int = 1) -> None:
     """megatron-core `initialize_model_parallel`: tensor (tp), pipeline (pp, virtual vpp) and expert
-    (ep, expert tensor parallel etp, default tp) parallel groups; DP is world_size / (tp * pp).
+    (ep, expert tensor parallel etp, default tp) and context (cp; GPU only, see parallel.context_parallel)
+    parallel groups; DP is world_size / (tp * cp * pp).
 
     Uneven pipelines are not a process-group setting: pass `num_layers_in_first/last_pipeline_stage`
     to `parallel.models.build_model_chunks` (they go to the TransformerConfig).
@@ -232,18 +235,18 @@ def init_model_parallel(tp: int = 1, pp: int = 1, vpp: int | None = None, ep: in
     """
     from megatron.core import parallel_state as ps
 
-    check_parallel_sizes(dist.get_world_size(), tp, pp, vpp, ep, etp)
+    check_parallel_sizes(dist.get_world_size(), tp, pp, vpp, ep, etp, cp)
     etp_ = tp if etp is None else etp
     if ps.model_parallel_is_initialized():
         current = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
                    ps.get_virtual_pipeline_model_parallel_world_size(), ps.get_expert_model_parallel_world_size(),
-                   ps.get_expert_tensor_parallel_world_size())
-        if current == (tp, pp, vpp, ep, etp_):
+                   ps.get_expert_tensor_parallel_world_size(), ps.get_context_parallel_world_size())
+        if current == (tp, pp, vpp, ep, etp_, cp):
             return
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                  virtual_pipeline_model_parallel_size=vpp, expert_model_parallel_size=ep,
-                                 expert_tensor_parallel_size=etp_)
+                                 expert_tensor_parallel_size=etp_, context_parallel_size=cp)
 
 
 def compute_device() -> torch.device:

@@ -11,6 +11,10 @@ caller's (first real token 0), rotated with the tokens.
 Token outputs are aligned with `input_ids`: `log_probs[:, t] = log p(input_ids[:, t] | input_ids[:, <t])`
 (position 0 and padding hold 0). Callers slice the response part with `[:, -response_length:]`.
 
+Context parallelism (parallel.context_parallel) feeds each rank its 1/cp of every row (megatron's
+load-balanced 2*cp-chunk split) and gathers per-token outputs back to the full row, so everything
+after the model sees [B, S] as without CP; S is padded to a multiple of 2*cp the same way.
+
 Sequence parallelism needs S to be a multiple of tp: rows are padded on the RIGHT of the
 left-aligned layout (after every real token), so causal attention leaves the real tokens' outputs
 unchanged, and the padding is cut off again before anything is returned: callers get [B, S] for
@@ -32,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 from parallel import devices
+from parallel.context_parallel import gather_from_context_parallel, split_for_context_parallel
+from parallel.context_parallel import seq_length_multiple as cp_seq_length_multiple
 
 _PADDED_KEYS = ("input_ids", "attention_mask", "position_ids")
 
@@ -78,17 +84,21 @@ def _token_outputs(output: torch.Tensor, mb: dict, kind: str, vocab_size: int, t
 
     shifts = mb["_shifts"]
     mask = mb["attention_mask"].bool()
+    # under context parallelism `output` holds this rank's tokens only: per-token results are computed
+    # locally and gathered to the full sequence (identity for cp = 1)
     if kind == "logits":  # debugging/tests only: gathers the full vocabulary
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-        full = gather_from_tensor_model_parallel_region(output)[..., :vocab_size].float()
+        full = gather_from_context_parallel(gather_from_tensor_model_parallel_region(output)[..., :vocab_size].float())
         return {"logits": left_align(full, shifts, inverse=True)}
     if kind == "values":
-        values = left_align(output.squeeze(-1).float(), shifts, inverse=True)
+        values = left_align(gather_from_context_parallel(output.squeeze(-1).float()), shifts, inverse=True)
         return {"values": torch.where(mask, values, torch.zeros_like(values))}
-    aligned_ids = mb["_aligned_ids"]
-    labels = torch.roll(aligned_ids, shifts=-1, dims=1)  # logits at t predict token t+1
+    # logits at t predict token t+1: labels come from the full sequence, then take this rank's part
+    labels = split_for_context_parallel({"labels": torch.roll(mb["_aligned_ids"], shifts=-1, dims=1)})["labels"]
     log_probs, entropy = log_probs_from_megatron_logits(output, labels, vocab_size, temperature, calculate_entropy)
+    log_probs = gather_from_context_parallel(log_probs)
+    entropy = None if entropy is None else gather_from_context_parallel(entropy)
     # prediction for token t+1 lives at t: move it to t+1, then undo the alignment
     log_probs = left_align(torch.roll(log_probs, 1, dims=1), shifts, inverse=True)
     first = torch.zeros_like(mask)
@@ -135,9 +145,9 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
         raise ValueError("forward_only=False needs a loss_fn")
     from megatron.core.utils import get_model_config
 
-    if get_model_config(model_chunks[0]).sequence_parallel:
-        tp = ps.get_tensor_model_parallel_world_size()
-        seq_length_multiple = seq_length_multiple * tp // math.gcd(seq_length_multiple, tp)
+    needed = cp_seq_length_multiple(ps.get_context_parallel_world_size(), ps.get_tensor_model_parallel_world_size(),
+                                    get_model_config(model_chunks[0]).sequence_parallel)
+    seq_length_multiple = seq_length_multiple * needed // math.gcd(seq_length_multiple, needed)
     batch = dict(batch)
     input_ids = batch["input_ids"]
     out_device = input_ids.device
@@ -172,7 +182,8 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
     def forward_step(data_iterator, model):
         mb = next(data_iterator)
         mb = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in mb.items()}
-        output = model(mb["_aligned_ids"], mb["_aligned_pos"], None)
+        local = split_for_context_parallel({"ids": mb["_aligned_ids"], "pos": mb["_aligned_pos"]})
+        output = model(local["ids"], local["pos"], None)
         return output, partial(loss_func, mb)
 
     n_chunks = len(model_chunks)

@@ -109,13 +109,30 @@ def validate_parallel_layout(spec: HFModelSpec, tp: int, pp: int, vpp: int | Non
                          f"choose pp dividing the layer count or set num_layers_in_first/last_pipeline_stage")
 
 
+def check_context_parallel(cp: int, use_te: bool) -> None:
+    """Refuse context parallelism where megatron-core cannot run it.
+
+    megatron-core 0.16 splits attention over the CP ranks only inside Transformer Engine's
+    `TEDotProductAttention` (its local `DotProductAttention` asserts ``context_parallel_size == 1``), so
+    cp > 1 needs CUDA with Transformer Engine.  `use_te`: the kernel choice of this process
+    (`parallel.kernels.resolve_kernels().use_te`).  Raises ValueError naming the setting and the fix.
+    """
+    if cp < 1:
+        raise ValueError(f"context_parallel_size={cp}: must be >= 1")
+    if cp > 1 and not use_te:
+        raise ValueError(f"context_parallel_size={cp} needs Transformer Engine's attention on CUDA (megatron-core "
+                         f"runs context parallelism only in TEDotProductAttention; this process uses the local "
+                         f"spec: no GPU or no transformer_engine); set parallel.context_parallel_size=1 "
+                         f"(actor_rollout_ref.actor.megatron.context_parallel_size=1) or run on GPUs with TE")
+
+
 def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | None = None,
                                params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
                                recompute: str | None = None, ep: int = 1,
                                num_layers_in_first_pipeline_stage: int | None = None,
                                num_layers_in_last_pipeline_stage: int | None = None,
                                moe_aux_loss_coeff: float | None = None, use_te: bool | None = None,
-                               **overrides):
+                               cp: int = 1, **overrides):
     """Build a megatron-core TransformerConfig matching the HF model numerics.
 
     Dropout is 0 (RLHF needs deterministic log-probs).  The fusions (masked softmax, SwiGLU, RoPE,
@@ -123,7 +140,8 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     `use_te` as there: None checks that Transformer Engine is installed on GPU).
     `ep`: expert-parallel size (MoE; experts are also split over TP unless
     `expert_tensor_parallel_size` is overridden).  `num_layers_in_first/last_pipeline_stage`:
-    uneven pipelines.  `moe_aux_loss_coeff`: the router load-balancing loss coefficient
+    uneven pipelines.  `cp`: context-parallel size (needs Transformer Engine's attention, see
+    `check_context_parallel`).  `moe_aux_loss_coeff`: the router load-balancing loss coefficient
     (Switch-Transformer aux loss, Fedus et al. 2021, eq. 4); None takes the HF config's
     `router_aux_loss_coef`, 0 turns the loss off.  MoE routing follows the HF model: softmax
     over the top-k logits when `norm_topk_prob` (Mixtral, Qwen3-MoE releases), else top-k of the
@@ -139,6 +157,8 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     validate_parallel_layout(spec, tp, pp, vpp, num_layers_in_first_pipeline_stage,
                              num_layers_in_last_pipeline_stage, ep=ep,
                              etp=overrides.get("expert_tensor_parallel_size"))
+    kernels = resolve_kernels(use_te)
+    check_context_parallel(cp, kernels.use_te)
     if spec.is_moe and tp > 1:
         sequence_parallel = True
     kw = dict(
@@ -147,7 +167,7 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
         kv_channels=spec.head_dim, layernorm_epsilon=spec.rms_norm_eps, normalization="RMSNorm",
         gated_linear_unit=True, activation_func=F.silu, add_bias_linear=False, add_qkv_bias=spec.qkv_bias,
         bias_activation_fusion=False, hidden_dropout=0.0, attention_dropout=0.0,
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp,
         virtual_pipeline_model_parallel_size=vpp, sequence_parallel=sequence_parallel and tp > 1,
         params_dtype=params_dtype, pipeline_dtype=params_dtype, bf16=params_dtype == torch.bfloat16,
         fp16=params_dtype == torch.float16, use_cpu_initialization=not torch.cuda.is_available(),
@@ -159,7 +179,7 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
         num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage,
         qk_layernorm=spec.qk_norm,
     )
-    kw.update(resolve_kernels(use_te).fusions)  # fused kernels only where their extension imports (parallel.kernels)
+    kw.update(kernels.fusions)  # fused kernels only where their extension imports (parallel.kernels)
     if spec.is_moe:
         coeff = spec.moe_aux_loss_coef if moe_aux_loss_coeff is None else float(moe_aux_loss_coeff)
         kw.update(num_moe_experts=spec.num_experts, moe_ffn_hidden_size=spec.moe_ffn_hidden_size,

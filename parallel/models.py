@@ -180,7 +180,7 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
                        **config_overrides) -> ModelBundle:
     """Build this rank's GPTModel chunk(s) for `role` in {"actor", "critic", "reference"}.
 
-    Requires `parallel.distributed.init_model_parallel` first; TP/PP/VPP/EP come from megatron's
+    Requires `parallel.distributed.init_model_parallel` first; TP/PP/VPP/EP/CP come from megatron's
     parallel_state. With `hf_path` the HF safetensors weights are loaded shard by shard.
     `config_overrides` go to `transformer_config_from_hf`, e.g. `num_layers_in_first_pipeline_stage`,
     `num_layers_in_last_pipeline_stage` (uneven pipelines) and `moe_aux_loss_coeff` (MoE).
@@ -196,8 +196,9 @@ def build_model_chunks(hf_config, role: str = "actor", hf_path: str | None = Non
     pp = ps.get_pipeline_model_parallel_world_size()
     vpp = ps.get_virtual_pipeline_model_parallel_world_size()
     ep = ps.get_expert_model_parallel_world_size()
+    cp = ps.get_context_parallel_world_size()
     config = transformer_config_from_hf(hf_config, tp=tp, pp=pp, vpp=vpp, params_dtype=params_dtype,
-                                        sequence_parallel=sequence_parallel, recompute=recompute, ep=ep,
+                                        sequence_parallel=sequence_parallel, recompute=recompute, ep=ep, cp=cp,
                                         use_te=use_te, **config_overrides)
     spec = hf_model_spec(hf_config)
     if spec.is_moe:

@@ -74,13 +74,14 @@ class MoEMetrics:
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
         from megatron.core import parallel_state as ps
 
-        for group in (ps.get_pipeline_model_parallel_group(), ps.get_data_parallel_group()):
+        # CP ranks route different tokens: the data-parallel group with context parallelism
+        for group in (ps.get_pipeline_model_parallel_group(), ps.get_data_parallel_group(with_context_parallel=True)):
             t = devices.to_group_device(t, group)
             dist.all_reduce(t, group=group)
         return t.cpu()
 
     def collect(self) -> dict[str, float]:
-        """The `moe/*` metrics since the last `reset` (collective over PP and DP groups; with
+        """The `moe/*` metrics since the last `reset` (collective over PP and DP x CP groups; with
         sequence parallelism the TP ranks' token shards are summed too).  Same values on all ranks."""
         from megatron.core import parallel_state as ps
         from megatron.core.transformer.moe.moe_utils import (get_moe_layer_wise_logging_tracker,
@@ -91,7 +92,7 @@ class MoEMetrics:
             counts = devices.to_group_device(counts, ps.get_tensor_model_parallel_group())
             dist.all_reduce(counts, group=ps.get_tensor_model_parallel_group())
             counts = counts.cpu()
-        calls = self._reduce(self._calls.clone()) / ps.get_data_parallel_world_size()
+        calls = self._reduce(self._calls.clone()) / ps.get_data_parallel_world_size(with_context_parallel=True)
         moe_layers = calls > 0
         out = {}
         if moe_layers.any():

@@ -76,13 +76,13 @@ def wrap_ddp(chunks, config, use_distributed_optimizer: bool = True, grad_reduce
 
 def resolve_distributed_optimizer(setting: bool | None) -> bool:
     """``use_distributed_optimizer`` as given, or (None) on exactly when the data-parallel size is > 1:
-    sharding the Adam state over DP ranks saves (DP-1)/DP of it per rank; with DP = 1 it saves nothing.
+    sharding the Adam state over the DP (x CP) ranks saves (DP-1)/DP of it per rank; with DP = 1 it saves nothing.
     Needs model parallel state (parallel.distributed.init_model_parallel)."""
     if setting is not None:
         return bool(setting)
     from megatron.core import parallel_state
 
-    return parallel_state.get_data_parallel_world_size() > 1
+    return parallel_state.get_data_parallel_world_size(with_context_parallel=True) > 1
 
 
 #: megatron's short dtype names (parallel.optim_config.MEGATRON_DTYPES) -> torch dtypes; fp8 moments are stored as

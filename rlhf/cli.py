@@ -128,13 +128,14 @@ def _batch_overrides(args, cfg, world: Optional[int]) -> tuple[list[str], list[s
             out.append(f"data.train_batch_size={args.num_rollout_samples // n}")
     if args.gradient_accumulation_steps is None:
         return out, problems
-    tp, pp = cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size
-    if world is None or world % (tp * pp):
+    mp = (cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size
+          * cfg.parallel.context_parallel_size)
+    if world is None or world % mp:
         problems.append("--gradient_accumulation_steps needs the number of trainer processes, a multiple of tensor x "
-                        f"pipeline parallel = {tp * pp}: give --nproc (all nodes together) or "
+                        f"context x pipeline parallel = {mp}: give --nproc (all nodes together) or "
                         "trainer.n_gpus_per_node=... trainer.nnodes=...")
         return out, problems
-    micro, dp = cfg.actor.ppo_micro_batch_size_per_gpu, world // (tp * pp)
+    micro, dp = cfg.actor.ppo_micro_batch_size_per_gpu, world // mp
     seqs = micro * args.gradient_accumulation_steps * dp
     if seqs % n:
         problems.append(f"per-device batch {micro} x accumulation {args.gradient_accumulation_steps} x data-parallel "

@@ -90,10 +90,11 @@ def local_ranks(cfg, cuda_count: Optional[int] = None) -> int:
                     f"add nodes (trainer.nnodes)")
             return gpus - engines
         return gpus
-    mp = cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size
+    mp = (cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size
+          * cfg.parallel.context_parallel_size)
     if mp % nnodes:
         raise LaunchConfigError(
-            f"tensor x pipeline parallel = {mp} ranks do not split over trainer.nnodes={nnodes} nodes; set "
+            f"tensor x context x pipeline parallel = {mp} ranks do not split over trainer.nnodes={nnodes} nodes; set "
             f"trainer.n_gpus_per_node=<ranks per node> (a multiple of {mp} in all) or another trainer.nnodes")
     return mp // nnodes
 

@@ -3,7 +3,7 @@ to step 4), then checks on what the runs wrote (scripts/gpu_smoke_run.py).
 
     python scripts/gpu_smoke.py                    # one GPU: TP1, one colocated SGLang engine (memory saver)
     python scripts/gpu_smoke.py --device cpu       # the same recipe on the CPU (CPU engine, gloo): CI's dry run
-    python scripts/gpu_smoke.py --gpus 2           # 2 GPUs, via torchrun: DP2, TP2, and disaggregated (1 + 1)
+    python scripts/gpu_smoke.py --gpus 2           # 2 GPUs, via torchrun: DP2, TP2, CP2 (TE) and disaggregated (1 + 1)
     python scripts/gpu_smoke.py --gpus 2 --print-commands   # the command lines only
 
 Prints one ``CHECK <name> PASS|FAIL <detail>`` line per check (prefixed by the layout with --gpus 2) and a
@@ -25,6 +25,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 CPU_OVERRIDES = ("model.dtype=float32",)
 #: --gpus 2 layouts: (name, ranks, overrides); the disaggregated engine takes the GPU the trainer leaves
 LAYOUTS_2GPU = (("dp2", 2, ()), ("tp2", 2, ("parallel.tensor_model_parallel_size=2",)),
+                ("cp2", 2, ("parallel.context_parallel_size=2",)),  # needs Transformer Engine
                 ("disaggregated", 1, ("rollout.mode=disaggregated",)))
 
 

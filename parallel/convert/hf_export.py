@@ -71,7 +71,8 @@ def save_hf_checkpoint(model_chunks, spec, hf_config, out_dir: str, tokenizer=No
     from safetensors.torch import save_file
 
     pp_rank, pp = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
-    writer = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank() == 0
+    # one writer per pipeline stage: TP rank 0 of the first data-parallel x context-parallel replica
+    writer = ps.get_tensor_model_parallel_rank() == 0 and ps.get_data_parallel_rank(with_context_parallel=True) == 0
     rank0 = dist.get_rank() == 0
     if rank0:
         os.makedirs(out_dir, exist_ok=True)

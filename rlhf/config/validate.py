@@ -115,14 +115,17 @@ def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     """Mini batches must divide the train batch, and mini batch x rollout.n must split over data parallel."""
     world_size, out = _world_size(cfg, world_size)
     tp, pp = cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size
+    cp = cfg.parallel.context_parallel_size
     dp: Optional[int] = None
-    if world_size is not None and tp >= 1 and pp >= 1:
-        if world_size % (tp * pp) != 0:
-            out.append(f"parallel.tensor_model_parallel_size={tp} x parallel.pipeline_model_parallel_size={pp} = "
-                       f"{tp * pp} does not divide the {world_size} trainer processes; launch a multiple of {tp * pp} "
-                       f"processes (e.g. torchrun --nproc_per_node={tp * pp}) or change the parallel sizes.")
+    if world_size is not None and min(tp, pp, cp) >= 1:
+        mp = tp * pp * cp
+        cp_part = f" x parallel.context_parallel_size={cp}" if cp != 1 else ""
+        if world_size % mp != 0:
+            out.append(f"parallel.tensor_model_parallel_size={tp}{cp_part} x parallel.pipeline_model_parallel_size={pp} = "
+                       f"{mp} does not divide the {world_size} trainer processes; launch a multiple of {mp} "
+                       f"processes (e.g. torchrun --nproc_per_node={mp}) or change the parallel sizes.")
         else:
-            dp = world_size // (tp * pp)
+            dp = world_size // mp
     tbs, n = cfg.data.train_batch_size, cfg.rollout.n
     for role in ("actor", "critic"):
         mbs = cfg[role].ppo_mini_batch_size

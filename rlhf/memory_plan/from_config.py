@@ -63,14 +63,15 @@ def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_mem
     nodes have TE (flash attention, FusedAdam); False plans megatron's local spec and torch Adam.
     engine_memory_saver: SGLang releases its memory during the trainer's phases.  trainer_empty_cache:
     the trainer empties torch's cache before the engine resumes.
-    Raises ValueError when tp * pp does not divide world_size.
+    Raises ValueError when tp * cp * pp does not divide world_size.
     """
     tp = int(_get(cfg, "parallel.tensor_model_parallel_size", 1))
     pp = int(_get(cfg, "parallel.pipeline_model_parallel_size", 1))
-    if world_size % (tp * pp):
-        raise ValueError(f"tp={tp} x pp={pp} does not divide world_size={world_size}")
-    dp = world_size // (tp * pp)
-    layout = Layout(tp=tp, pp=pp, dp=dp, vpp=_get(cfg, "parallel.virtual_pipeline_model_parallel_size"),
+    cp = int(_get(cfg, "parallel.context_parallel_size", 1))
+    if world_size % (tp * pp * cp):
+        raise ValueError(f"tp={tp} x cp={cp} x pp={pp} does not divide world_size={world_size}")
+    dp = world_size // (tp * pp * cp)
+    layout = Layout(tp=tp, pp=pp, dp=dp, cp=cp, vpp=_get(cfg, "parallel.virtual_pipeline_model_parallel_size"),
                     ep=int(_get(cfg, "parallel.expert_model_parallel_size", 1)),
                     sequence_parallel=bool(_get(cfg, "parallel.sequence_parallel", False)),
                     first_stage_layers=_get(cfg, "parallel.num_layers_in_first_pipeline_stage"),

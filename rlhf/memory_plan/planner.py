@@ -38,7 +38,8 @@ __all__ = ["GiB", "ModelShape", "Layout", "Role", "Workload", "EngineSetup", "Pl
 
 @dataclass(frozen=True)
 class Layout:
-    """Trainer parallelism (megatron): dp = world / (tp * pp)."""
+    """Trainer parallelism (megatron): dp = world / (tp * cp * pp); cp: context parallel (each rank holds
+    1/cp of every sequence's tokens and activations)."""
 
     tp: int = 1
     pp: int = 1
@@ -48,6 +49,7 @@ class Layout:
     sequence_parallel: bool = False
     first_stage_layers: int | None = None
     last_stage_layers: int | None = None
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,12 @@ def _loaded(role: Role, static: dict, parts=("params", "grads", "optimizer")) ->
 
 
 def _seq(inp: PlanInput) -> int:
-    s, tp = inp.workload.seq_length, inp.layout.tp
-    return -(-s // tp) * tp if inp.layout.sequence_parallel and tp > 1 else s
+    """Tokens per sequence on one rank: padded as parallel.forward pads, then 1/cp of them."""
+    from parallel.context_parallel import seq_length_multiple
+
+    lay = inp.layout
+    multiple = seq_length_multiple(lay.cp, lay.tp, lay.sequence_parallel)
+    return -(-inp.workload.seq_length // multiple) * multiple // lay.cp
 
 
 def _acts(inp: PlanInput, micro_batch: int):

@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from rlhf import faults
 from parallel.distributed import compute_device, init_distributed, init_model_parallel, set_seed
+from parallel.kernels import resolve_kernels
+from parallel.model_config import check_context_parallel
 from rlhf.config.resume import resolve_resume_path
 from rlhf.memory_plan.cli import check_plan_at_start
 from parallel.step_guard import SkippedStepsError
@@ -61,7 +63,9 @@ class BaseTrainer:
         p = cfg.parallel
         init_distributed()
         init_model_parallel(p.tensor_model_parallel_size, p.pipeline_model_parallel_size,
-                            p.virtual_pipeline_model_parallel_size, p.expert_model_parallel_size)
+                            p.virtual_pipeline_model_parallel_size, p.expert_model_parallel_size,
+                            cp=p.context_parallel_size)
+        check_context_parallel(p.context_parallel_size, resolve_kernels().use_te)  # before any model is built
         set_seed(cfg.trainer.seed)
         self.check_layout()
         out_dir = cfg.trainer.default_local_dir

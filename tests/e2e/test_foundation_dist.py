@@ -16,7 +16,7 @@ EXPECTED = (
     [f"{what}_{k}_{l}" for l in LAYOUTS for k in KINDS for what in ("logits", "log_probs_entropy", "round_trip")]
     + ["sequence_parallel_tp2_odd_lengths_log_probs_values", "sequence_parallel_tp2_train_step_loss_grad_norm"]
     + ["optimizer_step_tp2_dp2_distributed_optimizer", "dist_checkpoint_tp2_save_tp1_load",
-       "missing_tensor_error_names_it"]
+       "missing_tensor_error_names_it", "context_parallel_cp2_tp2_log_probs_entropy_values_grads"]
 )
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]

@@ -71,12 +71,13 @@ def test_cpu_dry_run_passes_every_check(tmp_path):
 
 
 def test_two_gpu_command_lines(tmp_path):
-    """--gpus 2: DP2 and TP2 through torchrun with 2 ranks, disaggregated with 1 trainer rank (the engine takes
-    the other GPU); each a first run and a resume to step 4 in its own run directory."""
+    """--gpus 2: DP2, TP2 and CP2 through torchrun with 2 ranks, disaggregated with 1 trainer rank (the engine
+    takes the other GPU); each a first run and a resume to step 4 in its own run directory."""
     out = run_smoke("--gpus", "2", "--print-commands", "--workdir", str(tmp_path), timeout=120)["_out"]
     lines = [ln for ln in out.splitlines() if "rlhf.main" in ln]
-    assert len(lines) == 6, out
-    dp2, tp2, dis = lines[0], lines[2], lines[4]
+    assert len(lines) == 8, out
+    dp2, tp2, cp2, dis = lines[0], lines[2], lines[4], lines[6]
+    assert "--nproc_per_node=2" in cp2 and "parallel.context_parallel_size=2" in cp2
     assert "--nproc_per_node=2" in dp2 and "tensor_model_parallel_size" not in dp2
     assert "--nproc_per_node=2" in tp2 and "parallel.tensor_model_parallel_size=2" in tp2
     assert "torch.distributed.run" not in dis and "rollout.mode=disaggregated" in dis

@@ -101,13 +101,17 @@ class ParallelConfig(Checked):
     # MoE models (Qwen3-MoE, Mixtral): experts split over this many ranks (EP x TP x PP x DP; divides the
     # data-parallel x tensor-parallel ranks and the expert count)
     expert_model_parallel_size: int = 1
+    # context parallelism: each rank holds 1/cp of every sequence (megatron's load-balanced split; GPU with
+    # Transformer Engine only); dp = world / (tp * cp * pp)
+    context_parallel_size: int = 1
     # uneven pipelines (e.g. 30 layers at PP4: 6 + 8 + 8 + 8): layers of the first / last stage, the rest
     # split evenly over the middle stages; null = an even split
     num_layers_in_first_pipeline_stage: Optional[int] = None
     num_layers_in_last_pipeline_stage: Optional[int] = None
 
     def problems(self, at: str = "") -> list[str]:
-        out = ge(self, at, "tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size", 1)
+        out = ge(self, at, "tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size "
+                           "context_parallel_size", 1)
         out += ge_or_null(self, at, "num_layers_in_first_pipeline_stage num_layers_in_last_pipeline_stage",
                           "null splits the layers evenly")
         vpp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size

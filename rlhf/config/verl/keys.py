@@ -145,7 +145,7 @@ def _megatron(at: str, same: bool, offload: dict) -> list[tuple]:
         (f"{at}.tensor_model_parallel_size", kind, "parallel.tensor_model_parallel_size"),
         (f"{at}.pipeline_model_parallel_size", kind, "parallel.pipeline_model_parallel_size"),
         (f"{at}.virtual_pipeline_model_parallel_size", kind, "parallel.virtual_pipeline_model_parallel_size"),
-        (f"{at}.context_parallel_size", "neutral", ((1, None), "context parallelism is not supported")),
+        (f"{at}.context_parallel_size", kind, "parallel.context_parallel_size"),
         (f"{at}.expert_model_parallel_size", kind, "parallel.expert_model_parallel_size"),
         (f"{at}.expert_tensor_parallel_size", "neutral", ((1, None), "experts are split over TP")),
         (f"{at}.use_dist_checkpointing", "neutral", ((False,), "load HF weights (model.path); convert with "

@@ -408,6 +408,11 @@ def main():
                                                 vocab_size=bundle.spec.vocab_size)["logits"]
         ps.destroy_model_parallel()
 
+    from tests.support.dist.cp_checks import check_context_parallel
+
+    run_check("context_parallel_cp2_tp2_log_probs_entropy_values_grads",
+              lambda: check_context_parallel(init_model_parallel, world))
+
     # load the checkpoint saved above at TP1 into differently initialised weights
     init_model_parallel(1, 1)
     set_seed(999)

@@ -307,11 +307,23 @@ def test_verl_yaml_interpolations_defaults_and_reward_model(tmp_path):
     assert dict(c.data.chat_template_kwargs) == {"enable_thinking": False}
 
 
+def test_verl_context_parallel_size_maps_to_the_layout(gsm8k):
+    """verl's megatron.context_parallel_size is our parallel.context_parallel_size; the reference and the
+    critic must use the actor's value (refused otherwise, naming it)."""
+    c = compose_config([*_lines(VERL_GSM8K_PPO, **gsm8k), "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+                        "actor_rollout_ref.ref.megatron.context_parallel_size=2"])
+    assert c.parallel.context_parallel_size == 2
+    with pytest.raises(ConfigValidationError) as ei:
+        compose_config([*_lines(VERL_GSM8K_PPO, **gsm8k), "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+                        "actor_rollout_ref.ref.megatron.context_parallel_size=4"])
+    assert "ref.megatron.context_parallel_size=4" in str(ei.value), str(ei.value)
+
+
 def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     """Every setting with no equivalent, every unknown key and every bad value: one error, each with the
     reason and what to use instead."""
     bad = ["critic.model.lora_rank=8", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
-           "actor_rollout_ref.actor.megatron.context_parallel_size=2", "actor_rollout_ref.rollout.name=hf",
+           "actor_rollout_ref.rollout.name=hf",
            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4", "trainer.default_hdfs_dir=hdfs://x",
            "actor_rollout_ref.actor.clip_ratoi=0.3", "trainer.totl_training_steps=3", "rollout.mode=hybrid"]
     with pytest.raises(ConfigKeyError) as ei:
@@ -321,7 +333,7 @@ def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
     assert e.key == "actor_rollout_ref.actor.clip_ratoi" and "actor.clip_ratio" in e.suggestions
     msg = str(e)
     for s in ["lora_rank=8 is not supported", "LoRA on the critic is not supported",
-              "ulysses_sequence_parallel_size=2 is not supported", "use parallel.sequence_parallel", "context parallelism is not supported (accepted: 1, null)",
+              "ulysses_sequence_parallel_size=2 is not supported", "use parallel.sequence_parallel",
               "rollout.name='hf' is not supported", "use rollout.name=sglang",
               "ref.megatron.tensor_model_parallel_size=4 is not supported", "parallel.tensor_model_parallel_size=2",
               "default_hdfs_dir='hdfs://x'", "Did you mean: actor.clip_ratio", "trainer.total_training_steps",

@@ -1,4 +1,4 @@
-"""init_model_parallel: tp/pp/vpp/ep/etp reach megatron-core's initialize_model_parallel; the device rule."""
+"""init_model_parallel: tp/pp/vpp/ep/etp/cp reach megatron-core's initialize_model_parallel; the device rule."""
 import pytest
 import torch
 
@@ -38,6 +38,9 @@ class FakeParallelState:
     def get_expert_tensor_parallel_world_size(self):
         return self.sizes["expert_tensor_parallel_size"]
 
+    def get_context_parallel_world_size(self):
+        return self.sizes["context_parallel_size"]
+
 
 @pytest.fixture
 def fake_ps(monkeypatch):
@@ -53,7 +56,7 @@ def test_ep_and_etp_reach_megatron(fake_ps):
     init_model_parallel(2, 1, ep=4)
     assert fake_ps.calls[-1] == dict(tensor_model_parallel_size=2, pipeline_model_parallel_size=1,
                                      virtual_pipeline_model_parallel_size=None, expert_model_parallel_size=4,
-                                     expert_tensor_parallel_size=2)
+                                     expert_tensor_parallel_size=2, context_parallel_size=1)
     init_model_parallel(2, 1, ep=4)  # same sizes: idempotent
     assert len(fake_ps.calls) == 1 and fake_ps.destroyed == 0
     init_model_parallel(2, 1, ep=8, etp=1)  # new expert layout: torn down and rebuilt
@@ -62,6 +65,8 @@ def test_ep_and_etp_reach_megatron(fake_ps):
     init_model_parallel(2, 2, vpp=2)  # dense defaults: ep 1, etp = tp
     last = fake_ps.calls[-1]
     assert last["expert_model_parallel_size"] == 1 and last["expert_tensor_parallel_size"] == 2
+    init_model_parallel(2, 2, cp=2)  # context parallel: a new layout
+    assert fake_ps.calls[-1]["context_parallel_size"] == 2 and fake_ps.destroyed == 3
 
 
 @pytest.mark.parametrize("sizes,match", [
@@ -70,6 +75,7 @@ def test_ep_and_etp_reach_megatron(fake_ps):
     (dict(tp=2, ep=8), "ep=8 x expert tp=2 x pp=1 must divide world_size=8"),
     (dict(tp=1, pp=2, ep=3), "ep=3"),
     (dict(ep=0), "ep=0"),
+    (dict(tp=2, pp=2, cp=4), "tp=2 x cp=4 x pp=2 must divide world_size=8"),
 ])
 def test_bad_sizes_are_refused_before_megatron(fake_ps, sizes, match):
     with pytest.raises(ValueError, match=match):
