@@ -75,7 +75,10 @@ def _chunks(cfg, hf_config, role: str, path: str):
                               recompute=p.recompute,
                               num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
                               num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
-                              moe_aux_loss_coeff=cfg.model.moe_aux_loss_coef)
+                              account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+                              account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
+                              moe_aux_loss_coeff=cfg.model.moe_aux_loss_coef,
+                              moe_z_loss_coeff=cfg.model.moe_z_loss_coeff, moe_router_dtype=cfg.model.moe_router_dtype)
 
 
 def check_dynamic_batching(cfg, role: str) -> None:
