@@ -160,7 +160,11 @@ def _prefix(item: Item, key: str, value: Any) -> str:
 
 
 def _where(item: Item) -> str:
-    return f" ({item.source})" if item.source else ""
+    """`` (where the setting came from)``, a long command-line override cut (it repeats the value)."""
+    src = item.source
+    if len(src) > 120:
+        src = f"{src[:100]}...' ({len(src)} characters)"
+    return f" ({src})" if src else ""
 
 
 def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None:

@@ -36,6 +36,7 @@ def _mirror_config_dir(tmp_path: Path) -> Path:
                              capture_output=True)
     if archive.returncode != 0:
         pytest.skip("verl/trainer/config is not in the fetched copy")
+    tmp_path.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "x", "-C", str(tmp_path)], input=archive.stdout, check=True)
     return tmp_path / "verl" / "trainer" / "config"
 
@@ -138,7 +139,7 @@ def test_transformer_and_optimizer_fields_without_equivalent_are_refused_by_name
                  "moe_token_dispatcher_type='flex' is not supported",
                  "overlap_cpu_optimizer_d2h_h2d=True is not supported"):
         assert part in msg, part
-    assert "Unknown config key" not in msg and "adam_eps" not in msg
+    assert "Unknown config key" not in msg and "adam_eps=" not in msg
     c = compose_config(["+actor_rollout_ref.actor.optim.override_optimizer_config.adam_eps=1e-6",
                         "+actor_rollout_ref.actor.optim.override_optimizer_config.decoupled_weight_decay=True",
                         f"{TC}.moe_router_load_balancing_type=none"])
@@ -160,7 +161,7 @@ def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
     from tests.unit.config.test_verl_compat import _model_dir
 
     model = _model_dir(tmp_path / "qwen")
-    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}" * 40
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}" * 40
     code, _, err = run_cfg(["--cfg", f"data.train_files={paths['train']}", f"actor_rollout_ref.model.path={model}",
                             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",
                             f"actor_rollout_ref.model.custom_chat_template='{template}'",
@@ -178,12 +179,14 @@ def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
 REPRESENTATIVE = {
     "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": None,
     "grpo_trainer/run_qwen2-7b_math_megatron.sh": None,
-    "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": None,
-    "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": ["param_offload=True is not supported"],
+    "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": ["param_offload=True is not supported"],
+    "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": ["param_offload=True is not supported",
+                                                            "moe_enable_deepep=True is not supported",
+                                                            "tensor parallel size 32 does not fit on a node"],
     "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": ["moe_enable_deepep=True is not supported",
                                                        "param_offload=True is not supported"],
     "grpo_trainer/run_qwen2-7b_math_megatron_lora.sh": ["lora.rank=", "LoRA is not supported"],
-    "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": ["multi_turn.enable=True is not supported"],
+    "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": ["context_parallel_size=2 is not supported"],
 }
 #: problems of commands whose keys another part of the config owns (optimizer CPU offload), not judged here
 _ELSEWHERE = ("override_optimizer_config.optimizer_cpu_offload", "override_optimizer_config.optimizer_offload_fraction",
@@ -198,7 +201,7 @@ def _judge(name: str, code: int, err: str, expected) -> None:
     assert code == 2, name
     for part in expected:
         assert any(part in p for p in lines), (part, err)
-    assert all("is not supported" in p or "use rollout.mode=disaggregated" in p for p in lines), err
+    assert all("is not supported" in p or p.startswith("rollout.mode=") for p in lines), err  # or the placement
 
 
 @pytest.mark.parametrize("name", list(REPRESENTATIVE))
