@@ -59,12 +59,15 @@ def padded_vocab_size(vocab_size: int, make_vocab_size_divisible_by: int, tp: in
 def validate_parallel_layout(spec: HFModelSpec, tp: int, pp: int, vpp: int | None = None,
                              num_layers_in_first_pipeline_stage: int | None = None,
                              num_layers_in_last_pipeline_stage: int | None = None, ep: int = 1,
-                             etp: int | None = None) -> None:
+                             etp: int | None = None, account_for_embedding_in_pipeline_split: bool = False,
+                             account_for_loss_in_pipeline_split: bool = False) -> None:
     """Check that tp/pp(/vpp)/ep can shard this model; raises ValueError naming the value and the fix.
 
     `ep` is the expert-parallel size, `etp` the expert tensor-parallel size (default tp).
     Uneven pipelines: `num_layers_in_first/last_pipeline_stage` layers go to the first/last
-    stage, the rest split evenly over the others (x vpp).  megatron-core only asserts some of
+    stage, the rest split evenly over the others (x vpp).  `account_for_embedding/loss_in_pipeline_split`
+    count the embedding / the loss as one layer each in an even split (that stage builds one transformer
+    layer less), so num_hidden_layers + those must divide pp (x vpp).  megatron-core only asserts some of
     these when building, and under `python -O` silently builds fewer layers, so we validate
     ourselves.
     """
@@ -99,6 +102,18 @@ def validate_parallel_layout(spec: HFModelSpec, tp: int, pp: int, vpp: int | Non
     if (num_layers_in_first_pipeline_stage or num_layers_in_last_pipeline_stage) and pp == 1:
         raise ValueError("num_layers_in_first/last_pipeline_stage need pipeline parallelism (pp > 1); unset them")
     first, last = num_layers_in_first_pipeline_stage, num_layers_in_last_pipeline_stage
+    extra = int(bool(account_for_embedding_in_pipeline_split)) + int(bool(account_for_loss_in_pipeline_split))
+    if extra and (first is not None or last is not None):
+        raise ValueError("account_for_embedding/loss_in_pipeline_split cannot be combined with "
+                         "num_layers_in_first/last_pipeline_stage (megatron-core refuses both); set one of them")
+    if extra:
+        chunks = pp * (vpp or 1)
+        if (spec.num_layers + extra) % chunks or (spec.num_layers + extra) // chunks < extra:
+            raise ValueError(f"num_hidden_layers={spec.num_layers} + {extra} (the embedding / loss counted as "
+                             f"layers) does not split evenly over pp={pp}{f' x vpp={vpp}' if vpp else ''}; unset "
+                             f"account_for_embedding/loss_in_pipeline_split or choose pp dividing "
+                             f"{spec.num_layers + extra}")
+        return
     middle_layers = spec.num_layers - (first or 0) - (last or 0)
     middle_stages = pp - (first is not None) - (last is not None)
     chunks = middle_stages * (vpp or 1)
@@ -132,6 +147,9 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
                                num_layers_in_first_pipeline_stage: int | None = None,
                                num_layers_in_last_pipeline_stage: int | None = None,
                                moe_aux_loss_coeff: float | None = None, use_te: bool | None = None,
+                               account_for_embedding_in_pipeline_split: bool = False,
+                               account_for_loss_in_pipeline_split: bool = False,
+                               moe_z_loss_coeff: float | None = None, moe_router_dtype: str | None = None,
                                cp: int = 1, **overrides):
     """Build a megatron-core TransformerConfig matching the HF model numerics.
 
@@ -143,7 +161,9 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     uneven pipelines.  `cp`: context-parallel size (needs Transformer Engine's attention, see
     `check_context_parallel`).  `moe_aux_loss_coeff`: the router load-balancing loss coefficient
     (Switch-Transformer aux loss, Fedus et al. 2021, eq. 4); None takes the HF config's
-    `router_aux_loss_coef`, 0 turns the loss off.  MoE routing follows the HF model: softmax
+    `router_aux_loss_coef`, 0 turns the loss off.  `moe_z_loss_coeff`: the router z-loss coefficient
+    (None: off); `moe_router_dtype`: "fp32" / "fp64" routing precision (None: the model dtype); both
+    only for MoE models.  `account_for_embedding/loss_in_pipeline_split`: see validate_parallel_layout.  MoE routing follows the HF model: softmax
     over the top-k logits when `norm_topk_prob` (Mixtral, Qwen3-MoE releases), else top-k of the
     softmax over all experts.  MoE with tp > 1 turns sequence parallelism on (megatron-core
     refuses MoE x TP without it).  A family's `spec.extra["megatron"]` fields come after these
@@ -156,7 +176,9 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     spec = hf_model_spec(hf_config)
     validate_parallel_layout(spec, tp, pp, vpp, num_layers_in_first_pipeline_stage,
                              num_layers_in_last_pipeline_stage, ep=ep,
-                             etp=overrides.get("expert_tensor_parallel_size"))
+                             etp=overrides.get("expert_tensor_parallel_size"),
+                             account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
+                             account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split)
     kernels = resolve_kernels(use_te)
     check_context_parallel(cp, kernels.use_te)
     if spec.is_moe and tp > 1:
@@ -177,6 +199,8 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
         batch_p2p_comm=False,
         num_layers_in_first_pipeline_stage=num_layers_in_first_pipeline_stage,
         num_layers_in_last_pipeline_stage=num_layers_in_last_pipeline_stage,
+        account_for_embedding_in_pipeline_split=bool(account_for_embedding_in_pipeline_split),
+        account_for_loss_in_pipeline_split=bool(account_for_loss_in_pipeline_split),
         qk_layernorm=spec.qk_norm,
     )
     kw.update(kernels.fusions)  # fused kernels only where their extension imports (parallel.kernels)
@@ -187,7 +211,7 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
                   moe_router_score_function="softmax", moe_aux_loss_coeff=coeff,
                   moe_router_load_balancing_type="aux_loss" if coeff > 0 else "none",
                   moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
-                  expert_model_parallel_size=ep)
+                  expert_model_parallel_size=ep, moe_z_loss_coeff=moe_z_loss_coeff, moe_router_dtype=moe_router_dtype)
     if recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif recompute == "selective":

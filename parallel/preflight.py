@@ -40,7 +40,9 @@ def load_hf_config(path_or_name: str):
 
 def check_model(path_or_name: str, tp: int = 1, pp: int = 1, vpp: int | None = None, ep: int = 1,
                 num_layers_in_first_pipeline_stage: int | None = None,
-                num_layers_in_last_pipeline_stage: int | None = None) -> HFModelSpec:
+                num_layers_in_last_pipeline_stage: int | None = None,
+                account_for_embedding_in_pipeline_split: bool = False,
+                account_for_loss_in_pipeline_split: bool = False) -> HFModelSpec:
     """Check that the model can be built at this layout, from its config alone; returns its spec.
 
     Raises UnsupportedModelError (architecture / rope type / activation, naming the supported
@@ -48,5 +50,7 @@ def check_model(path_or_name: str, tp: int = 1, pp: int = 1, vpp: int | None = N
     """
     spec = hf_model_spec(load_hf_config(path_or_name))
     validate_parallel_layout(spec, tp, pp, vpp, num_layers_in_first_pipeline_stage,
-                             num_layers_in_last_pipeline_stage, ep=ep)
+                             num_layers_in_last_pipeline_stage, ep=ep,
+                             account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
+                             account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split)
     return spec

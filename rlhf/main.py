@@ -188,7 +188,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from rlhf.config import ConfigError, compose_config, validate_config
 
     try:
-        cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"])
+        cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"],
+                             check_files=True)  # a config error names the model / layout problems too
         if opts.get("print_launch") is not None:
             return _print_launch(cfg, opts["print_launch"])
         if opts.get("plan_memory"):

@@ -138,7 +138,7 @@ def describe_options(group: str) -> list[tuple[str, str]]:
 
 def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, *,
                    search_paths: Sequence[Union[str, os.PathLike]] = (), resolve: bool = True,
-                   config_file: Optional[Union[str, os.PathLike]] = None) -> DictConfig:
+                   config_file: Optional[Union[str, os.PathLike]] = None, check_files: bool = False) -> DictConfig:
     """Compose the training config: schema defaults < ``ppo_trainer.yaml`` < recipe < algorithm preset <
     ``overrides``.
 
@@ -152,6 +152,9 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         resolve: resolve ``${...}`` interpolations in place (every rank then sees plain values).
         config_file: a YAML file of settings (verl's layout or ours, :mod:`rlhf.config.config_file`) applied
             before ``overrides``.
+        check_files: when the config has problems, also name those of its data and model references (the
+            model's architecture and parallel layout: :func:`rlhf.config.validate.config_problems`), so one
+            error holds them all; a config without problems is returned unchecked (``validate_config`` then).
 
     verl's keys (``actor_rollout_ref.actor.optim.lr``, ``critic.model.path``, ...) are rewritten to ours by
     :mod:`rlhf.config.verl.compat`; ``hydra.run.dir=DIR`` sets ``trainer.default_local_dir`` unless that is
@@ -227,7 +230,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     if problems or checked.unknown or translated.unknown:
         from rlhf.config.validate import config_problems
 
-        raise_all(translated.unknown + checked.unknown, problems + config_problems(cfg))
+        raise_all(translated.unknown + checked.unknown, problems + config_problems(cfg, check_files=check_files))
     _tell(translated)
     return cfg
 

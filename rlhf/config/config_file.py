@@ -86,7 +86,8 @@ def _resolved(conf: Any, key: str, value: Any) -> Any:
     if "${." not in value and ":." not in value and all(translate_key(r) for r in refs):
         return value  # rewritten to our keys by the alias layer; resolved when composing
     try:
-        return OmegaConf.select(conf, key, throw_on_resolution_failure=True)
+        got = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
+        return OmegaConf.to_container(got, resolve=True) if OmegaConf.is_config(got) else got  # split by _add
     except Exception:  # noqa: BLE001 - left to composing, which names the key
         return value
 

@@ -284,7 +284,9 @@ def _file_problems(cfg: DictConfig) -> list[str]:
     layout = dict(tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
                   vpp=p.virtual_pipeline_model_parallel_size, ep=p.expert_model_parallel_size,
                   num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
-                  num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage)
+                  num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
+                  account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+                  account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split)
     out += _model_problems("model.path", cfg.model.path, layout=layout)
     out += _cpu_engine_problems(cfg)
     if _critic_on(cfg):

@@ -69,15 +69,23 @@ def optim_config(cfg_optim) -> OptimConfig:
     return OptimConfig(**{k: cfg_optim[k] for k in OptimConfig.__dataclass_fields__ if k in cfg_optim})
 
 
-def _chunks(cfg, hf_config, role: str, path: str):
+def model_config_kwargs(cfg) -> dict:
+    """The TransformerConfig settings of the config (``parallel.*`` besides the process-group sizes, and
+    ``model.moe_*``) as keyword arguments of :func:`parallel.models.build_model_chunks` /
+    :func:`parallel.model_config.transformer_config_from_hf`."""
     p = cfg.parallel
-    return build_model_chunks(hf_config, role, path,
-                              make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
-                              params_dtype=_DTYPES[cfg.model.dtype], sequence_parallel=p.sequence_parallel,
-                              recompute=p.recompute,
-                              num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
-                              num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
-                              moe_aux_loss_coeff=cfg.model.moe_aux_loss_coef)
+    return dict(make_vocab_size_divisible_by=cfg.model.make_vocab_size_divisible_by,
+                params_dtype=_DTYPES[cfg.model.dtype], sequence_parallel=p.sequence_parallel, recompute=p.recompute,
+                num_layers_in_first_pipeline_stage=p.num_layers_in_first_pipeline_stage,
+                num_layers_in_last_pipeline_stage=p.num_layers_in_last_pipeline_stage,
+                account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
+                account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
+                moe_aux_loss_coeff=cfg.model.moe_aux_loss_coef, moe_z_loss_coeff=cfg.model.moe_z_loss_coeff,
+                moe_router_dtype=cfg.model.moe_router_dtype)
+
+
+def _chunks(cfg, hf_config, role: str, path: str):
+    return build_model_chunks(hf_config, role, path, **model_config_kwargs(cfg))
 
 
 def check_dynamic_batching(cfg, role: str) -> None:

@@ -82,13 +82,24 @@ class ModelConfig(Checked):
     # MoE models: the router load-balancing (aux) loss coefficient; null: config.json's router_aux_loss_coef,
     # 0: off.  Logged as moe/load_balancing_loss (unweighted) with moe/tokens_per_expert_min/max.
     moe_aux_loss_coef: Optional[float] = None
+    # MoE models: the router z-loss coefficient (ST-MoE, Zoph et al. 2022: mean squared logsumexp of the router
+    # logits); null: off
+    moe_z_loss_coeff: Optional[float] = None
+    # MoE models: the dtype of the router's softmax / top-k (fp32 or fp64); null: the model dtype
+    moe_router_dtype: Optional[str] = None
     # tiny://quickstart only: supervised warm-up so PPO starts with some signal
     warmup_steps: int = 300
     warmup_lr: float = 3e-3
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def problems(self, at: str = "") -> list[str]:
-        return [] if self.path else [f"{at}path is empty; give an HF directory, a hub name or tiny://quickstart."]
+        out = [] if self.path else [f"{at}path is empty; give an HF directory, a hub name or tiny://quickstart."]
+        if self.moe_router_dtype not in (None, "fp32", "fp64"):
+            out.append(f"{at}moe_router_dtype={self.moe_router_dtype!r}: use fp32, fp64 or null (the model dtype).")
+        z = self.moe_z_loss_coeff
+        if z is not None and z < 0:
+            out.append(f"{at}moe_z_loss_coeff={z!r} must be >= 0 (or null: off).")
+        return out
 
 
 @dataclass
@@ -108,12 +119,20 @@ class ParallelConfig(Checked):
     # split evenly over the middle stages; null = an even split
     num_layers_in_first_pipeline_stage: Optional[int] = None
     num_layers_in_last_pipeline_stage: Optional[int] = None
+    # count the embedding / the loss as one layer each when splitting the layers over the stages (the first /
+    # last stage then holds one transformer layer less); not with num_layers_in_first/last_pipeline_stage
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
 
     def problems(self, at: str = "") -> list[str]:
         out = ge(self, at, "tensor_model_parallel_size pipeline_model_parallel_size expert_model_parallel_size "
                            "context_parallel_size", 1)
         out += ge_or_null(self, at, "num_layers_in_first_pipeline_stage num_layers_in_last_pipeline_stage",
                           "null splits the layers evenly")
+        if (self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split) and (
+                self.num_layers_in_first_pipeline_stage is not None or self.num_layers_in_last_pipeline_stage is not None):
+            out.append(f"{at}account_for_embedding/loss_in_pipeline_split cannot be combined with "
+                       f"{at}num_layers_in_first/last_pipeline_stage (megatron-core refuses both); set one of them.")
         vpp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size
         if vpp is not None and (vpp < 1 or (pp or 1) < 2):
             out.append(f"{at}virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 "

@@ -19,6 +19,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from rlhf.config.keys import first_bad_part, is_dict_field, split_key
 from rlhf.config.verl.keys import OURS, REWARD_MODEL_PREFIX, RULES, Unsupported
+from rlhf.config.verl.megatron_keys import is_verl_default
 
 __all__ = ["Item", "Translated", "translate_items", "translate_key", "match_rule", "items_from_overrides",
            "check_same", "ignored_lines"]
@@ -159,7 +160,11 @@ def _prefix(item: Item, key: str, value: Any) -> str:
 
 
 def _where(item: Item) -> str:
-    return f" ({item.source})" if item.source else ""
+    """`` (where the setting came from)``, a long command-line override cut (it repeats the value)."""
+    src = item.source
+    if len(src) > 120:
+        src = f"{src[:100]}...' ({len(src)} characters)"
+    return f" ({src})" if src else ""
 
 
 def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None:
@@ -180,10 +185,10 @@ def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None
         try:
             pairs = arg(value)
         except Unsupported as e:
-            out.problems.append(f"{key}={value!r} is not supported{_where(item)}: {e}.")
+            out.problems.append(f"{key}={_brief(value)} is not supported{_where(item)}: {e}.")
             return
         except (TypeError, ValueError) as e:
-            out.problems.append(f"{key}={value!r}: {e}{_where(item)}.")
+            out.problems.append(f"{key}={_brief(value)}: {e}{_where(item)}.")
             return
         for k, v in pairs:
             out.overrides.append(_line(item, k, v))
@@ -196,7 +201,9 @@ def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None
         values, why = arg
         if not _is_interpolation(value) and not any(_same(value, v) for v in values):
             shown = ", ".join(_show(v) for v in values)
-            out.problems.append(f"{key}={value!r} is not supported{_where(item)}: {why} (accepted: {shown}).")
+            out.problems.append(f"{key}={_brief(value)} is not supported{_where(item)}: {why} (accepted: {shown}).")
+    elif action == "refuse":
+        out.problems.append(f"{key}={_brief(value)} is not supported{_where(item)}: {arg}.")
     elif action == "ignore":
         out.ignored.append((key, item.source, arg))
     elif action == "reward_model":
@@ -212,6 +219,12 @@ def _unknown(key: str, ours: str, item: Item) -> Any:
     rest = str(err).splitlines()[1:]
     head = f"Unknown config key {key!r} (read as {ours!r}" + (f"; {item.source}" if item.source else "") + ")."
     return ConfigKeyError("\n".join([head, *rest]), key=key, suggestions=err.suggestions, source=item.source)
+
+
+def _brief(value: Any, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a chat template is thousands) with the full length named."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _show(v: Any) -> str:
@@ -238,10 +251,17 @@ def _reward_model_source(reward_model: dict, out: Translated) -> None:
 def translate_items(items: Sequence[Item]) -> Translated:
     """Rewrite ``items`` (verl's keys or ours) into override strings of our schema.
 
+    A key given more than once counts at its last occurrence (the command line wins over a config file); a
+    config file's verl default for a key in :data:`~rlhf.config.verl.megatron_keys.VERL_DEFAULTS` is skipped.
     Keys that are neither ours nor verl's stay as they are, so composing reports them with the nearest
     valid keys.  Group choices (``recipe=``, ``algorithm=``), ``hydra.*`` and deletions pass through."""
     out, reward_model = Translated(), {}
-    for item in items:
+    last = {item.key: i for i, item in enumerate(items)}
+    for i, item in enumerate(items):
+        if last[item.key] != i:  # given again later (the command line after a config file): the later one counts
+            continue
+        if item.source.startswith("config file") and is_verl_default(item.key, item.value):
+            continue  # verl's default, not chosen by the user: our setting stays
         before = len(out.overrides)
         _translate_one(item, out, reward_model)
         for line in out.overrides[before:]:

@@ -11,21 +11,20 @@ starting so) and a trailing ``**`` any rest (also nothing).  The first matching 
                parallel layout)
     neutral    ``arg = (values, why)``: accepted only at one of ``values`` (the feature switched off)
     ignore     ``arg = why``: accepted, no effect here (an engine or throughput knob, or done automatically)
+    refuse     ``arg = why``: not supported at any value (a feature with no equivalent here)
 
-Keys of our own schema are used as they are (``data.train_batch_size``); rules marked by :data:`OURS` apply
+A config file's value equal to verl's own default for a key that must agree with another setting reads as
+"not set" (:data:`~rlhf.config.verl.megatron_keys.VERL_DEFAULTS`); when a key is given more than once (a config
+file, then the command line) the last one counts.  Keys of our own schema are used as they are (``data.train_batch_size``); rules marked by :data:`OURS` apply
 to them too (a one-name ``trainer.logger``).  The table names verl's keys; it holds no verl code or YAML.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-from parallel.optim_config import megatron_dtype_name
+from rlhf.config.verl.megatron_keys import MEGATRON_DTYPES, Unsupported, dtype_rule, megatron_rules, optimizer_rules
 
 __all__ = ["Unsupported", "RULES", "OURS", "REWARD_MODEL_PREFIX"]
-
-
-class Unsupported(ValueError):
-    """A verl setting with no equivalent here; the message says why and what to use instead."""
 
 
 REWARD_MODEL_PREFIX = "reward_model."
@@ -69,21 +68,6 @@ def _samples(key: str) -> Callable[[Any], list]:
     return lambda v: [(key, None if v is None or v < 0 else v)]
 
 
-def _recompute(v: Any) -> list[tuple[str, Any]]:
-    if v in (None, "full", "selective"):
-        return [("parallel.recompute", v)]
-    raise Unsupported("parallel.recompute is null, full or selective")
-
-
-_MEGATRON_DTYPES = ("main_grads_dtype", "main_params_dtype", "exp_avg_dtype", "exp_avg_sq_dtype")
-
-
-def _dtype(key: str) -> Callable[[Any], list]:
-    def fn(v: Any) -> list[tuple[str, Any]]:  # verl's null: megatron's fp32 default
-        return [] if v is None else [(key, megatron_dtype_name(v))]
-    return fn
-
-
 def _optim(at: str, ours: str) -> list[tuple]:
     """The optimizer keys of verl's megatron and FSDP optimizers under ``at`` -> our OptimConfig ``ours``."""
     return [
@@ -97,20 +81,14 @@ def _optim(at: str, ours: str) -> list[tuple]:
         (f"{at}.use_precision_aware_optimizer", "map", f"{ours}.use_precision_aware_optimizer"),
         (f"{at}.use_layer_wise_distributed_optimizer", "neutral", ((False,), "use actor.optim.use_distributed_"
                                                                             "optimizer")),
-        *[(f"{at}.{n}", "fn", _dtype(f"{ours}.{n}")) for n in _MEGATRON_DTYPES],
+        *[(f"{at}.{n}", "fn", dtype_rule(f"{ours}.{n}")) for n in MEGATRON_DTYPES],
         (f"{at}.zero_indexed_step", "ignore", "the schedule counts steps as megatron's scheduler does"),
         (f"{at}.muon_*", "ignore", "only for optimizer=muon"),
         (f"{at}.lr_warmup_init", "neutral", ((0, 0.0), "warm-up starts at 0")),
         (f"{at}.min_lr_ratio", "neutral", ((None, 0, 0.0), f"give the floor as {ours}.min_lr")),
         (f"{at}.weight_decay_incr_style", "neutral", (("constant",), "weight decay is constant")),
         (f"{at}.use_checkpoint_opt_param_scheduler", "neutral", ((False,), "the schedule comes from the config")),
-        # megatron-core OptimizerConfig fields verl passes through (override_optimizer_config.<field>)
-        *[(f"{at}.override_optimizer_config.{n}", "map", f"{ours}.{n}")
-          for n in ("optimizer_cpu_offload", "optimizer_offload_fraction", "use_precision_aware_optimizer")],
-        *[(f"{at}.override_optimizer_config.{n}", "fn", _dtype(f"{ours}.{n}")) for n in _MEGATRON_DTYPES],
-        (f"{at}.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d", "ignore",
-         "a HybridDeviceOptimizer copy-overlap knob; megatron's default applies"),
-        (f"{at}.override_optimizer_config", "neutral", (_OFF, "set the keys of " + ours)),
+        *optimizer_rules(at, ours),
         (f"{at}.total_training_steps", "ignore", "filled in by verl; here trainer.total_training_steps"),
         (f"{at}.lr_wsd_decay_style", "ignore", "only for the wsd schedule"),
         (f"{at}.lr_wsd_decay_steps", "ignore", "only for the wsd schedule"),
@@ -128,44 +106,13 @@ _ENGINE = "an SGLang engine setting chosen here"
 _THROUGHPUT = "a throughput knob of verl's workers; batches here are fixed-size"
 
 
-def _offload(at: str, ours: dict) -> list[tuple]:
-    """``<role>.megatron.{param,grad,optimizer}_offload`` -> our keys ``ours[part]`` (None: the role has no such
-    part, accepted without effect)."""
-    return [(f"{at}.{part}_offload", "map", key) if key else
-            (f"{at}.{part}_offload", "ignore", "the reference has no gradients or optimizer")
-            for part, key in ours.items()]
-
-
-def _megatron(at: str, same: bool, offload: dict) -> list[tuple]:
-    """``<role>.megatron.*``: the actor's sets our parallel layout; the reference's and critic's must equal it.
-    `offload`: see :func:`_offload`."""
-    kind = "same" if same else "map"
-    return [
-        *_offload(at, offload),
-        (f"{at}.tensor_model_parallel_size", kind, "parallel.tensor_model_parallel_size"),
-        (f"{at}.pipeline_model_parallel_size", kind, "parallel.pipeline_model_parallel_size"),
-        (f"{at}.virtual_pipeline_model_parallel_size", kind, "parallel.virtual_pipeline_model_parallel_size"),
-        (f"{at}.context_parallel_size", kind, "parallel.context_parallel_size"),
-        (f"{at}.expert_model_parallel_size", kind, "parallel.expert_model_parallel_size"),
-        (f"{at}.expert_tensor_parallel_size", "neutral", ((1, None), "experts are split over TP")),
-        (f"{at}.use_dist_checkpointing", "neutral", ((False,), "load HF weights (model.path); convert with "
-                                                              "scripts/convert_checkpoint.py")),
-        *([(f"{at}.override_transformer_config", "ignore", "the actor's settings apply"),
-           (f"{at}.override_transformer_config.**", "ignore", "the actor's settings apply")] if same else []),
-        (f"{at}.override_transformer_config.recompute_granularity", "fn", _recompute),
-        (f"{at}.override_transformer_config.recompute_modules", "ignore", "parallel.recompute chooses"),
-        (f"{at}.override_transformer_config.recompute_method", "ignore", "parallel.recompute chooses"),
-        (f"{at}.override_transformer_config.recompute_num_layers", "ignore", "parallel.recompute chooses"),
-        (f"{at}.override_transformer_config.attention_backend", "ignore", "chosen by megatron-core"),
-        (f"{at}.override_transformer_config", "neutral", (_OFF, "set the transformer from the HF config.json")),
-        (f"{at}.override_ddp_config", "neutral", (_OFF, "DDP settings are fixed here")),
-        (f"{at}.override_mcore_model_config", "neutral", (_OFF, "the model is built from its HF config.json")),
-        (f"{at}.sequence_parallel", kind if not same else "ignore", "parallel.sequence_parallel"),
-        (f"{at}.use_distributed_optimizer", "map" if not same else "ignore",
-         "actor.optim.use_distributed_optimizer" if not same else "the optimizer of its role decides"),
-        (f"{at}.dtype", "map" if not same else "ignore", "model.dtype" if not same else "model.dtype applies"),
-        (f"{at}.**", "ignore", "a verl Megatron-worker detail (seed, mbridge, checkpoint paths, ...)"),
-    ]
+def _gradient_checkpointing(v: Any) -> list[tuple[str, Any]]:
+    """verl's activation checkpointing switch -> megatron's full recompute (every layer; shared by all roles)."""
+    if v in (None, False):
+        return []
+    if v is True:
+        return [("parallel.recompute", "full")]
+    raise Unsupported("enable_gradient_checkpointing is true or false (true: parallel.recompute=full)")
 
 
 def _lora_rank(v: Any) -> list[tuple[str, Any]]:
@@ -221,8 +168,7 @@ def _model_common(at: str, lora: bool = False) -> list[tuple]:
         (f"{at}.override_config", "neutral", (_OFF, "edit the model's config.json instead")),
         *(_lora(at) if lora else _no_lora(at)),
         (f"{at}.enable_activation_offload", "neutral", ((False,), "activation offload is not supported")),
-        (f"{at}.enable_gradient_checkpointing", "ignore",
-         "verl's FSDP switch; megatron recompute is parallel.recompute"),
+        (f"{at}.enable_gradient_checkpointing", "fn", _gradient_checkpointing),
         (f"{at}.tiled_mlp.enabled", "neutral", ((False,), "tiled MLP is not supported")),
         (f"{at}.mtp.enable", "neutral", ((False,), "multi-token prediction is not supported")),
         (f"{at}.hf_config_path", "neutral", ((None,), "the config.json next to the weights is used")),
@@ -243,7 +189,7 @@ RULES: list[tuple] = [
     *_model_common("actor_rollout_ref.model", lora=True),
     # ----------------------------------------------------------------- actor_rollout_ref.actor
     *_optim("actor_rollout_ref.actor.optim", "actor.optim"),
-    *_megatron("actor_rollout_ref.actor.megatron", same=False, offload={
+    *megatron_rules("actor_rollout_ref.actor.megatron", same=False, offload={
         "param": "actor.offload.params", "grad": "actor.offload.grads", "optimizer": "actor.offload.optimizer"}),
     ("actor_rollout_ref.actor.grad_clip", "map", "actor.optim.clip_grad"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", "neutral", ((None,), "give it per device: "
@@ -264,7 +210,7 @@ RULES: list[tuple] = [
              "a verl actor-worker detail (compilation, checkpoint contents, profiler, ...)"),
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
-    *_megatron("actor_rollout_ref.ref.megatron", same=True, offload={
+    *megatron_rules("actor_rollout_ref.ref.megatron", same=True, offload={
         "param": "actor.ref_param_offload", "grad": None, "optimizer": None}),
     ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "ignore", "the reference's log-prob forward batches by tokens "
                                                                  "exactly when actor.use_dynamic_bsz"),
@@ -334,7 +280,7 @@ RULES: list[tuple] = [
     ("critic.loss_scale_factor", "neutral", ((None,), "the critic's loss is aggregated by critic.loss_agg_mode")),
     *_model_common("critic.model"),
     *_optim("critic.optim", "critic.optim"),
-    *_megatron("critic.megatron", same=True, offload={
+    *megatron_rules("critic.megatron", same=True, offload={
         "param": "critic.offload.params", "grad": "critic.offload.grads", "optimizer": "critic.offload.optimizer"}),
     ("critic.grad_clip", "map", "critic.optim.clip_grad"),
     ("critic.ppo_micro_batch_size", "neutral", ((None,), "give it per device: critic.ppo_micro_batch_size_per_gpu")),

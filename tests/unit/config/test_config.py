@@ -165,6 +165,9 @@ ADDED_KEYS = {
     # MoE expert parallelism, router aux-loss coefficient, uneven pipelines
     "parallel.expert_model_parallel_size": 1, "model.moe_aux_loss_coef": None,
     "parallel.num_layers_in_first_pipeline_stage": None, "parallel.num_layers_in_last_pipeline_stage": None,
+    # verl's override_transformer_config fields: pipeline split with embedding / loss, router z-loss and dtype
+    "parallel.account_for_embedding_in_pipeline_split": False, "parallel.account_for_loss_in_pipeline_split": False,
+    "model.moe_z_loss_coeff": None, "model.moe_router_dtype": None,
     # verl's global_profiler section (torch.profiler traces of the listed steps)
     "global_profiler": {"tool": None, "steps": None, "save_path": None, "profile_continuous_steps": False},
     # LoRA on the actor (rank 0: off)

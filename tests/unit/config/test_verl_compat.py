@@ -166,7 +166,8 @@ def _lines(template: str, **paths) -> list[str]:
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+    # verl's examples log to wandb; without credentials a run is refused at --cfg unless W&B is offline
+    return {**os.environ, "PYTHONPATH": str(REPO), "WANDB_MODE": "offline"}
 
 
 def _check_gsm8k_ppo(c, files) -> None:

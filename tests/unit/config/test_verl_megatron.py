@@ -1,0 +1,216 @@
+"""verl's Megatron users: verl's own config directory, override_transformer_config / override_optimizer_config
+fields (mapped into megatron-core's TransformerConfig, or refused by name), the command line over a config
+file, one error for every problem, and verl's Megatron example commands.  CPU, in-process, no torchrun."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf.config import ConfigValidationError, compose_config
+from tests.support.verl_examples import example_args, examples, problems, run_cfg, write_verl_config_dir
+
+VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
+
+
+@pytest.fixture
+def paths(tmp_path):
+    """Tiny local data (one GSM8K-style row) and model for the examples' placeholders."""
+    row = {"prompt": "What is 2 + 3?", "data_source": "openai/gsm8k", "question": "What is 2 + 3?",
+           "answer": "2 + 3 = 5\n#### 5"}
+    for name in ("train", "test"):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    return {"train": str(tmp_path / "train.jsonl"), "test": str(tmp_path / "test.jsonl"),
+            "model": "tiny://quickstart", "ckpt": str(tmp_path / "ckpt")}
+
+
+def _mirror_config_dir(tmp_path: Path) -> Path:
+    """verl/trainer/config of the fetched verl (extracted to ``tmp_path``); skips without a fetched copy."""
+    if not VERL_MIRROR.exists():
+        pytest.skip(f"no fetched copy of verl at {VERL_MIRROR}")
+    git_dir = str(VERL_MIRROR / ".git") if (VERL_MIRROR / ".git").exists() else str(VERL_MIRROR)
+    archive = subprocess.run(["git", "--git-dir", git_dir, "archive", "HEAD", "verl/trainer/config"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip("verl/trainer/config is not in the fetched copy")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    return tmp_path / "verl" / "trainer" / "config"
+
+
+def _base(paths) -> list[str]:
+    return [f"data.train_files={paths['train']}", f"data.val_files={paths['test']}",
+            f"actor_rollout_ref.model.path={paths['model']}", f"critic.model.path={paths['model']}"]
+
+
+@pytest.mark.parametrize("tree", ["fixture", "verl"])
+def test_verl_config_dir_defaults_do_not_conflict(tree, tmp_path, paths, monkeypatch):
+    """--config-path <verl>/verl/trainer/config --config-name ppo_megatron_trainer with the actor at TP 2 / PP 2:
+    verl's critic / reference defaults (TP 1, PP 1, VPP null) and its FSDP-only enable_gradient_checkpointing
+    read as unset; a critic layout given on the command line that differs is refused with the fix."""
+    conf = write_verl_config_dir(tmp_path) if tree == "fixture" else _mirror_config_dir(tmp_path)
+    layout = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+              "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+              "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"]
+    code, out, err = run_cfg(["--config-path", str(conf), "--config-name", "ppo_megatron_trainer", *_base(paths),
+                              *layout])
+    assert code == 0, err
+    c = yaml.safe_load(out)
+    p = c["parallel"]
+    assert (p["tensor_model_parallel_size"], p["pipeline_model_parallel_size"],
+            p["virtual_pipeline_model_parallel_size"], p["recompute"]) == (2, 2, 2, None)
+    assert c["actor"]["optim"]["lr"] == 1e-6 and c["critic"]["optim"]["lr"] == 1e-5
+    # run from verl/trainer, as verl's --config-path=config is meant
+    monkeypatch.chdir(conf.parent)
+    code, _, err = run_cfg(["--config-path=config", "--config-name=ppo_megatron_trainer", *_base(paths), *layout,
+                            "critic.megatron.tensor_model_parallel_size=4"])
+    assert code == 2
+    [line] = [p for p in problems(err) if p.startswith("critic.megatron")]
+    assert "critic.megatron.tensor_model_parallel_size=4 is not supported" in line
+    assert "set parallel.tensor_model_parallel_size=4" in line and "or drop critic.megatron" in line
+
+
+def test_fixture_config_dir_keys_are_verls(tmp_path):
+    """The fixture's verl config directory holds only keys (and defaults) verl's own directory has."""
+    real = _mirror_config_dir(tmp_path / "real")
+    mine = yaml.safe_load((write_verl_config_dir(tmp_path / "mine") / "engine" / "megatron.yaml").read_text())
+    theirs = yaml.safe_load((real / "engine" / "megatron.yaml").read_text())
+    assert {k: v for k, v in theirs.items() if k in mine and k != "use_mbridge"} == \
+        {k: v for k, v in mine.items() if k != "use_mbridge"}
+
+
+TC = "+actor_rollout_ref.actor.megatron.override_transformer_config"
+
+
+def test_transformer_config_fields_reach_megatron(caplog):
+    """override_transformer_config fields with an equivalent set our keys (no "no effect" warning) and reach
+    megatron-core's TransformerConfig: the uneven split changes the layers each stage builds (6 layers at PP 2:
+    first stage 2, last 4; with the embedding and loss counted: 3 + 3 - 1 each = 2 + 2 at PP 2 of 6 layers)."""
+    import transformers
+    from megatron.core.transformer.transformer_block import get_num_layers_to_build
+
+    from parallel.model_config import transformer_config_from_hf
+    from rlhf.workers.build import model_config_kwargs
+    from tests.support.model_families import _COMMON, FAMILY_MODELS
+
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        c = compose_config(["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                            f"{TC}.num_layers_in_first_pipeline_stage=2", f"{TC}.num_layers_in_last_pipeline_stage=4",
+                            f"{TC}.moe_aux_loss_coeff=0.01", f"{TC}.moe_z_loss_coeff=0.001",
+                            f"{TC}.moe_router_dtype=fp32", f"{TC}.recompute_granularity=full",
+                            f"{TC}.recompute_method=uniform", f"{TC}.recompute_num_layers=1"])
+    assert not [r for r in caplog.records if "no effect" in r.getMessage()], caplog.text
+    assert (c.parallel.num_layers_in_first_pipeline_stage, c.parallel.num_layers_in_last_pipeline_stage) == (2, 4)
+    assert (c.model.moe_aux_loss_coef, c.model.moe_z_loss_coeff, c.model.moe_router_dtype) == (0.01, 0.001, "fp32")
+    cls, kw = FAMILY_MODELS["qwen3_moe"]
+    hf = getattr(transformers, cls)(**{**_COMMON, **kw, "num_hidden_layers": 6})
+    tc = transformer_config_from_hf(hf, pp=2, ep=1, **{k: v for k, v in model_config_kwargs(c).items()
+                                                       if k != "make_vocab_size_divisible_by"})
+    assert (tc.moe_aux_loss_coeff, tc.moe_z_loss_coeff, tc.moe_router_dtype) == (0.01, 0.001, "fp32")
+    assert (tc.recompute_granularity, tc.recompute_method, tc.recompute_num_layers) == ("full", "uniform", 1)
+    assert [get_num_layers_to_build(tc, vp_stage=None, pp_rank=r) for r in (0, 1)] == [2, 4]
+
+    c = compose_config(["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+                        f"{TC}.account_for_embedding_in_pipeline_split=True",
+                        f"{TC}.account_for_loss_in_pipeline_split=True",
+                        "actor_rollout_ref.model.enable_gradient_checkpointing=True"])
+    assert c.parallel.recompute == "full"  # verl's activation checkpointing = megatron's full recompute
+    tc = transformer_config_from_hf(hf, pp=2, **{k: v for k, v in model_config_kwargs(c).items()
+                                                 if k != "make_vocab_size_divisible_by"})
+    assert tc.account_for_embedding_in_pipeline_split and tc.account_for_loss_in_pipeline_split
+    assert [get_num_layers_to_build(tc, vp_stage=None, pp_rank=r) for r in (0, 1)] == [3, 3]  # (6 + 2) / 2 - 1
+    with pytest.raises(ValueError, match=r"num_hidden_layers=6 \+ 1 .* does not split evenly over pp=2"):
+        transformer_config_from_hf(hf, pp=2, account_for_embedding_in_pipeline_split=True)
+
+
+def test_transformer_and_optimizer_fields_without_equivalent_are_refused_by_name():
+    """Every other field is refused as not supported, naming it: never "Unknown config key" nor "no effect"."""
+    with pytest.raises(ConfigValidationError) as e:
+        compose_config([f"{TC}.moe_enable_deepep=True", f"{TC}.dsa_indexer_loss_coeff=0.0",
+                        f"{TC}.moe_token_dispatcher_type=flex",
+                        "+actor_rollout_ref.actor.optim.override_optimizer_config.overlap_cpu_optimizer_d2h_h2d=True",
+                        "+actor_rollout_ref.actor.optim.override_optimizer_config.adam_eps=1e-6"])
+    msg = str(e.value)
+    for part in ("moe_enable_deepep=True is not supported", "DeepEP",
+                 "dsa_indexer_loss_coeff=0.0 is not supported", "TransformerConfig field has no setting here",
+                 "moe_token_dispatcher_type='flex' is not supported",
+                 "overlap_cpu_optimizer_d2h_h2d=True is not supported"):
+        assert part in msg, part
+    assert "Unknown config key" not in msg and "adam_eps=" not in msg
+    c = compose_config(["+actor_rollout_ref.actor.optim.override_optimizer_config.adam_eps=1e-6",
+                        "+actor_rollout_ref.actor.optim.override_optimizer_config.decoupled_weight_decay=True",
+                        f"{TC}.moe_router_load_balancing_type=none"])
+    assert c.actor.optim.adam_eps == 1e-6 and c.model.moe_aux_loss_coef == 0.0
+
+
+def test_command_line_wins_over_a_refused_config_file_value(tmp_path):
+    """A config file's multi_turn.enable: true is refused, unless the command line sets it back to false."""
+    f = tmp_path / "run.yaml"
+    f.write_text("actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n")
+    with pytest.raises(ConfigValidationError, match="multi_turn.enable=True is not supported"):
+        compose_config([], config_file=f)
+    compose_config(["actor_rollout_ref.rollout.multi_turn.enable=False"], config_file=f)
+
+
+def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
+    """An unsupported key, a long chat template and a layout the model cannot take (TP 3 of 4 heads) come in one
+    error before any model is built; the template is not printed whole."""
+    from tests.unit.config.test_verl_compat import _model_dir
+
+    model = _model_dir(tmp_path / "qwen")
+    template = "{% for m in messages %}{{ m.content }}{% endfor %}" * 40
+    code, _, err = run_cfg(["--cfg", f"data.train_files={paths['train']}", f"actor_rollout_ref.model.path={model}",
+                            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",
+                            f"actor_rollout_ref.model.custom_chat_template='{template}'",
+                            "actor_rollout_ref.rollout.multi_turn.enable=True"])
+    assert code == 2
+    lines = problems(err)
+    assert any("multi_turn.enable=True is not supported" in p for p in lines), err
+    assert any("tensor parallel size tp=3 does not divide num_attention_heads=4" in p for p in lines), err
+    [tpl] = [p for p in lines if "custom_chat_template" in p]
+    assert f"({len(repr(template))} characters)" in tpl and len(tpl) < 400
+
+
+#: examples of each kind (PPO with a critic, GRPO, dynamic batching, uneven PP on 96 GPUs, MoE with offload,
+#: LoRA, multi-turn) and what they give: None = composes, else parts of the refusal
+REPRESENTATIVE = {
+    "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": None,
+    "grpo_trainer/run_qwen2-7b_math_megatron.sh": None,
+    "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": ["param_offload=True is not supported"],
+    "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": ["param_offload=True is not supported",
+                                                            "moe_enable_deepep=True is not supported",
+                                                            "tensor parallel size 32 does not fit on a node"],
+    "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": ["moe_enable_deepep=True is not supported",
+                                                       "param_offload=True is not supported"],
+    "grpo_trainer/run_qwen2-7b_math_megatron_lora.sh": ["lora.rank=", "LoRA is not supported"],
+    "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": ["context_parallel_size=2 is not supported"],
+}
+#: problems of commands whose keys another part of the config owns (optimizer CPU offload), not judged here
+_ELSEWHERE = ("override_optimizer_config.optimizer_cpu_offload", "override_optimizer_config.optimizer_offload_fraction",
+              "override_optimizer_config.use_precision_aware_optimizer")
+
+
+def _judge(name: str, code: int, err: str, expected) -> None:
+    lines = [p for p in problems(err) if not any(k in p for k in _ELSEWHERE)]
+    if expected is None:
+        assert code == 0, err
+        return
+    assert code == 2, name
+    for part in expected:
+        assert any(part in p for p in lines), (part, err)
+    assert all("is not supported" in p or p.startswith("rollout.mode=") for p in lines), err  # or the placement
+
+
+@pytest.mark.parametrize("name", list(REPRESENTATIVE))
+def test_verl_megatron_examples(name, tmp_path, paths):
+    """verl's Megatron example commands compose under --cfg, or are refused naming the unsupported feature:
+    with our base config (verl's --config-path=config) and with a verl config directory (the fixture's)."""
+    expected = REPRESENTATIVE[name]
+    _judge(name, *run_cfg(example_args(name, paths))[::2], expected)
+    if not examples()[name]["options"][0].endswith("=config") and "./config" not in examples()[name]["options"][0]:
+        return  # its own config directory (the multi-turn examples' examples/sglang_multiturn/config)
+    _judge(name, *run_cfg(example_args(name, paths, write_verl_config_dir(tmp_path)))[::2], expected)
+
