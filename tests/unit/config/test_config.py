@@ -165,6 +165,8 @@ ADDED_KEYS = {
     # MoE expert parallelism, router aux-loss coefficient, uneven pipelines
     "parallel.expert_model_parallel_size": 1, "model.moe_aux_loss_coef": None,
     "parallel.num_layers_in_first_pipeline_stage": None, "parallel.num_layers_in_last_pipeline_stage": None,
+    # context parallelism (GPU with Transformer Engine)
+    "parallel.context_parallel_size": 1,
     # verl's override_transformer_config fields: pipeline split with embedding / loss, router z-loss and dtype
     "parallel.account_for_embedding_in_pipeline_split": False, "parallel.account_for_loss_in_pipeline_split": False,
     "model.moe_z_loss_coeff": None, "model.moe_router_dtype": None,
