@@ -12,6 +12,7 @@ list of tensors (names, shapes, dtypes) computes the same bucket boundaries.
 """
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
@@ -76,33 +77,66 @@ class BucketPlan:
         return [m.name for m in self.metas]
 
 
+#: runs of HF tensors SGLang must receive in ONE ``load_weights`` call (one bucket): its DeepSeek-V2/V3 loader
+#: (sglang/srt/models/deepseek_common/deepseek_weight_loader.py) fuses ``q_a_proj`` and ``kv_a_proj_with_mqa``
+#: into ``fused_qkv_a_proj_with_mqa`` only when both arrive in the same call and silently drops a half that comes
+#: alone, so a bucket boundary between them would leave that layer's fused weight stale.  The pattern's group
+#: (match.group(1)) names the run; the tensors between the two (q_a_layernorm, q_b_proj) come along.
+KEEP_TOGETHER = (re.compile(r"^(.*\.self_attn\.)(q_a_proj|q_a_layernorm|q_b_proj|kv_a_proj_with_mqa)\.weight$"),)
+
+
+def keep_together_group(name: str) -> str | None:
+    """The group of tensors `name` must share a bucket with (:data:`KEEP_TOGETHER`), or None."""
+    for pattern in KEEP_TOGETHER:
+        m = pattern.match(name)
+        if m:
+            return m.group(1)
+    return None
+
+
 def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[BucketPlan]:
     """Greedily split `metas` (in order) into buckets of at most `bucket_bytes` bytes.
 
     A tensor larger than `bucket_bytes` gets a bucket of its own (the only way a bucket exceeds
-    the limit).  A new bucket is also started when the next tensor's byte offset would not be a
-    multiple of its element size (mixed dtypes), so each bucket's layout equals SGLang's
-    ``FlattenedTensorBucket`` (no padding).  Every tensor lands in exactly one bucket, order kept.
+    the limit, with the next case).  A run of consecutive tensors of one :func:`keep_together_group`
+    is never split: when it does not fit after what the bucket holds, the run starts a new bucket (and
+    fills it alone when it is larger than `bucket_bytes`).  A new bucket is also started when the next
+    tensor's byte offset would not be a multiple of its element size (mixed dtypes), so each bucket's
+    layout equals SGLang's ``FlattenedTensorBucket`` (no padding).  Every tensor lands in exactly one
+    bucket, order kept.
 
     Raises ValueError for bucket_bytes < 1 or a duplicate tensor name.
     """
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes={bucket_bytes} must be >= 1")
-    buckets: list[BucketPlan] = []
-    cur = BucketPlan(0)
+    metas = list(metas)
     seen: set[str] = set()
     for m in metas:
         if m.name in seen:
             raise ValueError(f"tensor {m.name!r} appears twice in the send plan")
         seen.add(m.name)
-        nb = m.nbytes
-        misaligned = cur.nbytes % m.dtype.itemsize != 0
-        if cur.metas and (cur.nbytes + nb > bucket_bytes or misaligned):
+    runs: list[list[TensorMeta]] = []  # consecutive tensors of one keep-together group, else one tensor each
+    for m in metas:
+        group = keep_together_group(m.name)
+        if group is not None and runs and keep_together_group(runs[-1][-1].name) == group:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    buckets: list[BucketPlan] = []
+    cur = BucketPlan(0)
+    for run in runs:
+        size = sum(m.nbytes for m in run)
+        misaligned = any((cur.nbytes + sum(x.nbytes for x in run[:i])) % m.dtype.itemsize for i, m in enumerate(run))
+        if cur.metas and (cur.nbytes + size > bucket_bytes or misaligned):
             buckets.append(cur)
             cur = BucketPlan(len(buckets))
-        cur.metas.append(m)
-        cur.offsets.append(cur.nbytes)
-        cur.nbytes += nb
+        for m in run:
+            if cur.metas and cur.nbytes % m.dtype.itemsize:  # inside a run of mixed dtypes: alignment first
+                buckets.append(cur)
+                cur = BucketPlan(len(buckets))
+            cur.metas.append(m)
+            cur.offsets.append(cur.nbytes)
+            cur.nbytes += m.nbytes
     if cur.metas:
         buckets.append(cur)
     return buckets

@@ -296,6 +296,32 @@ def test_plan_buckets_sizes_order_and_alignment():
         plan_buckets([metas[0], metas[0]], limit)
 
 
+def test_deepseek_q_a_and_kv_a_projections_share_a_bucket():
+    """SGLang's DeepSeek loader fuses q_a_proj and kv_a_proj_with_mqa only when both come in one load_weights call
+    (one bucket) and drops a lone half silently: the run q_a_proj .. kv_a_proj_with_mqa of a layer is never split,
+    whatever the bucket size, while other tensors still split greedily."""
+    f32 = torch.float32
+    layer = lambda i: [TensorMeta(f"model.layers.{i}.input_layernorm.weight", (8,), f32),  # noqa: E731
+                       TensorMeta(f"model.layers.{i}.self_attn.q_a_proj.weight", (6, 8), f32),
+                       TensorMeta(f"model.layers.{i}.self_attn.q_a_layernorm.weight", (6,), f32),
+                       TensorMeta(f"model.layers.{i}.self_attn.q_b_proj.weight", (16, 6), f32),
+                       TensorMeta(f"model.layers.{i}.self_attn.kv_a_proj_with_mqa.weight", (5, 8), f32),
+                       TensorMeta(f"model.layers.{i}.self_attn.kv_a_layernorm.weight", (4,), f32)]
+    metas = layer(0) + layer(1)
+    for limit in (64, 200, 400, 700, 1000):  # the run is 192 + 24 + 384 + 160 = 760 bytes
+        buckets = plan_buckets(metas, limit)
+        assert [m for b in buckets for m in b.metas] == metas, limit
+        for i in (0, 1):
+            where = {n: k for k, b in enumerate(buckets) for n in b.names}
+            run = [where[f"model.layers.{i}.self_attn.{t}.weight"]
+                   for t in ("q_a_proj", "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa")]
+            assert len(set(run)) == 1, (limit, [b.names for b in buckets])
+        assert all(b.nbytes <= max(limit, 760) for b in buckets)
+    # at a small limit the tensors outside the runs still fill buckets greedily around them
+    sizes = [len(b.metas) for b in plan_buckets(metas, 64)]
+    assert sizes == [1, 4, 2, 4, 1], sizes  # [ln0] [run0] [kv_a_layernorm0, ln1] [run1] [kv_a_layernorm1]
+
+
 def test_bucket_layout_matches_sglang_flattened_bucket():
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
