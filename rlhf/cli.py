@@ -129,7 +129,7 @@ def _batch_overrides(args, cfg, world: Optional[int]) -> tuple[list[str], list[s
     if args.gradient_accumulation_steps is None:
         return out, problems
     mp = (cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size
-          * cfg.parallel.context_parallel_size)
+          * cfg.parallel.get("context_parallel_size", 1))
     if world is None or world % mp:
         problems.append("--gradient_accumulation_steps needs the number of trainer processes, a multiple of tensor x "
                         f"context x pipeline parallel = {mp}: give --nproc (all nodes together) or "

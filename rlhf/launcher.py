@@ -91,7 +91,7 @@ def local_ranks(cfg, cuda_count: Optional[int] = None) -> int:
             return gpus - engines
         return gpus
     mp = (cfg.parallel.tensor_model_parallel_size * cfg.parallel.pipeline_model_parallel_size
-          * cfg.parallel.context_parallel_size)
+          * cfg.parallel.get("context_parallel_size", 1))
     if mp % nnodes:
         raise LaunchConfigError(
             f"tensor x context x pipeline parallel = {mp} ranks do not split over trainer.nnodes={nnodes} nodes; set "

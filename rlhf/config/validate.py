@@ -115,7 +115,7 @@ def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     """Mini batches must divide the train batch, and mini batch x rollout.n must split over data parallel."""
     world_size, out = _world_size(cfg, world_size)
     tp, pp = cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size
-    cp = cfg.parallel.context_parallel_size
+    cp = cfg.parallel.get("context_parallel_size", 1)
     dp: Optional[int] = None
     if world_size is not None and min(tp, pp, cp) >= 1:
         mp = tp * pp * cp

@@ -49,7 +49,7 @@ def test_local_ranks(c, cuda, expected):
 
 
 def test_local_ranks_errors():
-    with pytest.raises(LaunchConfigError, match=r"tensor x pipeline parallel = 2 ranks do not split over "
+    with pytest.raises(LaunchConfigError, match=r"tensor x context x pipeline parallel = 2 ranks do not split over "
                                                 r"trainer.nnodes=3.*trainer.n_gpus_per_node"):
         local_ranks(cfg(tp=2, nnodes=3), cuda_count=0)
     with pytest.raises(LaunchConfigError, match=r"take 2 of this node's 2 GPUs and leave none for the trainer"):
