@@ -109,6 +109,18 @@ class TreeMemory:
         return self.peak / 2**30
 
 
+def run_measured(cmd: list, who: str) -> float:
+    """Run `cmd` to completion; its process tree's peak PSS in GiB.  Raises RuntimeError with the log's tail
+    when it fails."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    mem = TreeMemory(proc.pid)
+    log, _ = proc.communicate()
+    rss = mem.stop()
+    if proc.returncode:
+        raise RuntimeError(f"{who} run failed (exit {proc.returncode}):\n{log[-4000:]}")
+    return rss
+
+
 def run_ours(model: str, data: str, steps: int, response_length: int, out: str) -> dict:
     cmd = [sys.executable, "-m", "rlhf.main", "recipe=grpo_tiny_cpu", f"model.path={model}",
            f"data.train_files={data}", f"data.val_files={data}", f"data.max_response_length={response_length}",
@@ -116,13 +128,7 @@ def run_ours(model: str, data: str, steps: int, response_length: int, out: str) 
            f"actor.ppo_mini_batch_size={MINI}", "actor.ppo_micro_batch_size_per_gpu=16",
            f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
            "trainer.val_before_train=false", f"trainer.default_local_dir={out}", "trainer.logger=[tensorboard]"]
-    start = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    mem = TreeMemory(proc.pid)
-    log, _ = proc.communicate()
-    rss = mem.stop()
-    if proc.returncode:
-        raise RuntimeError(f"our run failed (exit {proc.returncode}):\n{log[-4000:]}")
+    start, rss = time.time(), run_measured(cmd, "our")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if "tfevents" in f]
@@ -142,13 +148,7 @@ def run_ours(model: str, data: str, steps: int, response_length: int, out: str) 
 def run_trl(model: str, data: str, steps: int, response_length: int, out: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", "--model", model, "--data", data,
            "--steps", str(steps), "--response-length", str(response_length), "--out", out]
-    start = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    mem = TreeMemory(proc.pid)
-    log, _ = proc.communicate()
-    rss = mem.stop()
-    if proc.returncode:
-        raise RuntimeError(f"TRL run failed (exit {proc.returncode}):\n{log[-4000:]}")
+    start, rss = time.time(), run_measured(cmd, "TRL")
     with open(os.path.join(out, "trl_timings.json")) as f:
         r = json.load(f)
     r.update(rss_gib=rss, first_step_s=r["first_round_end"] - start)
