@@ -7,7 +7,8 @@ rlhf.rollout.engine_args registers it for every engine.  ``named_tensors`` holds
 ``(header, tensor)``: the header is JSON naming the operation:
 
 * ``probe`` -- derive where every element of every HF tensor lands in this rank's parameters by running the
-  model's OWN ``load_weights`` on index tensors (:func:`probe_layout`); the result goes to a file the Ray
+  model's OWN ``load_weights`` on index tensors (rlhf.rollout.engine_probe.probe_layout: one decoder layer at a
+  time, integer indices, layers of one shape checked against the first); the result goes to a file the Ray
   actor reads (the scheduler has no other way to return data).  The weights are restored afterwards.
 * ``load`` -- a bucket already in this rank's parameter layout (fused q/k/v, merged gate/up, padded vocabulary,
   sharded by engine TP rank): one contiguous copy per parameter (:func:`copy_bucket`), refused when the
@@ -18,6 +19,7 @@ rlhf.rollout.engine_args registers it for every engine.  ``named_tensors`` holds
   same without the wait: its copies are queued on the device and the engine replies while they may still read the
   sender's buffer, which the sender then reuses for the next bucket.  Through this op the reply (SGLang answers
   after a barrier of its TP ranks, i.e. after every rank's loader returned) means every copy is done.
+* ``release`` -- drop the bucket mappings kept across syncs (:func:`keep_mapped`).
 * ``dump`` -- every parameter of this rank to a file (diagnostics, tests).
 
 Imports only torch and the standard library at module level (the scheduler imports it on each call).
@@ -25,136 +27,42 @@ Imports only torch and the standard library at module level (the scheduler impor
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-import math
 import weakref
 from typing import Iterable, Sequence
 
 import torch
 
+from rlhf.rollout.engine_probe import (LayoutProbeError, engine_params, layout_fingerprint, param_signature,
+                                       probe_layout)
+
 __all__ = ["LOADER", "LayoutProbeError", "engine_params", "param_signature", "probe_layout", "layout_fingerprint",
-           "copy_bucket", "bucket_header", "load_bucket", "wait_for_devices", "load"]
+           "copy_bucket", "bucket_header", "load_bucket", "wait_for_devices", "keep_mapped", "load"]
 
 #: the import path SGLang calls (``load_format`` of the update and an entry of ``custom_weight_loader``)
 LOADER = "rlhf.rollout.engine_loader.load"
 
-_PARAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {name: Parameter}
+_HELD: dict = {}  # data_ptr -> mapped shared-memory storage of a trainer's bucket buffer, kept across syncs
+_USED: set = set()  # data_ptrs loaded from since the last bucket of a sync
 
 
-class LayoutProbeError(RuntimeError):
-    """The engine's loaders do something a copy cannot reproduce (values changed, part of a parameter left
-    untouched); the message names the parameter."""
+def keep_mapped(t: torch.Tensor, last: bool) -> None:
+    """Keep the mapping of the shared-memory bucket ``t`` lives in until a sync ends without it.
 
-
-def engine_params(model) -> dict:
-    """``{name: Parameter}`` of ``model`` (``named_parameters``: a tied weight appears once), cached per model."""
-    params = _PARAMS.get(model)
-    if params is None:
-        params = dict(model.named_parameters())
-        _PARAMS[model] = params
-    return params
-
-
-def param_signature(params: dict, tp_rank: int, tp_size: int) -> str:
-    """Hex digest of the parameters a bucket is laid out for: TP rank and size, every name, shape, dtype."""
-    h = hashlib.sha256(f"{tp_size}:{tp_rank};".encode())
-    for name, p in params.items():
-        h.update(f"{name}|{tuple(p.shape)}|{p.dtype}|{p.is_contiguous()};".encode())
-    return h.hexdigest()[:20]
-
-
-def _runs(values: torch.Tensor, bases: torch.Tensor, total: int, reverse: bool, name: str) -> torch.Tensor:
-    """``[R, 3]`` int64 runs ``(dst start, global HF index or -1 for zeros or -2 for untouched, length)`` of one
-    probed parameter (flat float64 ``values``: -1 untouched, 0 zero-filled, else the encoded index)."""
-    if not bool(torch.all(values == values.round())):
-        raise LayoutProbeError(f"parameter {name!r}: the engine's loader changes values (not a plain copy)")
-    v = values.to(torch.int64)
-    code = torch.where(v >= 1, (total - v) if reverse else (v - 1), torch.where(v == 0, -1, -2))
-    if bool(((v < -1) | (code >= total)).any()):
-        raise LayoutProbeError(f"parameter {name!r}: the engine's loader changes values (not a plain copy)")
-    n = code.numel()
-    brk = torch.ones(n, dtype=torch.bool)
-    if n > 1:
-        prev, cur = code[:-1], code[1:]
-        cont = ((prev >= 0) & (cur == prev + 1)) | ((prev < 0) & (cur == prev))
-        brk[1:] = ~cont | torch.isin(cur, bases)  # a run never crosses into the next HF tensor
-    starts = brk.nonzero().squeeze(1)
-    lengths = torch.diff(starts, append=torch.tensor([n]))
-    return torch.stack([starts, code[starts], lengths], 1)
-
-
-def probe_layout(model, hf_tensors: Sequence[tuple[str, Sequence[int]]], tp_rank: int, tp_size: int,
-                 load_weights=None) -> dict:
-    """Where every HF tensor element lands in ``model``'s parameters, read off the model's own loaders.
-
-    Every parameter is temporarily replaced by a float64 tensor of -1; each HF tensor (in order, one
-    ``load_weights`` call each) is passed as float64 values encoding its elements' global positions (exact up
-    to 2^53 elements); the parameters are read back and compressed into runs; a second pass with the positions
-    reversed proves the loaders only copy (a scaled or shifted value decodes differently).  The original
-    parameter data is restored in all cases.  Peak extra memory: float64 copies of the parameters plus one
-    HF tensor.
-
-    Args:
-        model: the SGLang model (or any module with ``load_weights(iterable of (name, tensor))``).
-        hf_tensors: ``[(HF name, full shape)]`` the engine accepts.
-        tp_rank, tp_size: this rank (recorded in the result and its signature).
-        load_weights: override of ``model.load_weights`` (tests).
-    Returns:
-        ``{"tp_rank", "tp_size", "signature", "hf": [(name, shape, base)], "total", "params": [(name, shape,
-        dtype name, runs [R, 3] int64)]}``; a parameter no HF tensor reaches is left out.  Run sources are global
-        indices (``base`` of the HF tensor + flat position), -1 for zeros written by the loader.
-    Raises:
-        LayoutProbeError: a loader changes values, or leaves part of a parameter it writes untouched.
+    The trainer reuses the same bucket buffers every sync.  Dropped after each load, a buffer is mapped again by the
+    next deserialization and every 4 KiB page faults again on the first read (measured: the engine's copy runs at
+    a third of memcpy speed that way); held, torch's shared-storage cache hands back this mapping.  ``last``: the
+    sync's last bucket -- buffers not loaded from during this sync are released (the trainer replaced them).
+    CPU shared memory only (a CUDA IPC handle held here would pin the sender's memory).
     """
-    load_weights = load_weights or model.load_weights
-    params = engine_params(model)
-    hf, base = [], 0
-    for name, shape in hf_tensors:
-        hf.append((name, tuple(int(s) for s in shape), base))
-        base += math.prod(int(s) for s in shape)
-    total = base
-    bases = torch.tensor([b for _, _, b in hf], dtype=torch.int64)
-    saved = {n: p.data for n, p in params.items()}
-    runs: list[dict] = []
-    try:
-        for reverse in (False, True):
-            for p in params.values():
-                p.data = torch.full(tuple(p.shape), -1.0, dtype=torch.float64, device=p.device)
-            for name, shape, b in hf:
-                idx = torch.arange(math.prod(shape), dtype=torch.float64)
-                vals = (float(total - b) - idx) if reverse else (idx + float(b + 1))
-                load_weights([(name, vals.view(shape))])
-                del idx, vals
-            runs.append({n: _runs(p.data.detach().reshape(-1).cpu(), bases, total, reverse, n)
-                         for n, p in params.items()})
-    finally:
-        for n, p in params.items():
-            p.data = saved[n]
-    out = []
-    for n, p in params.items():
-        fwd, rev = runs[0][n], runs[1][n]
-        if not torch.equal(fwd, rev):
-            raise LayoutProbeError(f"parameter {n!r}: the engine's loader changes values (not a plain copy)")
-        untouched = fwd[:, 1] == -2
-        if bool(untouched.all()):
-            continue  # no HF tensor reaches it: not sent, keeps its value (as with SGLang's own loading)
-        if bool(untouched.any()):
-            raise LayoutProbeError(f"parameter {n!r} {tuple(p.shape)}: the engine's loaders write only part of it")
-        out.append((n, tuple(p.shape), str(p.dtype).replace("torch.", ""), fwd))
-    return {"tp_rank": int(tp_rank), "tp_size": int(tp_size), "signature": param_signature(params, tp_rank, tp_size),
-            "hf": hf, "total": total, "params": out}
-
-
-def layout_fingerprint(ranks: list[dict]) -> str:
-    """Digest of every rank's parameter signature and runs (what a bucket laid out for them relies on)."""
-    h = hashlib.sha256()
-    for r in ranks:
-        h.update(f"{r['tp_rank']}/{r['tp_size']}:{r['signature']};".encode())
-        for name, shape, dtype, runs in r["params"]:
-            h.update(f"{name}{tuple(shape)}{dtype}".encode())
-            h.update(runs.contiguous().numpy().tobytes())
-    return h.hexdigest()[:20]
+    st = t.untyped_storage()
+    if t.device.type == "cpu" and st.is_shared():
+        _HELD[st.data_ptr()] = st
+        _USED.add(st.data_ptr())
+    if last:
+        for key in [k for k in _HELD if k not in _USED]:
+            del _HELD[key]
+        _USED.clear()
 
 
 def copy_bucket(params: dict, flat: torch.Tensor, regions: Iterable[tuple[str, int]]) -> int:
@@ -185,18 +93,20 @@ def wait_for_devices(devices: Iterable[torch.device]) -> None:
         torch.get_device_module(dev).synchronize(dev)
 
 
-def bucket_header(payloads: Sequence) -> str:
+def bucket_header(payloads: Sequence, last: bool = False) -> str:
     """The ``bucket`` operation's JSON header for one bucket: ``payloads[r]`` is engine TP rank r's serialized
-    ``{"flattened_tensor", "metadata"}`` (bytes, or SGLang's base64 string), carried base64-encoded."""
+    ``{"flattened_tensor", "metadata"}`` (bytes, or SGLang's base64 string), carried base64-encoded; ``last``: the
+    sync's last bucket (:func:`keep_mapped`)."""
     enc = [p if isinstance(p, str) else base64.b64encode(bytes(p)).decode("ascii") for p in payloads]
-    return json.dumps({"op": "bucket", "payloads": enc})
+    return json.dumps({"op": "bucket", "payloads": enc, "last": bool(last)})
 
 
-def load_bucket(model, payload, load_weights=None) -> int:
+def load_bucket(model, payload, load_weights=None, last: bool = False) -> int:
     """Load one serialized FlattenedTensorBucket (``payload``: bytes or base64 string) with the model's own
     ``load_weights`` (SGLang's generic loading: TP slicing, fused q/k/v, ...), then wait for the devices of the
     bucket and of the parameters (:func:`wait_for_devices`), so no copy still reads the sender's memory when this
-    returns.  Returns the number of tensors loaded."""
+    returns; the bucket's mapping is kept for the next sync (:func:`keep_mapped`).  Returns the number of tensors
+    loaded."""
     from sglang.srt.utils.common import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 
@@ -205,7 +115,21 @@ def load_bucket(model, payload, load_weights=None) -> int:
     named = FlattenedTensorBucket(flattened_tensor=flat, metadata=obj["metadata"]).reconstruct_tensors()
     (load_weights or model.load_weights)(named)
     wait_for_devices({flat.device} | {p.device for p in engine_params(model).values()})
+    keep_mapped(flat, last)
     return len(named)
+
+
+_SIGNATURES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (tp rank, size, signature)
+
+
+def _signature(model, params: dict, rank: int, size: int) -> str:
+    """:func:`param_signature`, computed once per model (the parameters' names, shapes and dtypes are fixed once
+    the engine is built; a restarted engine is a new model)."""
+    got = _SIGNATURES.get(model)
+    if got is None or got[:2] != (rank, size):
+        got = (rank, size, param_signature(params, rank, size))
+        _SIGNATURES[model] = got
+    return got[2]
 
 
 def _tp() -> tuple[int, int]:
@@ -231,17 +155,20 @@ def load(model, named_tensors) -> None:
     params = engine_params(model)
     op = head.get("op")
     if op == "load":
-        mine = param_signature(params, rank, size)
+        mine = _signature(model, params, rank, size)
         want = head["signatures"][rank] if rank < len(head["signatures"]) else None
         if want != mine:
             raise ValueError(f"{LOADER}: bucket laid out for parameter signature {want}, engine TP rank {rank} has "
                              f"{mine}: refused, nothing copied")
         copy_bucket(params, tensor, head["params"])
+        keep_mapped(tensor, bool(head.get("last")))
     elif op == "bucket":
         payloads = head["payloads"]
         if rank >= len(payloads):
             raise ValueError(f"{LOADER}: bucket with {len(payloads)} payloads, engine TP rank {rank} has none")
-        load_bucket(model, payloads[rank])
+        load_bucket(model, payloads[rank], last=bool(head.get("last")))
+    elif op == "release":
+        keep_mapped(torch.empty(0), True)
     elif op == "probe":
         try:
             result = probe_layout(model, head["hf"], rank, size)
@@ -251,4 +178,4 @@ def load(model, named_tensors) -> None:
     elif op == "dump":
         torch.save({n: p.detach().cpu().clone() for n, p in params.items()}, f"{head['out']}.rank{rank}.pt")
     else:
-        raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'load', 'bucket', 'probe' or 'dump')")
+        raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'load', 'bucket', 'probe', 'release' or 'dump')")

@@ -172,7 +172,7 @@ class SGLangEngine:
         if load_format == "flattened_bucket":
             import torch
 
-            named, load_format = [(bucket_header(named), torch.empty(0))], LOADER
+            named, load_format = [(bucket_header(named, last=flush_cache), torch.empty(0))], LOADER
         check_result(self.engine.update_weights_from_tensor(named_tensors=named, load_format=load_format,
                                                             flush_cache=flush_cache), "update_weights_from_tensor")
         self._updated = True

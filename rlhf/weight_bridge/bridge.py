@@ -62,7 +62,7 @@ from rlhf.weight_bridge.from_distributed import DistributedTransport
 from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
 from rlhf.weight_bridge.local_handles import BucketHolder, LocalHandleTransport, holder_ranks
-from rlhf.weight_bridge.plan import NameMap, SendPlan, StagePlan, build_send_plan, plan_local_tensors, sync_entries
+from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
 from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
@@ -384,14 +384,7 @@ class WeightBridge:
                     self._free_pool()
             return None, targets
         if direct is not None:  # every TP rank writes its elements straight into the engine-rank sections
-            shared = self._shared(entries)
-            own = lambda: shared.stream_direct(direct, self.layout_path.ops, entries, times)  # noqa: E731
-            if not topo.is_leader:
-                collections.deque(own(), maxlen=0)
-                return None, targets
-            tt = DirectTransport(direct, topo, self.engines, targets, engine_tp, record, times, token)
-            stage = SendPlan([StagePlan(topo.pp_rank, topo.rank, [], direct.buckets)], [])
-            return tt.run_controller(stage, own, _NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
+            return self._deliver_direct(direct, entries, targets, engine_tp, token, record, times)
         my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)
         shared = self._shared(entries)
         if shared is not None:  # every TP rank writes its shard into the shared bucket
@@ -427,6 +420,24 @@ class WeightBridge:
             return self._run_distributed(plan, my_stage, own, pool, record, times), targets
         finally:
             self._free_pool()
+
+    def _deliver_direct(self, direct, entries, targets, engine_tp, token, record, times):
+        """This rank's part of an engine-layout sync: each stage's TP ranks write its buckets, its leader delivers
+        them (the controller to the engines, other leaders through the controller)."""
+        topo = self.topo
+        stage = direct.stage(topo.pp_rank)
+        shared = self._shared(entries)
+        own = lambda: shared.stream_direct(direct, stage.buckets, self.layout_path.ops, entries,  # noqa: E731
+                                           times) if stage is not None else iter(())
+        if not topo.is_leader:
+            collections.deque(own(), maxlen=0)
+            return None, targets
+        tt = DirectTransport(direct, topo, self.engines, targets, engine_tp, record, times, token)
+        if topo.is_controller:
+            return tt.run_controller(direct.send, own, _NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
+        if stage is not None:
+            tt.run_leader(direct.send, own, _NO_POOL)
+        return None, targets
 
     def _run_distributed(self, plan, my_stage, own, pool, record, times) -> str | None:
         error = None

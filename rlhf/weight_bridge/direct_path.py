@@ -3,9 +3,10 @@
 The controller asks the engines for their parameter layout once per engines' fingerprint (a restarted engine
 is probed again), builds the DirectPlan (engine_layout.py) and ships it to every rank once; every rank composes
 its block writes once per plan and all ranks agree that they cover every engine element before the first sync
-that uses it.  Whatever stands in the way (another transport, a pipeline-parallel trainer, check mode, no
-shared buckets, an engine whose loaders do more than copy, a plan the shards do not cover) makes the sync take
-SGLang's generic loading; the reason is logged once and counted.
+that uses it.  Each pipeline stage writes and delivers the buckets of the engine parameters its tensors feed.
+Whatever stands in the way (another transport, check mode, no shared buckets, an engine whose loaders do more than
+copy, a parameter fed by two stages, a plan the shards do not cover) makes the sync take SGLang's generic loading;
+the reason is logged once and counted.
 """
 from __future__ import annotations
 
@@ -59,8 +60,6 @@ class EngineLayoutPath:
             return None, None
         if transport != "tensor":
             return None, "the distributed transport broadcasts HF tensors"
-        if len(plan.stages) > 1:
-            return None, "a pipeline-parallel trainer (buckets would come from several stages)"
         if check:
             return None, "check mode reads HF tensors back"
         if not all(r.get("shared") for r in reports if r and "tensors" in r):
@@ -76,11 +75,11 @@ class EngineLayoutPath:
         layout = self._layout[1]
         if isinstance(layout, str):
             return None, layout
-        sent = {m.name: m.dtype for s in plan.stages for m in s.metas}
-        inputs = (layout.fingerprint, tuple(sorted(sent.items(), key=str)), bucket_bytes)
+        stages = [(s.pp_rank, s.leader, {m.name: m.dtype for m in s.metas}) for s in plan.stages]
+        inputs = (layout.fingerprint, repr(stages), bucket_bytes)
         try:
             if self._cache is None or self._cache[0] != inputs:
-                self._cache = (inputs, build_direct_plan(layout, sent, bucket_bytes))
+                self._cache = (inputs, build_direct_plan(layout, stages, bucket_bytes))
         except LayoutUnavailable as e:
             return None, str(e)
         direct = self._cache[1]
@@ -101,7 +100,7 @@ class EngineLayoutPath:
         mine, ops = (None, 0), None
         if topo.active:
             try:
-                ops, covered = compose_writes(self._plan, entries, spec, topo.tp_rank, topo.tp_size)
+                ops, covered = compose_writes(self._plan, entries, spec, topo.tp_rank, topo.tp_size, topo.pp_rank)
                 mine = (None, covered)
             except Exception as e:  # noqa: BLE001 - every rank must learn about it
                 mine = (f"rank {topo.rank}: {type(e).__name__}: {e}", 0)

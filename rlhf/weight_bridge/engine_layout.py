@@ -1,17 +1,20 @@
 """The engine-layout plan: buckets written straight in the engine's parameter layout, per engine TP rank.
 
 The engine's own loaders are the only authority on where an HF tensor's elements land (fused q/k/v, merged
-gate/up, padded vocabulary, KV-head replication, TP sharding): once per engine, :func:`engine_loader.probe_layout`
-runs them on index tensors inside the engine and reports, per engine TP rank and parameter, runs
-``(dst start, global HF index, length)``.  Here that report becomes
+gate/up, padded vocabulary, KV-head replication, experts, TP sharding): once per engine,
+rlhf.rollout.engine_probe.probe_layout runs them on index tensors inside the engine and reports, per engine TP
+rank, maps ("templates": one per distinct decoder-layer shape, plus the tensors outside the layers) of runs
+``(dst start, HF slot, offset, length)`` and which template each layer uses.  Here that report becomes
 
-* :class:`EngineLayout` -- the parameters (same names, shapes, dtypes on every engine TP rank) and their runs;
-* :class:`DirectPlan` -- buckets of engine parameters (each bucket one section per engine TP rank, all sections
-  laid out alike) and the JSON header the engine's loader checks;
-* :func:`compose_writes` -- per trainer TP rank, the strided block copies from its megatron shards into the
-  sections (the megatron -> HF side comes from parallel.convert.shard_regions run on index tensors, the HF ->
-  engine side from the probe): each trainer rank writes its elements straight into engine layout, and the engine
-  makes one contiguous copy per parameter.
+* :class:`EngineLayout` -- the templates (same names, shapes, dtypes on every engine TP rank; runs per rank) and
+  the groups (layer, template);
+* :class:`DirectPlan` -- per pipeline stage, buckets of the engine parameters that stage's tensors feed (each
+  bucket one section per engine TP rank, all sections laid out alike) and the JSON header the engine's loader
+  checks;
+* :func:`compose_writes` -- per trainer rank, strided block copies from its megatron shards into the sections.  The
+  megatron -> HF side is the converter's own ``shard_regions`` evaluated on meta tensors (strides only, no data);
+  the HF -> engine side is the probe's runs; the two are intersected as intervals (never element by element) once
+  per template and reused for every layer of that template.
 
 Pure torch; no communication.
 """
@@ -24,14 +27,14 @@ from dataclasses import dataclass, field
 import torch
 
 from parallel.convert.shard_regions import shard_regions
+from rlhf.rollout.engine_probe import expand_name, layout_fingerprint
 from rlhf.weight_bridge.bucketing import BucketPlan, TensorMeta, dtype_from_any, plan_buckets
-from rlhf.rollout.engine_loader import layout_fingerprint
+from rlhf.weight_bridge.plan import SendPlan, StagePlan
 
-__all__ = ["LayoutUnavailable", "EngineLayout", "layout_fingerprint", "layout_from_probes", "DirectPlan",
-           "build_direct_plan", "compose_writes", "write_section_ops"]
+__all__ = ["LayoutUnavailable", "Template", "EngineLayout", "layout_fingerprint", "layout_from_probes", "DirectPlan",
+           "build_direct_plan", "compose_writes", "write_section_ops", "fetch_layout", "agree"]
 
 _ALIGN = 64  # bytes between engine-rank sections of a bucket (any dtype's alignment)
-_CHUNK = 1 << 22  # elements expanded at once while composing
 
 
 class LayoutUnavailable(RuntimeError):
@@ -39,27 +42,41 @@ class LayoutUnavailable(RuntimeError):
 
 
 @dataclass
+class Template:
+    """One map: HF tensors ``hf`` (relative names with ``{L}``, shapes) into parameters ``params`` (relative names,
+    per-rank shapes, dtypes); ``runs[e][i]``: engine TP rank e's ``[R, 4]`` runs of parameter i."""
+
+    hf: list
+    params: list[TensorMeta]
+    runs: list[list[torch.Tensor]]
+
+
+@dataclass
 class EngineLayout:
     """Every engine TP rank's parameters and where their elements come from.
 
-    Attributes: tp_size; params (engine name, per-rank shape, dtype; the same on every rank); runs (per rank:
-    ``{name: [R, 3] int64}`` of ``(dst start, global HF index or -1 for zeros, length)``); hf (``{HF name:
-    (shape, base)}``); signatures (per rank, :func:`engine_loader.param_signature`); fingerprint.
+    Attributes: tp_size; templates; groups (``[(layer or None, template index)]``); signatures (per rank,
+    rlhf.rollout.engine_probe.param_signature); fingerprint.
     """
 
     tp_size: int
-    params: list[TensorMeta]
-    runs: list[dict]
-    hf: dict
+    templates: list[Template]
+    groups: list[tuple]
     signatures: list[str]
     fingerprint: str
+
+    def parameters(self):
+        """``(TensorMeta with the full name, group index, parameter index in the template)`` of every parameter."""
+        for g, (layer, tid) in enumerate(self.groups):
+            for i, m in enumerate(self.templates[tid].params):
+                yield TensorMeta(expand_name(m.name, layer), m.shape, m.dtype), g, i
 
 
 def layout_from_probes(ranks: list[dict]) -> EngineLayout:
     """An :class:`EngineLayout` from one engine's per-rank probe results.
 
     Raises:
-        LayoutUnavailable: a rank's probe failed, ranks disagree on parameters, or a rank is missing.
+        LayoutUnavailable: a rank's probe failed, ranks disagree on parameters or groups, or a rank is missing.
     """
     errors = [f"engine TP rank {r.get('tp_rank')}: {r['error']}" for r in ranks if "error" in r]
     if errors:
@@ -68,27 +85,42 @@ def layout_from_probes(ranks: list[dict]) -> EngineLayout:
     size = ranks[0]["tp_size"]
     if [r["tp_rank"] for r in ranks] != list(range(size)):
         raise LayoutUnavailable(f"probe results of ranks {[r['tp_rank'] for r in ranks]} for engine TP {size}")
-    metas = [(n, tuple(s), d) for n, s, d, _ in ranks[0]["params"]]
+
+    def shape_of(r):
+        return ([tuple(g) for g in r["groups"]],
+                [([(n, tuple(s)) for n, s in t["hf"]], [(n, tuple(s), d) for n, s, d, _ in t["params"]])
+                 for t in r["templates"]])
+
+    first = shape_of(ranks[0])
     for r in ranks[1:]:
-        if [(n, tuple(s), d) for n, s, d, _ in r["params"]] != metas:
-            raise LayoutUnavailable(f"engine TP rank {r['tp_rank']} holds other parameters (names, shapes or "
-                                    f"dtypes) than rank 0")
-    return EngineLayout(size, [TensorMeta(n, s, dtype_from_any(d)) for n, s, d in metas],
-                        [{n: runs for n, _, _, runs in r["params"]} for r in ranks],
-                        {n: (tuple(s), int(b)) for n, s, b in ranks[0]["hf"]},
-                        [r["signature"] for r in ranks], layout_fingerprint(ranks))
+        if shape_of(r) != first:
+            raise LayoutUnavailable(f"engine TP rank {r['tp_rank']} holds other parameters (names, shapes, dtypes or "
+                                    f"layer groups) than rank 0")
+    templates = [Template(hf, [TensorMeta(n, s, dtype_from_any(d)) for n, s, d in params],
+                          [[runs for *_, runs in r["templates"][t]["params"]] for r in ranks])
+                 for t, (hf, params) in enumerate(first[1])]
+    return EngineLayout(size, templates, first[0], [r["signature"] for r in ranks], layout_fingerprint(ranks))
 
 
 @dataclass
 class DirectPlan:
-    """The buckets of an engine-layout sync.  Each bucket's buffer holds ``layout.tp_size`` sections of
+    """The buckets of an engine-layout sync, per pipeline stage (``send``: the stages' StagePlans, whose ``metas``
+    and buckets hold engine parameters).  Each bucket's buffer holds ``layout.tp_size`` sections of
     :meth:`stride` bytes; section e is engine TP rank e's payload, laid out as ``bucket.metas`` / ``offsets``."""
 
     layout: EngineLayout
-    buckets: list[BucketPlan]
+    send: SendPlan
+    where: dict  # engine parameter name -> (group index, parameter index in its template)
     key: str
     expected_elements: int = 0
     sent_names: tuple = field(default_factory=tuple)
+
+    @property
+    def buckets(self) -> list[BucketPlan]:
+        return [b for s in self.send.stages for b in s.buckets]
+
+    def stage(self, pp_rank: int) -> StagePlan | None:
+        return next((s for s in self.send.stages if s.pp_rank == pp_rank), None)
 
     @staticmethod
     def stride(bucket: BucketPlan) -> int:
@@ -97,40 +129,131 @@ class DirectPlan:
     def buffer_bytes(self, bucket: BucketPlan) -> int:
         return self.stride(bucket) * self.layout.tp_size
 
-    def header(self, bucket: BucketPlan) -> str:
-        """The JSON header of ``bucket`` (engine_loader's ``load``)."""
+    def header(self, bucket: BucketPlan, last: bool = False) -> str:
+        """The JSON header of ``bucket`` (engine_loader's ``load``); ``last``: the sync's last bucket."""
         return json.dumps({"op": "load", "fingerprint": self.layout.fingerprint, "signatures": self.layout.signatures,
-                           "params": [[m.name, off] for m, off in zip(bucket.metas, bucket.offsets)]})
+                           "params": [[m.name, off] for m, off in zip(bucket.metas, bucket.offsets)],
+                           "last": bool(last)})
 
 
-def build_direct_plan(layout: EngineLayout, sent: dict, bucket_bytes: int) -> DirectPlan:
-    """Buckets of the engine's parameters (``bucket_bytes``: a bucket's buffer, all engine-rank sections).
+def _slots(t: Template, i: int) -> list[int]:
+    """HF slots parameter i of template t is fed by, on any engine rank."""
+    return sorted({s for per_rank in t.runs for s in per_rank[i][:, 1].unique().tolist() if s >= 0})
+
+
+def build_direct_plan(layout: EngineLayout, stages: list[tuple], bucket_bytes: int) -> DirectPlan:
+    """Per-stage buckets of the engine's parameters (``bucket_bytes``: a bucket's buffer, all engine-rank sections).
 
     Args:
-        sent: ``{HF name: dtype}`` the generic plan sends (validated against the engine).
+        stages: ``[(pp rank, leader rank, {HF name: dtype}) ]`` the generic plan sends (validated against the
+            engine), in stage order.
     Raises:
-        LayoutUnavailable: an engine parameter is fed by an HF tensor that is not sent, or sent in another dtype
-            than the parameter's (SGLang's loader would cast it once more).
+        LayoutUnavailable: an engine parameter is fed by an HF tensor that is not sent, sent in another dtype than
+            the parameter's (SGLang's loader would cast it once more), or by tensors of two pipeline stages.
     """
-    names = list(layout.hf)
-    bases = torch.tensor([layout.hf[n][1] for n in names], dtype=torch.int64)
-    for meta in layout.params:
-        for runs in (r[meta.name] for r in layout.runs):
-            src = runs[:, 1]
-            ids = torch.searchsorted(bases, src[src >= 0], right=True) - 1
-            for i in ids.unique().tolist():
-                hf_name = names[i]
-                if hf_name not in sent:
-                    raise LayoutUnavailable(f"engine parameter {meta.name!r} is fed by {hf_name!r}, which the trainer "
-                                            f"does not send")
-                if sent[hf_name] != meta.dtype:
-                    raise LayoutUnavailable(f"{hf_name!r} is sent as {sent[hf_name]} but engine parameter "
-                                            f"{meta.name!r} is {meta.dtype}")
+    stage_of = {n: k for k, (_, _, sent) in enumerate(stages) for n in sent}
+    per_stage: list[list[TensorMeta]] = [[] for _ in stages]
+    where = {}
+    slot_cache: dict = {}
+    for meta, g, i in layout.parameters():
+        layer, tid = layout.groups[g]
+        t = layout.templates[tid]
+        slots = slot_cache.setdefault((tid, i), _slots(t, i))
+        owners = set()
+        for s in slots:
+            hf_name = expand_name(t.hf[s][0], layer)
+            k = stage_of.get(hf_name)
+            if k is None:
+                raise LayoutUnavailable(f"engine parameter {meta.name!r} is fed by {hf_name!r}, which the trainer "
+                                        f"does not send")
+            if stages[k][2][hf_name] != meta.dtype:
+                raise LayoutUnavailable(f"{hf_name!r} is sent as {stages[k][2][hf_name]} but engine parameter "
+                                        f"{meta.name!r} is {meta.dtype}")
+            owners.add(k)
+        if len(owners) > 1:
+            raise LayoutUnavailable(f"engine parameter {meta.name!r} is fed by tensors of pipeline stages "
+                                    f"{sorted(stages[k][0] for k in owners)}")
+        per_stage[min(owners, default=0)].append(meta)
+        where[meta.name] = (g, i)
     per_rank = max(1, int(bucket_bytes) // layout.tp_size - _ALIGN)
-    buckets = plan_buckets(layout.params, per_rank)
-    key = hashlib.sha256(f"{layout.fingerprint}|{per_rank}|{sorted(sent.items(), key=str)}".encode()).hexdigest()[:20]
-    expected = layout.tp_size * sum(m.numel for m in layout.params)
-    return DirectPlan(layout, buckets, key, expected, tuple(sorted(sent)))
+    send = SendPlan([StagePlan(pp, leader, metas, plan_buckets(metas, per_rank))
+                     for (pp, leader, _), metas in zip(stages, per_stage) if metas], [])
+    sent = sorted((n, str(d), stage_of[n]) for _, _, s in stages for n, d in s.items())
+    key = hashlib.sha256(f"{layout.fingerprint}|{per_rank}|{sent}".encode()).hexdigest()[:20]
+    expected = layout.tp_size * sum(m.numel for s in send.stages for m in s.metas)
+    return DirectPlan(layout, send, where, key, expected, tuple(n for n, _, _ in sent))
+
+
+def _joint_runs(shape, d_stride, d_off: int, s_stride, s_off: int) -> torch.Tensor:
+    """``[N, 3]`` runs ``(dst, src, length)`` of an element-wise copy between two strided views of one ``shape``
+    (dims coalesced where both sides are contiguous across them; the innermost dim is one run when both strides
+    are 1)."""
+    if any(n == 0 for n in shape):
+        return torch.zeros((0, 3), dtype=torch.int64)
+    dims: list[list[int]] = []
+    for n, ds, ss in zip(shape, d_stride, s_stride):
+        if n == 1:
+            continue
+        if dims and dims[-1][1] == n * ds and dims[-1][2] == n * ss:
+            dims[-1] = [dims[-1][0] * n, ds, ss]
+        else:
+            dims.append([n, ds, ss])
+    length = dims.pop()[0] if dims and dims[-1][1] == 1 and dims[-1][2] == 1 else 1
+    d = torch.tensor([d_off], dtype=torch.int64)
+    s = torch.tensor([s_off], dtype=torch.int64)
+    for n, ds, ss in dims:
+        ar = torch.arange(n, dtype=torch.int64)
+        d = (d[:, None] + ar * ds).reshape(-1)
+        s = (s[:, None] + ar * ss).reshape(-1)
+    return torch.stack([d, s, torch.full_like(d, length)], 1)
+
+
+def shard_runs(role, shard_shape, hf_name: str, hf_shape, spec, tp_rank: int, tp_size: int) -> torch.Tensor:
+    """``[N, 3]`` runs ``(offset in the HF tensor, offset in the flat local shard, length)``, sorted, of the elements
+    of ``hf_name`` this trainer rank's shard (contiguous, ``shard_shape``) fills: the converter's ``shard_regions``
+    on meta tensors, read as strides."""
+    runs = []
+    for reg in shard_regions(role, torch.empty(tuple(shard_shape), device="meta"), spec, tp_rank, tp_size):
+        if reg.name != hf_name:
+            continue
+        dst = torch.empty(tuple(hf_shape), device="meta").narrow(reg.dim, reg.start, reg.length)
+        if dst.shape != reg.src.shape:
+            dst = dst.view(reg.src.shape)
+        runs.append(_joint_runs(tuple(reg.src.shape), dst.stride(), dst.storage_offset(), reg.src.stride(),
+                                reg.src.storage_offset()))
+    out = torch.cat(runs) if runs else torch.zeros((0, 3), dtype=torch.int64)
+    return out[torch.argsort(out[:, 0])]
+
+
+def _intersect(eruns: torch.Tensor, truns: torch.Tensor) -> tuple[list, list, list]:
+    """Engine runs ``(dst, offset, length)`` into one HF tensor x this rank's runs ``(offset, local, length)`` of it
+    -> the copies ``(dst, local, length)`` this rank makes, sorted by dst, contiguous pieces joined."""
+    if eruns.shape[0] == 0 or truns.shape[0] == 0:
+        return [], [], []
+    e0, e1 = eruns[:, 1], eruns[:, 1] + eruns[:, 2]
+    t0, t1 = truns[:, 0], truns[:, 0] + truns[:, 2]
+    lo = torch.searchsorted(t1, e0, right=True)  # first rank run ending after the engine run starts
+    hi = torch.searchsorted(t0, e1, right=False)  # first rank run starting at or after its end
+    cnt = (hi - lo).clamp(min=0)
+    if int(cnt.sum()) == 0:
+        return [], [], []
+    ei = torch.repeat_interleave(torch.arange(eruns.shape[0]), cnt)
+    ti = lo[ei] + torch.arange(ei.numel()) - torch.repeat_interleave(torch.cumsum(cnt, 0) - cnt, cnt)
+    a, b = torch.maximum(e0[ei], t0[ti]), torch.minimum(e1[ei], t1[ti])
+    keep = b > a
+    ei, ti, a, b = ei[keep], ti[keep], a[keep], b[keep]
+    dst = eruns[ei, 0] + (a - e0[ei])
+    loc = truns[ti, 1] + (a - t0[ti])
+    n = b - a
+    order = torch.argsort(dst)
+    dst, loc, n = dst[order], loc[order], n[order]
+    if dst.numel() > 1:  # join pieces contiguous on both sides
+        brk = torch.ones(dst.numel(), dtype=torch.bool)
+        brk[1:] = ~((dst[1:] == dst[:-1] + n[:-1]) & (loc[1:] == loc[:-1] + n[:-1]))
+        seg = torch.cumsum(brk.to(torch.int64), 0) - 1
+        n = torch.zeros(int(seg[-1]) + 1, dtype=torch.int64).index_add_(0, seg, n)
+        dst, loc = dst[brk], loc[brk]
+    return dst.tolist(), loc.tolist(), n.tolist()
 
 
 def _merge_blocks(dst: list, src: list, lens: list) -> list[tuple]:
@@ -150,96 +273,76 @@ def _merge_blocks(dst: list, src: list, lens: list) -> list[tuple]:
     return [tuple(b) for b in blocks]
 
 
-def _local_runs(hfmap: torch.Tensor, base: int, runs: torch.Tensor):
-    """Where ``runs`` (engine dst, global src, length) find this rank's local elements: (dst, local src, len)."""
-    out_d, out_s, out_l = [], [], []
-    lens = runs[:, 2]
-    start = 0
-    while start < runs.shape[0]:  # chunks of at most _CHUNK expanded elements (one run may exceed it alone)
-        stop, acc = start, 0
-        while stop < runs.shape[0] and (stop == start or acc + int(lens[stop]) <= _CHUNK):
-            acc += int(lens[stop])
-            stop += 1
-        part = runs[start:stop]
-        n = part[:, 2]
-        total = int(n.sum())
-        first = torch.repeat_interleave(torch.cumsum(n, 0) - n, n)
-        offs = torch.arange(total) - first
-        dpos = torch.repeat_interleave(part[:, 0], n) + offs
-        vals = hfmap[torch.repeat_interleave(part[:, 1] - base, n) + offs]
-        valid = vals >= 0
-        brk = torch.ones(total, dtype=torch.bool)
-        if total > 1:
-            brk[1:] = ~((vals[1:] == vals[:-1] + 1) & (dpos[1:] == dpos[:-1] + 1) & valid[:-1])
-        starts = brk.nonzero().squeeze(1)
-        seg = torch.diff(starts, append=torch.tensor([total]))
-        keep = valid[starts]
-        out_d += dpos[starts][keep].tolist()
-        out_s += vals[starts][keep].tolist()
-        out_l += seg[keep].tolist()
-        start = stop
-    return out_d, out_s, out_l
-
-
-def compose_writes(plan: DirectPlan, entries, spec, tp_rank: int, tp_size: int) -> tuple[list[list], int]:
-    """This trainer rank's writes of every bucket and the number of elements they cover.
+def compose_writes(plan: DirectPlan, entries, spec, tp_rank: int, tp_size: int,
+                   pp_rank: int = 0) -> tuple[list[list], int]:
+    """This trainer rank's writes of every bucket of its pipeline stage and the number of elements they cover.
 
     Args:
         entries: this rank's LocalTensors (parallel.convert), whose shards are written.
-        spec, tp_rank, tp_size: the model spec and this rank's trainer TP position.
+        spec, tp_rank, tp_size, pp_rank: the model spec and this rank's trainer TP / PP position.
     Returns:
         (ops, covered): ``ops[k]`` lists ``(engine rank, byte offset in the section, nbytes, dtype, entry index or
-        -1 for zeros, blocks)`` of bucket k (blocks as in :func:`_merge_blocks`, in elements of the parameter and
-        of the entry's flattened tensor); ``covered`` counts the engine elements written (zeros by rank 0 only).
+        -1 for zeros, blocks)`` of the stage's bucket k (blocks as in :func:`_merge_blocks`, in elements of the
+        parameter and of the entry's flattened tensor); ``covered`` counts the engine elements written (zeros by
+        TP rank 0 only).  The copies of a template's parameter are composed once and reused for every layer whose
+        tensors come from shards of the same kind and shape.
     Raises:
         LayoutUnavailable: a shard is not contiguous.
     """
+    stage = plan.stage(pp_rank)
+    if stage is None:
+        return [], 0
     layout = plan.layout
-    names = list(layout.hf)
-    bases = torch.tensor([layout.hf[n][1] for n in names], dtype=torch.int64)
     owner = {}
     for i, e in enumerate(entries):
-        for n in e.role.hf_names:
-            owner[n] = i
-    by_hf: dict[int, list] = {}
-    ops: list[list] = [[] for _ in plan.buckets]
+        for j, n in enumerate(e.role.hf_names):
+            owner[n] = (i, j)
+    shard_cache: dict = {}
+    block_cache: dict = {}
+    ops: list[list] = [[] for _ in stage.buckets]
     covered = 0
-    for k, bucket in enumerate(plan.buckets):
+    for k, bucket in enumerate(stage.buckets):
         for meta, off in zip(bucket.metas, bucket.offsets):
+            g, i = plan.where[meta.name]
+            layer, tid = layout.groups[g]
+            t = layout.templates[tid]
             for e in range(layout.tp_size):
-                runs = layout.runs[e][meta.name]
-                zeros = runs[runs[:, 1] == -1]
-                if zeros.shape[0] and tp_rank == 0:
-                    blocks = _merge_blocks(zeros[:, 0].tolist(), [0] * zeros.shape[0], zeros[:, 2].tolist())
-                    ops[k].append((e, off, meta.nbytes, meta.dtype, -1, blocks))
-                    covered += int(zeros[:, 2].sum())
-                real = runs[runs[:, 1] >= 0]
-                ids = torch.searchsorted(bases, real[:, 1], right=True) - 1
-                for i in ids.unique().tolist():
-                    by_hf.setdefault(i, []).append((k, e, off, meta, real[ids == i]))
-    for i, uses in by_hf.items():
-        name = names[i]
-        ent = owner.get(name)
-        if ent is None:
-            continue  # another trainer rank (or nobody: the coverage check catches it)
-        e_t = entries[ent].tensor
-        if not e_t.is_contiguous():
-            raise LayoutUnavailable(f"{entries[ent].local_name}: a non-contiguous shard cannot be written by blocks")
-        shape, base = layout.hf[name]
-        hfmap = torch.full(shape, -1, dtype=torch.int64)
-        index = torch.arange(e_t.numel(), dtype=torch.int64).view(e_t.shape)
-        for reg in shard_regions(entries[ent].role, index, spec, tp_rank, tp_size):
-            if reg.name == name:
-                reg.write(hfmap)
-        hfmap = hfmap.view(-1)
-        for k, e, off, meta, runs in uses:
-            d, s, n = _local_runs(hfmap, base, runs)
-            if d:
-                order = sorted(range(len(d)), key=d.__getitem__)
-                blocks = _merge_blocks([d[j] for j in order], [s[j] for j in order], [n[j] for j in order])
-                ops[k].append((e, off, meta.nbytes, meta.dtype, ent, blocks))
-                covered += sum(n)
-        del hfmap, index
+                runs = t.runs[e][i]
+                if tp_rank == 0:
+                    zkey = ("zeros", tid, e, i)
+                    if zkey not in block_cache:
+                        z = runs[runs[:, 1] == -1]
+                        block_cache[zkey] = (_merge_blocks(z[:, 0].tolist(), [0] * z.shape[0], z[:, 3].tolist()),
+                                             int(z[:, 3].sum()))
+                    blocks, n = block_cache[zkey]
+                    if blocks:
+                        ops[k].append((e, off, meta.nbytes, meta.dtype, -1, blocks))
+                        covered += n
+                for s in runs[:, 1].unique().tolist():
+                    if s < 0:
+                        continue
+                    rel, hf_shape = t.hf[s]
+                    hf_name = expand_name(rel, layer)
+                    if hf_name not in owner:
+                        continue  # another trainer rank's (or nobody's: the coverage check catches it)
+                    ent, j = owner[hf_name]
+                    entry = entries[ent]
+                    if not entry.tensor.is_contiguous():
+                        raise LayoutUnavailable(f"{entry.local_name}: a non-contiguous shard cannot be written by "
+                                                f"blocks")
+                    skey = (entry.role.kind, j, tuple(entry.tensor.shape), tuple(hf_shape))
+                    if skey not in shard_cache:
+                        shard_cache[skey] = shard_runs(entry.role, entry.tensor.shape, entry.role.hf_names[j],
+                                                       hf_shape, spec, tp_rank, tp_size)
+                    bkey = (tid, e, i, s, skey)
+                    if bkey not in block_cache:
+                        sel = runs[runs[:, 1] == s]
+                        d, src, n = _intersect(sel[:, [0, 2, 3]], shard_cache[skey])
+                        block_cache[bkey] = (_merge_blocks(d, src, n), sum(n))
+                    blocks, n = block_cache[bkey]
+                    if blocks:
+                        ops[k].append((e, off, meta.nbytes, meta.dtype, ent, blocks))
+                        covered += n
     return ops, covered
 
 

@@ -191,7 +191,7 @@ class DirectTransport(TensorTransport):
         stride = self.direct.stride(bplan)
         per_engine = [[MultiprocessingSerializer.serialize(buf[e * stride:e * stride + bplan.nbytes])
                        for e in range(self.tp_size)] for _ in self.initial]
-        return self.direct.header(bplan), per_engine
+        return self.direct.header(bplan, last=bplan is plan.stages[-1].buckets[-1]), per_engine
 
     def _send(self, payloads, last: bool):
         header, per_engine = payloads

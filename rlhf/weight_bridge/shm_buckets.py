@@ -90,15 +90,16 @@ class SharedBuckets:
 
         return self._stream(buckets, [b.nbytes for b in buckets], write, times)
 
-    def stream_direct(self, plan, ops: list, entries: Sequence[LocalTensor],
+    def stream_direct(self, plan, buckets: Sequence[BucketPlan], ops: list, entries: Sequence[LocalTensor],
                       times: dict) -> Iterator[tuple[BucketPlan, None, torch.Tensor]]:
-        """Like :meth:`stream`, for an engine-layout plan (rlhf.weight_bridge.engine_layout.DirectPlan): each
-        rank runs its composed block copies ``ops[k]`` into bucket k's engine-rank sections."""
+        """Like :meth:`stream`, for the stage's ``buckets`` of an engine-layout plan
+        (rlhf.weight_bridge.engine_layout.DirectPlan): each rank runs its composed block copies ``ops[k]`` into
+        bucket k's engine-rank sections."""
         from rlhf.weight_bridge.engine_layout import write_section_ops
 
         flats = [e.values().view(-1) for e in entries]
-        sizes = [plan.buffer_bytes(b) for b in plan.buckets]
-        return self._stream(plan.buckets, sizes,
+        sizes = [plan.buffer_bytes(b) for b in buckets]
+        return self._stream(buckets, sizes,
                             lambda k, b, buf: write_section_ops(ops[k], buf, plan.stride(b), flats), times)
 
     def _stream(self, buckets, sizes, write, times):

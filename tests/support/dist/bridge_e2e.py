@@ -15,7 +15,7 @@ output must equal HF `generate` of the model exported with save_hf_checkpoint, a
 must have changed.  The Llama keeps its final norm as a persistent buffer (frozen for the
 optimizer) that is changed between steps outside the optimizer, so the sync must carry it.
 Then a bad name map (unknown name, wrong shape) is refused before sending and the engine lives on.
-Phase "layout" (trainer TP2, then TP1): the engine-layout path against the generic path on both engines, every
+Phase "layout" (trainer TP2, TP1, then PP2): the engine-layout path against the generic path on both engines, every
 parameter of every engine TP rank compared bitwise; a bucket for another engine layout is refused, nothing loaded.
 
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0 (see tests/e2e/test_weight_bridge_e2e.py).
@@ -348,8 +348,9 @@ def check_refusals(actor, state, engines, last, paths):
 
 def run_layout_phase(paths, engines, workdir):
     """The engine-layout path (buckets in the engines' parameter layout, one copy per parameter in the engine)
-    against SGLang's generic loading, at trainer TP 2 and 1, engine A (Qwen2 tied, engine TP 1) and B (Llama untied,
-    engine TP 2): every parameter of every engine TP rank must be bitwise what the generic path gives."""
+    against SGLang's generic loading, at trainer TP 2, TP 1 and PP 2, engine A (Qwen2 tied, engine TP 1) and B
+    (Llama untied, engine TP 2): every parameter of every engine TP rank must be bitwise what the generic path
+    gives."""
     from transformers import AutoConfig
 
     from megatron.core import parallel_state as ps
@@ -360,10 +361,10 @@ def run_layout_phase(paths, engines, workdir):
     from rlhf.weight_bridge import WeightBridge
 
     rank0 = dist.get_rank() == 0
-    for tp in (2, 1):
+    for tp, pp in ((2, 1), (1, 1), (1, 2)):
         if ps.model_parallel_is_initialized():
             ps.destroy_model_parallel()
-        init_model_parallel(tp=tp, pp=1)
+        init_model_parallel(tp=tp, pp=pp)
         set_seed(99)
         for key, path in paths.items():
             eng = engines[key] if rank0 else None
@@ -373,7 +374,7 @@ def run_layout_phase(paths, engines, workdir):
                 for c in actor.chunks:
                     for prm in c.parameters():
                         prm.add_(0.05 * torch.randn(prm.shape, generator=g))
-            name = f"layout_ttp{tp}_{key}"
+            name = f"layout_ttp{tp}_{key}" if pp == 1 else f"layout_pp{pp}_{key}"
             generic = WeightBridge(actor.chunks, actor.spec, eng, bucket_bytes=64 * 1024, engine_layout=False)
             g_stats = generic.sync()
             generic.close()
