@@ -9,12 +9,16 @@ Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, 
 TP 1, fp32; a RolloutManager on rank 0).  A second engine serves the quickstart-sized model (0.5 MB).
 
 Timed (medians of --repeats runs after one untimed warm-up of each path, so imports, first-touch page
-faults, the engine's layout probe and the engine's first load are excluded):
+faults, the engine's layout probe and the engine's first load are excluded; the warm-up is reported):
   * bridge      -- `WeightBridge.sync()` with its defaults (512 MB buckets; on CPU every TP rank writes its
                    elements straight into the engine's parameter layout in a shared bucket the engine maps, and
                    the engine copies each parameter once): plan check, writes, delivery, session end, flush;
+                   its first sync includes the engine's one-time layout probe and each rank's composition;
   * generic     -- the same with `engine_layout=False`: the ranks write HF tensors, SGLang's `load_weights` loads
                    them through its per-parameter loaders (the fallback path);
+  Phase split of both (medians over the timed syncs, rank 0): plan (plan check + opening the engines' sessions),
+  writes (this rank writing its buckets, incl. waiting for its TP peers), engine load (waiting for the engines'
+  loads of the buckets: with two buffers bucket k+1 is written while bucket k loads), end (closing the sessions).
   * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0);
   * load        -- the engine's `update_weights_from_disk(dir)` of the same weights (safetensors written by
                    `save_hf_checkpoint`, file pages hot in the OS cache);
@@ -25,8 +29,10 @@ peak_extra_mb: the largest, over the two trainer ranks, of the memory the sync n
 increase of resident memory during a timed sync (VmHWM after the sync minus VmRSS before it, VmHWM reset via
 /proc/self/clear_refs) or, when larger, the bridge's persistent bucket buffers (allocated once, kept across syncs).
 
+The machine's load average (1 min) is read before and after the timed part.
+
 The LAST line printed is exactly
-    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> generic_vs_copy=<generic/copy>
+    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> generic_vs_copy=<generic/copy> first_sync_s=<bridge's first sync> load1=<start>/<end>
 """
 import argparse
 import os
@@ -60,7 +66,8 @@ def median(xs):
 
 
 def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, engine_layout=True):
-    """Warm-up sync, then `repeats` timed syncs; returns (median seconds, peak extra RSS MB, last stats)."""
+    """Warm-up sync, then `repeats` timed syncs; returns (median seconds, peak extra RSS MB, last stats, first sync
+    seconds)."""
     import torch
     import torch.distributed as dist
 
@@ -69,9 +76,12 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, engine
     bridge = WeightBridge(chunks, spec, engine, bucket_bytes=int(bucket_mb * 2**20), engine_layout=engine_layout)
     t0 = time.perf_counter()
     first = bridge.sync()  # warm-up: imports, plan (and the engine's layout probe), first-touch of the buckets
-    log(f"bridge {label}: first sync {time.perf_counter() - t0:.2f} s ({first.path} path"
-        f"{'' if first.fallback_reason is None else ': ' + first.fallback_reason})")
-    times, rss_peaks = [], []
+    t_first = time.perf_counter() - t0
+    lp = bridge.layout_path
+    log(f"bridge {label}: first sync {t_first:.2f} s ({first.path} path"
+        f"{'' if first.fallback_reason is None else ': ' + first.fallback_reason}; engine layout + plan "
+        f"{lp.layout_seconds:.2f} s, composing rank 0's writes {lp.compose_seconds:.2f} s)")
+    times, rss_peaks, phases = [], [], []
     for _ in range(repeats):
         dist.barrier()
         hwm_ok = _reset_hwm()
@@ -80,6 +90,7 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, engine
         stats = bridge.sync()
         dist.barrier()
         times.append(time.perf_counter() - t0)
+        phases.append((stats.plan_seconds, stats.produce_seconds, stats.deliver_seconds, stats.finish_seconds))
         # resident growth during the sync, or the bridge's own (persistent) buffers if larger: they stay allocated
         rss = (_rss_kb("VmHWM") - rss0) / 1024 if hwm_ok else 0.0
         peak = torch.tensor([max(rss, stats.peak_extra_bytes / 2**20)], dtype=torch.float64)
@@ -87,13 +98,13 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, engine
         rss_peaks.append(peak.item())
     bridge.close()
     med = median(times)
+    plan, writes, load, end = (median([p[i] for p in phases]) * 1e3 for i in range(4))
     log(f"bridge {label} [{stats.path}]: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms of "
-        f"{[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; rank 0 last sync: plan "
-        f"{stats.plan_seconds * 1e3:.1f} ms, writes {stats.produce_seconds * 1e3:.1f} ms, delivery "
-        f"{stats.deliver_seconds * 1e3:.1f} ms, end {stats.finish_seconds * 1e3:.1f} ms; peak extra "
+        f"{[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; rank 0 medians: plan "
+        f"{plan:.1f} ms, writes {writes:.1f} ms, engine load {load:.1f} ms, end {end:.1f} ms; peak extra "
         f"{max(rss_peaks):.0f} MB (bridge-accounted {stats.peak_extra_bytes / 2**20:.0f} MB, largest tensor "
         f"{max(p.numel() * p.element_size() for c in chunks for p in c.parameters()) * 2 / 2**20:.0f} MB gathered)")
-    return med, max(rss_peaks), stats
+    return med, max(rss_peaks), stats, t_first
 
 
 def make_checkpoints(work, layers, log):
@@ -167,11 +178,14 @@ def main(args):
         for c in actor.chunks:
             for p in c.parameters():
                 p.mul_(1.01)
-    t_generic, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
-                                  engine_layout=False)
-    t_bridge, peak_mb, stats = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big")
+    load_start = os.getloadavg()[0]
+    log(f"load average (1 min) at start: {load_start:.1f} on {os.cpu_count()} cores")
+    t_generic, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
+                                     engine_layout=False)
+    t_bridge, peak_mb, stats, t_first = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
+                                                    "big")
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
-    t_tiny, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(args.repeats, 9), log, "tiny")
+    t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(args.repeats, 9), log, "tiny")
 
     t_copy = t_load = t_export_load = None
     if rank == 0:  # (a) a plain copy of the same bytes
@@ -218,7 +232,8 @@ def main(args):
     if rank == 0:
         print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} vs_export_load={t_bridge / t_export_load:.3f} "
               f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f} "
-              f"generic_vs_copy={t_generic / t_copy:.2f}",
+              f"generic_vs_copy={t_generic / t_copy:.2f} first_sync_s={t_first:.2f} "
+              f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}",
               flush=True)
     dist.destroy_process_group()
 
@@ -226,7 +241,7 @@ def main(args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_weight_sync_bench"))
     a = ap.parse_args()
     if "RANK" not in os.environ:

@@ -24,11 +24,11 @@ Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
    ``end_sync``); an engine replaced during the sync stays stale and is synced again by the caller.
 
 SGLang slices its own TP shards out of the full HF tensors, so the bridge is independent of the rollout
-TP size.  Engine-layout path (opt-in, ``engine_layout=True``; engine_layout.py / direct_path.py): with the
-shared buckets and the tensor transport at PP 1, the ranks write straight into each engine TP rank's parameter
-layout (derived once per engine from its own loaders) and the engine copies each parameter once; otherwise, with
-the reason logged once and counted (``SyncStats.fallback_syncs``), the generic path above.  Off by default until
-it is measured faster: its one-time probe of the engine's loaders is slow (benchmarks/README.md).
+TP size.  Engine-layout path (the default, ``engine_layout=True``; engine_layout.py / direct_path.py): with the
+shared buckets and the tensor transport, the ranks of each pipeline stage write straight into each engine TP rank's
+parameter layout (derived once per engine from its own loaders) and the engine copies each parameter once;
+otherwise, with the reason logged once and counted (``SyncStats.fallback_syncs``), the generic path above
+(benchmarks/README.md, "Engine-layout path").
 Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an
 HF name (standard map or a ``name_map`` hook, :func:`regex_name_map`) are sent; unmapped buffers are
 skipped and listed in ``SyncStats.skipped_buffers``; an unmapped parameter is an error.
@@ -136,8 +136,8 @@ class WeightBridge:
         topology: override (tests: a simulated TP group); default MegatronTopology().
         engine_layout: write buckets in the engines' own parameter layout (engine_layout.py: derived once per
             engine from its own loaders; the engine copies each parameter once) when the engines, the transport
-            and the topology allow it; otherwise, and with False, SGLang's generic loading (reason logged once,
-            counted in ``SyncStats.fallback_syncs``).  Off by default (see the module docstring).
+            and the topology allow it (default); otherwise SGLang's generic loading (reason logged once, counted in
+            ``SyncStats.fallback_syncs``); False: always the generic loading, nothing counted.
         local_handles: colocated (``"tensor"``, PP 1, the leader's gather path): each engine TP rank loads from the
             trainer rank on its own device, which holds a copy of each bucket (local_handles.py; default); False:
             every engine rank maps the stage leader's buckets.
@@ -150,7 +150,7 @@ class WeightBridge:
                  name_map: NameMap | None = None, check: str | None = None, check_rows: int = 4,
                  allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
                  backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
-                 shared_buckets: bool | None = None, topology=None, engine_layout: bool = False,
+                 shared_buckets: bool | None = None, topology=None, engine_layout: bool = True,
                  local_handles: bool = True):
         if transport not in ("tensor", "distributed"):
             raise ValueError(f"transport={transport!r}: use 'tensor' (colocated) or 'distributed' (broadcast)")

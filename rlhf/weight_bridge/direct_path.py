@@ -11,6 +11,7 @@ the reason is logged once and counted.
 from __future__ import annotations
 
 import logging
+import time
 
 from rlhf.weight_bridge.engine_layout import (DirectPlan, EngineLayout, LayoutUnavailable, agree, build_direct_plan,
                                               compose_writes, fetch_layout)
@@ -34,6 +35,8 @@ class EngineLayoutPath:
         self._ops: tuple | None = None  # (plan key, this rank's ops), agreed by every rank
         self.fallback_syncs = 0
         self._logged: set = set()
+        self.layout_seconds = 0.0  # controller: asking the engines for their layout (their one-time probe) + planning
+        self.compose_seconds = 0.0  # this rank: composing its block writes (once per plan)
 
     @property
     def plan(self) -> DirectPlan | None:
@@ -47,7 +50,9 @@ class EngineLayoutPath:
 
     def verdict(self, plan, reports, fp, engines, transport: str, check, bucket_bytes: int):
         """Controller: ``(DirectPlan, or its key when every rank holds it, or None; reason when None)``."""
+        t0 = time.perf_counter()
         direct, reason = self._choose(plan, reports, fp, engines, transport, check, bucket_bytes)
+        self.layout_seconds += time.perf_counter() - t0
         if direct is None:
             return None, reason
         if direct.key == self._sent:
@@ -99,11 +104,13 @@ class EngineLayoutPath:
             return
         mine, ops = (None, 0), None
         if topo.active:
+            t0 = time.perf_counter()
             try:
                 ops, covered = compose_writes(self._plan, entries, spec, topo.tp_rank, topo.tp_size, topo.pp_rank)
                 mine = (None, covered)
             except Exception as e:  # noqa: BLE001 - every rank must learn about it
                 mine = (f"rank {topo.rank}: {type(e).__name__}: {e}", 0)
+            self.compose_seconds += time.perf_counter() - t0
         reason = agree(self._plan, topo.all_gather_object(mine))
         if reason is None:
             self._ops = (self._plan.key, ops)
