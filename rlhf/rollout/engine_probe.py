@@ -35,7 +35,8 @@ __all__ = ["LayoutProbeError", "engine_params", "param_signature", "split_layer"
 _PARAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {name: Parameter}
 _LAYER = re.compile(r"^(.*?\blayers\.)(\d+)(\..*)$")
 _MARK = "{L}"  # the layer index in a template name
-_CHUNK = 1 << 24  # elements decoded at once
+_BATCH = 1 << 26  # HF index elements handed to one load_weights call (a larger tensor goes alone)
+_CHUNK = 1 << 20  # elements compared at once (bounded temporaries)
 
 
 class LayoutProbeError(RuntimeError):
@@ -72,50 +73,72 @@ def expand_name(template: str, layer: int | None) -> str:
     return template if layer is None else template.replace(_MARK, str(layer), 1)
 
 
-def _runs(values: torch.Tensor, bases: torch.Tensor, name: str) -> torch.Tensor:
+def _element_runs(values: torch.Tensor, offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Starts (shifted by ``offset``) and codes of the maximal runs of flat ``values`` (1 + index, 0 = zeros): an
+    index run continues while the index grows by one, a zero run while zeros follow."""
+    code = values.to(torch.int64) - 1  # -1: zeros
+    brk = torch.ones(code.numel(), dtype=torch.bool)
+    if code.numel() > 1:
+        a, b = code[:-1], code[1:]
+        brk[1:] = ~(((a >= 0) & (b == a + 1)) | ((a < 0) & (b < 0)))
+    idx = brk.nonzero().squeeze(1)
+    return idx + offset, code[idx]
+
+
+def _runs(values: torch.Tensor, shape: tuple, bases: torch.Tensor) -> torch.Tensor:
     """``[R, 4]`` int64 runs ``(dst start, HF slot or -1 for zeros, offset in that HF tensor, length)`` of one
-    probed parameter (flat integer ``values``: -1 untouched, 0 zero-filled, else 1 + group-relative index;
-    ``bases[s]``: first group-relative index of slot s).  Raises LayoutProbeError when part of it is untouched."""
-    starts, codes = [], []
-    prev = None  # (last code, was it a zero) of the previous chunk
+    probed parameter (flat integer ``values`` of ``shape``: 0 zero-filled, else 1 + group-relative index, none
+    untouched; ``bases[s]``: first group-relative index of slot s).
+
+    Row by row first (the last dim): a row that is one ascending index run or all zeros costs two passes; only
+    the other rows (a row split between HF tensors or TP shards) are decoded element by element."""
     n = values.numel()
-    for lo in range(0, n, _CHUNK):
-        v = values[lo:lo + _CHUNK].to(torch.int64)
-        if bool((v < 0).any()):
-            raise LayoutProbeError(f"parameter {name!r}: the engine's loaders write only part of it")
-        code = v - 1  # -1: zeros
-        brk = torch.ones(code.numel(), dtype=torch.bool)
-        if code.numel() > 1:
-            a, b = code[:-1], code[1:]
-            brk[1:] = ~(((a >= 0) & (b == a + 1)) | ((a < 0) & (b < 0)))
-        if prev is not None:
-            brk[0] = not ((prev >= 0 and int(code[0]) == prev + 1) or (prev < 0 and int(code[0]) < 0))
-        idx = brk.nonzero().squeeze(1)
-        starts.append(idx + lo)
-        codes.append(code[idx])
-        prev = int(code[-1])
-    start = torch.cat(starts) if starts else torch.zeros(0, dtype=torch.int64)
-    code = torch.cat(codes) if codes else torch.zeros(0, dtype=torch.int64)
+    cols = int(shape[-1]) if len(shape) and int(shape[-1]) > 0 else max(n, 1)
+    v = values.view(-1, cols)
+    first = v[:, 0]
+    ar = torch.arange(cols, dtype=v.dtype)
+    step = max(1, _CHUNK // cols)
+    whole = torch.cat([(v[a:a + step] == first[a:a + step, None] + ar).all(1) for a in range(0, v.shape[0], step)])
+    whole &= first >= 1
+    rest = (~whole).nonzero().squeeze(1)
+    zero = torch.zeros(0, dtype=torch.long)
+    if rest.numel():
+        zero = rest[(v[rest] == 0).all(1)]
+        rest = rest[~(v[rest] == 0).all(1)]
+    starts = [whole.nonzero().squeeze(1) * cols, zero * cols]
+    codes = [first[whole].to(torch.int64) - 1, torch.full((zero.numel(),), -1, dtype=torch.int64)]
+    for r in rest.tolist():  # rows that are not one run: element by element
+        st, c = _element_runs(v[r], r * cols)
+        starts.append(st)
+        codes.append(c)
+    start = torch.cat(starts)
+    code = torch.cat(codes)
+    order = torch.argsort(start)
+    start, code = start[order], code[order]
+    if start.numel() > 1:  # join runs that continue across rows
+        length0 = torch.diff(start, append=torch.tensor([n]))
+        cont = torch.zeros(start.numel(), dtype=torch.bool)
+        a, b = code[:-1], code[1:]
+        cont[1:] = ((a >= 0) & (b == a + length0[:-1])) | ((a < 0) & (b < 0))
+        start, code = start[~cont], code[~cont]
     length = torch.diff(start, append=torch.tensor([n]))
     # a run never crosses into the next HF tensor: split runs at the slot bases they contain
-    cuts = [start, code, length]
-    first = torch.searchsorted(bases, code, right=True) - 1
-    last = torch.searchsorted(bases, code + length - 1, right=True) - 1
-    crossing = (code >= 0) & (last > first)
+    first_slot = torch.searchsorted(bases, code, right=True) - 1
+    last_slot = torch.searchsorted(bases, code + length - 1, right=True) - 1
+    crossing = (code >= 0) & (last_slot > first_slot)
     if bool(crossing.any()):
         rows = []
         for i in crossing.nonzero().squeeze(1).tolist():
-            s, c, ln = int(start[i]), int(code[i]), int(length[i])
-            for b in bases[int(first[i]) + 1:int(last[i]) + 1].tolist() + [c + ln]:
-                rows.append((s, c, b - c))
-                s, c = s + b - c, b
-        keep = ~crossing
+            st, c, ln = int(start[i]), int(code[i]), int(length[i])
+            for b in bases[int(first_slot[i]) + 1:int(last_slot[i]) + 1].tolist() + [c + ln]:
+                rows.append((st, c, b - c))
+                st, c = st + b - c, b
         extra = torch.tensor(rows, dtype=torch.int64)
-        cuts = [torch.cat([cuts[0][keep], extra[:, 0]]), torch.cat([cuts[1][keep], extra[:, 1]]),
-                torch.cat([cuts[2][keep], extra[:, 2]])]
-        order = torch.argsort(cuts[0])
-        cuts = [c[order] for c in cuts]
-    start, code, length = cuts
+        keep = ~crossing
+        start, code, length = (torch.cat([start[keep], extra[:, 0]]), torch.cat([code[keep], extra[:, 1]]),
+                               torch.cat([length[keep], extra[:, 2]]))
+        order = torch.argsort(start)
+        start, code, length = start[order], code[order], length[order]
     slot = torch.where(code >= 0, torch.searchsorted(bases, code, right=True) - 1, torch.full_like(code, -1))
     off = torch.where(code >= 0, code - bases[slot.clamp(min=0)], torch.zeros_like(code))
     return torch.stack([start, slot, off, length], 1)
@@ -164,6 +187,7 @@ def probe_layout(model, hf_tensors: Sequence[tuple[str, Sequence[int]]], tp_rank
         counts[sig] = counts.get(sig, 0) + 1
     saved = {n: (p.data, p.requires_grad) for n, p in params.items()}  # integer data needs requires_grad off
     sentinel = torch.full((), -1, dtype=torch.int32)  # every other parameter: this element, expanded
+    scratch = _Scratch()
     templates: list[dict] = []
     by_sig: dict = {}  # signature -> [(template index, probed values per parameter or None)]
     out_groups = []
@@ -176,13 +200,13 @@ def probe_layout(model, hf_tensors: Sequence[tuple[str, Sequence[int]]], tp_rank
             if not hf:
                 continue  # parameters no HF tensor reaches keep their values
             sig = sigs[k]
-            fwd = _probe_group(load_weights, hf, plist, sentinel, reverse=False)
+            fwd = _probe_group(load_weights, hf, plist, sentinel, scratch, reverse=False)
             tid = next((t for t, vals in by_sig.get(sig, ()) if vals is not None and
                         all(torch.equal(a, b) for a, b in zip(vals, fwd))), None)
             if tid is None:
                 tid = len(templates)
-                templates.append(_template(load_weights, hf, plist, sentinel, fwd))
-                by_sig.setdefault(sig, []).append((tid, fwd if counts[sig] > 1 else None))
+                templates.append(_template(load_weights, hf, plist, sentinel, scratch, fwd))
+                by_sig.setdefault(sig, []).append((tid, [f.clone() for f in fwd] if counts[sig] > 1 else None))
             out_groups.append((k, tid))
             for _, _, p, _ in plist:
                 p.data = sentinel.expand(tuple(p.shape))
@@ -198,40 +222,74 @@ def _index_dtype(total: int) -> torch.dtype:
     return torch.int32 if total + 1 < 2 ** 31 else torch.int64
 
 
-def _probe_group(load_weights, hf: list, plist: list, sentinel: torch.Tensor, reverse: bool) -> list:
-    """One ``load_weights`` call with the group's HF tensors as indices; the group's parameters' values (flat)."""
+class _Scratch:
+    """Buffers every group reuses: memory fresh from the OS costs a page fault per 4 KiB on first touch, which
+    dominated the probe when each group allocated its own."""
+
+    def __init__(self):
+        self._bufs: dict = {}
+
+    def get(self, key: str, n: int, dtype: torch.dtype) -> torch.Tensor:
+        buf = self._bufs.get((key, dtype))
+        if buf is None or buf.numel() < n:
+            buf = self._bufs[(key, dtype)] = torch.empty(max(n, 1), dtype=dtype)
+        return buf[:n]
+
+
+def _probe_group(load_weights, hf: list, plist: list, sentinel: torch.Tensor, scratch: _Scratch,
+                 reverse: bool) -> list:
+    """The group's HF tensors as indices through ``load_weights`` (one call, or batches of at most ``_BATCH``
+    elements); the group's parameters' values (flat views of a scratch buffer)."""
     total = sum(math.prod(shape) for _, _, shape in hf)
     dt = _index_dtype(total)
+    pbuf = scratch.get("reversed" if reverse else "forward", sum(p.numel() for _, _, p, _ in plist), dt)
+    pbuf.fill_(-1)
+    off = 0
     for _, _, p, _ in plist:
-        p.data = torch.full(tuple(p.shape), -1, dtype=dt)
-    inputs, base = [], 0
+        p.data = pbuf[off:off + p.numel()].view(tuple(p.shape))
+        off += p.numel()
+    ibuf = scratch.get("inputs", min(total, max(_BATCH, max(math.prod(s) for _, _, s in hf))), dt)
+    batch, used, base = [], 0, 0
     for _, name, shape in hf:
         n = math.prod(shape)
-        vals = (torch.arange(total - base, total - base - n, -1, dtype=dt) if reverse
-                else torch.arange(base + 1, base + n + 1, dtype=dt))
-        inputs.append((name, vals.view(shape)))
-        base += n
-    load_weights(inputs)
-    del inputs
+        if batch and used + n > ibuf.numel():
+            load_weights(batch)
+            batch, used = [], 0
+        dst = ibuf[used:used + n]
+        if reverse:
+            torch.arange(total - base, total - base - n, -1, dtype=dt, out=dst)
+        else:
+            torch.arange(base + 1, base + n + 1, dtype=dt, out=dst)
+        batch.append((name, dst.view(shape)))
+        used, base = used + n, base + n
+    if batch:
+        load_weights(batch)
+    del batch
     if int(sentinel) != -1:
         raise LayoutProbeError(f"loading {[n for _, n, _ in hf][:3]}... wrote into a parameter of another layer")
     return [p.data.reshape(-1) for _, _, p, _ in plist]
 
 
-def _template(load_weights, hf: list, plist: list, sentinel: torch.Tensor, fwd: list) -> dict:
+def _template(load_weights, hf: list, plist: list, sentinel: torch.Tensor, scratch: _Scratch, fwd: list) -> dict:
     """A new map from the group's forward values, proven a copy by the reversed pass."""
     total = sum(math.prod(shape) for _, _, shape in hf)
-    rev = _probe_group(load_weights, hf, plist, sentinel, reverse=True)
+    rev = _probe_group(load_weights, hf, plist, sentinel, scratch, reverse=True)
     bases = torch.tensor([0] + [math.prod(s) for _, _, s in hf], dtype=torch.int64).cumsum(0)[:-1]
     out = []
     for (rel, name, p, dtype), f, r in zip(plist, fwd, rev):
-        if not torch.equal(torch.where(f >= 1, total + 1 - f, f), r):
-            raise LayoutProbeError(f"parameter {name!r}: the engine's loader changes values (not a plain copy)")
-        if bool((f == -1).all()):
+        lo, hi = (int(x) for x in f.aminmax())
+        if lo == hi == -1:
             continue  # no HF tensor reaches it
-        if bool(((f < -1) | (f > total)).any()):
+        if lo == -1:
+            raise LayoutProbeError(f"parameter {name!r}: the engine's loaders write only part of it")
+        if lo < 0 or hi > total:
             raise LayoutProbeError(f"parameter {name!r}: the engine's loader changes values (not a plain copy)")
-        out.append((rel, tuple(p.shape), dtype, _runs(f, bases, name)))
+        for a in range(0, f.numel(), _CHUNK):  # a copy puts index i at one place in both passes: i + 1, total - i
+            fc, rc = f[a:a + _CHUNK], r[a:a + _CHUNK]
+            odd = ((fc + rc) != total + 1).nonzero().squeeze(1)  # zeros written by the loader stay 0 in both
+            if odd.numel() and not (bool((fc[odd] == 0).all()) and bool((rc[odd] == 0).all())):
+                raise LayoutProbeError(f"parameter {name!r}: the engine's loader changes values (not a plain copy)")
+        out.append((rel, tuple(p.shape), dtype, _runs(f, tuple(p.shape), bases)))
     return {"hf": [(rel, shape) for rel, _, shape in hf], "params": out}
 
 

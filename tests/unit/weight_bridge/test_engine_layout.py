@@ -363,6 +363,26 @@ def test_probe_holds_one_group_and_checks_reused_layers(sglang_context):
     assert all(torch.equal(after[n].detach(), before[n]) and after[n].dtype == torch.float32 for n in before)
 
 
+@pytest.mark.parametrize("engine_tp", [1, 2])
+def test_probe_is_the_same_in_small_batches_and_chunks(sglang_context, monkeypatch, engine_tp):
+    """HF indices handed to the loaders in several calls per group, parameters decoded in small chunks: the same
+    maps (rows split over chunks, runs joined across them)."""
+    from rlhf.rollout import engine_probe
+
+    spec = family_spec("qwen2_tied_bias", layers=2)
+    hf = family_hf("qwen2_tied_bias", spec, seed=4)
+    want = probe_all(sglang_context, spec, hf, engine_tp)
+    monkeypatch.setattr(engine_probe, "_BATCH", 700)
+    monkeypatch.setattr(engine_probe, "_CHUNK", 37)
+    got = probe_all(sglang_context, spec, hf, engine_tp)
+    for w, g in zip(want, got):
+        assert w["groups"] == g["groups"] and len(w["templates"]) == len(g["templates"]) == 2
+        for tw, tg in zip(w["templates"], g["templates"]):
+            assert tw["hf"] == tg["hf"]
+            assert [(n, s, d) for n, s, d, _ in tw["params"]] == [(n, s, d) for n, s, d, _ in tg["params"]]
+            assert all(torch.equal(a[3], b[3]) for a, b in zip(tw["params"], tg["params"]))
+
+
 def test_probe_refuses_loaders_that_change_values(sglang_context):
     spec = family_spec("llama_untied_gqa", layers=1)
     hf = random_hf_state(spec)
