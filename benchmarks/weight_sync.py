@@ -10,15 +10,18 @@ TP 1, fp32; a RolloutManager on rank 0).  A second engine serves the quickstart-
 
 Timed (medians of --repeats runs after one untimed warm-up of each path, so imports, first-touch page
 faults, the engine's layout probe and the engine's first load are excluded; the warm-up is reported):
-  * bridge      -- `WeightBridge.sync()` with its defaults (512 MB buckets; on CPU every TP rank writes its
-                   elements straight into the engine's parameter layout in a shared bucket the engine maps, and
-                   the engine copies each parameter once): plan check, writes, delivery, session end, flush;
-                   its first sync includes the engine's one-time layout probe and each rank's composition;
+  * bridge      -- `WeightBridge.sync()` with its defaults (on CPU: zero copy -- the engine moved its
+                   parameters into shared memory once, every TP rank writes its elements straight into them, the
+                   engine only commits): plan check, writes, commit, session end, flush; its first sync includes
+                   the engine's one-time layout probe, the move to shared memory and each rank's composition;
+  * buckets     -- the same with `zero_copy=False`: 512 MB of buckets (two halves) in the engine's parameter
+                   layout, written by the ranks, copied into each parameter once by the engine;
   * generic     -- the same with `engine_layout=False`: the ranks write HF tensors, SGLang's `load_weights` loads
                    them through its per-parameter loaders (the fallback path);
-  Phase split of both (medians over the timed syncs, rank 0): plan (plan check + opening the engines' sessions),
-  writes (this rank writing its buckets, incl. waiting for its TP peers), engine load (waiting for the engines'
-  loads of the buckets: with two buffers bucket k+1 is written while bucket k loads), end (closing the sessions).
+  Phase split of each (medians over the timed syncs, rank 0): plan (plan check + opening the engines' sessions),
+  writes (this rank writing its buckets or the shared parameters, incl. waiting for its TP peers), engine load
+  (waiting for the engines: their loads of the buckets -- with two buffers bucket k+1 is written while bucket k
+  loads -- or the zero-copy commit), end (closing the sessions).
   * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0);
   * load        -- the engine's `update_weights_from_disk(dir)` of the same weights (safetensors written by
                    `save_hf_checkpoint`, file pages hot in the OS cache);
@@ -32,7 +35,7 @@ increase of resident memory during a timed sync (VmHWM after the sync minus VmRS
 The machine's load average (1 min) is read before and after the timed part.
 
 The LAST line printed is exactly
-    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> generic_vs_copy=<generic/copy> first_sync_s=<bridge's first sync> load1=<start>/<end>
+    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> generic_vs_copy=<generic/copy> buckets_vs_copy=<buckets/copy> first_sync_s=<bridge's first sync> load1=<start>/<end>
 """
 import argparse
 import os
@@ -65,7 +68,7 @@ def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
-def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, engine_layout=True):
+def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, **kw):
     """Warm-up sync, then `repeats` timed syncs; returns (median seconds, peak extra RSS MB, last stats, first sync
     seconds)."""
     import torch
@@ -73,7 +76,7 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, engine
 
     from rlhf.weight_bridge import WeightBridge
 
-    bridge = WeightBridge(chunks, spec, engine, bucket_bytes=int(bucket_mb * 2**20), engine_layout=engine_layout)
+    bridge = WeightBridge(chunks, spec, engine, bucket_bytes=int(bucket_mb * 2**20), **kw)
     t0 = time.perf_counter()
     first = bridge.sync()  # warm-up: imports, plan (and the engine's layout probe), first-touch of the buckets
     t_first = time.perf_counter() - t0
@@ -182,6 +185,8 @@ def main(args):
     log(f"load average (1 min) at start: {load_start:.1f} on {os.cpu_count()} cores")
     t_generic, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
                                      engine_layout=False)
+    t_buckets, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
+                                     zero_copy=False)
     t_bridge, peak_mb, stats, t_first = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
                                                     "big")
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
@@ -232,7 +237,8 @@ def main(args):
     if rank == 0:
         print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} vs_export_load={t_bridge / t_export_load:.3f} "
               f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f} "
-              f"generic_vs_copy={t_generic / t_copy:.2f} first_sync_s={t_first:.2f} "
+              f"generic_vs_copy={t_generic / t_copy:.2f} buckets_vs_copy={t_buckets / t_copy:.2f} "
+              f"first_sync_s={t_first:.2f} "
               f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}",
               flush=True)
     dist.destroy_process_group()

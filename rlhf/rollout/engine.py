@@ -93,6 +93,16 @@ class EngineFleet(Protocol):
         serialized flat tensors, one per engine TP rank; ``header`` names the parameters, their byte offsets and
         the layout fingerprint (an engine with another layout refuses it before loading anything)."""
 
+    def share_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
+        """Each engine moves its parameters into shared memory once (CPU): ``{"fingerprint", "ranks": [per TP rank
+        {"manager", "handle", "size", "offsets"}]}`` for the trainer ranks to write into, or ``{"error": reason}``.
+        From then on the engine pauses generation inside every weight-update session."""
+
+    def commit_shared_writes(self, fingerprint: str, engines: Optional[Sequence[int]] = None,
+                             flush_cache: bool = False) -> Pending:
+        """Start each engine accepting the weights the trainer ranks wrote into its shared parameters (layout
+        ``fingerprint``; refused for another): ``{"moved": [names]}`` each."""
+
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         """Each engine's ``[per TP rank {parameter name: CPU tensor}]`` (the whole model: tests, diagnostics)."""
 

@@ -19,6 +19,11 @@ rlhf.rollout.engine_args registers it for every engine.  ``named_tensors`` holds
   same without the wait: its copies are queued on the device and the engine replies while they may still read the
   sender's buffer, which the sender then reuses for the next bucket.  Through this op the reply (SGLang answers
   after a barrier of its TP ranks, i.e. after every rank's loader returned) means every copy is done.
+* ``share`` -- move this rank's parameters into one shared-memory arena (CPU only; :func:`share_parameters`) and
+  report its handle and every parameter's byte offset: the trainer ranks then write each sync's weights straight
+  into the parameters (zero copy in the engine).
+* ``commit`` -- after the trainer ranks wrote into the arena: check that every parameter still lives there; one
+  that SGLang moved meanwhile gets the arena's bytes copied into it (:func:`commit_shared`).
 * ``release`` -- drop the bucket mappings kept across syncs (:func:`keep_mapped`).
 * ``dump`` -- every parameter of this rank to a file (diagnostics, tests).
 
@@ -37,7 +42,8 @@ from rlhf.rollout.engine_probe import (LayoutProbeError, engine_params, layout_f
                                        probe_layout)
 
 __all__ = ["LOADER", "LayoutProbeError", "engine_params", "param_signature", "probe_layout", "layout_fingerprint",
-           "copy_bucket", "bucket_header", "load_bucket", "wait_for_devices", "keep_mapped", "load"]
+           "copy_bucket", "bucket_header", "load_bucket", "wait_for_devices", "keep_mapped", "share_parameters",
+           "commit_shared", "load"]
 
 #: the import path SGLang calls (``load_format`` of the update and an entry of ``custom_weight_loader``)
 LOADER = "rlhf.rollout.engine_loader.load"
@@ -119,6 +125,63 @@ def load_bucket(model, payload, load_weights=None, last: bool = False) -> int:
     return len(named)
 
 
+_ARENAS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (arena storage, {name: offset})
+
+
+def share_parameters(model, params: dict) -> dict:
+    """Move every parameter of ``params`` into one shared-memory arena (torch's file_system sharing: a file any
+    process on this host can map), each a contiguous view at a 64-byte aligned offset; done once per model (again
+    only after :func:`commit_shared` found a parameter moved).  Peak extra memory: the arena while the old
+    storages are freed one by one (CPU).
+
+    Returns ``{"manager", "handle", "size", "offsets": {name: byte offset}, "dtypes": {name: dtype name}}``
+    (``manager``/``handle`` as latin-1 strings: torch's shared-memory manager socket and file name).
+    Raises ValueError for a parameter not on the CPU (CUDA parameters would need IPC handles instead).
+    """
+    held = _ARENAS.get(model)
+    if held is None:
+        devices = {p.device.type for p in params.values()}
+        if devices != {"cpu"}:
+            raise ValueError(f"zero-copy weight sync needs CPU parameters, the engine's are on {sorted(devices)}")
+        offsets, size = {}, 0
+        for name, p in params.items():
+            offsets[name] = size
+            size += -(-p.numel() * p.element_size() // 64) * 64
+        storage = torch.UntypedStorage._new_using_filename_cpu(max(size, 1))
+        arena = torch.empty(0, dtype=torch.uint8).set_(storage)
+        with torch.no_grad():
+            for name, p in params.items():
+                view = arena[offsets[name]:offsets[name] + p.numel() * p.element_size()].view(p.dtype).view(p.shape)
+                view.copy_(p.data)
+                p.data = view
+        held = _ARENAS[model] = (storage, offsets)
+    storage, offsets = held
+    manager, handle, size = storage._share_filename_cpu_()
+    return {"manager": manager.decode("latin-1"), "handle": handle.decode("latin-1"), "size": int(size),
+            "offsets": dict(offsets), "dtypes": {n: str(p.dtype).replace("torch.", "") for n, p in params.items()}}
+
+
+def commit_shared(model, params: dict) -> list[str]:
+    """The trainer ranks wrote the new weights into the arena (:func:`share_parameters`): return the parameters
+    that no longer live there (SGLang replaced their storage), after copying the arena's bytes into them -- the
+    engine holds the new weights either way; the caller shares again before the next zero-copy sync."""
+    held = _ARENAS.get(model)
+    if held is None:
+        raise ValueError(f"{LOADER}: commit without shared parameters (share first)")
+    storage, offsets = held
+    base, moved = storage.data_ptr(), []
+    arena = torch.empty(0, dtype=torch.uint8).set_(storage)
+    with torch.no_grad():
+        for name, p in params.items():
+            if p.data.data_ptr() != base + offsets[name] or not p.data.is_contiguous():
+                n = p.numel() * p.element_size()
+                p.data.copy_(arena[offsets[name]:offsets[name] + n].view(p.dtype).view(p.shape))
+                moved.append(name)
+    if moved:
+        del _ARENAS[model]
+    return moved
+
+
 _SIGNATURES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> (tp rank, size, signature)
 
 
@@ -169,6 +232,14 @@ def load(model, named_tensors) -> None:
         load_bucket(model, payloads[rank], last=bool(head.get("last")))
     elif op == "release":
         keep_mapped(torch.empty(0), True)
+    elif op in ("share", "commit"):
+        try:
+            result = (share_parameters(model, params) if op == "share" else
+                      {"moved": commit_shared(model, params)})
+        except Exception as e:  # noqa: BLE001 - reported to the actor, the scheduler lives on
+            result = {"error": f"{type(e).__name__}: {e}"}
+        result.update(tp_rank=rank, tp_size=size, signature=_signature(model, params, rank, size))
+        torch.save(result, f"{head['out']}.rank{rank}.pt")
     elif op == "probe":
         try:
             result = probe_layout(model, head["hf"], rank, size)
@@ -178,4 +249,5 @@ def load(model, named_tensors) -> None:
     elif op == "dump":
         torch.save({n: p.detach().cpu().clone() for n, p in params.items()}, f"{head['out']}.rank{rank}.pt")
     else:
-        raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'load', 'bucket', 'probe', 'release' or 'dump')")
+        raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'load', 'bucket', 'probe', 'share', 'commit', "
+                         f"'release' or 'dump')")

@@ -77,6 +77,8 @@ class SGLangEngine:
         self._updated = False
         self._released: set = set()  # memory-saver tags this engine has released
         self._layout: Optional[Dict[str, Any]] = None  # the probed parameter layout (engine_layout path)
+        self._shared = False  # parameters live in shared memory the trainer writes into (zero-copy sync)
+        self._paused = False
 
     # ------------------------------------------------------------------ state
     def info(self) -> Dict[str, Any]:
@@ -131,13 +133,31 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ weights
     def begin_weight_update(self) -> None:
-        """Open a weight-update session (SGLang >= 0.5.23 requires one around tensor/distributed updates)."""
+        """Open a weight-update session (SGLang >= 0.5.23 requires one around tensor/distributed updates).  With
+        shared parameters (:meth:`share_parameters`) generation is paused first (SGLang's in-place pause, which
+        the scheduler takes before the session request it answers): the trainer ranks then write into the
+        parameters while no forward pass runs."""
+        if self._shared and not self._paused:
+            from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+            self.engine.loop.run_until_complete(
+                self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="in_place")))
+            self._paused = True
         check_result(self.engine.begin_weight_update(), "begin_weight_update")
         self._in_update, self._updated = True, False
 
     def end_weight_update(self) -> int:
-        """Close the session; returns the weight version (bumped when anything was loaded in it)."""
-        check_result(self.engine.end_weight_update(), "end_weight_update")
+        """Close the session (and resume a paused generation); returns the weight version (bumped when anything
+        was loaded in it)."""
+        try:
+            check_result(self.engine.end_weight_update(), "end_weight_update")
+        finally:
+            if self._paused:
+                from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+                self.engine.loop.run_until_complete(
+                    self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput()))
+                self._paused = False
         if self._updated:
             self.weight_version += 1
         self._in_update = self._updated = False
@@ -215,7 +235,7 @@ class SGLangEngine:
                      "update_weights_from_distributed")
         self._updated = True
 
-    def _loader_call(self, header: Dict[str, Any]) -> List[Any]:
+    def _loader_call(self, header: Dict[str, Any], flush_cache: bool = False) -> List[Any]:
         """Run one file-reporting operation of our custom loader (rlhf.rollout.engine_loader) on every TP
         rank and return the ranks' results (the schedulers are this actor's children, on this host)."""
         import json
@@ -233,7 +253,7 @@ class SGLangEngine:
             try:
                 check_result(self.engine.update_weights_from_tensor(
                     named_tensors=[(json.dumps(dict(header, out=out)), torch.empty(0))], load_format=LOADER,
-                    flush_cache=False), f"custom loader {header['op']}")
+                    flush_cache=flush_cache), f"custom loader {header['op']}")
             finally:
                 if opened:
                     check_result(self.engine.end_weight_update(), "end_weight_update")
@@ -290,6 +310,45 @@ class SGLangEngine:
             named_tensors=[(header, LocalSerializedTensor(values=list(payloads)))], load_format=LOADER,
             flush_cache=flush_cache), "update_weights_in_engine_layout")
         self._updated = True
+
+    def share_parameters(self) -> Dict[str, Any]:
+        """Move every TP rank's parameters into shared memory once (rlhf.rollout.engine_loader.share_parameters):
+        ``{"fingerprint": layout fingerprint, "ranks": [per TP rank {"manager", "handle", "size", "offsets", ...}]}``
+        for the trainer ranks to map, or ``{"error": reason}`` (no probed layout, parameters not on the CPU, ...:
+        the weight sync then loads buckets)."""
+        fp = (self._layout or {}).get("fingerprint")
+        if fp is None:
+            return {"error": "no parameter layout probed (weight_layout first)"}
+        try:
+            ranks = self._loader_call({"op": "share"})
+        except Exception as e:  # noqa: BLE001 - the caller falls back, the engine serves on
+            return {"error": f"{type(e).__name__}: {e}"}
+        errors = [r["error"] for r in ranks if "error" in r]
+        if errors:
+            return {"error": "; ".join(dict.fromkeys(errors))}
+        self._shared = True
+        return {"fingerprint": fp, "ranks": ranks}
+
+    def commit_shared_writes(self, fingerprint: str, flush_cache: bool = False) -> Dict[str, Any]:
+        """The trainer ranks wrote a sync's weights straight into the shared parameters (inside this session, with
+        generation paused): check every TP rank's parameters still live there -- one SGLang moved gets the written
+        bytes copied in (rlhf.rollout.engine_loader.commit_shared) -- count the update and flush the cache.
+        Returns ``{"moved": [names]}``; a moved parameter ends sharing (the next sync loads buckets).
+
+        Raises:
+            EngineCallError: outside a session, or written for another layout than this engine's (``fingerprint``)
+                or without shared parameters.
+        """
+        self._require_session("commit_shared_writes")
+        have = (self._layout or {}).get("fingerprint")
+        if not self._shared or fingerprint != have:
+            raise EngineCallError(f"commit_shared_writes refused: written for layout {fingerprint}, engine {self.index} "
+                                  f"has {have or 'none probed'} (shared parameters: {self._shared})")
+        moved = sorted({n for r in self._loader_call({"op": "commit"}, flush_cache=flush_cache)
+                        for n in r.get("moved", ())})
+        self._shared = self._shared and not moved
+        self._updated = True
+        return {"moved": moved}
 
     def engine_parameters(self) -> List[Dict[str, Any]]:
         """Every parameter of every TP rank (engine names; CPU copies, the whole model: tests, diagnostics)."""

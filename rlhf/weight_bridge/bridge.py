@@ -95,7 +95,8 @@ class SyncStats:
     deliver_seconds: float = 0.0  # engine calls / broadcasts (and waiting for the engines)
     finish_seconds: float = 0.0  # controller: end_weight_update on every engine
     replanned: bool = False
-    path: str = "generic"  # "engine_layout": buckets in the engine's parameter layout; "generic": SGLang's loaders
+    path: str = "generic"  # "zero_copy": written into the engines' shared parameters; "engine_layout": buckets in
+    # the engines' parameter layout; "generic": SGLang's loaders
     fallback_reason: str | None = None  # why the engine-layout path was not taken (engine_layout on)
     fallback_syncs: int = 0  # syncs of this bridge so far that fell back to the generic path
     engines: list[int] = field(default_factory=list)  # engines the sync reached
@@ -103,9 +104,11 @@ class SyncStats:
     check: CheckReport | None = None
 
     def metrics(self) -> dict[str, float]:
-        """The sync's trainer metrics: ``weight_sync/engine_layout`` (1.0 when the engine-layout path ran) and
-        ``weight_sync/fallback_syncs`` (syncs of the bridge so far on the generic path)."""
-        return {"weight_sync/engine_layout": float(self.path == "engine_layout"),
+        """The sync's trainer metrics: ``weight_sync/engine_layout`` (1.0 when the engine-layout path ran, buckets or
+        zero copy), ``weight_sync/zero_copy`` (1.0 for zero copy) and ``weight_sync/fallback_syncs`` (syncs of the
+        bridge so far on the generic path)."""
+        return {"weight_sync/engine_layout": float(self.path in ("engine_layout", "zero_copy")),
+                "weight_sync/zero_copy": float(self.path == "zero_copy"),
                 "weight_sync/fallback_syncs": float(self.fallback_syncs)}
 
 
@@ -138,6 +141,8 @@ class WeightBridge:
             engine from its own loaders; the engine copies each parameter once) when the engines, the transport
             and the topology allow it (default); otherwise SGLang's generic loading (reason logged once, counted in
             ``SyncStats.fallback_syncs``); False: always the generic loading, nothing counted.
+        zero_copy: on the engine-layout path, have the engines share their parameters (CPU, one host) and write
+            straight into them (shared_params.py; default); False, or when they cannot: engine-layout buckets.
         local_handles: colocated (``"tensor"``, PP 1, the leader's gather path): each engine TP rank loads from the
             trainer rank on its own device, which holds a copy of each bucket (local_handles.py; default); False:
             every engine rank maps the stage leader's buckets.
@@ -151,7 +156,7 @@ class WeightBridge:
                  allow_missing: Callable[[str], bool] | None = None, group_prefix: str = "weight_sync",
                  backend: str | None = None, master_address: str | None = None, timeout_s: float = 1800.0,
                  shared_buckets: bool | None = None, topology=None, engine_layout: bool = True,
-                 local_handles: bool = True):
+                 local_handles: bool = True, zero_copy: bool = True):
         if transport not in ("tensor", "distributed"):
             raise ValueError(f"transport={transport!r}: use 'tensor' (colocated) or 'distributed' (broadcast)")
         if check not in (None, "sample", "all"):
@@ -181,7 +186,7 @@ class WeightBridge:
         self._ready = False
         self.version = 0
         self.engine_layout, self.local_handles = bool(engine_layout), bool(local_handles)
-        self.layout_path = EngineLayoutPath(self.engine_layout)
+        self.layout_path = EngineLayoutPath(self.engine_layout, bool(zero_copy))
 
     # ---- planning -----------------------------------------------------------------------------
     def _report(self, entries, shared: bool) -> dict | None:
@@ -426,6 +431,8 @@ class WeightBridge:
         them (the controller to the engines, other leaders through the controller)."""
         topo = self.topo
         stage = direct.stage(topo.pp_rank)
+        if direct.arenas is not None:
+            return self._write_shared(direct, stage, entries, targets, times)
         shared = self._shared(entries)
         own = lambda: shared.stream_direct(direct, stage.buckets, self.layout_path.ops, entries,  # noqa: E731
                                            times) if stage is not None else iter(())
@@ -437,6 +444,42 @@ class WeightBridge:
             return tt.run_controller(direct.send, own, _NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
         if stage is not None:
             tt.run_leader(direct.send, own, _NO_POOL)
+        return None, targets
+
+    def _write_shared(self, direct, stage, entries, targets, times):
+        """Zero copy (shared_params.py): every active rank writes its elements straight into the target engines'
+        shared parameters; each stage's leader reports when its TP group is done, and the controller then commits
+        the update on every engine (the engines' sessions are open and their generation paused)."""
+        topo = self.topo
+        t0 = time.perf_counter()
+        error = None
+        if stage is not None:
+            try:
+                self.layout_path.maps.write(self.layout_path.ops, entries, targets)
+            except Exception as e:  # noqa: BLE001 - reported to the controller, no rank hangs
+                error = f"rank {topo.rank}: {type(e).__name__}: {e}"
+            if topo.tp_size > 1:
+                dist.barrier(group=topo.tp_group)
+        times["produce"] += time.perf_counter() - t0
+        leaders = [s.leader for s in direct.send.stages if s.leader != topo.controller]
+        if not topo.is_controller:
+            if topo.is_leader and topo.rank in leaders:
+                topo.send_object(error, topo.controller)
+            return error, targets
+        errors = [error] + [topo.recv_object(r) for r in leaders]
+        error = next((e for e in errors if e), None)
+        if error is not None:
+            return error, targets
+        t0 = time.perf_counter()
+        try:
+            done = self.engines.wait(self.engines.commit_shared_writes(direct.layout.fingerprint, engines=targets,
+                                                                       flush_cache=True), "commit_shared_writes")
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}", targets
+        finally:
+            times["deliver"] += time.perf_counter() - t0
+        if any(d and d.get("moved") for d in done):
+            self.layout_path.unshare()
         return None, targets
 
     def _run_distributed(self, plan, my_stage, own, pool, record, times) -> str | None:

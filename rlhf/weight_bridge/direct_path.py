@@ -6,7 +6,9 @@ its block writes once per plan and all ranks agree that they cover every engine 
 that uses it.  Each pipeline stage writes and delivers the buckets of the engine parameters its tensors feed.
 Whatever stands in the way (another transport, check mode, no shared buckets, an engine whose loaders do more than
 copy, a parameter fed by two stages, a plan the shards do not cover) makes the sync take SGLang's generic loading;
-the reason is logged once and counted.
+the reason is logged once and counted.  On top, with ``zero_copy``, the engines move their parameters into shared
+memory once per layout (shared_params.py) and the ranks write straight into them; when the engines cannot (not on
+the CPU, ...) the engine-layout buckets are used (logged once, not counted as a fallback).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 
 from rlhf.weight_bridge.engine_layout import (DirectPlan, EngineLayout, LayoutUnavailable, agree, build_direct_plan,
                                               compose_writes, fetch_layout)
+from rlhf.weight_bridge.shared_params import ArenaMaps, arena_plan
 from rlhf.weight_bridge.validate import WeightBridgeError
 
 __all__ = ["EngineLayoutPath"]
@@ -25,8 +28,11 @@ logger = logging.getLogger(__name__)
 class EngineLayoutPath:
     """Plans, composed writes and fallback accounting of the engine-layout path (``enabled``: try it at all)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
+    def __init__(self, enabled: bool, zero_copy: bool = True):
+        self.enabled, self.zero_copy = enabled, zero_copy
+        self._shares: tuple | None = None  # controller: (engines' and layout fingerprints, shares or why none)
+        self._arena_cache: tuple | None = None  # controller: (bucket plan key, arena plan or why none)
+        self.maps = ArenaMaps()  # every rank: the engines' shared parameters, mapped
         self._layout: tuple | None = None  # controller: (engines' fingerprint, EngineLayout or why there is none)
         self._cache: tuple | None = None  # controller: (inputs, DirectPlan)
         self._sent = None  # controller: key of the DirectPlan last broadcast
@@ -88,7 +94,40 @@ class EngineLayoutPath:
         except LayoutUnavailable as e:
             return None, str(e)
         direct = self._cache[1]
-        return (None, self._refused[direct.key]) if direct.key in self._refused else (direct, None)
+        if direct.key in self._refused:
+            return None, self._refused[direct.key]
+        shared = self._arena_plan(direct, fp, engines) if self.zero_copy else None
+        return (shared, None) if shared is not None and shared.key not in self._refused else (direct, None)
+
+    def _arena_plan(self, direct: DirectPlan, fp, engines) -> DirectPlan | None:
+        """Controller: the zero-copy version of ``direct`` (the engines share their parameters once per layout), or
+        None (buckets; the reason is logged once)."""
+        if self._shares is None or self._shares[0] != (fp, direct.layout.fingerprint):
+            try:
+                got = engines.share_parameters()
+            except Exception as e:  # noqa: BLE001 - buckets then
+                got = f"{type(e).__name__}: {e}"
+            self._shares, self._arena_cache = ((fp, direct.layout.fingerprint), got), None
+        if self._arena_cache is None or self._arena_cache[0] != direct.key:
+            try:
+                if isinstance(self._shares[1], str):
+                    raise LayoutUnavailable(self._shares[1])
+                self._arena_cache = (direct.key, arena_plan(direct, self._shares[1]))
+            except LayoutUnavailable as e:
+                self._arena_cache = (direct.key, None)
+                self._log_once(f"weight sync: engine-layout buckets (zero copy not available: {e})", logging.INFO)
+        shared = self._arena_cache[1]
+        # the engines' arenas hold the layout they shared for: never write another plan's layout into them
+        return shared if shared is not None and shared.layout.fingerprint == self._shares[0][1] else None
+
+    def unshare(self) -> None:
+        """Controller: an engine stopped sharing (SGLang moved a parameter): ask again before the next sync."""
+        self._shares = None
+
+    def _log_once(self, msg: str, level: int) -> None:
+        if msg not in self._logged:
+            self._logged.add(msg)
+            logger.log(level, msg)
 
     def receive(self, verdict: dict, entries, topo, spec) -> None:
         """Every rank: take the verdict's DirectPlan (``verdict["direct"]`` becomes the plan or None), compose this
@@ -107,6 +146,8 @@ class EngineLayoutPath:
             t0 = time.perf_counter()
             try:
                 ops, covered = compose_writes(self._plan, entries, spec, topo.tp_rank, topo.tp_size, topo.pp_rank)
+                if self._plan.arenas is not None:
+                    self.maps.open(self._plan)
                 mine = (None, covered)
             except Exception as e:  # noqa: BLE001 - every rank must learn about it
                 mine = (f"rank {topo.rank}: {type(e).__name__}: {e}", 0)
@@ -122,12 +163,11 @@ class EngineLayoutPath:
     def account(self, direct, reason: str | None, is_controller: bool) -> tuple[str, str | None, int]:
         """``(path, fallback reason, fallback syncs so far)`` of a sync; a new reason is logged once (controller)."""
         if direct is not None:
-            return "engine_layout", None, self.fallback_syncs
+            return "zero_copy" if direct.arenas is not None else "engine_layout", None, self.fallback_syncs
         if not self.enabled:
             return "generic", None, self.fallback_syncs
         self.fallback_syncs += 1
-        if is_controller and reason not in self._logged:
-            self._logged.add(reason)
-            logger.warning("weight sync: SGLang's generic loading is used (engine-layout path not available: %s)",
-                           reason)
+        if is_controller:
+            self._log_once(f"weight sync: SGLang's generic loading is used (engine-layout path not available: "
+                           f"{reason})", logging.WARNING)
         return "generic", reason, self.fallback_syncs

@@ -114,6 +114,7 @@ class DirectPlan:
     key: str
     expected_elements: int = 0
     sent_names: tuple = field(default_factory=tuple)
+    arenas: list | None = None  # zero copy (shared_params.py): per engine, per TP rank (manager, file, bytes)
 
     @property
     def buckets(self) -> list[BucketPlan]:

@@ -23,8 +23,8 @@ EXPECTED = (["engine_A_initial_equals_hf", "engine_B_initial_equals_hf"] + _STEP
                "refused_unknown_name_engine_lives_on", "refused_wrong_shape_engine_lives_on",
                "tp2_B_local_handles_entry_r_from_trainer_rank_r", "tp2_B_local_handles_engine_parameters_bitwise_equal"]
             + [f"layout_{t}_{key}_{what}" for t in ("ttp2", "ttp1", "pp2") for key in "AB"
-               for what in ("every_engine_parameter_equals_generic", "get_weights_by_name_equals_generic",
-                            "engine_equals_hf")]
+               for what in ("every_engine_parameter_equals_generic", "zero_copy_every_engine_parameter_equals_generic",
+                            "get_weights_by_name_equals_generic", "engine_equals_hf")]
             + ["layout_changed_engine_refused_nothing_loaded"])
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]

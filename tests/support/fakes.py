@@ -174,6 +174,12 @@ class FakeEngines:
         self.layout_headers = getattr(self, "layout_headers", []) + [header]
         return [(i, None) for i in (range(self.num_engines) if engines is None else engines)]
 
+    def share_parameters(self, engines=None):
+        """The fake engines hold HF tensors: nothing to share (the bridge loads buckets)."""
+        self.log.append("share_parameters")
+        return [{"error": "fake engines hold HF tensors (no parameters to share)"}
+                for _ in (range(self.num_engines) if engines is None else engines)]
+
     def engine_parameters(self, engines=None):
         return [[dict(e.received)] for i, e in enumerate(self.engines) if engines is None or i in engines]
 

@@ -383,21 +383,31 @@ def run_layout_phase(paths, engines, workdir):
                 ref = eng.engine_parameters()[0]
                 by_name = {n: eng.get_weights_by_name(n, truncate_size=10 ** 6)[0] for n in ref[0]}
                 eng.update_weights_from_disk(path)  # back to the checkpoint: the next sync must rewrite everything
-            direct = WeightBridge(actor.chunks, actor.spec, eng, bucket_bytes=64 * 1024, engine_layout=True)
-            stats = [direct.sync() for _ in range(2)]
-            ok, detail = False, ""
-            if rank0:
-                got = eng.engine_parameters()[0]
-                diff = [f"rank{r}:{n}" for r in range(len(ref)) for n in ref[r]
-                        if n not in got[r] or not torch.equal(got[r][n], ref[r][n])]
-                n_params = sum(len(x) for x in ref)
-                ok = (not diff and len(got) == ENGINE_TP[key] and all(s.path == "engine_layout" for s in stats)
-                      and g_stats.path == "generic" and not stats[1].replanned and stats[1].fallback_syncs == 0)
-                detail = (f"{n_params} parameters over {len(ref)} engine TP rank(s); paths "
-                          f"{[g_stats.path] + [s.path for s in stats]} fallback={stats[0].fallback_reason} "
-                          f"buckets={stats[0].num_buckets} plan={stats[1].plan_seconds * 1e3:.1f}ms "
-                          f"deliver={stats[1].deliver_seconds * 1e3:.1f}ms differ={diff[:5]}")
-            report(f"{name}_every_engine_parameter_equals_generic", ok, detail)
+            for label, zero_copy in (("", False), ("_zero_copy", True)):
+                if rank0 and zero_copy:
+                    eng.update_weights_from_disk(path)
+                direct = WeightBridge(actor.chunks, actor.spec, eng, bucket_bytes=64 * 1024, zero_copy=zero_copy)
+                stats = [direct.sync() for _ in range(2)]
+                ok, detail = False, ""
+                if rank0:
+                    got = eng.engine_parameters()[0]
+                    diff = [f"rank{r}:{n}" for r in range(len(ref)) for n in ref[r]
+                            if n not in got[r] or not torch.equal(got[r][n], ref[r][n])]
+                    n_params = sum(len(x) for x in ref)
+                    want = "zero_copy" if zero_copy else "engine_layout"
+                    ok = (not diff and len(got) == ENGINE_TP[key] and all(s.path == want for s in stats)
+                          and g_stats.path == "generic" and not stats[1].replanned and stats[1].fallback_syncs == 0)
+                    detail = (f"{n_params} parameters over {len(ref)} engine TP rank(s); paths "
+                              f"{[g_stats.path] + [s.path for s in stats]} fallback={stats[0].fallback_reason} "
+                              f"buckets={stats[0].num_buckets} plan={stats[1].plan_seconds * 1e3:.1f}ms "
+                              f"writes={stats[1].produce_seconds * 1e3:.1f}ms "
+                              f"deliver={stats[1].deliver_seconds * 1e3:.1f}ms differ={diff[:5]}")
+                report(f"{name}{label}_every_engine_parameter_equals_generic", ok, detail)
+                if not zero_copy:
+                    bucket_bridge = direct
+                else:
+                    direct.close()
+            direct = bucket_bridge
             if rank0:
                 again = {n: eng.get_weights_by_name(n, truncate_size=10 ** 6)[0] for n in ref[0]}
                 readable = [n for n, v in by_name.items() if v is not None]

@@ -26,6 +26,7 @@ from rlhf.rollout.engine_loader import LayoutProbeError, copy_bucket, engine_par
 from rlhf.rollout.engine_probe import split_layer
 from rlhf.weight_bridge.engine_layout import (DirectPlan, LayoutUnavailable, agree, build_direct_plan, compose_writes,
                                               layout_from_probes, shard_runs, write_section_ops)
+from rlhf.weight_bridge.shared_params import ArenaMaps, arena_plan
 from tests.unit.weight_bridge.test_weight_bridge_layout import make_spec, random_hf_state
 
 FAMILIES = {"llama_untied_gqa": dict(heads=8, kv=4, tied=False, bias=False),
@@ -312,6 +313,40 @@ def test_engine_layout_writes_equal_sglang_loading(sglang_context, family, train
         assert set(want) == set(params)
         for n, p in params.items():
             assert torch.equal(p.detach(), want[n]), f"{family} {trainer} engine rank {r}/{engine_tp}: {n}"
+
+
+@pytest.mark.parametrize("family,trainer,engine_tp", [("qwen3_moe", "tp2", 2), ("llama_untied_gqa", "pp2", 2),
+                                                     ("qwen2_tied_bias", "tp1", 1)])
+def test_zero_copy_writes_into_shared_parameters_equal_sglang_loading(sglang_context, family, trainer, engine_tp):
+    """The engines' parameters moved into shared arenas (engine_loader.share_parameters), the trainer ranks' ops
+    written straight into them through their own mappings (shared_params.ArenaMaps), then committed: every
+    parameter bitwise SGLang's own loading; a parameter SGLang moved out of the arena gets the written bytes."""
+    ctx = sglang_context
+    spec = family_spec(family)
+    tp, pp = TRAINERS[trainer]
+    hf = family_hf(family, spec, seed=5)
+    layout = layout_from_probes(probe_all(ctx, spec, hf, engine_tp))
+    ranks = trainer_ranks(hf, spec, tp, pp)
+    plan = build_direct_plan(layout, stage_sends(ranks, pp), bucket_bytes=1 << 20)
+    models = [sglang_model(ctx, spec, engine_tp, r, seed=3) for r in range(engine_tp)]
+    share = {"fingerprint": layout.fingerprint,
+             "ranks": [engine_loader.share_parameters(m, engine_params(m)) for m in models]}
+    zplan = arena_plan(plan, [share])
+    assert zplan.arenas is not None and [len(s.buckets) for s in zplan.send.stages] == [1] * pp
+    moved_name = "model.layers.1.self_attn.o_proj.weight"
+    params = [engine_params(m) for m in models]
+    params[-1][moved_name].data = params[-1][moved_name].data.clone()  # SGLang replaced this storage
+    for s, r, ents in ranks:
+        ops, _ = compose_writes(zplan, ents, spec, r, tp, s)
+        maps = ArenaMaps()
+        maps.open(zplan)
+        maps.write(ops, ents, [0])
+        maps.close()
+    moved = [engine_loader.commit_shared(m, p) for m, p in zip(models, params)]
+    assert moved == [[]] * (engine_tp - 1) + [[moved_name]]
+    for r, p in enumerate(params):
+        want = generic_params(ctx, spec, hf, engine_tp, r)
+        assert all(torch.equal(p[n].detach(), want[n]) for n in want), f"engine rank {r}"
 
 
 def test_probe_records_fused_and_padded_layout(sglang_context):

@@ -1,0 +1,89 @@
+"""Zero-copy weight sync (CPU, one host): the trainer ranks write straight into the engines' parameters.
+
+Once per engine layout each engine moves its parameters into one shared-memory arena per TP rank
+(rlhf.rollout.engine_loader.share_parameters) and reports the arena's file and every parameter's byte offset.
+Every trainer rank maps the arenas once; a sync is then the ranks' composed block writes
+(engine_layout.compose_writes, the same ops as for buckets, with the arena offsets as the "bucket" layout), done
+in parallel straight into the parameters, between the engines' begin_weight_update (which pauses their generation)
+and end_weight_update, followed by one commit call per engine that counts the update, flushes the cache and
+repairs a parameter SGLang moved out of the arena (copying the written bytes into it; sharing then ends).  No bucket
+buffer, no copy in the engine.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import torch
+
+from rlhf.weight_bridge.bucketing import BucketPlan
+from rlhf.weight_bridge.engine_layout import DirectPlan, LayoutUnavailable, write_section_ops
+from rlhf.weight_bridge.plan import SendPlan, StagePlan
+
+__all__ = ["arena_plan", "ArenaMaps"]
+
+
+def arena_plan(plan: DirectPlan, shares: list) -> DirectPlan:
+    """``plan`` with each stage's buckets replaced by one "bucket" laid out as the engines' arenas.
+
+    Args:
+        shares: per engine, SGLangEngine.share_parameters's ``{"fingerprint", "ranks": [{"manager", "handle",
+            "size", "offsets", "dtypes"}]}``.
+    Raises:
+        LayoutUnavailable: an engine could not share, shared for another layout, or its ranks' arenas are laid out
+            differently (the ops address every rank's and engine's arena with one set of offsets).
+    """
+    errors = [f"engine {i}: {s['error']}" for i, s in enumerate(shares) if s is None or "error" in s]
+    if errors:
+        raise LayoutUnavailable("; ".join(errors))
+    fp = plan.layout.fingerprint
+    if any(s["fingerprint"] != fp for s in shares):
+        raise LayoutUnavailable(f"engines shared parameters for layouts {sorted({s['fingerprint'] for s in shares})}, "
+                                f"the plan is for {fp}")
+    ranks = [r for s in shares for r in s["ranks"]]
+    first = ranks[0]
+    if any(r["offsets"] != first["offsets"] or r["size"] != first["size"] for r in ranks[1:]):
+        raise LayoutUnavailable("the engines' TP ranks laid out their shared parameters differently")
+    stages = []
+    for s in plan.send.stages:
+        for m in s.metas:
+            if m.name not in first["offsets"] or first["dtypes"][m.name] != str(m.dtype).replace("torch.", ""):
+                raise LayoutUnavailable(f"engine parameter {m.name!r} ({m.dtype}) is not in the shared arena as such")
+        bucket = BucketPlan(0, list(s.metas), [first["offsets"][m.name] for m in s.metas], int(first["size"]))
+        stages.append(StagePlan(s.pp_rank, s.leader, s.metas, [bucket]))
+    handles = [[(r["manager"], r["handle"], int(r["size"])) for r in s["ranks"]] for s in shares]
+    key = hashlib.sha256(f"{plan.key}|{handles}".encode()).hexdigest()[:20]
+    return replace(plan, send=SendPlan(stages, []), key=key, arenas=handles)
+
+
+class ArenaMaps:
+    """This trainer rank's mappings of every engine TP rank's shared parameters (kept while the plan is)."""
+
+    def __init__(self):
+        self._key = None
+        self._maps: list[list[torch.Tensor]] = []
+
+    def open(self, plan: DirectPlan) -> None:
+        """Map the arenas of ``plan`` (once per plan; the previous plan's mappings are dropped).  Raises
+        RuntimeError when a file cannot be mapped (an engine on another host)."""
+        if self._key == plan.key:
+            return
+        self.close()
+        self._maps = [[torch.empty(0, dtype=torch.uint8).set_(
+            torch.UntypedStorage._new_shared_filename_cpu(manager.encode("latin-1"), handle.encode("latin-1"), size))
+            for manager, handle, size in engine] for engine in plan.arenas]
+        self._key = plan.key
+
+    def write(self, ops: list, entries, targets) -> None:
+        """Run this rank's ops (engine_layout.compose_writes of the arena plan: one "bucket") into the arenas of
+        every target engine: each engine TP rank's ops go to that rank's arena."""
+        flats = [e.values().view(-1) for e in entries]
+        by_rank: dict = {}
+        for op in ops[0] if ops else ():
+            by_rank.setdefault(op[0], []).append(op)
+        for i in targets:
+            for e, rank_ops in by_rank.items():
+                write_section_ops(rank_ops, self._maps[i][e], 0, flats)
+
+    def close(self) -> None:
+        self._maps, self._key = [], None
