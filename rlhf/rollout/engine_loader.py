@@ -232,14 +232,17 @@ def load(model, named_tensors) -> None:
         load_bucket(model, payloads[rank], last=bool(head.get("last")))
     elif op == "release":
         keep_mapped(torch.empty(0), True)
-    elif op in ("share", "commit"):
+    elif op == "share":
         try:
-            result = (share_parameters(model, params) if op == "share" else
-                      {"moved": commit_shared(model, params)})
+            result = share_parameters(model, params)
         except Exception as e:  # noqa: BLE001 - reported to the actor, the scheduler lives on
             result = {"error": f"{type(e).__name__}: {e}"}
         result.update(tp_rank=rank, tp_size=size, signature=_signature(model, params, rank, size))
         torch.save(result, f"{head['out']}.rank{rank}.pt")
+    elif op == "commit":  # a result file only when a parameter moved (the common case writes nothing)
+        moved = commit_shared(model, params)
+        if moved:
+            torch.save({"moved": moved, "tp_rank": rank}, f"{head['out']}.rank{rank}.pt")
     elif op == "probe":
         try:
             result = probe_layout(model, head["hf"], rank, size)

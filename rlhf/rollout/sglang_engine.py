@@ -235,9 +235,10 @@ class SGLangEngine:
                      "update_weights_from_distributed")
         self._updated = True
 
-    def _loader_call(self, header: Dict[str, Any], flush_cache: bool = False) -> List[Any]:
+    def _loader_call(self, header: Dict[str, Any], flush_cache: bool = False, every_rank: bool = True) -> List[Any]:
         """Run one file-reporting operation of our custom loader (rlhf.rollout.engine_loader) on every TP
-        rank and return the ranks' results (the schedulers are this actor's children, on this host)."""
+        rank and return the ranks' results (the schedulers are this actor's children, on this host);
+        ``every_rank=False``: only the ranks that wrote a result (an operation that reports only what went wrong)."""
         import json
         import tempfile
 
@@ -259,7 +260,9 @@ class SGLangEngine:
                     check_result(self.engine.end_weight_update(), "end_weight_update")
             files = [f"{out}.rank{r}.pt" for r in range(self.tp_size)]
             missing = [f for f in files if not os.path.exists(f)]
-            if missing:
+            if not every_rank:
+                files = [f for f in files if f not in missing]
+            elif missing:
                 raise EngineCallError(f"custom loader {header['op']}: no result from TP ranks {missing} (engine TP "
                                       f"ranks on another host?)")
             return [torch.load(f, weights_only=False) for f in files]
@@ -344,7 +347,7 @@ class SGLangEngine:
         if not self._shared or fingerprint != have:
             raise EngineCallError(f"commit_shared_writes refused: written for layout {fingerprint}, engine {self.index} "
                                   f"has {have or 'none probed'} (shared parameters: {self._shared})")
-        moved = sorted({n for r in self._loader_call({"op": "commit"}, flush_cache=flush_cache)
+        moved = sorted({n for r in self._loader_call({"op": "commit"}, flush_cache=flush_cache, every_rank=False)
                         for n in r.get("moved", ())})
         self._shared = self._shared and not moved
         self._updated = True

@@ -11,9 +11,10 @@ from tests.support.paths import DIST_SCRIPTS
 
 SCRIPT = os.path.join(DIST_SCRIPTS, "family_sync_e2e.py")
 KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral")
+LAYOUT = ("zero_copy_equals_generic", "engine_layout_equals_generic")
 EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed",
-                                                       "check_mode")]
-EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode")]
+                                                       "check_mode") + LAYOUT]
+EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
 

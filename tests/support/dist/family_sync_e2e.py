@@ -15,6 +15,9 @@ and the WeightBridge streams the new weights into that family's engine.  Per fam
   <kind>_check_mode          check="all": every sent tensor SGLang can read back (get_weights_by_name) equals
                              what was sent (Llama: all of them; SGLang's Qwen3 and Mixtral classes read back
                              none: no mismatch, and the greedy check above is the evidence)
+  <kind>_zero_copy_equals_generic / <kind>_engine_layout_equals_generic
+                             the same weights synced again from the checkpoint's through the engine-layout path
+                             (zero copy, then buckets): every engine parameter bitwise the generic sync's
 Then expert parallelism: the trainer re-initialised at TP1 x EP2 (each rank holds 4 of the 8 experts) takes
 two steps on the MoE and syncs it again (experts gathered over the EP group on the stage leader):
   qwen3_moe_ep2_synced_equals_hf, qwen3_moe_ep2_outputs_changed, qwen3_moe_ep2_check_mode
@@ -115,7 +118,34 @@ def run_family(kind, path, engine, workdir, initial, tag="", steps=1):
            f"verified={len(c.verified)} mismatched={c.mismatched} unverifiable={len(c.unverifiable)} "
            f"e.g. {c.unverifiable[:2]}" if rank0 and c is not None else "")
     bridge.close()
+    check_engine_layout(kind + tag, path, engine, state, bundle)
     return got
+
+
+def check_engine_layout(name, path, engine, state, bundle):
+    """The same weights through the engine-layout paths (zero copy, then buckets) from the checkpoint's: every
+    parameter bitwise what the check-mode sync above (SGLang's generic loading) left in the engine.  With expert
+    parallelism the bridge falls back to the generic loading (reported in the detail)."""
+    from rlhf.weight_bridge import WeightBridge
+
+    rank0 = dist.get_rank() == 0
+    ref = engine.engine_parameters()[0] if rank0 else None
+    for label, zero_copy in (("zero_copy", True), ("engine_layout", False)):
+        if rank0:
+            engine.update_weights_from_disk(path)
+        bridge = WeightBridge(state.model, bundle.spec, engine if rank0 else None, bucket_bytes=256 * 1024,
+                              zero_copy=zero_copy, group_prefix=f"family_{name}_{label}")
+        stats = bridge.sync()
+        bridge.close()
+        ok, detail = False, ""
+        if rank0:
+            got = engine.engine_parameters()[0]
+            diff = [f"rank{r}:{n}" for r in range(len(ref)) for n in ref[r] if not torch.equal(got[r][n], ref[r][n])]
+            expected_path = label if "_ep" not in name else "generic"
+            ok = not diff and stats.path == expected_path
+            detail = (f"path={stats.path} ({stats.fallback_reason}) {sum(len(x) for x in ref)} parameters "
+                      f"differ={diff[:4]}")
+        report(f"{name}_{label}_equals_generic", ok, detail)
 
 
 def initial_check(kind, path, engine):
