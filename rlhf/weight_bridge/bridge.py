@@ -180,6 +180,7 @@ class WeightBridge:
         self._pool: BufferPool | None = None
         self.shared_buckets = shared_buckets
         self._shared_state = None  # SharedBuckets, or False when not usable
+        self._one_host = False  # this TP group is on one host with CPU tensors (known once _shared ran)
         self._local: tuple | None = None  # (key, planned tensors) of this rank
         self._plan_cache: tuple | None = None  # controller: (key, SendPlan)
         self._holder_groups: dict = {}  # member ranks -> broadcast group of the engine-local handles
@@ -239,6 +240,7 @@ class WeightBridge:
             report = self._report(entries, self.engine_layout and self.transport == "tensor" and sb)
             if report is not None:
                 report["shared_buckets"] = sb
+                report["one_host_cpu"] = self._one_host
         except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
             entries, skipped, report = [], [], {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
         reports = self.topo.all_gather_object(report)
@@ -351,14 +353,17 @@ class WeightBridge:
         return stats
 
     def _shared(self, entries):
-        """The single-copy shared buckets of this TP group, or None (collective over the TP group)."""
+        """The single-copy shared buckets of this TP group, or None (collective over the TP group, once; also
+        records in ``_one_host`` whether the group is on one host with CPU tensors, which zero copy needs)."""
         if self._shared_state is None:
             tp_group = getattr(self.topo, "tp_group", None)
             self._shared_state = False
-            if self.shared_buckets is not False and tp_group is not None and getattr(self.topo, "ep_size", 1) == 1:
+            if self.shared_buckets is not False and tp_group is not None:
                 sb = SharedBuckets(tp_group, self.topo.tp_size, self.topo.tp_rank, self.topo.tp_src, self.meter,
                                    count=2 if self.overlap else 1)
-                self._shared_state = sb if sb.usable(entries) else False
+                self._one_host = sb.usable(entries)
+                # with expert parallelism the experts live on other ranks than the TP group: no shared buckets
+                self._shared_state = sb if self._one_host and getattr(self.topo, "ep_size", 1) == 1 else False
         return self._shared_state or None
 
     def _free_pool(self) -> None:
@@ -374,6 +379,8 @@ class WeightBridge:
                  holder_group=None):
         """This rank's part of the delivery; returns (error or None, engines reached)."""
         topo = self.topo
+        if getattr(topo, "expert_peer", False) and direct is not None:  # EP > 1, zero copy: write its experts
+            return self._write_shared(direct, direct.stage(topo.pp_rank), entries, targets, times)
         if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
             collections.deque(hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
             return None, targets
@@ -447,9 +454,10 @@ class WeightBridge:
         return None, targets
 
     def _write_shared(self, direct, stage, entries, targets, times):
-        """Zero copy (shared_params.py): every active rank writes its elements straight into the target engines'
-        shared parameters; each stage's leader reports when its TP group is done, and the controller then commits
-        the update on every engine (the engines' sessions are open and their generation paused)."""
+        """Zero copy (shared_params.py): every active rank (and expert peer) writes its elements straight into the
+        target engines' shared parameters; each stage's leader reports when its TP group (and their expert peers)
+        are done, and the controller then commits the update on every engine (the engines' sessions are open and
+        their generation paused)."""
         topo = self.topo
         t0 = time.perf_counter()
         error = None
@@ -460,6 +468,8 @@ class WeightBridge:
                 error = f"rank {topo.rank}: {type(e).__name__}: {e}"
             if topo.tp_size > 1:
                 dist.barrier(group=topo.tp_group)
+            if getattr(topo, "ep_size", 1) > 1:  # the expert peers of every TP rank are done too
+                dist.barrier(group=topo.ep_group)
         times["produce"] += time.perf_counter() - t0
         leaders = [s.leader for s in direct.send.stages if s.leader != topo.controller]
         if not topo.is_controller:

@@ -73,9 +73,10 @@ class EngineLayoutPath:
             return None, "the distributed transport broadcasts HF tensors"
         if check:
             return None, "check mode reads HF tensors back"
-        if not all(r.get("shared") for r in reports if r and "tensors" in r):
-            return None, ("every trainer TP rank must write into shared buckets (CPU, one host, no expert "
-                          "parallelism); the TP gather path converts to HF tensors")
+        leaders = [r for r in reports if r and "tensors" in r]
+        if not all(r.get("shared") or (self.zero_copy and r.get("one_host_cpu")) for r in leaders):
+            return None, ("every trainer TP rank must write into shared buckets or the engines' shared parameters "
+                          "(CPU, one host); the TP gather path converts to HF tensors")
         if self._layout is None or self._layout[0] != fp:
             held = self._layout[1] if self._layout and isinstance(self._layout[1], EngineLayout) else None
             try:
@@ -97,7 +98,12 @@ class EngineLayoutPath:
         if direct.key in self._refused:
             return None, self._refused[direct.key]
         shared = self._arena_plan(direct, fp, engines) if self.zero_copy else None
-        return (shared, None) if shared is not None and shared.key not in self._refused else (direct, None)
+        if shared is not None and shared.key not in self._refused:
+            return shared, None
+        if not all(r.get("shared") for r in leaders):
+            return None, ("expert parallelism: the engine-layout buckets are written by one TP group, which does not "
+                          "hold the other ranks' experts, and the engines' parameters cannot be shared (zero copy)")
+        return direct, None
 
     def _arena_plan(self, direct: DirectPlan, fp, engines) -> DirectPlan | None:
         """Controller: the zero-copy version of ``direct`` (the engines share their parameters once per layout), or
@@ -142,10 +148,12 @@ class EngineLayoutPath:
         if direct is None or (self._ops is not None and self._ops[0] == self._plan.key):
             return
         mine, ops = (None, 0), None
-        if topo.active:
+        peer = getattr(topo, "expert_peer", False) and self._plan.arenas is not None
+        if topo.active or peer:
             t0 = time.perf_counter()
             try:
-                ops, covered = compose_writes(self._plan, entries, spec, topo.tp_rank, topo.tp_size, topo.pp_rank)
+                ops, covered = compose_writes(self._plan, entries, spec, topo.tp_rank, topo.tp_size, topo.pp_rank,
+                                              zeros=topo.active)
                 if self._plan.arenas is not None:
                     self.maps.open(self._plan)
                 mine = (None, covered)

@@ -274,13 +274,15 @@ def _merge_blocks(dst: list, src: list, lens: list) -> list[tuple]:
     return [tuple(b) for b in blocks]
 
 
-def compose_writes(plan: DirectPlan, entries, spec, tp_rank: int, tp_size: int,
-                   pp_rank: int = 0) -> tuple[list[list], int]:
+def compose_writes(plan: DirectPlan, entries, spec, tp_rank: int, tp_size: int, pp_rank: int = 0,
+                   zeros: bool = True) -> tuple[list[list], int]:
     """This trainer rank's writes of every bucket of its pipeline stage and the number of elements they cover.
 
     Args:
         entries: this rank's LocalTensors (parallel.convert), whose shards are written.
         spec, tp_rank, tp_size, pp_rank: the model spec and this rank's trainer TP / PP position.
+        zeros: TP rank 0 writes the zeros the engine's loaders write (padded vocabulary rows); False on an expert
+            peer (expert parallelism: the stage's own TP rank 0 writes them).
     Returns:
         (ops, covered): ``ops[k]`` lists ``(engine rank, byte offset in the section, nbytes, dtype, entry index or
         -1 for zeros, blocks)`` of the stage's bucket k (blocks as in :func:`_merge_blocks`, in elements of the
@@ -309,7 +311,7 @@ def compose_writes(plan: DirectPlan, entries, spec, tp_rank: int, tp_size: int,
             t = layout.templates[tid]
             for e in range(layout.tp_size):
                 runs = t.runs[e][i]
-                if tp_rank == 0:
+                if tp_rank == 0 and zeros:
                     zkey = ("zeros", tid, e, i)
                     if zkey not in block_cache:
                         z = runs[runs[:, 1] == -1]
