@@ -75,6 +75,9 @@ class EngineLayoutPath:
             return None, "check mode reads HF tensors back"
         leaders = [r for r in reports if r and "tensors" in r]
         if not all(r.get("shared") or (self.zero_copy and r.get("one_host_cpu")) for r in leaders):
+            if all(r.get("one_host_cpu") for r in leaders):
+                return None, ("expert parallelism: the engine-layout buckets are written by one TP group, which does "
+                              "not hold the other ranks' experts (zero copy, which does not need them, is off)")
             return None, ("every trainer TP rank must write into shared buckets or the engines' shared parameters "
                           "(CPU, one host); the TP gather path converts to HF tensors")
         if self._layout is None or self._layout[0] != fp:
