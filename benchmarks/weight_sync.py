@@ -8,7 +8,7 @@ Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, 
 159 M parameters, 636 MB).  Trainer: megatron-core TP2 on 2 gloo processes.  Engine: one SGLang engine (rollout
 TP 1, fp32; a RolloutManager on rank 0).  A second engine serves the quickstart-sized model (0.5 MB).
 
-Timed (medians of --repeats runs after one untimed warm-up of each path, so imports, first-touch page
+Timed (medians of --repeats syncs, 15 by default, after one untimed warm-up of each path, so imports, first-touch page
 faults, the engine's layout probe and the engine's first load are excluded; the warm-up is reported):
   * bridge      -- `WeightBridge.sync()` with its defaults (on CPU: zero copy -- the engine moved its
                    parameters into shared memory once, every TP rank writes its elements straight into them, the
@@ -22,7 +22,8 @@ faults, the engine's layout probe and the engine's first load are excluded; the 
   writes (this rank writing its buckets or the shared parameters, incl. waiting for its TP peers), engine load
   (waiting for the engines: their loads of the buckets -- with two buffers bucket k+1 is written while bucket k
   loads -- or the zero-copy commit), end (closing the sessions).
-  * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0);
+  * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0), timed after each of
+                   the three big-model paths (the machine's load drifts) and taken as the median of all;
   * load        -- the engine's `update_weights_from_disk(dir)` of the same weights (safetensors written by
                    `save_hf_checkpoint`, file pages hot in the OS cache);
   * export_load -- `save_hf_checkpoint` from the TP shards + `update_weights_from_disk`: what a user without a
@@ -102,12 +103,30 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, **kw):
     bridge.close()
     med = median(times)
     plan, writes, load, end = (median([p[i] for p in phases]) * 1e3 for i in range(4))
-    log(f"bridge {label} [{stats.path}]: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms of "
-        f"{[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; rank 0 medians: plan "
+    log(f"bridge {label} [{stats.path}]: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms "
+        f"(min {min(times) * 1e3:.1f}) of {[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; "
+        f"rank 0 medians: plan "
         f"{plan:.1f} ms, writes {writes:.1f} ms, engine load {load:.1f} ms, end {end:.1f} ms; peak extra "
         f"{max(rss_peaks):.0f} MB (bridge-accounted {stats.peak_extra_bytes / 2**20:.0f} MB, largest tensor "
         f"{max(p.numel() * p.element_size() for c in chunks for p in c.parameters()) * 2 / 2**20:.0f} MB gathered)")
     return med, max(rss_peaks), stats, t_first
+
+
+def time_copy(rank, nbytes, repeats):
+    """Rank 0: seconds of `repeats` copies of a flat buffer of `nbytes` (after one untimed copy); [] elsewhere."""
+    import torch
+
+    if rank != 0:
+        return []
+    src = torch.empty(nbytes, dtype=torch.uint8).random_(0, 255)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def make_checkpoints(work, layers, log):
@@ -183,31 +202,27 @@ def main(args):
                 p.mul_(1.01)
     load_start = os.getloadavg()[0]
     log(f"load average (1 min) at start: {load_start:.1f} on {os.cpu_count()} cores")
-    t_generic, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
-                                     engine_layout=False)
+    t_generic, _, g_stats, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
+                                           engine_layout=False)
+    nbytes = g_stats.bytes
+    copies = time_copy(rank, nbytes, args.repeats)  # (a) a plain copy of the same bytes, between the paths
     t_buckets, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
                                      zero_copy=False)
+    copies += time_copy(rank, nbytes, args.repeats)
     t_bridge, peak_mb, stats, t_first = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
                                                     "big")
+    copies += time_copy(rank, nbytes, args.repeats)
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
-    t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(args.repeats, 9), log, "tiny")
+    t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(args.repeats, 15), log, "tiny")
 
     t_copy = t_load = t_export_load = None
-    if rank == 0:  # (a) a plain copy of the same bytes
-        src = torch.empty(stats.bytes, dtype=torch.uint8).random_(0, 255)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        times = []
-        for _ in range(max(5, args.repeats)):
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t0)
-        t_copy = median(times)
-        del src, dst
-        log(f"plain copy of {stats.bytes / 1e6:.1f} MB: {t_copy * 1e3:.1f} ms -> {stats.bytes / t_copy / 1e9:.2f} GB/s")
+    if rank == 0:
+        t_copy = median(copies)
+        log(f"plain copy of {nbytes / 1e6:.1f} MB: median {t_copy * 1e3:.1f} ms "
+            f"of {len(copies)} (min {min(copies) * 1e3:.1f}) -> {nbytes / t_copy / 1e9:.2f} GB/s")
     # (b) export from the TP shards + SGLang's own load from disk (and the load alone)
     loads, export_loads = [], []
-    for i in range(args.repeats + 1):
+    for i in range(args.export_repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
         save_hf_checkpoint(actor.chunks, actor.spec, hf_config, export_dir)
@@ -227,7 +242,7 @@ def main(args):
     if rank == 0:
         t_load, t_export_load = median(loads), median(export_loads)
         log(f"update_weights_from_disk: {t_load:.3f} s; save_hf_checkpoint + update_weights_from_disk: "
-            f"{t_export_load:.3f} s (medians of {args.repeats})")
+            f"{t_export_load:.3f} s (medians of {args.export_repeats})")
         for e in engines.values():
             e.shutdown()
         import ray
@@ -247,7 +262,8 @@ def main(args):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15, help="timed syncs per path (medians)")
+    ap.add_argument("--export-repeats", type=int, default=3, help="timed save_hf_checkpoint + disk loads")
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_weight_sync_bench"))
     a = ap.parse_args()
     if "RANK" not in os.environ:
