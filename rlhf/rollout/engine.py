@@ -99,9 +99,10 @@ class EngineFleet(Protocol):
         From then on the engine pauses generation inside every weight-update session."""
 
     def commit_shared_writes(self, fingerprint: str, engines: Optional[Sequence[int]] = None,
-                             flush_cache: bool = False) -> Pending:
+                             flush_cache: bool = False, end_session: bool = False) -> Pending:
         """Start each engine accepting the weights the trainer ranks wrote into its shared parameters (layout
-        ``fingerprint``; refused for another): ``{"moved": [names]}`` each."""
+        ``fingerprint``; refused for another), and with ``end_session`` closing its weight-update session as
+        :meth:`end_weight_update` would: ``{"moved": [names], "weight_version"}`` each."""
 
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         """Each engine's ``[per TP rank {parameter name: CPU tensor}]`` (the whole model: tests, diagnostics)."""

@@ -372,9 +372,9 @@ class RolloutManager:
         return self._run(lambda a: a.share_parameters, "share_parameters", engines=engines)
 
     def commit_shared_writes(self, fingerprint: str, engines: Optional[Sequence[int]] = None,
-                             flush_cache: bool = False) -> Pending:
+                             flush_cache: bool = False, end_session: bool = False) -> Pending:
         return self._start(lambda a: a.commit_shared_writes, "commit_shared_writes", fingerprint,
-                           engines=engines, flush_cache=flush_cache)
+                           engines=engines, flush_cache=flush_cache, end_session=end_session)
 
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         return self._run(lambda a: a.engine_parameters, "engine_parameters", engines=engines)

@@ -332,11 +332,14 @@ class SGLangEngine:
         self._shared = True
         return {"fingerprint": fp, "ranks": ranks}
 
-    def commit_shared_writes(self, fingerprint: str, flush_cache: bool = False) -> Dict[str, Any]:
+    def commit_shared_writes(self, fingerprint: str, flush_cache: bool = False,
+                             end_session: bool = False) -> Dict[str, Any]:
         """The trainer ranks wrote a sync's weights straight into the shared parameters (inside this session, with
         generation paused): check every TP rank's parameters still live there -- one SGLang moved gets the written
-        bytes copied in (rlhf.rollout.engine_loader.commit_shared) -- count the update and flush the cache.
-        Returns ``{"moved": [names]}``; a moved parameter ends sharing (the next sync loads buckets).
+        bytes copied in (rlhf.rollout.engine_loader.commit_shared) -- count the update and flush the cache; with
+        ``end_session`` also :meth:`end_weight_update` (one call fewer for the sync).
+        Returns ``{"moved": [names], "weight_version"}``; a moved parameter ends sharing (the next sync loads
+        buckets).
 
         Raises:
             EngineCallError: outside a session, or written for another layout than this engine's (``fingerprint``)
@@ -351,7 +354,7 @@ class SGLangEngine:
                         for n in r.get("moved", ())})
         self._shared = self._shared and not moved
         self._updated = True
-        return {"moved": moved}
+        return {"moved": moved, "weight_version": self.end_weight_update() if end_session else self.weight_version}
 
     def engine_parameters(self) -> List[Dict[str, Any]]:
         """Every parameter of every TP rank (engine names; CPU copies, the whole model: tests, diagnostics)."""

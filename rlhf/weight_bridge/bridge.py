@@ -333,7 +333,9 @@ class WeightBridge:
         t_finish = time.perf_counter()
         if self.topo.is_controller:
             try:
-                self.engines.end_weight_update(engines=reached)
+                open_sessions = [i for i in reached if i not in times.get("ended", ())]
+                if open_sessions:
+                    self.engines.end_weight_update(engines=open_sessions)
                 self.engines.end_sync(token, [] if error else reached)
             except Exception as e:  # noqa: BLE001
                 error = error or f"end_weight_update: {type(e).__name__}: {e}"
@@ -457,7 +459,7 @@ class WeightBridge:
         """Zero copy (shared_params.py): every active rank (and expert peer) writes its elements straight into the
         target engines' shared parameters; each stage's leader reports when its TP group (and their expert peers)
         are done, and the controller then commits the update on every engine (the engines' sessions are open and
-        their generation paused)."""
+        their generation paused) and closes their sessions in the same call."""
         topo = self.topo
         t0 = time.perf_counter()
         error = None
@@ -483,7 +485,9 @@ class WeightBridge:
         t0 = time.perf_counter()
         try:
             done = self.engines.wait(self.engines.commit_shared_writes(direct.layout.fingerprint, engines=targets,
-                                                                       flush_cache=True), "commit_shared_writes")
+                                                                       flush_cache=True, end_session=True),
+                                     "commit_shared_writes")
+            times["ended"] = list(targets)  # their sessions are closed: sync() does not call end_weight_update
         except Exception as e:  # noqa: BLE001
             return f"{type(e).__name__}: {e}", targets
         finally:

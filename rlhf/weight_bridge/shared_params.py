@@ -4,10 +4,10 @@ Once per engine layout each engine moves its parameters into one shared-memory a
 (rlhf.rollout.engine_loader.share_parameters) and reports the arena's file and every parameter's byte offset.
 Every trainer rank maps the arenas once; a sync is then the ranks' composed block writes
 (engine_layout.compose_writes, the same ops as for buckets, with the arena offsets as the "bucket" layout), done
-in parallel straight into the parameters, between the engines' begin_weight_update (which pauses their generation)
-and end_weight_update, followed by one commit call per engine that counts the update, flushes the cache and
-repairs a parameter SGLang moved out of the arena (copying the written bytes into it; sharing then ends).  No bucket
-buffer, no copy in the engine.
+in parallel straight into the parameters after the engines' begin_weight_update (which pauses their generation),
+then one commit call per engine that counts the update, flushes the cache, repairs a parameter SGLang moved out of
+the arena (copying the written bytes into it; sharing then ends) and closes the session (generation continues).
+No bucket buffer, no copy in the engine.
 """
 from __future__ import annotations
 
