@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rlhf.config import ConfigValidationError, compose_config
+from tests.support.mcore_checkpoints import write_dcp
 from tests.support.verl_examples import example_args, examples, problems, run_cfg, write_verl_config_dir
 
 VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
@@ -18,13 +19,15 @@ VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
 
 @pytest.fixture
 def paths(tmp_path):
-    """Tiny local data (one GSM8K-style row) and model for the examples' placeholders."""
+    """Tiny local data (one GSM8K-style row), model and megatron dist checkpoint (metadata only: the quickstart
+    model's config.json is made at run time, so --cfg checks the format) for the examples' placeholders."""
     row = {"prompt": "What is 2 + 3?", "data_source": "openai/gsm8k", "question": "What is 2 + 3?",
            "answer": "2 + 3 = 5\n#### 5"}
     for name in ("train", "test"):
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    mcore = write_dcp(tmp_path / "mcore", {"embedding.word_embeddings.weight": (512, 64)})
     return {"train": str(tmp_path / "train.jsonl"), "test": str(tmp_path / "test.jsonl"),
-            "model": "tiny://quickstart", "ckpt": str(tmp_path / "ckpt")}
+            "model": "tiny://quickstart", "ckpt": str(tmp_path / "ckpt"), "mcore": mcore}
 
 
 def _mirror_config_dir(tmp_path: Path) -> Path:
@@ -185,6 +188,9 @@ REPRESENTATIVE = {
     "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": ["moe_enable_deepep=True is not supported"],
     "grpo_trainer/run_qwen2-7b_math_megatron_lora.sh": None,  # LoRA
     "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": None,  # context parallelism
+    "grpo_trainer/run_qwen2_5_vl-7b-megatron.sh": None,  # megatron dist checkpoints (actor, ref), offload
+    # megatron dist checkpoints for actor, ref and critic: only the engines' placement (4 nodes) is refused
+    "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": ["rollout.mode=colocated with rollout.num_engines=1"],
 }
 #: problems of commands whose keys another part of the config owns (optimizer CPU offload), not judged here
 _ELSEWHERE = ("override_optimizer_config.optimizer_cpu_offload", "override_optimizer_config.optimizer_offload_fraction",

@@ -200,9 +200,11 @@ def test_preflight_from_config_json_alone(tmp_path):
         check_model(str(tmp_path))
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", "deepseek_v3"])
 def test_cfg_accepts_each_family_from_its_config_json(tmp_path, kind, capsys):
-    """`python -m rlhf.main recipe=quickstart model.path=<tiny Qwen3 dir> --cfg` exits 0 (config.json alone)."""
+    """`python -m rlhf.main recipe=quickstart model.path=<tiny Qwen3 dir> --cfg` exits 0 (config.json alone);
+    DeepSeek-V3 too with the rollout engine on CPU (its CPU engine's prefill is corrected in
+    rlhf/rollout/sglang_cpu: greedy tokens equal transformers', tests/e2e/test_family_sync_e2e.py)."""
     from rlhf.main import main
 
     family_config(kind).save_pretrained(str(tmp_path))
