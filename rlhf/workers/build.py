@@ -161,9 +161,9 @@ def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> Megat
 
 def build_reference(cfg, hf_config, model_path: str, *, temperature: float, actor: MegatronActor | None = None):
     """Collective. The frozen reference policy (the actor's initial weights, from the same source; no optimizer;
-    its parameters offloaded between its forwards with ``actor.ref_param_offload``).  With LoRA (``model.lora.rank`` > 0) it
-    is `actor` with its adapters off (AdapterOffReference: no second copy of the weights); ValueError when
-    `actor` is not given then."""
+    its parameters offloaded between its forwards with ``actor.ref_param_offload``).  With LoRA
+    (``model.lora.rank`` > 0) it is `actor` with its adapters off (AdapterOffReference: no second copy of the
+    weights); ValueError when `actor` is not given then."""
     if lora_settings(cfg) is not None:
         if actor is None:
             raise ValueError("model.lora.rank > 0: the reference is the actor with its adapters off; pass actor=")
