@@ -154,6 +154,14 @@ class TensorTransport:
                 self._other_stage(plan, stage, pool)
         return self.error
 
+    def _stage_answered(self, stage) -> None:
+        """Controller: the engines answered the stage's last bucket; its holders other than the leader may give
+        their copies back to their pools (local_handles.py, step 5)."""
+        sv = self._serving(stage)
+        for h in sv.participants(self.topo.rank):
+            if h != sv.leader:
+                self.topo.send_object(True, h)
+
     def _other_stage(self, plan, stage, pool: BufferPool) -> None:
         copies = Copies(pool, 1)  # the controller's copy of a bucket it holds entries of; reused once delivered
         try:
@@ -174,6 +182,7 @@ class TensorTransport:
                 finally:
                     self.topo.send_object(True, stage.leader)  # the engines are done with this bucket
                 faults.maybe_fail("sync_weights", last=last)
+            self._stage_answered(stage)
         finally:
             copies.release_all()
 
@@ -214,6 +223,7 @@ class TensorTransport:
                 finish(pending.pop(0))
         while pending:
             finish(pending.pop(0))
+        self._stage_answered(stage)
 
     def run_leader(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool) -> str | None:
         """A stage leader other than the controller: per bucket, report it, take the controller's decision,

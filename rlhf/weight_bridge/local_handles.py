@@ -27,7 +27,10 @@ module's :class:`BucketHolder` on the other holders):
    block in torch's IPC limbo for good);
 3. with at least one engine: the leader broadcasts the bucket to the holders, each holder serializes its entries
    of those engines and sends them to the controller, which delivers;
-4. the controller acks a leader other than itself once the engines answered (the leader may then reuse its buffer).
+4. the controller acks a leader other than itself once the engines answered (the leader may then reuse its buffer);
+5. once the engines answered the stage's last bucket, the controller tells the stage's other holders, which then
+   give their copies back to their pool (a stage leader that held entries of an earlier stage fills its next
+   bucket into that pool).
 
 Ordering: every rank goes through the stages in order and, within a stage, takes the broadcast of bucket k right
 after its part in the leader's TP gathers of the last parameter bucket k holds, so all ranks issue the
@@ -35,8 +38,8 @@ collectives of the TP groups and of the broadcast groups in one global order (tw
 on each other); leaders then produce without the overlap thread.  A holder rewrites a copy only after the
 engines loaded the bucket it held: the controller sends the decision of bucket k (step 2), which precedes the
 broadcast, only after the engines answered bucket ``k - count`` (its own stage keeps at most ``count - 1`` buckets
-in flight, the other stages one, and a stage starts after the previous one was answered), and an engine answers
-once its copies finished (rlhf.rollout.engine_loader.load_bucket).
+in flight, the other stages one, and a stage starts after the previous one was answered), a copy goes back to the
+pool only after step 5, and an engine answers once its copies finished (rlhf.rollout.engine_loader.load_bucket).
 """
 from __future__ import annotations
 
@@ -153,7 +156,8 @@ class BucketHolder:
             gather: Callable | None = None) -> None:
         """Every bucket in order; ``gather(entry)``: this rank's part in the leader's TP gathers of ``entries``
         (a TP peer of the stage leader, TP size ``tp``), each bucket taken right after the gathers of the last
-        entry it holds tensors of."""
+        entry it holds tensors of.  The copies go back to the pool once the controller says the engines answered
+        the stage's last bucket."""
         try:
             counts = entry_tensor_counts(entries, spec, tp) if gather is not None else []
             ends, n = [], 0
@@ -169,5 +173,6 @@ class BucketHolder:
                     k += 1
             for b in buckets[k:]:
                 self.step(b)
+            self.topo.recv_object(self.topo.controller)  # the engines answered this stage's last bucket
         finally:
             self.copies.release_all()

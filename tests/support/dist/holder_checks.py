@@ -46,6 +46,7 @@ CHECKS = ["entry_from_rank_on_its_device", "entries_bitwise_equal_leader_only",
           "failed_sync_serializes_only_what_is_delivered", "replaced_engine_serializes_only_what_is_delivered",
           "pools_freed_after_the_engines_last_reply"]
 SLOW_LAST_REPLY_S = 0.5
+LOAD_DELAY_S = 0.03  # the engines' loading of a bucket starts this long after the update call
 
 
 def layout_name(tp, pp, n, etp):
@@ -63,8 +64,11 @@ def report(name, ok, detail=""):
 
 
 class Fleet:
-    """FakeEngines recording, per update call, the pid that created each entry's memory and the entries handed
-    over; the last bucket's call (``flush_cache``) can be made slow and its reply time recorded."""
+    """FakeEngines that load asynchronously, as SGLang engines do: an update call only records its payloads, the
+    engines map and copy them when the trainer waits for the call, ``LOAD_DELAY_S`` later (so a trainer buffer
+    rewritten before the engines answered shows as a wrong value).  Per update call it records the pid that
+    created each entry's memory and the entries handed over; the last bucket's load (``flush_cache``) can be made
+    slow and its reply time recorded."""
 
     def __init__(self, inner, slow_last=False):
         self.inner, self.slow_last = inner, slow_last
@@ -77,9 +81,18 @@ class Fleet:
         self.creators.append({e: [int(re.search(rb"/torch_(\d+)_", p).group(1)) for p in row]
                               for e, row in zip(engines, payloads)})
         self.handed += sum(len(row) for row in payloads)
+        return ("deferred", payloads, list(engines), load_format, flush_cache, list(self.inner.restarts))
+
+    def wait(self, pending, what="call"):
+        if not (isinstance(pending, tuple) and pending[:1] == ("deferred",)):
+            return self.inner.wait(pending, what)
+        _, payloads, engines, load_format, flush_cache, restarts = pending
+        time.sleep(LOAD_DELAY_S)
+        alive = [k for k, e in enumerate(engines) if self.inner.restarts[e] == restarts[e]]  # a call to a dead engine
         try:
-            return self.inner.update_weights_from_tensor(payloads, engines=engines, load_format=load_format,
-                                                         flush_cache=flush_cache)
+            return self.inner.wait(self.inner.update_weights_from_tensor(
+                [payloads[k] for k in alive], engines=[engines[k] for k in alive], load_format=load_format,
+                flush_cache=flush_cache), what)
         finally:
             if flush_cache and self.slow_last:
                 time.sleep(SLOW_LAST_REPLY_S)

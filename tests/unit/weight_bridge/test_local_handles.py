@@ -60,7 +60,8 @@ def test_peer_holder_takes_each_broadcast_after_the_gathers_of_its_last_tensor(m
     second entry's gather, bucket 2 after the third (the leader yields them in that order).  Per bucket the holder
     takes the controller's decision first; a bucket no engine gets (bucket 1) is neither broadcast nor serialized;
     the third bucket reuses the first one's copy (two copies), and only this rank's entries of the decided engines
-    are sent."""
+    are sent.  The copies go back to the pool only after the controller's word that the engines answered the
+    stage's last bucket (the pool may next fill this rank's own bucket of a later stage)."""
     log, bufs = [], []
 
     def broadcast(buf, src, group):
@@ -71,17 +72,21 @@ def test_peer_holder_takes_each_broadcast_after_the_gathers_of_its_last_tensor(m
     monkeypatch.setattr(local_handles, "entry_tensor_counts", lambda entries, spec, tp: [1, 3, 2])
     pool = BufferPool(48, count=2, shared=True)
     serving = StageServing(0, holder_ranks(2, 2, 4, 0), "group")
-    topo = _Topo(1, log, {0: [[0], [], [0, 1]]})
+    held = []
+    answered = lambda topo: held.append(pool._free.qsize())  # noqa: E731 - the copies are still out then
+    topo = _Topo(1, log, {0: [[0], [], [0, 1], answered]})
     holder = BucketHolder(topo, serving, 2, pool, 2, lambda buf, bplan: b"x")
     holder.run([_bucket(0, 2), _bucket(1, 1), _bucket(2, 3)], entries=["e0", "e1", "e2"], spec=None, tp=2,
                gather=lambda e: log.append(("gather", e)))
     assert log == [("gather", "e0"), ("gather", "e1"), ("recv", 0), ("broadcast", 0, 16), ("send", 0, [(0, 1)]),
-                   ("recv", 0), ("gather", "e2"), ("recv", 0), ("broadcast", 0, 24), ("send", 0, [(0, 1)])]
-    topo.replies[0] = [[0], [0], [0]]
+                   ("recv", 0), ("gather", "e2"), ("recv", 0), ("broadcast", 0, 24), ("send", 0, [(0, 1)]),
+                   ("recv", 0)]
+    assert held == [0] and pool._free.qsize() == 2
+    topo.replies[0] = [[0], [0], [0], True]
     log.clear()
     bufs.clear()
     holder.run([_bucket(0, 2), _bucket(1, 1), _bucket(2, 3)])  # a data-parallel replica's holder: no gathers
-    assert [x[0] for x in log] == ["recv", "broadcast", "send"] * 3
+    assert [x[0] for x in log] == ["recv", "broadcast", "send"] * 3 + ["recv"]
     assert bufs[2] == bufs[0] != bufs[1]
     assert pool._free.qsize() == 2  # every copy handed back at the end
     pool.close()
@@ -131,7 +136,8 @@ def test_controller_decides_before_anyone_serializes(monkeypatch):
     assert calls[0] == ([0, 1], [[b"c", b"h1(0, 1)"], [b"h2(1, 0)", b"h3(1, 1)"]])
     assert len(calls) == 2 and log.count(("broadcast", 0)) == 2
     assert [x for x in log if x[0] == "send"] == [("send", h, [0, 1]) for h in (1, 2, 3)] * 2 + [
-        ("send", h, []) for h in (1, 2, 3)] * 2  # buckets 2 and 3: nobody serializes
+        ("send", h, []) for h in (1, 2, 3)] * 2 + [  # buckets 2 and 3: nobody serializes
+        ("send", h, True) for h in (1, 2, 3)]  # the stage is answered: the holders may reuse their copies
     assert sorted(serialized) == sorted([("ctrl", 0), ("ctrl", 1)] + [("holder", h) for h in (1, 2, 3)] * 2)
     assert sum(len(r) for _, rows in calls for r in rows) == len(serialized)  # every handle made was handed over
 
