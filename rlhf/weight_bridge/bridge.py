@@ -418,7 +418,7 @@ class WeightBridge:
             if my_stage is not None:  # TP peers take part in the writes / gathers only
                 peer()
             return None, targets
-        tt = TensorTransport(topo, self.engines, targets, engine_tp, record, times, token, serving, count)
+        tt = TensorTransport(topo, self.engines, targets, engine_tp, record, times, token, serving)
         if topo.is_controller:
             return tt.run_controller(plan, own, pool, in_flight=count - 1), tt.targets
         error = None

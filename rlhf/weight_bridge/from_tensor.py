@@ -73,16 +73,13 @@ class TensorTransport:
         record: ``record(plan, bucket, buf)`` called on the buffer's owner before delivery (check mode);
         times: timing accumulator (``deliver``, ``receive``);
         serving: ``{pp_rank: local_handles.StageServing}``; None: every stage's leader serializes every entry.
-        pool: the controller's bucket pool (its copies when it holds entries of another stage's buckets);
-        count: holder copies (the controller's buckets in flight + 1).
     """
 
     def __init__(self, topo, engines, targets: list[int], tp_size: int, record: Callable, times: dict,
-                 token=None, serving: dict | None = None, count: int = 1):
+                 token=None, serving: dict | None = None):
         self.topo, self.engines, self.tp_size, self.token = topo, engines, tp_size, token
-        self.targets, self.initial = list(targets), list(targets)
-        self.record, self.times = record, times
-        self.serving, self.count = serving, count
+        self.targets = list(targets)
+        self.record, self.times, self.serving = record, times, serving
         self.error: str | None = None
 
     def _serving(self, stage) -> StageServing:

@@ -128,7 +128,7 @@ def test_controller_decides_before_anyone_serializes(monkeypatch):
     topo = _Topo(0, log, {h: [holder(h)] * 4 for h in (1, 2, 3)})
     serving = serving_plan({0: 0}, {0: holder_ranks(2, 2, 4, 0)}, {0: "group"})
     tt = TensorTransport(topo, Engines(), [0, 1], 2, lambda *a: None, {"deliver": 0.0, "receive": 0.0}, (0, 0),
-                         serving, count=2)
+                         serving)
     pool = BufferPool(8, count=2)
     own = lambda: ((b, *pool.acquire(b.nbytes)) for b in buckets)  # noqa: E731
     error = tt.run_controller(plan, own, pool, in_flight=1)
