@@ -425,7 +425,7 @@ class WeightBridge:
         for stage in plan.stages:  # every other rank: its part in each stage, in stage order
             sv = serving[stage.pp_rank]
             holds = topo.rank in sv.participants(topo.controller)
-            holder = lambda: BucketHolder(topo, sv, engine_tp, pool, count, tt._serialize_one)  # noqa: E731
+            holder = lambda: BucketHolder(topo, sv, engine_tp, pool, count, tt._entry)  # noqa: E731
             if stage is my_stage and topo.is_leader:
                 error = tt.run_leader(plan, own, pool)
             elif stage is my_stage and holds:  # a TP peer of the leader that holds engine ranks' entries

@@ -95,7 +95,9 @@ class TensorTransport:
         since the sync began (:meth:`_wait` drops those)."""
         return [] if self.error is not None else list(self.targets)
 
-    def _serialize_one(self, buf: torch.Tensor, bplan: BucketPlan) -> bytes:
+    def _entry(self, buf: torch.Tensor, bplan: BucketPlan, engine: int, tp_rank: int) -> bytes:
+        """Engine ``engine``'s TP-rank-``tp_rank`` entry of bucket ``bplan`` held in ``buf`` (serialized by the
+        process that owns ``buf``)."""
         return serialize_bucket(buf, bplan, 1)[0]
 
     def _collect(self, plan: SendPlan, stage, bplan: BucketPlan, buf: torch.Tensor | None,
@@ -113,19 +115,19 @@ class TensorTransport:
             if buf is None:
                 buf = copies.take(bplan.nbytes)
             dist.broadcast(buf, src=sv.leader, group=sv.group)
-        got = {m: self._serialize_one(buf, bplan) for m in sv.mine(me, engines, self.tp_size)}
+        got = {m: self._entry(buf, bplan, *m) for m in sv.mine(me, engines, self.tp_size)}
         t0 = time.perf_counter()
         for h in others:
             got.update(self.topo.recv_object(h))
         self.times["receive"] += time.perf_counter() - t0
         return got
 
-    def _send(self, payloads: dict, engines: list[int], last: bool):
-        """Start loading one bucket on ``engines`` (``payloads[(engine, TP rank)]``); returns what :meth:`_wait`
-        takes."""
+    def _send(self, plan: SendPlan, stage, bplan: BucketPlan, payloads: dict, engines: list[int]):
+        """Start loading bucket ``bplan`` of ``stage`` on ``engines`` (``payloads[(engine, TP rank)]``); returns
+        what :meth:`_wait` takes."""
         rows = [[payloads[(e, r)] for r in range(self.tp_size)] for e in engines]
         return self.engines.update_weights_from_tensor(rows, engines=list(engines), load_format="flattened_bucket",
-                                                       flush_cache=last)
+                                                       flush_cache=plan.is_last(stage, bplan))
 
     def _wait(self, pending) -> None:
         t0 = time.perf_counter()
@@ -173,7 +175,7 @@ class TensorTransport:
                     engines = self._decide()
                     payloads = self._collect(plan, stage, bplan, None, engines, copies)
                     if engines:
-                        self._wait(self._send(payloads, engines, last))
+                        self._wait(self._send(plan, stage, bplan, payloads, engines))
                 except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
                     self._fail(e)
                 finally:
@@ -212,7 +214,7 @@ class TensorTransport:
                 engines = self._decide() if buf is not None else []
                 payloads = self._collect(plan, stage, bplan, buf, engines)
                 if engines:
-                    call = self._send(payloads, engines, last)
+                    call = self._send(plan, stage, bplan, payloads, engines)
             except Exception as e:  # noqa: BLE001
                 self._fail(e)
             pending.append((call, slot, last))
@@ -246,8 +248,8 @@ class TensorTransport:
                 if engines:  # never after an error: the controller decides none then
                     if sv.group is not None:
                         dist.broadcast(buf, src=me, group=sv.group)
-                    self.topo.send_object({m: self._serialize_one(buf, bplan) for m in sv.mine(me, engines,
-                                                                                             self.tp_size)}, ctrl)
+                    self.topo.send_object({m: self._entry(buf, bplan, *m) for m in sv.mine(me, engines,
+                                                                                         self.tp_size)}, ctrl)
                 self.topo.recv_object(ctrl)  # the engines are done with this bucket
             finally:
                 self.times["deliver"] += time.perf_counter() - t0
@@ -265,15 +267,13 @@ class DirectTransport(TensorTransport):
         super().__init__(*args, **kwargs)
         self.direct = direct_plan
 
-    def _collect(self, plan: SendPlan, stage, bplan: BucketPlan, buf, engines: list[int], copies=None) -> dict:
+    def _entry(self, buf: torch.Tensor, bplan: BucketPlan, engine: int, tp_rank: int) -> bytes:
         from sglang.srt.utils.common import MultiprocessingSerializer
 
         stride = self.direct.stride(bplan)
-        self._header = self.direct.header(bplan)
-        return {(e, r): MultiprocessingSerializer.serialize(buf[r * stride:r * stride + bplan.nbytes])
-                for e in engines for r in range(self.tp_size)}
+        return MultiprocessingSerializer.serialize(buf[tp_rank * stride:tp_rank * stride + bplan.nbytes])
 
-    def _send(self, payloads: dict, engines: list[int], last: bool):
+    def _send(self, plan: SendPlan, stage, bplan: BucketPlan, payloads: dict, engines: list[int]):
         rows = [[payloads[(e, r)] for r in range(self.tp_size)] for e in engines]
-        return self.engines.update_weights_in_engine_layout(rows, self._header, engines=list(engines),
-                                                            flush_cache=last)
+        return self.engines.update_weights_in_engine_layout(rows, self.direct.header(bplan), engines=list(engines),
+                                                            flush_cache=plan.is_last(stage, bplan))

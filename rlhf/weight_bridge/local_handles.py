@@ -134,11 +134,12 @@ class BucketHolder:
     Args:
         topo: the topology (``send_object`` / ``recv_object`` with the controller); serving: the stage's
         StageServing; tp: engine TP size; pool: this rank's bucket pool; count: copies (the controller's buckets
-        in flight + 1); serialize: ``serialize(buf, bplan) -> bytes`` (from_tensor.serialize_bucket's one copy).
+        in flight + 1); serialize: ``serialize(buf, bplan, engine, engine TP rank) -> bytes`` (the transport's
+        entry: from_tensor.TensorTransport._entry).
     """
 
     def __init__(self, topo, serving: StageServing, tp: int, pool: BufferPool, count: int,
-                 serialize: Callable[[torch.Tensor, BucketPlan], bytes]):
+                 serialize: Callable[[torch.Tensor, BucketPlan, int, int], bytes]):
         self.topo, self.serving, self.tp, self.serialize = topo, serving, tp, serialize
         self.copies = Copies(pool, count)
 
@@ -150,7 +151,7 @@ class BucketHolder:
         buf = self.copies.take(bplan.nbytes)
         dist.broadcast(buf, src=self.serving.leader, group=self.serving.group)
         mine = self.serving.mine(self.topo.rank, engines, self.tp)
-        self.topo.send_object({m: self.serialize(buf, bplan) for m in mine}, self.topo.controller)
+        self.topo.send_object({m: self.serialize(buf, bplan, *m) for m in mine}, self.topo.controller)
 
     def run(self, buckets: Sequence[BucketPlan], entries: Sequence[LocalTensor] = (), spec=None, tp: int = 1,
             gather: Callable | None = None) -> None:

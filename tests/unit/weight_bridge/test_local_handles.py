@@ -75,7 +75,7 @@ def test_peer_holder_takes_each_broadcast_after_the_gathers_of_its_last_tensor(m
     held = []
     answered = lambda topo: held.append(pool._free.qsize())  # noqa: E731 - the copies are still out then
     topo = _Topo(1, log, {0: [[0], [], [0, 1], answered]})
-    holder = BucketHolder(topo, serving, 2, pool, 2, lambda buf, bplan: b"x")
+    holder = BucketHolder(topo, serving, 2, pool, 2, lambda buf, bplan, engine, tp_rank: b"x")
     holder.run([_bucket(0, 2), _bucket(1, 1), _bucket(2, 3)], entries=["e0", "e1", "e2"], spec=None, tp=2,
                gather=lambda e: log.append(("gather", e)))
     assert log == [("gather", "e0"), ("gather", "e1"), ("recv", 0), ("broadcast", 0, 16), ("send", 0, [(0, 1)]),
