@@ -260,8 +260,7 @@ class TensorTransport:
 class DirectTransport(TensorTransport):
     """The colocated delivery of an engine-layout plan (rlhf.weight_bridge.engine_layout.DirectPlan): bucket k's
     buffer holds one section per engine TP rank; engine rank e gets a handle of section e only, and the engine's
-    custom loader (rlhf.rollout.engine_loader) copies each region into its parameter.  The controller's own stage
-    only (PP 1, its own buffers)."""
+    custom loader (rlhf.rollout.engine_loader) copies each region into its parameter."""
 
     def __init__(self, direct_plan, *args, **kwargs):
         super().__init__(*args, **kwargs)
