@@ -167,7 +167,8 @@ def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Option
            f"{'trainer.n_gpus_per_node' if declared else 'GPUs per node (trainer.n_gpus_per_node=null)'}")
     why = job_placement_problem(mode=r.mode, num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size,
                                 gpus_per_node=per_node, nnodes=nnodes, trainer_world_size=world_size,
-                                pp=cfg.parallel.pipeline_model_parallel_size, gpus_from=src)
+                                pp=cfg.parallel.pipeline_model_parallel_size,
+                                ep=cfg.parallel.get("expert_model_parallel_size", 1), gpus_from=src)
     return [why] if why else []
 
 

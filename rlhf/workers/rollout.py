@@ -59,7 +59,7 @@ def start_rollout(cfg, model_path: str):
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
-                                        rank_ray_nodes, stage_leaders)
+                                        ipc_source_ranks, rank_ray_nodes)
 
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
@@ -76,7 +76,8 @@ def start_rollout(cfg, model_path: str):
         nnodes, node_ids = gpu_engine_nodes(ranks, per_node, ray_nodes, r.mode)
         plan = plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=world,
                               num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode,
-                              leaders=stage_leaders(world, cfg.parallel.pipeline_model_parallel_size))
+                              leaders=ipc_source_ranks(world, cfg.parallel.pipeline_model_parallel_size,
+                                                       cfg.parallel.get("expert_model_parallel_size", 1)))
     else:
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
