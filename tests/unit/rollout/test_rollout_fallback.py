@@ -85,7 +85,7 @@ def test_worker_retries_only_failed_samples(monkeypatch):
     assert w2.calls == [] and m == {"rollout/num_fallbacks": 0.0, "rollout/num_failed_samples": 0.0}
 
 
-def test_error_injecting_fault_points(monkeypatch, capsys):
+def test_error_injecting_fault_points(monkeypatch, caplog):
     monkeypatch.setattr(faults, "_hits", {})
     monkeypatch.setenv("RLHF_FAULT", "rollout_request_error@3,reward_model_slow@2")
     monkeypatch.setenv("RLHF_FAULT_STALL_S", "0.3")
@@ -94,9 +94,10 @@ def test_error_injecting_fault_points(monkeypatch, capsys):
     t0 = time.monotonic()
     faults.maybe_stall("reward_model_slow")
     assert time.monotonic() - t0 < 0.2
-    faults.maybe_stall("reward_model_slow")
+    with caplog.at_level("WARNING", logger="rlhf.faults"):
+        faults.maybe_stall("reward_model_slow")
     assert time.monotonic() - t0 >= 0.3
-    assert "FAULT reward_model_slow hit 2: stall 0.3 s" in capsys.readouterr().err
+    assert caplog.messages == ["FAULT reward_model_slow hit 2: stall 0.3 s"]
     monkeypatch.delenv("RLHF_FAULT")
     assert not faults.fires("rollout_request_error")
 
