@@ -54,6 +54,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from .arithmetic import QUICKSTART_MAX_OPERAND, make_arithmetic_dataset, quickstart_task_kwargs
+from .resolve import QUICKSTART_MAX_POSITION_EMBEDDINGS
 from .sft import corrupt_answers, sft_warmup
 from .tokenizer import QUICKSTART_VOCAB_SIZE, encode_example, make_quickstart_tokenizer
 
@@ -69,7 +70,7 @@ __all__ = [
 
 QUICKSTART_SCHEME = "tiny://quickstart"
 META_FILE = "warmup_meta.json"
-_META_VERSION = 2  # 2: max_position_embeddings 1024
+_META_VERSION = 3  # 2: max_position_embeddings 1024; 3: 32768
 
 # Defaults of build_quickstart_model (tuned; see module docstring).
 QUICKSTART_DEFAULTS: Dict[str, Any] = {
@@ -217,7 +218,7 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
     model = build_tiny_hf_model(
         "llama_gqa", vocab_size=len(tok), hidden_size=hidden_size, num_layers=num_layers, seed=seed,
         init="hf", dtype=torch.float32, bos_token_id=IM_START_ID, eos_token_id=IM_END_ID, pad_token_id=PAD_ID,
-        max_position_embeddings=1024)  # room for GSM8K prompts (<= 562 tokens) + responses
+        max_position_embeddings=QUICKSTART_MAX_POSITION_EMBEDDINGS)
 
     task_kw = quickstart_task_kwargs(max_operand, task)
     rows = make_arithmetic_dataset(max(1, warmup_steps * batch_size), seed=seed + _WARMUP_DATA_SEED_OFFSET,
