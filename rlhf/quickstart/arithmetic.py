@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from rlhf.data.gsm8k import INSTRUCTION
 
@@ -208,16 +208,21 @@ def write_arithmetic_parquet(
     Returns:
         ``{"train": Path, "test": Path}``.
     """
+    return _write_splits(out_dir, n_train, n_test, seed,
+                         lambda n, s, split: make_arithmetic_dataset(n, seed=s, split=split, **kwargs))
+
+
+def _write_splits(out_dir: Union[str, Path], n_train: int, n_test: int, seed: int,
+                  rows_of: Callable[[int, int, str], List[Dict[str, Any]]]) -> Dict[str, Path]:
+    """``out_dir/{train,test}.parquet`` of ``rows_of(n, seed, split)`` (the test split seeded ``seed + 1``)."""
     import datasets
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: Dict[str, Path] = {}
     for split, n, s in (("train", n_train, seed), ("test", n_test, seed + 1)):
-        rows = make_arithmetic_dataset(n, seed=s, split=split, **kwargs)
-        path = out / f"{split}.parquet"
-        datasets.Dataset.from_list(rows).to_parquet(str(path))
-        paths[split] = path
+        paths[split] = out / f"{split}.parquet"
+        datasets.Dataset.from_list(rows_of(n, s, split)).to_parquet(str(paths[split]))
     return paths
 
 
@@ -233,20 +238,14 @@ def write_math_parquet(out_dir: Union[str, Path], n_train: int, n_test: int, see
     Returns:
         ``{"train": Path, "test": Path}``.
     """
-    import datasets
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths: Dict[str, Path] = {}
-    for split, n, s in (("train", n_train, seed), ("test", n_test, seed + 1)):
-        rows = [{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
+    def rows_of(n: int, s: int, split: str) -> List[Dict[str, Any]]:
+        return [{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
                  "reward_model": {"style": "rule", "ground_truth": r["ground_truth"]},
                  "extra_info": {"split": split, "index": r["extra_info"]["index"]}}
-                for r in make_arithmetic_dataset(n, seed=s, split=split, **quickstart_task_kwargs(max_operand,
-                                                                                                  BOXED_TASK))]
-        paths[split] = out / f"{split}.parquet"
-        datasets.Dataset.from_list(rows).to_parquet(str(paths[split]))
-    return paths
+                for r in make_arithmetic_dataset(n, seed=s, split=split,
+                                                 **quickstart_task_kwargs(max_operand, BOXED_TASK))]
+
+    return _write_splits(out_dir, n_train, n_test, seed, rows_of)
 
 
 def make_synthetic_preference_dataset(n: int, seed: int = 0, **arith_kwargs: Any) -> List[Dict[str, Any]]:

@@ -37,8 +37,9 @@ def examples() -> dict:
 #: overrides whose value is a path of the user's machine -> the placeholder the tests fill in
 PLACEHOLDERS = {"data.train_files": "{train}", "data.val_files": "{test}", "actor_rollout_ref.model.path": "{model}",
                 "critic.model.path": "{model}", "reward_model.model.path": "{model}",
-                "trainer.default_local_dir": "{ckpt}", **{f"{role}.megatron.dist_checkpointing_path": "{ckpt}" for role in (
-                    "actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}}
+                "trainer.default_local_dir": "{ckpt}",
+                **{f"{role}.megatron.dist_checkpointing_path": "{ckpt}"
+                   for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}}
 
 #: the job variables of the clusters verl's scripts were written for (one node of 8 GPUs), which the scripts read
 #: for trainer.nnodes / trainer.n_gpus_per_node
@@ -48,7 +49,8 @@ CLUSTER_ENV = {"ARNOLD_WORKER_GPU": "8", "ARNOLD_WORKER_NUM": "1", "SLURM_GPUS_P
 _STUB_PY = r"""#!/bin/sh
 # records a python / torchrun command line (one JSON list a line); "python -c CODE" runs CODE (scripts compute values)
 if [ "$1" = "-c" ]; then exec "$REAL_PYTHON" "$@"; fi
-exec "$REAL_PYTHON" -c 'import json, os, sys; open(os.environ["CAPTURE"], "a").write(json.dumps(sys.argv[1:]) + "\n")' "$@"
+exec "$REAL_PYTHON" -c 'import json, os, sys
+open(os.environ["CAPTURE"], "a").write(json.dumps(sys.argv[1:]) + "\n")' "$@"
 """
 _STUB_RAY = """#!/bin/sh
 # ray job submit ... -- CMD: runs CMD (its python is the stub); other ray commands do nothing
@@ -153,7 +155,8 @@ def extract_examples(verl_git_dir: str, commit: str = "HEAD", recipe_git_dir: st
                 examples[name if k == 0 else f"{name}#{k + 1}"] = _example_entry(argv)
     about = (f"The key=value overrides of verl's Megatron example commands (examples/**/*.sh of verl {sha[:9]}"
              + (f" and recipe/**/*.sh of its verl-recipe submodule {recipe_sha[:9]}" if recipe_sha else "") +
-             f" that start verl.trainer.main_ppo with a Megatron config or strategy, as its shell expands them; options: "
+             f" that start verl.trainer.main_ppo with a Megatron config or strategy, as its shell expands them; "
+             f"options: "
              f"verl's --config-path/--config-name). Data, model and checkpoint paths are placeholders ({{train}}, "
              f"{{test}}, {{model}}, {{ckpt}}) for tiny local ones. Command lines only. Made by "
              f"tests/support/verl_examples.py:extract_examples.")
@@ -260,7 +263,8 @@ def write_verl_config_dir(root: Path) -> Path:
 
 
 if __name__ == "__main__":
-    out = extract_examples(sys.argv[1] if len(sys.argv) > 1 else "/work/.mirror/volcengine+verl/repo",
-                           recipe_git_dir=sys.argv[2] if len(sys.argv) > 2 else "/work/.mirror/verl-project+verl-recipe/repo")
+    verl, recipe = (sys.argv[1:] + ["/work/.mirror/volcengine+verl/repo",
+                                    "/work/.mirror/verl-project+verl-recipe/repo"][len(sys.argv) - 1:])[:2]
+    out = extract_examples(verl, recipe_git_dir=recipe)
     FIXTURE.write_text(json.dumps(out, indent=1) + "\n")
     print(f"{len(out['examples'])} examples of verl {out['commit'][:9]} -> {FIXTURE}")

@@ -44,8 +44,9 @@ def test_prompt_plus_response_within_the_model_context_and_the_engine_asks_no_mo
                  "max_position_embeddings=32768 (tiny://quickstart): the rollout engine refuses a longer context at "
                  "start-up; set data.max_response_length=31768 (or lower data.max_prompt_length).")
     local = _model(tmp_path / "local", max_position_embeddings=1024)  # a local model directory
-    assert _context_problems([f"model.path={local}", "data.max_prompt_length=1000", "data.max_response_length=24"]) == []
-    [p] = _context_problems([f"model.path={local}", "data.max_prompt_length=1000", "data.max_response_length=25"])
+    at = [f"model.path={local}", "data.max_prompt_length=1000"]
+    assert _context_problems([*at, "data.max_response_length=24"]) == []
+    [p] = _context_problems([*at, "data.max_response_length=25"])
     assert f"max_position_embeddings=1024 ({local / 'config.json'})" in p and "data.max_response_length=24 (" in p
     # a hub model already in the HF cache (no network), with YaRN scaling: SGLang serves factor x the positions
     import huggingface_hub.constants as hc
@@ -67,8 +68,8 @@ def test_model_context_length_follows_sglang():
     factor unless the scaling names original_max_position_embeddings or is llama3's; a VLM's text config."""
     assert model_context_length({"max_position_embeddings": 4096}) == (4096, "max_position_embeddings")
     assert model_context_length({"seq_length": 2048, "max_position_embeddings": 4096}) == (2048, "seq_length")
-    assert model_context_length({"max_position_embeddings": 4096, "rope_scaling": {"type": "linear",
-                                                                                   "factor": 2.0}}) == (8192, "max_position_embeddings")
+    linear = {"max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    assert model_context_length(linear) == (8192, "max_position_embeddings")
     assert model_context_length({"max_position_embeddings": 131072, "rope_scaling": {
         "rope_type": "llama3", "factor": 8.0}}) == (131072, "max_position_embeddings")
     assert model_context_length({"max_position_embeddings": 32768, "rope_scaling": {

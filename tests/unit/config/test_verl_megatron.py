@@ -235,7 +235,8 @@ OUTCOMES = {
 #: offload, DeepSeek-V3 on 96 GPUs, MoE with DeepEP, LoRA, multi-turn, fp16, rollout expert parallelism
 REPRESENTATIVE = ["ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh", "grpo_trainer/run_qwen2-7b_math_megatron.sh",
                   "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh",
-                  "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh", "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh",
+                  "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh",
+                  "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh",
                   "grpo_trainer/run_qwen2-7b_math_megatron_lora.sh",
                   "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh",
                   "recipe/dapo/test_dapo_8b_megatron_fp16.sh", "gspo_trainer/test_gspo_qwen30b_a3b_ep.sh"]
