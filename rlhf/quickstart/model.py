@@ -7,7 +7,7 @@ trained one is always right (no signal either). :func:`build_quickstart_model` t
 1. trains the tiny byte-level BPE tokenizer (:func:`rlhf.quickstart.tokenizer.make_quickstart_tokenizer`,
    ChatML template, EOS ``<|im_end|>``, digits split; its default corpus plus the task's words);
 2. builds a tiny Llama (2 layers, hidden 64, 4 heads / 2 KV heads, untied, fp32, HF init;
-   125k parameters);
+   125k parameters; 32768 positions, so verl's commands' lengths fit);
 3. runs a short supervised warm-up (:func:`rlhf.quickstart.sft.sft_warmup`: plain torch, one
    thread, AdamW, teacher forcing, loss on the response tokens only) on the task's worked
    solutions, each followed by EOS; the prompt is rendered exactly as
@@ -33,6 +33,9 @@ Measured with the defaults (2 shared cores, single-threaded build; 100 held-out 
 * simulated GRPO in plain torch (16 prompts x 8 samples, 4 Adam updates per step,
   lr 1e-4, 25 steps): batch reward 0.43 -> 0.77 (first / last 5 steps), held-out sampled
   reward 0.34 -> 0.78, greedy 0.76 -> 0.95.
+
+``task=BOXED_TASK`` (:mod:`rlhf.quickstart.arithmetic`) warms it up on MATH-style problems answered with
+``\\boxed{N}`` instead (the MATH rule reward scores them; ``write_math_parquet`` writes them in verl's layout).
 
 The RL task must be generated with the settings the model was warmed up on: use
 :func:`rlhf.quickstart.arithmetic.quickstart_task_kwargs` (or read ``warmup_meta.json["task"]``), e.g.
