@@ -57,7 +57,7 @@ def start_rollout(cfg, model_path: str):
 
     from parallel.distributed import rank_nodes
     from rlhf.rollout import RolloutManager
-    from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype
+    from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype, rollout_context_length
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
                                         ipc_source_ranks, rank_ray_nodes)
 
@@ -85,7 +85,8 @@ def start_rollout(cfg, model_path: str):
     engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size,
                          dtype=resolve_engine_dtype(r.dtype, cfg.model.dtype),
                          mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
-                         context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,
+                         context_length=rollout_context_length(cfg.data.max_prompt_length,
+                                                               cfg.data.max_response_length),
                          max_total_tokens=r.max_total_tokens or batch_kv_tokens(
                              cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
                              r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
