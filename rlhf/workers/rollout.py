@@ -41,9 +41,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["RolloutWorker", "start_rollout"]
 
 
-def _broadcast(obj):
+def _broadcast(obj, group):
+    """Rank 0's ``obj`` on every rank, through ``group`` (the worker's host group, :attr:`RolloutWorker.host_group`)."""
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -114,8 +115,12 @@ class RolloutWorker:
         v = r.val_kwargs
         self.val_sampling = SamplingConfig(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
                                            max_new_tokens=cfg.data.max_response_length, stop_token_ids=stop_ids)
+        # every wait of the ranks other than 0 on rank 0 (engine start, generation and scoring: minutes) is on the
+        # host, in a gloo group: on the default group (NCCL on a GPU run) each rank would wait in an NCCL kernel
+        # spinning on its GPU, which a colocated engine rank shares (time-sliced against it for the whole generation)
+        self.host_group = dist.new_group(backend="gloo")
         self.manager = start_rollout(cfg, model_path) if self.rank0 else None
-        dist.barrier()
+        dist.barrier(group=self.host_group)
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager,
                                    transport="tensor" if r.mode == "colocated" else "distributed",
                                    bucket_bytes=r.weight_sync_bucket_mb << 20,
@@ -135,7 +140,7 @@ class RolloutWorker:
         if self.rank0:
             self.manager.release_memory_occupation()
         self.weights_released = self.weights_released or self.colocated
-        dist.barrier()
+        dist.barrier(group=self.host_group)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -143,10 +148,10 @@ class RolloutWorker:
         """Colocated: re-allocate the released ``tags`` (default all) once the trainer freed its cache."""
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        dist.barrier()
+        dist.barrier(group=self.host_group)  # every rank's cache is returned before the engines take memory again
         if self.rank0:
             self.manager.resume_memory_occupation(tags)
-        dist.barrier()
+        dist.barrier(group=self.host_group)
 
     def ensure_resident(self) -> None:
         """Collective.  Engines ready to generate with the actor's weights: a plain resume when they kept their
@@ -180,7 +185,7 @@ class RolloutWorker:
                 except StaleEnginesError as e:
                     done += self._renumber(e.samples, todo)
                     todo, stale = [todo[i] for i in e.unfinished], e.engines
-            stale = _broadcast(stale)
+            stale = _broadcast(stale, self.host_group)
             if stale is None:
                 return sorted(done, key=lambda s: (s.prompt_index, s.sample_index)) if self.rank0 else None
             with self.actor_resident():
@@ -193,7 +198,7 @@ class RolloutWorker:
         rollout/num_fallbacks and rollout/num_failed_samples)."""
         from rlhf.rollout.fallback import failed_samples, greedy_retry_sampling, merge_retries
 
-        failed = _broadcast(failed_samples(samples) if self.rank0 else None)
+        failed = _broadcast(failed_samples(samples) if self.rank0 else None, self.host_group)
         if not failed:
             return samples, {"rollout/num_fallbacks": 0.0, "rollout/num_failed_samples": 0.0}
         retried = self._generate([samples[k].prompt_ids for k in failed], greedy_retry_sampling(sampling))
@@ -224,7 +229,7 @@ class RolloutWorker:
                                                   prompts=[batch["raw_prompt"][i] for i in idx])
             reward_metrics.update(rollout_metrics, **{"rollout/num_restarts": float(self.manager.num_restarts)})
             payload = (samples, scores, reward_metrics)
-        return _broadcast(payload)
+        return _broadcast(payload, self.host_group)
 
     # ---- weights --------------------------------------------------------------------------------------
     def sync_weights(self):
@@ -235,7 +240,7 @@ class RolloutWorker:
             stats = self.last_sync = self.bridge.sync()
             self.weights_released = False
             for _ in range(self.max_resyncs):
-                stale = _broadcast(self.manager.stale_engines() if self.rank0 else None)
+                stale = _broadcast(self.manager.stale_engines() if self.rank0 else None, self.host_group)
                 if not stale:
                     break
                 self.last_sync = self.bridge.sync(engines=stale)

@@ -62,7 +62,7 @@ class _Worker:
     """RolloutWorker._retry_failed on one rank: its _generate answers from a queue (records its calls)."""
 
     def __init__(self, answers):
-        self.rank0, self.answers, self.calls = True, list(answers), []
+        self.rank0, self.answers, self.calls, self.host_group = True, list(answers), [], None
 
     def _generate(self, prompts, sampling):
         self.calls.append((prompts, sampling))
@@ -72,7 +72,7 @@ class _Worker:
 def test_worker_retries_only_failed_samples(monkeypatch):
     from rlhf.workers import rollout as wr
 
-    monkeypatch.setattr(wr, "_broadcast", lambda obj: obj)  # one rank
+    monkeypatch.setattr(wr, "_broadcast", lambda obj, group: obj)  # one rank
     train = SamplingConfig(n=2, temperature=1.0, max_new_tokens=4)
     w = _Worker([[RolloutSample([9, 1], [8, 2], [-1.0, -1.0], "stop", 0, 0)]])
     samples = [_s(0, 0, [5]), _s(0, 1, [5]), _s(1, 0, [5]), _s(1, 1, [], reason="abort")]
