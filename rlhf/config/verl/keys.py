@@ -239,15 +239,23 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.data_parallel_size", "neutral", ((1, None), "use rollout.num_engines")),
     ("actor_rollout_ref.rollout.pipeline_model_parallel_size", "neutral", ((1, None), "engines use tensor "
                                                                                      "parallelism only")),
-    ("actor_rollout_ref.rollout.expert_parallel_size", "neutral", ((1, None), "MoE is not supported")),
+    ("actor_rollout_ref.rollout.expert_parallel_size", "neutral", ((1, None), "expert parallelism inside the rollout "
+                                                                             "engine is not supported (MoE models "
+                                                                             "are served under the engine's tensor "
+                                                                             "parallelism)")),
     ("actor_rollout_ref.rollout.over_sample_rate", "neutral", ((0, 0.0), "not supported")),
     ("actor_rollout_ref.rollout.multi_turn.enable", "neutral", ((False,), "multi-turn / tool rollouts are not "
                                                                          "supported")),
     ("actor_rollout_ref.rollout.skip_rollout", "neutral", ((False,), "not supported")),
-    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "neutral", ((False,), "MoE is not supported")),
+    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "neutral", ((False,), "MoE router replay (the "
+                                                                                     "engine's expert routing "
+                                                                                     "reused in training) is not "
+                                                                                     "supported")),
     ("actor_rollout_ref.rollout.quantization", "neutral", ((None,), "rollouts run in rollout.dtype")),
     ("actor_rollout_ref.rollout.quantization_config_file", "neutral", ((None,), "rollouts run in rollout.dtype")),
-    ("actor_rollout_ref.rollout.prometheus.enable", "neutral", ((False,), "not supported")),
+    ("actor_rollout_ref.rollout.prometheus.enable", "neutral", ((False,), "Prometheus metrics of the rollout "
+                                                                         "servers are not supported (the run's "
+                                                                         "metrics go to trainer.logger)")),
     ("actor_rollout_ref.rollout.full_determinism", "neutral", ((False,), "not supported")),
     ("actor_rollout_ref.rollout.disaggregation.enabled", "neutral", ((False,), "prefill/decode disaggregation is not "
                                                                               "supported")),

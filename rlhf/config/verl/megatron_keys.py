@@ -34,6 +34,15 @@ def dtype_rule(key: str) -> Callable[[Any], list]:
 _OFF = (False, None, 0, "", {}, [])
 
 
+def _train_dtype(v: Any) -> list[tuple[str, Any]]:
+    """verl's ``megatron.dtype`` (the training dtype) -> model.dtype; float16 refused (megatron's fp16 training needs
+    its loss scaler, which is not wired here)."""
+    if str(v).lower() in ("float16", "fp16", "half"):
+        raise Unsupported("fp16 training (megatron's dynamic loss scaling) is not supported; train in bfloat16 "
+                          "(model.dtype=bfloat16) and serve in float16 if wanted (rollout.dtype=float16)")
+    return [("model.dtype", v)]
+
+
 def _recompute(v: Any) -> list[tuple[str, Any]]:
     if v in (None, "full", "selective"):
         return [("parallel.recompute", v)]
@@ -176,7 +185,7 @@ def megatron_rules(at: str, same: bool, offload: dict, init: str) -> list[tuple]
         (f"{at}.sequence_parallel", kind if not same else "ignore", "parallel.sequence_parallel"),
         (f"{at}.use_distributed_optimizer", "map" if not same else "ignore",
          "actor.optim.use_distributed_optimizer" if not same else "the optimizer of its role decides"),
-        (f"{at}.dtype", "map" if not same else "ignore", "model.dtype" if not same else "model.dtype applies"),
+        (f"{at}.dtype", "fn", _train_dtype) if not same else (f"{at}.dtype", "ignore", "model.dtype applies"),
         (f"{at}.**", "ignore", "a verl Megatron-worker detail (seed, mbridge, checkpoint paths, ...)"),
     ]
 

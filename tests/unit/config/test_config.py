@@ -483,6 +483,20 @@ def test_bad_choice_in_recipe_file(tmp_path):
     assert "rollout.mode='hybrid' is not one of [colocated, disaggregated]" in msg and "recipe/badmode" in msg
 
 
+def test_a_bad_choice_names_where_it_came_from(tmp_path):
+    """OmegaConf's check of an Enum field, worded once for every source: command line, config file, recipe."""
+    (tmp_path / "run.yaml").write_text("rollout:\n  mode: hybrid\n")
+    _write_recipe(tmp_path, "badmode", "rollout:\n  mode: hybrid\n")
+    for kwargs, source in [(dict(overrides=["rollout.mode=hybrid"]), "command-line override 'rollout.mode=hybrid'"),
+                           (dict(config_file=tmp_path / "run.yaml"), f"config file {tmp_path / 'run.yaml'}"),
+                           (dict(recipe="badmode", search_paths=[tmp_path]), "in recipe/badmode.yaml")]:
+        with pytest.raises(ConfigValidationError) as ei:
+            compose_config(**kwargs)
+        [problem] = ei.value.problems
+        assert problem.startswith("rollout.mode='hybrid' is not one of [colocated, disaggregated]; colocated: ")
+        assert problem.endswith(f"({source})"), problem
+
+
 def test_choices_read_as_strings_and_match_the_algorithms():
     from rlhf.algorithms import ADV_ESTIMATOR_REGISTRY, LOSS_AGG_MODES, kl_penalty
     from rlhf.config.choices import GROUP_ESTIMATORS, KLEstimator, LossAggMode
