@@ -314,43 +314,39 @@ def _model_problems(key: str, value: Optional[str], architecture: bool = True, l
     return [f"{key}={value!r}: {p}." for p in check_model_config(config, layout)] if config and architecture else []
 
 
-#: architectures SGLang's CPU engine cannot roll out faithfully: architecture -> what was observed
-CPU_ENGINE_REFUSED = {
-    "DeepseekV3ForCausalLM": (
-        "SGLang 0.5.23's CPU engine (torch_native attention, the sgl_kernel stand-in of rlhf/rollout/sglang_cpu) "
-        "loads DeepseekV3ForCausalLM (sglang/srt/models/deepseek_v2.py) and generates, but its greedy tokens on "
-        "the unmodified Hugging Face weights differ from transformers' from the first token (a tiny DeepSeek-V3: "
-        "engine [481, 438, 187, ...] vs HF [53, 146, 625, ...]; tests/support/dist/family_sync_e2e.py --kinds "
-        "deepseek_v3), so CPU rollouts of it would train on another model's samples; run the rollout engine on "
-        "GPU (the trainer side converts and syncs DeepSeek-V3 on CPU and GPU), or use algorithm.name=dpo"),
-}
-
-
-_REFUSED_MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}  # configs without `architectures`
-
-
-def _architecture(path: Optional[str]) -> Optional[str]:
-    """`architectures[0]` of a model's config.json (local directory, or a hub name already in the HF cache),
-    else the architecture of its `model_type` when refused on CPU engines; None when unreadable."""
-    try:
-        d = json.loads(Path(_model_config_file(path)).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+def _local_hf_config(path: Optional[str]):
+    """The HF config of a local model directory (or a hub model already in the cache) when supported, else None."""
+    config = _model_config_file(path)
+    if config is None or not Path(config).is_file():
         return None
-    return (d.get("architectures") or [_REFUSED_MODEL_TYPES.get(d.get("model_type"))])[0]
+    from parallel.model_config import hf_model_spec
+    from parallel.preflight import load_hf_config
+
+    try:
+        hf_config = load_hf_config(str(Path(config).parent))
+        hf_model_spec(hf_config)
+    except (ValueError, OSError):  # unsupported or unreadable: model.path's own check says so
+        return None
+    return hf_config
 
 
-def _cpu_engine_problems(cfg: DictConfig) -> list[str]:
-    """A model family the SGLang CPU engine cannot run faithfully, when this run's engine is on CPU."""
-    if str(getattr(cfg.algorithm.name, "value", cfg.algorithm.name)) == "dpo":
-        return []  # no rollout engine
-    arch = _architecture(cfg.model.path)
-    if arch not in CPU_ENGINE_REFUSED:
-        return []
-    from rlhf.rollout.sglang_cpu import use_cpu_engine
+def _init_weights_problems(cfg: DictConfig) -> list[str]:
+    """A role starting from a megatron dist checkpoint (``<role>.use_dist_checkpointing``): the directory exists,
+    holds model tensors, and they are the model of the role's config.json (parallel.init_checkpoint)."""
+    roles = [("actor", cfg.model.path)]
+    if _critic_on(cfg):
+        roles.append(("critic", cfg.model.critic_path or cfg.model.path))
+    out = []
+    for role, model in roles:
+        path = cfg[role].dist_checkpointing_path
+        if not cfg[role].use_dist_checkpointing or not path:
+            continue
+        from parallel.init_checkpoint import check_model_checkpoint
 
-    if not use_cpu_engine():
-        return []
-    return [f"model.path={cfg.model.path!r} is a {arch}: {CPU_ENGINE_REFUSED[arch]}."]
+        problems = check_model_checkpoint(path, _local_hf_config(model), role=role,
+                                          tp=cfg.parallel.tensor_model_parallel_size)
+        out += [f"{role}.dist_checkpointing_path={path!r}: {p}." for p in problems]
+    return out
 
 
 def _file_problems(cfg: DictConfig) -> list[str]:
@@ -364,7 +360,7 @@ def _file_problems(cfg: DictConfig) -> list[str]:
                   account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
                   account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split)
     out += _model_problems("model.path", cfg.model.path, layout=layout)
-    out += _cpu_engine_problems(cfg)
+    out += _init_weights_problems(cfg)
     if _critic_on(cfg):
         out += _model_problems("model.critic_path", cfg.model.critic_path)
     tok = cfg.model.tokenizer_path

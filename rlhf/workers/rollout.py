@@ -129,7 +129,10 @@ class RolloutWorker:
         self.max_resyncs = r.max_restarts + 1
         self.last_sync = None
         self.colocated = r.mode == "colocated"
-        self.weights_released = False  # the engines released their weights and no sync refilled them since
+        # the engines do not hold the actor's weights (released and no sync refilled them since); at the start they
+        # serve model.path's safetensors, which are not the actor's when it started from a megatron dist
+        # checkpoint: the first ensure_resident() (before any generation) then syncs
+        self.weights_released = bool(cfg.actor.get("use_dist_checkpointing"))
         # context manager factory around every sync: the actor's parameters on its device while the bridge reads
         # them (the trainer sets the actor's MegatronWorker.resident when the actor's parameters are offloaded)
         self.actor_resident = contextlib.nullcontext

@@ -38,7 +38,7 @@ def examples() -> dict:
 PLACEHOLDERS = {"data.train_files": "{train}", "data.val_files": "{test}", "actor_rollout_ref.model.path": "{model}",
                 "critic.model.path": "{model}", "reward_model.model.path": "{model}",
                 "trainer.default_local_dir": "{ckpt}",
-                **{f"{role}.megatron.dist_checkpointing_path": "{ckpt}"
+                **{f"{role}.megatron.dist_checkpointing_path": "{mcore}"
                    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}}
 
 #: the job variables of the clusters verl's scripts were written for (one node of 8 GPUs), which the scripts read
@@ -158,7 +158,8 @@ def extract_examples(verl_git_dir: str, commit: str = "HEAD", recipe_git_dir: st
              f" that start verl.trainer.main_ppo with a Megatron config or strategy, as its shell expands them; "
              f"options: "
              f"verl's --config-path/--config-name). Data, model and checkpoint paths are placeholders ({{train}}, "
-             f"{{test}}, {{model}}, {{ckpt}}) for tiny local ones. Command lines only. Made by "
+             f"{{test}}, {{model}}, {{ckpt}}, {{mcore}}: a megatron dist checkpoint) for tiny local ones. Command "
+             f"lines only. Made by "
              f"tests/support/verl_examples.py:extract_examples.")
     return {"_about": about, "commit": sha, "recipe_commit": recipe_sha, "examples": examples}
 

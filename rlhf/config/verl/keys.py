@@ -190,7 +190,8 @@ RULES: list[tuple] = [
     # ----------------------------------------------------------------- actor_rollout_ref.actor
     *_optim("actor_rollout_ref.actor.optim", "actor.optim"),
     *megatron_rules("actor_rollout_ref.actor.megatron", same=False, offload={
-        "param": "actor.offload.params", "grad": "actor.offload.grads", "optimizer": "actor.offload.optimizer"}),
+        "param": "actor.offload.params", "grad": "actor.offload.grads", "optimizer": "actor.offload.optimizer"},
+        init="actor"),
     ("actor_rollout_ref.actor.grad_clip", "map", "actor.optim.clip_grad"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", "neutral", ((None,), "give it per device: "
                                                                           "actor.ppo_micro_batch_size_per_gpu")),
@@ -211,7 +212,7 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
     *megatron_rules("actor_rollout_ref.ref.megatron", same=True, offload={
-        "param": "actor.ref_param_offload", "grad": None, "optimizer": None}),
+        "param": "actor.ref_param_offload", "grad": None, "optimizer": None}, init="actor"),
     ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "ignore", "the reference's log-prob forward batches by tokens "
                                                                  "exactly when actor.use_dynamic_bsz"),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
@@ -289,7 +290,8 @@ RULES: list[tuple] = [
     *_model_common("critic.model"),
     *_optim("critic.optim", "critic.optim"),
     *megatron_rules("critic.megatron", same=True, offload={
-        "param": "critic.offload.params", "grad": "critic.offload.grads", "optimizer": "critic.offload.optimizer"}),
+        "param": "critic.offload.params", "grad": "critic.offload.grads", "optimizer": "critic.offload.optimizer"},
+        init="critic"),
     ("critic.grad_clip", "map", "critic.optim.clip_grad"),
     ("critic.ppo_micro_batch_size", "neutral", ((None,), "give it per device: critic.ppo_micro_batch_size_per_gpu")),
     ("critic.use_dynamic_bsz", "map", "critic.use_dynamic_bsz"),

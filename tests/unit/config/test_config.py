@@ -181,6 +181,9 @@ ADDED_KEYS = {
         "optimizer_cpu_offload": False, "optimizer_offload_fraction": 0.0, "use_precision_aware_optimizer": False,
         "main_grads_dtype": "fp32", "main_params_dtype": "fp32", "exp_avg_dtype": "fp32",
         "exp_avg_sq_dtype": "fp32"}.items()},
+    # initial weights from a megatron dist checkpoint (verl's megatron.use_dist_checkpointing)
+    **{f"{role}.{k}": v for role in ("actor", "critic") for k, v in {
+        "use_dist_checkpointing": False, "dist_checkpointing_path": None}.items()},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

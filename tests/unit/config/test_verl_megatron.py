@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rlhf.config import ConfigValidationError, compose_config
+from tests.support.mcore_checkpoints import write_dcp
 from tests.support.verl_examples import example_args, examples, problems, run_cfg, write_verl_config_dir
 
 VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
@@ -18,13 +19,15 @@ VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
 
 @pytest.fixture
 def paths(tmp_path):
-    """Tiny local data (one GSM8K-style row) and model for the examples' placeholders."""
+    """Tiny local data (one GSM8K-style row), model and megatron dist checkpoint (metadata only: the quickstart
+    model's config.json is made at run time, so --cfg checks the format) for the examples' placeholders."""
     row = {"prompt": "What is 2 + 3?", "data_source": "openai/gsm8k", "question": "What is 2 + 3?",
            "answer": "2 + 3 = 5\n#### 5"}
     for name in ("train", "test"):
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    mcore = write_dcp(tmp_path / "mcore", {"embedding.word_embeddings.weight": (512, 64)})
     return {"train": str(tmp_path / "train.jsonl"), "test": str(tmp_path / "test.jsonl"),
-            "model": "tiny://quickstart", "ckpt": str(tmp_path / "ckpt")}
+            "model": "tiny://quickstart", "ckpt": str(tmp_path / "ckpt"), "mcore": mcore}
 
 
 def _mirror_config_dir(tmp_path: Path) -> Path:
@@ -184,7 +187,6 @@ OUTCOMES = {
                                                             "tensor parallel size 32 does not fit on a node"],
     "grpo_trainer/run_deepseek7b_llm_math_megatron.sh": None,
     "grpo_trainer/run_moonlight16b_math_megatron.sh": ["trust_remote_code=True is not supported",
-                                                       "use_dist_checkpointing=True is not supported",
                                                        "CUDA IPC works only within a node"],
     "grpo_trainer/run_qwen2-7b_math_megatron.sh": None,
     "grpo_trainer/run_qwen2-7b_math_megatron_lora.sh": None,  # LoRA
@@ -192,7 +194,7 @@ OUTCOMES = {
     "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": None,  # param/grad/optimizer offload
     "grpo_trainer/run_qwen2-7b_sgl_megatron.sh": None,
     "grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": None,
-    "grpo_trainer/run_qwen2_5_vl-7b-megatron.sh": ["use_dist_checkpointing=True is not supported"],
+    "grpo_trainer/run_qwen2_5_vl-7b-megatron.sh": None,  # megatron dist checkpoints (actor, reference)
     "grpo_trainer/run_qwen3-235b_megatron_96gb.sh": ["moe_enable_deepep=True is not supported",
                                                      "CUDA IPC works only within a node"],
     "grpo_trainer/run_qwen3_vl-235b-megatron.sh": ["moe_enable_deepep=True is not supported",
@@ -211,9 +213,8 @@ OUTCOMES = {
     "ppo_trainer/run_deepseek_full_hh_rlhf.sh": None,  # a reward model
     "ppo_trainer/run_deepseek_math_gsm8k_megatron.sh": None,
     "ppo_trainer/run_deepseek_math_gsm8k_megatron_nsys.sh": None,
-    "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": ["trust_remote_code=True is not supported",
-                                                           "use_dist_checkpointing=True is not supported"],
-    "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": ["use_dist_checkpointing=True is not supported"],
+    "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": ["trust_remote_code=True is not supported"],
+    "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": None,  # dist checkpoints for actor, reference, critic
     "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": None,
     "router_replay/run_qwen30_a3b_megatron_sglang.sh": ["router_replay.mode='R3' is not supported",
                                                         "MoE router replay (the engine's expert routing"],
@@ -224,8 +225,7 @@ OUTCOMES = {
     "recipe/dapo/test_dapo_7b_math_megatron.sh": None,  # colocated over 2 nodes: engines map their own GPUs' ranks
     "recipe/dapo/test_dapo_8b_megatron_fp16.sh": ["megatron.dtype='float16' is not supported", "fp16 training"],
     "recipe/dapo/test_dapo_8b_megatron_fp8train.sh": ["override_transformer_config.fp8='e4m3' is not supported"],
-    "recipe/dapo/test_dapo_dspk_671b_megatron_96gb.sh": ["use_dist_checkpointing=True is not supported",
-                                                         "tensor parallel size 32 does not fit on a node"],
+    "recipe/dapo/test_dapo_dspk_671b_megatron_96gb.sh": ["tensor parallel size 32 does not fit on a node"],
     "recipe/dapo/test_dapo_gptoss_20b_megatron.sh": None,
     "recipe/dapo/test_dapo_qwen3_moe_30b_megatron_fp16.sh": ["fp16 training"],
     "recipe/dapo/test_dapo_qwen3next_80b_megatron.sh": ["tensor parallel size 16 does not fit on a node"],
