@@ -232,6 +232,17 @@ def _unshare_step_tensors(optimizer) -> None:
                 state["step"] = state["step"].clone()
 
 
+def fill_model(chunks, loaded: dict, path: str, left_out=frozenset()) -> None:
+    """Copy the model parts of a loaded ``model_sharded_state_dict(chunks)`` into `chunks`; RuntimeError naming
+    the tensors (other than `left_out` and ``_extra_state``) the checkpoint at `path` did not fill."""
+    keys = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
+    for key, chunk in zip(keys, chunks):
+        missing, _ = unwrap_model(chunk).load_state_dict(loaded[key], strict=False)
+        missing = [k for k in missing if not k.endswith("_extra_state") and k not in left_out]
+        if missing:
+            raise RuntimeError(f"checkpoint {path!r} lacks model tensors {missing[:5]}...")
+
+
 def load_sharded(path: str, chunks, optimizer=None) -> dict:
     """Collective: load model (+ optimizer) state saved by `save_sharded` (full or slim) at any
     layout into `chunks`; returns the common python state. Raises FileNotFoundError if `path` is
@@ -257,12 +268,7 @@ def load_sharded(path: str, chunks, optimizer=None) -> dict:
     if "common_state" in common:
         sd["common_state"] = common["common_state"]
     loaded = dist_checkpointing.load(sd, path)
-    keys = ["model"] if len(chunks) == 1 else [f"model{i}" for i in range(len(chunks))]
-    for key, chunk in zip(keys, chunks):
-        missing, unexpected = unwrap_model(chunk).load_state_dict(loaded[key], strict=False)
-        missing = [k for k in missing if not k.endswith("_extra_state") and k not in dropped]
-        if missing:
-            raise RuntimeError(f"checkpoint {path!r} lacks model tensors {missing[:5]}...")
+    fill_model(chunks, loaded, path, dropped)
     if optimizer is not None:
         if slim:
             _restore_main_param_copies(loaded["optimizer"], optimizer)

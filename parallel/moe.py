@@ -29,27 +29,29 @@ AUX_LOSS_NAME = "load_balancing_loss"  # megatron-core's tracker key
 
 
 class MoEMetrics:
-    """Collects `moe/*` metrics from the routers of one model's chunks (see the module docstring).
+    """Collects `moe/*` metrics from the routers of one model's chunks (see the module docstring); a pipeline stage
+    without MoE layers (DeepSeek-V3's first dense layers) contributes nothing and gets the same values.
 
-    Raises ValueError when the chunks contain no MoE layer.
+    Raises ValueError for a model without MoE layers.
     """
 
     def __init__(self, model_chunks):
         from parallel.convert import unwrap_model
 
         self._hooks, self._layers = [], []
-        self._config = None
+        # the model's config, not a router's: a pipeline stage may hold no MoE layer (DeepSeek-V3's first dense
+        # layers) and still takes part in every collective of `collect`
+        self._config = unwrap_model(model_chunks[0]).config
+        if not self._config.num_moe_experts:
+            raise ValueError("MoEMetrics: the model has no MoE layer (no `mlp.router`); build it from a MoE config")
         for chunk in model_chunks:
             chunk = unwrap_model(chunk)
             for layer in chunk.decoder.layers:
                 router = getattr(getattr(layer, "mlp", None), "router", None)
                 if router is None:
                     continue
-                self._config = router.config
                 self._layers.append(layer.layer_number - 1)
                 self._hooks.append(router.register_forward_hook(self._make_hook(layer.layer_number - 1)))
-        if self._config is None:
-            raise ValueError("MoEMetrics: the model has no MoE layer (no `mlp.router`); build it from a MoE config")
         self.num_layers = self._config.num_layers
         self.num_experts = self._config.num_moe_experts
         self._counts = torch.zeros(self.num_layers, self.num_experts, dtype=torch.float64)
@@ -102,12 +104,29 @@ class MoEMetrics:
             mean = c.mean(1).clamp(min=1e-12)
             out["moe/expert_load_imbalance"] = float((c.max(1).values / mean).max())
         tracker = get_moe_layer_wise_logging_tracker()
+        self._align_tracker(tracker)
         if AUX_LOSS_NAME in tracker:
             reduce_aux_losses_tracker_across_ranks([AUX_LOSS_NAME])
             values = tracker[AUX_LOSS_NAME]["values"].detach().double().cpu()
             if moe_layers.any() and values[moe_layers].abs().sum() > 0:
                 out["moe/load_balancing_loss"] = float((values[moe_layers] / calls[moe_layers]).mean())
         return out
+
+    def _align_tracker(self, tracker: dict) -> None:
+        """Give this rank megatron's aux-loss tracker entry (zeros) when a pipeline peer has one and it has not: a
+        stage without MoE layers records none, and megatron's reduction (reduce_aux_losses_tracker_across_ranks)
+        is a collective over the pipeline group that every stage must enter.  The entry is the one megatron's
+        router writes (values over all layers, reduced over this stage's tensor x context group)."""
+        from megatron.core import parallel_state as ps
+
+        pp = ps.get_pipeline_model_parallel_group()
+        here = devices.to_group_device(torch.tensor([float(AUX_LOSS_NAME in tracker)]), pp)
+        dist.all_reduce(here, op=dist.ReduceOp.MAX, group=pp)
+        if here.item() and AUX_LOSS_NAME not in tracker:
+            n = self._config.num_layers + (self._config.mtp_num_layers or 0)
+            tracker[AUX_LOSS_NAME] = {"values": devices.to_group_device(torch.zeros(n), pp),
+                                      "reduce_group": ps.get_tensor_and_context_parallel_group(), "avg_group": None,
+                                      "reduce_group_has_dp": False}
 
     def close(self) -> None:
         """Remove the forward hooks."""

@@ -12,7 +12,9 @@ device, dtype, shape and values.
 The host buffer is pinned CPU memory on an accelerator (copies are asynchronous, followed by one device
 synchronize); when the role computes on the CPU it is a separate CPU allocation, so the original storage is
 really released and restored and the same code path runs in CPU tests.  A host buffer is kept between cycles
-(re-used when the storage's size is unchanged): host memory holds one copy of everything offloaded.
+(re-used when the storage's size is unchanged): host memory holds one copy of everything offloaded, byte for byte
+(:func:`host_buffer`: on CUDA a plain CPU allocation page-locked with ``cudaHostRegister``, not torch's caching
+host allocator, which rounds every request up to a power of two and keeps freed blocks cached).
 
 Parts: ``params`` (model parameters), ``grads`` (megatron's main_grad buffers and the gradients of the optimizer's
 main parameters), ``optimizer`` (main parameters that are not views of the model's, and the optimizer's state).
@@ -24,14 +26,44 @@ moves param buffers only under the distributed optimizer, drops gradient values,
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Iterable, Iterator
 
 import torch
 
-__all__ = ["PARTS", "RoleOffload", "role_tensors"]
+__all__ = ["PARTS", "RoleOffload", "role_tensors", "host_buffer"]
 
 PARTS = ("params", "grads", "optimizer")
+
+
+def _cuda_host_register(ptr: int, nbytes: int) -> None:
+    err = int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 1))  # 1: cudaHostRegisterPortable (every context)
+    if err:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes of host memory failed with cudaError {err} (page-locked "
+                           f"memory limit? see `ulimit -l`); offload less (<role>.offload.*)")
+
+
+def _cuda_host_unregister(ptr: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def host_buffer(nbytes: int, device) -> torch.Tensor:
+    """A uint8 CPU buffer of exactly ``nbytes`` for the storages of ``device``: on CUDA page-locked (asynchronous
+    copies) with ``cudaHostRegister`` on a plain CPU allocation, unregistered when the buffer is freed (what torch's
+    own ``distributed/_state_dict_utils._create_cpu_state_dict`` does); torch's caching host allocator
+    (``pin_memory=True``) would round the request up to the next power of two (``CachingHostAllocator.h``,
+    ``pinned_max_round_threshold`` unset) and keep freed blocks cached: up to twice the offloaded bytes.  Another
+    accelerator type: torch's pinned memory; CPU: a plain allocation.
+
+    Raises RuntimeError when CUDA refuses to register the memory."""
+    device = torch.device(device)
+    if device.type == "cuda" and nbytes:
+        host = torch.empty(nbytes, dtype=torch.uint8, device="cpu")
+        _cuda_host_register(host.data_ptr(), nbytes)
+        weakref.finalize(host, _cuda_host_unregister, host.data_ptr()).atexit = False  # not after CUDA is gone
+        return host
+    return torch.empty(nbytes, dtype=torch.uint8, device="cpu", pin_memory=device.type != "cpu")
 
 
 def _sub_optimizers(optimizer) -> list:
@@ -148,9 +180,11 @@ class RoleOffload:
     def _host_buffer(self, storage) -> torch.Tensor:
         key, n = storage._cdata, storage.nbytes()
         host = self._host.get(key)
-        if host is None or host.numel() != n:
-            host = torch.empty(n, dtype=torch.uint8, device="cpu", pin_memory=self.pin)
-            self._host[key] = host
+        if host is not None and host.numel() != n:
+            del self._host[key]
+            host = None  # freed (and unregistered) before the new buffer is made
+        if host is None:
+            host = self._host[key] = host_buffer(n, self.device)
         return host
 
     # ---- moves ------------------------------------------------------------------------------------------

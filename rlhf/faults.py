@@ -2,8 +2,8 @@
 
     RLHF_FAULT=<point>[@<hit>][,<point>[@<hit>] ...]       e.g. RLHF_FAULT=ckpt_before_rename@2
 
-The `hit`-th time (default 1) this process reaches ``maybe_fail(<point>)``, it prints one line
-``FAULT <point> hit <n> ...: SIGKILL process group <pgid>`` to stderr and sends SIGKILL to its whole
+The `hit`-th time (default 1) this process reaches ``maybe_fail(<point>)``, it logs one warning
+``FAULT <point> hit <n> ...: SIGKILL process group <pgid>`` (stderr) and sends SIGKILL to its whole
 process group (the trainer, torchrun and its ranks, and every child that did not leave the group),
 like ``kill -9 -<pgid>`` from a job scheduler or the OOM killer of a container.  Nothing runs after it:
 no ``finally``, no atexit hook.  ``RLHF_FAULT_RANK`` (default 0) is the global rank that fires (torchrun's
@@ -31,9 +31,9 @@ Without ``RLHF_FAULT`` every call is a dictionary lookup and returns.
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
-import sys
 import time
 
 __all__ = ["FAULT_ENV", "POINTS", "maybe_fail", "fires", "maybe_stall", "armed", "parse_spec"]
@@ -44,6 +44,9 @@ POINTS = ("step_start", "ckpt_mid_save", "ckpt_before_rename", "ckpt_before_trac
 EXIT_CODE = 17  # RLHF_FAULT_MODE=exit
 
 TRACE_ENV = "RLHF_FAULT_TRACE"
+
+#: WARNING: the lines show on every rank and in processes without logging set up (Python's last-resort handler)
+logger = logging.getLogger(__name__)
 
 _hits: dict[str, int] = {}
 _passes: dict[str, int] = {}  # RLHF_FAULT_TRACE
@@ -87,32 +90,32 @@ def fires(point: str) -> bool:
 
 
 def maybe_stall(point: str) -> None:
-    """Count a pass through `point`; on the configured hit, print a FAULT line and sleep
+    """Count a pass through `point`; on the configured hit, log a FAULT line and sleep
     ``RLHF_FAULT_STALL_S`` seconds (default 10), as a slow service would."""
     if fires(point):
         seconds = float(os.environ.get("RLHF_FAULT_STALL_S", "10"))
-        print(f"FAULT {point} hit {_hits[point]}: stall {seconds:g} s", file=sys.stderr, flush=True)
+        logger.warning("FAULT %s hit %d: stall %g s", point, _hits[point], seconds)
         time.sleep(seconds)
 
 
 def maybe_fail(point: str, **context) -> None:
     """Count a pass through `point`; on the configured hit, kill the process group (see module docstring).
-    `context` (e.g. ``step=3``) is printed on the FAULT line.  With ``RLHF_FAULT_TRACE=1`` every pass prints
+    `context` (e.g. ``step=3``) is named on the FAULT line.  With ``RLHF_FAULT_TRACE=1`` every pass logs
     ``FAULT-TRACE <point> <n> <context>`` (how a test finds the hit number of a point, e.g. buckets per sync)."""
     where = " ".join(f"{k}={v}" for k, v in context.items())
     if os.environ.get(TRACE_ENV) and _this_rank_fires():
         _passes[point] = _passes.get(point, 0) + 1
-        print(f"FAULT-TRACE {point} {_passes[point]} {where}", file=sys.stderr, flush=True)
+        logger.warning("FAULT-TRACE %s %d %s", point, _passes[point], where)
     if not fires(point):
         return
     target = _hits[point]
     mode = os.environ.get("RLHF_FAULT_MODE", "group")
     if mode == "exit":
-        print(f"FAULT {point} hit {target} {where}: exit {EXIT_CODE}", file=sys.stderr, flush=True)
+        logger.warning("FAULT %s hit %d %s: exit %d", point, target, where, EXIT_CODE)
         os._exit(EXIT_CODE)
     if mode == "process":
-        print(f"FAULT {point} hit {target} {where}: SIGKILL process {os.getpid()}", file=sys.stderr, flush=True)
+        logger.warning("FAULT %s hit %d %s: SIGKILL process %d", point, target, where, os.getpid())
         os.kill(os.getpid(), signal.SIGKILL)
     pgid = os.getpgrp()
-    print(f"FAULT {point} hit {target} {where}: SIGKILL process group {pgid}", file=sys.stderr, flush=True)
+    logger.warning("FAULT %s hit %d %s: SIGKILL process group %d", point, target, where, pgid)
     os.killpg(pgid, signal.SIGKILL)

@@ -207,6 +207,8 @@ def run_node(plan: NodeLaunch, argv: Sequence[str], module: str = "rlhf.main") -
                           max_restarts=0, **rdzv)
     where = "" if plan.nnodes == 1 else (f" as node {plan.node_rank} of {plan.nnodes} (rendezvous "
                                          f"{plan.master_addr}:{plan.master_port}, from {plan.source})")
+    # print, not logging: this is the node's launcher, not a rank (no logging set up, no progress bar), and job
+    # logs are searched for its "[rlhf.main] ..." lines at the start of a line
     print(f"[rlhf.main] starting {plan.nproc_per_node} rank(s) on {socket.gethostname()}{where}", flush=True)
     try:
         elastic_launch(config, sys.executable)("-u", "-m", module, *argv)

@@ -10,8 +10,9 @@ short message and the process exits with code 2, before torch or any process gro
 """
 from __future__ import annotations
 
+import argparse
+import re
 import sys
-from collections import deque
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -49,27 +50,47 @@ options:
   --resolve             accepted (the printed config is always resolved)
   -m, --multirun        not supported: run one job per setting
 """
-_VALUE_OPTS = {"--config": "config", "--config-path": "config_path", "-cp": "config_path",
-               "--config-name": "config_name", "-cn": "config_name", "--config-dir": "config_dir",
-               "-cd": "config_dir", "--recipe": "recipe"}
+_CFG_CHOICES = ("job", "hydra", "all")
+#: options whose value is optional and then given only after "=" (argparse would take the next override)
+_BARE = {"--cfg": "--cfg=job", "-c": "--cfg=job", "--plan-memory": "--plan-memory=auto",
+         "--print-launch": "--print-launch=auto"}
 
 
 class UsageError(Exception):
     """Bad command line (not a config problem): unknown option, missing option value, unknown preset."""
 
 
-def _option_value(a: str, rest: deque) -> tuple[str, str]:
-    name, eq, value = a.partition("=")
-    if not eq:
-        value = rest.popleft() if rest else None
-        if value is None or value.startswith("-"):
-            raise UsageError(f"{name} needs a value, e.g. {name} {'quickstart' if name == '--recipe' else 'VALUE'}")
-    return name, value
+class _Parser(argparse.ArgumentParser):
+    """argparse raising :class:`UsageError` (main prints it once, on rank 0) instead of exiting."""
+
+    def error(self, message: str):
+        m = re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message)
+        if m:
+            message = f"{m[1]} needs a value, e.g. {m[1]} {'quickstart' if m[1] == '--recipe' else 'VALUE'}"
+        raise UsageError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """Hydra's options (hydra._internal.utils.get_args_parser) that apply to one composed job, and ours."""
+    p = _Parser(prog=_PROG, add_help=False, allow_abbrev=False)
+    p.add_argument("--help", "-h", action="store_true")
+    p.add_argument("--cfg", "-c", choices=_CFG_CHOICES)
+    p.add_argument("--resolve", "--run", "-r", action="store_true")  # accepted: the printed config is resolved
+    p.add_argument("--multirun", "-m", action="store_true")
+    p.add_argument("--plan-memory")
+    p.add_argument("--print-launch")
+    p.add_argument("--config")
+    p.add_argument("--config-path", "-cp")
+    p.add_argument("--config-name", "-cn")
+    p.add_argument("--config-dir", "-cd", action="append", default=[])
+    p.add_argument("--recipe", action="append", default=[])
+    p.add_argument("overrides", nargs="*")
+    return p
 
 
 def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
-    """Split ``argv`` into options (``help``, ``cfg``, ``config_file``, ``config_dirs``) and Hydra overrides
-    (``recipe=NAME`` and ``algorithm=NAME`` included).
+    """Split ``argv`` into options (``help``, ``cfg``, ``config_file``, ``config_dirs``, and ``plan_memory`` /
+    ``print_launch`` when given) and Hydra overrides (``recipe=NAME`` and ``algorithm=NAME`` included).
 
     Raises:
         UsageError: an unknown ``-option``, an option without its value, ``--cfg hydra``, ``-m`` (multirun),
@@ -77,74 +98,61 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
     """
     from rlhf.config import list_algorithms
 
-    opts: dict = {"help": False, "cfg": False, "config_file": None, "config_dirs": []}
-    overrides, rest, values = [], deque(argv), {}
-    while rest:
-        a = rest.popleft()
-        if a in ("-h", "--help"):
-            opts["help"] = True
-        elif a in ("--cfg", "-c") or a.startswith("--cfg="):
-            what = a.split("=", 1)[1] if "=" in a else "job"
-            if "=" not in a and rest and rest[0] in ("job", "hydra", "all"):
-                what = rest.popleft()
-            if what == "hydra":
-                raise UsageError("--cfg hydra: there is no Hydra runtime config here (rlhf composes with Hydra's "
-                                 "compose API); use --cfg job")
-            opts["cfg"] = True
-        elif a == "--plan-memory" or a.startswith("--plan-memory="):
-            opts["plan_memory"] = a.partition("=")[2] or "auto"
-        elif a == "--print-launch" or a.startswith("--print-launch="):
-            gpus = a.partition("=")[2]
-            if gpus and not gpus.isdigit():
-                raise UsageError(f"{a}: give this node's GPU count, e.g. --print-launch=8")
-            opts["print_launch"] = int(gpus) if gpus else "auto"
-        elif a == "--resolve" or a in ("--run", "-r"):
-            continue
-        elif a in ("-m", "--multirun"):
-            raise UsageError("multirun (-m) sweeps are not supported: start one job per setting (a shell loop, or a "
-                             "Slurm job array) with single key=value overrides")
-        elif a.split("=", 1)[0] in _VALUE_OPTS:
-            name, value = _option_value(a, rest)
-            if _VALUE_OPTS[name] == "recipe":
-                overrides.append(f"recipe={value}")
-            elif _VALUE_OPTS[name] == "config_dir":
-                opts["config_dirs"].append(value)
-            else:
-                values[_VALUE_OPTS[name]] = value
-        elif a.startswith("-") and not a.startswith("~"):
-            from rlhf.config.resume import RESUME_HINT, is_resume_option
+    argv = list(argv)
+    for i, a in enumerate(argv):  # a bare --cfg (not before job/hydra/all), --plan-memory or --print-launch
+        after = argv[i + 1] if i + 1 < len(argv) else None
+        if a in _BARE and not (a in ("--cfg", "-c") and after in _CFG_CHOICES):
+            argv[i] = _BARE[a]
+    args, unknown = _parser().parse_known_intermixed_args(argv)
+    if unknown:
+        from rlhf.config.resume import RESUME_HINT, is_resume_option
 
-            raise UsageError(f"unknown option {a!r}" + (f"; {RESUME_HINT}" if is_resume_option(a) else ""))
-        elif "=" not in a and not a.startswith("~"):
+        bad = next((u for u in unknown if u.startswith("-")), unknown[0])
+        raise UsageError(f"unknown option {bad!r}" + (f"; {RESUME_HINT}" if is_resume_option(bad) else ""))
+    if args.multirun:
+        raise UsageError("multirun (-m) sweeps are not supported: start one job per setting (a shell loop, or a "
+                         "Slurm job array) with single key=value overrides")
+    if args.cfg == "hydra":
+        raise UsageError("--cfg hydra: there is no Hydra runtime config here (rlhf composes with Hydra's "
+                         "compose API); use --cfg job")
+    if args.print_launch not in (None, "auto", "") and not args.print_launch.isdigit():
+        raise UsageError(f"--print-launch={args.print_launch}: give this node's GPU count, e.g. --print-launch=8")
+    overrides = [f"recipe={name}" for name in args.recipe]
+    for a in args.overrides:
+        if "=" not in a and not a.startswith("~"):
             raise UsageError(f"{a!r} is not a key=value override (did you mean recipe={a}?)")
-        elif a.startswith(("algorithm=", "+algorithm=")):  # the preset algorithm/<NAME>.yaml
+        if a.startswith(("algorithm=", "+algorithm=")):  # the preset algorithm/<NAME>.yaml
             name, presets = a.split("=", 1)[1], list_algorithms()
             if name not in presets:
                 raise UsageError(f"algorithm={name!r} is not a preset; use one of {presets} "
                                  f"(or set algorithm.name / algorithm.adv_estimator directly)")
-            overrides.append(f"algorithm={name}")
-        else:
-            overrides.append(a)
-    opts["config_file"] = _config_file(values)
+            a = f"algorithm={name}"
+        overrides.append(a)
+    opts = {"help": args.help, "cfg": args.cfg is not None, "config_file": _config_file(args),
+            "config_dirs": args.config_dir}
+    if args.plan_memory is not None:
+        opts["plan_memory"] = args.plan_memory or "auto"
+    if args.print_launch is not None:
+        opts["print_launch"] = int(args.print_launch) if args.print_launch.isdigit() else "auto"
     return opts, overrides
 
 
-def _config_file(values: dict) -> Optional[Path]:
+def _config_file(args: argparse.Namespace) -> Optional[Path]:
     from rlhf.config import ConfigError
     from rlhf.config.config_file import find_config_file
 
-    if "config" in values and ("config_name" in values or "config_path" in values):
+    if args.config is not None and (args.config_name is not None or args.config_path is not None):
         raise UsageError("give either --config FILE or --config-path/--config-name, not both")
-    if "config" in values:
-        if not Path(values["config"]).is_file():
-            raise UsageError(f"--config {values['config']}: no such file")
-        return Path(values["config"])
-    if "config_name" not in values:
-        if "config_path" in values:
+    if args.config is not None:
+        if not Path(args.config).is_file():
+            raise UsageError(f"--config {args.config}: no such file")
+        return Path(args.config)
+    if args.config_name is None:
+        if args.config_path is not None:
             raise UsageError("--config-path needs --config-name NAME (the file NAME.yaml in that directory)")
         return None
     try:
-        return find_config_file(values.get("config_path"), values["config_name"], MODULE_DIR)
+        return find_config_file(args.config_path, args.config_name, MODULE_DIR)
     except ConfigError as e:
         raise UsageError(str(e)) from None
 

@@ -5,22 +5,23 @@
     python scripts/convert_checkpoint.py mcore-to-hf --ckpt RUN/checkpoints/global_step_N --out H2 [--hf-config D]
 
 Every registered model family (parallel.convert.registry: Llama 2/3.x, Qwen2/2.5, Mistral,
-Qwen3, Qwen3-MoE, Mixtral), experts included.  `H` is a local directory or a hub name; its
+Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3), experts included.  `H` is a local directory or a hub name; its
 config.json is checked first (architecture, rope type, layout: exit code 2 with the supported
 list) before any weight is downloaded.  The megatron checkpoint `M` is layout independent
 (dist_checkpointing reshards on load); `--tp/--pp/--ep` choose how the work is split over
 tp*pp*ep processes (`--ep`: expert parallelism, MoE only; `--num-layers-in-first/last-pipeline-
 stage` for layer counts pp does not divide).  The HF config and tokenizer travel inside `M/hf/`
-so the way back needs nothing else.  `--ckpt` takes a trainer checkpoint (any TP/PP layout): its
-actor weights, with the config and tokenizer of the model the run started from (model.path of
-`RUN/config.yaml`, or `--hf-config D`; rlhf.trainer.hf_source).  Without torchrun, the script
-relaunches itself with tp*pp*ep local processes (gloo on CPU, NCCL on GPU).
+so the way back needs nothing else.  A run starts from `M` with `actor.use_dist_checkpointing=true
+actor.dist_checkpointing_path=M` (any layout; parallel.init_checkpoint).  `--ckpt` takes a trainer
+checkpoint (any TP/PP layout): its actor weights, with the config and tokenizer of the model the
+run started from (model.path of `RUN/config.yaml`, or `--hf-config D`; rlhf.trainer.hf_source).
+Without torchrun, the script relaunches itself with tp*pp*ep local processes (gloo on CPU, NCCL on
+GPU).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import subprocess
 import sys
 
@@ -131,7 +132,7 @@ def main(argv=None) -> int:
     init_parallel(args)
     set_seed(0)
     if args.command == "hf-to-mcore":
-        from parallel.dist_checkpoint import save_sharded
+        from parallel.init_checkpoint import write_model_checkpoint
 
         hf_path = args.hf_path
         if not os.path.isdir(hf_path):
@@ -141,19 +142,8 @@ def main(argv=None) -> int:
         config = AutoConfig.from_pretrained(hf_path)
         bundle = build_model_chunks(config, "actor", hf_path,
                                     make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, **uneven(args))
-        tmp = args.out.rstrip("/") + ".tmp"
+        write_model_checkpoint(hf_path, args.out, bundle.chunks)
         if dist.get_rank() == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-        dist.barrier()
-        save_sharded(tmp, bundle.chunks, common={"format": "rlhf-mcore-v1"})
-        if dist.get_rank() == 0:
-            hf_dir = os.path.join(tmp, "hf")
-            os.makedirs(hf_dir, exist_ok=True)
-            for f in os.listdir(hf_path):
-                if f.endswith(".json") and "safetensors" not in f or f.startswith("tokenizer") or f.endswith(".model"):
-                    shutil.copy(os.path.join(hf_path, f), hf_dir)
-            shutil.rmtree(args.out, ignore_errors=True)
-            os.replace(tmp, args.out)
             print(f"wrote megatron checkpoint {args.out} (from {args.hf_path}, tp={args.tp} pp={args.pp} ep={args.ep})")
     else:
         from parallel.dist_checkpoint import load_sharded

@@ -9,7 +9,8 @@ Layout (all inside this package, so composition works from any working directory
     verl/                verl's keys and what each means here (keys.py); compat.py applies them (the alias layer)
     config_file.py       --config FILE / --config-path + --config-name (verl's layout or ours)
     keys.py              schema keys and the "did you mean" error for an unknown key
-    overrides.py         checking override strings; Python values -> override strings
+    overrides.py         override strings checked by OmegaConf against the schema; Python values -> overrides
+    hydra_errors.py      what Hydra / OmegaConf raise, as our short messages (the one place that reads them)
     validate.py          validate_config: rules across sections and (check_files) paths, all problems together
     refs.py              what a data / model reference points at (local, hub, embedded://, tiny://)
     objects.py           in-process objects (object://...) handed to rlhf.Trainer

@@ -7,7 +7,6 @@ pickle as plain strings.
 """
 from __future__ import annotations
 
-import typing
 from enum import Enum, StrEnum
 from typing import Any, Optional, Sequence, Union
 
@@ -55,18 +54,6 @@ LossAggMode = _choices("LossAggMode", " ".join(LOSS_AGG_MODES), "how rlhf.algori
 #: estimators of rlhf.algorithms.kl_penalty; a "+" suffix: that value with k2's gradient (straight-through)
 KLEstimator = _choices("KLEstimator", " ".join([*KL_PENALTY_TYPES, *(k + "+" for k in KL_PENALTY_TYPES)]),
                        "k1 (kl), abs, k2 (mse), k3 (low_var_kl), each also with '+' (the k2 gradient)")
-
-
-def choice_type(section: type, key: str) -> Optional[tuple[type[Enum], bool, bool]]:
-    """(Enum type, optional, is a list) of the field ``key`` of dataclass ``section`` when it holds
-    Enum members, else None."""
-    hint = typing.get_type_hints(section).get(key)
-    args = typing.get_args(hint)
-    optional = type(None) in args
-    inner = next((a for a in args if a is not type(None)), hint) if optional else hint
-    is_list = typing.get_origin(inner) in (list, typing.List)
-    inner = typing.get_args(inner)[0] if is_list else inner
-    return (inner, optional, is_list) if isinstance(inner, type) and issubclass(inner, Enum) else None
 
 
 def choice_problem(key: str, value: Any, choices: Union[type[Enum], Sequence[str]], optional: bool = False,

@@ -18,8 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlhf.config.choices import GROUP_ESTIMATORS
 from rlhf.config.config_file import load_config_file
-from rlhf.config.errors import ConfigError, ConfigValidationError, raise_all
-from rlhf.config.keys import check_closed, nearest_keys
+from rlhf.config.errors import ConfigError, raise_all
 from rlhf.config.overrides import check_overrides
 from rlhf.config.verl.compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
 
@@ -180,7 +179,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf.errors import OmegaConfBaseException
 
-    from rlhf.config.hydra_errors import first_unresolvable_key, translate_hydra_error
+    from rlhf.config.hydra_errors import config_error
 
     if isinstance(overrides, str):
         raise TypeError("compose_config: overrides must be a list of 'key=value' strings, not one string")
@@ -212,20 +211,19 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
             try:
                 cfg = compose(config_name=BASE_CONFIG_NAME, overrides=overrides)
             except (HydraException, OmegaConfBaseException, ValueError) as e:
-                raise translate_hydra_error(e, overrides) from None
+                raise config_error(e, overrides) from None
     finally:
         restore_gh_from_backup(backup)
 
-    check_closed(cfg)
     if resolve:
         try:
             OmegaConf.resolve(cfg)
         except OmegaConfBaseException as e:
-            first = str(e).splitlines()[0]
-            m = re.search(r"Interpolation key '([^']+)' not found", first)
-            near = nearest_keys(m.group(1)) if m else []
-            raise ConfigValidationError([f"{first_unresolvable_key(cfg) or '?'}: {first}."
-                                         + (f" Did you mean: {', '.join(near)}?" if near else "")]) from None
+            try:  # the same error again, this time naming the key that holds the interpolation
+                OmegaConf.to_container(cfg, resolve=True)
+            except OmegaConfBaseException as named:
+                e = named
+            raise config_error(e) from None
     problems = translated.problems + checked.problems + check_same(cfg, translated.same)
     if problems or checked.unknown or translated.unknown:
         from rlhf.config.validate import config_problems

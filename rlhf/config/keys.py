@@ -17,8 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlhf.config.errors import ConfigKeyError
 
 __all__ = ["schema", "schema_node", "schema_keys", "all_schema_paths", "split_key", "first_bad_part", "is_dict_field",
-           "is_optional",
-           "nearest_keys", "unknown_key_error", "check_closed"]
+           "is_optional", "nearest_keys", "unknown_key_error"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -31,11 +30,7 @@ def schema() -> DictConfig:
 
 def schema_node(path: Sequence[str]) -> Optional[DictConfig]:
     """The schema's dict node at ``path`` (list of key parts), or None when it is not a dict node."""
-    node: Any = schema()
-    for part in path:
-        if not isinstance(node, DictConfig) or part not in node:
-            return None
-        node = node._get_node(part)
+    node = OmegaConf.select(schema(), ".".join(path))
     return node if isinstance(node, DictConfig) else None
 
 
@@ -155,20 +150,3 @@ def unknown_key_error(full_key: str, source: str = "") -> ConfigKeyError:
     if is_resume_option(parts[-1]):  # trainer.ckpt_path, resume_from_checkpoint, load_dir, ...
         lines.append(RESUME_HINT[0].upper() + RESUME_HINT[1:] + ".")
     return ConfigKeyError("\n".join(lines), key=full_key, suggestions=suggestions, source=source)
-
-
-def check_closed(cfg: DictConfig, source: str = "composed config") -> None:
-    """Every key of ``cfg`` must exist in the schema (catches ``+key=value`` additions and anything
-    else Hydra let through)."""
-
-    def walk(node: DictConfig, known: DictConfig, prefix: str) -> None:
-        for k in node.keys():
-            full = f"{prefix}{k}"
-            if k not in known:
-                raise unknown_key_error(full, source)
-            child, schild = node._get_node(k), known._get_node(k)
-            section = isinstance(schild, DictConfig) and OmegaConf.get_type(schild) is not dict  # not a dict field
-            if isinstance(child, DictConfig) and section:
-                walk(child, schild, full + ".")
-
-    walk(cfg, schema(), "")

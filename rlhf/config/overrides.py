@@ -1,8 +1,9 @@
 """Hydra override strings: checking them before composing, and writing Python values as overrides.
 
-:func:`check_overrides` parses the ``key=value`` lines with Hydra's grammar and checks each key against
-the schema (an unknown key raises at once, with suggestions) and each value against its field's type,
-collecting every bad value (wrong type, not one of an Enum's members) so all are reported together.
+:func:`check_overrides` parses the ``key=value`` lines with Hydra's grammar and applies each value to a copy of
+the schema in struct mode, so OmegaConf itself checks the key and the value's type (and an Enum field its
+choices); every unknown key and bad value is collected (:func:`rlhf.config.hydra_errors.translate` words them),
+so all are reported together rather than Hydra's first one.
 """
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import os
 import re
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
-from rlhf.config.errors import ConfigError
-from rlhf.config.keys import all_schema_paths, first_bad_part, nearest_keys, schema_node, split_key, unknown_key_error
+from rlhf.config.errors import ConfigError, ConfigKeyError
+from rlhf.config.hydra_errors import override_source, translate
+from rlhf.config.keys import all_schema_paths, nearest_keys, schema
 
 __all__ = ["CheckedOverrides", "check_overrides", "override_source", "format_value", "config_key"]
 
@@ -28,21 +30,21 @@ class CheckedOverrides(NamedTuple):
     unknown: list  # a ConfigKeyError per key that is not in the schema (all reported together)
 
 
-def override_source(line: str) -> str:
-    return f"command-line override {line!r}"
-
-
 def check_overrides(overrides: Sequence[str], sources: Optional[Mapping[str, str]] = None) -> CheckedOverrides:
     """Check ``overrides`` against the schema; ``sources`` names where a line came from (default: the
-    command line).
+    command line).  What OmegaConf does not refuse here (a key inside a dict-valued field without ``+``, a
+    sweep) is left to composing, which reports it.
 
     Raises:
         ConfigError: an override Hydra cannot parse, a package override (``key@pkg``) or the deletion of a
             schema key (``~key``).
     """
+    import copy
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
+    from omegaconf import OmegaConf
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
@@ -51,14 +53,12 @@ def check_overrides(overrides: Sequence[str], sources: Optional[Mapping[str, str
                           "Overrides look like key=value, e.g. trainer.total_training_steps=10 or "
                           "data.train_files=[a.jsonl,b.jsonl].") from None
     out = CheckedOverrides({g: [] for g in GROUPS}, [], [], [])
-
-    def where(line: str) -> str:
-        return (sources or {}).get(line) or override_source(line)
-
+    trial = copy.deepcopy(schema())  # the overrides land here first: OmegaConf checks keys and types
+    OmegaConf.set_struct(trial, True)
     for ov in parsed:
-        key = ov.key_or_group
+        key, where = ov.key_or_group, (sources or {}).get(ov.input_line) or override_source(ov.input_line)
         if ov.package is not None:
-            raise ConfigError(f"{where(ov.input_line)}: package overrides (key@pkg) are not supported.")
+            raise ConfigError(f"{where}: package overrides (key@pkg) are not supported.")
         if key == "hydra" or key.startswith("hydra."):
             continue
         if key in GROUPS and not ov.is_delete():
@@ -68,47 +68,21 @@ def check_overrides(overrides: Sequence[str], sources: Optional[Mapping[str, str
                 out.choices[key].append(str(ov.value()))
             continue
         if ov.is_delete():
-            raise ConfigError(f"{where(ov.input_line)}: keys of the schema cannot be deleted; "
+            raise ConfigError(f"{where}: keys of the schema cannot be deleted; "
                               f"set a value instead (e.g. {key}=null where the key allows None).")
-        if first_bad_part(split_key(key)) is not None:  # (``+key=value`` additions included)
-            out.unknown.append(unknown_key_error(key, where(ov.input_line)))
+        sweep = ov.value_type != ValueType.ELEMENT  # composing refuses a sweep; its key is checked here
+        try:  # (``+key=value`` additions included: a key the schema lacks is unknown either way)
+            OmegaConf.update(trial, key, None if sweep else ov.value(), merge=True)
+        except Exception as e:  # noqa: BLE001 - what is not translated here, composing reports
+            found = translate(e, where, key)
+            if isinstance(found, ConfigKeyError):
+                out.unknown.append(found)
+            elif found is not None and not sweep:
+                out.problems.extend(found.problems)
+            else:
+                continue
             out.skip.append(ov.input_line)
-            continue
-        if ov.value_type == ValueType.ELEMENT and "[" not in key:
-            problem = _value_problem(key, ov.value(), where(ov.input_line))
-            if problem:
-                out.problems.append(problem)
-                out.skip.append(ov.input_line)
     return out
-
-
-def _value_problem(key: str, value: Any, source: str) -> str:
-    """The problem with setting schema key ``key`` to ``value`` ("" when OmegaConf accepts it)."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import ValidationError
-
-    from rlhf.config.choices import choice_problem, choice_type
-
-    *parent, leaf = split_key(key)
-    section = schema_node(parent)
-    if section is None or OmegaConf.get_type(section) is dict:  # inside an Any or dict-valued field
-        return ""
-    section = OmegaConf.get_type(section)
-    node = OmegaConf.structured(section)
-    try:
-        OmegaConf.update(node, leaf, value, merge=True)  # as Hydra applies an override
-        return ""
-    except ValidationError as e:
-        choice = choice_type(section, leaf)
-        if choice is None:
-            return f"{key}: {str(e).splitlines()[0]} ({source})"
-        enum, optional, is_list = choice
-        if not is_list:
-            return choice_problem(key, value, enum, optional)
-        i, bad = next((i, v) for i, v in enumerate(value) if str(v) not in enum.__members__)
-        return choice_problem(f"{key}[{i}]", bad, enum)
-    except Exception:  # noqa: BLE001  (anything else: Hydra reports it while composing)
-        return ""
 
 
 # --------------------------------------------------------------------------- Python values -> overrides

@@ -5,13 +5,15 @@ before any engine or model is built, instead of minutes later on the trainer's r
   / ``HF_DATASETS_OFFLINE``, or the hub endpoint unreachable), instead of ``datasets``' retries;
 * ``trainer.logger`` with ``wandb`` but no W&B credentials (``WANDB_API_KEY``, a ``~/.netrc`` entry for the
   W&B host) and not offline (``WANDB_MODE=offline``);
-* ``data.max_prompt_length`` against the prompts of the data (:mod:`rlhf.data.length_check`).
+* ``data.max_prompt_length`` against the prompts of the data, and ``data.max_response_length`` against its
+  reference solutions (a warning) (:mod:`rlhf.data.length_check`).
 
-:func:`preflight_problems` returns one line per problem (key, value, why, the fix); ``rlhf.config.validate``
-adds them to its report with ``check_files=True``.
+:func:`preflight_problems` returns one line per problem (key, value, why, the fix) and logs the warnings (rank
+0, once per process); ``rlhf.config.validate`` adds the problems to its report with ``check_files=True``.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import socket
@@ -106,10 +108,19 @@ def hub_data_problems(cfg: Any, unreachable: Optional[Callable[[], Optional[str]
     return out
 
 
+_WARNED: set = set()  # warnings already logged by this process (the checks run again for each entry point)
+
+
 def preflight_problems(cfg: Any) -> list[str]:
     """Every problem of this module (module docstring), one line each; the data-length check runs only when
-    the data can be read."""
-    from rlhf.data.length_check import prompt_length_problems
+    the data can be read.  Its warnings are logged (logger ``rlhf.config``, rank 0, each once)."""
+    from rlhf.data.length_check import length_report
+    from rlhf.launch_env import launch_env
 
     hub = hub_data_problems(cfg)
-    return hub + wandb_problems(cfg) + ([] if hub else prompt_length_problems(cfg, hub_cached_dataset))
+    lengths, warnings = ([], []) if hub else length_report(cfg, hub_cached_dataset)
+    for line in warnings:
+        if line not in _WARNED and launch_env().rank == 0:
+            _WARNED.add(line)
+            logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)
+    return hub + wandb_problems(cfg) + lengths

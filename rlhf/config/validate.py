@@ -26,7 +26,8 @@ from rlhf.config.resume import resume_problems
 from rlhf.config.schema import field_problems
 from rlhf.rollout.placement import job_placement_problem, trainer_gpus
 
-__all__ = ["validate_config", "config_problems", "check_model_config", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["validate_config", "config_problems", "check_model_config", "model_context_length", "token_budget_problem",
+           "SUPPORTED_ARCHITECTURES"]
 
 #: architectures the megatron model builder maps (the converter registry, parallel.convert.supported_architectures,
 #: which imports torch; tests/unit/config/test_config.py keeps the two equal)
@@ -72,23 +73,100 @@ def _valid_loss_modes() -> list[str]:
 # --------------------------------------------------------------------------- rules across sections
 
 
+#: sglang/srt/utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS: the config.json keys SGLang derives an
+#: engine's longest context from, the first one present wins
+ENGINE_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
+                       "max_position_embeddings")
+
+
+def model_context_length(hf: dict) -> Optional[tuple[int, str]]:
+    """(tokens, the config.json key) of the longest context SGLang serves the model with, as SGLang derives it
+    (``get_context_length`` of sglang/srt/utils/hf_transformers/common.py, on the text config of a VLM): the
+    first of :data:`ENGINE_CONTEXT_KEYS`, times the RoPE scaling ``factor`` unless the scaling names its
+    ``original_max_position_embeddings`` or is llama3's.  An engine asked for more refuses to start; None when
+    the config has none of the keys."""
+    text = hf.get("text_config") if isinstance(hf.get("text_config"), dict) else hf
+    key = next((k for k in ENGINE_CONTEXT_KEYS if isinstance(text.get(k), int)), None)
+    if key is None:
+        return None
+    rope = text.get("rope_scaling") or {}
+    factor = 1 if "original_max_position_embeddings" in rope or rope.get("rope_type") == "llama3" else \
+        rope.get("factor", 1)
+    return int(factor * text[key]), key
+
+
+def _model_config_file(path: Any) -> Optional[Path]:
+    """config.json of a local model directory or of a hub model already in the HF cache (no network)."""
+    ref = parse_model_ref(path) if path and not is_object_ref(str(path)) else None
+    if ref is None:
+        return None
+    return Path(ref.path) / "config.json" if ref.kind == "local" else (
+        cached_hub_file(ref.path) if ref.kind == "hub" else None)
+
+
 def _context_length(cfg: DictConfig) -> list[str]:
-    """When model.path is a local HF directory, prompt + response must fit its max_position_embeddings
-    (SGLang refuses a longer context)."""
+    """data.max_prompt_length + data.max_response_length (the rollout engine's context: rlhf.workers.rollout)
+    within the model's context (:func:`model_context_length`) when its config.json can be read without the
+    network (a local directory, a hub model in the HF cache, tiny://quickstart)."""
     path = cfg.model.path
-    cfg_file = Path(str(path)) / "config.json" if path and "://" not in str(path) else None
-    if cfg_file is None or not cfg_file.is_file():
-        return []
-    try:
-        hf = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    max_pos = hf.get("max_position_embeddings") or (hf.get("text_config") or {}).get("max_position_embeddings")
+    ref = parse_model_ref(path) if path and not is_object_ref(str(path)) else None
+    if ref is not None and ref.kind == "tiny":
+        from rlhf.quickstart.resolve import QUICKSTART_MAX_POSITION_EMBEDDINGS
+
+        ctx, where = (QUICKSTART_MAX_POSITION_EMBEDDINGS, "max_position_embeddings"), str(path)
+    else:
+        cfg_file = _model_config_file(path)
+        try:
+            ctx = model_context_length(json.loads(cfg_file.read_text(encoding="utf-8"))) if cfg_file else None
+        except (OSError, ValueError):
+            ctx = None
+        where = str(cfg_file)
     p, r = cfg.data.max_prompt_length, cfg.data.max_response_length
-    if isinstance(max_pos, int) and p + r > max_pos:
-        return [f"data.max_prompt_length={p} + data.max_response_length={r} = {p + r} exceeds the model's "
-                f"max_position_embeddings={max_pos} ({cfg_file}); lower them so they fit."]
-    return []
+    if ctx is None or p + r <= ctx[0]:
+        return []
+    n, key = ctx
+    fix = (f"set data.max_response_length={n - p} (or lower data.max_prompt_length)" if n - p >= 1 else
+           f"set data.max_prompt_length and data.max_response_length to sum to at most {n}")
+    return [f"data.max_prompt_length={p} + data.max_response_length={r} = {p + r} exceeds the model's context "
+            f"{key}={n} ({where}): the rollout engine refuses a longer context at start-up; {fix}."]
+
+
+def token_budget_problem(what: str, max_tokens: Optional[int], max_prompt_length: int,
+                         max_response_length: int) -> Optional[str]:
+    """The problem of a dynamic-batching token budget (tokens per micro batch) that a sequence of the
+    configured lengths may not fit, naming `what` (the config key) and the smallest value that works; None
+    when it fits."""
+    need = max_prompt_length + max_response_length
+    if max_tokens is not None and max_tokens >= need:
+        return None
+    return (f"{what}={max_tokens} is below data.max_prompt_length + data.max_response_length = {need}: a sequence "
+            f"could fit in no micro batch; set {what} >= {need} (verl users typically use 2-3x that), or turn "
+            f"dynamic batching off")
+
+
+def _response_sized(cfg: DictConfig) -> list[str]:
+    """Settings sized against data.max_response_length that the trainer's ranks would otherwise refuse after
+    the launch: the dynamic-batching token budgets (one whole prompt + response each; verl scripts compute them
+    from the lengths) and DAPO's overlong buffer (the last tokens before the response limit)."""
+    p, r = cfg.data.max_prompt_length, cfg.data.max_response_length
+    out = []
+    roles = [("actor", "log_prob_max_token_len_per_gpu")] + (
+        [("critic", "forward_max_token_len_per_gpu")] if _critic_on(cfg) else [])
+    for role, forward_key in roles:
+        section = cfg[role]
+        if not section.get("use_dynamic_bsz"):
+            continue
+        for key in ("ppo_max_token_len_per_gpu", forward_key):
+            if key == forward_key and section.get(key) is None:
+                continue  # null: the update's budget
+            problem = token_budget_problem(f"{role}.{key}", section.get(key), p, r)
+            out += [problem + "."] if problem else []
+    ob = cfg.reward.overlong_buffer
+    if ob.enable and ob.len is not None and not 0 < ob.len <= r:
+        out.append(f"reward.overlong_buffer.len={ob.len} must be in (0, data.max_response_length={r}]: the buffer "
+                   f"is the last tokens before the response limit; set reward.overlong_buffer.len<={r} (verl's DAPO "
+                   f"scripts use a quarter to a half of it), or null for a quarter.")
+    return out
 
 
 def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str]]:
@@ -167,7 +245,8 @@ def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Option
            f"{'trainer.n_gpus_per_node' if declared else 'GPUs per node (trainer.n_gpus_per_node=null)'}")
     why = job_placement_problem(mode=r.mode, num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size,
                                 gpus_per_node=per_node, nnodes=nnodes, trainer_world_size=world_size,
-                                pp=cfg.parallel.pipeline_model_parallel_size, gpus_from=src)
+                                pp=cfg.parallel.pipeline_model_parallel_size,
+                                ep=cfg.parallel.get("expert_model_parallel_size", 1), gpus_from=src)
     return [why] if why else []
 
 
@@ -235,46 +314,39 @@ def _model_problems(key: str, value: Optional[str], architecture: bool = True, l
     return [f"{key}={value!r}: {p}." for p in check_model_config(config, layout)] if config and architecture else []
 
 
-#: architectures SGLang's CPU engine cannot roll out faithfully: architecture -> what was observed
-CPU_ENGINE_REFUSED = {
-    "DeepseekV3ForCausalLM": (
-        "SGLang 0.5.23's CPU engine (torch_native attention, the sgl_kernel stand-in of rlhf/rollout/sglang_cpu) "
-        "loads DeepseekV3ForCausalLM (sglang/srt/models/deepseek_v2.py) and generates, but its greedy tokens on "
-        "the unmodified Hugging Face weights differ from transformers' from the first token (a tiny DeepSeek-V3: "
-        "engine [481, 438, 187, ...] vs HF [53, 146, 625, ...]; tests/support/dist/family_sync_e2e.py --kinds "
-        "deepseek_v3), so CPU rollouts of it would train on another model's samples; run the rollout engine on "
-        "GPU (the trainer side converts and syncs DeepSeek-V3 on CPU and GPU), or use algorithm.name=dpo"),
-}
-
-
-_REFUSED_MODEL_TYPES = {"deepseek_v3": "DeepseekV3ForCausalLM"}  # configs without `architectures`
-
-
-def _architecture(path: Optional[str]) -> Optional[str]:
-    """`architectures[0]` of a model's config.json (local directory, or a hub name already in the HF cache),
-    else the architecture of its `model_type` when refused on CPU engines; None when unreadable."""
-    ref = parse_model_ref(path) if path else None
-    config = Path(ref.path) / "config.json" if ref is not None and ref.kind == "local" else (
-        cached_hub_file(ref.path) if ref is not None and ref.kind == "hub" else None)
-    try:
-        d = json.loads(Path(config).read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
+def _local_hf_config(path: Optional[str]):
+    """The HF config of a local model directory (or a hub model already in the cache) when supported, else None."""
+    config = _model_config_file(path)
+    if config is None or not Path(config).is_file():
         return None
-    return (d.get("architectures") or [_REFUSED_MODEL_TYPES.get(d.get("model_type"))])[0]
+    from parallel.model_config import hf_model_spec
+    from parallel.preflight import load_hf_config
+
+    try:
+        hf_config = load_hf_config(str(Path(config).parent))
+        hf_model_spec(hf_config)
+    except (ValueError, OSError):  # unsupported or unreadable: model.path's own check says so
+        return None
+    return hf_config
 
 
-def _cpu_engine_problems(cfg: DictConfig) -> list[str]:
-    """A model family the SGLang CPU engine cannot run faithfully, when this run's engine is on CPU."""
-    if str(getattr(cfg.algorithm.name, "value", cfg.algorithm.name)) == "dpo":
-        return []  # no rollout engine
-    arch = _architecture(cfg.model.path)
-    if arch not in CPU_ENGINE_REFUSED:
-        return []
-    from rlhf.rollout.sglang_cpu import use_cpu_engine
+def _init_weights_problems(cfg: DictConfig) -> list[str]:
+    """A role starting from a megatron dist checkpoint (``<role>.use_dist_checkpointing``): the directory exists,
+    holds model tensors, and they are the model of the role's config.json (parallel.init_checkpoint)."""
+    roles = [("actor", cfg.model.path)]
+    if _critic_on(cfg):
+        roles.append(("critic", cfg.model.critic_path or cfg.model.path))
+    out = []
+    for role, model in roles:
+        path = cfg[role].dist_checkpointing_path
+        if not cfg[role].use_dist_checkpointing or not path:
+            continue
+        from parallel.init_checkpoint import check_model_checkpoint
 
-    if not use_cpu_engine():
-        return []
-    return [f"model.path={cfg.model.path!r} is a {arch}: {CPU_ENGINE_REFUSED[arch]}."]
+        problems = check_model_checkpoint(path, _local_hf_config(model), role=role,
+                                          tp=cfg.parallel.tensor_model_parallel_size)
+        out += [f"{role}.dist_checkpointing_path={path!r}: {p}." for p in problems]
+    return out
 
 
 def _file_problems(cfg: DictConfig) -> list[str]:
@@ -288,7 +360,7 @@ def _file_problems(cfg: DictConfig) -> list[str]:
                   account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
                   account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split)
     out += _model_problems("model.path", cfg.model.path, layout=layout)
-    out += _cpu_engine_problems(cfg)
+    out += _init_weights_problems(cfg)
     if _critic_on(cfg):
         out += _model_problems("model.critic_path", cfg.model.critic_path)
     tok = cfg.model.tokenizer_path
@@ -336,7 +408,8 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     """Every problem of ``cfg`` (one line each: key, value, why, fix): the sections' own rules first, then
     the rules across sections, then (``check_files``) the data and model references.  ``world_size``
     enables the data-parallel checks, ``gpus_per_node`` the placement check (see validate_config)."""
-    out = field_problems(cfg) + _context_length(cfg) + _batch_sizes(cfg, world_size) + _algorithm(cfg)
+    out = field_problems(cfg) + _context_length(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
+    out += _algorithm(cfg)
     out += _placement(cfg, world_size, gpus_per_node)
     out += _object_problems(cfg)
     return out + (_checked_files(cfg) if check_files else [])

@@ -1,4 +1,5 @@
-"""``data.max_prompt_length`` against the data, before any model is built (rlhf.config.preflight).
+"""``data.max_prompt_length`` and ``data.max_response_length`` against the data, before any model is built
+(rlhf.config.preflight).
 
 The prompts of ``data.train_files`` / ``data.val_files`` are rendered and tokenised exactly as
 :class:`rlhf.data.rl_dataset.RLHFDataset` does (chat template or plain text, the model's tokenizer), the first
@@ -12,15 +13,22 @@ The message gives the fraction kept and the smallest ``data.max_prompt_length`` 
 (and the one that keeps 95%).  Splits it cannot read cheaply are skipped (``embedded://`` tasks, which are
 generated to fit; hub datasets not in the local cache; a tokenizer not on disk): the dataset builder still
 checks them.
+
+Responses: when the rows carry worked reference solutions (:func:`reference_solution`: GSM8K's ``answer``,
+verl's GSM8K ``extra_info.answer``, a ``solution`` column), a warning (not an error: a policy may answer
+more briefly than the references) when ``data.max_response_length`` is shorter than half of them -- responses
+like them would be cut before their final answer and score 0 -- naming the length that fits 95% of them.
+The engine's context (prompt + response) against the model's is checked in rlhf.config.validate.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
 from rlhf.config.refs import parse_data_ref, parse_model_ref
 
-__all__ = ["prompt_length_problems", "prompt_lengths", "config_tokenizer", "MAX_ROWS"]
+__all__ = ["length_report", "split_lengths", "SplitLengths", "reference_solution", "config_tokenizer", "MAX_ROWS"]
 
 MAX_ROWS = 20000  # rows tokenised per split (GSM8K's 7473 train prompts: about a second)
 
@@ -64,10 +72,38 @@ def _readable(files: Any, hub_cached: Callable[[str], Any]) -> bool:
     return True
 
 
-def prompt_lengths(files: Any, tokenizer: Any, data_cfg: Any, split: str, max_rows: int = MAX_ROWS
-                   ) -> Tuple[List[int], bool]:
-    """Token counts of the first `max_rows` prompts of `files` (split "train" / "val"), as the trainer's
-    dataset counts them; and whether rows were left unread.  Raises what reading the rows raises."""
+@dataclass
+class SplitLengths:
+    """Token counts of one split's first rows (:func:`split_lengths`)."""
+
+    prompts: List[int] = field(default_factory=list)  # as RLHFDataset counts them
+    references: List[int] = field(default_factory=list)  # reference solutions + EOS, as a response would count
+    reference_key: Optional[str] = None  # the column of the first reference read
+    more: bool = False  # rows were left unread (max_rows)
+
+
+def reference_solution(row: dict) -> Optional[Tuple[str, str]]:
+    """(column, text) of a row's reference solution, when the row has a worked one: ``solution`` (the MATH
+    sets' and the quickstart's), GSM8K's ``answer`` (a worked solution ending in ``#### N``), or the copy
+    verl's GSM8K parquet keeps in ``extra_info.answer``; None for rows with a bare answer only (verl's MATH /
+    DAPO parquets: ``reward_model.ground_truth``)."""
+    v = row.get("solution")
+    if isinstance(v, str) and v.strip():
+        return "solution", v
+    v = row.get("answer")
+    if isinstance(v, str) and "####" in v:
+        return "answer", v
+    extra = row.get("extra_info")
+    v = extra.get("answer") if isinstance(extra, dict) else None
+    if isinstance(v, str) and v.strip():
+        return "extra_info.answer", v
+    return None
+
+
+def split_lengths(files: Any, tokenizer: Any, data_cfg: Any, split: str, max_rows: int = MAX_ROWS) -> SplitLengths:
+    """Token counts of the first `max_rows` rows of `files` (split "train" / "val"): the prompts as the
+    trainer's dataset counts them, and the reference solutions (:func:`reference_solution`) with the EOS a
+    response ends with.  Raises what reading the rows raises."""
     from omegaconf import OmegaConf
 
     from .prompts import normalize_row, render_prompt
@@ -78,24 +114,33 @@ def prompt_lengths(files: Any, tokenizer: Any, data_cfg: Any, split: str, max_ro
     kwargs = data_cfg.chat_template_kwargs
     kwargs = (OmegaConf.to_container(kwargs, resolve=True) if OmegaConf.is_config(kwargs) else kwargs) or None
     files = files if isinstance(files, str) else [str(f) for f in files]
-    lengths: List[int] = []
+    out = SplitLengths()
     texts: List[str] = []
-    more = False
+    refs: List[str] = []
+    eos = 1 if getattr(tokenizer, "eos_token_id", None) is not None else 0
 
     def flush() -> None:
-        lengths.extend(len(ids) for ids in tokenizer(texts, add_special_tokens=not use_chat)["input_ids"])
+        if texts:
+            out.prompts.extend(len(ids) for ids in tokenizer(texts, add_special_tokens=not use_chat)["input_ids"])
+        if refs:
+            out.references.extend(len(ids) + eos for ids in tokenizer(refs, add_special_tokens=False)["input_ids"])
         texts.clear()
+        refs.clear()
 
     for n, (_, where, row) in enumerate(iter_rows(files, split)):
         if n >= max_rows:
-            more = True
+            out.more = True
             break
         prompt = normalize_row(row, data_cfg.prompt_key, default_data_source="-", where=where)["prompt"]
         texts.append(render_prompt(tokenizer, prompt, use_chat, kwargs))
+        ref = reference_solution(row)
+        if ref is not None:
+            out.reference_key = out.reference_key or ref[0]
+            refs.append(ref[1])
         if len(texts) >= 1024:
             flush()
     flush()
-    return lengths, more
+    return out
 
 
 def _quantile(sorted_lengths: List[int], q: float) -> int:
@@ -122,34 +167,48 @@ def _split_problem(key: str, files: Any, lengths: List[int], more: bool, data_cf
             f"data.max_prompt_length + data.max_response_length within the model's context.")
 
 
-def prompt_length_problems(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None) -> List[str]:
-    """The problems of the module docstring, one line each ([] when the data or tokenizer cannot be read
-    cheaply, or reading them fails: the dataset builder reports that later with its own message).
+def _response_warning(key: str, files: Any, lengths: SplitLengths, limit: int, tok: str) -> Optional[str]:
+    refs = sorted(lengths.references)
+    if not refs or refs[len(refs) // 2] <= limit:
+        return None  # no reference solutions, or at least half of them fit
+    longer = sum(x > limit for x in refs)
+    read = f"the first {len(refs)}" if lengths.more else f"the {len(refs)}"
+    return (f"data.max_response_length={limit} is shorter than {longer} of {read} reference solutions of "
+            f"{key}={files!r} ({100 * longer / len(refs):.0f}%; column {lengths.reference_key}: {refs[0]}..{refs[-1]}"
+            f" tokens, median {refs[len(refs) // 2]}, with the tokenizer of {tok}): a response written like them is "
+            f"cut before its final answer and scores 0; set data.max_response_length={_quantile(refs, 0.95)} to fit "
+            f"95% of them ({refs[-1]}: all), keeping data.max_prompt_length + data.max_response_length within the "
+            f"model's context.")
+
+
+def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None) -> Tuple[List[str], List[str]]:
+    """(problems, warnings) of the module docstring, one line each (both [] when the data or tokenizer cannot
+    be read cheaply, or reading them fails: the dataset builder reports that later with its own message).
     `hub_cached(name)`: the local cache of a hub dataset or None (rlhf.config.preflight.hub_cached_dataset;
     default: hub datasets are skipped)."""
     d = cfg.data
-    if not d.filter_overlong_prompts and str(d.truncation) != "error":
-        return []  # long prompts are truncated: nothing to stop on
     splits = [(f"data.{k}", d[k], s) for k, s in (("train_files", "train"), ("val_files", "val"))
               if _readable(d[k], hub_cached)]
     if not splits:
-        return []
+        return [], []
     try:
         tokenizer, tok = config_tokenizer(cfg)
     except Exception as e:  # noqa: BLE001 - the trainer reports a bad tokenizer itself
-        logger.debug("prompt-length check skipped: %s", e)
-        return []
+        logger.debug("length check skipped: %s", e)
+        return [], []
     if tokenizer is None:
-        return []
-    out = []
+        return [], []
+    problems, warnings = [], []
+    prompts_checked = d.filter_overlong_prompts or str(d.truncation) == "error"  # else long prompts are cut
     for key, files, split in splits:
         try:
-            lengths, more = prompt_lengths(files, tokenizer, d, split)
+            lengths = split_lengths(files, tokenizer, d, split)
         except Exception as e:  # noqa: BLE001 - bad rows: RLHFDataset names the row later
-            logger.debug("prompt-length check of %s skipped: %s", key, e)
+            logger.debug("length check of %s skipped: %s", key, e)
             continue
         need = int(d.train_batch_size) if split == "train" else 1
-        problem = _split_problem(key, files, lengths, more, d, need, tok)
-        if problem:
-            out.append(problem)
-    return out
+        problem = _split_problem(key, files, lengths.prompts, lengths.more, d, need, tok) if prompts_checked else None
+        warning = _response_warning(key, files, lengths, int(d.max_response_length), tok)
+        problems += [problem] if problem else []
+        warnings += [warning] if warning else []
+    return problems, warnings

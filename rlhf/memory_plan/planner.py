@@ -152,8 +152,8 @@ class MemoryPlan:
     kv_cache_bytes: float | None = None
     kv_cache_tokens: float | None = None
     max_mem_fraction_static: float | None = None
-    # colocated weight sync at PP 1: the bucket copy on each engine GPU other than the stage leader's (bytes; the
-    # leader's GPU, in phase "weight sync", holds more)
+    # colocated weight sync: the bucket copy on each engine GPU other than a stage leader's (bytes; a leader's GPU,
+    # in phase "weight sync", holds more); 0 with expert parallelism (the engines map the leaders' buckets)
     sync_copy_bytes: float | None = None
     summary: str = ""
 
@@ -323,14 +323,17 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
         phases.append(Phase("engine start", ctx + at_start + engine_hold, "lower rollout.mem_fraction_static", stage))
         phases.append(Phase("generate", ctx + at_start + adam + engine_hold, "", stage))
         # the stage leader's GPU (the worst): its bucket pool plus a gathered parameter and its converted copy.
-        # PP 1: every other engine GPU holds one copy of the pool (plan.sync_copy_bytes), which its engine rank
-        # maps (rlhf/weight_bridge/local_handles.py); PP > 1: every engine rank maps the leaders' buckets, a CUDA
-        # context on each leader's GPU per engine process on another GPU
+        # Every other engine GPU holds one copy of the pool (plan.sync_copy_bytes), which its engine rank maps:
+        # the trainer rank there holds every stage's buckets (rlhf/weight_bridge/local_handles.py; a stage leader
+        # that also holds uses its one pool).  With expert parallelism there are no holders: every engine rank maps
+        # the leaders' buckets, a CUDA context on each leader's GPU per engine process on another GPU
         sync = [Item("weight sync buckets on the stage leader's GPU (gathered + packed)", 2 * eng.sync_bucket_bytes)]
-        plan.sync_copy_bytes = eng.sync_bucket_bytes if inp.layout.pp == 1 else 0.0
-        if inp.layout.pp > 1 and inp.cuda:
-            sync.append(Item("engine processes' CUDA contexts on the stage leader's GPU (PP > 1: each engine rank "
-                             "maps the leaders' buckets)", (eng.num_engines * eng.tp - 1) * inp.cuda_context_bytes))
+        holders = inp.layout.ep == 1
+        plan.sync_copy_bytes = eng.sync_bucket_bytes if holders else 0.0
+        if not holders and inp.cuda:
+            sync.append(Item("engine processes' CUDA contexts on the stage leader's GPU (expert parallelism: each "
+                             "engine rank maps the leaders' buckets)", (eng.num_engines * eng.tp - 1) *
+                             inp.cuda_context_bytes))
         actor = next((r for r in inp.roles if r.name == "actor"), None)
         sync += _loaded(actor, statics["actor"], ("params",)) if actor is not None else []  # offloaded: back for the sync
         phases.append(Phase("weight sync", ctx + at_start + adam + ([engine_ctx] if engine_ctx else []) +

@@ -12,7 +12,8 @@ Modules::
     rlhf.quickstart.sft:        sft_warmup, response_loss, corrupt_answers
     rlhf.quickstart.evaluate:   evaluate_model
     rlhf.quickstart.arithmetic: make_arithmetic_dataset, write_arithmetic_parquet, quickstart_task_kwargs,
-                                make_synthetic_preference_dataset, QUICKSTART_TASK
+                                make_synthetic_preference_dataset, QUICKSTART_TASK, BOXED_TASK (MATH-style),
+                                write_math_parquet (verl's MATH layout)
 
 Importing the package is cheap: only the hook is imported here (it imports the rest when used).
 """

@@ -9,6 +9,11 @@ Two styles:
 * ``style="word"`` (default): ``"Tom has 3 apples and buys 4 more. How many apples does Tom
   have?"`` (+ the GSM8K instruction by default); solution ``"Tom has 3 + 4 = 7 apples.\\n#### 7"``.
 * ``style="short"``: prompt ``"3+4="``; solution ``"3+4=7\\n#### 7"``.
+* ``style="boxed"`` (MATH-style): prompt ``"What is $3+4$?"`` + verl's MATH instruction (``... within
+  \\boxed{}.``, as verl's ``examples/data_preprocess/math_dataset.py`` appends it); solution
+  ``"3+4=7\\nThe answer is \\boxed{7}."``; ``data_source="DigitalLearningGmbH/MATH-lighteval"`` (scored by
+  the MATH rule reward, :mod:`rlhf.rewards.math_answers`).  :data:`BOXED_TASK` is its warm-up task and
+  :func:`write_math_parquet` writes it in verl's MATH parquet layout.
 
 The quickstart model (``tiny://quickstart``) is warmed up on the short style with the settings of
 :data:`QUICKSTART_TASK`; generate RL data for it with ``**quickstart_task_kwargs(max_operand)``.
@@ -16,7 +21,7 @@ The quickstart model (``tiny://quickstart``) is warmed up on the short style wit
 
 Rows use the GSM8K parquet schema (see :mod:`rlhf.data.gsm8k`) with
 ``data_source="synthetic/arithmetic"`` (scored by the strict GSM8K scorer via the reward
-registry) plus a ``solution`` column.
+registry; the boxed style: the MATH data source) plus a ``solution`` column.
 
 Note: with small ``max_operand`` the problem space is small, so train and test splits can
 share problems; this is fine for a pipeline smoke task and documented here on purpose.
@@ -26,12 +31,15 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from rlhf.data.gsm8k import INSTRUCTION
 
 __all__ = [
     "DATA_SOURCE",
+    "MATH_DATA_SOURCE",
+    "MATH_INSTRUCTION",
+    "BOXED_TASK",
     "QUICKSTART_TASK",
     "QUICKSTART_MAX_OPERAND",
     "quickstart_task_kwargs",
@@ -39,11 +47,15 @@ __all__ = [
     "make_arithmetic_problem",
     "make_arithmetic_dataset",
     "write_arithmetic_parquet",
+    "write_math_parquet",
 ]
 
 DATA_SOURCE = "synthetic/arithmetic"
+MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"  # verl's math_dataset.py data_source
+# verl's examples/data_preprocess/math_dataset.py appends this to every MATH problem
+MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 SUPPORTED_OPS = ("+", "-", "*")
-STYLES = ("word", "short")
+STYLES = ("word", "short", "boxed")
 
 NAMES = ("Tom", "Ann", "Sam", "Mia", "Ben", "Lily", "Max", "Eva")
 ITEMS = (("apple", "apples"), ("book", "books"), ("pen", "pens"), ("cat", "cats"), ("egg", "eggs"),
@@ -54,6 +66,9 @@ ITEMS = (("apple", "apples"), ("book", "books"), ("pen", "pens"), ("cat", "cats"
 # prompts are ~20 tokens). The word style works too (18-22 response tokens) but is slower.
 QUICKSTART_TASK: Dict[str, Any] = {"style": "short", "ops": ("+",), "min_operand": 1}
 QUICKSTART_MAX_OPERAND = 9  # operands 1..9: 81 distinct sums
+# MATH-style task ("What is $7+1$? Let's think ... within \\boxed{}." -> "7+1=8\nThe answer is \\boxed{8}."):
+# ~45 prompt tokens, 22-25 response tokens with EOS (max_response_length 32 fits)
+BOXED_TASK: Dict[str, Any] = {"style": "boxed", "ops": ("+",), "min_operand": 1}
 
 
 def quickstart_task_kwargs(max_operand: int = QUICKSTART_MAX_OPERAND,
@@ -79,13 +94,14 @@ def make_arithmetic_problem(
     Args:
         a, b: operands (for ``"-"`` the caller must ensure ``a >= b``).
         op: one of ``"+"``, ``"-"``, ``"*"``.
-        style: ``"word"`` or ``"short"``.
+        style: ``"word"``, ``"short"`` or ``"boxed"``.
         name, item: names used by the word style (item = (singular, plural)).
-        add_instruction: append the GSM8K ``####`` instruction to the question; default:
-            True for ``"word"``, False for ``"short"``.
+        add_instruction: append the instruction to the question (GSM8K's ``####`` one; verl's MATH one for
+            ``"boxed"``); default: True for ``"word"`` and ``"boxed"``, False for ``"short"``.
 
     Returns:
-        ``(question, solution, answer)``; ``solution`` ends with ``"#### {answer}"``.
+        ``(question, solution, answer)``; ``solution`` ends with ``"#### {answer}"`` (``"boxed"``: with
+        ``"\\boxed{answer}."``).
 
     Raises:
         ValueError: unknown ``op`` / ``style``.
@@ -99,6 +115,10 @@ def make_arithmetic_problem(
         q = f"{a}{op}{b}="
         sol = f"{a}{op}{b}={ans}\n#### {ans}"
         add = False if add_instruction is None else add_instruction
+    elif style == "boxed":
+        q = f"What is ${a}{op}{b}$?"
+        sol = f"{a}{op}{b}={ans}\nThe answer is \\boxed{{{ans}}}."
+        add = True if add_instruction is None else add_instruction
     else:
         sing, plur = item
         if op == "+":
@@ -114,7 +134,7 @@ def make_arithmetic_problem(
         sol += f"\n#### {ans}"
         add = True if add_instruction is None else add_instruction
     if add:
-        q = q + " " + INSTRUCTION
+        q = q + " " + (MATH_INSTRUCTION if style == "boxed" else INSTRUCTION)
     return q, sol, ans
 
 
@@ -132,11 +152,12 @@ def make_arithmetic_dataset(
     """Generate ``n`` arithmetic problems deterministically from ``seed``.
 
     Returns:
-        ``n`` rows: ``data_source`` ("synthetic/arithmetic"), ``prompt`` (chat messages
+        ``n`` rows: ``data_source`` ("synthetic/arithmetic"; :data:`MATH_DATA_SOURCE` for the boxed style),
+        ``prompt`` (chat messages
         ``[{"role": "user", "content": q}]`` or the plain string if ``flat_prompt``),
         ``ground_truth`` (str of the integer answer), ``ability`` ("math"),
         ``extra_info`` ({split, index, a, b, op}), ``solution`` (worked answer ending
-        in ``#### N``). Operands are uniform in ``[min_operand, max_operand]``; for ``"-"``
+        in ``#### N`` or ``\\boxed{N}.``). Operands are uniform in ``[min_operand, max_operand]``; for ``"-"``
         they are ordered so the answer is never negative.
 
     Raises:
@@ -166,7 +187,7 @@ def make_arithmetic_dataset(
         q, sol, ans = make_arithmetic_problem(a, b, op, style=style, name=name, item=item,
                                               add_instruction=add_instruction)
         rows.append({
-            "data_source": DATA_SOURCE,
+            "data_source": MATH_DATA_SOURCE if style == "boxed" else DATA_SOURCE,
             "prompt": q if flat_prompt else [{"role": "user", "content": q}],
             "ground_truth": str(ans),
             "ability": "math",
@@ -187,17 +208,44 @@ def write_arithmetic_parquet(
     Returns:
         ``{"train": Path, "test": Path}``.
     """
+    return _write_splits(out_dir, n_train, n_test, seed,
+                         lambda n, s, split: make_arithmetic_dataset(n, seed=s, split=split, **kwargs))
+
+
+def _write_splits(out_dir: Union[str, Path], n_train: int, n_test: int, seed: int,
+                  rows_of: Callable[[int, int, str], List[Dict[str, Any]]]) -> Dict[str, Path]:
+    """``out_dir/{train,test}.parquet`` of ``rows_of(n, seed, split)`` (the test split seeded ``seed + 1``)."""
     import datasets
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: Dict[str, Path] = {}
     for split, n, s in (("train", n_train, seed), ("test", n_test, seed + 1)):
-        rows = make_arithmetic_dataset(n, seed=s, split=split, **kwargs)
-        path = out / f"{split}.parquet"
-        datasets.Dataset.from_list(rows).to_parquet(str(path))
-        paths[split] = path
+        paths[split] = out / f"{split}.parquet"
+        datasets.Dataset.from_list(rows_of(n, s, split)).to_parquet(str(paths[split]))
     return paths
+
+
+def write_math_parquet(out_dir: Union[str, Path], n_train: int, n_test: int, seed: int = 0,
+                       max_operand: int = QUICKSTART_MAX_OPERAND) -> Dict[str, Path]:
+    """Write ``out_dir/train.parquet`` and ``out_dir/test.parquet`` of the boxed-style task
+    (:data:`BOXED_TASK`) in the layout verl's ``examples/data_preprocess/math_dataset.py`` writes for MATH:
+    ``data_source`` (:data:`MATH_DATA_SOURCE`), ``prompt`` (``[{"role": "user", "content": problem + " " +
+    MATH_INSTRUCTION}]``), ``ability`` ("math"), ``reward_model`` (``{"style": "rule", "ground_truth": "7"}``),
+    ``extra_info`` (``{"split", "index"}``).  A stand-in for verl's MATH parquet that the boxed warm-up of
+    ``build_quickstart_model(..., task=BOXED_TASK)`` answers.  Test split: ``seed + 1``.
+
+    Returns:
+        ``{"train": Path, "test": Path}``.
+    """
+    def rows_of(n: int, s: int, split: str) -> List[Dict[str, Any]]:
+        return [{"data_source": r["data_source"], "prompt": r["prompt"], "ability": "math",
+                 "reward_model": {"style": "rule", "ground_truth": r["ground_truth"]},
+                 "extra_info": {"split": split, "index": r["extra_info"]["index"]}}
+                for r in make_arithmetic_dataset(n, seed=s, split=split,
+                                                 **quickstart_task_kwargs(max_operand, BOXED_TASK))]
+
+    return _write_splits(out_dir, n_train, n_test, seed, rows_of)
 
 
 def make_synthetic_preference_dataset(n: int, seed: int = 0, **arith_kwargs: Any) -> List[Dict[str, Any]]:

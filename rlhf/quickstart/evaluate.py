@@ -25,9 +25,10 @@ def evaluate_model(
     batch_size: int = 64,
     seed: int = 0,
 ) -> Dict[str, float]:
-    """Generate with HF ``generate`` and score with the strict GSM8K scorer.
+    """Generate with HF ``generate`` and score with the rule reward of each row's ``data_source`` (the strict
+    GSM8K scorer for the arithmetic task; the MATH reward, math-verify, for the boxed style).
 
-    Returns ``{"reward": mean score, "format": fraction with a ``#### N`` answer,
+    Returns ``{"reward": mean score, "format": fraction with a ``#### N`` (boxed style: ``\\boxed{N}``) answer,
     "eos": fraction that stopped with EOS}`` over ``len(rows) * num_samples`` responses
     (greedy when ``temperature == 0``). Sampling is seeded by ``seed``; the caller's RNG
     state is restored afterwards.
@@ -38,7 +39,9 @@ def evaluate_model(
 
 
 def _evaluate(model, tokenizer, rows, temperature, num_samples, max_new_tokens, batch_size) -> Dict[str, float]:
-    from rlhf.rewards.gsm8k import compute_score, extract_solution
+    from rlhf.rewards.gsm8k import extract_solution
+    from rlhf.rewards.math_answers import MATH_DATA_SOURCES, extract_boxed_answer
+    from rlhf.rewards.registry import call_reward_fn, get_reward_fn
 
     pad = tokenizer.pad_token_id
     eos = tokenizer.eos_token_id
@@ -60,8 +63,10 @@ def _evaluate(model, tokenizer, rows, temperature, num_samples, max_new_tokens, 
             if stop:
                 toks = toks[:toks.index(eos)]
             text = tokenizer.decode(toks, skip_special_tokens=True)
-            scores.append(compute_score(text, r["ground_truth"]))
-            fmt.append(extract_solution(text) is not None)
+            ds = r["data_source"]
+            scores.append(float(call_reward_fn(get_reward_fn(ds), data_source=ds, solution_str=text,
+                                               ground_truth=r["ground_truth"])))
+            fmt.append((extract_boxed_answer if ds in MATH_DATA_SOURCES else extract_solution)(text) is not None)
             stopped.append(stop)
     n = max(1, len(scores))
     return {"reward": sum(scores) / n, "format": sum(fmt) / n, "eos": sum(stopped) / n}

@@ -7,7 +7,7 @@ trained one is always right (no signal either). :func:`build_quickstart_model` t
 1. trains the tiny byte-level BPE tokenizer (:func:`rlhf.quickstart.tokenizer.make_quickstart_tokenizer`,
    ChatML template, EOS ``<|im_end|>``, digits split; its default corpus plus the task's words);
 2. builds a tiny Llama (2 layers, hidden 64, 4 heads / 2 KV heads, untied, fp32, HF init;
-   125k parameters);
+   125k parameters; 32768 positions, so verl's commands' lengths fit);
 3. runs a short supervised warm-up (:func:`rlhf.quickstart.sft.sft_warmup`: plain torch, one
    thread, AdamW, teacher forcing, loss on the response tokens only) on the task's worked
    solutions, each followed by EOS; the prompt is rendered exactly as
@@ -34,6 +34,9 @@ Measured with the defaults (2 shared cores, single-threaded build; 100 held-out 
   lr 1e-4, 25 steps): batch reward 0.43 -> 0.77 (first / last 5 steps), held-out sampled
   reward 0.34 -> 0.78, greedy 0.76 -> 0.95.
 
+``task=BOXED_TASK`` (:mod:`rlhf.quickstart.arithmetic`) warms it up on MATH-style problems answered with
+``\\boxed{N}`` instead (the MATH rule reward scores them; ``write_math_parquet`` writes them in verl's layout).
+
 The RL task must be generated with the settings the model was warmed up on: use
 :func:`rlhf.quickstart.arithmetic.quickstart_task_kwargs` (or read ``warmup_meta.json["task"]``), e.g.
 ``make_arithmetic_dataset(n, seed=s, **quickstart_task_kwargs(max_operand))``.
@@ -54,6 +57,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from .arithmetic import QUICKSTART_MAX_OPERAND, make_arithmetic_dataset, quickstart_task_kwargs
+from .resolve import QUICKSTART_MAX_POSITION_EMBEDDINGS
 from .sft import corrupt_answers, sft_warmup
 from .tokenizer import QUICKSTART_VOCAB_SIZE, encode_example, make_quickstart_tokenizer
 
@@ -69,7 +73,7 @@ __all__ = [
 
 QUICKSTART_SCHEME = "tiny://quickstart"
 META_FILE = "warmup_meta.json"
-_META_VERSION = 2  # 2: max_position_embeddings 1024
+_META_VERSION = 3  # 2: max_position_embeddings 1024; 3: 32768
 
 # Defaults of build_quickstart_model (tuned; see module docstring).
 QUICKSTART_DEFAULTS: Dict[str, Any] = {
@@ -217,7 +221,7 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
     model = build_tiny_hf_model(
         "llama_gqa", vocab_size=len(tok), hidden_size=hidden_size, num_layers=num_layers, seed=seed,
         init="hf", dtype=torch.float32, bos_token_id=IM_START_ID, eos_token_id=IM_END_ID, pad_token_id=PAD_ID,
-        max_position_embeddings=1024)  # room for GSM8K prompts (<= 562 tokens) + responses
+        max_position_embeddings=QUICKSTART_MAX_POSITION_EMBEDDINGS)
 
     task_kw = quickstart_task_kwargs(max_operand, task)
     rows = make_arithmetic_dataset(max(1, warmup_steps * batch_size), seed=seed + _WARMUP_DATA_SEED_OFFSET,

@@ -20,10 +20,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["resolve_model", "resolve_data", "EMBEDDED_SCHEME", "TINY_SCHEME"]
+__all__ = ["resolve_model", "resolve_data", "EMBEDDED_SCHEME", "TINY_SCHEME", "QUICKSTART_MAX_POSITION_EMBEDDINGS"]
 
 TINY_SCHEME = "tiny://"
 EMBEDDED_SCHEME = "embedded://"
+#: the context of tiny://quickstart (rlhf.quickstart.model; here for the config checks, which import no torch):
+#: Qwen2.5's, so verl's commands (up to 2048 + 9632 tokens) run on it unchanged; RoPE has no weights, so the size
+#: costs nothing but SGLang's cos/sin table (2 MB)
+QUICKSTART_MAX_POSITION_EMBEDDINGS = 32768
 
 
 def _rank0_then_all(fn):

@@ -22,9 +22,9 @@ _NOISE_OFFSETS = (-2, -1, 1, 2)  # how far a corrupted final answer is from the 
 
 def corrupt_answers(rows: Sequence[Dict[str, Any]], fraction: float, seed: int = 0) -> List[Dict[str, Any]]:
     """Copies of ``rows`` where a ``fraction`` of the worked solutions misreport the result
-    on their final ``#### N`` line (the true answer plus an offset in {-2, -1, 1, 2}, kept
-    >= 0); the worked line (``... = 7 ...``) stays correct. Warm-up only: RL ground truths
-    stay correct.
+    on their final ``#### N`` line (the boxed style: in its last ``\\boxed{N}``) (the true answer plus an
+    offset in {-2, -1, 1, 2}, kept >= 0); the worked line (``... = 7 ...``) stays correct. Warm-up
+    only: RL ground truths stay correct.
 
     Why: the warmed-up policy then computes the sum well but copies it to the answer line
     faithfully only part of the time, so its T=1 reward is partial, and the fix (report the
@@ -39,8 +39,12 @@ def corrupt_answers(rows: Sequence[Dict[str, Any]], fraction: float, seed: int =
         if rng.random() < fraction:
             ans = int(r["ground_truth"])
             wrong = ans + rng.choice([d for d in _NOISE_OFFSETS if ans + d >= 0])
-            body, _ = r["solution"].rsplit("#### ", 1)
-            r["solution"] = f"{body}#### {wrong}"
+            if "#### " in r["solution"]:
+                body, _ = r["solution"].rsplit("#### ", 1)
+                r["solution"] = f"{body}#### {wrong}"
+            else:  # the boxed style: "... \\boxed{N}."
+                body, tail = r["solution"].rsplit(f"\\boxed{{{ans}}}", 1)
+                r["solution"] = f"{body}\\boxed{{{wrong}}}{tail}"
         out.append(r)
     return out
 

@@ -235,7 +235,8 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
                 raise ValueError(f"reward.sources[{i}].placement={e.placement!r}: use one of {list(PLACEMENTS)}")
             from .reward_model import HFRewardModelScorer, RayRewardModelScorer
 
-            kw = dict(micro_batch_size=e.micro_batch_size, max_length=e.max_length)
+            # on the CPU: a reward model on GPUs is neither placed nor planned (num_gpus > 0 is refused by the config)
+            kw = dict(micro_batch_size=e.micro_batch_size, max_length=e.max_length, device="cpu")
             scorer = (RayRewardModelScorer(e.path, num_gpus=e.num_gpus, **kw) if e.placement == "ray"
                       else HFRewardModelScorer(e.path, **kw))
             sources.append(RewardSource(name, float(e.weight), scorer=scorer, chunk_size=e.micro_batch_size,

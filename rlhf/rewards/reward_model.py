@@ -110,11 +110,12 @@ class HFRewardModelScorer(RewardModelScorer):
         path: HF model directory or hub name (config, weights and tokenizer).
         micro_batch_size: pairs per forward pass.
         max_length: token limit per pair.
-        device: torch device; default ``cuda`` when available, else ``cpu``.
+        device: torch device (default ``cpu``; :class:`RayRewardModelScorer` passes ``cuda`` to a worker Ray gave
+            GPUs).
         dtype: ``"float32"`` / ``"bfloat16"`` / ``"float16"``, or None for the checkpoint's.
     """
 
-    def __init__(self, path: str, micro_batch_size: int = 16, max_length: int = 2048, device: Any = None,
+    def __init__(self, path: str, micro_batch_size: int = 16, max_length: int = 2048, device: Any = "cpu",
                  dtype: Any = None):
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -122,7 +123,7 @@ class HFRewardModelScorer(RewardModelScorer):
         self.path = path
         self.micro_batch_size = max(1, int(micro_batch_size))
         self.max_length = int(max_length)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device)
         kwargs = {"dtype": getattr(torch, dtype)} if isinstance(dtype, str) else {}
         self.model = AutoModelForSequenceClassification.from_pretrained(path, **kwargs).to(self.device).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(path)
@@ -174,6 +175,12 @@ class HFRewardModelScorer(RewardModelScorer):
 class RayRewardModelScorer(RewardModelScorer):
     """:class:`HFRewardModelScorer` in a Ray actor of its own (``num_gpus`` GPUs, 0 = CPU).
 
+    The model runs on ``cuda`` (the GPUs Ray gives the actor) when ``num_gpus > 0``, else on the CPU: an actor
+    without Ray GPUs still sees every GPU of its node (Ray leaves ``CUDA_VISIBLE_DEVICES`` alone then,
+    ``ray._private.utils.set_visible_accelerator_ids``), so "cuda" would be GPU 0, a trainer rank's.  The trainer's
+    config refuses ``num_gpus > 0`` (rlhf.config.schema.reward): trainer ranks and engines claim no Ray GPUs, so
+    Ray would hand the worker one of theirs.
+
     Needs a running Ray session (the trainer's; else one is started locally).  The model loads in the
     worker in the background; :meth:`wait_ready` blocks until it has (the reward manager calls it before the
     first batch).  ``score`` waits for the actor at most ``timeout_s`` seconds (None: no limit) and raises
@@ -190,6 +197,7 @@ class RayRewardModelScorer(RewardModelScorer):
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {"PYTHONPATH": os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH", "")] if p)}
         self.timeout_s, self.path = timeout_s, path
+        scorer_kwargs.setdefault("device", "cuda" if num_gpus > 0 else "cpu")
         self.actor = ray.remote(HFRewardModelScorer).options(
             num_cpus=0, num_gpus=num_gpus, runtime_env={"env_vars": env}).remote(path, **scorer_kwargs)
 

@@ -11,7 +11,7 @@ from rlhf.rollout import sglang_cpu
 from rlhf.rollout.engine_loader import LOADER
 
 __all__ = ["engine_kwargs", "engine_env", "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES",
-           "resolve_engine_dtype", "batch_kv_tokens", "MAX_BATCH_KV_TOKENS"]
+           "resolve_engine_dtype", "batch_kv_tokens", "rollout_context_length", "MAX_BATCH_KV_TOKENS"]
 
 ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                  "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -46,7 +46,7 @@ def batch_kv_tokens(prompts: int, n: int, max_prompt_length: int, max_response_l
                     val_prompts: int = 0, val_n: int = 1, cap: int = MAX_BATCH_KV_TOKENS) -> int:
     """KV-cache tokens for one engine to hold its whole share of a rollout batch at once: an engine serves
     ``ceil(prompts / num_engines)`` prompts (a prompt's ``n`` responses stay on one engine) of at most
-    ``max_prompt_length + max_response_length + 8`` tokens each (the engines' context length), for the
+    ``max_prompt_length + max_response_length + 8`` tokens each (the engines' context length and 8 spare), for the
     training batch and for the validation batch (``val_prompts`` x ``val_n``), whichever is larger.  Clamped
     to ``[context length, cap]``: one request always fits; more than ``cap`` only costs memory (SGLang
     queues what does not fit).  E.g. 16 prompts x 4 x (64 + 16 + 8) on one engine -> 5632.
@@ -65,6 +65,14 @@ def batch_kv_tokens(prompts: int, n: int, max_prompt_length: int, max_response_l
     per_engine = lambda p: -(-int(p) // int(num_engines))  # noqa: E731 (ceil division)
     seqs = max(per_engine(prompts) * int(n), per_engine(val_prompts) * int(val_n))
     return max(per_seq, min(seqs * per_seq, int(cap)))
+
+
+def rollout_context_length(max_prompt_length: int, max_response_length: int) -> int:
+    """The context length (tokens) a rollout engine is started with: ``max_prompt_length +
+    max_response_length``, exactly what SGLang's request check needs (tokenizer_manager: a prompt shorter than
+    the context, prompt + ``max_new_tokens`` within it) and no more, since SGLang refuses to start with a context
+    longer than the model's (``max_position_embeddings``, checked at ``--cfg`` by rlhf.config.validate)."""
+    return int(max_prompt_length) + int(max_response_length)
 
 
 def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fraction_static: Optional[float] = None,

@@ -6,9 +6,12 @@ GPU ``r % gpus_per_node``.
 
 * colocated: engine i shares the trainer's GPUs ``[i * tp, (i + 1) * tp)`` (global order), all on trainer
   rank 0's node; the engines release their memory while the trainer computes.  The colocated weight sync
-  hands every engine CUDA IPC handles of the pipeline stage leaders' buckets (ranks ``s * W / PP``, megatron's
-  default rank order; rank 0 alone without PP), and CUDA IPC works only within a node: so those ranks and
-  every engine must share one node (more engines than rank 0's node holds: rollout.mode=disaggregated).
+  hands each engine TP rank CUDA IPC handles of memory of the trainer rank on its own GPU, which receives
+  every pipeline stage's buckets from that stage's leader (rlhf/weight_bridge/local_handles.py); with expert
+  parallelism it hands every engine the pipeline stage leaders' buckets instead (ranks ``s * W / PP``,
+  megatron's default rank order; rank 0 alone without PP).  CUDA IPC works only within a node: so every
+  engine, and with expert parallelism those leaders, must be on rank 0's node (more engines than rank 0's node
+  holds: rollout.mode=disaggregated); :func:`ipc_source_ranks`.
 * disaggregated: engines take the GPUs after the trainer's, ``W + i * tp ...``, one node each.
 
 A job's GPUs (:func:`job_placement_problem`, the config check of ``--cfg`` and ``--plan-memory``):
@@ -31,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "rank_ray_nodes",
-           "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders", "engine_gpus",
-           "trainer_gpus", "job_placement_problem"]
+           "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders", "ipc_source_ranks",
+           "engine_gpus", "trainer_gpus", "job_placement_problem"]
 
 
 class PlacementError(ValueError):
@@ -67,13 +70,21 @@ def stage_leaders(trainer_world_size: int, pp: int = 1) -> List[int]:
     return [s * (trainer_world_size // pp) for s in range(pp)]
 
 
+def ipc_source_ranks(trainer_world_size: int, pp: int = 1, ep: int = 1) -> List[int]:
+    """Trainer ranks whose GPU memory colocated engines map besides the ranks on the engines' own GPUs: the
+    pipeline stage leaders with expert parallelism (``ep`` > 1: the weight sync's engine-local handles do not
+    serve it, every engine rank maps the leaders' buckets), else rank 0 alone (the ranks on the engines' GPUs
+    hold every stage's buckets: rlhf/weight_bridge/local_handles.py)."""
+    return stage_leaders(trainer_world_size, pp) if ep > 1 else [0]
+
+
 def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, num_engines: int, engine_tp: int,
                    mode: str, leaders: Sequence[int] = (0,)) -> PlacementPlan:
     """The devices of every trainer rank and engine (see module docstring).
 
     Args:
-        leaders: colocated: the trainer ranks whose GPU memory the engines map (:func:`stage_leaders`);
-            every one of them and every engine must be on trainer rank 0's node.
+        leaders: colocated: the trainer ranks whose GPU memory the engines map besides the ranks on their own GPUs
+            (:func:`ipc_source_ranks`); every one of them and every engine must be on trainer rank 0's node.
     Raises:
         PlacementError: more trainer ranks than GPUs, an engine spanning two nodes, colocated engines beyond
             the trainer's GPUs on rank 0's node or stage leaders on other nodes, disaggregated engines beyond
@@ -121,10 +132,10 @@ def _check_colocated(gpus_per_node: int, world: int, num_engines: int, engine_tp
     off = [r for r in leaders if r // gpus_per_node != 0]
     if off:
         raise PlacementError(f"colocated: the weight sync hands every engine CUDA IPC handles of the pipeline stage "
-                             f"leaders' memory (trainer ranks {list(leaders)}), and CUDA IPC works only within a "
-                             f"node, but rank(s) {off} are not on rank 0's node of {gpus_per_node} GPUs: use "
-                             f"rollout.mode=disaggregated, or fewer pipeline stages / trainer ranks so that every "
-                             f"stage leader is on the first node")
+                             f"leaders' memory with expert parallelism (trainer ranks {list(leaders)}), and CUDA IPC "
+                             f"works only within a node, but rank(s) {off} are not on rank 0's node of "
+                             f"{gpus_per_node} GPUs: use rollout.mode=disaggregated, or fewer pipeline stages / "
+                             f"trainer ranks so that every stage leader is on the first node")
     if need > local:
         most = local // engine_tp
         where = (f"the trainer's {world} GPUs" if world <= gpus_per_node else
@@ -149,7 +160,7 @@ def trainer_gpus(mode: str, gpus: int, num_engines: int, engine_tp: int) -> int:
 
 
 def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_per_node: int, nnodes: int = 1,
-                          trainer_world_size: Optional[int] = None, pp: int = 1,
+                          trainer_world_size: Optional[int] = None, pp: int = 1, ep: int = 1,
                           gpus_from: str = "trainer.nnodes x trainer.n_gpus_per_node") -> Optional[str]:
     """Why the job does not place (one line naming the config values and the fix), None when it does.
 
@@ -158,7 +169,8 @@ def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_p
             came from, for the message.
         trainer_world_size: the trainer ranks (the launcher's); None: :func:`trainer_gpus` (what the launchers
             start).
-        pp: the trainer's pipeline parallel size (its stage leaders' memory goes to colocated engines).
+        pp, ep: the trainer's pipeline and expert parallel sizes (with ep > 1 its stage leaders' memory goes to
+            colocated engines: :func:`ipc_source_ranks`).
     """
     total = gpus_per_node * nnodes
     world = trainer_world_size if trainer_world_size is not None else trainer_gpus(mode, total, num_engines, engine_tp)
@@ -170,7 +182,7 @@ def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_p
                 f"or use rollout.mode=colocated.")
     try:
         plan_placement(nnodes=nnodes, gpus_per_node=gpus_per_node, trainer_world_size=world, num_engines=num_engines,
-                       engine_tp=engine_tp, mode=mode, leaders=stage_leaders(world, pp))
+                       engine_tp=engine_tp, mode=mode, leaders=ipc_source_ranks(world, pp, ep))
     except PlacementError as e:
         return f"{head}, trainer on {world}: {e}."
     return None

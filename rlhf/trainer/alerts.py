@@ -6,25 +6,27 @@
         - {metric: actor/kl, above: 1.0}            # fires when actor/kl > 1.0
         - {metric: critic/score/mean, below: 0.1, above: 0.9}   # outside [0.1, 0.9]
 
-A rule fires at every step whose value is past a threshold, or is NaN / +-inf.  Each firing prints one
-line on rank 0's stderr, ``WARNING step <k>: alert <metric>=<value> below <threshold> (...)``, and is
+A rule fires at every step whose value is past a threshold, or is NaN / +-inf.  Each firing logs one
+warning on rank 0, ``WARNING step <k>: alert <metric>=<value> below <threshold> (...)``, and is
 counted: ``alerts/num_fired`` (this step) and ``alerts/total`` (the run so far, kept in checkpoints).
 A rule whose metric is absent at the first step is reported once (a misspelt name; ``val/`` metrics
 appear only on validation steps and are exempt).
 
-Safeguard events print the same kind of line without any configuration: the gradient circuit breaker
+Safeguard events log the same kind of line without any configuration: the gradient circuit breaker
 (``<role>/num_breaker_events`` > 0: the LR warm-up restarted) and skipped optimizer steps
 (``<role>/num_skipped_steps`` > 0: an inf/NaN gradient norm); their counts are those metrics.
 """
 from __future__ import annotations
 
 import difflib
+import logging
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 __all__ = ["AlertRule", "Alerts"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,13 @@ class Alerts:
             if not r.metric or (r.below is None and r.above is None):
                 raise ValueError(f"trainer.alerts[{i}]={r}: give a metric and below and/or above")
         self.events = _events(role_optims or {})
-        self.echo = echo  # print the lines (rank 0)
+        self.echo = echo  # log the lines (rank 0)
         self.total = 0  # rules fired over the run
         self.last_fired = 0  # rules fired at the last checked step
         self.checked_names = False
 
     def check(self, metrics: Mapping[str, float], step: int) -> list[str]:
-        """The warning lines of this step (printed to stderr when `echo`); adds nothing to `metrics`."""
+        """The warning lines of this step (logged as warnings when `echo`); adds nothing to `metrics`."""
         lines = []
         if not self.checked_names:
             self.checked_names = True
@@ -105,7 +107,7 @@ class Alerts:
         self.last_fired = fired
         if self.echo:
             for line in lines:
-                print(line, file=sys.stderr, flush=True)
+                logger.warning(line)
         return lines
 
     def metrics(self) -> dict:

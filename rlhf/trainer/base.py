@@ -127,8 +127,8 @@ class BaseTrainer:
         steps = max(updates, 1) * max(self.cfg.data.train_batch_size // self.cfg[role].ppo_mini_batch_size, 1) * epochs
         optim.lr_decay_steps = steps
         if dist.get_rank() == 0:
-            print(f"note: {role}.optim.lr_decay_steps=null with lr_decay_style={optim.lr_decay_style}: decaying over "
-                  f"the run's {steps} optimizer steps (the last runs above min_lr)", flush=True)
+            logger.info("%s.optim.lr_decay_steps=null with lr_decay_style=%s: decaying over the run's %d optimizer "
+                        "steps (the last runs above min_lr)", role, optim.lr_decay_style, steps)
 
     def data_files(self, split: str):
         """``data.train_files`` ("train") or ``data.val_files`` as plain paths: quickstart tasks through the
@@ -213,19 +213,19 @@ class BaseTrainer:
 
     def save_checkpoint(self, step: int) -> str:
         """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint); rank 0
-        prints ``saving checkpoint to <path>`` before and ``saved checkpoint <path> (step N, S s)`` after."""
+        logs ``saving checkpoint to <path>`` before and ``saved checkpoint <path> (step N, S s)`` after."""
         t, rank0 = self.cfg.trainer, dist.get_rank() == 0
         root = checkpoint_root(t.default_local_dir)
         if rank0:
-            print(f"saving checkpoint to {os.path.join(root, f'global_step_{step}')}", flush=True)
+            logger.info("saving checkpoint to %s", os.path.join(root, f"global_step_{step}"))
         t0 = time.perf_counter()
         state = dict(self.trainer_state(), model=model_summary(self.hf_config))
         with self.roles_resident():
             path = save_checkpoint_dir(root, step, self.checkpoint_roles(), state, t.max_ckpt_to_keep,
                                        slim=t.slim_checkpoint)
         if rank0:
-            print(f"saved checkpoint {path} (step {step}, {time.perf_counter() - t0:.1f} s); resume with "
-                  f"trainer.resume_from_path={path}", flush=True)
+            logger.info("saved checkpoint %s (step %d, %.1f s); resume with trainer.resume_from_path=%s", path, step,
+                        time.perf_counter() - t0, path)
         return path
 
     def resume_checkpoint(self) -> str | None:

@@ -20,12 +20,15 @@ nsys, or on the CPU, no NVTX call is made.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Iterator, Mapping, Optional, Sequence
 
 import torch
 
 __all__ = ["StepProfiler", "under_nsys", "nvtx_range", "trace_path", "NSYS_ENV"]
+
+logger = logging.getLogger(__name__)
 
 #: set by nsys in every process it profiles
 NSYS_ENV = "NSYS_PROFILING_SESSION_ID"
@@ -109,7 +112,7 @@ class StepProfiler:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 prof.export_chrome_trace(path)
                 if self.rank == 0:
-                    print(f"profiler: step {step} trace written to {path}", flush=True)
+                    logger.info("profiler: step %d trace written to %s", step, path)
 
     @contextlib.contextmanager
     def _capture_range(self) -> Iterator[None]:

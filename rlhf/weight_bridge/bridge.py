@@ -14,9 +14,9 @@ Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
    maps that same memory.  Otherwise (hf_stream.py) the TP group gathers each parameter on the stage leader,
    which converts it (q/k/v and gate/up split, padded vocab trimmed) and packs it.  Extra memory: one bucket
    (two with ``overlap``), plus one gathered parameter and its converted copy on the gather path.
-3. **Deliver**: ``"tensor"`` (colocated, from_tensor.py: serialized bucket handles, bytes only; at PP 1 on the
-   gather path each engine TP rank's handle is of a copy held by the trainer rank on its device,
-   local_handles.py) or
+3. **Deliver**: ``"tensor"`` (colocated, from_tensor.py: serialized bucket handles, bytes only; on the gather
+   path each engine TP rank's handle is of a copy held by the trainer rank on its device, every pipeline stage's
+   buckets included, local_handles.py) or
    ``"distributed"`` (disaggregated, from_distributed.py: one flat broadcast per bucket), inside
    ``begin_weight_update`` / ``end_weight_update`` on every engine; the KV/radix cache is flushed once
    per sync, by the last bucket's update call.
@@ -61,7 +61,7 @@ from rlhf.weight_bridge.direct_path import EngineLayoutPath
 from rlhf.weight_bridge.from_distributed import DistributedTransport
 from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
-from rlhf.weight_bridge.local_handles import BucketHolder, LocalHandleTransport, holder_ranks
+from rlhf.weight_bridge.local_handles import BucketHolder, holder_ranks, serving_plan
 from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
 from rlhf.weight_bridge.topology import MegatronTopology
@@ -143,9 +143,9 @@ class WeightBridge:
             ``SyncStats.fallback_syncs``); False: always the generic loading, nothing counted.
         zero_copy: on the engine-layout path, have the engines share their parameters (CPU, one host) and write
             straight into them (shared_params.py; default); False, or when they cannot: engine-layout buckets.
-        local_handles: colocated (``"tensor"``, PP 1, the leader's gather path): each engine TP rank loads from the
-            trainer rank on its own device, which holds a copy of each bucket (local_handles.py; default); False:
-            every engine rank maps the stage leader's buckets.
+        local_handles: colocated (``"tensor"``, the leaders' gather path, no expert parallelism): each engine TP
+            rank loads from the trainer rank on its own device, which holds a copy of each bucket of every stage
+            (local_handles.py; default); False: every engine rank maps the stage leaders' buckets.
     Raises:
         ValueError: bad arguments, or ``engines`` given on a rank other than the controller (or missing there).
     """
@@ -222,11 +222,15 @@ class WeightBridge:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
         direct, reason = self.layout_path.verdict(plan, reports, fp, self.engines, self.transport, self.check,
                                                   self.bucket_bytes)
-        holders = None
-        if (self.local_handles and self.transport == "tensor" and direct is None and len(plan.stages) == 1
+        holders = None  # {pp_rank: {(engine, engine TP rank): trainer rank serializing that entry}}
+        if (self.local_handles and self.transport == "tensor" and direct is None
                 and getattr(self.topo, "ep_size", 1) == 1 and not any(r.get("shared_buckets") for r in reports if r)):
-            holders = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, self.topo.rank)
-            holders = holders if any(h != self.topo.rank for h in holders.values()) else None
+            holders = {}
+            for stage in plan.stages:
+                held = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, stage.leader)
+                if any(r != stage.leader for r in held.values()):
+                    holders[stage.pp_rank] = held
+            holders = holders or None
         return {"plan": plan, "targets": targets, "groups": groups, "fingerprint": fp, "replanned": replanned,
                 "tp_size": self.engines.tp_size, "direct": direct, "direct_reason": reason, "holders": holders}
 
@@ -253,11 +257,15 @@ class WeightBridge:
         verdict = self.topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
-        if verdict["holders"] is not None:  # collective over every rank (torch's new_group), once per member set
-            members = tuple(sorted({self.topo.controller, *verdict["holders"].values()}))
-            if members not in self._holder_groups:
-                self._holder_groups[members] = dist.new_group(ranks=list(members))
-            verdict["holder_group"] = self._holder_groups[members]
+        plan, groups = verdict["plan"], {}
+        for stage in plan.stages:  # collective over every rank (torch's new_group), once per member set, in order
+            held = (verdict["holders"] or {}).get(stage.pp_rank)
+            if held is not None:
+                members = tuple(sorted({stage.leader, *held.values()}))
+                if members not in self._holder_groups:
+                    self._holder_groups[members] = dist.new_group(ranks=list(members))
+                groups[stage.pp_rank] = self._holder_groups[members]
+        verdict["serving"] = serving_plan({s.pp_rank: s.leader for s in plan.stages}, verdict["holders"], groups)
         self.layout_path.receive(verdict, entries, self.topo, self.spec)
         return verdict, entries, skipped
 
@@ -327,7 +335,7 @@ class WeightBridge:
         error, reached = None, targets
         try:
             error, reached = self._deliver(plan, entries, targets, verdict["tp_size"], token, record, times, direct,
-                                           verdict["holders"], verdict.get("holder_group"))
+                                           verdict["serving"])
         except Exception as e:  # noqa: BLE001 - reported below so every rank raises the same error
             error = f"rank {self.topo.rank}: {type(e).__name__}: {e}"
         t_finish = time.perf_counter()
@@ -340,7 +348,12 @@ class WeightBridge:
             except Exception as e:  # noqa: BLE001
                 error = error or f"end_weight_update: {type(e).__name__}: {e}"
         stats.finish_seconds = time.perf_counter() - t_finish
-        outcome = self.topo.all_gather_object((error, samples if names else None))
+        try:
+            outcome = self.topo.all_gather_object((error, samples if names else None))
+        finally:
+            # every rank is past the controller's end_weight_update here, so the engines answered every bucket
+            # and dropped every handle: the pools (and the blocks torch's IPC limbo held for the engines) go back
+            self._free_pool()
         errors = [e for e, _ in outcome if e]
         if errors:
             raise WeightBridgeError("weight sync failed: " + "; ".join(dict.fromkeys(errors)))
@@ -377,63 +390,59 @@ class WeightBridge:
             if self.device.type == "cuda":
                 torch.cuda.ipc_collect()
 
-    def _deliver(self, plan, entries, targets, engine_tp, token, record, times, direct=None, holders=None,
-                 holder_group=None):
-        """This rank's part of the delivery; returns (error or None, engines reached)."""
+    def _deliver(self, plan, entries, targets, engine_tp, token, record, times, direct=None, serving=None):
+        """This rank's part of the delivery; returns (error or None, engines reached).  The bucket pools stay
+        until :meth:`sync` frees them after its last collective."""
         topo = self.topo
         if getattr(topo, "expert_peer", False) and direct is not None:  # EP > 1, zero copy: write its experts
             return self._write_shared(direct, direct.stage(topo.pp_rank), entries, targets, times)
         if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
             collections.deque(hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
             return None, targets
-        holder = None
-        if holders is not None and not topo.is_controller and topo.rank in holders.values():
-            holder = BucketHolder(topo, holder_group, topo.controller, [m for m, h in holders.items() if h == topo.rank],
-                                  targets, self._buffers(plan), 2 if self.overlap else 1)
-        if not topo.active:
-            if holder is not None:  # a data-parallel replica's rank on an engine rank's device
-                try:
-                    holder.run(plan.stages[0].buckets)
-                finally:
-                    self._free_pool()
-            return None, targets
+        count = 2 if self.overlap else 1
         if direct is not None:  # every TP rank writes its elements straight into the engine-rank sections
+            if not topo.active:  # a data-parallel replica: nothing to write (the engine-layout path has no holders)
+                return None, targets
             return self._deliver_direct(direct, entries, targets, engine_tp, token, record, times)
-        my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank)
-        shared = self._shared(entries)
+        my_stage = next(s for s in plan.stages if s.pp_rank == topo.pp_rank) if topo.active else None
+        shared = self._shared(entries) if topo.active else None
+        # with holders, no producer thread: every rank then issues its TP gathers and the holder broadcasts from one
+        # thread in one global order (local_handles.py); bucket k+1 is still produced while the engines load
+        # bucket k (two buffers, one bucket in flight)
+        holding = any(sv.group is not None for sv in serving.values())
         if shared is not None:  # every TP rank writes its shard into the shared bucket
             pool = _NO_POOL
             own = lambda: shared.stream(entries, my_stage.buckets, self.spec, times)  # noqa: E731
         else:  # the stage leader gathers, converts and packs
-            pool = self._buffers(plan) if topo.is_leader else _NO_POOL
-            # with holders, no producer thread: the leader's TP gathers and holder broadcasts then go out from one
-            # thread in the order its peers take them (two NCCL communicators never wait on each other); bucket
-            # k+1 is still produced while the engines load bucket k (two buffers, one bucket in flight)
+            pool = self._buffers(plan) if topo.is_leader or holding else _NO_POOL
             own = lambda: stage_buckets(entries, my_stage.buckets, topo, self.spec, pool, self.meter,  # noqa: E731
-                                        self.overlap and holders is None, times)
-        if not topo.is_leader:  # TP peers take part in the writes / gathers only
-            if holder is not None:  # ... and hold the buckets of an engine rank on their device
-                try:
-                    holder.run(my_stage.buckets, entries, self.spec, topo.tp_size,
-                               lambda e: collections.deque(hf_stream([e], topo, self.spec, self.meter), maxlen=0))
-                finally:
-                    self._free_pool()
-                return None, targets
-            for _ in (own() if shared is not None else hf_stream(entries, topo, self.spec, self.meter)):
-                pass
+                                        self.overlap and not holding, times)
+        peer = lambda: collections.deque(own() if shared is not None else  # noqa: E731
+                                         hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
+        if self.transport == "distributed":
+            if topo.is_leader:
+                return self._run_distributed(plan, my_stage, own, pool, record, times), targets
+            if my_stage is not None:  # TP peers take part in the writes / gathers only
+                peer()
             return None, targets
-        try:
-            if self.transport == "tensor":
-                tt = (LocalHandleTransport(holders, holder_group, topo, self.engines, targets, engine_tp, record, times,
-                                           token) if holders is not None else
-                      TensorTransport(topo, self.engines, targets, engine_tp, record, times, token))
-                if topo.is_controller:
-                    return tt.run_controller(plan, own, pool, in_flight=1 if self.overlap else 0), tt.targets
-                tt.run_leader(plan, own, pool)
-                return None, targets
-            return self._run_distributed(plan, my_stage, own, pool, record, times), targets
-        finally:
-            self._free_pool()
+        tt = TensorTransport(topo, self.engines, targets, engine_tp, record, times, token, serving)
+        if topo.is_controller:
+            return tt.run_controller(plan, own, pool, in_flight=count - 1), tt.targets
+        error = None
+        for stage in plan.stages:  # every other rank: its part in each stage, in stage order
+            sv = serving[stage.pp_rank]
+            holds = topo.rank in sv.participants(topo.controller)
+            holder = lambda: BucketHolder(topo, sv, engine_tp, pool, count, tt._entry)  # noqa: E731
+            if stage is my_stage and topo.is_leader:
+                error = tt.run_leader(plan, own, pool)
+            elif stage is my_stage and holds:  # a TP peer of the leader that holds engine ranks' entries
+                holder().run(stage.buckets, entries, self.spec, topo.tp_size,
+                             lambda e: collections.deque(hf_stream([e], topo, self.spec, self.meter), maxlen=0))
+            elif stage is my_stage:  # a TP peer: the writes / gathers only
+                peer()
+            elif holds:  # a rank of another stage or data-parallel replica on an engine rank's device
+                holder().run(stage.buckets)
+        return error, targets
 
     def _deliver_direct(self, direct, entries, targets, engine_tp, token, record, times):
         """This rank's part of an engine-layout sync: each stage's TP ranks write its buckets, its leader delivers
@@ -451,8 +460,8 @@ class WeightBridge:
         tt = DirectTransport(direct, topo, self.engines, targets, engine_tp, record, times, token)
         if topo.is_controller:
             return tt.run_controller(direct.send, own, _NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
-        if stage is not None:
-            tt.run_leader(direct.send, own, _NO_POOL)
+        if stage is not None:  # the same per-bucket protocol as the generic path's stage leaders (no holders)
+            return tt.run_leader(direct.send, own, _NO_POOL), targets
         return None, targets
 
     def _write_shared(self, direct, stage, entries, targets, times):

@@ -1,12 +1,13 @@
 """Colocated transport: ``update_weights_from_tensor`` with SGLang's ``FlattenedTensorBucket``.
 
-Each bucket is serialized by the process that owns its memory (the stage leader that filled it), once
-per engine TP rank: ``{"flattened_tensor": bucket, "metadata": [FlattenedTensorMetadata]}`` through
-torch's multiprocessing pickler, i.e. a CUDA IPC handle on GPU and a shared-memory file name on CPU
-(buffers live in /dev/shm under the ``file_system`` sharing strategy).  Only those bytes cross the
-control group and Ray; the engine's TP ranks map the trainer's memory and load from it, so no tensor
-received through IPC is ever re-shared.  Stages other than the controller's send their payload bytes
-to the controller, which talks to the engines, and wait for its ack before reusing the buffer.
+Each engine TP rank's entry of a bucket is serialized by the process that owns the memory it maps: the trainer
+rank on that engine rank's device, which holds a copy of the bucket (local_handles.py), or the stage leader that
+filled it: ``{"flattened_tensor": bucket, "metadata": [FlattenedTensorMetadata]}`` through torch's multiprocessing
+pickler, i.e. a CUDA IPC handle on GPU and a shared-memory file name on CPU (buffers live in /dev/shm under the
+``file_system`` sharing strategy).  Only those bytes cross the control group and Ray; the engine's TP ranks map
+the trainer's memory and load from it, so no tensor received through IPC is ever re-shared.  Only the controller
+talks to the engines; it decides per bucket which engines get it before anyone serializes (the protocol is in
+local_handles.py), and a stage leader reuses its buffer after the controller's ack.
 """
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import time
 from typing import Callable, Iterator
 
 import torch
+import torch.distributed as dist
 
 from rlhf import faults
 
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool
+from rlhf.weight_bridge.local_handles import Copies, StageServing
 from rlhf.weight_bridge.plan import SendPlan
 
 __all__ = ["serialize_bucket", "prepare_sharing", "TensorTransport"]
@@ -54,126 +57,204 @@ def serialize_bucket(buf: torch.Tensor, bplan: BucketPlan, copies: int) -> list[
 
 
 class TensorTransport:
-    """One sync's colocated delivery on one rank.
+    """One sync's colocated delivery: the controller's side (:meth:`run_controller`) and a stage leader's other
+    than the controller (:meth:`run_leader`); the other holders' side is local_handles.BucketHolder.
+
+    Per bucket (local_handles.py, "the per-bucket protocol"): a leader other than the controller reports whether
+    it produced the bucket; the controller decides which engines get it (:meth:`_decide`: none after an error,
+    none replaced since the sync began) and tells that stage's leader and holders, so that only entries the
+    controller hands to an engine are serialized; the holders' entries (``serving``) come back to the controller,
+    which calls the engines; a leader other than the controller reuses its buffer after the controller's ack.
 
     Args:
         topo: the topology; engines: the engines' handle (controller only, else None);
         targets: engine indices receiving this sync (every rank knows them); tp_size: engine TP size;
         token: the controller's ``engines.begin_sync()`` token (engines replaced since are dropped);
         record: ``record(plan, bucket, buf)`` called on the buffer's owner before delivery (check mode);
-        times: timing accumulator (``deliver``, ``receive``).
+        times: timing accumulator (``deliver``, ``receive``);
+        serving: ``{pp_rank: local_handles.StageServing}``; None: every stage's leader serializes every entry.
     """
 
-    payloads_always = False  # _payloads is a collective: call it for every bucket, also after an error
-
     def __init__(self, topo, engines, targets: list[int], tp_size: int, record: Callable, times: dict,
-                 token=None):
+                 token=None, serving: dict | None = None):
         self.topo, self.engines, self.tp_size, self.token = topo, engines, tp_size, token
-        self.targets, self.initial = list(targets), list(targets)
-        self.record, self.times = record, times
+        self.targets = list(targets)
+        self.record, self.times, self.serving = record, times, serving
+        self.error: str | None = None
 
-    def _payloads(self, plan: SendPlan, bplan: BucketPlan, buf: torch.Tensor) -> list[list[bytes]]:
-        return [serialize_bucket(buf, bplan, self.tp_size) for _ in self.initial]
+    def _serving(self, stage) -> StageServing:
+        if self.serving is None or stage.pp_rank not in self.serving:
+            return StageServing(stage.leader)
+        return self.serving[stage.pp_rank]
 
-    def _send(self, payloads: list[list[bytes]], last: bool):
-        """Start loading one bucket on every target engine; returns what :meth:`_wait` takes."""
-        by_engine = dict(zip(self.initial, payloads))
-        return self.engines.update_weights_from_tensor([by_engine[i] for i in self.targets], engines=self.targets,
-                                                       load_format="flattened_bucket", flush_cache=last)
+    def _fail(self, e: BaseException | str) -> None:
+        self.error = self.error or (e if isinstance(e, str) else f"{type(e).__name__}: {e}")
+
+    def _decide(self) -> list[int]:
+        """Controller: the engines that get the next bucket: none after an error, else the targets not replaced
+        since the sync began (:meth:`_wait` drops those)."""
+        return [] if self.error is not None else list(self.targets)
+
+    def _entry(self, buf: torch.Tensor, bplan: BucketPlan, engine: int, tp_rank: int) -> bytes:
+        """Engine ``engine``'s TP-rank-``tp_rank`` entry of bucket ``bplan`` held in ``buf`` (serialized by the
+        process that owns ``buf``)."""
+        return serialize_bucket(buf, bplan, 1)[0]
+
+    def _collect(self, plan: SendPlan, stage, bplan: BucketPlan, buf: torch.Tensor | None,
+                 engines: list[int], copies: Copies | None = None) -> dict:
+        """Controller: tell the stage's leader and holders ``engines``; with any, the leader's broadcast (the
+        controller's ``buf`` when it leads the stage, else into one of its ``copies`` when it holds entries) and
+        every entry ``{(engine, engine TP rank): bytes}``."""
+        sv, me = self._serving(stage), self.topo.rank
+        others = sv.participants(me)
+        for h in others:
+            self.topo.send_object(engines, h)
+        if not engines:
+            return {}
+        if sv.group is not None:
+            if buf is None:
+                buf = copies.take(bplan.nbytes)
+            dist.broadcast(buf, src=sv.leader, group=sv.group)
+        got = {m: self._entry(buf, bplan, *m) for m in sv.mine(me, engines, self.tp_size)}
+        t0 = time.perf_counter()
+        for h in others:
+            got.update(self.topo.recv_object(h))
+        self.times["receive"] += time.perf_counter() - t0
+        return got
+
+    def _send(self, plan: SendPlan, stage, bplan: BucketPlan, payloads: dict, engines: list[int]):
+        """Start loading bucket ``bplan`` of ``stage`` on ``engines`` (``payloads[(engine, TP rank)]``); returns
+        what :meth:`_wait` takes."""
+        rows = [[payloads[(e, r)] for r in range(self.tp_size)] for e in engines]
+        return self.engines.update_weights_from_tensor(rows, engines=list(engines), load_format="flattened_bucket",
+                                                       flush_cache=plan.is_last(stage, bplan))
 
     def _wait(self, pending) -> None:
         t0 = time.perf_counter()
         try:
             self.engines.wait(pending, "update_weights_from_tensor")
+        finally:
             # an engine replaced meanwhile has no session open: it stays stale until the next sync
             gone = set(self.engines.replaced_since(self.token))
             self.targets = [i for i in self.targets if i not in gone]
-        finally:
             self.times["deliver"] += time.perf_counter() - t0
-
-    def _deliver(self, payloads: list[list[bytes]], last: bool) -> None:
-        self._wait(self._send(payloads, last))
 
     def run_controller(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool,
                        in_flight: int = 0) -> str | None:
-        """Deliver every stage's buckets in order; returns the first error (after draining every sender).
+        """Deliver every stage's buckets in order; returns the first error (after going through every bucket
+        with every sender, so that no rank waits for a message).
 
         ``in_flight``: how many of the controller's own buckets may still be loading while the next one is
         produced (1 with two buffers: bucket k+1 is written while the engines load bucket k)."""
-        error = None
         for stage in plan.stages:
             if stage.leader == self.topo.rank:
-                error = self._own_stage(plan, stage, own, pool, in_flight) or error
-                continue
+                self._own_stage(plan, stage, own, pool, in_flight)
+            else:
+                self._other_stage(plan, stage, pool)
+        return self.error
+
+    def _stage_answered(self, stage) -> None:
+        """Controller: the engines answered the stage's last bucket; its holders other than the leader may give
+        their copies back to their pools (local_handles.py, step 5)."""
+        sv = self._serving(stage)
+        for h in sv.participants(self.topo.rank):
+            if h != sv.leader:
+                self.topo.send_object(True, h)
+
+    def _other_stage(self, plan, stage, pool: BufferPool) -> None:
+        copies = Copies(pool, 1)  # the controller's copy of a bucket it holds entries of; reused once delivered
+        try:
             for bplan in stage.buckets:
+                last = plan.is_last(stage, bplan)
                 t0 = time.perf_counter()
                 kind, body = self.topo.recv_object(stage.leader)
                 self.times["receive"] += time.perf_counter() - t0
-                ok = True
+                if kind == "error":
+                    self._fail(body)
                 try:
-                    if kind == "error":
-                        raise RuntimeError(body)
-                    if error is None:
-                        self._deliver(body, plan.is_last(stage, bplan))
-                except Exception as e:  # noqa: BLE001
-                    error, ok = error or f"{type(e).__name__}: {e}", False
+                    engines = self._decide()
+                    payloads = self._collect(plan, stage, bplan, None, engines, copies)
+                    if engines:
+                        self._wait(self._send(plan, stage, bplan, payloads, engines))
+                except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
+                    self._fail(e)
                 finally:
-                    self.topo.send_object(ok, stage.leader)  # the leader may reuse its buffer
-                faults.maybe_fail("sync_weights", last=plan.is_last(stage, bplan))
-        return error
+                    self.topo.send_object(True, stage.leader)  # the engines are done with this bucket
+                faults.maybe_fail("sync_weights", last=last)
+            self._stage_answered(stage)
+        finally:
+            copies.release_all()
 
-    def _own_stage(self, plan, stage, own, pool, in_flight: int) -> str | None:
-        error, pending = None, []  # [(pending call or None, pool slot)]
+    def _own_stage(self, plan, stage, own, pool, in_flight: int) -> None:
+        pending = []  # [(pending call or None, pool slot, last)]
 
         def finish(item):
-            nonlocal error
             call, slot, last = item
             try:
                 if call is not None:
                     self._wait(call)
             except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
-                error = error or f"{type(e).__name__}: {e}"
+                self._fail(e)
             finally:
                 pool.release(slot)
             faults.maybe_fail("sync_weights", last=last)  # fault-injection point: a bucket delivered
 
-        for bplan, slot, buf in own():
-            call = None
+        it = own()
+        for bplan in stage.buckets:
+            last, slot, buf, call = plan.is_last(stage, bplan), None, None, None
             try:
-                # a handle never loaded would keep CUDA IPC's reference count up: none after an error, unless the
-                # payloads are a collective (local_handles: the holders wait for every bucket)
-                payloads = self._payloads(plan, bplan, buf) if error is None or self.payloads_always else None
+                got, slot, buf = next(it)
+                if got is not bplan:
+                    raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
                 self.record(plan, bplan, buf)
-                if error is None:
-                    call = self._send(payloads, plan.is_last(stage, bplan))
+            except Exception as e:  # noqa: BLE001 - the other senders still go through every bucket
+                self._fail(e)
+                buf = None
+            try:
+                engines = self._decide() if buf is not None else []
+                payloads = self._collect(plan, stage, bplan, buf, engines)
+                if engines:
+                    call = self._send(plan, stage, bplan, payloads, engines)
             except Exception as e:  # noqa: BLE001
-                error = error or f"{type(e).__name__}: {e}"
-            pending.append((call, slot, plan.is_last(stage, bplan)))
+                self._fail(e)
+            pending.append((call, slot, last))
             while len(pending) > in_flight:  # the buffer the next bucket reuses must be loaded by then
                 finish(pending.pop(0))
         while pending:
             finish(pending.pop(0))
-        return error
+        self._stage_answered(stage)
 
-    def run_leader(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool) -> None:
-        """A stage leader other than the controller: payload bytes of each bucket to the controller."""
+    def run_leader(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool) -> str | None:
+        """A stage leader other than the controller: per bucket, report it, take the controller's decision,
+        broadcast it to the stage's holders and send the entries this rank holds, reuse the buffer after the ack.
+        Returns the production error (after the last bucket's messages: the other ranks go on with theirs)."""
         stage = next(s for s in plan.stages if s.leader == self.topo.rank)
-        it = own()
+        sv, me, ctrl = self._serving(stage), self.topo.rank, self.topo.controller
+        it, error = own(), None
         for bplan in stage.buckets:
-            try:
-                got, slot, buf = next(it)
-                assert got is bplan
-                self.record(plan, bplan, buf)
-                msg = ("ok", self._payloads(plan, bplan, buf))
-            except Exception as e:  # noqa: BLE001 - the controller reports it
-                slot, msg = None, ("error", f"rank {self.topo.rank}: {type(e).__name__}: {e}")
+            slot = buf = None
+            if error is None:
+                try:
+                    got, slot, buf = next(it)
+                    if got is not bplan:
+                        raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
+                    self.record(plan, bplan, buf)
+                except Exception as e:  # noqa: BLE001 - the controller reports it
+                    error = f"rank {me}: {type(e).__name__}: {e}"
             t0 = time.perf_counter()
-            self.topo.send_object(msg, self.topo.controller)
-            self.topo.recv_object(self.topo.controller)
-            self.times["deliver"] += time.perf_counter() - t0
-            pool.release(slot)
-            if msg[0] == "error":
-                raise RuntimeError(msg[1])
+            try:
+                self.topo.send_object(("error", error) if error else ("ok", None), ctrl)
+                engines = self.topo.recv_object(ctrl)
+                if engines:  # never after an error: the controller decides none then
+                    if sv.group is not None:
+                        dist.broadcast(buf, src=me, group=sv.group)
+                    self.topo.send_object({m: self._entry(buf, bplan, *m) for m in sv.mine(me, engines,
+                                                                                         self.tp_size)}, ctrl)
+                self.topo.recv_object(ctrl)  # the engines are done with this bucket
+            finally:
+                self.times["deliver"] += time.perf_counter() - t0
+                pool.release(slot)
+        return error
 
 
 class DirectTransport(TensorTransport):
@@ -185,16 +266,14 @@ class DirectTransport(TensorTransport):
         super().__init__(*args, **kwargs)
         self.direct = direct_plan
 
-    def _payloads(self, plan: SendPlan, bplan: BucketPlan, buf: torch.Tensor):
+    def _entry(self, buf: torch.Tensor, bplan: BucketPlan, engine: int, tp_rank: int) -> bytes:
         from sglang.srt.utils.common import MultiprocessingSerializer
 
         stride = self.direct.stride(bplan)
-        per_engine = [[MultiprocessingSerializer.serialize(buf[e * stride:e * stride + bplan.nbytes])
-                       for e in range(self.tp_size)] for _ in self.initial]
-        return self.direct.header(bplan, last=bplan is plan.stages[-1].buckets[-1]), per_engine
+        return MultiprocessingSerializer.serialize(buf[tp_rank * stride:tp_rank * stride + bplan.nbytes])
 
-    def _send(self, payloads, last: bool):
-        header, per_engine = payloads
-        by_engine = dict(zip(self.initial, per_engine))
-        return self.engines.update_weights_in_engine_layout([by_engine[i] for i in self.targets], header,
-                                                            engines=self.targets, flush_cache=last)
+    def _send(self, plan: SendPlan, stage, bplan: BucketPlan, payloads: dict, engines: list[int]):
+        rows = [[payloads[(e, r)] for r in range(self.tp_size)] for e in engines]
+        last = plan.is_last(stage, bplan)
+        return self.engines.update_weights_in_engine_layout(rows, self.direct.header(bplan, last=last),
+                                                            engines=list(engines), flush_cache=last)

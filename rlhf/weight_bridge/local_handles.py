@@ -2,40 +2,62 @@
 
 Colocated placement (rlhf.rollout.placement.plan_placement) puts engine e's TP rank r on the GPU of trainer global
 rank ``e * engine_tp + r`` (trainer rank g on GPU g of rank 0's node).  That rank, the rank's *holder*, receives
-every bucket from the stage leader (one broadcast per bucket in the group of the leader and the holders, on the
-ranks' own devices: NCCL on a GPU run, gloo on the CPU), serializes ITS copy for its engine rank and sends the
-bytes to the controller, which hands engine e the entries ``[from holder(e, 0), from holder(e, 1), ...]`` (SGLang
-gives entry i to TP rank i: sglang ``tp_worker.deserialize_own_rank``).  Without it every engine rank maps the
-leader's GPU: a CUDA context on that GPU in every engine process and every bucket read from that one GPU
-(docs/gpu.md, D2).  An engine rank with no trainer rank of its index (more engine ranks than trainer ranks: CPU
-tests) is served from the leader's buffer, as before.  Extra memory: one bucket pool (the leader's size and count)
-on each holder's device.
+every bucket of every pipeline stage from that stage's leader (one broadcast per bucket in the group of the leader
+and the holders, on the ranks' own devices: NCCL on a GPU run, gloo on the CPU), serializes ITS copy for its engine
+rank and sends the bytes to the controller, which hands engine e the entries ``[from holder(e, 0), from
+holder(e, 1), ...]`` (SGLang gives entry i to TP rank i: sglang ``tp_worker.deserialize_own_rank``).  Without it
+every engine rank maps the stage leaders' GPUs: a CUDA context on each of them in every engine process and every
+bucket read from one GPU (docs/gpu.md, D2).  An engine rank with no trainer rank of its index (more engine ranks
+than trainer ranks: CPU tests) is served from the stage leader's buffer.  Extra memory: one bucket pool (the
+leader's size and count) on each holder's device; a stage leader that also holds uses its one pool for both, one
+stage after the other.
 
-Used with the ``"tensor"`` transport at PP 1 without expert parallelism, when the stage leader gathers and packs
-(hf_stream.py); the shared-memory buckets (shm_buckets.py, CPU only: there is no device to be wrong about) and
-the engine-layout path keep the leader's handles.  Ordering: a holder rewrites a copy only once the engines
-loaded the bucket it held (see :class:`BucketHolder`), and a holder that is also a TP peer of the leader takes the
-broadcast of bucket k right after its part in the gathers of the last parameter bucket k holds; the leader then
-produces its buckets without the overlap thread, so both issue the TP gathers and the broadcasts in one order (two
-NCCL communicators never wait on each other), bucket k+1 still produced while the engines load bucket k.
+Used with the ``"tensor"`` transport on the leaders' gather path without expert parallelism; the shared-memory
+buckets (shm_buckets.py, CPU only: there is no device to be wrong about) and the engine-layout path keep the
+leader's handles.
+
+The per-bucket protocol (from_tensor.TensorTransport drives it on the controller and the stage leaders, this
+module's :class:`BucketHolder` on the other holders):
+
+1. a stage leader other than the controller reports whether it produced the bucket (``("ok", None)`` or
+   ``("error", why)``);
+2. the controller decides which engines get the bucket (none after an error; not the engines replaced since the
+   sync began) and tells the stage leader and every holder of the stage: nothing is serialized that the
+   controller will not hand to an engine (a serialized CUDA IPC handle that is never opened keeps the sender's
+   block in torch's IPC limbo for good);
+3. with at least one engine: the leader broadcasts the bucket to the holders, each holder serializes its entries
+   of those engines and sends them to the controller, which delivers;
+4. the controller acks a leader other than itself once the engines answered (the leader may then reuse its buffer);
+5. once the engines answered the stage's last bucket, the controller tells the stage's other holders, which then
+   give their copies back to their pool (a stage leader that held entries of an earlier stage fills its next
+   bucket into that pool).
+
+Ordering: every rank goes through the stages in order and, within a stage, takes the broadcast of bucket k right
+after its part in the leader's TP gathers of the last parameter bucket k holds, so all ranks issue the
+collectives of the TP groups and of the broadcast groups in one global order (two NCCL communicators never wait
+on each other); leaders then produce without the overlap thread.  A holder rewrites a copy only after the
+engines loaded the bucket it held: the controller sends the decision of bucket k (step 2), which precedes the
+broadcast, only after the engines answered bucket ``k - count`` (its own stage keeps at most ``count - 1`` buckets
+in flight, the other stages one, and a stage starts after the previous one was answered), a copy goes back to the
+pool only after step 5, and an engine answers once its copies finished (rlhf.rollout.engine_loader.load_bucket).
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool
-from rlhf.weight_bridge.from_tensor import TensorTransport, serialize_bucket
 
-__all__ = ["holder_ranks", "entry_tensor_counts", "BucketHolder", "LocalHandleTransport"]
+__all__ = ["holder_ranks", "entry_tensor_counts", "StageServing", "serving_plan", "Copies", "BucketHolder"]
 
 
 def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> dict[tuple[int, int], int]:
     """``{(engine, engine TP rank): trainer global rank}`` whose device that engine rank runs on: ``e * tp + r``
-    (the colocated placement), the ``leader`` for an index past the trainer's ``world`` ranks."""
+    (the colocated placement), the stage ``leader`` for an index past the trainer's ``world`` ranks."""
     return {(e, r): (e * engine_tp + r if e * engine_tp + r < world else leader)
             for e in range(num_engines) for r in range(engine_tp)}
 
@@ -50,82 +72,108 @@ def entry_tensor_counts(entries: Sequence[LocalTensor], spec, tp: int) -> list[i
     return out
 
 
-class BucketHolder:
-    """One holder's side of a sync: a copy of each bucket on this rank's device (``count`` copies, reused in turn),
-    its serialized handles sent to the controller.
+@dataclass
+class StageServing:
+    """Who serializes each engine TP rank's entry of one pipeline stage's buckets.
 
-    Reuse needs no message: the controller broadcasts bucket k only after the engines answered bucket
-    ``k - count`` (TensorTransport._own_stage keeps at most ``count - 1`` buckets in flight), and an engine answers
-    once its copies finished (rlhf.rollout.engine_loader.load_bucket), so the broadcast's data, the first write to
-    the copy of bucket ``k - count``, arrives after nothing reads it any more.
-
-    Args:
-        topo: the topology (``send_object`` to the controller); group: the broadcast group; leader: the stage
-        leader's global rank; mine: the ``(engine, engine TP rank)`` this rank serves; targets: the engines of this
-        sync; pool: this rank's bucket pool; count: copies (the controller's buckets in flight + 1).
+    Attributes:
+        leader: the stage leader's global rank (it fills the buckets).
+        holders: ``{(engine, engine TP rank): global rank}``; None: the leader serializes every entry from its
+            own buffer (no broadcast).
+        group: the broadcast group of the leader and the holders (None without holders).
     """
 
-    def __init__(self, topo, group, leader: int, mine: Sequence[tuple[int, int]], targets: Sequence[int],
-                 pool: BufferPool, count: int):
-        self.topo, self.group, self.leader, self.pool, self.count = topo, group, leader, pool, count
-        self.mine = [m for m in mine if m[0] in set(targets)]
-        self.slots: list = []
+    leader: int
+    holders: dict | None = None
+    group: Any = None
 
-    def step(self, bplan: BucketPlan) -> None:
-        """Receive bucket ``bplan`` from the leader, send this rank's handles of it to the controller."""
+    def holder(self, engine: int, tp_rank: int) -> int:
+        return self.leader if self.holders is None else self.holders[(engine, tp_rank)]
+
+    def mine(self, rank: int, engines: Sequence[int], tp: int) -> list[tuple[int, int]]:
+        """The ``(engine, TP rank)`` entries of ``engines`` that ``rank`` serializes."""
+        return [(e, r) for e in engines for r in range(tp) if self.holder(e, r) == rank]
+
+    def participants(self, controller: int) -> list[int]:
+        """Ranks the controller exchanges per-bucket messages with: the leader and the holders, itself excluded."""
+        ranks = {self.leader} | set((self.holders or {}).values())
+        return sorted(ranks - {controller})
+
+
+def serving_plan(leaders: dict[int, int], holders: dict | None, groups: dict | None = None) -> dict[int, StageServing]:
+    """``{pp_rank: StageServing}`` from each stage's leader (``{pp_rank: rank}``), the controller's verdict
+    (``{pp_rank: holder map}`` or None) and the broadcast groups (``{pp_rank: group}``)."""
+    holders, groups = holders or {}, groups or {}
+    return {p: StageServing(leader, holders.get(p), groups.get(p)) for p, leader in leaders.items()}
+
+
+class Copies:
+    """Up to ``count`` bucket copies from ``pool``, reused oldest first (the caller guarantees that the engines
+    loaded the bucket a copy held before it is taken again: see the module docstring)."""
+
+    def __init__(self, pool: BufferPool, count: int):
+        self.pool, self.count, self.slots = pool, count, []
+
+    def take(self, nbytes: int) -> torch.Tensor:
         if len(self.slots) >= self.count:
             self.pool.release(self.slots.pop(0))
-        slot, buf = self.pool.acquire(bplan.nbytes)
+        slot, buf = self.pool.acquire(nbytes)
         self.slots.append(slot)
-        dist.broadcast(buf, src=self.leader, group=self.group)
-        self.topo.send_object({m: serialize_bucket(buf, bplan, 1)[0] for m in self.mine}, self.topo.controller)
+        return buf
 
-    def finish(self) -> None:
+    def release_all(self) -> None:
         while self.slots:
             self.pool.release(self.slots.pop(0))
+
+
+class BucketHolder:
+    """A holder's side of one stage of a sync (not the controller's, not the stage leader's): per bucket, the
+    controller's decision, then (when it names engines) the leader's broadcast into a copy on this rank's device
+    and this rank's serialized entries to the controller.
+
+    Args:
+        topo: the topology (``send_object`` / ``recv_object`` with the controller); serving: the stage's
+        StageServing; tp: engine TP size; pool: this rank's bucket pool; count: copies (the controller's buckets
+        in flight + 1); serialize: ``serialize(buf, bplan, engine, engine TP rank) -> bytes`` (the transport's
+        entry: from_tensor.TensorTransport._entry).
+    """
+
+    def __init__(self, topo, serving: StageServing, tp: int, pool: BufferPool, count: int,
+                 serialize: Callable[[torch.Tensor, BucketPlan, int, int], bytes]):
+        self.topo, self.serving, self.tp, self.serialize = topo, serving, tp, serialize
+        self.copies = Copies(pool, count)
+
+    def step(self, bplan: BucketPlan) -> None:
+        """Bucket ``bplan``: the decision, then the broadcast and this rank's handles of it."""
+        engines = self.topo.recv_object(self.topo.controller)
+        if not engines:
+            return
+        buf = self.copies.take(bplan.nbytes)
+        dist.broadcast(buf, src=self.serving.leader, group=self.serving.group)
+        mine = self.serving.mine(self.topo.rank, engines, self.tp)
+        self.topo.send_object({m: self.serialize(buf, bplan, *m) for m in mine}, self.topo.controller)
 
     def run(self, buckets: Sequence[BucketPlan], entries: Sequence[LocalTensor] = (), spec=None, tp: int = 1,
             gather: Callable | None = None) -> None:
         """Every bucket in order; ``gather(entry)``: this rank's part in the leader's TP gathers of ``entries``
-        (a TP peer), each bucket taken right after the gathers of the last entry it holds tensors of."""
-        counts = entry_tensor_counts(entries, spec, tp) if gather is not None else []
-        ends, n = [], 0
-        for b in buckets:
-            n += len(b.metas)
-            ends.append(n)
-        done, k = 0, 0
-        for e, c in zip(entries, counts):
-            gather(e)
-            done += c
-            while k < len(buckets) and ends[k] <= done:
-                self.step(buckets[k])
-                k += 1
-        for b in buckets[k:]:
-            self.step(b)
-        self.finish()
-
-
-class LocalHandleTransport(TensorTransport):
-    """The controller's colocated delivery with holders (PP 1; see module docstring): bucket k is broadcast from
-    the controller's buffer to the holders, each engine rank's entry comes from its holder."""
-
-    payloads_always = True
-
-    def __init__(self, holders: dict, group, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.holders, self.group = holders, group
-        self.others = sorted({h for h in holders.values() if h != self.topo.rank})
-
-    def _payloads(self, plan, bplan: BucketPlan, buf: torch.Tensor) -> list[list[bytes]]:
-        dist.broadcast(buf, src=self.topo.rank, group=self.group)
-        got = {}
-        for h in self.others:
-            got.update(self.topo.recv_object(h))
-        out = []
-        for e in self.initial:
-            row = []
-            for r in range(self.tp_size):
-                h = self.holders[(e, r)]
-                row.append(serialize_bucket(buf, bplan, 1)[0] if h == self.topo.rank else got[(e, r)])
-            out.append(row)
-        return out
+        (a TP peer of the stage leader, TP size ``tp``), each bucket taken right after the gathers of the last
+        entry it holds tensors of.  The copies go back to the pool once the controller says the engines answered
+        the stage's last bucket."""
+        try:
+            counts = entry_tensor_counts(entries, spec, tp) if gather is not None else []
+            ends, n = [], 0
+            for b in buckets:
+                n += len(b.metas)
+                ends.append(n)
+            done, k = 0, 0
+            for e, c in zip(entries, counts):
+                gather(e)
+                done += c
+                while k < len(buckets) and ends[k] <= done:
+                    self.step(buckets[k])
+                    k += 1
+            for b in buckets[k:]:
+                self.step(b)
+            self.topo.recv_object(self.topo.controller)  # the engines answered this stage's last bucket
+        finally:
+            self.copies.release_all()

@@ -2,6 +2,7 @@
 actor / reference / critic with their optimizers.  Collective where noted (every trainer rank calls)."""
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -20,6 +21,7 @@ __all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_conf
            "build_actor",
            "build_reference", "build_critic", "resolve_reward_paths", "attach_offload", "offload_parts"]
 
+logger = logging.getLogger(__name__)
 _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -84,8 +86,23 @@ def model_config_kwargs(cfg) -> dict:
                 moe_router_dtype=cfg.model.moe_router_dtype)
 
 
-def _chunks(cfg, hf_config, role: str, path: str):
-    return build_model_chunks(hf_config, role, path, **model_config_kwargs(cfg))
+def _chunks(cfg, hf_config, role: str, path: str, section):
+    """Collective. The role's model chunks with their initial weights: the HF safetensors at `path`, or with
+    ``<section>.use_dist_checkpointing`` the megatron dist checkpoint ``<section>.dist_checkpointing_path`` (any
+    layout; its padded vocabulary kept: parallel.init_checkpoint)."""
+    kwargs = model_config_kwargs(cfg)
+    if not section.get("use_dist_checkpointing"):
+        return build_model_chunks(hf_config, role, path, **kwargs)
+    from parallel.init_checkpoint import load_model_weights, vocab_multiple
+
+    ckpt = section.dist_checkpointing_path
+    kwargs["make_vocab_size_divisible_by"] = vocab_multiple(ckpt, cfg.parallel.tensor_model_parallel_size)
+    bundle = build_model_chunks(hf_config, role, None, **kwargs)
+    load_model_weights(ckpt, bundle.chunks, role=role)
+    if dist.get_rank() == 0:
+        logger.info("%s: initial weights from the megatron dist checkpoint %s (config.json from %s)", role, ckpt,
+                    path)
+    return bundle
 
 
 def check_dynamic_batching(cfg, role: str) -> None:
@@ -124,12 +141,13 @@ def offload_parts(section) -> list[str]:
 
 
 def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> MegatronActor:
-    """Collective. The actor from the HF weights at `model_path`, with its optimizer (``actor.optim``).
+    """Collective. The actor from the HF weights at `model_path` (or ``actor.dist_checkpointing_path`` with
+    ``actor.use_dist_checkpointing``), with its optimizer (``actor.optim``).
     With ``model.lora.rank`` > 0 the base weights are frozen and LoRA adapters (parallel.lora) are what the
     optimizer trains; ``actor.lora`` holds their settings (None without LoRA).
     Raises ValueError for a dynamic-batching token budget below the longest sequence, before building."""
     check_dynamic_batching(cfg, "actor")
-    bundle = _chunks(cfg, hf_config, "actor", model_path)
+    bundle = _chunks(cfg, hf_config, "actor", model_path, cfg.actor)
     settings = lora_settings(cfg)
     if settings is not None:
         from parallel.lora import apply_lora
@@ -142,15 +160,16 @@ def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> Megat
 
 
 def build_reference(cfg, hf_config, model_path: str, *, temperature: float, actor: MegatronActor | None = None):
-    """Collective. The frozen reference policy (the initial actor weights, no optimizer; its parameters
-    offloaded between its forwards with ``actor.ref_param_offload``).  With LoRA (``model.lora.rank`` > 0) it
-    is `actor` with its adapters off (AdapterOffReference: no second copy of the weights); ValueError when
-    `actor` is not given then."""
+    """Collective. The frozen reference policy (the actor's initial weights, from the same source; no optimizer;
+    its parameters offloaded between its forwards with ``actor.ref_param_offload``).  With LoRA
+    (``model.lora.rank`` > 0) it is `actor` with its adapters off (AdapterOffReference: no second copy of the
+    weights); ValueError when `actor` is not given then."""
     if lora_settings(cfg) is not None:
         if actor is None:
             raise ValueError("model.lora.rank > 0: the reference is the actor with its adapters off; pass actor=")
         return AdapterOffReference(actor)
-    ref = MegatronActor(_chunks(cfg, hf_config, "reference", model_path), None, cfg.actor, temperature=temperature)
+    ref = MegatronActor(_chunks(cfg, hf_config, "reference", model_path, cfg.actor), None, cfg.actor,
+                        temperature=temperature)
     return attach_offload(ref, ["params" if cfg.actor.get("ref_param_offload") else None], "reference")
 
 
@@ -168,11 +187,12 @@ def resolve_reward_paths(cfg):
 
 def build_critic(cfg, model_path: str) -> MegatronCritic:
     """Collective. The critic from ``model.critic_path`` (resolved like the actor's: HF directory, hub name,
-    tiny://quickstart; default the actor's weights; the value head is freshly initialised), with its optimizer
+    tiny://quickstart; default the actor's weights; or ``critic.dist_checkpointing_path`` with
+    ``critic.use_dist_checkpointing``; the value head is freshly initialised), with its optimizer
     (``critic.optim``).  Raises ValueError for a dynamic-batching token budget below the longest sequence."""
     check_dynamic_batching(cfg, "critic")
     critic_path = resolve_model_path(cfg, cfg.model.critic_path) if cfg.model.critic_path else model_path
-    bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path)
+    bundle = _chunks(cfg, load_hf_config(critic_path), "critic", critic_path, cfg.critic)
     state = build_train_state(bundle.chunks, bundle.config, optim_config(cfg.critic.optim), role="critic")
     critic = MegatronCritic(bundle, state, cfg.critic,
                             forward_micro_batch_size=cfg.actor.log_prob_micro_batch_size_per_gpu)

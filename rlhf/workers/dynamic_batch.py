@@ -116,12 +116,13 @@ def expand_rows(t: torch.Tensor, index: torch.Tensor, width: int) -> torch.Tenso
 
 def check_token_budget(what: str, max_tokens: int | None, max_prompt_length: int, max_response_length: int) -> None:
     """Refuse, before any model is built, a token budget no sequence of the configured lengths is sure to fit:
-    ValueError naming `what` (the config key) and the smallest value that works."""
-    need = max_prompt_length + max_response_length
-    if max_tokens is None or max_tokens < need:
-        raise ValueError(f"{what}={max_tokens} is below data.max_prompt_length + data.max_response_length = {need}:"
-                         f" a sequence could fit in no micro batch; set {what} >= {need} (verl users typically "
-                         f"use 2-3x that), or turn dynamic batching off")
+    ValueError naming `what` (the config key) and the smallest value that works (the message of
+    rlhf.config.validate.token_budget_problem, which reports it at ``--cfg`` too)."""
+    from rlhf.config.validate import token_budget_problem
+
+    problem = token_budget_problem(what, max_tokens, max_prompt_length, max_response_length)
+    if problem:
+        raise ValueError(problem)
 
 
 @dataclass

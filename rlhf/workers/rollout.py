@@ -41,9 +41,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["RolloutWorker", "start_rollout"]
 
 
-def _broadcast(obj):
+def _broadcast(obj, group):
+    """Rank 0's ``obj`` on every rank, through ``group`` (the worker's host group, :attr:`RolloutWorker.host_group`)."""
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=group)
     return box[0]
 
 
@@ -57,9 +58,9 @@ def start_rollout(cfg, model_path: str):
 
     from parallel.distributed import rank_nodes
     from rlhf.rollout import RolloutManager
-    from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype
+    from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype, rollout_context_length
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
-                                        rank_ray_nodes, stage_leaders)
+                                        ipc_source_ranks, rank_ray_nodes)
 
     if not ray.is_initialized():
         if os.environ.get("RAY_ADDRESS"):
@@ -76,7 +77,8 @@ def start_rollout(cfg, model_path: str):
         nnodes, node_ids = gpu_engine_nodes(ranks, per_node, ray_nodes, r.mode)
         plan = plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=world,
                               num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode,
-                              leaders=stage_leaders(world, cfg.parallel.pipeline_model_parallel_size))
+                              leaders=ipc_source_ranks(world, cfg.parallel.pipeline_model_parallel_size,
+                                                       cfg.parallel.get("expert_model_parallel_size", 1)))
     else:
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
@@ -84,7 +86,8 @@ def start_rollout(cfg, model_path: str):
     engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size,
                          dtype=resolve_engine_dtype(r.dtype, cfg.model.dtype),
                          mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
-                         context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,
+                         context_length=rollout_context_length(cfg.data.max_prompt_length,
+                                                               cfg.data.max_response_length),
                          max_total_tokens=r.max_total_tokens or batch_kv_tokens(
                              cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
                              r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
@@ -112,8 +115,12 @@ class RolloutWorker:
         v = r.val_kwargs
         self.val_sampling = SamplingConfig(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
                                            max_new_tokens=cfg.data.max_response_length, stop_token_ids=stop_ids)
+        # every wait of the ranks other than 0 on rank 0 (engine start, generation and scoring: minutes) is on the
+        # host, in a gloo group: on the default group (NCCL on a GPU run) each rank would wait in an NCCL kernel
+        # spinning on its GPU, which a colocated engine rank shares (time-sliced against it for the whole generation)
+        self.host_group = dist.new_group(backend="gloo")
         self.manager = start_rollout(cfg, model_path) if self.rank0 else None
-        dist.barrier()
+        dist.barrier(group=self.host_group)
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager,
                                    transport="tensor" if r.mode == "colocated" else "distributed",
                                    bucket_bytes=r.weight_sync_bucket_mb << 20,
@@ -122,7 +129,10 @@ class RolloutWorker:
         self.max_resyncs = r.max_restarts + 1
         self.last_sync = None
         self.colocated = r.mode == "colocated"
-        self.weights_released = False  # the engines released their weights and no sync refilled them since
+        # the engines do not hold the actor's weights (released and no sync refilled them since); at the start they
+        # serve model.path's safetensors, which are not the actor's when it started from a megatron dist
+        # checkpoint: the first ensure_resident() (before any generation) then syncs
+        self.weights_released = bool(cfg.actor.get("use_dist_checkpointing"))
         # context manager factory around every sync: the actor's parameters on its device while the bridge reads
         # them (the trainer sets the actor's MegatronWorker.resident when the actor's parameters are offloaded)
         self.actor_resident = contextlib.nullcontext
@@ -133,7 +143,7 @@ class RolloutWorker:
         if self.rank0:
             self.manager.release_memory_occupation()
         self.weights_released = self.weights_released or self.colocated
-        dist.barrier()
+        dist.barrier(group=self.host_group)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
@@ -141,10 +151,10 @@ class RolloutWorker:
         """Colocated: re-allocate the released ``tags`` (default all) once the trainer freed its cache."""
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        dist.barrier()
+        dist.barrier(group=self.host_group)  # every rank's cache is returned before the engines take memory again
         if self.rank0:
             self.manager.resume_memory_occupation(tags)
-        dist.barrier()
+        dist.barrier(group=self.host_group)
 
     def ensure_resident(self) -> None:
         """Collective.  Engines ready to generate with the actor's weights: a plain resume when they kept their
@@ -178,7 +188,7 @@ class RolloutWorker:
                 except StaleEnginesError as e:
                     done += self._renumber(e.samples, todo)
                     todo, stale = [todo[i] for i in e.unfinished], e.engines
-            stale = _broadcast(stale)
+            stale = _broadcast(stale, self.host_group)
             if stale is None:
                 return sorted(done, key=lambda s: (s.prompt_index, s.sample_index)) if self.rank0 else None
             with self.actor_resident():
@@ -191,7 +201,7 @@ class RolloutWorker:
         rollout/num_fallbacks and rollout/num_failed_samples)."""
         from rlhf.rollout.fallback import failed_samples, greedy_retry_sampling, merge_retries
 
-        failed = _broadcast(failed_samples(samples) if self.rank0 else None)
+        failed = _broadcast(failed_samples(samples) if self.rank0 else None, self.host_group)
         if not failed:
             return samples, {"rollout/num_fallbacks": 0.0, "rollout/num_failed_samples": 0.0}
         retried = self._generate([samples[k].prompt_ids for k in failed], greedy_retry_sampling(sampling))
@@ -222,7 +232,7 @@ class RolloutWorker:
                                                   prompts=[batch["raw_prompt"][i] for i in idx])
             reward_metrics.update(rollout_metrics, **{"rollout/num_restarts": float(self.manager.num_restarts)})
             payload = (samples, scores, reward_metrics)
-        return _broadcast(payload)
+        return _broadcast(payload, self.host_group)
 
     # ---- weights --------------------------------------------------------------------------------------
     def sync_weights(self):
@@ -233,7 +243,7 @@ class RolloutWorker:
             stats = self.last_sync = self.bridge.sync()
             self.weights_released = False
             for _ in range(self.max_resyncs):
-                stale = _broadcast(self.manager.stale_engines() if self.rank0 else None)
+                stale = _broadcast(self.manager.stale_engines() if self.rank0 else None, self.host_group)
                 if not stale:
                     break
                 self.last_sync = self.bridge.sync(engines=stale)

@@ -1,7 +1,7 @@
-"""Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral) into a real SGLang CPU engine: greedy
-generation after the sync equals HF's with the same weights.  One torchrun launch of 2 gloo processes
-(tests/support/dist/family_sync_e2e.py, trainer TP2, one engine per family, one at a time), then the MoE again at TP1 x EP2;
-each CHECK line is one test."""
+"""Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3) into a real SGLang CPU
+engine: greedy generation after the sync equals HF's with the same weights.  One torchrun launch of 2 gloo processes
+(tests/support/dist/family_sync_e2e.py, trainer TP2, one engine per family, one at a time), then the MoE again at
+TP1 x EP2; each CHECK line is one test."""
 import os
 
 import pytest
@@ -10,10 +10,11 @@ from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
 from tests.support.paths import DIST_SCRIPTS
 
 SCRIPT = os.path.join(DIST_SCRIPTS, "family_sync_e2e.py")
-KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral")
+KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LAYOUT = ("zero_copy_equals_generic", "engine_layout_equals_generic")
 EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed",
                                                        "check_mode") + LAYOUT]
+EXPECTED += ["deepseek_v3_cached_prefix_equals_hf"]
 EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]

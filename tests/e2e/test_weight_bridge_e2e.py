@@ -21,7 +21,8 @@ _STEPPED += [f"{phase}_B_persistent_buffer_synced" for phase in ("tp2", "pp2")]
 EXPECTED = (["engine_A_initial_equals_hf", "engine_B_initial_equals_hf"] + _STEPPED
             + ["pp2vpp2_A_step1_engine_equals_hf", "pp2vpp2_B_step1_engine_equals_hf", "pp2vpp2_B_step1_check_mode",
                "refused_unknown_name_engine_lives_on", "refused_wrong_shape_engine_lives_on",
-               "tp2_B_local_handles_entry_r_from_trainer_rank_r", "tp2_B_local_handles_engine_parameters_bitwise_equal"]
+               *[f"{phase}_B_local_handles_{what}" for phase in ("tp2", "pp2")
+                 for what in ("entry_r_from_trainer_rank_r", "engine_parameters_bitwise_equal")]]
             + [f"layout_{t}_{key}_{what}" for t in ("ttp2", "ttp1", "pp2") for key in "AB"
                for what in ("every_engine_parameter_equals_generic", "zero_copy_every_engine_parameter_equals_generic",
                             "get_weights_by_name_equals_generic", "engine_equals_hf")]

@@ -37,11 +37,13 @@ def expected_weights_from_spec(spec: HFModelSpec, dtype=torch.float32) -> dict:
 
 class FakeEngine:
     """One in-memory engine: SGLang's session rule, its payload deserialization (SafeUnpickler) and
-    FlattenedTensorBucket reconstruction; keeps clones of what it loads in ``received``."""
+    FlattenedTensorBucket reconstruction; keeps clones of what it loads in ``received`` (the last TP rank's) and
+    per TP rank in ``by_rank``."""
 
     def __init__(self, expected: Mapping, tp_size: int, corrupt: Callable | None = None):
         self.expected, self.tp_size, self.corrupt = expected, tp_size, corrupt
         self.received: dict[str, torch.Tensor] = {}
+        self.by_rank: list[dict[str, torch.Tensor]] = [{} for _ in range(tp_size)]
         self.calls: list[tuple[str, Any]] = []
         self.flushes = 0
         self.in_session = False
@@ -61,7 +63,7 @@ class FakeEngine:
         assert self.in_session, "update_weights_from_tensor outside a session"
         assert load_format == "flattened_bucket" and len(serialized_named_tensors) == self.tp_size
         names = None
-        for payload in serialized_named_tensors:  # every TP rank deserializes its own copy
+        for r, payload in enumerate(serialized_named_tensors):  # every TP rank deserializes its own copy
             assert isinstance(payload, (bytes, str)), type(payload)
             obj = MultiprocessingSerializer.deserialize(payload)
             named = FlattenedTensorBucket(flattened_tensor=obj["flattened_tensor"],
@@ -71,6 +73,7 @@ class FakeEngine:
                 if n not in self.expected or tuple(t.shape) != self.expected[n][0]:
                     raise RuntimeError(f"engine crash: {n} {tuple(t.shape)}")
                 self.received[n] = (self.corrupt(n, t) if self.corrupt else t).detach().clone()
+                self.by_rank[r][n] = self.received[n]
         self.calls.append(("update_weights_from_tensor", names))
         self.flushes += bool(flush_cache)
 
@@ -87,14 +90,16 @@ class FakeEngines:
 
     ``kill_at[(engine, call_number)]``: replace that engine when its update call number ``k`` (0-based,
     counted per engine) arrives, as the manager does after an actor death (fresh state, stale).
+    ``fail_at[(engine, call_number)]``: that update call raises RuntimeError (the engine lives on).
     """
 
     def __init__(self, expected: Mapping, n: int = 1, tp_size: int = 1, corrupt: Callable | None = None,
-                 kill_at: Sequence[tuple] = ()):
+                 kill_at: Sequence[tuple] = (), fail_at: Sequence[tuple] = ()):
         self.expected = normalize_expected(expected)
         self.num_engines, self.tp_size, self.corrupt = n, tp_size, corrupt
         self.engines = [FakeEngine(self.expected, tp_size, corrupt) for _ in range(n)]
         self.restarts, self.stale, self.kill_at, self.log = [0] * n, set(), set(kill_at), []
+        self.fail_at = set(fail_at)
         self._updates = [0] * n
 
     def expected_weights(self):
@@ -135,6 +140,8 @@ class FakeEngines:
                     self.stale.add(i)
                     out.append((i, None))
                     continue
+                if (i, k) in self.fail_at:
+                    raise RuntimeError(f"engine {i} refused update call {k}")
             out.append((i, pick(self.engines[i])(*args, **kwargs, **kw)))
         return out
 

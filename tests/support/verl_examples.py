@@ -1,12 +1,26 @@
 """verl's Megatron example commands (fixtures/verl_megatron_examples.json) run through ``python -m rlhf.main --cfg``
 in-process, and a small verl-style config directory built from the key set of verl's ``verl/trainer/config``
 (its group layout and the defaults that matter here), so CI covers verl's own config directory without a copy
-of verl."""
+of verl.
+
+The fixture holds command lines only (never verl's code).  It is made from a fetched copy of verl by
+:func:`extract_examples`, which runs every ``examples/**/*.sh`` of that copy under bash with ``python`` (and
+``torchrun``, ``ray job submit --``, ``nvidia-smi``, ``pip``, ...) replaced by stubs that record the command
+line, so each script's shell variables and arithmetic expand as they do for a verl user; a script counts as a
+Megatron example when it starts ``verl.trainer.main_ppo`` with a Megatron config or strategy::
+
+    python -m tests.support.verl_examples <verl git dir> <verl-recipe git dir>   # rewrites the fixture
+"""
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -18,6 +32,136 @@ FIXTURE = REPO / "tests" / "support" / "fixtures" / "verl_megatron_examples.json
 def examples() -> dict:
     """``{script: {"options": [--config-path=..., --config-name=...], "overrides": [key=value, ...]}}``."""
     return json.loads(FIXTURE.read_text())["examples"]
+
+
+#: overrides whose value is a path of the user's machine -> the placeholder the tests fill in
+PLACEHOLDERS = {"data.train_files": "{train}", "data.val_files": "{test}", "actor_rollout_ref.model.path": "{model}",
+                "critic.model.path": "{model}", "reward_model.model.path": "{model}",
+                "trainer.default_local_dir": "{ckpt}",
+                **{f"{role}.megatron.dist_checkpointing_path": "{mcore}"
+                   for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")}}
+
+#: the job variables of the clusters verl's scripts were written for (one node of 8 GPUs), which the scripts read
+#: for trainer.nnodes / trainer.n_gpus_per_node
+CLUSTER_ENV = {"ARNOLD_WORKER_GPU": "8", "ARNOLD_WORKER_NUM": "1", "SLURM_GPUS_PER_NODE": "8", "SLURM_NNODES": "1",
+               "SLURM_JOB_NUM_NODES": "1"}
+
+_STUB_PY = r"""#!/bin/sh
+# records a python / torchrun command line (one JSON list a line); "python -c CODE" runs CODE (scripts compute values)
+if [ "$1" = "-c" ]; then exec "$REAL_PYTHON" "$@"; fi
+exec "$REAL_PYTHON" -c 'import json, os, sys
+open(os.environ["CAPTURE"], "a").write(json.dumps(sys.argv[1:]) + "\n")' "$@"
+"""
+_STUB_RAY = """#!/bin/sh
+# ray job submit ... -- CMD: runs CMD (its python is the stub); other ray commands do nothing
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do shift; done
+[ $# -gt 0 ] && shift && exec "$@"
+exit 0
+"""
+_STUB_GPUS = """#!/bin/sh
+for i in 0 1 2 3 4 5 6 7; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done
+"""
+_STUB_NOOP = "#!/bin/sh\nexit 0\n"
+
+
+def _is_megatron_run(argv: list[str]) -> bool:
+    """A verl PPO-trainer command line with a Megatron config or actor strategy."""
+    if "verl.trainer.main_ppo" not in argv:
+        return False
+    opts = [a for a in argv if a.startswith("--config-name") or a.endswith("strategy=megatron")]
+    name = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config-name"), "")
+    return any("megatron" in a for a in opts) or "megatron" in name
+
+
+def _example_entry(argv: list[str]) -> dict:
+    """``{"options": [--config-path=..., --config-name=...], "overrides": [...]}`` of a recorded command line:
+    its own options (verl's defaults, config / ppo_trainer, when absent), the overrides after the module name
+    with the paths of :data:`PLACEHOLDERS` replaced."""
+    args = argv[argv.index("verl.trainer.main_ppo") + 1:]
+    opts, overrides, i = {}, [], 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--config-path", "--config-name") and i + 1 < len(args):
+            opts[a], i = args[i + 1], i + 2
+            continue
+        if a.startswith(("--config-path=", "--config-name=")):
+            k, v = a.split("=", 1)
+            opts[k] = v
+        elif "=" in a and not a.startswith("-"):
+            key, value = a.split("=", 1)
+            overrides.append(f"{key}={PLACEHOLDERS.get(key.lstrip('+'), value)}")
+        i += 1
+    return {"options": [f"--config-path={opts.get('--config-path', 'config')}",
+                        f"--config-name={opts.get('--config-name', 'ppo_trainer')}"], "overrides": overrides}
+
+
+def _git(git_dir: str, *args: str) -> bytes:
+    return subprocess.run(["git", "--git-dir", git_dir, *args], capture_output=True, check=True).stdout
+
+
+def extract_examples(verl_git_dir: str, commit: str = "HEAD", recipe_git_dir: str | None = None,
+                     timeout_s: float = 30.0) -> dict:
+    """The fixture's content for verl at `commit` of the git directory `verl_git_dir`: ``{"_about": ...,
+    "commit": <sha>, "recipe_commit": <sha or None>, "examples": {<name>: entry}}`` for every Megatron example
+    (module docstring): the scripts of verl's ``examples/`` (named by their path under it) and, with
+    `recipe_git_dir` (a copy of verl-project/verl-recipe), of the ``recipe/`` submodule at the commit verl pins
+    (named ``recipe/<path>``); a script that starts several such runs gets ``#2``, ``#3`` ... after its name.
+    Runs each script with bash in a scratch copy of them (the working directory: verl's root), with a scratch
+    HOME, :data:`CLUSTER_ENV` and the stubs first on PATH; a variable a ``set -u`` script needs is set to a path
+    (``/data_root`` for DATA_ROOT); scripts that fail after the command are kept, scripts that time out are
+    skipped."""
+    sha = _git(verl_git_dir, "rev-parse", commit).decode().strip()
+    recipe_sha = None
+    examples: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        root, stubs, home = Path(tmp) / "verl", Path(tmp) / "bin", Path(tmp) / "home"
+        for d in (root, stubs, home):
+            d.mkdir()
+        subprocess.run(["tar", "x", "-C", str(root)], input=_git(verl_git_dir, "archive", sha, "examples"), check=True)
+        if recipe_git_dir is not None:
+            recipe_sha = _git(verl_git_dir, "ls-tree", sha, "recipe").decode().split()[2]  # the submodule's pin
+            (root / "recipe").mkdir()
+            subprocess.run(["tar", "x", "-C", str(root / "recipe")], input=_git(recipe_git_dir, "archive", recipe_sha),
+                           check=True)
+        for name, body in [("python", _STUB_PY), ("python3", _STUB_PY), ("torchrun", _STUB_PY), ("ray", _STUB_RAY),
+                           ("nvidia-smi", _STUB_GPUS)] + [(n, _STUB_NOOP) for n in (
+                               "pip", "pip3", "huggingface-cli", "hf", "wget", "git", "modelscope", "sleep", "nsys",
+                               "uv", "srun", "sbatch", "docker", "hdfs")]:
+            (stubs / name).write_text(body)
+            (stubs / name).chmod(0o755)
+        scripts = sorted(p.relative_to(root).as_posix() for d in ("examples", "recipe") if (root / d).is_dir()
+                         for p in (root / d).rglob("*.sh"))
+        for script in scripts:
+            name = script.removeprefix("examples/")
+            capture = Path(tmp) / "capture.jsonl"
+            capture.write_text("")
+            env = {"PATH": f"{stubs}:/usr/bin:/bin", "HOME": str(home), "CAPTURE": str(capture),
+                   "REAL_PYTHON": sys.executable, "LANG": "C.UTF-8", **CLUSTER_ENV}
+            for _ in range(10):  # `set -u` scripts: each variable a user must export gets a path-like value
+                try:
+                    done = subprocess.run(["bash", script], cwd=root, env=env, stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                          timeout=timeout_s)
+                except subprocess.TimeoutExpired:
+                    break
+                unbound = re.search(r"([A-Za-z_][A-Za-z0-9_]*): unbound variable", done.stderr)
+                if not unbound or unbound.group(1) in env:
+                    break
+                env[unbound.group(1)] = f"/{unbound.group(1).lower()}"
+            runs = [json.loads(line.replace(f"{root}/", "")) for line in capture.read_text().splitlines()
+                    if line.strip()]
+            runs = [r for r in runs if _is_megatron_run(r)]
+            for k, argv in enumerate(runs):
+                examples[name if k == 0 else f"{name}#{k + 1}"] = _example_entry(argv)
+    about = (f"The key=value overrides of verl's Megatron example commands (examples/**/*.sh of verl {sha[:9]}"
+             + (f" and recipe/**/*.sh of its verl-recipe submodule {recipe_sha[:9]}" if recipe_sha else "") +
+             f" that start verl.trainer.main_ppo with a Megatron config or strategy, as its shell expands them; "
+             f"options: "
+             f"verl's --config-path/--config-name). Data, model and checkpoint paths are placeholders ({{train}}, "
+             f"{{test}}, {{model}}, {{ckpt}}, {{mcore}}: a megatron dist checkpoint) for tiny local ones. Command "
+             f"lines only. Made by "
+             f"tests/support/verl_examples.py:extract_examples.")
+    return {"_about": about, "commit": sha, "recipe_commit": recipe_sha, "examples": examples}
 
 
 def example_args(name: str, paths: dict, config_dir: Path | None = None) -> list[str]:
@@ -117,3 +261,11 @@ def write_verl_config_dir(root: Path) -> Path:
     (conf / "engine" / "megatron.yaml").write_text(textwrap.dedent(_ENGINE))
     (conf / "ppo_megatron_trainer.yaml").write_text(textwrap.dedent(_MAIN))
     return conf
+
+
+if __name__ == "__main__":
+    verl, recipe = (sys.argv[1:] + ["/work/.mirror/volcengine+verl/repo",
+                                    "/work/.mirror/verl-project+verl-recipe/repo"][len(sys.argv) - 1:])[:2]
+    out = extract_examples(verl, recipe_git_dir=recipe)
+    FIXTURE.write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{len(out['examples'])} examples of verl {out['commit'][:9]} -> {FIXTURE}")

@@ -24,7 +24,11 @@ class OffloadConfig(Checked):
 
 
 def _ppo_role(obj: Any, at: str) -> list[str]:
-    return ge(obj, at, "ppo_epochs ppo_micro_batch_size_per_gpu ppo_mini_batch_size", 1)
+    out = ge(obj, at, "ppo_epochs ppo_micro_batch_size_per_gpu ppo_mini_batch_size", 1)
+    if obj.use_dist_checkpointing and not obj.dist_checkpointing_path:
+        out.append(f"{at}use_dist_checkpointing=true needs {at}dist_checkpointing_path: a megatron-core dist "
+                   f"checkpoint directory (scripts/convert_checkpoint.py hf-to-mcore writes one).")
+    return out
 
 
 @dataclass
@@ -81,6 +85,11 @@ class ActorConfig(Checked):
     log_prob_max_token_len_per_gpu: Optional[int] = None  # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     ref_param_offload: bool = False  # the reference's parameters off the device outside its log-prob forward
+    # initial weights of the actor and the reference from a megatron-core dist checkpoint (any TP/PP layout;
+    # parallel.init_checkpoint) instead of model.path's safetensors; config.json and the tokenizer still come
+    # from model.path (verl's actor.megatron.use_dist_checkpointing / dist_checkpointing_path)
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Optional[str] = None
 
     def problems(self, at: str = "") -> list[str]:
         return (_ppo_role(self, at) + ge(self, at, "log_prob_micro_batch_size_per_gpu ppo_max_token_len_per_gpu", 1)
@@ -109,6 +118,10 @@ class CriticConfig(Checked):
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: Optional[int] = None  # null: ppo_max_token_len_per_gpu
     offload: OffloadConfig = field(default_factory=OffloadConfig)
+    # the critic's initial weights from a megatron-core dist checkpoint (its LM head is not used: the value head
+    # starts fresh); config.json from model.critic_path (default model.path)
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Optional[str] = None
 
     def problems(self, at: str = "") -> list[str]:
         return (_ppo_role(self, at) + rule(self, at, "cliprange_value", lambda v: v > 0, "must be > 0 (verl uses 0.5)")

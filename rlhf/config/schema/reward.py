@@ -35,8 +35,8 @@ class RewardSourceConfig:
     # given to rlhf.Trainer, rlhf.config.objects)
     path: Optional[str] = None
     name: str = "compute_score"  # custom: function name
-    placement: str = "ray"  # model: ray (its own Ray worker) | local (in-process on rank 0)
-    num_gpus: float = 0.0  # model, placement=ray: GPUs of the worker
+    placement: str = "ray"  # model: ray (its own Ray worker) | local (in-process on rank 0); on the CPU either way
+    num_gpus: float = 0.0  # model, placement=ray: GPUs of the worker; > 0 is refused (not placed nor planned)
     micro_batch_size: int = 16  # model: sequences per forward
     max_length: int = 2048  # model: prompt + response tokens (truncated from the left)
     # model, placement=ray: seconds to wait for the worker to load the model before the first batch (the run
@@ -87,4 +87,11 @@ class RewardConfig(Checked):
 
     def problems(self, at: str = "") -> list[str]:
         to = self.timeout_s
-        return [f"{at}timeout_s={to!r} must be > 0, or null for no timeout."] if to is not None and to <= 0 else []
+        out = [f"{at}timeout_s={to!r} must be > 0, or null for no timeout."] if to is not None and to <= 0 else []
+        for i, s in enumerate(self.sources or []):
+            if s.type == "model" and s.num_gpus and s.num_gpus > 0:
+                out.append(f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in "
+                           f"the memory plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give "
+                           f"the worker a GPU they use); set num_gpus=0 (the model runs on the CPU), or serve it on "
+                           f"GPUs outside this job and score with a custom source (type=custom) that calls it.")
+        return out

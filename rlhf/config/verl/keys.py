@@ -190,7 +190,8 @@ RULES: list[tuple] = [
     # ----------------------------------------------------------------- actor_rollout_ref.actor
     *_optim("actor_rollout_ref.actor.optim", "actor.optim"),
     *megatron_rules("actor_rollout_ref.actor.megatron", same=False, offload={
-        "param": "actor.offload.params", "grad": "actor.offload.grads", "optimizer": "actor.offload.optimizer"}),
+        "param": "actor.offload.params", "grad": "actor.offload.grads", "optimizer": "actor.offload.optimizer"},
+        init="actor"),
     ("actor_rollout_ref.actor.grad_clip", "map", "actor.optim.clip_grad"),
     ("actor_rollout_ref.actor.ppo_micro_batch_size", "neutral", ((None,), "give it per device: "
                                                                           "actor.ppo_micro_batch_size_per_gpu")),
@@ -211,7 +212,7 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.**", "prefix", "actor"),
     # ----------------------------------------------------------------- actor_rollout_ref.ref
     *megatron_rules("actor_rollout_ref.ref.megatron", same=True, offload={
-        "param": "actor.ref_param_offload", "grad": None, "optimizer": None}),
+        "param": "actor.ref_param_offload", "grad": None, "optimizer": None}, init="actor"),
     ("actor_rollout_ref.ref.log_prob_use_dynamic_bsz", "ignore", "the reference's log-prob forward batches by tokens "
                                                                  "exactly when actor.use_dynamic_bsz"),
     ("actor_rollout_ref.ref.log_prob_micro_batch_size", "neutral",
@@ -238,15 +239,23 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.rollout.data_parallel_size", "neutral", ((1, None), "use rollout.num_engines")),
     ("actor_rollout_ref.rollout.pipeline_model_parallel_size", "neutral", ((1, None), "engines use tensor "
                                                                                      "parallelism only")),
-    ("actor_rollout_ref.rollout.expert_parallel_size", "neutral", ((1, None), "MoE is not supported")),
+    ("actor_rollout_ref.rollout.expert_parallel_size", "neutral", ((1, None), "expert parallelism inside the rollout "
+                                                                             "engine is not supported (MoE models "
+                                                                             "are served under the engine's tensor "
+                                                                             "parallelism)")),
     ("actor_rollout_ref.rollout.over_sample_rate", "neutral", ((0, 0.0), "not supported")),
     ("actor_rollout_ref.rollout.multi_turn.enable", "neutral", ((False,), "multi-turn / tool rollouts are not "
                                                                          "supported")),
     ("actor_rollout_ref.rollout.skip_rollout", "neutral", ((False,), "not supported")),
-    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "neutral", ((False,), "MoE is not supported")),
+    ("actor_rollout_ref.rollout.enable_rollout_routing_replay", "neutral", ((False,), "MoE router replay (the "
+                                                                                     "engine's expert routing "
+                                                                                     "reused in training) is not "
+                                                                                     "supported")),
     ("actor_rollout_ref.rollout.quantization", "neutral", ((None,), "rollouts run in rollout.dtype")),
     ("actor_rollout_ref.rollout.quantization_config_file", "neutral", ((None,), "rollouts run in rollout.dtype")),
-    ("actor_rollout_ref.rollout.prometheus.enable", "neutral", ((False,), "not supported")),
+    ("actor_rollout_ref.rollout.prometheus.enable", "neutral", ((False,), "Prometheus metrics of the rollout "
+                                                                         "servers are not supported (the run's "
+                                                                         "metrics go to trainer.logger)")),
     ("actor_rollout_ref.rollout.full_determinism", "neutral", ((False,), "not supported")),
     ("actor_rollout_ref.rollout.disaggregation.enabled", "neutral", ((False,), "prefill/decode disaggregation is not "
                                                                               "supported")),
@@ -281,7 +290,8 @@ RULES: list[tuple] = [
     *_model_common("critic.model"),
     *_optim("critic.optim", "critic.optim"),
     *megatron_rules("critic.megatron", same=True, offload={
-        "param": "critic.offload.params", "grad": "critic.offload.grads", "optimizer": "critic.offload.optimizer"}),
+        "param": "critic.offload.params", "grad": "critic.offload.grads", "optimizer": "critic.offload.optimizer"},
+        init="critic"),
     ("critic.grad_clip", "map", "critic.optim.clip_grad"),
     ("critic.ppo_micro_batch_size", "neutral", ((None,), "give it per device: critic.ppo_micro_batch_size_per_gpu")),
     ("critic.use_dynamic_bsz", "map", "critic.use_dynamic_bsz"),

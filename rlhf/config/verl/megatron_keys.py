@@ -34,6 +34,15 @@ def dtype_rule(key: str) -> Callable[[Any], list]:
 _OFF = (False, None, 0, "", {}, [])
 
 
+def _train_dtype(v: Any) -> list[tuple[str, Any]]:
+    """verl's ``megatron.dtype`` (the training dtype) -> model.dtype; float16 refused (megatron's fp16 training needs
+    its loss scaler, which is not wired here)."""
+    if str(v).lower() in ("float16", "fp16", "half"):
+        raise Unsupported("fp16 training (megatron's dynamic loss scaling) is not supported; train in bfloat16 "
+                          "(model.dtype=bfloat16) and serve in float16 if wanted (rollout.dtype=float16)")
+    return [("model.dtype", v)]
+
+
 def _recompute(v: Any) -> list[tuple[str, Any]]:
     if v in (None, "full", "selective"):
         return [("parallel.recompute", v)]
@@ -145,9 +154,21 @@ def _offload(at: str, ours: dict) -> list[tuple]:
             for part, key in ours.items()]
 
 
-def megatron_rules(at: str, same: bool, offload: dict) -> list[tuple]:
+def _init_weights(at: str, ours: str, same: bool) -> list[tuple]:
+    """``<role>.megatron.use_dist_checkpointing`` / ``dist_checkpointing_path``: the role's initial weights from a
+    megatron dist checkpoint, our ``<ours>.*`` keys of the same names (the reference's must equal the actor's: it
+    is the initial actor)."""
+    kind = "same" if same and ours == "actor" else "map"
+    return [(f"{at}.use_dist_checkpointing", kind, f"{ours}.use_dist_checkpointing"),
+            (f"{at}.dist_checkpointing_path", kind, f"{ours}.dist_checkpointing_path"),
+            (f"{at}.dist_checkpointing_prefix", "neutral", (("", None), "checkpoints whose tensor names carry a "
+                                                                        "prefix (NeMo's 'module.') are not read"))]
+
+
+def megatron_rules(at: str, same: bool, offload: dict, init: str) -> list[tuple]:
     """``<role>.megatron.*``: the actor's sets our parallel layout; the reference's and critic's must equal it.
-    `offload`: the role's offload keys (see :func:`_offload`)."""
+    `offload`: the role's offload keys (see :func:`_offload`); `init`: the section of our keys for the role's
+    initial weights (``actor`` for the actor and the reference, ``critic``)."""
     kind = "same" if same else "map"
     return [
         *_offload(at, offload),
@@ -157,15 +178,14 @@ def megatron_rules(at: str, same: bool, offload: dict) -> list[tuple]:
         (f"{at}.context_parallel_size", kind, "parallel.context_parallel_size"),
         (f"{at}.expert_model_parallel_size", kind, "parallel.expert_model_parallel_size"),
         (f"{at}.expert_tensor_parallel_size", "neutral", ((1, None), "experts are split over TP")),
-        (f"{at}.use_dist_checkpointing", "neutral", ((False,), "load HF weights (model.path); convert with "
-                                                              "scripts/convert_checkpoint.py")),
+        *_init_weights(at, init, same),
         *transformer_rules(at, same),
         (f"{at}.override_ddp_config", "neutral", (_OFF, "DDP settings are fixed here")),
         (f"{at}.override_mcore_model_config", "neutral", (_OFF, "the model is built from its HF config.json")),
         (f"{at}.sequence_parallel", kind if not same else "ignore", "parallel.sequence_parallel"),
         (f"{at}.use_distributed_optimizer", "map" if not same else "ignore",
          "actor.optim.use_distributed_optimizer" if not same else "the optimizer of its role decides"),
-        (f"{at}.dtype", "map" if not same else "ignore", "model.dtype" if not same else "model.dtype applies"),
+        (f"{at}.dtype", "fn", _train_dtype) if not same else (f"{at}.dtype", "ignore", "model.dtype applies"),
         (f"{at}.**", "ignore", "a verl Megatron-worker detail (seed, mbridge, checkpoint paths, ...)"),
     ]
 
@@ -184,6 +204,8 @@ VERL_DEFAULTS: list[tuple[str, tuple]] = [
     *[(f"{role}.megatron.override_transformer_config.{n}", (None, False)) for role in ("actor_rollout_ref.ref",
                                                                                         "critic")
       for n in _TRANSFORMER_MAPPED],
+    ("actor_rollout_ref.ref.megatron.use_dist_checkpointing", (False,)),
+    ("actor_rollout_ref.ref.megatron.dist_checkpointing_path", (None,)),
     ("actor_rollout_ref.model.enable_gradient_checkpointing", (True, False)),
     ("critic.model.enable_gradient_checkpointing", (True, False)),
 ]

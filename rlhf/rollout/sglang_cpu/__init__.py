@@ -9,6 +9,9 @@ Environment of the engine process (:func:`cpu_engine_env`):
 * ``PYTHONPATH`` starts with :data:`STANDIN_DIR` -- the CPU engine imports ``sgl_kernel`` CPU ops that the
   PyPI wheel lacks; ``standin/sgl_kernel`` provides them in plain torch (see its docstring). Only the
   engine's own process tree sees it; the trainer keeps the real package.
+* the same stand-in corrects DeepSeek-V3's multi-latent attention prefill on ``torch_native`` (SGLang 0.5.23
+  attends over the latent KV cache instead of the per-head keys/values it passes: greedy tokens differed from
+  transformers' from the first one; ``standin/sgl_kernel/_mla_prefill.py``).
 * ``RLHF_SGLANG_CPU_NOOP_CUDA_SYNC=1`` -- read by the stand-in: ``release_memory_occupation`` /
   ``resume_memory_occupation`` call ``torch.cuda.synchronize`` which raises without a driver; the
   stand-in replaces it with a no-op inside SGLang's processes.

@@ -14,7 +14,8 @@ from parallel.forward.forward_backward); after each step bridge.sync(), then the
 output must equal HF `generate` of the model exported with save_hf_checkpoint, and the weights
 must have changed.  The Llama keeps its final norm as a persistent buffer (frozen for the
 optimizer) that is changed between steps outside the optimizer, so the sync must carry it.
-Then a bad name map (unknown name, wrong shape) is refused before sending and the engine lives on.
+Then a bad name map (unknown name, wrong shape) is refused before sending and the engine lives on; at TP2 and at
+PP2, engine B's entries come from the trainer rank on each engine rank's device (engine-local handles).
 Phase "layout" (trainer TP2, TP1, then PP2): the engine-layout path against the generic path on both engines, every
 parameter of every engine TP rank compared bitwise; a bucket for another engine layout is refused, nothing loaded.
 
@@ -250,8 +251,9 @@ def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initi
                f"model.norm.weight (a persistent buffer) step2/step1 = {ratio:.6f}, expected 1.5" if rank0 else "")
     last = {key: outputs[key][-1] for key in paths}
 
+    if phase in ("tp2", "pp2"):
+        check_local_handles(phase, pp, actors["B"], states["B"], engines)
     if phase == "tp2":
-        check_local_handles(actors["B"], states["B"], engines)
         check_refusals(actors["B"], states["B"], engines, last, paths)
     for b in bridges.values():
         b.close()
@@ -275,11 +277,12 @@ class _RecordingFleet:
         return self.inner.update_weights_from_tensor(payloads, **kw)
 
 
-def check_local_handles(actor, state, engines):
-    """Trainer TP2 -> engine B (TP2), "tensor" transport on the leader's gather path: with engine-local handles
-    (rlhf/weight_bridge/local_handles.py) engine TP rank r's entry of every bucket is memory of trainer rank r
-    (the rank on that engine rank's GPU when colocated), without them every entry is the leader's; the engine's
-    parameters are bitwise the same either way."""
+def check_local_handles(phase, pp, actor, state, engines):
+    """Trainer TP2 or PP2 -> engine B (TP2), "tensor" transport on the leaders' gather path: with engine-local
+    handles (rlhf/weight_bridge/local_handles.py) engine TP rank r's entry of every bucket, every pipeline stage's
+    included, is memory of trainer rank r (the rank on that engine rank's GPU when colocated); without them every
+    entry of a bucket is its stage leader's; the engine's parameters are bitwise the same either way."""
+    from rlhf.rollout.placement import stage_leaders
     from rlhf.weight_bridge import WeightBridge
 
     rank0 = dist.get_rank() == 0
@@ -290,18 +293,21 @@ def check_local_handles(actor, state, engines):
         fleet = _RecordingFleet(engines["B"]) if rank0 else None
         bridge = WeightBridge(state.model, actor.spec, fleet, transport="tensor", bucket_bytes=64 * 1024,
                               overlap=True, shared_buckets=False, local_handles=local,
-                              group_prefix=f"e2e_local_{local}")
+                              group_prefix=f"e2e_{phase}_local_{local}")
         bridge.sync()
         bridge.close()
         if rank0:
             creators[local], params[local] = fleet.creators, engines["B"].engine_parameters()
     ok, detail = False, ""
     if rank0:
-        want = {False: [pids[0], pids[0]], True: [pids[0], pids[1]]}
-        ok = all(creators[k] and all(row == want[k] for row in creators[k]) for k in want)
-        detail = (f"trainer pids {pids}; entries per bucket, leader only: {creators[False][:2]}..., local: "
-                  f"{creators[True][:2]}... ({len(creators[True])} buckets)")
-    report("tp2_B_local_handles_entry_r_from_trainer_rank_r", ok, detail)
+        leaders = {pids[r] for r in stage_leaders(len(pids), pp)}
+        lead = creators[False]
+        ok = (bool(creators[True]) and all(row == [pids[0], pids[1]] for row in creators[True])
+              and all(len(set(row)) == 1 and row[0] in leaders for row in lead) and {r[0] for r in lead} == leaders)
+        detail = (f"trainer pids {pids}, stage leaders' {sorted(leaders)}; entries per bucket, leaders only: "
+                  f"{lead[:1]}..{lead[-1:]}, local: {creators[True][:1]}..{creators[True][-1:]} "
+                  f"({len(creators[True])} buckets)")
+    report(f"{phase}_B_local_handles_entry_r_from_trainer_rank_r", ok, detail)
     same, detail = False, ""
     if rank0:
         a, b = params[False], params[True]
@@ -309,7 +315,7 @@ def check_local_handles(actor, state, engines):
                if not torch.equal(a[e][r][n], b[e][r][n])]
         same = not bad and len(a) == len(b) and all(set(x) == set(y) for ea, eb in zip(a, b) for x, y in zip(ea, eb))
         detail = f"{sum(len(x) for e in a for x in e)} engine parameters compared; differing: {bad[:3]}"
-    report("tp2_B_local_handles_engine_parameters_bitwise_equal", same, detail)
+    report(f"{phase}_B_local_handles_engine_parameters_bitwise_equal", same, detail)
 
 
 def check_refusals(actor, state, engines, last, paths):

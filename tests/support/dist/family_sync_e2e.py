@@ -3,12 +3,15 @@
     torchrun --nproc_per_node=2 tests/support/dist/family_sync_e2e.py --workdir DIR
 
 Tiny random models shaped like real releases (tests/support/model_families.py): Llama-3.2 (llama3 rope scaling, tied),
-Qwen3 (q/k norm, head_dim != hidden/heads), Qwen3-MoE (8 experts, top-2, norm_topk_prob) and Mixtral (8
-experts, top-2, w1/w2/w3 expert names, theta 1e6).  Global rank 0
+Qwen3 (q/k norm, head_dim != hidden/heads), Qwen3-MoE (8 experts, top-2, norm_topk_prob), Mixtral (8
+experts, top-2, w1/w2/w3 expert names, theta 1e6) and DeepSeek-V3 (multi-latent attention, YaRN, 1 dense + 1 MoE
+layer: 8 routed experts in 2 groups, sigmoid router with correction bias, a shared expert).  Global rank 0
 starts one SGLang engine (rollout TP 1, fp32) per family from the initial weights, one at a time (memory).
 The trainer (TP2, gloo; the MoE's experts split over TP) builds each model from HF, takes one optimizer step,
 and the WeightBridge streams the new weights into that family's engine.  Per family:
   <kind>_initial_equals_hf   the engine's greedy ids on the initial weights == HF `generate`
+  deepseek_v3_cached_prefix_equals_hf   the same prompts again (the engine's prefix cache holds them: its
+                             prefill takes the absorbed MLA form) == HF `generate`
   <kind>_synced_equals_hf    after the step and the sync: the engine's greedy ids == HF `generate` of the
                              megatron model exported with save_hf_checkpoint (the same weights)
   <kind>_outputs_changed     the step changed the greedy ids (the sync is not a no-op)
@@ -39,7 +42,7 @@ import torch.distributed as dist  # noqa: E402
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 from tests.support.dist.bridge_e2e import engine_greedy, hf_greedy, report, train_batch  # noqa: E402
 
-KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral")
+KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LR = 5e-2
 
 
@@ -155,6 +158,10 @@ def initial_check(kind, path, engine):
     stop = stop_token_ids_for(path)
     got, ref = engine_greedy(engine, stop), hf_greedy(path, stop)
     print(f"CHECK {kind}_initial_equals_hf {'PASS' if got == ref else 'FAIL'} engine={got} hf={ref}", flush=True)
+    if kind == "deepseek_v3":  # a prefix-cache hit: SGLang's prefill takes the absorbed MLA form then
+        again = engine_greedy(engine, stop)
+        print(f"CHECK {kind}_cached_prefix_equals_hf {'PASS' if again == ref else 'FAIL'} engine={again} hf={ref}",
+              flush=True)
     return got
 
 

@@ -181,6 +181,9 @@ ADDED_KEYS = {
         "optimizer_cpu_offload": False, "optimizer_offload_fraction": 0.0, "use_precision_aware_optimizer": False,
         "main_grads_dtype": "fp32", "main_params_dtype": "fp32", "exp_avg_dtype": "fp32",
         "exp_avg_sq_dtype": "fp32"}.items()},
+    # initial weights from a megatron dist checkpoint (verl's megatron.use_dist_checkpointing)
+    **{f"{role}.{k}": v for role in ("actor", "critic") for k, v in {
+        "use_dist_checkpointing": False, "dist_checkpointing_path": None}.items()},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {
@@ -478,6 +481,20 @@ def test_bad_choice_in_recipe_file(tmp_path):
         compose_config([], recipe="badmode", search_paths=[tmp_path])
     msg = str(ei.value)
     assert "rollout.mode='hybrid' is not one of [colocated, disaggregated]" in msg and "recipe/badmode" in msg
+
+
+def test_a_bad_choice_names_where_it_came_from(tmp_path):
+    """OmegaConf's check of an Enum field, worded once for every source: command line, config file, recipe."""
+    (tmp_path / "run.yaml").write_text("rollout:\n  mode: hybrid\n")
+    _write_recipe(tmp_path, "badmode", "rollout:\n  mode: hybrid\n")
+    for kwargs, source in [(dict(overrides=["rollout.mode=hybrid"]), "command-line override 'rollout.mode=hybrid'"),
+                           (dict(config_file=tmp_path / "run.yaml"), f"config file {tmp_path / 'run.yaml'}"),
+                           (dict(recipe="badmode", search_paths=[tmp_path]), "in recipe/badmode.yaml")]:
+        with pytest.raises(ConfigValidationError) as ei:
+            compose_config(**kwargs)
+        [problem] = ei.value.problems
+        assert problem.startswith("rollout.mode='hybrid' is not one of [colocated, disaggregated]; colocated: ")
+        assert problem.endswith(f"({source})"), problem
 
 
 def test_choices_read_as_strings_and_match_the_algorithms():

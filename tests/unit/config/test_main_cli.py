@@ -39,3 +39,16 @@ def test_launch_env_reads_torchrun_then_slurm():
         assert launch_env(env) == expected
         mc = detect_launch_env({**env, "SLURM_JOB_NODELIST": "n1"})  # the same rules as the process-group set-up
         assert (mc.rank, mc.world_size, mc.local_rank) == (expected.rank, expected.world_size or 1, expected.local_rank)
+
+
+def test_option_values_are_parsed_as_hydra_would(capsys):
+    """argparse: a bare --cfg / --plan-memory leaves the next override alone; --cfg takes only Hydra's
+    job/hydra/all (a typo is refused, not read as job); options and overrides mix in any order."""
+    opts, overrides = parse_args(["a.b=1", "--cfg", "c.d=2", "--plan-memory", "-cd", "/x", "e.f=3", "-cd", "/y"])
+    assert overrides == ["a.b=1", "c.d=2", "e.f=3"] and opts["cfg"] and opts["plan_memory"] == "auto"
+    assert opts["config_dirs"] == ["/x", "/y"]
+    assert parse_args(["--print-launch=8", "--cfg", "all"])[0]["print_launch"] == 8
+    from rlhf.main import main
+
+    assert main(["recipe=quickstart", "--cfg=bogus"]) == 2
+    assert "invalid choice: 'bogus'" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rlhf.config import ConfigValidationError, compose_config
+from tests.support.mcore_checkpoints import write_dcp
 from tests.support.verl_examples import example_args, examples, problems, run_cfg, write_verl_config_dir
 
 VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
@@ -18,13 +19,15 @@ VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
 
 @pytest.fixture
 def paths(tmp_path):
-    """Tiny local data (one GSM8K-style row) and model for the examples' placeholders."""
+    """Tiny local data (one GSM8K-style row), model and megatron dist checkpoint (metadata only: the quickstart
+    model's config.json is made at run time, so --cfg checks the format) for the examples' placeholders."""
     row = {"prompt": "What is 2 + 3?", "data_source": "openai/gsm8k", "question": "What is 2 + 3?",
            "answer": "2 + 3 = 5\n#### 5"}
     for name in ("train", "test"):
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    mcore = write_dcp(tmp_path / "mcore", {"embedding.word_embeddings.weight": (512, 64)})
     return {"train": str(tmp_path / "train.jsonl"), "test": str(tmp_path / "test.jsonl"),
-            "model": "tiny://quickstart", "ckpt": str(tmp_path / "ckpt")}
+            "model": "tiny://quickstart", "ckpt": str(tmp_path / "ckpt"), "mcore": mcore}
 
 
 def _mirror_config_dir(tmp_path: Path) -> Path:
@@ -174,18 +177,68 @@ def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
     assert f"({len(repr(template))} characters)" in tpl and len(tpl) < 400
 
 
-#: examples of each kind (PPO with a critic, GRPO, dynamic batching, uneven PP on 96 GPUs, MoE with offload,
-#: LoRA, multi-turn) and what they give: None = composes, else parts of the refusal
-REPRESENTATIVE = {
-    "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": None,
-    "grpo_trainer/run_qwen2-7b_math_megatron.sh": None,
-    "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": None,  # param/grad/optimizer offload
+#: what every verl Megatron example command gives here with its model / data paths swapped for tiny local ones
+#: (None: composes; else parts of the refusal, each naming the unsupported feature).  docs/verl.md has the table.
+OUTCOMES = {
+    "gpg_trainer/run_qwen2-7b_math_megatron.sh": None,
+    "grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": ["tensor parallel size 32 does not fit on a node"],
     "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": ["moe_enable_deepep=True is not supported",
+                                                            "moe_token_dispatcher_type='flex' is not supported",
                                                             "tensor parallel size 32 does not fit on a node"],
-    "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": ["moe_enable_deepep=True is not supported"],
+    "grpo_trainer/run_deepseek7b_llm_math_megatron.sh": None,
+    "grpo_trainer/run_moonlight16b_math_megatron.sh": ["trust_remote_code=True is not supported",
+                                                       "CUDA IPC works only within a node"],
+    "grpo_trainer/run_qwen2-7b_math_megatron.sh": None,
     "grpo_trainer/run_qwen2-7b_math_megatron_lora.sh": None,  # LoRA
-    "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": None,  # context parallelism
+    "grpo_trainer/run_qwen2-7b_math_megatron_trtllm.sh": ["rollout.name='trtllm' is not supported"],
+    "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": None,  # param/grad/optimizer offload
+    "grpo_trainer/run_qwen2-7b_sgl_megatron.sh": None,
+    "grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": None,
+    "grpo_trainer/run_qwen2_5_vl-7b-megatron.sh": None,  # megatron dist checkpoints (actor, reference)
+    "grpo_trainer/run_qwen3-235b_megatron_96gb.sh": ["moe_enable_deepep=True is not supported",
+                                                     "CUDA IPC works only within a node"],
+    "grpo_trainer/run_qwen3_vl-235b-megatron.sh": ["moe_enable_deepep=True is not supported",
+                                                   "tensor parallel size 16 does not fit on a node"],
+    "grpo_trainer/run_qwen3_vl-30b-megatron.sh": ["moe_enable_deepep=True is not supported"],
+    "grpo_trainer/run_qwen3_vl-8b-megatron.sh": ["moe_enable_deepep=True is not supported"],
+    "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": ["override_config.model_config.max_position_embeddings=10240 is "
+                                                       "not supported", "moe_enable_deepep=True is not supported"],
+    "grpo_trainer/run_qwen3moe-30b_megatron_lora.sh": None,  # LoRA, context parallelism, offload
+    "gspo_trainer/run_qwen30b_gspo.sh": None,
+    "gspo_trainer/test_gspo_qwen30b_a3b_ep.sh": ["rollout.data_parallel_size=4 is not supported",
+                                                 "expert parallelism inside the rollout engine is not supported"],
+    "mtp_trainer/test_dapo_mimo_7b_with_mtp_math_megatron.sh": ["multi-token prediction is not supported",
+                                                                "Prometheus metrics of the rollout servers",
+                                                                "trust_remote_code=True is not supported"],
+    "ppo_trainer/run_deepseek_full_hh_rlhf.sh": None,  # a reward model
+    "ppo_trainer/run_deepseek_math_gsm8k_megatron.sh": None,
+    "ppo_trainer/run_deepseek_math_gsm8k_megatron_nsys.sh": None,
+    "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": ["trust_remote_code=True is not supported"],
+    "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": None,  # dist checkpoints for actor, reference, critic
+    "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": None,
+    "router_replay/run_qwen30_a3b_megatron_sglang.sh": ["router_replay.mode='R3' is not supported",
+                                                        "MoE router replay (the engine's expert routing"],
+    "router_replay/run_qwen30_a3b_megatron_vllm.sh": ["router_replay.mode='R2' is not supported"],
+    "sglang_multiturn/geo3k/run_qwen2.5-3b_megatron_geo3k_multiturn.sh": None,  # its config dir: multi-turn
+    "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": None,
+    "tuning/32b/qwen2_32B_grpo_8_h20_megatron_vllm.sh": None,
+    "recipe/dapo/test_dapo_7b_math_megatron.sh": None,  # colocated over 2 nodes: engines map their own GPUs' ranks
+    "recipe/dapo/test_dapo_8b_megatron_fp16.sh": ["megatron.dtype='float16' is not supported", "fp16 training"],
+    "recipe/dapo/test_dapo_8b_megatron_fp8train.sh": ["override_transformer_config.fp8='e4m3' is not supported"],
+    "recipe/dapo/test_dapo_dspk_671b_megatron_96gb.sh": ["tensor parallel size 32 does not fit on a node"],
+    "recipe/dapo/test_dapo_gptoss_20b_megatron.sh": None,
+    "recipe/dapo/test_dapo_qwen3_moe_30b_megatron_fp16.sh": ["fp16 training"],
+    "recipe/dapo/test_dapo_qwen3next_80b_megatron.sh": ["tensor parallel size 16 does not fit on a node"],
 }
+#: examples of each kind, also run with a verl config directory: PPO with a critic, GRPO, dynamic batching with
+#: offload, DeepSeek-V3 on 96 GPUs, MoE with DeepEP, LoRA, multi-turn, fp16, rollout expert parallelism
+REPRESENTATIVE = ["ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh", "grpo_trainer/run_qwen2-7b_math_megatron.sh",
+                  "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh",
+                  "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh",
+                  "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh",
+                  "grpo_trainer/run_qwen2-7b_math_megatron_lora.sh",
+                  "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh",
+                  "recipe/dapo/test_dapo_8b_megatron_fp16.sh", "gspo_trainer/test_gspo_qwen30b_a3b_ep.sh"]
 #: problems of commands whose keys another part of the config owns (optimizer CPU offload), not judged here
 _ELSEWHERE = ("override_optimizer_config.optimizer_cpu_offload", "override_optimizer_config.optimizer_offload_fraction",
               "override_optimizer_config.use_precision_aware_optimizer")
@@ -202,13 +255,41 @@ def _judge(name: str, code: int, err: str, expected) -> None:
     assert all("is not supported" in p or p.startswith("rollout.mode=") for p in lines), err  # or the placement
 
 
-@pytest.mark.parametrize("name", list(REPRESENTATIVE))
-def test_verl_megatron_examples(name, tmp_path, paths):
-    """verl's Megatron example commands compose under --cfg, or are refused naming the unsupported feature:
-    with our base config (verl's --config-path=config) and with a verl config directory (the fixture's)."""
-    expected = REPRESENTATIVE[name]
-    _judge(name, *run_cfg(example_args(name, paths))[::2], expected)
-    if not examples()[name]["options"][0].endswith("=config") and "./config" not in examples()[name]["options"][0]:
-        return  # its own config directory (the multi-turn examples' examples/sglang_multiturn/config)
-    _judge(name, *run_cfg(example_args(name, paths, write_verl_config_dir(tmp_path)))[::2], expected)
+@pytest.fixture
+def wandb_offline(monkeypatch):
+    """verl's examples log to wandb: offline here (no credentials is a problem of its own, tested elsewhere)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
 
+
+def test_fixture_holds_every_megatron_example():
+    """The fixture's commands are verl's current set (39: examples/ and the verl-recipe submodule's dapo/)."""
+    assert sorted(examples()) == sorted(OUTCOMES)
+
+
+@pytest.mark.parametrize("name", list(OUTCOMES))
+def test_verl_megatron_examples(name, paths, wandb_offline):
+    """Every verl Megatron example command composes under --cfg with our base config (verl's --config-path=config
+    without verl's directory), or is refused naming the unsupported feature."""
+    _judge(name, *run_cfg(example_args(name, paths))[::2], OUTCOMES[name])
+
+
+@pytest.mark.parametrize("name", REPRESENTATIVE)
+def test_verl_megatron_examples_with_verl_config_dir(name, tmp_path, paths, wandb_offline):
+    """The representative commands give the same with a verl config directory (the fixture's)."""
+    if not examples()[name]["options"][0].endswith("=config") and "./config" not in examples()[name]["options"][0]:
+        pytest.skip("its own config directory (the multi-turn examples' examples/sglang_multiturn/config)")
+    _judge(name, *run_cfg(example_args(name, paths, write_verl_config_dir(tmp_path)))[::2], OUTCOMES[name])
+
+
+@pytest.mark.slow
+def test_fixture_is_the_extraction_of_the_fetched_verl():
+    """The fixture equals tests/support/verl_examples.py:extract_examples of the fetched verl (and verl-recipe) it
+    names; skips without those copies."""
+    from tests.support.verl_examples import FIXTURE, extract_examples
+
+    recipe = Path("/work/.mirror/verl-project+verl-recipe/repo")
+    if not VERL_MIRROR.exists() or not recipe.exists():
+        pytest.skip("no fetched copy of verl / verl-recipe")
+    want = json.loads(FIXTURE.read_text())
+    got = extract_examples(str(VERL_MIRROR), want["commit"], recipe_git_dir=str(recipe))
+    assert got == want

@@ -196,3 +196,39 @@ def test_megatron_optimizer_options_reach_megatron_and_cpu_refuses_what_needs_cu
         check_megatron_optimizer_options(no_te, torch.device("cpu"))
     with pytest.raises(ValueError, match=r"exp_avg_dtype='bf16' needs use_precision_aware_optimizer=true"):
         OptimConfig(exp_avg_dtype="bf16")
+
+
+def test_cuda_host_buffers_are_exactly_the_offloaded_bytes_and_registered(monkeypatch):
+    """On CUDA each host buffer is a plain CPU allocation of exactly the storage's bytes, page-locked with
+    cudaHostRegister (portable) and unregistered when it is replaced or freed; torch's caching host allocator
+    (pin_memory=True) would round 3000 and 70000 bytes up to 4096 and 131072 and keep freed blocks.  CUDA's runtime
+    is a recording stand-in (torch.cuda.cudart())."""
+    import gc
+
+    calls = []
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, nbytes, flags):
+            calls.append(("register", ptr, nbytes, flags))
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            calls.append(("unregister", ptr))
+            return 0
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    off = RoleOffload([], None, "cuda", ())
+    a, b = torch.UntypedStorage(3000), torch.UntypedStorage(70000)
+    ha, hb = off._host_buffer(a), off._host_buffer(b)
+    assert (ha.numel(), hb.numel(), ha.device.type) == (3000, 70000, "cpu")
+    assert calls == [("register", ha.data_ptr(), 3000, 1), ("register", hb.data_ptr(), 70000, 1)]
+    assert off._host_buffer(a) is ha and len(calls) == 2  # kept between cycles
+    old = ha.data_ptr()
+    del ha
+    a.resize_(5000)  # the storage grew: a new buffer of its new size, the old one unregistered first
+    ha = off._host_buffer(a)
+    assert calls[2:] == [("unregister", old), ("register", ha.data_ptr(), 5000, 1)]
+    ptrs = {ha.data_ptr(), hb.data_ptr()}
+    del off, ha, hb
+    gc.collect()
+    assert {c[1] for c in calls[4:]} == ptrs and all(c[0] == "unregister" for c in calls[4:])

@@ -237,3 +237,47 @@ def test_build_waits_for_the_reward_model_with_its_start_timeout(monkeypatch):
     with pytest.raises(TimeoutError, match=r"reward.sources\[1\].start_timeout_s=42.0"):
         build_reward_manager(cfg)
     assert _SlowStart.waited == [(42.0, "reward.sources[1].start_timeout_s")]
+
+
+def test_reward_models_on_gpus_are_refused_and_config_models_run_on_the_cpu(monkeypatch):
+    """A reward model on GPUs is neither placed nor in the memory plan: ``num_gpus > 0`` is refused at ``--cfg``
+    (validate_config) naming the fix.  Built from the config, both placements load the model on the CPU, also in a
+    Ray worker without Ray GPUs, which would otherwise see every GPU of its node (Ray leaves CUDA_VISIBLE_DEVICES
+    alone then) and take cuda:0, a trainer rank's GPU; a worker Ray gave GPUs uses them ("cuda")."""
+    import types
+
+    import ray
+
+    from rlhf.config import ConfigError, compose_config, validate_config
+    from rlhf.rewards import reward_model
+
+    cfg = compose_config(["reward.sources=[{type:model,path:/models/rm,num_gpus:1}]"])
+    with pytest.raises(ConfigError, match=r"reward.sources\[0\].num_gpus=1.0: a reward model on GPUs is neither "
+                                          r"placed nor in the memory plan.*set num_gpus=0"):
+        validate_config(cfg)
+    built = []
+
+    class Rec(_Stub):
+        def __init__(self, path, **kwargs):
+            built.append((type(self).__name__, kwargs.get("num_gpus"), kwargs.get("device")))
+            super().__init__()
+
+        def wait_ready(self, timeout_s, key):
+            return 0.0
+
+    monkeypatch.setattr(reward_model, "RayRewardModelScorer", type("Ray", (Rec,), {}))
+    monkeypatch.setattr(reward_model, "HFRewardModelScorer", type("Local", (Rec,), {}))
+    build_reward_manager(_reward_cfg([{"type": "model", "path": "rm"},
+                                      {"type": "model", "path": "rm", "placement": "local"}]))
+    assert built == [("Ray", 0.0, "cpu"), ("Local", None, "cpu")]
+    started = []
+
+    class Remote:  # ray.remote(cls).options(...).remote(path, **kwargs), recorded
+        def __init__(self, cls):
+            self.options = lambda **o: types.SimpleNamespace(remote=lambda path, **kw: started.append((o, kw)))
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "remote", Remote)
+    RayRewardModelScorer("rm", micro_batch_size=2)
+    RayRewardModelScorer("rm", num_gpus=1)
+    assert [(o["num_gpus"], kw["device"]) for o, kw in started] == [(0.0, "cpu"), (1, "cuda")]

@@ -1,7 +1,8 @@
 """Engine / trainer GPU placement (rlhf.rollout.placement): a pure function, values written by hand."""
 import pytest
 
-from rlhf.rollout.placement import GPU, PlacementError, engine_actor_options, plan_placement, stage_leaders
+from rlhf.rollout.placement import (GPU, PlacementError, engine_actor_options, ipc_source_ranks, job_placement_problem,
+                                    plan_placement, stage_leaders)
 
 
 def gpus(node, *idx):
@@ -51,6 +52,16 @@ def test_colocated_stage_leaders_on_other_nodes_are_refused():
     plan = plan_placement(nnodes=1, gpus_per_node=8, trainer_world_size=8, num_engines=4, engine_tp=2,
                           mode="colocated", leaders=stage_leaders(8, 2))
     assert plan.engines[3] == gpus(0, 6, 7)
+
+
+def test_colocated_pipeline_over_two_nodes_places_unless_the_engines_map_the_leaders():
+    """TP4 PP2 on 2 x 4 GPUs, one engine of TP2 on GPUs 0-1: each engine rank maps memory of the trainer rank on its
+    own GPU, which receives stage 1's buckets from rank 4 over NCCL (rlhf/weight_bridge/local_handles.py), so the job
+    places; with expert parallelism the engines map the stage leaders' buckets and rank 4 is on node 1: refused."""
+    assert ipc_source_ranks(8, 2) == [0] and ipc_source_ranks(8, 2, ep=2) == [0, 4]
+    kw = dict(mode="colocated", num_engines=1, engine_tp=2, gpus_per_node=4, nnodes=2, trainer_world_size=8, pp=2)
+    assert job_placement_problem(**kw) is None
+    assert "rank(s) [4] are not on rank 0's node" in job_placement_problem(**kw, ep=2)
 
 
 @pytest.mark.parametrize("tp,n,expected", [

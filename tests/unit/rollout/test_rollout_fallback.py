@@ -62,7 +62,7 @@ class _Worker:
     """RolloutWorker._retry_failed on one rank: its _generate answers from a queue (records its calls)."""
 
     def __init__(self, answers):
-        self.rank0, self.answers, self.calls = True, list(answers), []
+        self.rank0, self.answers, self.calls, self.host_group = True, list(answers), [], None
 
     def _generate(self, prompts, sampling):
         self.calls.append((prompts, sampling))
@@ -72,7 +72,7 @@ class _Worker:
 def test_worker_retries_only_failed_samples(monkeypatch):
     from rlhf.workers import rollout as wr
 
-    monkeypatch.setattr(wr, "_broadcast", lambda obj: obj)  # one rank
+    monkeypatch.setattr(wr, "_broadcast", lambda obj, group: obj)  # one rank
     train = SamplingConfig(n=2, temperature=1.0, max_new_tokens=4)
     w = _Worker([[RolloutSample([9, 1], [8, 2], [-1.0, -1.0], "stop", 0, 0)]])
     samples = [_s(0, 0, [5]), _s(0, 1, [5]), _s(1, 0, [5]), _s(1, 1, [], reason="abort")]
@@ -85,7 +85,7 @@ def test_worker_retries_only_failed_samples(monkeypatch):
     assert w2.calls == [] and m == {"rollout/num_fallbacks": 0.0, "rollout/num_failed_samples": 0.0}
 
 
-def test_error_injecting_fault_points(monkeypatch, capsys):
+def test_error_injecting_fault_points(monkeypatch, caplog):
     monkeypatch.setattr(faults, "_hits", {})
     monkeypatch.setenv("RLHF_FAULT", "rollout_request_error@3,reward_model_slow@2")
     monkeypatch.setenv("RLHF_FAULT_STALL_S", "0.3")
@@ -94,9 +94,10 @@ def test_error_injecting_fault_points(monkeypatch, capsys):
     t0 = time.monotonic()
     faults.maybe_stall("reward_model_slow")
     assert time.monotonic() - t0 < 0.2
-    faults.maybe_stall("reward_model_slow")
+    with caplog.at_level("WARNING", logger="rlhf.faults"):
+        faults.maybe_stall("reward_model_slow")
     assert time.monotonic() - t0 >= 0.3
-    assert "FAULT reward_model_slow hit 2: stall 0.3 s" in capsys.readouterr().err
+    assert caplog.messages == ["FAULT reward_model_slow hit 2: stall 0.3 s"]
     monkeypatch.delenv("RLHF_FAULT")
     assert not faults.fires("rollout_request_error")
 

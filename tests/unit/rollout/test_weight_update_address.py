@@ -44,7 +44,8 @@ def test_config_key_reaches_the_bridge(monkeypatch):
     monkeypatch.setattr(wr, "start_rollout", lambda cfg, path: None)
     monkeypatch.setattr(sampling, "stop_token_ids_for", lambda path: [])
     monkeypatch.setattr(wr.dist, "get_rank", lambda: 0)
-    monkeypatch.setattr(wr.dist, "barrier", lambda: None)
+    monkeypatch.setattr(wr.dist, "barrier", lambda group=None: None)
+    monkeypatch.setattr(wr.dist, "new_group", lambda backend=None: None)
 
     class Bundle:
         chunks, spec = [], None

@@ -11,13 +11,15 @@ from rlhf.config import ConfigError, compose_config, validate_config
 from rlhf.trainer.alerts import AlertRule, Alerts
 
 
-def test_thresholds_fire_with_the_step_and_are_counted(capsys):
+def test_thresholds_fire_with_the_step_and_are_counted(caplog):
     alerts = Alerts([{"metric": "actor/entropy", "below": 0.05}, {"metric": "actor/kl", "above": 1.0},
                      AlertRule("critic/score/mean", below=0.1, above=0.9)])
-    lines = alerts.check({"actor/entropy": 0.04, "actor/kl": 1.0, "critic/score/mean": 0.5}, step=3)
+    with caplog.at_level("WARNING", logger="rlhf.trainer.alerts"):
+        lines = alerts.check({"actor/entropy": 0.04, "actor/kl": 1.0, "critic/score/mean": 0.5}, step=3)
     assert lines == ["WARNING step 3: alert actor/entropy=0.04 below 0.05"]  # kl == 1.0 is not above 1.0
     assert alerts.metrics() == {"alerts/num_fired": 1.0, "alerts/total": 1.0}
-    assert capsys.readouterr().err == "WARNING step 3: alert actor/entropy=0.04 below 0.05\n"
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", "WARNING step 3: alert actor/entropy=0.04 below 0.05")]
     lines = alerts.check({"actor/entropy": 0.5, "actor/kl": 1.5, "critic/score/mean": 0.95}, step=4)
     assert lines == ["WARNING step 4: alert actor/kl=1.5 above 1",
                      "WARNING step 4: alert critic/score/mean=0.95 above 0.9"]

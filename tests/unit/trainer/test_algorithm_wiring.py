@@ -1,4 +1,4 @@
-"""The algorithms wired into the PPO trainer (issues 10 and 14), CPU only, fast, hand-computed values:
+"""The algorithms wired into the PPO trainer, CPU only, fast, hand-computed values:
 
 * compute_advantages calls every estimator through the registry with verl's keywords (config=, index=,
   sample_mask=, values= for GAE, reward_baselines= for ReMax);

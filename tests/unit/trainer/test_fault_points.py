@@ -170,13 +170,13 @@ def test_resume_target_for_every_state_a_killed_save_leaves(tmp_path):
     assert latest_checkpoint(str(root)) == str(root / "global_step_2")
 
 
-def test_trace_prints_every_pass_with_its_context(monkeypatch, capsys):
+def test_trace_logs_every_pass_with_its_context(monkeypatch, caplog):
     monkeypatch.setattr(faults, "_passes", {})
     monkeypatch.delenv("RLHF_FAULT", raising=False)
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setenv("RLHF_FAULT_TRACE", "1")
-    for last in (False, True, False):
-        faults.maybe_fail("sync_weights", last=last)
-    assert capsys.readouterr().err.splitlines() == ["FAULT-TRACE sync_weights 1 last=False",
-                                                    "FAULT-TRACE sync_weights 2 last=True",
-                                                    "FAULT-TRACE sync_weights 3 last=False"]
+    with caplog.at_level("WARNING", logger="rlhf.faults"):
+        for last in (False, True, False):
+            faults.maybe_fail("sync_weights", last=last)
+    assert caplog.messages == ["FAULT-TRACE sync_weights 1 last=False", "FAULT-TRACE sync_weights 2 last=True",
+                               "FAULT-TRACE sync_weights 3 last=False"]

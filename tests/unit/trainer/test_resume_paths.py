@@ -105,28 +105,29 @@ def _trainer(tmp_path, **trainer):
     return t
 
 
-def test_each_save_logs_its_path(tmp_path, monkeypatch, capsys):
+def test_each_save_logs_its_path(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(base.dist, "get_rank", lambda: 0)
     saved = []
     monkeypatch.setattr(base, "save_checkpoint_dir", lambda root, step, *a, **k:
                         saved.append(step) or os.path.join(root, f"global_step_{step}"))
-    path = _trainer(tmp_path).save_checkpoint(7)
-    out = capsys.readouterr().out.splitlines()
+    with caplog.at_level("INFO", logger="rlhf.trainer.base"):
+        path = _trainer(tmp_path).save_checkpoint(7)
+    out = caplog.messages
     assert saved == [7] and path == str(tmp_path / "checkpoints" / "global_step_7")
     assert out[0] == f"saving checkpoint to {path}"
     assert out[1].startswith(f"saved checkpoint {path} (step 7, ")
     assert out[1].endswith(f"trainer.resume_from_path={path}")
 
 
-def test_lr_decay_steps_null_decays_over_the_run(tmp_path, monkeypatch, capsys):
+def test_lr_decay_steps_null_decays_over_the_run(tmp_path, monkeypatch, caplog):
     """verl's get_megatron_optimizer_param_scheduler: lr_decay_steps null -> the run's length.  Here in optimizer
     steps: 5 updates x (train batch 8 / mini batch 4) x 2 epochs = 20."""
     monkeypatch.setattr(base.dist, "get_rank", lambda: 0)
     t = _trainer(tmp_path, **{"data.train_batch_size": 8, "actor.ppo_mini_batch_size": 4,
                               "actor.optim.lr_decay_style": "cosine"})
-    t.fill_lr_decay_steps("actor", updates=5, epochs=2)
-    assert t.cfg.actor.optim.lr_decay_steps == 20 and "decaying over the run's 20 optimizer steps" in \
-        capsys.readouterr().out
+    with caplog.at_level("INFO", logger="rlhf.trainer.base"):
+        t.fill_lr_decay_steps("actor", updates=5, epochs=2)
+    assert t.cfg.actor.optim.lr_decay_steps == 20 and "decaying over the run's 20 optimizer steps" in caplog.text
     t.fill_lr_decay_steps("critic", updates=5, epochs=1)  # constant schedule: nothing to decay
     assert t.cfg.critic.optim.lr_decay_steps is None
     t = _trainer(tmp_path, **{"actor.optim.lr_decay_style": "linear", "actor.optim.lr_decay_steps": 3})

@@ -24,6 +24,10 @@ def world1():
 
 @pytest.fixture
 def worker(world1, tmp_path, monkeypatch):
+    return make_worker(tmp_path, monkeypatch)
+
+
+def make_worker(tmp_path, monkeypatch):
     from tests.support.tiny_models import make_tiny_hf_model
     from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
@@ -209,3 +213,26 @@ def test_every_weight_sync_runs_with_the_actor_parameters_resident(worker):
     syncs = [k for k, e in enumerate(log) if e == "sync"]
     assert len(syncs) == 2 and all(log[k - 1] == "actor params in" and log[k + 1] == "actor params out" for k in syncs)
     assert log.count("actor params in") == 2 and log.count("generate") == 3
+
+
+def test_other_ranks_wait_for_rank_0_on_the_host(world1, tmp_path, monkeypatch):
+    """The ranks other than 0 wait for rank 0 while it starts the engines, generates and scores (minutes): every
+    such wait (the object broadcasts and barriers of the worker) goes through a gloo group of the worker's own, never
+    the default group, which is NCCL on a GPU run: there each rank would wait in an NCCL kernel spinning on its GPU,
+    time-sliced against the colocated engine rank on that GPU for the whole generation."""
+    calls = []
+    for name in ("barrier", "broadcast_object_list"):
+        original = getattr(dist, name)
+
+        def record(*args, _name=name, _original=original, **kwargs):
+            calls.append((_name, kwargs.get("group")))
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(dist, name, record)
+    w, manager = make_worker(tmp_path, monkeypatch)
+    with w.serving():
+        w.generate(batch(2), w.train_sampling, Reward())
+    w.sync_weights()
+    assert [n for n, _ in calls].count("barrier") >= 5 and [n for n, _ in calls].count("broadcast_object_list") >= 3
+    assert all(g is not None and g is not dist.group.WORLD and dist.get_backend(g) == "gloo" for _, g in calls), calls
+    assert len({id(g) for _, g in calls}) == 1  # one group, made once

@@ -12,6 +12,8 @@ shadowing the real wheel there and nowhere else:
 * the few ``torch.ops.sgl_kernel.*`` CPU ops that a dense Llama/Qwen2 reaches with
   ``attention_backend="torch_native"`` are registered here in plain torch (RMSNorm, fused add+RMSNorm,
   SiLU-and-mul, thread binding);
+* DeepSeek-V3's multi-latent attention prefill on the ``torch_native`` backend is corrected
+  (``_mla_prefill``: SGLang attends over the latent cache instead of the keys/values it passes);
 * ``convert_weight_packed`` is deliberately NOT registered: SGLang enables its Intel-AMX backend only when
   that op exists, so leaving it out keeps every linear layer on plain ``torch.nn.functional.linear``
   even on AMX-capable CPUs.
@@ -19,6 +21,7 @@ shadowing the real wheel there and nowhere else:
 It is never imported on a GPU machine (``rlhf.rollout.sglang_cpu`` only adds it when CUDA is absent).
 """
 
+import importlib
 import os
 
 import torch
@@ -90,3 +93,7 @@ if os.environ.get("RLHF_SGLANG_CPU_NOOP_CUDA_SYNC") == "1":
     # This module is imported by every SGLang process (scheduler ranks included), so patching here reaches
     # the process that actually runs the release. Only set when the engine runs on CPU.
     torch.cuda.synchronize = lambda *args, **kwargs: None
+
+# DeepSeek-V3 (MLA) prefill on the torch_native backend: see _mla_prefill's docstring.  Imported by name: a
+# `from sgl_kernel import _mla_prefill` would get this module's __getattr__ placeholder instead.
+importlib.import_module(__name__ + "._mla_prefill").install()

@@ -1,0 +1,262 @@
+"""Engine-local bucket handles (rlhf/weight_bridge/local_handles.py) on 4 gloo ranks with in-memory engines.
+Launched by tests/e2e/test_bridge_holders_dist.py (shared 4-rank launch, tests/e2e/conftest.py):
+
+    torchrun --nproc_per_node=4 tests/support/dist/holder_checks.py --workdir DIR
+
+Per trainer layout (tiny Llama, megatron-core, the real WeightBridge on every rank; the engines are
+tests/support/fakes.py's FakeEngines on rank 0, which deserialize every entry with SGLang's serializer):
+
+* ``entry_from_rank_on_its_device``: with holders, engine e's TP-rank-r entry of EVERY bucket (every pipeline
+  stage's) is shared memory created by trainer rank ``e * engine_tp + r`` (the pid in torch's ``/torch_<pid>_``
+  file name); with ``local_handles=False`` each entry is its stage leader's;
+* ``entries_bitwise_equal_leader_only``: every engine TP rank received bitwise the same tensors either way;
+* ``failed_sync_serializes_only_what_is_delivered``: an engine refusing its second bucket fails the sync on every
+  rank (no hang), and the handles serialized on all ranks equal the entries handed to the engines (a serialized
+  CUDA IPC handle never opened would keep its block in torch's IPC limbo for good);
+* ``replaced_engine_serializes_only_what_is_delivered``: the same when an engine is replaced during the sync (it
+  gets nothing after its replacement; the others get every bucket);
+* ``pools_freed_after_the_engines_last_reply``: every rank frees its bucket pool only after the engines answered
+  the last bucket (the engine's last reply is made slow: 0.5 s).
+
+Prints ``CHECK holders_<layout>_<name> PASS|FAIL <detail>`` on rank 0.
+"""
+import argparse
+import os
+import re
+import sys
+import time
+import traceback
+import warnings
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+
+#: (trainer tp, trainer pp, engines, engine tp): world 4
+LAYOUTS = [
+    (2, 2, 2, 2),  # TP peers of both stage leaders hold engine ranks; stage 1's leader holds one of its own
+    (1, 2, 1, 4),  # data-parallel replica ranks (no part in any gather) hold engine ranks of both stages
+    (2, 1, 2, 2),  # PP 1: a TP peer and a data-parallel replica's ranks hold
+]
+CHECKS = ["entry_from_rank_on_its_device", "entries_bitwise_equal_leader_only",
+          "failed_sync_serializes_only_what_is_delivered", "replaced_engine_serializes_only_what_is_delivered",
+          "pools_freed_after_the_engines_last_reply"]
+SLOW_LAST_REPLY_S = 0.5
+LOAD_DELAY_S = 0.03  # the engines' loading of a bucket starts this long after the update call
+
+
+def layout_name(tp, pp, n, etp):
+    return f"tp{tp}pp{pp}_{n}x{etp}"
+
+
+def report(name, ok, detail=""):
+    """Rank 0 decides (it holds the engines); everyone learns the verdict."""
+    box = [bool(ok)]
+    dist.broadcast_object_list(box, src=0)
+    ok = box[0]
+    if dist.get_rank() == 0:
+        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".replace("\n", " "), flush=True)
+    return ok
+
+
+class Fleet:
+    """FakeEngines that load asynchronously, as SGLang engines do: an update call only records its payloads, the
+    engines map and copy them when the trainer waits for the call, ``LOAD_DELAY_S`` later (so a trainer buffer
+    rewritten before the engines answered shows as a wrong value).  Per update call it records the pid that
+    created each entry's memory and the entries handed over; the last bucket's load (``flush_cache``) can be made
+    slow and its reply time recorded."""
+
+    def __init__(self, inner, slow_last=False):
+        self.inner, self.slow_last = inner, slow_last
+        self.creators, self.handed, self.last_reply = [], 0, None
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def update_weights_from_tensor(self, payloads, engines=None, load_format="flattened_bucket", flush_cache=False):
+        self.creators.append({e: [int(re.search(rb"/torch_(\d+)_", p).group(1)) for p in row]
+                              for e, row in zip(engines, payloads)})
+        self.handed += sum(len(row) for row in payloads)
+        return ("deferred", payloads, list(engines), load_format, flush_cache, list(self.inner.restarts))
+
+    def wait(self, pending, what="call"):
+        if not (isinstance(pending, tuple) and pending[:1] == ("deferred",)):
+            return self.inner.wait(pending, what)
+        _, payloads, engines, load_format, flush_cache, restarts = pending
+        time.sleep(LOAD_DELAY_S)
+        alive = [k for k, e in enumerate(engines) if self.inner.restarts[e] == restarts[e]]  # a call to a dead engine
+        try:
+            return self.inner.wait(self.inner.update_weights_from_tensor(
+                [payloads[k] for k in alive], engines=[engines[k] for k in alive], load_format=load_format,
+                flush_cache=flush_cache), what)
+        finally:
+            if flush_cache and self.slow_last:
+                time.sleep(SLOW_LAST_REPLY_S)
+                self.last_reply = time.monotonic()
+
+
+class Counters:
+    """Every rank: serialized bucket handles (SGLang's MultiprocessingSerializer) and the times the bridge freed
+    its pool."""
+
+    def __init__(self):
+        from sglang.srt.utils.common import MultiprocessingSerializer
+
+        from rlhf.weight_bridge import bridge
+
+        self.serialized, self.freed = 0, []
+        serialize, free = MultiprocessingSerializer.serialize, bridge.WeightBridge._free_pool
+        self._restore = lambda: (setattr(MultiprocessingSerializer, "serialize", staticmethod(serialize)),  # noqa: E731
+                                 setattr(bridge.WeightBridge, "_free_pool", free))
+
+        def counting(obj, output_str=False):
+            self.serialized += 1
+            return serialize(obj, output_str)
+
+        def timed_free(this):
+            self.freed.append(time.monotonic())
+            return free(this)
+
+        MultiprocessingSerializer.serialize = staticmethod(counting)
+        bridge.WeightBridge._free_pool = timed_free
+
+    def reset(self):
+        self.serialized, self.freed = 0, []
+
+    def restore(self):
+        self._restore()
+
+
+def sync(actor, fleet, local, tag, **kw):
+    """One sync of a fresh bridge; returns (stats or the error text, this rank's counters)."""
+    from rlhf.weight_bridge import WeightBridge, WeightBridgeError
+
+    bridge = WeightBridge(actor.chunks, actor.spec, fleet, transport="tensor", bucket_bytes=64 * 1024, overlap=True,
+                          shared_buckets=False, local_handles=local, group_prefix=tag, **kw)
+    try:
+        return bridge.sync()
+    except WeightBridgeError as e:
+        return str(e)
+    finally:
+        bridge.close()
+
+
+def run_layout(tp, pp, n, etp, path, counters):
+    from transformers import AutoConfig
+
+    from megatron.core import parallel_state as ps
+
+    from parallel.models import build_model_chunks
+    from rlhf.rollout.placement import stage_leaders
+    from tests.support.fakes import FakeEngines, expected_weights_from_spec
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_model_parallel(tp=tp, pp=pp)
+    set_seed(1234)
+    rank0, world = dist.get_rank() == 0, dist.get_world_size()
+    lay = f"holders_{layout_name(tp, pp, n, etp)}"
+    actor = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    expected = expected_weights_from_spec(actor.spec)
+
+    def fleet(**kw):
+        return Fleet(FakeEngines(expected, n=n, tp_size=etp, **kw.pop("engines", {})), **kw) if rank0 else None
+
+    def gathered(value):
+        out = [None] * world
+        dist.all_gather_object(out, value)
+        return out
+
+    # holders vs the stage leaders' handles: who created each entry's memory, what each engine rank loaded
+    runs = {}
+    for local in (False, True):
+        counters.reset()
+        f = fleet(slow_last=local)
+        stats = sync(actor, f, local, f"{lay}_{local}")
+        runs[local] = (f, stats, gathered(counters.freed))
+    ok, detail = False, ""
+    if rank0:
+        leaders = {pids[r] for r in stage_leaders(world, pp)}
+        want = {e: [pids[e * etp + r] for r in range(etp)] for e in range(n)}
+        lead_rows = [row for call in runs[False][0].creators for row in call.values()]
+        local_calls = runs[True][0].creators
+        ok = (bool(local_calls) and all(call == want for call in local_calls)
+              and all(len(set(row)) == 1 and row[0] in leaders for row in lead_rows)
+              and {row[0] for row in lead_rows} == leaders)
+        detail = (f"trainer pids {pids}; want {want}; with holders, per bucket: {local_calls[:1]} .. "
+                  f"{local_calls[-1:]} ({len(local_calls)} buckets); leader only: {sorted({r[0] for r in lead_rows})}")
+    report(f"{lay}_entry_from_rank_on_its_device", ok, detail)
+    if rank0:
+        a, b = ([e.by_rank for e in runs[k][0].inner.engines] for k in (False, True))
+        names = set(expected)
+        bad = [(e, r, x) for e in range(n) for r in range(etp) for x in names
+               if x not in a[e][r] or x not in b[e][r] or not torch.equal(a[e][r][x], b[e][r][x])]
+        ok = not bad and not any(isinstance(runs[k][1], str) for k in runs)
+        detail = f"{n} engines x {etp} ranks x {len(names)} tensors compared; differing or missing: {bad[:4]}"
+    report(f"{lay}_entries_bitwise_equal_leader_only", ok, detail)
+    f, stats, freed = runs[True]
+    reply = gathered(f.last_reply if rank0 else None)[0]
+    early = {r: round(min(t) - reply, 3) if t else "never" for r, t in enumerate(freed)
+             if reply is not None and (not t or min(t) < reply)}
+    report(f"{lay}_pools_freed_after_the_engines_last_reply", reply is not None and not early,
+           f"ranks freeing before the last reply (seconds after it): {early}; frees per rank: "
+           f"{[len(t) for t in freed]}")
+
+    # a failed sync and a replaced engine: nothing serialized that is not handed to an engine
+    for name, engines in (("failed_sync", {"fail_at": {(0, 1)}}), ("replaced_engine", {"kill_at": {(n - 1, 1)}})):
+        counters.reset()
+        f = fleet(engines=engines)
+        got = sync(actor, f, True, f"{lay}_{name}")
+        serialized = sum(gathered(counters.serialized))
+        raised = gathered(isinstance(got, str))
+        handed = f.handed if rank0 else 0
+        ok, detail = False, ""
+        if rank0:
+            if name == "failed_sync":
+                ok = all(raised) and serialized == handed and handed > 0
+                what = f"raised on ranks {raised}: {str(got)[:160]}"
+            else:
+                reached = None if isinstance(got, str) else got.engines
+                ok = not any(raised) and serialized == handed and reached == list(range(n - 1))
+                what = f"engines reached {reached} (engine {n - 1} replaced at its call 1)"
+            detail = f"serialized on all ranks {serialized}, handed to the engines {handed}; {what}"
+        report(f"{lay}_{name}_serializes_only_what_is_delivered", ok, detail)
+    dist.barrier()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workdir", required=True)
+    args = ap.parse_args()
+    init_distributed()
+    from tests.support.tiny_models import make_tiny_hf_model
+    from tests.support.tiny_tokenizer import make_tiny_tokenizer
+
+    os.makedirs(args.workdir, exist_ok=True)
+    path = os.path.join(args.workdir, "llama")
+    if dist.get_rank() == 0:
+        tok = make_tiny_tokenizer()
+        make_tiny_hf_model(path, "llama_gqa", vocab_size=len(tok), hidden_size=64, num_layers=4, seed=7, tokenizer=tok)
+    dist.barrier()
+    counters = Counters()
+    try:
+        for tp, pp, n, etp in LAYOUTS:
+            try:
+                run_layout(tp, pp, n, etp, path, counters)
+            except Exception:
+                traceback.print_exc()
+                print(f"CHECK holders_{layout_name(tp, pp, n, etp)}_completed FAIL rank {dist.get_rank()}", flush=True)
+                raise
+    finally:
+        counters.restore()  # the launch may run other scripts in these processes
+    dist.barrier()
+
+
+if __name__ == "__main__":
+    main()
