@@ -10,6 +10,7 @@ from parallel.convert import (CONVERTERS, GATHER_DIM, HFCheckpointReader, ParamR
                                 get_converter, hf_tensors_from_shards, local_shard_from_hf,
                                 read_checkpoint_metadata, supported_architectures)
 from parallel.convert.spec import HFModelSpec
+from tests.support.hf_state import StateDictReader
 
 
 def test_registry_lists_every_family_architecture():
@@ -64,21 +65,6 @@ def test_metadata_and_slices_single_sharded_and_unindexed(tmp_path):
         read_checkpoint_metadata(str(tmp_path))
 
 
-class _DictReader:
-    path = "<dict>"
-
-    def __init__(self, sd):
-        self.sd = sd
-
-    def shape(self, n):
-        return list(self.sd[n].shape)
-
-    def get(self, n, rows=None, cols=None):
-        t = self.sd[n]
-        t = t[rows] if rows is not None else t
-        return t[:, cols] if cols is not None else t
-
-
 def _spec(**kw):
     base = dict(architecture="LlamaForCausalLM", vocab_size=10, hidden_size=8, ffn_hidden_size=12, num_layers=1,
                 num_attention_heads=4, num_query_groups=2, head_dim=3, rms_norm_eps=1e-6, rope_theta=1e4,
@@ -104,7 +90,7 @@ def test_layout_round_trip_at_tp2(kind, names, shapes, local):
     hf = {n: torch.randn(*s, generator=g) for n, s in zip(names, shapes)}
     role = ParamRole(kind, names)
     tp = 1 if kind == "replicated" else 2
-    shards = [local_shard_from_hf(_DictReader(hf), role, torch.empty(local), spec, r, tp) for r in range(tp)]
+    shards = [local_shard_from_hf(StateDictReader(hf), role, torch.empty(local), spec, r, tp) for r in range(tp)]
     assert all(tuple(s.shape) == local for s in shards)
     back = dict(hf_tensors_from_shards(role, shards, spec))
     assert list(back) == list(names)
@@ -120,7 +106,7 @@ def test_shape_mismatch_names_tensor():
     spec = _spec()
     hf = {"g": torch.zeros(5, 8), "u": torch.zeros(12, 8)}
     with pytest.raises(ValueError, match=r"'g' has shape \[5, 8\].*expected \[12, 8\]"):
-        local_shard_from_hf(_DictReader(hf), ParamRole("fc1", ("g", "u")), torch.empty(12, 8), spec, 0, 1)
+        local_shard_from_hf(StateDictReader(hf), ParamRole("fc1", ("g", "u")), torch.empty(12, 8), spec, 0, 1)
 
 
 def test_checkpoint_reader_needs_safetensors(tmp_path):

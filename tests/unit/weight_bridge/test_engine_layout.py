@@ -27,6 +27,7 @@ from rlhf.rollout.engine_probe import split_layer
 from rlhf.weight_bridge.engine_layout import (DirectPlan, LayoutUnavailable, agree, build_direct_plan, compose_writes,
                                               layout_from_probes, shard_runs, write_section_ops)
 from rlhf.weight_bridge.shared_params import ArenaMaps, arena_plan
+from tests.support.hf_state import StateDictReader
 from tests.unit.weight_bridge.test_weight_bridge_layout import make_spec, random_hf_state
 
 FAMILIES = {"llama_untied_gqa": dict(heads=8, kv=4, tied=False, bias=False),
@@ -176,23 +177,6 @@ def sglang_model(ctx, spec, tp: int, rank: int, seed: int = 99):
     return root
 
 
-class _DictReader:
-    """HFCheckpointReader's interface over a state dict (for the converter's ``local_shard_from_hf``)."""
-
-    path = "<state dict>"
-
-    def __init__(self, hf):
-        self.hf = hf
-
-    def shape(self, name):
-        return list(self.hf[name].shape)
-
-    def get(self, name, rows=None, cols=None):
-        t = self.hf[name]
-        t = t if rows is None else t[rows]
-        return t if cols is None else t[:, cols]
-
-
 def trainer_entries(hf, spec, tp: int, r: int, layers: range, first: bool, last: bool) -> list[LocalTensor]:
     """TP rank r's megatron shards of ``layers`` (plus the embedding on the first stage, the final norm and an untied
     output layer on the last) as LocalTensors, cut by the converter's import from the HF tensors."""
@@ -240,7 +224,7 @@ def trainer_entries(hf, spec, tp: int, r: int, layers: range, first: bool, last:
         roles.append(("decoder.final_layernorm.weight", ParamRole("replicated", ("model.norm.weight",)), (H,)))
         if not spec.tie_word_embeddings:
             roles.append(("output_layer.weight", ParamRole("vocab", ("lm_head.weight",)), (padded // tp, H)))
-    reader = _DictReader(hf)
+    reader = StateDictReader(hf)
     return [LocalTensor(0, None, name, local_shard_from_hf(reader, role, torch.empty(shape), spec, r, tp).contiguous(),
                         role, True) for name, role, shape in roles]
 

@@ -25,6 +25,7 @@ from parallel.model_config import HFModelSpec
 from rlhf.weight_bridge import WeightBridge, WeightBridgeError, regex_name_map, validate_against_expected
 from rlhf.rollout.manager import assert_plain_data
 from tests.support.fakes import FakeEngines, SimulatedTPTopology, expected_weights_from_spec
+from tests.support.hf_state import StateDictReader
 
 # ----------------------------------------------------------------------------------------------
 # model specs and a random HF state dict
@@ -243,23 +244,9 @@ def test_hand_built_shards_match_hf_conversion_import():
     """The test's hand-built megatron layout agrees with hf_conversion.local_shard_from_hf."""
     from parallel.convert import ParamRole, local_shard_from_hf
 
-    class DictReader:
-        path = "<dict>"
-
-        def __init__(self, sd):
-            self.sd = sd
-
-        def shape(self, n):
-            return list(self.sd[n].shape)
-
-        def get(self, n, rows=None, cols=None):
-            t = self.sd[n]
-            t = t[rows] if rows is not None else t
-            return t[:, cols] if cols is not None else t
-
     spec = make_spec(8, 4, False, True)
     hf = random_hf_state(spec)
-    reader = DictReader(hf)
+    reader = StateDictReader(hf)
     for tp in (1, 2, 4):
         for r in range(tp):
             local = megatron_local_tensors(hf, spec, tp, r)
