@@ -452,6 +452,8 @@ class WeightBridge:
                     if mine is not None:
                         _, slot, buf = next(mine)
                         try:
+                            if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
+                                raise buf
                             record(plan, bplan, buf)
                             if pending:  # the engines that accepted the request wait for the data
                                 self.dist.broadcast(buf, times)
@@ -469,6 +471,8 @@ class WeightBridge:
             return error
         for bplan, slot, buf in own():
             try:
+                if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
+                    raise buf
                 record(plan, bplan, buf)
                 self.dist.broadcast(buf, times)
             finally:
