@@ -107,7 +107,8 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
     """Expert parallelism: a routed expert tensor of every EP rank.  Each EP rank's TP rank 0 gathers its TP
     shards and converts them; the EP group gathers the results on the stage leader, which yields them in
     EP-rank order under each rank's global expert names (as parallel.convert.iter_hf_tensors does).  After a
-    production error the EP gathers still run, on uninitialised tensors of the converted shapes."""
+    production error the EP gathers still run, on uninitialised tensors of the converted shapes (an expert peer's
+    error: the leader packs them, and the sync then fails on every rank with that error; sync again)."""
     from parallel.convert.params import param_role
 
     shards = topo.gather(e)
