@@ -26,6 +26,9 @@ Points that inject an error instead of killing (the safeguards' tests):
                            token (:func:`fires`; counted per engine process, one count per sample)
     reward_model_slow      rlhf.rewards.reward_model   the local reward model's call stalls
                            ``RLHF_FAULT_STALL_S`` seconds (default 10) first (:func:`maybe_stall`)
+    sync_convert_error     rlhf.weight_bridge.hf_stream  a stage leader's conversion of a gathered parameter
+                           raises (as a CUDA OOM in ``torch.cat`` would), counted per conversion
+                           (:func:`fires`)
 
 Without ``RLHF_FAULT`` every call is a dictionary lookup and returns.
 """
@@ -40,7 +43,7 @@ __all__ = ["FAULT_ENV", "POINTS", "maybe_fail", "fires", "maybe_stall", "armed",
 
 FAULT_ENV = "RLHF_FAULT"
 POINTS = ("step_start", "ckpt_mid_save", "ckpt_before_rename", "ckpt_before_tracker", "sync_weights",
-          "rollout_request_error", "reward_model_slow")
+          "rollout_request_error", "reward_model_slow", "sync_convert_error")
 EXIT_CODE = 17  # RLHF_FAULT_MODE=exit
 
 TRACE_ENV = "RLHF_FAULT_TRACE"

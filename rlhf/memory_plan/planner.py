@@ -21,19 +21,23 @@ Order of events modelled (colocated rollout, as `rlhf.setup` builds things):
 
 Assumptions (each a PlanInput field): one engine rank per GPU; the trainer calls
 `torch.cuda.empty_cache()` before the engine resumes (its cached activation blocks are not held);
-CUDA context 0.75 GiB per process, NCCL buffers 0.5 GiB per trainer process, SGLang's runtime
-pool (activations, CUDA graphs) 2 GiB.
+CUDA context 0.75 GiB per process, SGLang's runtime pool (activations, CUDA graphs) 2 GiB; NCCL:
+each communicator a trainer process creates (`terms.nccl_communicators`: one per process group it uses)
+costs 544 MiB (2 ranks) or 688 MiB (more) on its GPU (NVIDIA/nccl#964); the world's exists from the start,
+the others appear at their group's first collective, after the engine measured its free memory (counted
+like Adam's moments).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlhf.memory_plan.terms import (GiB, ModelShape, in_flight_micro_batches, kv_bytes_per_token,
-                                          layer_activations, logits_bytes, model_params, padded_vocab, stage_layers,
-                                          stage_params)
+from rlhf.memory_plan.terms import (NCCL_COMM_BYTES, NCCL_PAIR_COMM_BYTES, GiB, ModelShape, in_flight_micro_batches,
+                                    kv_bytes_per_token, layer_activations, logits_bytes, model_params, nccl_communicators,
+                                    oversize_sync_bytes, padded_vocab, stage_layers, stage_params,
+                                    sync_broadcast_groups)
 
 __all__ = ["GiB", "ModelShape", "Layout", "Role", "Workload", "EngineSetup", "PlanInput", "Item", "Phase",
-           "MemoryPlan", "plan_memory", "format_plan"]
+           "MemoryPlan", "plan_memory", "format_plan", "communicators"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,8 @@ class PlanInput:
     fused_swiglu: bool = True  # megatron's bias_activation_fusion (on with TE; needs triton + a C compiler)
     divisible_by: int = 128
     cuda_context_bytes: float = 0.75 * GiB
-    nccl_bytes: float = 0.5 * GiB
+    nccl_comm_bytes: float = NCCL_COMM_BYTES  # per communicator of more than 2 ranks, on each member's GPU
+    nccl_pair_comm_bytes: float = NCCL_PAIR_COMM_BYTES  # per communicator of 2 ranks
     trainer_empty_cache: bool = True  # False: the trainer's cached activation blocks stay reserved while generating
 
 
@@ -270,8 +275,9 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
     """
     phases: list[Phase] = []
     problems: list[str] = []
-    ctx = [Item("trainer CUDA context + NCCL", inp.cuda_context_bytes + inp.nccl_bytes, False)] if inp.cuda else []
     eng = inp.engine
+    ctx0 = lambda stage: _context(inp, stage, later=False)  # noqa: E731 - at build and engine start
+    ctx = lambda stage: _context(inp, stage, later=True)  # noqa: E731 - from the first step on
     plan = MemoryPlan(gpu_bytes=inp.gpu_bytes, phases=phases, problems=problems)
     stage_plans = []
     for stage in range(inp.layout.pp):
@@ -299,7 +305,7 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
                             f"{inp.num_gpus} GPUs; use rollout.num_engines * rollout.tensor_model_parallel_size "
                             f"<= {inp.num_gpus}")
         engine_ctx = Item("engine CUDA context", inp.cuda_context_bytes, False) if inp.cuda else None
-        used = sum(i.bytes for i in at_start + ctx) + (engine_ctx.bytes if engine_ctx else 0)
+        used = sum(i.bytes for i in at_start + ctx0(stage)) + (engine_ctx.bytes if engine_ctx else 0)
         free = inp.gpu_bytes - used
         weights = model_params(inp.model) * eng.weight_bytes / eng.tp
         static = eng.mem_fraction_static * free
@@ -318,30 +324,39 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
             Item("engine runtime pool (activations, CUDA graphs)", eng.runtime_bytes, False)]
         kept = Item("engine runtime pool (released: kept)", eng.runtime_bytes, False)
         engine_released = engine_hold if not eng.memory_saver else ([engine_ctx] if engine_ctx else []) + [kept]
-        phases.append(Phase("build", ctx + at_start_build, "use the distributed optimizer, raise tp/pp, or drop a "
-                            "role", stage))
-        phases.append(Phase("engine start", ctx + at_start + engine_hold, "lower rollout.mem_fraction_static", stage))
-        phases.append(Phase("generate", ctx + at_start + adam + engine_hold, "", stage))
+        phases.append(Phase("build", ctx0(stage) + at_start_build, "use the distributed optimizer, raise tp/pp, or "
+                            "drop a role", stage))
+        phases.append(Phase("engine start", ctx0(stage) + at_start + engine_hold, "lower rollout.mem_fraction_static",
+                            stage))
+        phases.append(Phase("generate", ctx(stage) + at_start + adam + engine_hold, "", stage))
         # the stage leader's GPU (the worst): its bucket pool plus a gathered parameter and its converted copy.
         # Every other engine GPU holds one copy of the pool (plan.sync_copy_bytes), which its engine rank maps:
         # the trainer rank there holds every stage's buckets (rlhf/weight_bridge/local_handles.py; a stage leader
         # that also holds uses its one pool).  With expert parallelism there are no holders: every engine rank maps
         # the leaders' buckets, a CUDA context on each leader's GPU per engine process on another GPU
         sync = [Item("weight sync buckets on the stage leader's GPU (gathered + packed)", 2 * eng.sync_bucket_bytes)]
+        lay, m = inp.layout, inp.model
+        leader_big, holder_big = oversize_sync_bytes(vocab=m.vocab_size, hidden=m.hidden_size, tp=lay.tp,
+                                                     divisible_by=inp.divisible_by, params_bytes=inp.params_bytes,
+                                                     weight_bytes=eng.weight_bytes,
+                                                     bucket_bytes=eng.sync_bucket_bytes)
+        if leader_big and (stage == 0 or (stage == lay.pp - 1 and not m.tie_word_embeddings)):
+            sync.append(Item("weight sync: the embedding / LM head, a bucket of its own outside the pool (gathered "
+                             "+ converted + in flight)", leader_big))
         holders = inp.layout.ep == 1
-        plan.sync_copy_bytes = eng.sync_bucket_bytes if holders else 0.0
+        plan.sync_copy_bytes = eng.sync_bucket_bytes + holder_big if holders else 0.0
         if not holders and inp.cuda:
             sync.append(Item("engine processes' CUDA contexts on the stage leader's GPU (expert parallelism: each "
                              "engine rank maps the leaders' buckets)", (eng.num_engines * eng.tp - 1) *
                              inp.cuda_context_bytes))
         actor = next((r for r in inp.roles if r.name == "actor"), None)
         sync += _loaded(actor, statics["actor"], ("params",)) if actor is not None else []  # offloaded: back for the sync
-        phases.append(Phase("weight sync", ctx + at_start + adam + ([engine_ctx] if engine_ctx else []) +
+        phases.append(Phase("weight sync", ctx(stage) + at_start + adam + ([engine_ctx] if engine_ctx else []) +
                             [Item("engine weights (resumed before the KV cache)", weights, False)] + sync,
                             "lower rollout.weight_sync_bucket_mb", stage))
     else:
-        phases.append(Phase("build", ctx + at_start_build, "use the distributed optimizer, raise tp/pp, or drop a "
-                            "role", stage))
+        phases.append(Phase("build", ctx0(stage) + at_start_build, "use the distributed optimizer, raise tp/pp, or "
+                            "drop a role", stage))
         if eng is not None:
             free = inp.gpu_bytes - 2 * inp.cuda_context_bytes if inp.cuda else inp.gpu_bytes
             weights = model_params(inp.model) * eng.weight_bytes / eng.tp
@@ -359,11 +374,13 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
                     p.items.append(Item("trainer cached blocks (no torch.cuda.empty_cache())", cached, False))
                     p.knob += "call torch.cuda.empty_cache() before the engine resumes; "
         free = plan.engine_free_at_start
-        growth = sum(i.bytes for i in adam) + eng.runtime_bytes + cached
+        comms_later = sum(i.bytes for i in ctx(stage)) - sum(i.bytes for i in ctx0(stage))
+        growth = sum(i.bytes for i in adam) + eng.runtime_bytes + cached + comms_later
         plan.max_mem_fraction_static = max(0.0, 1 - growth / free) if free > 0 else 0.0
         plan.phase("generate").knob += (
-            f"lower rollout.mem_fraction_static to <= {plan.max_mem_fraction_static:.2f} (Adam's moments appear "
-            f"after the engine measured free memory), or use the distributed optimizer / more DP")
+            f"lower rollout.mem_fraction_static to <= {plan.max_mem_fraction_static:.2f} (Adam's moments and most "
+            f"NCCL communicators appear after the engine measured free memory), or use the distributed optimizer / "
+            f"more DP")
     layout = inp.layout
     plan.summary = (f"{inp.gpu_bytes / GiB:.1f} GiB per GPU, {inp.num_gpus} GPUs; TP{layout.tp} PP{layout.pp} "
                     f"DP{layout.dp}{' EP' + str(layout.ep) if layout.ep > 1 else ''}"
@@ -374,6 +391,36 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
     return plan
 
 
+def communicators(inp: PlanInput, stage: int = 0):
+    """The NCCL communicators of a trainer process of pipeline ``stage`` (``terms.nccl_communicators``) for this
+    plan's layout, roles and rollout (colocated: the weight sync's broadcast groups; disaggregated: a stage
+    leader's weight-update group with the engines)."""
+    lay, eng = inp.layout, inp.engine
+    trainable = [r for r in inp.roles if r.trainable]
+    world = lay.tp * lay.cp * lay.pp * lay.dp
+    sync_groups, engine_group = (), 0
+    if eng is not None and eng.colocated and lay.ep == 1:
+        sync_groups = sync_broadcast_groups(world, lay.pp, lay.tp, eng.num_engines, eng.tp)
+    elif eng is not None and not eng.colocated:
+        engine_group = 1 + eng.num_engines * eng.tp
+    return nccl_communicators(tp=lay.tp, pp=lay.pp, dp=lay.dp, cp=lay.cp, ep=lay.ep, vpp=lay.vpp, stage=stage,
+                              tied=inp.model.tie_word_embeddings,
+                              distributed_optimizer=any(r.distributed_optimizer for r in trainable),
+                              other_optimizer=any(not r.distributed_optimizer for r in trainable),
+                              sync_groups=sync_groups, engine_group=engine_group)
+
+
+def _context(inp: PlanInput, stage: int, later: bool) -> list[Item]:
+    """The trainer process's CUDA context and NCCL communicators on its GPU: those that exist at the engine's
+    start, or (``later``) every one (from the first step on)."""
+    if not inp.cuda:
+        return []
+    comms = [c for c in communicators(inp, stage) if later or c.at_start]
+    nbytes = sum(inp.nccl_pair_comm_bytes if c.ranks == 2 else inp.nccl_comm_bytes for c in comms)
+    return [Item("trainer CUDA context", inp.cuda_context_bytes, False),
+            Item(f"NCCL communicators ({len(comms)})", nbytes, False)]
+
+
 def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_released) -> None:
     """log-probs / values / per-role fwd+bwd and optimizer step, worst stage each."""
     roles = {r.name: r for r in inp.roles}
@@ -381,7 +428,7 @@ def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_r
     def worst(name: str, build, knob: str) -> None:
         if inp.engine is not None and inp.engine.colocated and not inp.engine.memory_saver:
             knob += "; or release the engine during training (SGLang enable_memory_saver)"
-        cands = [Phase(name, ctx + at_start + adam + engine_released + build(stage, statics), knob, stage)
+        cands = [Phase(name, ctx(stage) + at_start + adam + engine_released + build(stage, statics), knob, stage)
                  for stage, statics, at_start, adam, _ in stage_plans]
         plan.phases.append(max(cands, key=lambda p: p.peak))
 

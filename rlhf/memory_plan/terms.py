@@ -279,3 +279,128 @@ def kv_bytes_per_token(m: ModelShape, engine_tp: int, kv_bytes: int = 2) -> floa
     if m.mla:
         return m.num_layers * (m.kv_lora_rank + m.qk_rope_head_dim) * kv_bytes
     return 2 * m.num_layers * max(1, math.ceil(m.num_kv_heads / engine_tp)) * m.head_dim * kv_bytes
+
+
+MiB = 1 << 20
+#: GPU memory of one NCCL communicator on each of its members: 544 MB for a group of 2 ranks, 688 MB for more,
+#: measured per process group on 4 A100 with NVLink, intra-node (NVIDIA/nccl#964); more communicators, more
+#: memory, linear in the channels NCCL opens (NVIDIA/nccl#864, #986).  NVLS on NVSwitch systems and inter-node
+#: transports take more; a one-rank group is counted 0 (recent NCCL may allocate more there: NVIDIA/nccl#2363).
+NCCL_PAIR_COMM_BYTES = 544 * MiB
+NCCL_COMM_BYTES = 688 * MiB
+
+
+@dataclass(frozen=True)
+class Communicator:
+    """One NCCL communicator of a trainer process: its group's purpose, its size (ranks), and whether it exists
+    when a colocated engine measures the free memory at its start (torch creates a group's communicator at the
+    group's first collective: ``init_process_group`` gets no ``device_id`` in parallel.distributed)."""
+
+    name: str
+    ranks: int
+    at_start: bool = False
+
+
+def pipeline_peers(pp: int, stage: int, vpp: int | None = None) -> int:
+    """Neighbours a pipeline stage sends to / receives from: the previous and the next stage, a ring with
+    interleaving (the last stage feeds the first stage's next chunk)."""
+    if pp == 1:
+        return 0
+    if vpp:
+        return 1 if pp == 2 else 2
+    return int(stage > 0) + int(stage < pp - 1)
+
+
+def nccl_communicators(*, tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1, vpp: int | None = None,
+                       stage: int = 0, tied: bool = False, distributed_optimizer: bool = True,
+                       other_optimizer: bool = False, sync_groups: tuple = (),
+                       engine_group: int = 0) -> list[Communicator]:
+    """The NCCL communicators one trainer process of pipeline ``stage`` creates (groups of one rank left out).
+
+    world = tp * cp * pp * dp.  From megatron-core 0.16.1 (``parallel_state.initialize_model_parallel`` makes a
+    separate process group, hence communicator, per purpose, the data-parallel group with and without context
+    parallelism included) and how the trainer uses them: the world (the rank-to-node exchange at
+    ``init_distributed``: before the engines start), tensor parallel, data parallel with CP (megatron DDP's
+    gradient reduction, the distributed optimizer's gathers), data parallel (parallel.forward's rollout gathers
+    and padding metric: ``get_data_parallel_group()``), context parallel, pipeline parallel (the PP broadcast)
+    plus one two-rank communicator per pipeline neighbour (``batch_p2p_comm=False``: torch's ProcessGroupNCCL
+    gives an unbatched send/recv a communicator per rank pair), the tied-embedding gradients' group (first and
+    last stage), the gradient-norm group (the distributed optimizer's instance group = every rank; else the
+    model-parallel group tp x pp; both when the roles differ: ``other_optimizer``), expert parallelism's groups,
+    the weight sync's broadcast groups (``sync_groups``: their sizes, local_handles.broadcast_group) and a
+    disaggregated stage leader's weight-update group with the engines (``engine_group``: its size).
+    """
+    world = tp * cp * pp * dp
+    out: list[Communicator] = []
+
+    def add(name: str, ranks: int, at_start: bool = False) -> None:
+        if ranks > 1:
+            out.append(Communicator(name, ranks, at_start))
+
+    add("world", world, True)
+    add("tensor parallel", tp)
+    add("data parallel x context parallel", dp * cp)
+    add("data parallel", dp)
+    add("context parallel", cp)
+    add("pipeline parallel", pp)
+    for _ in range(pipeline_peers(pp, stage, vpp)):
+        add("pipeline send/recv pair", 2)
+    if tied and pp > 1 and stage in (0, pp - 1):
+        add("tied embedding", 2)
+    if distributed_optimizer:
+        add("gradient norm (distributed optimizer)", world)
+    if other_optimizer or not distributed_optimizer:
+        add("gradient norm (model parallel)", tp * pp)
+    if ep > 1:
+        add("expert parallel", ep)
+        add("expert data parallel", dp // ep)
+    for size in sync_groups:
+        add("weight sync broadcast", size)
+    add("weight update with the engines", engine_group)
+    return out
+
+
+def sync_broadcast_groups(world: int, pp: int, tp: int, num_engines: int, engine_tp: int) -> tuple[int, ...]:
+    """Sizes of the process groups the colocated weight sync's engine-local handles create (every one has rank 0,
+    the controller, as a member): per pipeline stage the leader (``s * world / pp``) and the holders (trainer rank
+    ``e * engine_tp + r`` for engine rank (e, r), the stage leader past the trainer's ranks), one group per distinct
+    member set that is neither every rank nor a tensor-parallel group (megatron's default order: ranks
+    ``k * tp .. k * tp + tp - 1``), which the sync reuses (rlhf.weight_bridge.local_handles.holder_ranks and
+    broadcast_group: this mirrors them on plain numbers)."""
+    sets = set()
+    for s in range(pp):
+        leader = s * (world // pp)
+        held = {e * engine_tp + r if e * engine_tp + r < world else leader
+                for e in range(num_engines) for r in range(engine_tp)}
+        if held - {leader}:
+            members = tuple(sorted(held | {leader}))
+            tp_group = len(members) == tp and members[0] % tp == 0 and members == tuple(range(members[0],
+                                                                                               members[0] + tp))
+            if members != tuple(range(world)) and not tp_group:
+                sets.add(members)
+    return tuple(len(m) for m in sorted(sets))
+
+
+def oversize_sync_bytes(*, vocab: int, hidden: int, tp: int, divisible_by: int, params_bytes: int, weight_bytes: int,
+                        bucket_bytes: float) -> tuple[float, float]:
+    """``(on the stage leader's GPU, on a holder's GPU)``: the bytes the weight sync's largest tensor (an
+    embedding or LM head, vocab x hidden) takes beyond the bucket pool and one gathered + converted parameter
+    (2 x ``bucket_bytes`` on the leader, ``bucket_bytes`` on a holder), or (0, 0) when it fits one pool buffer
+    (``bucket_bytes / 2``: the bridge's two buffers).
+
+    A larger tensor gets a bucket of its own outside the pool (rlhf.weight_bridge.bucketing.fill_buckets,
+    BufferPool.acquire).  On the leader: its TP shards gathered (tp > 1) and their concatenation, both of the padded
+    vocabulary in the trainer's dtype, alive together in ``torch.cat``; then the concatenation and, when the engine
+    dtype differs, its cast copy; then, while the engines load it (one bucket in flight), the bytes they map next to
+    the next parameter gathered and converted.  On a holder: one copy of the bucket (vocab x hidden in the engine
+    dtype).  SGLang's loaders need the whole HF tensor (``VocabParallelEmbedding.weight_loader`` asserts the full
+    vocabulary and narrows it itself), so it cannot be sent in slices through the pool."""
+    sent = vocab * hidden * weight_bytes
+    if sent <= bucket_bytes / 2:
+        return 0.0, 0.0
+    converted = padded_vocab(vocab, divisible_by, tp) * hidden * params_bytes
+    gathered = converted if tp > 1 else 0.0
+    cast = sent if weight_bytes != params_bytes else 0.0
+    held = cast or converted
+    leader = max(gathered + converted, converted + cast, held + bucket_bytes)
+    return float(leader - bucket_bytes), float(sent)

@@ -10,8 +10,9 @@ import torch
 from rlhf.rollout import sglang_cpu
 from rlhf.rollout.engine_loader import LOADER
 
-__all__ = ["engine_kwargs", "engine_env", "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES",
-           "resolve_engine_dtype", "batch_kv_tokens", "rollout_context_length", "MAX_BATCH_KV_TOKENS"]
+__all__ = ["engine_kwargs", "engine_env", "TP_MEMORY_CHECK_ENV", "expected_weights_from_checkpoint",
+           "engine_compute_dtype", "ENGINE_DTYPES", "resolve_engine_dtype", "batch_kv_tokens", "rollout_context_length",
+           "MAX_BATCH_KV_TOKENS"]
 
 ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                  "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -132,14 +133,32 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
     return kw
 
 
-def engine_env(kwargs: Dict[str, Any]) -> Dict[str, str]:
+#: SGLang 0.5.23's switch of its TP memory balance check (sglang/srt/environ.py:500, read by
+#: srt/distributed/bootstrap.py:_check_tp_memory_balance)
+TP_MEMORY_CHECK_ENV = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
+
+
+def engine_env(kwargs: Dict[str, Any], colocated: bool = False) -> Dict[str, str]:
     """Environment variables of the process that creates the engine (the Ray actor): on CPU the
     settings of :mod:`rlhf.rollout.sglang_cpu`; always this repository on PYTHONPATH (the actor
-    imports ``rlhf``)."""
+    imports ``rlhf``); for a ``colocated`` GPU engine of TP > 1, SGLang's TP memory balance check off
+    (:data:`TP_MEMORY_CHECK_ENV` = ``"false"``).
+
+    Why the check goes: before loading, each TP rank of an SGLang engine measures its GPU's free memory and
+    raises "The memory capacity is unbalanced" when the least over the engine's ranks is under 0.9 x its own
+    (sglang 0.5.23 ``srt/distributed/bootstrap.py:441-452``).  Colocated, the engine's GPUs hold trainer ranks
+    whose memory differs by design: an engine spanning pipeline stages sees the first stage's embeddings (of the
+    actor, the critic and the reference) on some GPUs and the LM / value heads on others, uneven stages more
+    (Qwen2-7B at TP1 x PP2 x DP4 under one engine of TP 8: ~23 vs ~27 GiB free, docs/gpu.md D13).  SGLang sizes
+    its static share from that least free memory anyway (``measure_pre_model_load_memory`` reduces it over the
+    ranks), so the check only turns an expected imbalance into a refused start; with it off SGLang logs the same
+    message as a warning.  Disaggregated engines own their GPUs: the check stays."""
     env: Dict[str, str] = {}
     if kwargs.get("device") == "cpu":
         full = sglang_cpu.cpu_engine_env(int(kwargs.get("tp_size", 1)), base_env={})
         env.update(full)
+    elif colocated and int(kwargs.get("tp_size", 1)) > 1:
+        env[TP_MEMORY_CHECK_ENV] = "false"
     parts = [p for p in (env.get("PYTHONPATH", "") + os.pathsep + os.environ.get("PYTHONPATH", "")).split(os.pathsep)
              if p]
     if _REPO_ROOT not in parts:

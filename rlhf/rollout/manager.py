@@ -168,7 +168,8 @@ class RolloutManager:
     def _make_actor(self, index: int):
         import ray
 
-        opts = engine_actor_options(index, env=engine_env(self.kwargs), plan=self.plan, **self._options)
+        opts = engine_actor_options(index, env=engine_env(self.kwargs, colocated=self.placement == "colocated"),
+                                    plan=self.plan, **self._options)
         kw = dict(self.kwargs)
         if self.plan is not None:
             kw.setdefault("base_gpu_id", self.plan.base_gpu_id(index))  # the actor sees all GPUs of its node

@@ -61,7 +61,7 @@ from rlhf.weight_bridge.direct_path import EngineLayoutPath
 from rlhf.weight_bridge.from_distributed import DistributedTransport
 from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
-from rlhf.weight_bridge.local_handles import BucketHolder, holder_ranks, serving_plan
+from rlhf.weight_bridge.local_handles import BucketHolder, broadcast_group, holder_ranks, serving_plan
 from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
 from rlhf.weight_bridge.topology import MegatronTopology
@@ -184,6 +184,7 @@ class WeightBridge:
         self._local: tuple | None = None  # (key, planned tensors) of this rank
         self._plan_cache: tuple | None = None  # controller: (key, SendPlan)
         self._holder_groups: dict = {}  # member ranks -> broadcast group of the engine-local handles
+        self._tp_known: dict | None = None  # member ranks -> tensor-parallel group (self._tp_groups)
         self._ready = False
         self.version = 0
         self.engine_layout, self.local_handles = bool(engine_layout), bool(local_handles)
@@ -263,11 +264,22 @@ class WeightBridge:
             if held is not None:
                 members = tuple(sorted({stage.leader, *held.values()}))
                 if members not in self._holder_groups:
-                    self._holder_groups[members] = dist.new_group(ranks=list(members))
+                    self._holder_groups[members] = broadcast_group(members, self.topo.world, self._tp_groups())
                 groups[stage.pp_rank] = self._holder_groups[members]
         verdict["serving"] = serving_plan({s.pp_rank: s.leader for s in plan.stages}, verdict["holders"], groups)
         self.layout_path.receive(verdict, entries, self.topo, self.spec)
         return verdict, entries, skipped
+
+    def _tp_groups(self) -> dict:
+        """``{member ranks: group}`` of every tensor-parallel group (``GroupMember.NON_GROUP_MEMBER`` where this
+        rank is not a member, as ``new_group`` returns there), for the holders' broadcast groups to reuse
+        (local_handles.broadcast_group).  Collective over every rank (the control group), once per bridge."""
+        if self._tp_known is None:
+            group = getattr(self.topo, "tp_group", None)
+            mine = tuple(dist.get_process_group_ranks(group)) if group is not None else None
+            self._tp_known = {m: (group if m == mine else dist.GroupMember.NON_GROUP_MEMBER)
+                              for m in self.topo.all_gather_object(mine) if m}
+        return self._tp_known
 
     def plan(self):
         """Collective: the validated SendPlan (no weights move).  Raises WeightBridgeError on every rank when
@@ -520,6 +532,8 @@ class WeightBridge:
                     if mine is not None:
                         _, slot, buf = next(mine)
                         try:
+                            if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
+                                raise buf
                             record(plan, bplan, buf)
                             if pending:  # the engines that accepted the request wait for the data
                                 self.dist.broadcast(buf, times)
@@ -537,6 +551,8 @@ class WeightBridge:
             return error
         for bplan, slot, buf in own():
             try:
+                if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
+                    raise buf
                 record(plan, bplan, buf)
                 self.dist.broadcast(buf, times)
             finally:

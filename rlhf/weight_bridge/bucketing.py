@@ -244,7 +244,8 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
     `pool.release(slot)` when done with it.  Each incoming tensor is cast to the planned dtype
     while copying.  A bucket holding one tensor larger than the pool's buffers is sent without a
     copy when the stream marks the tensor `owned` (not aliasing model memory): its bytes are the
-    buffer (slot None).  Raises ValueError when the stream disagrees with the plan (name, shape,
+    buffer (slot None).  An exception in place of a tensor (a tensor the stream could not produce) is
+    raised.  Raises ValueError when the stream disagrees with the plan (name, shape,
     a missing or extra tensor): the plan was validated against the engine, the stream must match.
     """
     it = iter(named_tensors)
@@ -255,6 +256,8 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
         except StopIteration:
             raise ValueError(f"tensor stream ended before {meta.name!r} (bucket {plan.index})") from None
         name, t = item[0], item[1]
+        if isinstance(t, BaseException):  # the stream could not produce this tensor (hf_stream.Production)
+            raise t
         if name != meta.name or tuple(t.shape) != tuple(meta.shape):
             raise ValueError(f"tensor stream out of plan: got {name!r} {tuple(t.shape)}, "
                              f"planned {meta.name!r} {tuple(meta.shape)}")
@@ -272,7 +275,11 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
                 del buf
                 continue
             slot, buf = pool.acquire(plan.nbytes)
-            buf.view(meta.dtype).view(meta.shape).copy_(t)
+            try:
+                buf.view(meta.dtype).view(meta.shape).copy_(t)
+            except BaseException:
+                pool.release(slot)
+                raise
             del t
             yield plan, slot, buf
             continue

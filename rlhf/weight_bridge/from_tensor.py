@@ -203,7 +203,9 @@ class TensorTransport:
         for bplan in stage.buckets:
             last, slot, buf, call = plan.is_last(stage, bplan), None, None, None
             try:
-                got, slot, buf = next(it)
+                got, slot, buf = next(it)  # also after a production error: the leader's part in the TP gathers
+                if isinstance(buf, BaseException):
+                    raise buf
                 if got is not bplan:
                     raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
                 self.record(plan, bplan, buf)
@@ -233,14 +235,15 @@ class TensorTransport:
         it, error = own(), None
         for bplan in stage.buckets:
             slot = buf = None
-            if error is None:
-                try:
-                    got, slot, buf = next(it)
-                    if got is not bplan:
-                        raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
-                    self.record(plan, bplan, buf)
-                except Exception as e:  # noqa: BLE001 - the controller reports it
-                    error = f"rank {me}: {type(e).__name__}: {e}"
+            try:  # every bucket, also after an error: the production takes part in the TP peers' gathers
+                got, slot, buf = next(it)
+                if isinstance(buf, BaseException):
+                    raise buf
+                if got is not bplan:
+                    raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
+                self.record(plan, bplan, buf)
+            except Exception as e:  # noqa: BLE001 - the controller reports it
+                error = error or f"rank {me}: {type(e).__name__}: {e}"
             t0 = time.perf_counter()
             try:
                 self.topo.send_object(("error", error) if error else ("ok", None), ctrl)

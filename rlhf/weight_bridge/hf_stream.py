@@ -3,6 +3,14 @@
 No rank ever holds the whole model: the gathered shards of one parameter and their converted copy
 coexist only while converting it.  Only the stage leader yields; the other TP ranks take part in the
 gathers and yield nothing.
+
+A production error on the stage leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of
+the embedding during a tight sync, a stream out of plan) does not end its part in the collectives: its TP peers
+(and EP peers) issue the gathers of every entry regardless, so the leader goes on gathering without converting
+and yields the error in place of each tensor (:func:`hf_stream`) and of each later bucket (:func:`stage_buckets`),
+one bucket at a time as before, so that holders taking a bucket's broadcast after its gathers stay in step
+(local_handles.py); the transports report the error and deliver nothing more.  A collective that fails itself
+is not covered (the ranks' collective sequences are broken then).
 """
 from __future__ import annotations
 
@@ -13,24 +21,52 @@ from typing import Iterator, Sequence
 
 import torch
 
-from parallel.convert import GATHER_DIM, hf_tensors_from_shards
+from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards
 from parallel.model_config import HFModelSpec
+from rlhf import faults
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
-from parallel.convert import LocalTensor
 
-__all__ = ["hf_stream", "stage_buckets", "Threaded", "timed"]
+__all__ = ["hf_stream", "stage_buckets", "Production", "Threaded", "timed"]
 
 
-def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
-              meter: MemoryMeter) -> Iterator[tuple[str, torch.Tensor, bool]]:
+class Production:
+    """A stage leader's production state, shared by its stream and the bucket producer: ``error``, the first
+    production error (None while healthy)."""
+
+    def __init__(self):
+        self.error: BaseException | None = None
+
+
+def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production) -> list[tuple[str, object]]:
+    """``hf_tensors_from_shards`` of one entry on the stage leader; after a production error (this one or an
+    earlier one) ``[(HF name, the error)]`` for each HF tensor of the entry instead (names from the converter on
+    meta tensors, nothing allocated).  Fault point ``sync_convert_error`` (rlhf.faults): this conversion raises."""
+    if state.error is None:
+        try:
+            if faults.fires("sync_convert_error"):
+                raise RuntimeError(f"FAULT sync_convert_error: converting {e.local_name}")
+            with torch.no_grad():
+                return hf_tensors_from_shards(e.role, shards, spec)
+        except Exception as err:  # noqa: BLE001 - the leader keeps step with its peers' gathers (module docstring)
+            state.error = err
+    meta = [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
+    return [(name, state.error) for name, _ in hf_tensors_from_shards(e.role, meta, spec)]
+
+
+def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter,
+              state: Production | None = None) -> Iterator[tuple[str, torch.Tensor, bool]]:
     """``(HF name, full tensor, owned)`` on the stage leader; ``owned=False``: the tensor aliases model memory.
 
-    Collective over the TP group (every TP rank must iterate it to the end).
+    Collective over the TP group (every TP rank must iterate it to the end).  After a production error
+    (``state.error``, set here when a conversion raises or by the consumer when packing raised) the leader still
+    takes part in every gather and yields ``(HF name, the error, False)`` for each tensor; the stream raises that
+    error once every entry was gathered (an EP peer's error reaches its caller so).
     """
+    state = state if state is not None else Production()
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
         if getattr(topo, "ep_size", 1) > 1 and e.role.is_expert:
-            yield from _expert_stream(e, topo, spec, meter)
+            yield from _expert_stream(e, topo, spec, meter, state)
             continue
         if dim is None:
             if not topo.is_leader:
@@ -42,11 +78,15 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
                 continue
         gathered = sum(x.nbytes for x in shards) if dim is not None and topo.tp_size > 1 else 0
         try:
-            with torch.no_grad():
-                outs = hf_tensors_from_shards(e.role, shards, spec)
+            outs = _convert(e, shards, spec, state)
         finally:
             if dim is not None:
                 topo.release_gather()  # every kind with a gather copies in hf_tensors_from_shards
+        if state.error is not None:
+            del shards
+            for name, err in outs:
+                yield name, err, False
+            continue
         converted = 0 if dim is None else sum(t.nbytes for _, t in outs)
         meter.alloc(gathered + converted)
         del shards
@@ -59,23 +99,35 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec,
         finally:
             del outs
             meter.free(converted)
+    if state.error is not None:
+        raise state.error
 
 
-def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter):
+def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, state: Production):
     """Expert parallelism: a routed expert tensor of every EP rank.  Each EP rank's TP rank 0 gathers its TP
     shards and converts them; the EP group gathers the results on the stage leader, which yields them in
-    EP-rank order under each rank's global expert names (as parallel.convert.iter_hf_tensors does)."""
+    EP-rank order under each rank's global expert names (as parallel.convert.iter_hf_tensors does).  After a
+    production error the EP gathers still run, on uninitialised tensors of the converted shapes (an expert peer's
+    error: the leader packs them, and the sync then fails on every rank with that error; sync again)."""
     from parallel.convert.params import param_role
 
     shards = topo.gather(e)
     if topo.tp_rank != 0:
         return
-    with torch.no_grad():
-        outs = hf_tensors_from_shards(e.role, shards, spec)
+    outs = _convert(e, shards, spec, state)
+    if state.error is not None:
+        meta = [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
+        outs = [(n, torch.empty(tuple(t.shape), dtype=t.dtype, device=shards[0].device))
+                for n, t in hf_tensors_from_shards(e.role, meta, spec)]
     del shards
     per_tensor = [topo.gather_experts(t) for _, t in outs]
     del outs
     if not topo.is_leader:
+        return
+    if state.error is not None:
+        for r in range(topo.ep_size):
+            for name in param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names:
+                yield name, state.error, False
         return
     nbytes = sum(x.nbytes for g in per_tensor for x in g)
     meter.alloc(nbytes)
@@ -140,8 +192,48 @@ def timed(it: Iterator, times: dict, key: str) -> Iterator:
 
 def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan], topo, spec: HFModelSpec,
                   pool: BufferPool, meter: MemoryMeter, overlap: bool,
-                  times: dict) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
+                  times: dict) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor | BaseException]]:
     """This stage's buckets ``(plan, pool slot, flat uint8 buffer)`` on the leader (release each slot to the
-    pool when done); with ``overlap`` a thread fills bucket k+1 while bucket k is delivered."""
-    it = fill_buckets(hf_stream(entries, topo, spec, meter), buckets, pool)
+    pool when done); with ``overlap`` a thread fills bucket k+1 while bucket k is delivered.  After a production
+    error, ``(plan, None, the error)`` for this and every later bucket, each yielded once this rank took part in
+    the gathers of its tensors (the consumer reports the error; module docstring)."""
+    it = _produce(entries, buckets, topo, spec, pool, meter)
     return timed(iter(Threaded(it)) if overlap else it, times, "produce")
+
+
+class _Counted:
+    """An iterator counting the items taken from it."""
+
+    def __init__(self, it: Iterator):
+        self.it, self.taken = it, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x = next(self.it)
+        self.taken += 1
+        return x
+
+
+def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPool, meter: MemoryMeter):
+    state = Production()
+    stream = _Counted(hf_stream(entries, topo, spec, meter, state))
+    filled = fill_buckets(stream, buckets, pool)
+    end = 0
+    for bplan in buckets:
+        end += len(bplan.metas)
+        if state.error is None:
+            try:
+                item = next(filled)
+            except Exception as err:  # noqa: BLE001 - reported per bucket by the consumer
+                state.error = err  # fill_buckets is done; the stream now gathers without converting
+            else:
+                yield item
+                continue
+        while stream.taken < end:  # this bucket's tensors: take part in the gathers the peers issue for them
+            try:
+                next(stream)
+            except Exception:  # noqa: BLE001 - the stream ended (or its collective failed): nothing left to join
+                break
+        yield bplan, None, state.error

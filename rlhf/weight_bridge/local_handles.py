@@ -52,7 +52,8 @@ import torch.distributed as dist
 from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool
 
-__all__ = ["holder_ranks", "entry_tensor_counts", "StageServing", "serving_plan", "Copies", "BucketHolder"]
+__all__ = ["holder_ranks", "entry_tensor_counts", "broadcast_group", "StageServing", "serving_plan", "Copies",
+           "BucketHolder"]
 
 
 def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> dict[tuple[int, int], int]:
@@ -60,6 +61,24 @@ def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> d
     (the colocated placement), the stage ``leader`` for an index past the trainer's ``world`` ranks."""
     return {(e, r): (e * engine_tp + r if e * engine_tp + r < world else leader)
             for e in range(num_engines) for r in range(engine_tp)}
+
+
+def broadcast_group(members: tuple[int, ...], world: int, existing: dict):
+    """The process group of one stage's holder broadcasts (its ``members``: the leader and the holders).
+
+    ``torch.distributed.group.WORLD`` when the members are every rank (the colocated recipes: engines x engine TP
+    = world), the group of ``existing`` (``{member ranks: group}``, the same keys on every rank, the value
+    ``GroupMember.NON_GROUP_MEMBER`` on a rank outside it: megatron's tensor-parallel groups) with exactly these members, else a new group
+    (``torch.distributed.new_group``, collective over every rank).  On a GPU run every group is an NCCL
+    communicator of its own on each member (~0.5-0.7 GiB of GPU memory each intra-node on A100: NVIDIA/nccl#964,
+    #864), made lazily at its first broadcast, i.e. during the first sync with the engines' weights resident;
+    sharing one is safe: during a sync these groups carry nothing else, and every member issues the TP gathers
+    and the broadcasts in one order (module docstring, "Ordering")."""
+    if tuple(members) == tuple(range(world)):
+        return dist.group.WORLD
+    if tuple(members) in existing:
+        return existing[tuple(members)]
+    return dist.new_group(ranks=list(members))
 
 
 def entry_tensor_counts(entries: Sequence[LocalTensor], spec, tp: int) -> list[int]:

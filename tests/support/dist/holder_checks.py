@@ -16,7 +16,15 @@ tests/support/fakes.py's FakeEngines on rank 0, which deserialize every entry wi
 * ``replaced_engine_serializes_only_what_is_delivered``: the same when an engine is replaced during the sync (it
   gets nothing after its replacement; the others get every bucket);
 * ``pools_freed_after_the_engines_last_reply``: every rank frees its bucket pool only after the engines answered
-  the last bucket (the engine's last reply is made slow: 0.5 s).
+  the last bucket (the engine's last reply is made slow: 0.5 s);
+* ``broadcast_on_an_existing_group``: the holders' broadcasts use the world group (members = every rank) or the
+  tensor-parallel group (members = one TP group: layout ``tp2pp1_1x2``): no ``new_group`` in the sync (on a GPU
+  each group is one more NCCL communicator per member);
+* ``production_error_{holders,leader_only}_raises_on_every_rank``: the last stage's leader fails its 3rd
+  conversion (fault point ``sync_convert_error``): the sync raises WeightBridgeError naming the fault on every
+  rank within ``WATCHDOG_S`` (its TP peer goes on issuing gathers; a leader that stopped gathering left it in
+  ``dist.gather`` until the process group's timeout: the watchdog prints FAIL and ends the launch), and the next
+  sync is fine on every rank (no collective left behind).
 
 Prints ``CHECK holders_<layout>_<name> PASS|FAIL <detail>`` on rank 0.
 """
@@ -41,11 +49,14 @@ LAYOUTS = [
     (2, 2, 2, 2),  # TP peers of both stage leaders hold engine ranks; stage 1's leader holds one of its own
     (1, 2, 1, 4),  # data-parallel replica ranks (no part in any gather) hold engine ranks of both stages
     (2, 1, 2, 2),  # PP 1: a TP peer and a data-parallel replica's ranks hold
+    (2, 1, 1, 2),  # PP 1, one engine: the leader and its TP peer hold (the holders are one TP group)
 ]
 CHECKS = ["entry_from_rank_on_its_device", "entries_bitwise_equal_leader_only",
           "failed_sync_serializes_only_what_is_delivered", "replaced_engine_serializes_only_what_is_delivered",
-          "pools_freed_after_the_engines_last_reply"]
+          "pools_freed_after_the_engines_last_reply", "broadcast_on_an_existing_group",
+          "production_error_holders_raises_on_every_rank", "production_error_leader_only_raises_on_every_rank"]
 SLOW_LAST_REPLY_S = 0.5
+WATCHDOG_S = 120  # a sync of this tiny model takes seconds; a peer left in a gather waits for the group timeout
 LOAD_DELAY_S = 0.03  # the engines' loading of a bucket starts this long after the update call
 
 
@@ -108,10 +119,16 @@ class Counters:
 
         from rlhf.weight_bridge import bridge
 
-        self.serialized, self.freed = 0, []
-        serialize, free = MultiprocessingSerializer.serialize, bridge.WeightBridge._free_pool
+        self.serialized, self.freed, self.groups = 0, [], 0
+        serialize, free, new_group = (MultiprocessingSerializer.serialize, bridge.WeightBridge._free_pool,
+                                      dist.new_group)
         self._restore = lambda: (setattr(MultiprocessingSerializer, "serialize", staticmethod(serialize)),  # noqa: E731
-                                 setattr(bridge.WeightBridge, "_free_pool", free))
+                                 setattr(bridge.WeightBridge, "_free_pool", free),
+                                 setattr(dist, "new_group", new_group))
+
+        def counting_group(*args, **kwargs):
+            self.groups += 1
+            return new_group(*args, **kwargs)
 
         def counting(obj, output_str=False):
             self.serialized += 1
@@ -123,9 +140,10 @@ class Counters:
 
         MultiprocessingSerializer.serialize = staticmethod(counting)
         bridge.WeightBridge._free_pool = timed_free
+        dist.new_group = counting_group
 
     def reset(self):
-        self.serialized, self.freed = 0, []
+        self.serialized, self.freed, self.groups = 0, [], 0
 
     def restore(self):
         self._restore()
@@ -143,6 +161,31 @@ def sync(actor, fleet, local, tag, **kw):
         return str(e)
     finally:
         bridge.close()
+
+
+def fault_sync(actor, fleet, local, tag, rank, name):
+    """``sync`` with the fault point ``sync_convert_error`` armed on global ``rank`` (its 3rd conversion raises),
+    under a watchdog: a rank still in the sync after WATCHDOG_S prints the CHECK line as FAIL and exits."""
+    import threading
+
+    from rlhf import faults
+
+    def hung():
+        print(f"CHECK {name} FAIL rank {dist.get_rank()} still in the sync {WATCHDOG_S} s after the fault (a peer "
+              f"left in a collective)", flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(WATCHDOG_S, hung)
+    timer.daemon = True
+    os.environ.update(RLHF_FAULT="sync_convert_error@3", RLHF_FAULT_RANK=str(rank))
+    faults._hits.clear()
+    timer.start()
+    try:
+        return sync(actor, fleet, local, tag)
+    finally:
+        timer.cancel()
+        for key in ("RLHF_FAULT", "RLHF_FAULT_RANK"):
+            os.environ.pop(key, None)
 
 
 def run_layout(tp, pp, n, etp, path, counters):
@@ -174,12 +217,13 @@ def run_layout(tp, pp, n, etp, path, counters):
         return out
 
     # holders vs the stage leaders' handles: who created each entry's memory, what each engine rank loaded
-    runs = {}
+    runs, groups = {}, None
     for local in (False, True):
         counters.reset()
         f = fleet(slow_last=local)
         stats = sync(actor, f, local, f"{lay}_{local}")
         runs[local] = (f, stats, gathered(counters.freed))
+        groups = gathered(counters.groups)
     ok, detail = False, ""
     if rank0:
         leaders = {pids[r] for r in stage_leaders(world, pp)}
@@ -207,6 +251,18 @@ def run_layout(tp, pp, n, etp, path, counters):
     report(f"{lay}_pools_freed_after_the_engines_last_reply", reply is not None and not early,
            f"ranks freeing before the last reply (seconds after it): {early}; frees per rank: "
            f"{[len(t) for t in freed]}")
+    report(f"{lay}_broadcast_on_an_existing_group", not any(groups) and not isinstance(stats, str),
+           f"new_group calls per rank in a sync with holders: {groups}")
+
+    # a production error mid-stage on the last stage's leader: every rank raises, nothing left in a collective
+    leader = stage_leaders(world, pp)[-1]
+    for local, kind in ((True, "holders"), (False, "leader_only")):
+        name = f"{lay}_production_error_{kind}_raises_on_every_rank"
+        got = fault_sync(actor, fleet(), local, f"{lay}_fault_{kind}", leader, name)
+        raised = gathered(isinstance(got, str) and "FAULT sync_convert_error" in got)
+        again = gathered(not isinstance(sync(actor, fleet(), local, f"{lay}_after_fault_{kind}"), str))
+        report(name, all(raised) and all(again), f"fault on rank {leader}; raised naming it on ranks {raised}; the "
+               f"next sync fine on ranks {again}: {str(got)[:200]}")
 
     # a failed sync and a replaced engine: nothing serialized that is not handed to an engine
     for name, engines in (("failed_sync", {"fail_at": {(0, 1)}}), ("replaced_engine", {"kill_at": {(n - 1, 1)}})):

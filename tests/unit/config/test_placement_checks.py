@@ -141,8 +141,9 @@ def test_plan_memory_refuses_disaggregated_7b_with_no_gpu_left(builds, files, ca
 
 
 def test_plan_memory_plans_the_trainer_gpus_the_engines_leave(builds, files, capsys):
-    code = _main([RECIPE, DISAGG, "rollout.num_engines=2", "actor.log_prob_micro_batch_size_per_gpu=8", files[0],
-                  "trainer.n_gpus_per_node=8", "--plan-memory=80"])
+    # (micro batches of 4: at DP1 the logits of 8 sequences and the trainer's NCCL communicators leave no room)
+    code = _main([RECIPE, DISAGG, "rollout.num_engines=2", "actor.log_prob_micro_batch_size_per_gpu=8",
+                  "actor.ppo_micro_batch_size_per_gpu=4", files[0], "trainer.n_gpus_per_node=8", "--plan-memory=80"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.startswith("4 GPUs of 80 GiB (trainer.n_gpus_per_node x trainer.nnodes less the engines 4;")

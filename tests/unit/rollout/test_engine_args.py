@@ -65,3 +65,41 @@ def test_engines_sleep_on_idle_and_take_the_kv_size_on_both_devices(tmp_path, de
     (tmp_path / "config.json").write_text("{}")
     kw = engine_kwargs(str(tmp_path), device=device, max_total_tokens=5632)
     assert kw["sleep_on_idle"] is True and kw["max_total_tokens"] == 5632
+
+
+@pytest.mark.parametrize("placement,tp,want", [("colocated", 2, "false"), ("colocated", 1, None),
+                                               ("disaggregated", 2, None)])
+def test_colocated_gpu_engines_start_without_sglangs_tp_memory_balance_check(tmp_path, monkeypatch, placement, tp,
+                                                                             want):
+    """A colocated GPU engine of TP > 1 shares its GPUs with trainer ranks holding different amounts (pipeline
+    stages): SGLang's check that every TP rank's free memory is within 0.9 of the least would refuse to start it;
+    the actor RolloutManager creates gets the switch off in its environment, which SGLang reads as off.  A TP 1
+    engine has nothing to balance; disaggregated engines own their GPUs (the check stays)."""
+    import ray
+
+    from rlhf.rollout.engine_args import TP_MEMORY_CHECK_ENV
+    from rlhf.rollout.manager import RolloutManager
+    from tests.support.tiny_models import make_tiny_hf_model
+
+    make_tiny_hf_model(str(tmp_path), "llama_gqa", vocab_size=64, num_layers=1)
+    options = []
+
+    class Remote:
+        def options(self, **opts):
+            options.append(opts)
+            return self
+
+        def remote(self, *args):
+            return "actor"
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "remote", lambda cls: Remote())
+    m = RolloutManager(1, dict(model_path=str(tmp_path), device="cuda", tp_size=tp), placement=placement, start=False)
+    assert m._make_actor(0) == "actor"
+    env = options[-1]["runtime_env"]["env_vars"]
+    assert env.get(TP_MEMORY_CHECK_ENV) == want and env["RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"] == "1"
+    if want is not None:
+        from sglang.srt.environ import envs
+
+        monkeypatch.setenv(TP_MEMORY_CHECK_ENV, want)
+        assert envs.SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK.get() is False

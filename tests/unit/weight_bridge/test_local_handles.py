@@ -169,3 +169,20 @@ def test_replaced_engine_gets_no_more_handles(monkeypatch):
     pool = BufferPool(8, count=2)
     assert tt.run_controller(plan, lambda: ((b, *pool.acquire(b.nbytes)) for b in buckets), pool, 0) is None
     assert calls == [[0, 1], [0], [0]] and len(made) == 2 * 2 + 2 + 2 and tt.targets == [0]
+
+
+def test_broadcast_group_reuses_the_world_or_an_existing_group(monkeypatch):
+    """A stage whose leader and holders are every rank broadcasts on the world group, one whose members are a
+    tensor-parallel group on that group: no new process group, i.e. no second NCCL communicator with the same
+    members on a GPU (~0.5-0.7 GiB each, NVIDIA/nccl#964); any other member set gets one new group."""
+    import types
+
+    made = []
+    fake = types.SimpleNamespace(group=types.SimpleNamespace(WORLD="world"),
+                                 new_group=lambda ranks: made.append(ranks) or f"new{ranks}")
+    monkeypatch.setattr(local_handles, "dist", fake)
+    tp = {(0, 1): "tp01", (2, 3): "non-member"}
+    assert local_handles.broadcast_group((0, 1, 2, 3), 4, tp) == "world" and made == []
+    assert local_handles.broadcast_group((0, 1), 4, tp) == "tp01" and made == []
+    assert local_handles.broadcast_group((2, 3), 4, tp) == "non-member" and made == []
+    assert local_handles.broadcast_group((0, 2), 4, tp) == "new[0, 2]" and made == [[0, 2]]
