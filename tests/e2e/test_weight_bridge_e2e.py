@@ -1,17 +1,13 @@
 """Weight bridge end to end: megatron trainer (torchrun, 2 gloo processes) -> real SGLang engines.
 
-One torchrun launch (tests/support/dist/bridge_e2e.py) starts two engines once (rollout TP 1 and 2) and runs
-the trainer at TP2, PP2 and PP2 x VPP2 in the same processes; each `CHECK` line it prints becomes one
-test here.  About 3 minutes on an idle 2-core machine (engine start-up dominates).
+tests/support/dist/bridge_e2e.py, run in the shared 2-rank torchrun launch (tests/e2e/conftest.py), starts two
+engines once (rollout TP 1 and 2) and runs the trainer at TP2, PP2 and PP2 x VPP2 in the same processes; each
+`CHECK` line it prints becomes one test here.  About 3 minutes on an idle 2-core machine (engine start-up
+dominates).
 """
-import os
-
 import pytest
 
-from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
-from tests.support.paths import DIST_SCRIPTS
-
-SCRIPT = os.path.join(DIST_SCRIPTS, "bridge_e2e.py")
+from tests.support.dist_utils import assert_check
 
 _STEPPED = [f"{phase}_{key}_step{step}_engine_equals_hf" for phase in ("tp2", "pp2") for step in (1, 2) for key in "AB"]
 _STEPPED += [f"{phase}_B_step{step}_check_mode" for phase in ("tp2", "pp2") for step in (1, 2)]
@@ -32,9 +28,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    out = run_torchrun(SCRIPT, nproc=2, args=["--workdir", str(tmp_path_factory.mktemp("bridge_e2e"))], timeout=1200)
-    return collect_checks(out)
+def checks(shared_dist_checks):
+    # one torchrun launch with the other collected check scripts of its world size (tests/e2e/conftest.py)
+    return shared_dist_checks("bridge_e2e.py")
 
 
 @pytest.mark.parametrize("name", EXPECTED)
