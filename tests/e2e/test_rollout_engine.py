@@ -42,16 +42,6 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    owned = not ray.is_initialized()  # reuse a session another module started
-    if owned:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield ray
-    if owned:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def engine(ray_local, tiny_model):
     path, _, _ = tiny_model
     t0 = time.time()
