@@ -1,10 +1,14 @@
-"""Shared torchrun launches of the e2e modules whose check scripts need no engine.
+"""Shared torchrun launches of the e2e modules' check scripts.
 
 The check scripts of the same world size run one after another in ONE torchrun launch
 (tests/support/dist/run_scripts.py): the ~20 s per process of interpreter start and torch / megatron-core imports
 and the process group are paid once per group instead of once per module.  Only the scripts of the modules this
 pytest session collected run (``pytest tests/e2e/test_pipeline_vpp.py`` launches vpp_checks.py alone), in the
-order below; a script that patches the process for good comes last (device_checks.py: the HF engine double).
+order below.  A script that patches the process for good comes after every script that would see the patch
+(lora_checks.py and device_checks.py put the HF engine double in ``rlhf.workers.rollout.start_rollout``; the engine
+scripts after them drive ``RolloutManager`` directly and never call it).  The scripts that start real SGLang
+engines (bridge_e2e.py, family_sync_e2e.py; Ray on rank 0, shut down by each) come last: a launch ends at its
+first failing script, and an engine that cannot start on a loaded machine then hides no engine-free check.
 """
 from __future__ import annotations
 
@@ -21,8 +25,9 @@ RUNNER = os.path.join(DIST_SCRIPTS, "run_scripts.py")
 #: world size -> [(test module, check script, seconds it may take alone)], in launch order
 GROUPS = {
     2: [("test_optim_safety_dist", "optim_safety_checks.py", 900), ("test_pipeline_vpp", "vpp_checks.py", 900),
-        ("test_init_checkpoint_dist", "init_checkpoint_checks.py", 900),
-        ("test_device_discipline", "device_checks.py", 900)],
+        ("test_init_checkpoint_dist", "init_checkpoint_checks.py", 900), ("test_lora_dist", "lora_checks.py", 1500),
+        ("test_device_discipline", "device_checks.py", 900), ("test_weight_bridge_e2e", "bridge_e2e.py", 1200),
+        ("test_family_sync_e2e", "family_sync_e2e.py", 1500)],
     4: [("test_foundation_dist", "foundation_checks.py", 900), ("test_model_families_dist", "family_checks.py", 1500),
         ("test_bridge_holders_dist", "holder_checks.py", 600)],
 }

@@ -11,7 +11,7 @@ excluded, reward/num_unscorable), ``algorithm.overlong_filter``, the adaptive KL
 The rollouts come from tests/support/hf_sampling_engine.py, an in-process engine double fed by the real weight
 bridge after every step (on-policy), so no Ray / SGLang start is paid for a test of the algorithms; the
 real engine runs these algorithms with ``ZOO_ENGINE=sglang`` (the engine itself is covered by
-tests/e2e/test_rollout_trainer_e2e.py, tests/e2e/test_trainer_e2e.py, tests/e2e/test_algorithms_e2e.py).
+tests/e2e/test_trainer_e2e.py, tests/e2e/test_algorithms_e2e.py).
 """
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
-"""LoRA on the megatron actor end to end on CPU: one torchrun launch (tests/support/dist/lora_checks.py, 2 gloo
-processes) runs LoRA at trainer TP1 (DP2) and TP2 (gradients also under sequence parallelism), then two GRPO steps of the PPO trainer at TP2 with the
+"""LoRA on the megatron actor end to end on CPU: tests/support/dist/lora_checks.py (2 gloo processes, in the shared
+2-rank torchrun launch of tests/e2e/conftest.py) runs LoRA at trainer TP1 (DP2) and TP2 (gradients also under sequence parallelism), then two GRPO steps of the PPO trainer at TP2 with the
 in-process HF engine double fed by the real weight bridge; each `CHECK` line becomes one test here.
 About 4 minutes on a loaded 2-core machine (model builds and checkpoint saves dominate)."""
-import os
-
 import pytest
 
-from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
-from tests.support.paths import DIST_SCRIPTS
+from tests.support.dist_utils import assert_check
 
-SCRIPT = os.path.join(DIST_SCRIPTS, "lora_checks.py")
 _PER_TP = ["adapters_changed", "base_bitwise_unchanged", "optimizer_holds_only_adapters", "reference_is_base",
            "bridge_sends_merged", "hf_merged_logits", "peft_export", "checkpoint_adapters_only", "resume_exact"]
 EXPECTED = ([f"{p}_{c}" for p in ("tp1", "tp2") for c in _PER_TP] + ["tp2_tp_grads_equal_tp1", "tp2sp_tp_grads_equal_tp1"]
@@ -20,9 +16,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    out = run_torchrun(SCRIPT, nproc=2, args=["--workdir", str(tmp_path_factory.mktemp("lora"))], timeout=1500)
-    return collect_checks(out)
+def checks(shared_dist_checks):
+    # one torchrun launch with the other collected check scripts of its world size (tests/e2e/conftest.py)
+    return shared_dist_checks("lora_checks.py")
 
 
 @pytest.mark.parametrize("name", EXPECTED)

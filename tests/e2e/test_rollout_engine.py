@@ -2,7 +2,11 @@
 random Llama, on CPU.
 
 Engine starts cost 30-100 s each on 2 cores, so one tp=1 engine is shared by the module (tests that change its
-weights restore them) and the test that crashes it runs last; one tp=2 engine is started for a single check.
+weights restore them) and the test that crashes it runs last.  A TP2 engine against HF (greedy ids and per-token
+log-probs on its initial weights, then full HF-named weights pushed in several update_weights_from_tensor buckets,
+one payload per engine TP rank) is checked on the weight-bridge e2e's engine B (tests/support/dist/bridge_e2e.py:
+engine_B_initial_equals_hf, engine_B_initial_log_probs_equal_hf, pp2_B_step{1,2}_engine_equals_hf), which starts
+that engine anyway.
 """
 
 import os
@@ -35,16 +39,6 @@ def tiny_model(tmp_path_factory):
     make_tiny_hf_model(path, "llama_gqa", vocab_size=len(tok), num_layers=2, tokenizer=tok)
     prompts = [tok(t).input_ids for t in PROMPT_TEXTS]
     return path, tok, prompts
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    owned = not ray.is_initialized()  # reuse a session another module started
-    if owned:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield ray
-    if owned:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -387,29 +381,3 @@ def test_wrong_shape_update_sent_directly_is_contained(engine, tiny_model):
     assert engine.stale_engines() == []
     out = engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=8))
     assert out[0].response_ids == hf_greedy(hf_model(path), prompts[0], 8, stop_token_ids_for(path))
-
-
-# ---------------------------------------------------------------------------------------------- tp = 2
-@pytest.mark.slow
-@pytest.mark.sglang
-def test_tp2_greedy_matches_hf(tiny_model, ray_local):
-    path, _, prompts = tiny_model
-    t0 = time.time()
-    mgr = RolloutManager(1, dict(model_path=path, tp_size=2, dtype="float32", context_length=256))
-    try:
-        print(f"\n[rollout] tp=2 engine start-up: {time.time() - t0:.1f} s")
-        model = hf_model(path)
-        out = mgr.generate(prompts, SamplingConfig(temperature=0.0, max_new_tokens=10))
-        for s, p in zip(out, prompts):
-            assert s.response_ids == hf_greedy(model, p, 10, stop_token_ids_for(path))
-            torch.testing.assert_close(torch.tensor(s.response_log_probs),
-                                       hf_token_log_probs(model, p, s.response_ids), atol=1e-4, rtol=0)
-        # full HF-named weights, one payload per engine TP rank; each rank slices its shard
-        new = perturbed_state(path, seed=3)
-        push_weights(mgr, sorted(new.items()), bucket_bytes=30000)
-        model = hf_model(path, new)
-        out = mgr.generate(prompts[:2], SamplingConfig(temperature=0.0, max_new_tokens=8))
-        for s, p in zip(out, prompts):
-            assert s.response_ids == hf_greedy(model, p, 8, stop_token_ids_for(path))
-    finally:
-        mgr.shutdown()

@@ -10,7 +10,6 @@ import threading
 import time
 
 import pytest
-import ray
 import torch
 
 from rlhf.rollout.manager import RolloutManager, StaleEnginesError, split_evenly
@@ -24,16 +23,6 @@ def test_split_is_contiguous_and_balanced():
     assert split_evenly(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
     assert split_evenly([4, 9], 4) == [[4], [9]]
     assert split_evenly([], 2) == []
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    owned = not ray.is_initialized()  # reuse a session another module started
-    if owned:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield ray
-    if owned:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -1,13 +1,24 @@
 """End-to-end PPO run through `python -m rlhf.main` on CPU (real SGLang engine, megatron actor and critic): the
 GSM8K tiny recipe on the real GSM8K prompts at PP2 with dynamic batching.  METRICS: the metrics every PPO run logs.
 
-Elsewhere: a killed run resumed bitwise equal to an uninterrupted one (tests/e2e/test_fault_matrix.py), the recipe at
-TP2 as the one-node command, two nodes and under Slurm (tests/e2e/test_ray_cluster_local.py, tests/e2e/test_slurm_local.py)."""
-import os
+The same run is the rollout seam's test through the trainer: its engine is killed after step 1; the manager
+replaces it and the new engine is re-synced with the latest weights (both pipeline stages' buckets) before it
+generates, every sync read back (`rollout.weight_sync_check=true`), and the run completes with the restart counted.
 
+Elsewhere: a killed run resumed bitwise equal to an uninterrupted one (tests/e2e/test_fault_matrix.py), the recipe at
+TP2 as the one-node command, two nodes and under Slurm (tests/e2e/test_ray_cluster_local.py, tests/e2e/test_slurm_local.py),
+disaggregated mode through the trainer (2 trainer ranks at TP2 broadcasting into the engine's weight-update group,
+every sync read back) in the last two; the critic warm-up step (colocated engine, validation right after it) in the
+CPU dry run of scripts/gpu_smoke.py (tests/e2e/test_gpu_smoke.py)."""
+import os
+import re
+import threading
+import time
+
+import psutil
 import pytest
 
-from tests.support.dist_utils import main_cmd, run_group
+from tests.support.dist_utils import finish_group, main_cmd, start_group
 from tests.support.tracking_readers import run_scalars
 
 from tests.support.paths import ROOT
@@ -31,23 +42,46 @@ def tiny_model(tmp_path_factory):
     return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"), warmup_steps=40)
 
 
-def run_main(overrides, nproc=1, timeout=900):
-    """Run the trainer in its own process group (tests/dist_utils.run_group); fails unless it exits 0."""
-    rc, out = run_group(main_cmd(overrides, nproc), timeout)
-    assert rc == 0, f"exit {rc}:\n{out[-6000:]}"
-    return out
+def kill_engine_after_step(proc, log_path, step, killed: list) -> None:
+    """Thread body: once the run's metrics line of ``step`` is in its log, SIGKILL the SGLang engine actor of THIS
+    run (a Ray worker in the run's process tree: trainer -> raylet -> worker; never another run's engine) and
+    record its pid in ``killed``."""
+    deadline = time.time() + 1200
+    while time.time() < deadline and proc.poll() is None:
+        if re.search(rf"(^|: )step {step}: ", open(log_path).read(), re.M):
+            try:
+                tree = psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                return
+            for p in tree:
+                try:
+                    if "SGLangEngine" in " ".join(p.cmdline()):
+                        p.kill()
+                        killed.append(p.pid)
+                except psutil.NoSuchProcess:
+                    pass
+            return
+        time.sleep(0.2)
 
 
 @pytest.mark.dist
 @pytest.mark.skipif(not os.path.exists(os.path.join(GSM8K, "train.jsonl")), reason="shared GSM8K not present")
-def test_gsm8k_tiny_cpu_recipe_pp2_dynamic_bsz(tiny_model, tmp_path):
+def test_gsm8k_tiny_cpu_recipe_pp2_dynamic_bsz_engine_killed_after_step_1(tiny_model, tmp_path):
     layout = ["parallel.tensor_model_parallel_size=1", "parallel.pipeline_model_parallel_size=2", *DYNAMIC]
-    out = tmp_path / "run"
-    run_main(["recipe=gsm8k_ppo_tiny_cpu", f"model.path={tiny_model}", f"trainer.default_local_dir={out}",
-              f"data.train_files={GSM8K}/train.jsonl", f"data.val_files={GSM8K}/test.jsonl",
-              "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=2",
-              "trainer.val_before_train=false", "trainer.progress_bar=false", "data.max_val_samples=4",
-              *layout], nproc=2)
+    out, log = tmp_path / "run", tmp_path / "run.log"
+    proc = start_group(main_cmd(["recipe=gsm8k_ppo_tiny_cpu", f"model.path={tiny_model}",
+                                 f"trainer.default_local_dir={out}", f"data.train_files={GSM8K}/train.jsonl",
+                                 f"data.val_files={GSM8K}/test.jsonl", "trainer.total_training_steps=2",
+                                 "trainer.save_freq=-1", "trainer.test_freq=2", "trainer.val_before_train=false",
+                                 "trainer.progress_bar=false", "data.max_val_samples=4",
+                                 "rollout.weight_sync_check=true", *layout], nproc=2), log)
+    killed: list = []
+    killer = threading.Thread(target=kill_engine_after_step, args=(proc, log, 1, killed))
+    killer.start()
+    rc = finish_group(proc, 900)
+    killer.join()
+    text = open(log).read()
+    assert rc == 0, f"exit {rc}:\n{text[-6000:]}"
     s = run_scalars(out)
     for tag in METRICS + ["val/score"]:
         assert any(t == tag for t, _ in s), f"metric {tag} missing"
@@ -56,3 +90,9 @@ def test_gsm8k_tiny_cpu_recipe_pp2_dynamic_bsz(tiny_model, tmp_path):
     assert s[("perf/padding_efficiency", 2)] >= 0.92 and s[("perf/packing_fallback_micro_batches", 2)] > 0
     export = out / "hf_export"  # PP2 writes one shard per stage plus an index
     assert (export / "config.json").exists() and list(export.glob("model*.safetensors"))
+    # the engine killed after step 1 was replaced; step 2 generated on the new engine after its re-sync (read back:
+    # rollout.weight_sync_check fails the run on a mismatch)
+    assert killed, "the run's engine was not found to kill"
+    assert "rollout engine 0 died" in text, text[-3000:]
+    assert s[("rollout/num_restarts", 1)] == 0 and s[("rollout/num_restarts", 2)] == 1
+    assert ("critic/score/mean", 2) in s

@@ -1,24 +1,22 @@
 """Weight bridge end to end: megatron trainer (torchrun, 2 gloo processes) -> real SGLang engines.
 
-One torchrun launch (tests/support/dist/bridge_e2e.py) starts two engines once (rollout TP 1 and 2) and runs
-the trainer at TP2, PP2 and PP2 x VPP2 in the same processes; each `CHECK` line it prints becomes one
-test here.  About 3 minutes on an idle 2-core machine (engine start-up dominates).
+tests/support/dist/bridge_e2e.py, run in the shared 2-rank torchrun launch (tests/e2e/conftest.py), starts two
+engines once (rollout TP 1 and 2) and runs the trainer at TP2, PP2 and PP2 x VPP2 in the same processes; each
+`CHECK` line it prints becomes one test here.  The engines' greedy output and per-token log-probs on their
+initial weights are checked against HF first (the TP2 engine's are the rollout engine's TP2 check).  About 3
+minutes on an idle 2-core machine (engine start-up dominates).
 """
-import os
-
 import pytest
 
-from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
-from tests.support.paths import DIST_SCRIPTS
-
-SCRIPT = os.path.join(DIST_SCRIPTS, "bridge_e2e.py")
+from tests.support.dist_utils import assert_check
 
 _STEPPED = [f"{phase}_{key}_step{step}_engine_equals_hf" for phase in ("tp2", "pp2") for step in (1, 2) for key in "AB"]
 _STEPPED += [f"{phase}_B_step{step}_check_mode" for phase in ("tp2", "pp2") for step in (1, 2)]
 _STEPPED += [f"{phase}_{key}_{what}" for phase in ("tp2", "pp2") for key in "AB"
              for what in ("engine_outputs_changed", "weights_changed_between_steps")]
 _STEPPED += [f"{phase}_B_persistent_buffer_synced" for phase in ("tp2", "pp2")]
-EXPECTED = (["engine_A_initial_equals_hf", "engine_B_initial_equals_hf"] + _STEPPED
+EXPECTED = (["engine_A_initial_equals_hf", "engine_B_initial_equals_hf", "engine_A_initial_log_probs_equal_hf",
+             "engine_B_initial_log_probs_equal_hf"] + _STEPPED
             + ["pp2vpp2_A_step1_engine_equals_hf", "pp2vpp2_B_step1_engine_equals_hf", "pp2vpp2_B_step1_check_mode",
                "refused_unknown_name_engine_lives_on", "refused_wrong_shape_engine_lives_on",
                *[f"{phase}_B_local_handles_{what}" for phase in ("tp2", "pp2")
@@ -32,9 +30,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    out = run_torchrun(SCRIPT, nproc=2, args=["--workdir", str(tmp_path_factory.mktemp("bridge_e2e"))], timeout=1200)
-    return collect_checks(out)
+def checks(shared_dist_checks):
+    # one torchrun launch with the other collected check scripts of its world size (tests/e2e/conftest.py)
+    return shared_dist_checks("bridge_e2e.py")
 
 
 @pytest.mark.parametrize("name", EXPECTED)

@@ -97,11 +97,28 @@ def weight_version(engine):
     return engine.info()[0]["weight_version"]
 
 
-def engine_greedy(engine, stop_ids):
+def engine_greedy(engine, stop_ids, samples=False):
+    """The engine's greedy response ids for PROMPTS (``samples=True``: the RolloutSamples, log-probs included)."""
     from rlhf.rollout.sampling import SamplingConfig
 
     out = engine.generate(PROMPTS, SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW, stop_token_ids=stop_ids))
-    return [s.response_ids for s in out]
+    return out if samples else [s.response_ids for s in out]
+
+
+def hf_log_probs_diff(path, samples):
+    """Largest |engine log-prob - HF log_softmax(logits) of the same token| over the samples' response tokens."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    worst = 0.0
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([list(s.prompt_ids) + list(s.response_ids)])
+            lp = torch.log_softmax(model(ids).logits[0, len(s.prompt_ids) - 1:-1].float(), dim=-1)
+            ref = lp.gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+            got = torch.tensor(s.response_log_probs, dtype=torch.float32)
+            worst = max(worst, (got - ref).abs().max().item() if got.shape == ref.shape else float("inf"))
+    return worst
 
 
 def hf_greedy(path, stop_ids):
@@ -478,9 +495,14 @@ def main():
 
             for key in paths:
                 stop = stop_token_ids_for(paths[key])
-                initial[key] = engine_greedy(engines[key], stop)
+                samples = engine_greedy(engines[key], stop, samples=True)
+                initial[key] = [s.response_ids for s in samples]
                 ok = initial[key] == hf_greedy(paths[key], stop)
                 print(f"CHECK engine_{key}_initial_equals_hf {'PASS' if ok else 'FAIL'} {initial[key]}", flush=True)
+                # SGLang's per-token log-probs (engine TP 1 and 2) = log_softmax of HF's logits
+                diff = hf_log_probs_diff(paths[key], samples)
+                print(f"CHECK engine_{key}_initial_log_probs_equal_hf {'PASS' if diff <= 1e-4 else 'FAIL'} "
+                      f"engine_tp={ENGINE_TP[key]} max |engine - hf| = {diff:.2e} (tolerance 1e-4)", flush=True)
         dist.barrier()
         phases = args.phases.split(",")
         for phase, tp, pp, vpp in (("tp2", 2, 1, None), ("layout", 0, 0, None), ("pp2", 1, 2, None),

@@ -84,7 +84,10 @@ def train_step(bundle, state, seed=11):
     return optimizer_step(state)
 
 
-def run_family(kind, path, engine, workdir, initial, tag="", steps=1):
+def run_family(kind, path, engine, workdir, initial, tag="", steps=1, engine_ready=None):
+    """Build the family's trainer model, take ``steps`` optimizer steps, sync into ``engine`` and check it.
+    ``initial``: rank 0's greedy ids before this sync; ``engine_ready``: called (every rank) after the steps, before
+    the sync, returning ``initial`` (the engine booted meanwhile).  Returns rank 0's greedy ids after the sync."""
     from transformers import AutoConfig
 
     from parallel.convert import save_hf_checkpoint
@@ -100,16 +103,18 @@ def run_family(kind, path, engine, workdir, initial, tag="", steps=1):
                               OptimConfig(lr=LR, clip_grad=10.0, use_distributed_optimizer=False))
     for step in range(steps):
         ok_step, gnorm = train_step(bundle, state, seed=11 + step + (7 if tag else 0))
-    bridge = WeightBridge(state.model, bundle.spec, engine if rank0 else None, transport="tensor",
-                          bucket_bytes=256 * 1024, check="all", group_prefix=f"family_{kind}{tag}")
-    stats = bridge.sync()
+    # HF's greedy ids on the exported weights (the ones the sync sends), before the engine is needed
     out_dir = os.path.join(workdir, f"{kind}{tag}_step{steps}")
     save_hf_checkpoint(state.model, bundle.spec, hf_cfg, out_dir)
     dist.barrier()
-    got = ref = None
-    if rank0:
-        stop = stop_token_ids_for(path)
-        got, ref = engine_greedy(engine, stop), hf_greedy(out_dir, stop)
+    stop = stop_token_ids_for(path)
+    ref = hf_greedy(out_dir, stop) if rank0 else None
+    if engine_ready is not None:
+        initial = engine_ready()
+    bridge = WeightBridge(state.model, bundle.spec, engine if rank0 else None, transport="tensor",
+                          bucket_bytes=256 * 1024, check="all", group_prefix=f"family_{kind}{tag}")
+    stats = bridge.sync()
+    got = engine_greedy(engine, stop) if rank0 else None
     report(f"{kind}{tag}_synced_equals_hf", rank0 and ok_step and got == ref,
            f"{stats.num_buckets} buckets {stats.bytes / 1e6:.2f} MB grad_norm={gnorm:.3f} engine={got} hf={ref}"
            if rank0 else "")
@@ -166,7 +171,8 @@ def initial_check(kind, path, engine):
 
 
 def main():
-    """One engine at a time (memory): it starts while the trainer builds and steps that family's model."""
+    """One engine at a time (memory): it boots while the trainer builds and steps that family's model (its initial
+    output is checked just before the sync)."""
     from megatron.core import parallel_state as ps
 
     ap = argparse.ArgumentParser()
@@ -190,12 +196,16 @@ def main():
                     ps.destroy_model_parallel()
                 init_model_parallel(tp=2)
                 set_seed(1234)
-                initial = None
-                if rank0:
-                    thread.join()
-                    initial = initial_check(kind, path, engine)
-                dist.barrier()
-                synced = run_family(kind, path, engine, args.workdir, initial)
+
+                def engine_ready(kind=kind, path=path, engine=engine, thread=thread):
+                    initial = None
+                    if rank0:
+                        thread.join()
+                        initial = initial_check(kind, path, engine)
+                    dist.barrier()
+                    return initial
+
+                synced = run_family(kind, path, engine, args.workdir, None, engine_ready=engine_ready)
                 if kind == "qwen3_moe":  # expert parallelism: each rank holds 4 of the 8 experts
                     ps.destroy_model_parallel()
                     init_model_parallel(tp=1, ep=2)

@@ -75,26 +75,17 @@ def test_hf_scorer_last_token_logit_padding_invariant(tiny_rm):
 
 
 @pytest.mark.slow
-def test_ray_worker_scores_like_in_process(tiny_rm):
-    import ray
-
-    owned = not ray.is_initialized()  # reuse a session another module started
-    if owned:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        remote = RayRewardModelScorer(tiny_rm, micro_batch_size=2)
-        # the worker loads in the background: a start limit it cannot meet stops the run naming the key
-        key = r"reward.sources\[0\].start_timeout_s"
-        with pytest.raises(TimeoutError, match=key + r"=0.01\); raise " + key):
-            remote.wait_ready(0.01, "reward.sources[0].start_timeout_s")
-        assert remote.wait_ready(120) < 120
-        remote.timeout_s = 5.0  # loaded: the first call answers within a scoring timeout
-        assert remote(PROMPTS, RESPONSES) == pytest.approx(HFRewardModelScorer(tiny_rm).score(PROMPTS, RESPONSES),
-                                                           abs=1e-5)
-        remote.close()
-    finally:
-        if owned:
-            ray.shutdown()
+def test_ray_worker_scores_like_in_process(tiny_rm, ray_local):  # ray_local: the session's Ray (tests/conftest.py)
+    remote = RayRewardModelScorer(tiny_rm, micro_batch_size=2)
+    # the worker loads in the background: a start limit it cannot meet stops the run naming the key
+    key = r"reward.sources\[0\].start_timeout_s"
+    with pytest.raises(TimeoutError, match=key + r"=0.01\); raise " + key):
+        remote.wait_ready(0.01, "reward.sources[0].start_timeout_s")
+    assert remote.wait_ready(120) < 120
+    remote.timeout_s = 5.0  # loaded: the first call answers within a scoring timeout
+    assert remote(PROMPTS, RESPONSES) == pytest.approx(HFRewardModelScorer(tiny_rm).score(PROMPTS, RESPONSES),
+                                                       abs=1e-5)
+    remote.close()
 
 
 def _reward_cfg(sources, timeout_s=None, fallback=-1.0, custom_path=None, fallback_type="constant"):

@@ -41,16 +41,6 @@ class StandInEngine:
                 for i, p in enumerate(prompts)]
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    owned = not ray.is_initialized()
-    if owned:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    if owned:
-        ray.shutdown()
-
-
 @pytest.fixture
 def mgr(ray_local, tmp_path, monkeypatch):
     from tests.support.tiny_models import make_tiny_hf_model

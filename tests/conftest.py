@@ -1,0 +1,24 @@
+"""Fixtures shared by tests/e2e and tests/unit."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """One local Ray (2 CPUs) for every test of this session that uses Ray in-process (rollout managers, the Ray
+    reward model): the first test that asks starts it, the session's end shuts it down, so a start (5-60 s on a
+    2-core machine) is paid once instead of once per module.  Reused when something else started Ray already.
+    Subprocesses never join it: an in-process ``ray.init()`` sets no RAY_ADDRESS and writes no
+    ray_current_cluster file (what `ray start` does), so ``python -m rlhf.main`` runs start their own."""
+    import ray
+
+    owned = not ray.is_initialized()
+    if owned:
+        os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # a loaded CI machine starts raylet slowly
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield ray
+    if owned:
+        ray.shutdown()
