@@ -104,9 +104,13 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
     on_cpu = sglang_cpu.use_cpu_engine(device)
     # sleep_on_idle: with no request queued the scheduler blocks on its request sockets (zmq poll, 1 s timeout)
     # instead of spinning through its idle housekeeping, which otherwise keeps a core busy while the trainer
-    # computes (on CPU it is the trainer's core; on GPU a host core per engine).  Only the idle path changes.
+    # computes (on CPU it is the trainer's core; on GPU a host core per engine).  Only the idle path changes: a
+    # request wakes the poll at once (SGLang's IdleSleeper polls the request sockets themselves).
+    # skip_tokenizer_init: token ids in, token ids and log-probs out (SGLang's RL mode): the engine loads no
+    # tokenizer, detokenizes nothing per step, and its scheduler answers the tokenizer manager directly (no
+    # detokenizer process: rlhf.rollout.sglang_engine.engine_class); the trainer decodes what its reward reads.
     kw: Dict[str, Any] = dict(model_path=model_path, tp_size=tp_size, dtype=dtype, random_seed=int(random_seed),
-                              log_level=log_level, sleep_on_idle=True)
+                              log_level=log_level, sleep_on_idle=True, skip_tokenizer_init=True)
     if mem_fraction_static is not None and not on_cpu:
         kw["mem_fraction_static"] = float(mem_fraction_static)
     if context_length is not None:

@@ -107,6 +107,7 @@ class PPOTrainer(BaseTrainer):
         check_sampling(cfg)  # no top-p / top-k truncation in training rollouts
         check_reward_config(cfg.reward)  # custom reward files import (ImportError naming the file), before any model
         super().__init__(cfg)
+        engines = RolloutWorker.launch(cfg, self.model_path)  # CPU / own GPUs: engines start while models build
         self.progress_desc = algorithm_label(cfg)
         d, rank0 = cfg.data, dist.get_rank() == 0
         cache, gt = os.path.join(cfg.trainer.default_local_dir, "data"), needs_ground_truth(cfg.reward)
@@ -126,7 +127,7 @@ class PPOTrainer(BaseTrainer):
                                          actor=self.actor) \
             if need_ref else None
         self.critic = build_critic(cfg, self.model_path) if use_critic(cfg) else None
-        self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer)
+        self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer, manager=engines)
         self.rollout.actor_resident = lambda: self.actor.resident("params")  # offloaded parameters, for each sync
         self.kl_ctrl = algos.get_kl_controller(cfg.algorithm.kl_ctrl)
         self.reward = None

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from contextlib import contextmanager
 from typing import List, Optional
 
@@ -52,20 +51,18 @@ def start_rollout(cfg, model_path: str):
     SGLang engines serving ``model_path``, placed per ``rollout.mode`` (rlhf/rollout/placement.py): on GPU by
     the plan (colocated on the trainer's GPUs of rank 0's node, disaggregated after the trainer's, each plan
     node pinned to its Ray node); on CPU a disaggregated engine goes to a Ray node other than trainer rank 0's when the cluster has
-    several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go."""
+    several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go.  Returns once the engines
+    are launched: they come up in the background, and the manager's first call waits for them."""
     import ray
 
-    from parallel.distributed import rank_nodes
+    from parallel.distributed import compute_device, rank_nodes
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
                                         rank_ray_nodes, stage_leaders)
+    from rlhf.rollout.ray_cluster import init_ray
 
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    init_ray()
     r = cfg.rollout
     world = dist.get_world_size()
     ray_nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -81,7 +78,7 @@ def start_rollout(cfg, model_path: str):
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
                                                                                     plan), len(ray_nodes))
-    engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size,
+    engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, device=compute_device().type,
                          dtype=resolve_engine_dtype(r.dtype, cfg.model.dtype),
                          mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
                          context_length=cfg.data.max_prompt_length + cfg.data.max_response_length + 8,
@@ -89,16 +86,31 @@ def start_rollout(cfg, model_path: str):
                              cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
                              r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
                          random_seed=cfg.trainer.seed)
-    return RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
-                          node_ids=node_ids)
+    manager = RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
+                             node_ids=node_ids, start=False)
+    manager.launch()
+    return manager
 
 
 class RolloutWorker:
     """Collective: engines started on global rank 0 (``manager``; None elsewhere) and the weight bridge from
     ``actor_bundle`` (parallel.models.ModelBundle) into them on every rank; ``tokenizer`` decodes responses
-    for the reward."""
+    for the reward.  ``manager``: rank 0's engines when :meth:`launch` started them already (while the trainer
+    built its models), else they are started here."""
 
-    def __init__(self, cfg, model_path: str, actor_bundle, tokenizer):
+    @staticmethod
+    def launch(cfg, model_path: str):
+        """Rank 0: :func:`start_rollout` now, when the engines' memory does not depend on what the trainer will
+        allocate (:func:`rlhf.rollout.placement.engines_start_early`), so they start while the trainer builds its
+        models; the result goes to the constructor's ``manager``.  None on other ranks and otherwise."""
+        from parallel.distributed import compute_device
+        from rlhf.rollout.placement import engines_start_early
+
+        if dist.get_rank() != 0 or not engines_start_early(cfg.rollout.mode, compute_device().type):
+            return None
+        return start_rollout(cfg, model_path)
+
+    def __init__(self, cfg, model_path: str, actor_bundle, tokenizer, manager=None):
         from rlhf.weight_bridge import WeightBridge
         from rlhf.rollout import SamplingConfig
         from rlhf.rollout.sampling import stop_token_ids_for
@@ -112,7 +124,7 @@ class RolloutWorker:
         v = r.val_kwargs
         self.val_sampling = SamplingConfig(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k,
                                            max_new_tokens=cfg.data.max_response_length, stop_token_ids=stop_ids)
-        self.manager = start_rollout(cfg, model_path) if self.rank0 else None
+        self.manager = (manager if manager is not None else start_rollout(cfg, model_path)) if self.rank0 else None
         dist.barrier()
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager,
                                    transport="tensor" if r.mode == "colocated" else "distributed",
