@@ -162,9 +162,14 @@ def expected_weights_from_checkpoint(model_path: str, dtype: str = "auto"
 
 
 def engine_compute_dtype(model_path: str, dtype: str = "auto") -> torch.dtype:
-    """The dtype SGLang runs the model in (its ``_get_and_verify_dtype`` on config.json)."""
+    """The dtype SGLang runs the model in (its ``_get_and_verify_dtype`` on config.json).  A dtype given by name
+    is that dtype (SGLang's rule too), found without importing SGLang: the trainer starts its engines with it
+    (``rollout.dtype=auto`` resolves to ``model.dtype``), and an import of SGLang there would delay every
+    engine's start by SGLang's import time."""
     import json
 
+    if dtype != "auto" and str(dtype).lower() in ENGINE_DTYPES:
+        return ENGINE_DTYPES[str(dtype).lower()]
     from sglang.srt.configs.model_config import _get_and_verify_dtype
 
     with open(os.path.join(model_path, "config.json")) as f:

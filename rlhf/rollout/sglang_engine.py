@@ -33,22 +33,38 @@ _INJECTED_ABORT = {"output_ids": [], "meta_info": {"finish_reason": {"type": "ab
 
 
 @functools.lru_cache(maxsize=None)
-def engine_class(skip_tokenizer_init: bool):
-    """``sglang.Engine``, or with ``skip_tokenizer_init`` (token ids in and out, no text) its subclass that
-    starts no detokenizer process: in that mode the scheduler sends its outputs straight to the tokenizer
-    manager (SGLang's ``SchedulerIpcChannels`` binds ``send_to_detokenizer`` to the tokenizer's socket), so a
-    detokenizer would only hold another copy of SGLang's imports (~0.7 GB) and cost a start-up."""
+def engine_class(skip_tokenizer_init: bool, fork_schedulers: bool = False):
+    """``sglang.Engine``, or its subclass for the options:
+
+    * ``skip_tokenizer_init`` (token ids in and out, no text): no detokenizer process is started; in that mode
+      the scheduler sends its outputs straight to the tokenizer manager (SGLang's ``SchedulerIpcChannels`` binds
+      ``send_to_detokenizer`` to the tokenizer's socket), so a detokenizer would only hold another copy of
+      SGLang's imports (~0.7 GB) and cost a start-up;
+    * ``fork_schedulers`` (CPU engines, :func:`rlhf.rollout.sglang_cpu.forked_subprocesses`): the scheduler
+      processes are forked from this one instead of spawned.
+    """
     from sglang.srt.entrypoints.engine import Engine
 
-    if not skip_tokenizer_init:
+    if not skip_tokenizer_init and not fork_schedulers:
         return Engine
 
-    class TokenIdEngine(Engine):
+    class RolloutEngine(Engine):
+        @classmethod
+        def _launch_scheduler_processes(cls, *args, **kwargs):
+            if not fork_schedulers:
+                return super()._launch_scheduler_processes(*args, **kwargs)
+            from rlhf.rollout.sglang_cpu import forked_subprocesses
+
+            with forked_subprocesses():
+                return super()._launch_scheduler_processes(*args, **kwargs)
+
         @classmethod
         def _launch_detokenizer_subprocesses(cls, server_args, port_args, run_detokenizer_process_func):
+            if not skip_tokenizer_init:
+                return super()._launch_detokenizer_subprocesses(server_args, port_args, run_detokenizer_process_func)
             return [], []  # (processes, names) for SGLang's subprocess watchdog: none
 
-    return TokenIdEngine
+    return RolloutEngine
 
 
 class EngineCallError(RuntimeError):
@@ -87,7 +103,8 @@ class SGLangEngine:
         t0 = time.time()
         self.index = int(engine_index)
         self.tp_size = int(engine_kwargs.get("tp_size", 1))
-        self.engine = engine_class(bool(engine_kwargs.get("skip_tokenizer_init")))(**engine_kwargs)
+        self.engine = engine_class(bool(engine_kwargs.get("skip_tokenizer_init")),
+                                   fork_schedulers=engine_kwargs.get("device") == "cpu")(**engine_kwargs)
         # Everything alive after start-up (SGLang's modules, the model, the pools: ~1M objects) leaves the
         # collector's view in this process and the schedulers (SGLang's freeze_gc): each release of the KV cache
         # runs SGLang's flush_cache, which on CPU is a full gc.collect(), and would otherwise walk them all again.

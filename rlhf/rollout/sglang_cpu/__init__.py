@@ -26,6 +26,16 @@ Environment of the engine process (:func:`cpu_engine_env`):
 * for ``tp_size`` > 1, ``SGLANG_NCCL_SO_PATH`` pointing to a file that does not exist -- for ``tp_size`` > 1 SGLang otherwise
   loads pynccl, which rejects CPU tensors; a missing library makes it fall back to torch.distributed (gloo).
 
+Process start (:func:`forked_subprocesses`, used by :func:`rlhf.rollout.sglang_engine.engine_class`):
+
+* SGLang's scheduler processes are forked from the engine actor, which has imported SGLang already, instead of
+  spawned (SGLang sets ``spawn`` for CUDA, which cannot be forked): a spawned scheduler imports SGLang, torch
+  and transformers again (the longest part of an engine's start) and holds its own copy of them (~0.85 GB);
+  a forked one shares the actor's pages.  Measured on the quickstart model (load ~25 on 2 cores): engine start
+  11 s instead of 77 s, the engine's processes 1.0 GB of PSS instead of 1.6 GB, greedy tokens and log-probs
+  identical.  The actor's garbage collector is frozen before the fork, so no collection in the scheduler
+  writes to (and copies) the shared pages.
+
 Engine keyword arguments (:func:`cpu_engine_kwargs`):
 
 * ``device="cpu"``;
@@ -39,11 +49,12 @@ Engine keyword arguments (:func:`cpu_engine_kwargs`):
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Dict, Optional
 
 __all__ = ["STANDIN_DIR", "use_cpu_engine", "cpu_engine_env", "cpu_engine_kwargs", "omp_threads_bind",
-           "engine_threads"]
+           "engine_threads", "forked_subprocesses"]
 
 #: Directory holding the ``sgl_kernel`` stand-in package (put first on the engine's PYTHONPATH).
 STANDIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin")
@@ -130,6 +141,22 @@ def cpu_engine_env(tp_size: int = 1, base_env: Optional[Dict[str, str]] = None) 
         env["SGLANG_CPU_OMP_THREADS_BIND"] = omp_threads_bind(tp_size)
         env["SGLANG_NCCL_SO_PATH"] = _NO_NCCL_SO
     return env
+
+
+@contextlib.contextmanager
+def forked_subprocesses():
+    """Inside the block, ``multiprocessing.Process`` starts by fork (see the module docstring); the previous
+    default start method is restored after it."""
+    import gc
+    import multiprocessing as mp
+
+    previous = mp.get_start_method(allow_none=True)
+    gc.freeze()
+    mp.set_start_method("fork", force=True)
+    try:
+        yield
+    finally:
+        mp.set_start_method(previous, force=True)
 
 
 def cpu_engine_kwargs(max_total_tokens: int = 2048) -> Dict[str, object]:

@@ -100,3 +100,22 @@ def test_engines_start_while_the_models_build_unless_they_share_the_trainers_gpu
     assert engines_start_early(mode, device) is early
     with pytest.raises(ValueError, match="rollout.mode"):
         engines_start_early("hybrid", device)
+
+
+def test_named_engine_dtypes_are_sglangs_without_importing_it(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+
+    from rlhf.rollout.engine_args import ENGINE_DTYPES, engine_compute_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float32", "model_type": "llama"}))
+    for name in ENGINE_DTYPES:
+        assert engine_compute_dtype(str(tmp_path), name) == _get_and_verify_dtype({"dtype": "float32"}, name), name
+    # the trainer resolves the dtype its engines start with before it launches them: no SGLang import there
+    code = (f"import sys; from rlhf.rollout.engine_args import engine_compute_dtype; "
+            f"print(engine_compute_dtype({str(tmp_path)!r}, 'float32'), 'sglang' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["torch.float32", "False"]
