@@ -188,7 +188,10 @@ class RolloutManager:
 
         self.launch()
         if not self.startup_info:
+            t0 = time.time()
             self.startup_info = ray.get([a.info.remote() for a in self.actors])
+            logger.info("[rollout] %d engine(s) up (engine start %s s; waited %.1f s for them)", self.num_engines,
+                        "/".join(f"{i['startup_seconds']:.1f}" for i in self.startup_info), time.time() - t0)
         return self.startup_info
 
     @property

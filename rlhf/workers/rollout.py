@@ -56,6 +56,7 @@ def start_rollout(cfg, model_path: str):
     import ray
 
     from parallel.distributed import compute_device, rank_nodes
+    from rlhf.launch_env import launch_env
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
@@ -64,7 +65,9 @@ def start_rollout(cfg, model_path: str):
 
     init_ray()
     r = cfg.rollout
-    world = dist.get_world_size()
+    # (before the process group exists -- RolloutWorker.launch on a one-node job -- the launcher's world size; the
+    # ranks' nodes are unknown then, and every rank is on this node)
+    world = dist.get_world_size() if dist.is_initialized() else (launch_env().world_size or 1)
     ray_nodes = [n for n in ray.nodes() if n.get("Alive")]
     ranks = rank_ray_nodes(rank_nodes(), ray_nodes, ray.get_runtime_context().get_node_id(), world)
     plan = None
@@ -99,15 +102,26 @@ class RolloutWorker:
     built its models), else they are started here."""
 
     @staticmethod
-    def launch(cfg, model_path: str):
-        """Rank 0: :func:`start_rollout` now, when the engines' memory does not depend on what the trainer will
-        allocate (:func:`rlhf.rollout.placement.engines_start_early`), so they start while the trainer builds its
-        models; the result goes to the constructor's ``manager``.  None on other ranks and otherwise."""
+    def launch(cfg, model_path: Optional[str] = None):
+        """Global rank 0: :func:`start_rollout` now, when the engines' memory does not depend on what the trainer
+        will allocate (:func:`rlhf.rollout.placement.engines_start_early`), so they start while the trainer
+        imports and builds its models; the result goes to the constructor's ``manager``.  Also callable before
+        the process group exists (``rlhf.trainer.run``): then only for a one-node job whose model is a local
+        directory already (``model_path`` None: :func:`rlhf.quickstart.resolve.local_model_path`; nothing is
+        built or downloaded here).  None on other ranks and otherwise."""
         from parallel.distributed import compute_device
+        from rlhf.launch_env import launch_env
         from rlhf.rollout.placement import engines_start_early
 
-        if dist.get_rank() != 0 or not engines_start_early(cfg.rollout.mode, compute_device().type):
+        rank = dist.get_rank() if dist.is_initialized() else launch_env().rank
+        if rank != 0 or not engines_start_early(cfg.rollout.mode, compute_device().type):
             return None
+        if not dist.is_initialized():
+            from rlhf.quickstart.resolve import local_model_path
+
+            model_path = local_model_path(cfg) if (cfg.trainer.nnodes or 1) == 1 else None
+            if model_path is None:
+                return None
         return start_rollout(cfg, model_path)
 
     def __init__(self, cfg, model_path: str, actor_bundle, tokenizer, manager=None):
@@ -131,6 +145,8 @@ class RolloutWorker:
                                    bucket_bytes=r.weight_sync_bucket_mb << 20,
                                    check="sample" if r.weight_sync_check else None,
                                    master_address=r.weight_update_address)
+        if r.mode == "colocated":  # the first sync imports SGLang's serializers (seconds): now, while engines start
+            import sglang.srt.utils.common  # noqa: F401
         self.max_resyncs = r.max_restarts + 1
         self.last_sync = None
         self.colocated = r.mode == "colocated"
