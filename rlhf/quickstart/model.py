@@ -68,6 +68,7 @@ __all__ = [
     "QUICKSTART_DEFAULTS",
     "META_FILE",
     "build_quickstart_model",
+    "built_quickstart_model",
     "resolve_model_path",
 ]
 
@@ -262,6 +263,17 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
             shutil.rmtree(tmp, ignore_errors=True)
     logger.info("tiny://quickstart: built %s in %.1fs (warm-up loss %s -> %s)", out, time.time() - t0,
                 full_meta["stats"]["first_loss"], full_meta["stats"]["final_loss"])
+
+
+def built_quickstart_model(cache_dir: Union[str, os.PathLike], **build_kwargs: Any) -> Optional[str]:
+    """The directory :func:`resolve_model_path` returns for ``tiny://quickstart`` with these ``build_kwargs``
+    (``None`` values: the defaults) when that model is built already; None when it would be built (nothing is
+    built here)."""
+    kw = {**QUICKSTART_DEFAULTS, "task": None, **{k: v for k, v in build_kwargs.items() if v is not None}}
+    out = Path(cache_dir) / "tiny_quickstart_model"
+    meta = _meta(kw["seed"], kw["warmup_steps"], kw["warmup_lr"], kw["max_operand"], kw["num_layers"],
+                 kw["hidden_size"], kw["batch_size"], kw["vocab_size"], kw["task"], kw["answer_noise"])
+    return str(out) if _is_complete(out) and _read_meta(out) == meta else None
 
 
 def resolve_model_path(path: str, cache_dir: Union[str, os.PathLike], **build_kwargs: Any) -> str:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["resolve_model", "resolve_data", "EMBEDDED_SCHEME", "TINY_SCHEME", "QUICKSTART_MAX_POSITION_EMBEDDINGS"]
+__all__ = ["resolve_model", "resolve_data", "local_model_path", "EMBEDDED_SCHEME", "TINY_SCHEME",
+           "QUICKSTART_MAX_POSITION_EMBEDDINGS"]
 
 TINY_SCHEME = "tiny://"
 EMBEDDED_SCHEME = "embedded://"
@@ -65,6 +66,22 @@ def resolve_model(cfg, path: str | None = None) -> str:
     return _rank0_then_all(lambda: resolve_model_path(
         path, cache, warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr,
         max_operand=cfg.data.embedded_max_operand))
+
+
+def local_model_path(cfg, path: str | None = None) -> str | None:
+    """What :func:`resolve_model` (then the trainer's hub download) would give for `path` (default
+    ``cfg.model.path``), found without building, downloading or any collective: a local directory as it is,
+    ``tiny://quickstart`` when that model is built already; None otherwise (a hub name, a model to build)."""
+    path = cfg.model.path if path is None else path
+    if isinstance(path, str) and path.startswith(TINY_SCHEME):
+        if path.rstrip("/") != TINY_SCHEME + "quickstart":
+            return None
+        from .model import built_quickstart_model
+
+        return built_quickstart_model(os.path.join(cfg.trainer.default_local_dir, "tiny_model"),
+                                      warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr,
+                                      max_operand=cfg.data.embedded_max_operand)
+    return path if isinstance(path, str) and os.path.isdir(path) else None
 
 
 def resolve_data(cfg, split: str) -> Any:

@@ -192,8 +192,9 @@ class RayRewardModelScorer(RewardModelScorer):
 
         import ray
 
-        if not ray.is_initialized():
-            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+        from rlhf.rollout.ray_cluster import init_ray
+
+        init_ray()
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = {"PYTHONPATH": os.pathsep.join(p for p in [repo, os.environ.get("PYTHONPATH", "")] if p)}
         self.timeout_s, self.path = timeout_s, path

@@ -113,9 +113,13 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
     on_cpu = sglang_cpu.use_cpu_engine(device)
     # sleep_on_idle: with no request queued the scheduler blocks on its request sockets (zmq poll, 1 s timeout)
     # instead of spinning through its idle housekeeping, which otherwise keeps a core busy while the trainer
-    # computes (on CPU it is the trainer's core; on GPU a host core per engine).  Only the idle path changes.
+    # computes (on CPU it is the trainer's core; on GPU a host core per engine).  Only the idle path changes: a
+    # request wakes the poll at once (SGLang's IdleSleeper polls the request sockets themselves).
+    # skip_tokenizer_init: token ids in, token ids and log-probs out (SGLang's RL mode): the engine loads no
+    # tokenizer, detokenizes nothing per step, and its scheduler answers the tokenizer manager directly (no
+    # detokenizer process: rlhf.rollout.sglang_engine.engine_class); the trainer decodes what its reward reads.
     kw: Dict[str, Any] = dict(model_path=model_path, tp_size=tp_size, dtype=dtype, random_seed=int(random_seed),
-                              log_level=log_level, sleep_on_idle=True)
+                              log_level=log_level, sleep_on_idle=True, skip_tokenizer_init=True)
     if mem_fraction_static is not None and not on_cpu:
         kw["mem_fraction_static"] = float(mem_fraction_static)
     if context_length is not None:
@@ -185,9 +189,14 @@ def expected_weights_from_checkpoint(model_path: str, dtype: str = "auto"
 
 
 def engine_compute_dtype(model_path: str, dtype: str = "auto") -> torch.dtype:
-    """The dtype SGLang runs the model in (its ``_get_and_verify_dtype`` on config.json)."""
+    """The dtype SGLang runs the model in (its ``_get_and_verify_dtype`` on config.json).  A dtype given by name
+    is that dtype (SGLang's rule too), found without importing SGLang: the trainer starts its engines with it
+    (``rollout.dtype=auto`` resolves to ``model.dtype``), and an import of SGLang there would delay every
+    engine's start by SGLang's import time."""
     import json
 
+    if dtype != "auto" and str(dtype).lower() in ENGINE_DTYPES:
+        return ENGINE_DTYPES[str(dtype).lower()]
     from sglang.srt.configs.model_config import _get_and_verify_dtype
 
     with open(os.path.join(model_path, "config.json")) as f:

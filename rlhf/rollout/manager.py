@@ -121,7 +121,8 @@ class RolloutManager:
             engine i on this node's GPUs ``i * tp ...``; ignored on CPU.
         node_ids: Ray node id of each plan node (None: Ray picks the node).
         actor_options: more Ray actor options (tests).
-        start: start the engines now (in parallel).
+        start: start the engines now (in parallel) and wait for them; False: :meth:`launch` / :meth:`start`
+            later (the first call that needs the engines waits for them).
     Raises:
         ValueError: bad argument values. RuntimeError: Ray is not initialised.
     """
@@ -175,13 +176,23 @@ class RolloutManager:
             kw.setdefault("base_gpu_id", self.plan.base_gpu_id(index))  # the actor sees all GPUs of its node
         return ray.remote(SGLangEngine).options(**opts).remote(kw, index, self._expected)
 
-    def start(self) -> List[Dict[str, Any]]:
-        """Start every engine (in parallel) and wait until they are up; returns their :meth:`SGLangEngine.info`."""
-        import ray
-
+    def launch(self) -> None:
+        """Create every engine's actor: the engines start in parallel, in the background (the caller goes on
+        building its models); :meth:`start` waits for them, and so does the first call that needs them."""
         if not self.actors:
             self.actors = [self._make_actor(i) for i in range(self.num_engines)]
-        self.startup_info = ray.get([a.info.remote() for a in self.actors])
+
+    def start(self) -> List[Dict[str, Any]]:
+        """:meth:`launch` (when not done) and wait until every engine is up; returns their
+        :meth:`SGLangEngine.info`.  Raises what an engine raised while starting (the actor is then dead)."""
+        import ray
+
+        self.launch()
+        if not self.startup_info:
+            t0 = time.time()
+            self.startup_info = ray.get([a.info.remote() for a in self.actors])
+            logger.info("[rollout] %d engine(s) up (engine start %s s; waited %.1f s for them)", self.num_engines,
+                        "/".join(f"{i['startup_seconds']:.1f}" for i in self.startup_info), time.time() - t0)
         return self.startup_info
 
     @property
@@ -223,6 +234,7 @@ class RolloutManager:
                per_engine: Optional[Sequence[Dict[str, Any]]] = None, **kwargs) -> Pending:
         """Start ``method(actor)(*args, **kwargs, **per_engine[k])`` on engines ``engines`` (default all);
         ``method`` picks the actor's method (``lambda a: a.flush_cache``)."""
+        self.start()  # engines launched in the background are up before anything is asked of them
         targets = list(range(self.num_engines)) if engines is None else list(engines)
         if what.startswith("update_weights"):
             assert_plain_data(what, args, kwargs, per_engine)
@@ -272,6 +284,7 @@ class RolloutManager:
                                f"resume_memory_occupation() before generate()")
         if self._discarded:
             raise WeightsDiscardedError(sorted(self._discarded))
+        self.start()
         prompts = [list(p) for p in prompt_token_ids]
         todo, done, on_death = list(range(len(prompts))), {}, self._budget("generate")
         while todo:

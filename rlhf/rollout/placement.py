@@ -33,8 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "rank_ray_nodes",
-           "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders", "ipc_source_ranks",
+__all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "engines_start_early",
+           "rank_ray_nodes", "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders",
+           "ipc_source_ranks",
            "engine_gpus", "trainer_gpus", "job_placement_problem"]
 
 
@@ -186,6 +187,23 @@ def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_p
     except PlacementError as e:
         return f"{head}, trainer on {world}: {e}."
     return None
+
+
+def engines_start_early(mode: str, device: str) -> bool:
+    """Whether the rollout engines may start while the trainer builds its models (rather than after them): when
+    their memory does not depend on what the trainer allocates.  On CPU SGLang's KV pool has the configured size
+    (``rollout.max_total_tokens``, or the batch-sized default); disaggregated engines have GPUs of their own.
+    Colocated GPU engines size their KV cache from the memory left once the trainer's models are resident
+    (SGLang's ``mem_fraction_static`` profile of free memory), so they start after the models.
+
+    Raises:
+        ValueError: an unknown ``mode`` or ``device``.
+    """
+    if mode not in ("colocated", "disaggregated"):
+        raise ValueError(f"rollout.mode must be 'colocated' or 'disaggregated', got {mode!r}")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {device!r}")
+    return device == "cpu" or mode == "disaggregated"
 
 
 def engine_actor_options(index: int, *, env: Dict[str, str], plan: Optional[PlacementPlan] = None,

@@ -14,6 +14,7 @@ CPU settings (env vars, stand-in ``sgl_kernel``) reach the actor through its ``r
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -22,13 +23,48 @@ from rlhf import faults
 from rlhf.rollout.sampling import SamplingConfig
 from rlhf.rollout.types import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, RolloutSample
 
-__all__ = ["SGLangEngine", "EngineCallError", "check_result"]
+__all__ = ["SGLangEngine", "EngineCallError", "check_result", "engine_class"]
 
 #: tags of SGLang's memory saver (``release_memory_occupation(tags)``)
 MEMORY_TAGS = ("weights", "kv_cache")
 #: what an aborted request looks like (RLHF_FAULT=rollout_request_error@<k>, rlhf.faults)
 _INJECTED_ABORT = {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "message": "injected"},
                                                    "output_token_logprobs": []}}
+
+
+@functools.lru_cache(maxsize=None)
+def engine_class(skip_tokenizer_init: bool, fork_schedulers: bool = False):
+    """``sglang.Engine``, or its subclass for the options:
+
+    * ``skip_tokenizer_init`` (token ids in and out, no text): no detokenizer process is started; in that mode
+      the scheduler sends its outputs straight to the tokenizer manager (SGLang's ``SchedulerIpcChannels`` binds
+      ``send_to_detokenizer`` to the tokenizer's socket), so a detokenizer would only hold another copy of
+      SGLang's imports (~0.7 GB) and cost a start-up;
+    * ``fork_schedulers`` (CPU engines, :func:`rlhf.rollout.sglang_cpu.forked_subprocesses`): the scheduler
+      processes are forked from this one instead of spawned.
+    """
+    from sglang.srt.entrypoints.engine import Engine
+
+    if not skip_tokenizer_init and not fork_schedulers:
+        return Engine
+
+    class RolloutEngine(Engine):
+        @classmethod
+        def _launch_scheduler_processes(cls, *args, **kwargs):
+            if not fork_schedulers:
+                return super()._launch_scheduler_processes(*args, **kwargs)
+            from rlhf.rollout.sglang_cpu import forked_subprocesses
+
+            with forked_subprocesses():
+                return super()._launch_scheduler_processes(*args, **kwargs)
+
+        @classmethod
+        def _launch_detokenizer_subprocesses(cls, server_args, port_args, run_detokenizer_process_func):
+            if not skip_tokenizer_init:
+                return super()._launch_detokenizer_subprocesses(server_args, port_args, run_detokenizer_process_func)
+            return [], []  # (processes, names) for SGLang's subprocess watchdog: none
+
+    return RolloutEngine
 
 
 class EngineCallError(RuntimeError):
@@ -64,12 +100,15 @@ class SGLangEngine:
 
     def __init__(self, engine_kwargs: Dict[str, Any], engine_index: int = 0,
                  expected_weights: Optional[Dict[str, Any]] = None):
-        import sglang
-
         t0 = time.time()
         self.index = int(engine_index)
         self.tp_size = int(engine_kwargs.get("tp_size", 1))
-        self.engine = sglang.Engine(**engine_kwargs)
+        self.engine = engine_class(bool(engine_kwargs.get("skip_tokenizer_init")),
+                                   fork_schedulers=engine_kwargs.get("device") == "cpu")(**engine_kwargs)
+        # Everything alive after start-up (SGLang's modules, the model, the pools: ~1M objects) leaves the
+        # collector's view in this process and the schedulers (SGLang's freeze_gc): each release of the KV cache
+        # runs SGLang's flush_cache, which on CPU is a full gc.collect(), and would otherwise walk them all again.
+        self.engine.freeze_gc()
         self.startup_seconds = time.time() - t0
         self._expected = dict(expected_weights or {})
         self.weight_version = 0

@@ -22,6 +22,9 @@ def run(cfg) -> dict:
         from .dpo_trainer import DPOTrainer
 
         return DPOTrainer(cfg).fit()
+    from rlhf.workers.rollout import RolloutWorker
+
+    engines = RolloutWorker.launch(cfg)  # CPU / own GPUs: the engines start while the trainer imports and builds
     from .ppo_trainer import PPOTrainer
 
-    return PPOTrainer(cfg).fit()
+    return PPOTrainer(cfg, engines=engines).fit()

@@ -102,11 +102,15 @@ class PPOTrainer(BaseTrainer):
             rows["critic.ppo_mini_batch_size x rollout.n"] = cfg.critic.ppo_mini_batch_size * n
         check_micro_batch_layout(rows, dp_info()[1], pipeline_micro_batch_multiple())
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, engines=None):
+        """``engines``: rank 0's rollout engines when ``RolloutWorker.launch`` started them before (rlhf.trainer.run);
+        else they are launched here, once the model path is known (or after the models, on colocated GPUs)."""
         check_config(cfg)  # DAPO settings, before anything is built
         check_sampling(cfg)  # no top-p / top-k truncation in training rollouts
         check_reward_config(cfg.reward)  # custom reward files import (ImportError naming the file), before any model
         super().__init__(cfg)
+        if engines is None:  # CPU / own GPUs: the engines start while the models build
+            engines = RolloutWorker.launch(cfg, self.model_path)
         self.progress_desc = algorithm_label(cfg)
         d, rank0 = cfg.data, dist.get_rank() == 0
         cache, gt = os.path.join(cfg.trainer.default_local_dir, "data"), needs_ground_truth(cfg.reward)
@@ -126,7 +130,7 @@ class PPOTrainer(BaseTrainer):
                                          actor=self.actor) \
             if need_ref else None
         self.critic = build_critic(cfg, self.model_path) if use_critic(cfg) else None
-        self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer)
+        self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer, manager=engines)
         self.rollout.actor_resident = lambda: self.actor.resident("params")  # offloaded parameters, for each sync
         self.kl_ctrl = algos.get_kl_controller(cfg.algorithm.kl_ctrl)
         self.reward = None

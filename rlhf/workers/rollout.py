@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 from contextlib import contextmanager
 from typing import List, Optional
 
@@ -53,22 +52,23 @@ def start_rollout(cfg, model_path: str):
     SGLang engines serving ``model_path``, placed per ``rollout.mode`` (rlhf/rollout/placement.py): on GPU by
     the plan (colocated on the trainer's GPUs of rank 0's node, disaggregated after the trainer's, each plan
     node pinned to its Ray node); on CPU a disaggregated engine goes to a Ray node other than trainer rank 0's when the cluster has
-    several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go."""
+    several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go.  Returns once the engines
+    are launched: they come up in the background, and the manager's first call waits for them."""
     import ray
 
-    from parallel.distributed import rank_nodes
+    from parallel.distributed import compute_device, rank_nodes
+    from rlhf.launch_env import launch_env
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype, rollout_context_length
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
                                         ipc_source_ranks, rank_ray_nodes)
+    from rlhf.rollout.ray_cluster import init_ray
 
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"], log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False)
+    init_ray()
     r = cfg.rollout
-    world = dist.get_world_size()
+    # (before the process group exists -- RolloutWorker.launch on a one-node job -- the launcher's world size; the
+    # ranks' nodes are unknown then, and every rank is on this node)
+    world = dist.get_world_size() if dist.is_initialized() else (launch_env().world_size or 1)
     ray_nodes = [n for n in ray.nodes() if n.get("Alive")]
     ranks = rank_ray_nodes(rank_nodes(), ray_nodes, ray.get_runtime_context().get_node_id(), world)
     plan = None
@@ -83,7 +83,7 @@ def start_rollout(cfg, model_path: str):
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
                                                                                     plan), len(ray_nodes))
-    engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size,
+    engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, device=compute_device().type,
                          dtype=resolve_engine_dtype(r.dtype, cfg.model.dtype),
                          mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
                          context_length=rollout_context_length(cfg.data.max_prompt_length,
@@ -92,16 +92,42 @@ def start_rollout(cfg, model_path: str):
                              cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
                              r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
                          random_seed=cfg.trainer.seed)
-    return RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
-                          node_ids=node_ids)
+    manager = RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
+                             node_ids=node_ids, start=False)
+    manager.launch()
+    return manager
 
 
 class RolloutWorker:
     """Collective: engines started on global rank 0 (``manager``; None elsewhere) and the weight bridge from
     ``actor_bundle`` (parallel.models.ModelBundle) into them on every rank; ``tokenizer`` decodes responses
-    for the reward."""
+    for the reward.  ``manager``: rank 0's engines when :meth:`launch` started them already (while the trainer
+    built its models), else they are started here."""
 
-    def __init__(self, cfg, model_path: str, actor_bundle, tokenizer):
+    @staticmethod
+    def launch(cfg, model_path: Optional[str] = None):
+        """Global rank 0: :func:`start_rollout` now, when the engines' memory does not depend on what the trainer
+        will allocate (:func:`rlhf.rollout.placement.engines_start_early`), so they start while the trainer
+        imports and builds its models; the result goes to the constructor's ``manager``.  Also callable before
+        the process group exists (``rlhf.trainer.run``): then only for a one-node job whose model is a local
+        directory already (``model_path`` None: :func:`rlhf.quickstart.resolve.local_model_path`; nothing is
+        built or downloaded here).  None on other ranks and otherwise."""
+        from parallel.distributed import compute_device
+        from rlhf.launch_env import launch_env
+        from rlhf.rollout.placement import engines_start_early
+
+        rank = dist.get_rank() if dist.is_initialized() else launch_env().rank
+        if rank != 0 or not engines_start_early(cfg.rollout.mode, compute_device().type):
+            return None
+        if not dist.is_initialized():
+            from rlhf.quickstart.resolve import local_model_path
+
+            model_path = local_model_path(cfg) if (cfg.trainer.nnodes or 1) == 1 else None
+            if model_path is None:
+                return None
+        return start_rollout(cfg, model_path)
+
+    def __init__(self, cfg, model_path: str, actor_bundle, tokenizer, manager=None):
         from rlhf.weight_bridge import WeightBridge
         from rlhf.rollout import SamplingConfig
         from rlhf.rollout.sampling import stop_token_ids_for
@@ -119,13 +145,15 @@ class RolloutWorker:
         # host, in a gloo group: on the default group (NCCL on a GPU run) each rank would wait in an NCCL kernel
         # spinning on its GPU, which a colocated engine rank shares (time-sliced against it for the whole generation)
         self.host_group = dist.new_group(backend="gloo")
-        self.manager = start_rollout(cfg, model_path) if self.rank0 else None
+        self.manager = (manager if manager is not None else start_rollout(cfg, model_path)) if self.rank0 else None
         dist.barrier(group=self.host_group)
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager,
                                    transport="tensor" if r.mode == "colocated" else "distributed",
                                    bucket_bytes=r.weight_sync_bucket_mb << 20,
                                    check="sample" if r.weight_sync_check else None,
                                    master_address=r.weight_update_address)
+        if r.mode == "colocated":  # the first sync imports SGLang's serializers (seconds): now, while engines start
+            import sglang.srt.utils.common  # noqa: F401
         self.max_resyncs = r.max_restarts + 1
         self.last_sync = None
         self.colocated = r.mode == "colocated"

@@ -197,6 +197,20 @@ def test_greedy_matches_hf_with_stop_ids_and_log_probs(engine, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.sglang
+def test_engine_process_tree_token_ids_only_and_every_core(engine):
+    """skip_tokenizer_init: the scheduler answers the tokenizer manager itself, no detokenizer process is started;
+    the CPU scheduler is forked from the engine actor (no spawn: no resource tracker, no second import of SGLang)
+    and computes on every core of the machine (rlhf.rollout.sglang_cpu), not with Ray's one thread."""
+    import psutil
+
+    kids = psutil.Process(engine.engine_pids()[0]).children(recursive=True)
+    titles = [" ".join(k.cmdline()) for k in kids]
+    assert len(kids) == 1 and "detokenizer" not in titles[0] and "multiprocessing" not in titles[0], titles
+    assert kids[0].environ()["OMP_NUM_THREADS"] == str(len(os.sched_getaffinity(0)))
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
 def test_sampling_n_samples_stop_ids_and_log_probs(engine, tiny_model):
     path, _, prompts = tiny_model
     model = hf_model(path)

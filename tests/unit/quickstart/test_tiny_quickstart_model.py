@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,6 +90,19 @@ def test_cache_reuse_and_rebuild_on_changed_args(small_model, monkeypatch):
     monkeypatch.setattr(quickstart_model, "_build", lambda *a, **k: calls.append(k))
     build_quickstart_model(small_model, warmup_steps=FEW["warmup_steps"] + 1, batch_size=FEW["batch_size"])
     assert len(calls) == 1  # any changed argument invalidates the cache
+
+
+def test_built_model_is_found_without_building(small_model):
+    from rlhf.quickstart.model import built_quickstart_model
+
+    cache = Path(small_model).parent
+    renamed = cache / "tiny_quickstart_model"  # the name resolve_model_path builds under cache_dir
+    if not renamed.exists():
+        renamed.symlink_to(small_model)
+    # the engines are launched from this path before the trainer resolves (and would reuse) the model
+    assert built_quickstart_model(cache, **FEW) == str(renamed)
+    assert built_quickstart_model(cache, **{**FEW, "warmup_steps": FEW["warmup_steps"] + 1}) is None  # a rebuild
+    assert built_quickstart_model(cache / "elsewhere", **FEW) is None
 
 
 def test_resolve_model_path(tmp_path, monkeypatch):

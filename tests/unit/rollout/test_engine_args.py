@@ -1,10 +1,13 @@
-"""The engines' dtype, KV-cache size and idle behaviour, from the config (no engine or model is started)."""
+"""The engines' dtype, KV-cache size, idle behaviour, token-id mode, CPU threads and start order, from the config
+(no engine or model is started)."""
+import os
+
 import pytest
 import torch
 
 from rlhf.config.compose import compose_config
 from rlhf.config.validate import config_problems
-from rlhf.rollout.engine_args import (MAX_BATCH_KV_TOKENS, batch_kv_tokens, engine_kwargs,
+from rlhf.rollout.engine_args import (MAX_BATCH_KV_TOKENS, batch_kv_tokens, engine_env, engine_kwargs,
                                       expected_weights_from_checkpoint, resolve_engine_dtype)
 
 
@@ -65,6 +68,8 @@ def test_engines_sleep_on_idle_and_take_the_kv_size_on_both_devices(tmp_path, de
     (tmp_path / "config.json").write_text("{}")
     kw = engine_kwargs(str(tmp_path), device=device, max_total_tokens=5632)
     assert kw["sleep_on_idle"] is True and kw["max_total_tokens"] == 5632
+    # token ids in, token ids + log-probs out: no tokenizer in the engine, no detokenizer process
+    assert kw["skip_tokenizer_init"] is True
 
 
 @pytest.mark.parametrize("placement,tp,want", [("colocated", 2, "false"), ("colocated", 1, None),
@@ -103,3 +108,52 @@ def test_colocated_gpu_engines_start_without_sglangs_tp_memory_balance_check(tmp
 
         monkeypatch.setenv(TP_MEMORY_CHECK_ENV, want)
         assert envs.SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK.get() is False
+
+
+def test_cpu_engine_threads_split_the_cores_between_the_engine_ranks():
+    from rlhf.rollout.sglang_cpu import cpu_engine_env, engine_threads
+
+    assert engine_threads(1, num_cores=2) == 2 and engine_threads(2, num_cores=8) == 4
+    assert engine_threads(4, num_cores=2) == 1  # never 0
+    with pytest.raises(ValueError, match="tp_size"):
+        engine_threads(0)
+    cores = len(os.sched_getaffinity(0))
+    # Ray gives a zero-CPU actor OMP_NUM_THREADS=1 and the launcher's CPU ranks cores / ranks: the engine's own
+    # value replaces both (it computes while the trainer waits for the rollout)
+    assert cpu_engine_env(1, base_env={"OMP_NUM_THREADS": "1"})["OMP_NUM_THREADS"] == str(cores)
+    assert cpu_engine_env(2, base_env={})["OMP_NUM_THREADS"] == str(max(1, cores // 2))
+    # threads that wait at a parallel region's end sleep instead of spinning on a core another thread needs
+    assert cpu_engine_env(1, base_env={})["OMP_WAIT_POLICY"] == "PASSIVE"
+    # what the engine actor is started with (rlhf.rollout.engine_args.engine_env): CPU engines only
+    assert engine_env({"device": "cpu", "tp_size": 1})["OMP_NUM_THREADS"] == str(cores)
+    assert "OMP_NUM_THREADS" not in engine_env({"device": "cuda", "tp_size": 1})
+
+
+@pytest.mark.parametrize("mode,device,early", [("colocated", "cpu", True), ("disaggregated", "cpu", True),
+                                               ("disaggregated", "cuda", True), ("colocated", "cuda", False)])
+def test_engines_start_while_the_models_build_unless_they_share_the_trainers_gpus(mode, device, early):
+    from rlhf.rollout.placement import engines_start_early
+
+    # colocated GPU engines size their KV cache from the memory the trainer's models leave: they start after them
+    assert engines_start_early(mode, device) is early
+    with pytest.raises(ValueError, match="rollout.mode"):
+        engines_start_early("hybrid", device)
+
+
+def test_named_engine_dtypes_are_sglangs_without_importing_it(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from sglang.srt.configs.model_config import _get_and_verify_dtype
+
+    from rlhf.rollout.engine_args import ENGINE_DTYPES, engine_compute_dtype
+
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "float32", "model_type": "llama"}))
+    for name in ENGINE_DTYPES:
+        assert engine_compute_dtype(str(tmp_path), name) == _get_and_verify_dtype({"dtype": "float32"}, name), name
+    # the trainer resolves the dtype its engines start with before it launches them: no SGLang import there
+    code = (f"import sys; from rlhf.rollout.engine_args import engine_compute_dtype; "
+            f"print(engine_compute_dtype({str(tmp_path)!r}, 'float32'), 'sglang' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["torch.float32", "False"]

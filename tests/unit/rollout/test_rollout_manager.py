@@ -127,3 +127,34 @@ def test_resumed_weights_are_refused_until_a_sync_reaches_them(mgr):
     mgr.info()  # engine 0 replaced: a fresh engine holds its checkpoint's weights (stale, not discarded)
     assert mgr.weights_discarded() == [] and mgr.stale_engines() == [0]
     assert {s.extra["engine"] for s in mgr.generate([[1], [2]], cfg)} == {1}
+
+
+class GatedEngine(StandInEngine):
+    """A stand-in whose start-up waits until the file ``engine_kwargs["gate"]`` exists (as a real engine takes
+    30-100 s to start)."""
+
+    def __init__(self, engine_kwargs, index=0, expected_weights=None):
+        while not os.path.exists(engine_kwargs["gate"]):
+            time.sleep(0.05)
+        super().__init__(engine_kwargs, index, expected_weights)
+
+
+def test_launched_engines_start_in_the_background_and_the_first_call_waits(ray_local, tmp_path, monkeypatch):
+    """start_rollout launches the engines while the trainer builds its models (rlhf.workers.rollout); the
+    manager's first call waits for them."""
+    from tests.support.tiny_models import make_tiny_hf_model
+
+    make_tiny_hf_model(str(tmp_path / "m"), "llama_gqa", vocab_size=64, num_layers=1)
+    monkeypatch.setattr(manager_mod, "SGLangEngine", GatedEngine)
+    gate = tmp_path / "gate"
+    m = RolloutManager(2, dict(model_path=str(tmp_path / "m"), device="cpu", engine_overrides={"gate": str(gate)}),
+                       start=False)
+    try:
+        m.launch()  # returns although no engine can finish starting before the gate opens
+        assert len(m.actors) == 2 and m.startup_info == []
+        gate.touch()
+        out = m.generate([[1], [2]], SamplingConfig(max_new_tokens=1))  # waits for both engines
+        assert [s.prompt_index for s in out] == [0, 1] and [i["index"] for i in m.startup_info] == [0, 1]
+    finally:
+        gate.touch()
+        m.shutdown()
