@@ -17,6 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 from typing import Iterator, Sequence
 
 import torch
@@ -37,6 +38,17 @@ class Production:
         self.error: BaseException | None = None
 
 
+def _detached(err: BaseException) -> BaseException:
+    """``err`` without its frames (kept as text in a note): the failed conversion's frames hold the gathered shards
+    (on GPU, e.g. ~1 GiB of Qwen2-7B's embedding), which the leader's later gathers need back after an OOM."""
+    err.add_note("".join(traceback.format_exception(err)).rstrip())
+    chain = err
+    while chain is not None:
+        chain.__traceback__ = None
+        chain = chain.__cause__ or chain.__context__
+    return err
+
+
 def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production) -> list[tuple[str, object]]:
     """``hf_tensors_from_shards`` of one entry on the stage leader; after a production error (this one or an
     earlier one) ``[(HF name, the error)]`` for each HF tensor of the entry instead (names from the converter on
@@ -48,7 +60,7 @@ def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production)
             with torch.no_grad():
                 return hf_tensors_from_shards(e.role, shards, spec)
         except Exception as err:  # noqa: BLE001 - the leader keeps step with its peers' gathers (module docstring)
-            state.error = err
+            state.error = _detached(err)
     meta = [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
     return [(name, state.error) for name, _ in hf_tensors_from_shards(e.role, meta, spec)]
 
@@ -227,7 +239,7 @@ def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPoo
             try:
                 item = next(filled)
             except Exception as err:  # noqa: BLE001 - reported per bucket by the consumer
-                state.error = err  # fill_buckets is done; the stream now gathers without converting
+                state.error = _detached(err)  # fill_buckets is done; the stream now gathers without converting
             else:
                 yield item
                 continue

@@ -102,3 +102,31 @@ def test_packing_error_yields_every_bucket_after_the_gathers_of_its_tensors():
     assert seen[0] == (False, "Tensor") and all(s == (True, "OutOfMemoryError") for s in seen[1:]), seen
     assert all(got == want for got, want in after), after  # bucket k right after the gathers it needs
     assert topo.gathers == sum(gathering)
+
+
+def test_a_conversion_error_keeps_no_gathered_shards_alive(monkeypatch):
+    """The stored error holds no frame of the failed conversion: its gathered shards are freed at once (on GPU the
+    leader's next gathers need that memory back after an OOM; before, the traceback kept them alive until the sync
+    ended).  The traceback stays readable as a note."""
+    import gc
+    import weakref
+
+    import rlhf.weight_bridge.hf_stream as hs
+
+    def oom(role, shards, spec):
+        if shards[0].device.type != "meta":
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return [("model.embed_tokens.weight", shards[0])]
+
+    monkeypatch.setattr(hs, "hf_tensors_from_shards", oom)
+    spec, ranks = _trainer()
+    entry = next(e for e in sync_entries(ranks[0], spec, None, SimulatedTPTopology(ranks))[0])
+    shards = [torch.zeros(64, 8), torch.zeros(64, 8)]
+    alive = weakref.ref(shards[0])
+    state = hs.Production()
+    out = hs._convert(entry, shards, spec, state)
+    del shards
+    gc.collect()
+    assert alive() is None, "the error's traceback keeps the gathered shards alive"
+    assert out[0][1] is state.error and "simulated" in str(state.error)
+    assert "in oom" in "".join(state.error.__notes__)
