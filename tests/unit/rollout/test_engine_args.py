@@ -130,7 +130,8 @@ def test_cpu_engine_threads_split_the_cores_between_the_engine_ranks():
 
 
 @pytest.mark.parametrize("mode,device,early", [("colocated", "cpu", True), ("disaggregated", "cpu", True),
-                                               ("disaggregated", "cuda", True), ("colocated", "cuda", False)])
+                                               ("disaggregated", "cuda", True), ("colocated", "cuda", False),
+                                               ("colocated", "meta", False)])
 def test_engines_start_while_the_models_build_unless_they_share_the_trainers_gpus(mode, device, early):
     from rlhf.rollout.placement import engines_start_early
 
