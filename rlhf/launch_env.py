@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-__all__ = ["LaunchEnv", "launch_env", "launched_on_one_node"]
+__all__ = ["LaunchEnv", "launch_env"]
 
 
 @dataclass(frozen=True)
@@ -36,16 +36,3 @@ def launch_env(environ: Optional[Mapping[str, str]] = None) -> LaunchEnv:
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         return LaunchEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)), "slurm")
     return LaunchEnv(0, None, 0, "single")
-
-
-def launched_on_one_node(environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Whether every process of the job runs on this node, as the launcher says before any process group exists:
-    torchrun's ``LOCAL_WORLD_SIZE == WORLD_SIZE``, Slurm's ``SLURM_NNODES`` (or ``SLURM_JOB_NUM_NODES``) = 1, a
-    process started directly.  False when the launcher does not say (torchrun without ``LOCAL_WORLD_SIZE``)."""
-    env = os.environ if environ is None else environ
-    launched = launch_env(env)
-    if launched.launcher == "torchrun":
-        return env.get("LOCAL_WORLD_SIZE") == env["WORLD_SIZE"]
-    if launched.launcher == "slurm":
-        return (env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES")) == "1"
-    return True

@@ -70,9 +70,7 @@ def start_rollout(cfg, model_path: str):
     # ranks' nodes are unknown then, and every rank is on this node)
     world = dist.get_world_size() if dist.is_initialized() else (launch_env().world_size or 1)
     ray_nodes = [n for n in ray.nodes() if n.get("Alive")]
-    here = ray.get_runtime_context().get_node_id()
-    # before the process group: a one-node job (RolloutWorker.launch checked it), every rank on this Ray node
-    ranks = rank_ray_nodes(rank_nodes(), ray_nodes, here, world) if dist.is_initialized() else [here] * world
+    ranks = rank_ray_nodes(rank_nodes(), ray_nodes, ray.get_runtime_context().get_node_id(), world)
     plan = None
     if torch.cuda.is_available():
         per_node = torch.cuda.device_count()
@@ -115,7 +113,7 @@ class RolloutWorker:
         directory already (``model_path`` None: :func:`rlhf.quickstart.resolve.local_model_path`; nothing is
         built or downloaded here).  None on other ranks and otherwise."""
         from parallel.distributed import compute_device
-        from rlhf.launch_env import launch_env, launched_on_one_node
+        from rlhf.launch_env import launch_env
         from rlhf.rollout.placement import engines_start_early
 
         rank = dist.get_rank() if dist.is_initialized() else launch_env().rank
@@ -124,9 +122,7 @@ class RolloutWorker:
         if not dist.is_initialized():
             from rlhf.quickstart.resolve import local_model_path
 
-            # several nodes: the ranks' nodes are known only once the process group gathered them
-            one_node = launched_on_one_node() and (cfg.trainer.nnodes or 1) == 1
-            model_path = local_model_path(cfg) if one_node else None
+            model_path = local_model_path(cfg) if (cfg.trainer.nnodes or 1) == 1 else None
             if model_path is None:
                 return None
         return start_rollout(cfg, model_path)
