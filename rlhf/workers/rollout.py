@@ -109,9 +109,14 @@ class RolloutWorker:
         """Global rank 0: :func:`start_rollout` now, when the engines' memory does not depend on what the trainer
         will allocate (:func:`rlhf.rollout.placement.engines_start_early`), so they start while the trainer
         imports and builds its models; the result goes to the constructor's ``manager``.  Also callable before
-        the process group exists (``rlhf.trainer.run``): then only for a one-node job whose model is a local
+        the process group exists (``rlhf.trainer.run``): then only for a one-process job whose model is a local
         directory already (``model_path`` None: :func:`rlhf.quickstart.resolve.local_model_path`; nothing is
-        built or downloaded here).  None on other ranks and otherwise."""
+        built or downloaded here).  None on other ranks and otherwise.
+
+        Why one process: with several ranks, Ray started before the process group made rank 0 abort at exit
+        (a C++ ``std::system_error`` "Broken pipe" reaching Ray's terminate handler during ``ray.shutdown``, after
+        the run's last step; tests/e2e/test_model_families_ppo.py's PP2 run, every time); a job of several ranks
+        (on one or more nodes) launches its engines once the process group exists, while its models build."""
         from parallel.distributed import compute_device
         from rlhf.launch_env import launch_env
         from rlhf.rollout.placement import engines_start_early
@@ -122,7 +127,8 @@ class RolloutWorker:
         if not dist.is_initialized():
             from rlhf.quickstart.resolve import local_model_path
 
-            model_path = local_model_path(cfg) if (cfg.trainer.nnodes or 1) == 1 else None
+            one_process = (launch_env().world_size or 1) == 1 and (cfg.trainer.nnodes or 1) == 1
+            model_path = local_model_path(cfg) if one_process else None
             if model_path is None:
                 return None
         return start_rollout(cfg, model_path)

@@ -51,3 +51,15 @@ def test_local_model_path_builds_nothing(tmp_path):
     assert local_model_path(cfg) is None and not (tmp_path / "tiny_model").exists()  # not built yet: no launch
     assert local_model_path(cfg, "tiny://other") is None and local_model_path(cfg, str(tmp_path / "nope")) is None
     assert local_model_path(cfg, str(tmp_path)) == str(tmp_path)
+
+
+def test_no_launch_before_the_process_group_of_a_job_of_several_ranks(launched, tmp_path, monkeypatch):
+    """Rank 0 of a 2-rank torchrun job (one node, trainer.nnodes null) waits for the process group (before: it
+    launched Ray and the engines first, and aborted at exit); a one-process job launches early."""
+    (tmp_path / "config.json").write_text("{}")
+    cfg = compose_config([f"model.path={tmp_path}"], recipe="grpo_tiny_cpu")
+    for var, value in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(var, value)
+    assert rollout_mod.RolloutWorker.launch(cfg) is None and launched == []
+    monkeypatch.setenv("WORLD_SIZE", "1"), monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert rollout_mod.RolloutWorker.launch(cfg) == f"engines:{tmp_path}"
