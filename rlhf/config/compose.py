@@ -9,6 +9,7 @@ subclasses with the key, where it came from and the fix.  Composing imports neit
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -20,7 +21,8 @@ from rlhf.config.choices import GROUP_ESTIMATORS
 from rlhf.config.config_file import load_config_file
 from rlhf.config.errors import ConfigError, raise_all
 from rlhf.config.overrides import check_overrides
-from rlhf.config.verl.compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
+from rlhf.config.verl.compat import (Translated, check_same, ignored_lines, items_from_overrides, translate_items,
+                                     verl_engine_count)
 
 __all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
            "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
@@ -224,6 +226,9 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
             except OmegaConfBaseException as named:
                 e = named
             raise config_error(e) from None
+    engines = verl_engine_count(cfg, translated)
+    if engines is not None:  # a verl config: one rollout replica per rollout TP group of the job's GPUs, as verl
+        _set_verl_engine_count(cfg, engines)
     problems = translated.problems + checked.problems + check_same(cfg, translated.same)
     if problems or checked.unknown or translated.unknown:
         from rlhf.config.validate import config_problems
@@ -253,6 +258,25 @@ def _run_dir(overrides: list[str]) -> list[str]:
     if run_dirs and not any(key(o) == "trainer.default_local_dir" for o in overrides):
         return [*overrides, f"trainer.default_local_dir={run_dirs[-1]}"]
     return overrides
+
+
+def _set_verl_engine_count(cfg: DictConfig, engines: int) -> None:
+    """``rollout.num_engines`` = verl's replica count ``engines``, or the most engines below it that this job places
+    (colocated engines span nodes only where the weight sync allows it: rlhf/rollout/placement.py), said once in
+    a warning naming both counts and the override that chooses."""
+    from rlhf.config.validate import placement_problems
+
+    for n in range(engines, 0, -1):
+        cfg.rollout.num_engines = n
+        if not placement_problems(cfg):
+            break
+    else:
+        cfg.rollout.num_engines = engines  # nothing places: the validation names the problem with verl's count
+    if cfg.rollout.num_engines != engines:
+        logging.getLogger("rlhf.config").warning(
+            "rlhf.config: verl would run %d rollout replicas here; this job places %d colocated engine(s) of TP %d "
+            "(set rollout.num_engines to choose, or rollout.mode=disaggregated)", engines, cfg.rollout.num_engines,
+            cfg.rollout.tensor_model_parallel_size)
 
 
 def _tell(translated: Translated) -> None:

@@ -26,7 +26,7 @@ from rlhf.config.resume import resume_problems
 from rlhf.config.schema import field_problems
 from rlhf.rollout.placement import job_placement_problem, trainer_gpus
 
-__all__ = ["validate_config", "config_problems", "check_model_config", "model_context_length", "token_budget_problem",
+__all__ = ["validate_config", "config_problems", "placement_problems", "check_model_config", "model_context_length", "token_budget_problem",
            "SUPPORTED_ARCHITECTURES"]
 
 #: architectures the megatron model builder maps (the converter registry, parallel.convert.supported_architectures,
@@ -248,6 +248,11 @@ def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Option
                                 pp=cfg.parallel.pipeline_model_parallel_size,
                                 ep=cfg.parallel.get("expert_model_parallel_size", 1), gpus_from=src)
     return [why] if why else []
+
+
+def placement_problems(cfg: DictConfig) -> list[str]:
+    """The placement problems of ``cfg`` as composed (the GPUs it declares, launcher unknown): see _placement."""
+    return _placement(cfg, None, None)
 
 
 def _critic_on(cfg: DictConfig) -> bool:

@@ -22,7 +22,7 @@ from rlhf.config.verl.keys import OURS, REWARD_MODEL_PREFIX, RULES, Unsupported
 from rlhf.config.verl.megatron_keys import is_verl_default
 
 __all__ = ["Item", "Translated", "translate_items", "translate_key", "match_rule", "items_from_overrides",
-           "check_same", "ignored_lines"]
+           "check_same", "ignored_lines", "verl_engine_count"]
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Translated:
     notes: list = field(default_factory=list)  # substitutions worth telling (vllm read as sglang)
     unknown: list = field(default_factory=list)  # ConfigKeyError per verl-layout key that is not ours either
     origins: dict = field(default_factory=dict)  # override string -> where its setting came from
+    speaks_verl: bool = False  # some setting used verl's actor_rollout_ref.* layout
 
 
 @lru_cache(maxsize=None)
@@ -263,6 +264,7 @@ def translate_items(items: Sequence[Item]) -> Translated:
         if item.source.startswith("config file") and is_verl_default(item.key, item.value):
             continue  # verl's default, not chosen by the user: our setting stays
         before = len(out.overrides)
+        out.speaks_verl |= item.key.lstrip("+").startswith("actor_rollout_ref.")
         _translate_one(item, out, reward_model)
         for line in out.overrides[before:]:
             out.origins.setdefault(line, item.source)
@@ -323,6 +325,26 @@ def check_same(cfg: Any, same: Sequence[tuple]) -> list[str]:
                        + f": the reference model and the critic use the actor's layout, {ours}={have!r}; "
                        f"set {ours}={value!r} (actor_rollout_ref.actor.megatron.*) or drop {verl_key}.")
     return out
+
+
+def verl_engine_count(cfg: Any, translated: Translated) -> Optional[int]:
+    """How many rollout engines a verl config means, where it leaves ``rollout.num_engines`` to us: verl's hybrid
+    engine runs one rollout replica per ``rollout.tensor_model_parallel_size`` GPUs of the whole job
+    (``trainer.nnodes x trainer.n_gpus_per_node``, all of them colocated with the actor), while our schema's
+    default is one engine.  None (keep ours) unless the settings speak verl (``actor_rollout_ref.*``), none of them
+    sets ``rollout.num_engines``, the composed value is still the schema's one engine (a recipe's own count stays),
+    the mode is colocated and the job's GPUs are given (``trainer.n_gpus_per_node``); on a CPU job
+    (``trainer.n_gpus_per_node`` null) one engine stays.
+
+    Example: verl's ``trainer.nnodes=2 trainer.n_gpus_per_node=8 actor_rollout_ref.rollout.tensor_model_parallel_size=4``
+    -> 4 engines of TP 4 (verl: 4 vLLM/SGLang replicas), not one engine on 4 of the 16 GPUs."""
+    if not translated.speaks_verl or any(o.lstrip("+").split("=", 1)[0] == "rollout.num_engines"
+                                         for o in translated.overrides):
+        return None
+    r, t = cfg.rollout, cfg.trainer
+    if r.mode != "colocated" or not t.n_gpus_per_node or r.num_engines != 1:
+        return None
+    return max(1, (t.nnodes or 1) * t.n_gpus_per_node // r.tensor_model_parallel_size)
 
 
 def ignored_lines(ignored: Sequence[tuple]) -> list[str]:

@@ -3,6 +3,7 @@ the config checks that need files (data paths, model config.json) before anythin
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -689,3 +690,20 @@ def test_verl_offload_and_megatron_optimizer_keys_are_mapped():
               "actor.optim.optimizer_cpu_offload=true with actor.optim.optimizer_offload_fraction=0 offloads nothing",
               "actor.optim.exp_avg_sq_dtype='int4' must be one of ['fp32', 'fp16', 'bf16', 'fp8']"]:
         assert s in msg, f"{s!r} not in\n{msg}"
+
+
+def test_verl_gpu_job_gets_one_engine_per_rollout_tp_group(caplog):
+    """verl's hybrid engine runs one rollout replica per rollout TP group of the job's GPUs: 8 GPUs at rollout TP 2
+    are 4 engines (before: our schema's default of 1 engine on 2 of the 8 GPUs).  Where colocated engines cannot
+    span nodes (the weight sync's sources on rank 0's node), the most that place, with a warning."""
+    assert compose_config(["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+                          ).rollout.num_engines == 4
+    verl = ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"]
+    with caplog.at_level(logging.WARNING, logger="rlhf.config"):
+        assert compose_config(verl).rollout.num_engines == 2
+    assert "verl would run 4 rollout replicas here; this job places 2" in caplog.text
+    # the user's own count wins, in either layout; our layout alone keeps our default; a CPU job keeps one engine
+    assert compose_config([*verl, "rollout.num_engines=1"]).rollout.num_engines == 1
+    assert compose_config(["trainer.n_gpus_per_node=8", "rollout.tensor_model_parallel_size=2"]
+                          ).rollout.num_engines == 1
+    assert compose_config(["actor_rollout_ref.rollout.tensor_model_parallel_size=1"]).rollout.num_engines == 1
