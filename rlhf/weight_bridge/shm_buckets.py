@@ -55,23 +55,35 @@ class SharedBuckets:
         return self._usable
 
     def ensure(self, nbytes: int) -> None:
-        """Collective over the TP group: buffers of at least ``nbytes``, mapped by every rank."""
+        """Collective over the TP group: buffers of at least ``nbytes``, mapped by every rank.
+
+        Raises:
+            RuntimeError: on every rank of the group when the leader could not allocate the shared memory (e.g.
+                torch's shm manager gone: "Broken pipe"); the leader still takes part in the broadcast, so that
+                no peer waits in it."""
         if self.size >= nbytes:
             return
         self.close()
-        payload = None
+        payload, error = None, None
         if self.tp_rank == 0:
-            torch.multiprocessing.set_sharing_strategy("file_system")
-            self.buffers = [torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
-                            for _ in range(self.count)]
-            self.meter.alloc(nbytes * self.count)
-            buf = io.BytesIO()
-            ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(self.buffers)
-            payload = buf.getvalue()
-        box = [payload]
+            try:
+                torch.multiprocessing.set_sharing_strategy("file_system")
+                self.buffers = [torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
+                                for _ in range(self.count)]
+                self.meter.alloc(nbytes * self.count)
+                buf = io.BytesIO()
+                ForkingPickler(buf, pickle.HIGHEST_PROTOCOL).dump(self.buffers)
+                payload = buf.getvalue()
+            except Exception as e:  # noqa: BLE001 - raised on every rank after the broadcast
+                self.buffers, error = [], f"{type(e).__name__}: {e}"
+        box = [(payload, error)]
         dist.broadcast_object_list(box, src=self.tp_src, group=self.tp_group)
+        payload, error = box[0]
+        if error is not None:
+            raise RuntimeError(f"shared weight-sync buckets of {nbytes} bytes x {self.count} could not be allocated "
+                               f"on the stage leader: {error}")
         if self.tp_rank != 0:
-            self.buffers = pickle.loads(box[0])  # maps the leader's shared memory (no copy)
+            self.buffers = pickle.loads(payload)  # maps the leader's shared memory (no copy)
         self.size = nbytes
 
     def stream(self, entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan], spec,

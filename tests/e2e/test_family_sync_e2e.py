@@ -1,11 +1,14 @@
 """Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3) into a real SGLang CPU
 engine: greedy generation after the sync equals HF's with the same weights, and the zero-copy and engine-layout
-paths leave every engine parameter bitwise equal to the generic path's.  tests/support/dist/family_sync_e2e.py in the
-shared 2-rank torchrun launch (tests/e2e/conftest.py): trainer TP2, one engine per family, one at a time, then the MoE
+paths leave every engine parameter bitwise equal to the generic path's.  tests/support/dist/family_sync_e2e.py in a
+2-rank torchrun launch of its own (tests/e2e/conftest.py): trainer TP2, one engine per family, one at a time, then the MoE
 again at TP1 x EP2; each CHECK line is one test."""
+import os
+
 import pytest
 
-from tests.support.dist_utils import assert_check
+from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
+from tests.support.paths import DIST_SCRIPTS
 
 KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LAYOUT = ("zero_copy_equals_generic", "engine_layout_equals_generic")
@@ -18,9 +21,11 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
 
 
 @pytest.fixture(scope="module")
-def checks(shared_dist_checks):
-    # one torchrun launch with the other collected check scripts of its world size (tests/e2e/conftest.py)
-    return shared_dist_checks("family_sync_e2e.py")
+def checks(tmp_path_factory):
+    # a launch of its own (tests/e2e/conftest.py says why)
+    out = run_torchrun(os.path.join(DIST_SCRIPTS, "family_sync_e2e.py"), nproc=2,
+                       args=["--workdir", str(tmp_path_factory.mktemp("family_sync"))], timeout=1500)
+    return collect_checks(out)
 
 
 @pytest.mark.parametrize("name", EXPECTED)

@@ -130,3 +130,31 @@ def test_a_conversion_error_keeps_no_gathered_shards_alive(monkeypatch):
     assert alive() is None, "the error's traceback keeps the gathered shards alive"
     assert out[0][1] is state.error and "simulated" in str(state.error)
     assert "in oom" in "".join(state.error.__notes__)
+
+
+def test_a_failed_shared_bucket_allocation_still_takes_part_in_the_broadcast(monkeypatch):
+    """The stage leader's shared-memory allocation raises (torch's shm manager gone: "Broken pipe"): the leader
+    still broadcasts (its TP peers wait in that broadcast: before, they hung there for good) and every rank raises
+    naming the cause."""
+    import torch.distributed as dist
+
+    from rlhf.weight_bridge.shm_buckets import SharedBuckets
+
+    sent = []
+
+    def broadcast(box, src, group):
+        sent.append(list(box))
+
+    def broken(nbytes):
+        raise RuntimeError("Broken pipe")
+
+    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", broken)
+    shared = SharedBuckets(None, 2, 0, 0, MemoryMeter())
+    with pytest.raises(RuntimeError, match="could not be allocated on the stage leader: RuntimeError: Broken pipe"):
+        shared.ensure(1024)
+    assert len(sent) == 1 and sent[0][0][1] == "RuntimeError: Broken pipe"
+    peer = SharedBuckets(None, 2, 1, 0, MemoryMeter())  # the peer receives the leader's error and raises too
+    monkeypatch.setattr(dist, "broadcast_object_list", lambda box, src, group: box.__setitem__(0, sent[0][0]))
+    with pytest.raises(RuntimeError, match="Broken pipe"):
+        peer.ensure(1024)
