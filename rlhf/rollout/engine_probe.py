@@ -166,8 +166,14 @@ def probe_layout(model, hf_tensors: Sequence[tuple[str, Sequence[int]]], tp_rank
         tensor, length)``.  A parameter no HF tensor reaches is left out (it keeps its value, as with SGLang's
         own loading).  Peak extra memory: one group's parameters and HF tensors as integers (CPU).
     Raises:
-        LayoutProbeError: a loader changes values, writes only part of a parameter, or writes outside its group.
+        LayoutProbeError: a loader changes values, writes only part of a parameter, or writes outside its group;
+            the model derives tensors after loading (``post_load_weights``).
     """
+    if callable(getattr(model, "post_load_weights", None)):
+        # SGLang's DeepSeek-V2/V3 (MLA) and others derive tensors from the loaded ones after loading (the absorbed
+        # w_kc / w_vc from kv_b_proj): a plain copy into the parameters would leave those stale
+        raise LayoutProbeError(f"{type(model).__name__} derives tensors after loading (post_load_weights): only "
+                               f"SGLang's own load_weights keeps them in step")
     load_weights = load_weights or model.load_weights
     params = engine_params(model)
     groups: dict = {}

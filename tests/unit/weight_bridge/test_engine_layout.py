@@ -420,6 +420,18 @@ def test_probe_refuses_loaders_that_change_values(sglang_context):
     assert all(torch.equal(after[n].detach(), before[n]) for n in before)  # weights restored
 
 
+def test_probe_refuses_a_model_that_derives_tensors_after_loading(sglang_context):
+    """SGLang's DeepSeek-V3 computes its absorbed MLA matrices from kv_b_proj in post_load_weights: a copy into the
+    parameters leaves them stale (the engine's log-probs 2.3 nats off the trainer's after one sync through zero
+    copy in a PPO run), so the engine-layout paths are refused and SGLang's own loading runs."""
+    spec = family_spec("llama_untied_gqa", layers=1)
+    hf = random_hf_state(spec)
+    model = sglang_model(sglang_context, spec, 1, 0)
+    model.post_load_weights = lambda *a, **k: None
+    with pytest.raises(LayoutProbeError, match="post_load_weights"):
+        probe_layout(model, [(n, tuple(t.shape)) for n, t in hf.items()], 0, 1)
+
+
 def test_probe_refuses_a_partly_loaded_parameter_and_a_write_outside_the_layer(sglang_context):
     spec = family_spec("llama_untied_gqa", layers=2)
     hf = random_hf_state(spec)
