@@ -105,6 +105,9 @@ def overrides(model, out_dir, extra=()):
             "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2", "rollout.n=2",
             "rollout.temperature=0",  # greedy: SGLang's CPU backend has no deterministic seeded sampling
             "data.max_response_length=12", "rollout.weight_sync_bucket_mb=1",
+            # check mode: SGLang's generic loading in buckets, each a fault point (zero copy, the CPU default, writes
+            # the engines' parameters in one pass without buckets)
+            "rollout.weight_sync_check=true",
             "actor.optim.breaker.grad_norm=1e-6", "actor.optim.breaker.steps=2",
             "trainer.alerts=[{metric: actor/entropy, above: 0.0}]", "reward.timeout_s=2",
             f"reward.sources=[{{type: rule, weight: 1.0}}, {{type: model, path: '{rm_path}', weight: 0.0, "
