@@ -57,7 +57,6 @@ def start_rollout(cfg, model_path: str):
     import ray
 
     from parallel.distributed import compute_device, rank_nodes
-    from rlhf.launch_env import launch_env
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype, rollout_context_length
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
@@ -66,9 +65,8 @@ def start_rollout(cfg, model_path: str):
 
     init_ray()
     r = cfg.rollout
-    # (before the process group exists -- RolloutWorker.launch on a one-node job -- the launcher's world size; the
-    # ranks' nodes are unknown then, and every rank is on this node)
-    world = dist.get_world_size() if dist.is_initialized() else (launch_env().world_size or 1)
+    # before the process group exists (RolloutWorker.launch in a one-process job): that one process
+    world = dist.get_world_size() if dist.is_initialized() else 1
     ray_nodes = [n for n in ray.nodes() if n.get("Alive")]
     ranks = rank_ray_nodes(rank_nodes(), ray_nodes, ray.get_runtime_context().get_node_id(), world)
     plan = None
@@ -121,13 +119,14 @@ class RolloutWorker:
         from rlhf.launch_env import launch_env
         from rlhf.rollout.placement import engines_start_early
 
-        rank = dist.get_rank() if dist.is_initialized() else launch_env().rank
+        launched = None if dist.is_initialized() else launch_env()
+        rank = dist.get_rank() if launched is None else launched.rank
         if rank != 0 or not engines_start_early(cfg.rollout.mode, compute_device().type):
             return None
         if not dist.is_initialized():
             from rlhf.quickstart.resolve import local_model_path
 
-            one_process = (launch_env().world_size or 1) == 1 and (cfg.trainer.nnodes or 1) == 1
+            one_process = (launched.world_size or 1) == 1 and (cfg.trainer.nnodes or 1) == 1
             model_path = local_model_path(cfg) if one_process else None
             if model_path is None:
                 return None
