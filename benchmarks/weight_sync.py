@@ -3,6 +3,8 @@ loading from disk, on the same weights, in the same run.
 
     python benchmarks/weight_sync.py                # launches torchrun with 2 processes itself
     python benchmarks/weight_sync.py --layers 4     # smaller/faster
+    python benchmarks/weight_sync.py --quick        # iteration: zero copy, tiny and the plain copy only; its last
+                                                    # line is `weight_sync_quick: vs_copy=... tiny_sync_ms=... load1=...`
 
 Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, untied, fp32; 8 layers =
 159 M parameters, 636 MB).  Trainer: megatron-core TP2 on 2 gloo processes.  Engine: one SGLang engine (rollout
@@ -202,15 +204,17 @@ def main(args):
                 p.mul_(1.01)
     load_start = os.getloadavg()[0]
     log(f"load average (1 min) at start: {load_start:.1f} on {os.cpu_count()} cores")
-    t_generic, _, g_stats, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
-                                           engine_layout=False)
-    nbytes = g_stats.bytes
-    copies = time_copy(rank, nbytes, args.repeats)  # (a) a plain copy of the same bytes, between the paths
-    t_buckets, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
-                                     zero_copy=False)
-    copies += time_copy(rank, nbytes, args.repeats)
+    copies = []
+    if not args.quick:
+        t_generic, _, g_stats, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
+                                               "big", engine_layout=False)
+        copies += time_copy(rank, g_stats.bytes, args.repeats)  # (a) a plain copy of the same bytes, between paths
+        t_buckets, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
+                                         zero_copy=False)
+        copies += time_copy(rank, g_stats.bytes, args.repeats)
     t_bridge, peak_mb, stats, t_first = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
                                                     "big")
+    nbytes = stats.bytes
     copies += time_copy(rank, nbytes, args.repeats)
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
     t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(args.repeats, 15), log, "tiny")
@@ -220,6 +224,18 @@ def main(args):
         t_copy = median(copies)
         log(f"plain copy of {nbytes / 1e6:.1f} MB: median {t_copy * 1e3:.1f} ms "
             f"of {len(copies)} (min {min(copies) * 1e3:.1f}) -> {nbytes / t_copy / 1e9:.2f} GB/s")
+    if args.quick:
+        if rank == 0:
+            for e in engines.values():
+                e.shutdown()
+            import ray
+
+            ray.shutdown()
+            print(f"weight_sync_quick: vs_copy={t_bridge / t_copy:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} "
+                  f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     # (b) export from the TP shards + SGLang's own load from disk (and the load alone)
     loads, export_loads = [], []
     for i in range(args.export_repeats + 1):
@@ -263,12 +279,13 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=15, help="timed syncs per path (medians)")
+    ap.add_argument("--quick", action="store_true", help="zero copy, tiny and the plain copy only (iteration)")
     ap.add_argument("--export-repeats", type=int, default=3, help="timed save_hf_checkpoint + disk loads")
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_weight_sync_bench"))
     a = ap.parse_args()
     if "RANK" not in os.environ:
         from torchrun_relay import relay
 
-        relay(__file__, sys.argv[1:], 'weight_sync: ')
+        relay(__file__, sys.argv[1:], 'weight_sync_quick: ' if a.quick else 'weight_sync: ')
     else:
         main(a)

@@ -64,6 +64,10 @@ class EngineFleet(Protocol):
     def begin_weight_update(self, engines: Optional[Sequence[int]] = None) -> None:
         """Open a weight-update session on each engine (SGLang >= 0.5.23 needs one around updates)."""
 
+    def start_weight_update(self, engines: Optional[Sequence[int]] = None) -> Pending:
+        """Start :meth:`begin_weight_update` on each engine without waiting (:meth:`wait` collects it): the weight
+        sync opens the sessions while its ranks agree on the plan."""
+
     def end_weight_update(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         """Close the sessions; returns each engine's weight version."""
 

@@ -351,6 +351,9 @@ class RolloutManager:
     def begin_weight_update(self, engines: Optional[Sequence[int]] = None) -> None:
         self._run(lambda a: a.begin_weight_update, "begin_weight_update", engines=engines)
 
+    def start_weight_update(self, engines: Optional[Sequence[int]] = None) -> Pending:
+        return self._start(lambda a: a.begin_weight_update, "begin_weight_update", engines=engines)
+
     def end_weight_update(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         return self._run(lambda a: a.end_weight_update, "end_weight_update", engines=engines)
 

@@ -64,6 +64,7 @@ from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
 from rlhf.weight_bridge.local_handles import BucketHolder, broadcast_group, holder_ranks, serving_plan
 from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
+from rlhf.weight_bridge.steady import GO_FAILED, GO_NONE, GO_OPENED, PlanCache
 from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
 
@@ -189,6 +190,8 @@ class WeightBridge:
         self.version = 0
         self.engine_layout, self.local_handles = bool(engine_layout), bool(local_handles)
         self.layout_path = EngineLayoutPath(self.engine_layout, bool(zero_copy))
+        self._steady = PlanCache()  # the last successful sync's verdict, reused while nothing changed (steady.py)
+        self._digest = 0  # this rank's last plan inputs, hashed (_local_digest)
 
     # ---- planning -----------------------------------------------------------------------------
     def _report(self, entries, shared: bool) -> dict | None:
@@ -216,8 +219,7 @@ class WeightBridge:
                                    dtype=self.dtype, check=self.check, allow_missing=self.allow_missing)
             self._plan_cache = (key, plan)
         plan = self._plan_cache[1]
-        everyone = list(range(self.engines.num_engines))
-        targets = everyone if engines is None or self.transport == "distributed" else sorted(set(engines))
+        targets = self._targets(engines)
         groups = None
         if self.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
@@ -235,29 +237,70 @@ class WeightBridge:
         return {"plan": plan, "targets": targets, "groups": groups, "fingerprint": fp, "replanned": replanned,
                 "tp_size": self.engines.tp_size, "direct": direct, "direct_reason": reason, "holders": holders}
 
-    def _plan(self, engines):
+    def _targets(self, engines) -> list[int]:
+        """Controller: the engines a sync reaches."""
+        everyone = list(range(self.engines.num_engines))
+        return everyone if engines is None or self.transport == "distributed" else sorted(set(engines))
+
+    def _controller_inputs(self, engines) -> tuple:
+        """Controller: what a plan depends on besides the ranks' reports (steady.py digests it)."""
+        return self.engines.fingerprint(), tuple(self._targets(engines)), self.layout_path.epoch
+
+    def _plan(self, engines, opening: dict | None = None):
+        """Every rank: ``(verdict, entries, skipped)`` of this sync.  Steady state (steady.py): one tensor
+        all_gather of the ranks' digests and every rank reuses the last successful sync's verdict; otherwise the
+        reports go to the controller, which plans (or reuses its cached plan) and broadcasts the verdict.
+        ``opening`` (controller, sync only): ``{"inputs"}`` in, ``{"token", "error"}`` out when it opened the
+        engines' sessions before the exchange (its own inputs predicted reuse); ``verdict["opened"]`` says so."""
         if not self._ready:
             self.topo.init_collective()
             self._ready = True
+        topo = self.topo
+        inputs = opening["inputs"] if opening is not None else None
+        early = (opening is not None and
+                 self._steady.predicts_reuse(topo.rank, hash((self._local_digest(), inputs))))
+        if early:  # the engines' begin (and pause) runs while this rank lists its tensors
+            token = self.engines.begin_sync()
+            try:
+                pending = self.engines.start_weight_update(engines=list(inputs[1]))
+            except Exception as e:  # noqa: BLE001 - _open reports it, every rank learns it from the codes
+                pending = e
+        ok = 1
         try:
-            entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, self.topo)
-            sb = self.topo.active and self._shared(entries) is not None  # collective over the TP group, once
+            entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, topo)
+            sb = topo.active and self._shared(entries) is not None  # collective over the TP group, once
             report = self._report(entries, self.engine_layout and self.transport == "tensor" and sb)
             if report is not None:
                 report["shared_buckets"] = sb
                 report["one_host_cpu"] = self._one_host
+            mine = hash((self._local_digest(entries, report), inputs))
         except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
-            entries, skipped, report = [], [], {"error": f"rank {self.topo.rank}: {type(e).__name__}: {e}"}
-        reports = self.topo.all_gather_object(report)
+            entries, skipped, report = [], [], {"error": f"rank {topo.rank}: {type(e).__name__}: {e}"}
+            mine, ok = 0, 0
+        go = GO_NONE
+        if early:
+            opening["token"], opening["error"] = self._open(list(inputs[1]), token, pending)
+            go = GO_FAILED if opening["error"] is not None else GO_OPENED
+        codes = topo.all_gather_codes([mine, ok, go])
+        verdict = self._steady.decide(codes)
+        go = codes[topo.controller][2]  # every rank knows whether the sessions are open
+        if go == GO_FAILED:  # the sessions could not be opened: nothing is written
+            self._steady.drop()
+            raise topo.broadcast_object(opening["error"] if topo.is_controller else None)
+        if verdict is not None:
+            verdict["opened"] = go == GO_OPENED
+            return verdict, entries, skipped
+        reports = topo.all_gather_object(report)
         verdict = None
-        if self.topo.is_controller:
+        if topo.is_controller:
             try:
                 verdict = self._controller(reports, engines)
             except Exception as e:  # noqa: BLE001 - every rank must learn about it
                 verdict = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{type(e).__name__}: {e}")
-        verdict = self.topo.broadcast_object(verdict)
+        verdict = topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
+        verdict["opened"] = go == GO_OPENED
         plan, groups = verdict["plan"], {}
         for stage in plan.stages:  # collective over every rank (torch's new_group), once per member set, in order
             held = (verdict["holders"] or {}).get(stage.pp_rank)
@@ -268,7 +311,17 @@ class WeightBridge:
                 groups[stage.pp_rank] = self._holder_groups[members]
         verdict["serving"] = serving_plan({s.pp_rank: s.leader for s in plan.stages}, verdict["holders"], groups)
         self.layout_path.receive(verdict, entries, self.topo, self.spec)
+        self._steady.planned(verdict)
         return verdict, entries, skipped
+
+    def _local_digest(self, entries=None, report=None) -> int:
+        """This rank's inputs to a plan (its tensors' names, shapes, dtypes and its report), hashed; with no
+        arguments the digest of the last ones (the controller's prediction before it lists its tensors)."""
+        if entries is not None:
+            key = tuple((e.local_name, tuple(e.tensor.shape), e.tensor.dtype) for e in entries)
+            rep = None if report is None else {k: v for k, v in report.items() if k != "tensors"}
+            self._digest = hash((key, repr(rep)))
+        return self._digest
 
     def _tp_groups(self) -> dict:
         """``{member ranks: group}`` of every tensor-parallel group (``GroupMember.NON_GROUP_MEMBER`` where this
@@ -287,18 +340,26 @@ class WeightBridge:
         return self._plan(None)[0]["plan"]
 
     # ---- sync ---------------------------------------------------------------------------------
-    def _open(self, targets: list[int]):
-        """Controller: begin_sync + begin_weight_update; returns (token, error)."""
-        token = self.engines.begin_sync()
+    def _open(self, targets: list[int], token=None, pending=None):
+        """Controller: begin_sync + the engines' begin_weight_update (``token`` / ``pending``: already started);
+        returns (token, error)."""
         try:
-            self.engines.begin_weight_update(engines=targets)
+            if pending is None:
+                token, pending = self.engines.begin_sync(), self.engines.start_weight_update(engines=targets)
+            if isinstance(pending, BaseException):
+                raise pending
+            self.engines.wait(pending, "begin_weight_update")
             return token, None
         except Exception as e:  # noqa: BLE001
-            try:  # leave no session open behind us
-                self.engines.end_weight_update(engines=targets)
-            except Exception:  # noqa: BLE001
-                pass
+            self._close(targets)
             return token, WeightBridgeError(f"begin_weight_update failed: {type(e).__name__}: {e}")
+
+    def _close(self, targets: list[int]) -> None:
+        """Controller: close the sessions of a sync that will not write (errors ignored: the sync already fails)."""
+        try:
+            self.engines.end_weight_update(engines=targets)
+        except Exception:  # noqa: BLE001
+            pass
 
     def _buffers(self, plan) -> BufferPool:
         fitting = [b.nbytes for s in plan.stages for b in s.buckets if b.nbytes <= self.bucket_bytes]
@@ -323,14 +384,24 @@ class WeightBridge:
         t0 = time.perf_counter()
         self.meter.reset_peak()
         times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
-        verdict, entries, skipped = self._plan(engines)
+        opening = {"inputs": self._controller_inputs(engines)} if self.topo.is_controller else None
+        try:
+            verdict, entries, skipped = self._plan(engines, opening)
+        except BaseException:
+            self._steady.drop()
+            if opening is not None and opening.get("token") is not None and opening.get("error") is None:
+                self._close(list(opening["inputs"][1]))  # opened before a plan that failed: leave none open
+            raise
         plan, targets = verdict["plan"], verdict["targets"]
         if verdict["groups"] is not None:
             self.dist.setup(plan, verdict["groups"], verdict["fingerprint"])
-        token, go = self._open(targets) if self.topo.is_controller else (None, None)
-        go = self.topo.broadcast_object(go)
-        if isinstance(go, BaseException):
-            raise go
+        token = opening.get("token") if opening is not None else None
+        if not verdict["opened"]:  # planned afresh: the sessions open now, and every rank learns the outcome
+            token, go = self._open(targets) if self.topo.is_controller else (None, None)
+            go = self.topo.broadcast_object(go)
+            if isinstance(go, BaseException):
+                self._steady.drop()
+                raise go
         direct = verdict["direct"]
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes, num_tensors=plan.num_tensors,
                           num_buckets=len(direct.buckets) if direct else plan.num_buckets,
@@ -361,16 +432,24 @@ class WeightBridge:
                 error = error or f"end_weight_update: {type(e).__name__}: {e}"
         stats.finish_seconds = time.perf_counter() - t_finish
         try:
-            outcome = self.topo.all_gather_object((error, samples if names else None))
+            # the messages (and check mode's samples) travel only when a rank failed (or check mode wants them)
+            failed = names or self.topo.any_rank(error is not None)
+            outcome = self.topo.all_gather_object((error, samples if names else None)) if failed else []
         finally:
             # every rank is past the controller's end_weight_update here, so the engines answered every bucket
             # and dropped every handle: the pools (and the blocks torch's IPC limbo held for the engines) go back
             self._free_pool()
         errors = [e for e, _ in outcome if e]
         if errors:
+            self._steady.drop()
             raise WeightBridgeError("weight sync failed: " + "; ".join(dict.fromkeys(errors)))
         if names:
-            self._check(plan, outcome, stats)
+            try:
+                self._check(plan, outcome, stats)
+            except BaseException:
+                self._steady.drop()
+                raise
+        self._steady.confirm()
         self.version += 1
         stats.engines = list(reached)
         stats.peak_extra_bytes = self.meter.peak
@@ -489,10 +568,12 @@ class WeightBridge:
                 self.layout_path.maps.write(self.layout_path.ops, entries, targets)
             except Exception as e:  # noqa: BLE001 - reported to the controller, no rank hangs
                 error = f"rank {topo.rank}: {type(e).__name__}: {e}"
-            if topo.tp_size > 1:
-                dist.barrier(group=topo.tp_group)
-            if getattr(topo, "ep_size", 1) > 1:  # the expert peers of every TP rank are done too
-                dist.barrier(group=topo.ep_group)
+            # every TP peer (and expert peer) is done, and whether any failed: then nothing is committed
+            failed = topo.tp_size > 1 and topo.any_rank(error is not None, topo.tp_group)
+            if getattr(topo, "ep_size", 1) > 1:
+                failed = topo.any_rank(error is not None or failed, topo.ep_group) or failed
+            if failed and error is None:
+                error = f"rank {topo.rank}: a tensor- or expert-parallel peer failed its writes (its error follows)"
         times["produce"] += time.perf_counter() - t0
         leaders = [s.leader for s in direct.send.stages if s.leader != topo.controller]
         if not topo.is_controller:
@@ -514,7 +595,7 @@ class WeightBridge:
         finally:
             times["deliver"] += time.perf_counter() - t0
         if any(d and d.get("moved") for d in done):
-            self.layout_path.unshare()
+            self.layout_path.unshare()  # a new epoch: the next sync plans afresh (and shares again)
         return None, targets
 
     def _run_distributed(self, plan, my_stage, own, pool, record, times) -> str | None:

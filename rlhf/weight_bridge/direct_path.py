@@ -41,6 +41,7 @@ class EngineLayoutPath:
         self._ops: tuple | None = None  # (plan key, this rank's ops), agreed by every rank
         self.fallback_syncs = 0
         self._logged: set = set()
+        self.epoch = 0  # controller: bumped when its state changes under a cached plan (the next sync re-plans)
         self.layout_seconds = 0.0  # controller: asking the engines for their layout (their one-time probe) + planning
         self.compose_seconds = 0.0  # this rank: composing its block writes (once per plan)
 
@@ -132,6 +133,7 @@ class EngineLayoutPath:
     def unshare(self) -> None:
         """Controller: an engine stopped sharing (SGLang moved a parameter): ask again before the next sync."""
         self._shares = None
+        self.epoch += 1
 
     def _log_once(self, msg: str, level: int) -> None:
         if msg not in self._logged:

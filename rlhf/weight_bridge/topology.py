@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from parallel import devices
+from rlhf.weight_bridge.steady import all_gather_codes, any_rank
 
 __all__ = ["MegatronTopology"]
 
@@ -87,6 +88,15 @@ class MegatronTopology:
         box = [obj]
         dist.broadcast_object_list(box, src=self.controller, group=self._ctrl)
         return box[0]
+
+    def all_gather_codes(self, codes: list[int]) -> list[list[int]]:
+        """Every rank's int64 ``codes`` (same length everywhere), rank order: one tensor all_gather on the control
+        group (steady.py)."""
+        return all_gather_codes(codes, self._ctrl, self.world)
+
+    def any_rank(self, flag: bool, group=None) -> bool:
+        """``flag`` set on any rank of ``group`` (default the control group): one tensor all_reduce (steady.py)."""
+        return any_rank(flag, self._ctrl if group is None else group)
 
     def send_object(self, obj, dst: int) -> None:
         dist.send_object_list([obj], dst=dst, group=self._ctrl)

@@ -152,6 +152,9 @@ class FakeEngines:
     def begin_weight_update(self, engines=None):
         self._start(lambda e: e.begin_weight_update, "begin_weight_update", engines=engines)
 
+    def start_weight_update(self, engines=None):
+        return self._start(lambda e: e.begin_weight_update, "begin_weight_update", engines=engines)
+
     def end_weight_update(self, engines=None):
         return self.wait(self._start(lambda e: e.end_weight_update, "end_weight_update", engines=engines))
 
@@ -209,6 +212,7 @@ class SimulatedTPTopology:
         self.tp_size, self.tp_rank, self.pp_size, self.pp_rank = len(rank_chunks), 0, 1, 0
         self.active = self.is_leader = self.is_controller = True
         self._sd = [[unwrap_model(c).state_dict(keep_vars=True) for c in chunks] for chunks in rank_chunks]
+        self.object_collectives = self.code_collectives = 0  # pickled / tensor control collectives issued
 
     def init_collective(self):
         pass
@@ -220,10 +224,20 @@ class SimulatedTPTopology:
         pass
 
     def all_gather_object(self, obj):
+        self.object_collectives += 1
         return [obj]
 
     def broadcast_object(self, obj):
+        self.object_collectives += 1
         return obj
+
+    def all_gather_codes(self, codes):
+        self.code_collectives += 1
+        return [list(codes)]
+
+    def any_rank(self, flag, group=None):
+        self.code_collectives += 1
+        return bool(flag)
 
     def hostname(self):
         return socket.gethostname()
