@@ -96,7 +96,8 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, **kw):
         stats = bridge.sync()
         dist.barrier()
         times.append(time.perf_counter() - t0)
-        phases.append((stats.plan_seconds, stats.produce_seconds, stats.deliver_seconds, stats.finish_seconds))
+        phases.append((stats.plan_seconds, stats.produce_seconds, stats.deliver_seconds, stats.finish_seconds,
+                       stats.open_seconds, float(stats.replanned)))
         # resident growth during the sync, or the bridge's own (persistent) buffers if larger: they stay allocated
         rss = (_rss_kb("VmHWM") - rss0) / 1024 if hwm_ok else 0.0
         peak = torch.tensor([max(rss, stats.peak_extra_bytes / 2**20)], dtype=torch.float64)
@@ -104,11 +105,12 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, **kw):
         rss_peaks.append(peak.item())
     bridge.close()
     med = median(times)
-    plan, writes, load, end = (median([p[i] for p in phases]) * 1e3 for i in range(4))
+    plan, writes, load, end, opening = (median([p[i] for p in phases]) * 1e3 for i in range(5))
     log(f"bridge {label} [{stats.path}]: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms "
         f"(min {min(times) * 1e3:.1f}) of {[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; "
         f"rank 0 medians: plan "
-        f"{plan:.1f} ms, writes {writes:.1f} ms, engine load {load:.1f} ms, end {end:.1f} ms; peak extra "
+        f"{plan:.1f} ms (of which waiting for the engines' sessions to open {opening:.1f} ms; "
+        f"{sum(p[5] for p in phases):.0f} of {len(phases)} syncs planned afresh), writes {writes:.1f} ms, engine load {load:.1f} ms, end {end:.1f} ms; peak extra "
         f"{max(rss_peaks):.0f} MB (bridge-accounted {stats.peak_extra_bytes / 2**20:.0f} MB, largest tensor "
         f"{max(p.numel() * p.element_size() for c in chunks for p in c.parameters()) * 2 / 2**20:.0f} MB gathered)")
     return med, max(rss_peaks), stats, t_first

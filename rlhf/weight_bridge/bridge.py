@@ -87,6 +87,7 @@ class SyncStats:
 
     seconds: float = 0.0
     plan_seconds: float = 0.0  # plan check (or planning) + opening the engines' sessions
+    open_seconds: float = 0.0  # controller: of plan_seconds, waiting for the engines' sessions to open
     bytes: int = 0
     num_tensors: int = 0
     num_buckets: int = 0
@@ -192,6 +193,7 @@ class WeightBridge:
         self.layout_path = EngineLayoutPath(self.engine_layout, bool(zero_copy))
         self._steady = PlanCache()  # the last successful sync's verdict, reused while nothing changed (steady.py)
         self._digest = 0  # this rank's last plan inputs, hashed (_local_digest)
+        self._open_seconds = 0.0  # controller, this sync: waiting for the engines' sessions to open
 
     # ---- planning -----------------------------------------------------------------------------
     def _report(self, entries, shared: bool) -> dict | None:
@@ -348,7 +350,9 @@ class WeightBridge:
                 token, pending = self.engines.begin_sync(), self.engines.start_weight_update(engines=targets)
             if isinstance(pending, BaseException):
                 raise pending
+            t0 = time.perf_counter()
             self.engines.wait(pending, "begin_weight_update")
+            self._open_seconds += time.perf_counter() - t0
             return token, None
         except Exception as e:  # noqa: BLE001
             self._close(targets)
@@ -385,6 +389,7 @@ class WeightBridge:
         self.meter.reset_peak()
         times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
         opening = {"inputs": self._controller_inputs(engines)} if self.topo.is_controller else None
+        self._open_seconds = 0.0
         try:
             verdict, entries, skipped = self._plan(engines, opening)
         except BaseException:
@@ -405,7 +410,7 @@ class WeightBridge:
         direct = verdict["direct"]
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes, num_tensors=plan.num_tensors,
                           num_buckets=len(direct.buckets) if direct else plan.num_buckets,
-                          replanned=verdict["replanned"], skipped_buffers=skipped)
+                          replanned=verdict["replanned"], skipped_buffers=skipped, open_seconds=self._open_seconds)
         stats.path, stats.fallback_reason, stats.fallback_syncs = self.layout_path.account(
             direct, verdict["direct_reason"], self.topo.is_controller)
         samples: dict[str, torch.Tensor] = {}

@@ -24,7 +24,8 @@ EXPECTED = (["engine_A_initial_equals_hf", "engine_B_initial_equals_hf", "engine
             + [f"layout_{t}_{key}_{what}" for t in ("ttp2", "ttp1", "pp2") for key in "AB"
                for what in ("every_engine_parameter_equals_generic", "zero_copy_every_engine_parameter_equals_generic",
                             "get_weights_by_name_equals_generic", "engine_equals_hf")]
-            + ["layout_changed_engine_refused_nothing_loaded"])
+            + ["layout_changed_engine_refused_nothing_loaded",
+               "zero_copy_peer_write_failure_raises_everywhere_nothing_committed"])
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
 

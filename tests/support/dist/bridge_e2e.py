@@ -429,6 +429,8 @@ def run_layout_phase(paths, engines, workdir):
                 if not zero_copy:
                     bucket_bridge = direct
                 else:
+                    if tp == 2 and key == "B":
+                        check_zero_copy_peer_failure(direct, eng, ref if rank0 else None)
                     direct.close()
             direct = bucket_bridge
             if rank0:
@@ -448,6 +450,40 @@ def run_layout_phase(paths, engines, workdir):
                 check_layout_refusal(direct, eng, ref if rank0 else None)
             direct.close()
     dist.barrier()
+
+
+def check_zero_copy_peer_failure(bridge, eng, ref):
+    """Zero copy in its steady state (the verdict reused after one tensor collective): trainer TP rank 1 fails its
+    writes -> every rank raises WeightBridgeError naming rank 1, the engine's session is closed without a commit (its
+    weight version unchanged), and the next sync plans afresh and leaves every engine parameter bitwise the generic
+    path's."""
+    from rlhf.weight_bridge import WeightBridgeError
+
+    rank = dist.get_rank()
+    version = weight_version(eng) if rank == 0 else None
+    maps = bridge.layout_path.maps
+    if rank == 1:
+        def broken(*args, **kwargs):
+            raise RuntimeError("injected write failure")
+        maps.write = broken
+    try:
+        bridge.sync()
+        raised = ""
+    except WeightBridgeError as e:
+        raised = str(e)
+    if rank == 1:
+        del maps.write
+    raised_everywhere = [None] * dist.get_world_size()
+    dist.all_gather_object(raised_everywhere, "rank 1: RuntimeError: injected write failure" in raised)
+    stats = bridge.sync()
+    ok, detail = False, ""
+    if rank == 0:
+        got = eng.engine_parameters()[0]
+        same = all(torch.equal(got[r][n], ref[r][n]) for r in range(len(ref)) for n in ref[r])
+        ok = all(raised_everywhere) and weight_version(eng) == version + 1 and stats.path == "zero_copy" and same
+        detail = (f"raised on every rank {raised_everywhere}; version {version} -> {weight_version(eng)} (one commit: "
+                  f"the resync's); resync path {stats.path}, bitwise {same}; error: {raised[:200]}")
+    report("zero_copy_peer_write_failure_raises_everywhere_nothing_committed", ok, detail)
 
 
 def check_layout_refusal(bridge, eng, ref):
