@@ -63,6 +63,7 @@ from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, pre
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
 from rlhf.weight_bridge.local_handles import BucketHolder, broadcast_group, holder_ranks, serving_plan
 from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
+from rlhf.weight_bridge.shared_params import write_shared
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
 from rlhf.weight_bridge.steady import GO_FAILED, GO_NONE, GO_OPENED, PlanCache
 from rlhf.weight_bridge.topology import MegatronTopology
@@ -491,7 +492,7 @@ class WeightBridge:
         until :meth:`sync` frees them after its last collective."""
         topo = self.topo
         if getattr(topo, "expert_peer", False) and direct is not None:  # EP > 1, zero copy: write its experts
-            return self._write_shared(direct, direct.stage(topo.pp_rank), entries, targets, times)
+            return write_shared(topo, self.engines, self.layout_path, direct, direct.stage(topo.pp_rank), entries, targets, times)
         if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather this rank's experts
             collections.deque(hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
             return None, targets
@@ -517,7 +518,7 @@ class WeightBridge:
                                          hf_stream(entries, topo, self.spec, self.meter), maxlen=0)
         if self.transport == "distributed":
             if topo.is_leader:
-                return self._run_distributed(plan, my_stage, own, pool, record, times), targets
+                return self.dist.run(plan, my_stage, own, pool, record, times), targets
             if my_stage is not None:  # TP peers take part in the writes / gathers only
                 peer()
             return None, targets
@@ -546,7 +547,7 @@ class WeightBridge:
         topo = self.topo
         stage = direct.stage(topo.pp_rank)
         if direct.arenas is not None:
-            return self._write_shared(direct, stage, entries, targets, times)
+            return write_shared(topo, self.engines, self.layout_path, direct, stage, entries, targets, times)
         shared = self._shared(entries)
         own = lambda: shared.stream_direct(direct, stage.buckets, self.layout_path.ops, entries,  # noqa: E731
                                            times) if stage is not None else iter(())
@@ -559,91 +560,6 @@ class WeightBridge:
         if stage is not None:  # the same per-bucket protocol as the generic path's stage leaders (no holders)
             return tt.run_leader(direct.send, own, _NO_POOL), targets
         return None, targets
-
-    def _write_shared(self, direct, stage, entries, targets, times):
-        """Zero copy (shared_params.py): every active rank (and expert peer) writes its elements straight into the
-        target engines' shared parameters; each stage's leader reports when its TP group (and their expert peers)
-        are done, and the controller then commits the update on every engine (the engines' sessions are open and
-        their generation paused) and closes their sessions in the same call."""
-        topo = self.topo
-        t0 = time.perf_counter()
-        error = None
-        if stage is not None:
-            try:
-                self.layout_path.maps.write(self.layout_path.ops, entries, targets)
-            except Exception as e:  # noqa: BLE001 - reported to the controller, no rank hangs
-                error = f"rank {topo.rank}: {type(e).__name__}: {e}"
-            # every TP peer (and expert peer) is done, and whether any failed: then nothing is committed
-            failed = topo.tp_size > 1 and topo.any_rank(error is not None, topo.tp_group)
-            if getattr(topo, "ep_size", 1) > 1:
-                failed = topo.any_rank(error is not None or failed, topo.ep_group) or failed
-            if failed and error is None:
-                error = f"rank {topo.rank}: a tensor- or expert-parallel peer failed its writes (its error follows)"
-        times["produce"] += time.perf_counter() - t0
-        leaders = [s.leader for s in direct.send.stages if s.leader != topo.controller]
-        if not topo.is_controller:
-            if topo.is_leader and topo.rank in leaders:
-                topo.send_object(error, topo.controller)
-            return error, targets
-        errors = [error] + [topo.recv_object(r) for r in leaders]
-        error = next((e for e in errors if e), None)
-        if error is not None:
-            return error, targets
-        t0 = time.perf_counter()
-        try:
-            done = self.engines.wait(self.engines.commit_shared_writes(direct.layout.fingerprint, engines=targets,
-                                                                       flush_cache=True, end_session=True),
-                                     "commit_shared_writes")
-            times["ended"] = list(targets)  # their sessions are closed: sync() does not call end_weight_update
-        except Exception as e:  # noqa: BLE001
-            return f"{type(e).__name__}: {e}", targets
-        finally:
-            times["deliver"] += time.perf_counter() - t0
-        if any(d and d.get("moved") for d in done):
-            self.layout_path.unshare()  # a new epoch: the next sync plans afresh (and shares again)
-        return None, targets
-
-    def _run_distributed(self, plan, my_stage, own, pool, record, times) -> str | None:
-        error = None
-        if self.topo.is_controller:
-            for stage in plan.stages:
-                mine = own() if stage is my_stage else None
-                for bplan in stage.buckets:
-                    pending = []
-                    try:
-                        if error is None:
-                            pending = self.dist.request(plan, stage, bplan, plan.is_last(stage, bplan))
-                    except Exception as e:  # noqa: BLE001
-                        error = f"{type(e).__name__}: {e}"
-                    if mine is not None:
-                        _, slot, buf = next(mine)
-                        try:
-                            if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
-                                raise buf
-                            record(plan, bplan, buf)
-                            if pending:  # the engines that accepted the request wait for the data
-                                self.dist.broadcast(buf, times)
-                        finally:
-                            pool.release(slot)
-                    t_wait = time.perf_counter()
-                    try:
-                        self.engines.wait(pending, "update_weights_from_distributed")
-                    except Exception as e:  # noqa: BLE001
-                        error = error or f"{type(e).__name__}: {e}"
-                    times["deliver"] += time.perf_counter() - t_wait
-                if mine is not None:
-                    for _ in mine:  # exhaust (raises if the stream disagrees with the plan)
-                        pass
-            return error
-        for bplan, slot, buf in own():
-            try:
-                if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
-                    raise buf
-                record(plan, bplan, buf)
-                self.dist.broadcast(buf, times)
-            finally:
-                pool.release(slot)
-        return None
 
     def _check(self, plan, outcome, stats: SyncStats) -> None:
         verdict = None

@@ -153,3 +153,48 @@ class DistributedTransport:
                 except Exception:  # noqa: BLE001 - a replaced engine never had it
                     pass
         self.group_names = {}
+
+    def run(self, plan: SendPlan, my_stage, own, pool, record, times) -> str | None:
+        """A stage leader's part of a sync: the controller requests each bucket from the engines, every leader
+        broadcasts its own stage's buckets (``own()`` yields ``(bucket plan, slot, buffer)``; ``record`` sees each);
+        returns the controller's first error (None elsewhere)."""
+        error = None
+        if self.topo.is_controller:
+            for stage in plan.stages:
+                mine = own() if stage is my_stage else None
+                for bplan in stage.buckets:
+                    pending = []
+                    try:
+                        if error is None:
+                            pending = self.request(plan, stage, bplan, plan.is_last(stage, bplan))
+                    except Exception as e:  # noqa: BLE001
+                        error = f"{type(e).__name__}: {e}"
+                    if mine is not None:
+                        _, slot, buf = next(mine)
+                        try:
+                            if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
+                                raise buf
+                            record(plan, bplan, buf)
+                            if pending:  # the engines that accepted the request wait for the data
+                                self.broadcast(buf, times)
+                        finally:
+                            pool.release(slot)
+                    t_wait = time.perf_counter()
+                    try:
+                        self.engines.wait(pending, "update_weights_from_distributed")
+                    except Exception as e:  # noqa: BLE001
+                        error = error or f"{type(e).__name__}: {e}"
+                    times["deliver"] += time.perf_counter() - t_wait
+                if mine is not None:
+                    for _ in mine:  # exhaust (raises if the stream disagrees with the plan)
+                        pass
+            return error
+        for bplan, slot, buf in own():
+            try:
+                if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
+                    raise buf
+                record(plan, bplan, buf)
+                self.broadcast(buf, times)
+            finally:
+                pool.release(slot)
+        return None

@@ -12,6 +12,7 @@ No bucket buffer, no copy in the engine.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import replace
 
 import torch
@@ -20,7 +21,7 @@ from rlhf.weight_bridge.bucketing import BucketPlan
 from rlhf.weight_bridge.engine_layout import DirectPlan, LayoutUnavailable, write_section_ops
 from rlhf.weight_bridge.plan import SendPlan, StagePlan
 
-__all__ = ["arena_plan", "ArenaMaps"]
+__all__ = ["arena_plan", "ArenaMaps", "write_shared"]
 
 
 def arena_plan(plan: DirectPlan, shares: list) -> DirectPlan:
@@ -87,3 +88,54 @@ class ArenaMaps:
 
     def close(self) -> None:
         self._maps, self._key = [], None
+
+
+def write_shared(topo, engines, layout_path, direct, stage, entries, targets, times: dict) -> tuple:
+    """One rank's part of a zero-copy sync: every active rank (and expert peer) writes its elements straight into
+    the target engines' shared parameters; one flag all_reduce over its TP group (and EP group) tells each stage
+    that all of them are done and whether any failed; each stage's leader reports to the controller, which then
+    commits the update on every engine (sessions open, generation paused) and closes their sessions in the same
+    call -- or, when any rank failed, commits nothing (the sync closes the sessions and raises on every rank).
+
+    Args:
+        topo, engines, layout_path: the bridge's topology, engines' handle (controller) and EngineLayoutPath.
+        direct, stage: the arena plan and this rank's stage of it (None: nothing to write).
+        times: the sync's phase timings (``produce``, ``deliver``; ``ended``: engines whose sessions closed).
+    Returns:
+        (error message or None, engines reached).
+    """
+    t0 = time.perf_counter()
+    error = None
+    if stage is not None:
+        try:
+            layout_path.maps.write(layout_path.ops, entries, targets)
+        except Exception as e:  # noqa: BLE001 - reported to the controller, no rank hangs
+            error = f"rank {topo.rank}: {type(e).__name__}: {e}"
+        # every TP peer (and expert peer) is done, and whether any failed: then nothing is committed
+        failed = topo.tp_size > 1 and topo.any_rank(error is not None, topo.tp_group)
+        if getattr(topo, "ep_size", 1) > 1:
+            failed = topo.any_rank(error is not None or failed, topo.ep_group) or failed
+        if failed and error is None:
+            error = f"rank {topo.rank}: a tensor- or expert-parallel peer failed its writes (its error follows)"
+    times["produce"] += time.perf_counter() - t0
+    leaders = [s.leader for s in direct.send.stages if s.leader != topo.controller]
+    if not topo.is_controller:
+        if topo.is_leader and topo.rank in leaders:
+            topo.send_object(error, topo.controller)
+        return error, targets
+    errors = [error] + [topo.recv_object(r) for r in leaders]
+    error = next((e for e in errors if e), None)
+    if error is not None:
+        return error, targets
+    t0 = time.perf_counter()
+    try:
+        done = engines.wait(engines.commit_shared_writes(direct.layout.fingerprint, engines=targets,
+                                                         flush_cache=True, end_session=True), "commit_shared_writes")
+        times["ended"] = list(targets)  # their sessions are closed: sync() does not call end_weight_update
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}", targets
+    finally:
+        times["deliver"] += time.perf_counter() - t0
+    if any(d and d.get("moved") for d in done):
+        layout_path.unshare()  # a new epoch: the next sync plans afresh (and shares again)
+    return None, targets
