@@ -7,7 +7,9 @@ Per :meth:`WeightBridge.sync` (a collective over every trainer rank):
    handle), which validates EVERY name and shape against the engines' expected weights (validate.py)
    and splits the stream into buckets.  The plan is cached: later syncs only compare the reports and the
    engines' fingerprint (a replaced engine, another model) and re-plan when they changed.  A mismatch
-   raises WeightBridgeError on every rank; nothing has been sent.
+   raises WeightBridgeError on every rank; nothing has been sent.  Steady state (steady.py): when no rank's
+   inputs and not the engines changed since the last successful sync, one small tensor all_gather of digests
+   replaces the reports and the verdict, and the engines' sessions open while the ranks list their tensors.
 2. **Stream**: buckets laid out as SGLang's ``FlattenedTensorBucket``, in the engine dtype.  On CPU with
    every TP rank of a stage on one host (shm_buckets.py), each rank copies its own shard into its regions
    of a persistent shared-memory bucket, in parallel: gather + convert + pack is ONE copy, and the engine
