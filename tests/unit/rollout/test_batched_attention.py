@@ -100,3 +100,22 @@ def test_patch_routes_only_the_plain_case():
                                             seq_lens, enable_gqa=True, sliding_window_size=2)
     torch.testing.assert_close(windowed, want)
     assert not torch.allclose(windowed[1], plain[1])  # the 9-token request sees only its window
+
+
+def test_engine_processes_get_the_patches():
+    """A process with the CPU engine's environment (the stand-in first on PYTHONPATH) that imports SGLang's
+    backend and sampler -- before or after the stand-in, as SGLang's processes may -- runs the patched code."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, **sglang_cpu.cpu_engine_env(1, base_env={})}
+    check = ("import sglang.srt.layers.attention.torch_native_backend as b, sglang.srt.layers.sampler as s; "
+             "assert b.TorchNativeAttnBackend._run_sdpa_forward_decode._rlhf_batched; "
+             "assert getattr(b.TorchNativeAttnBackend._run_sdpa_forward_extend, '__name__') == "
+             "'_run_sdpa_forward_extend' and 'batched_extend' in b.TorchNativeAttnBackend."
+             "_run_sdpa_forward_extend.__code__.co_names; "
+             "assert s.sampling_from_probs_torch._rlhf_inverse_cdf; print('patched')")
+    for first in ("import sgl_kernel; ", "import sglang.srt.layers.sampler; import sgl_kernel; "):
+        out = subprocess.run([sys.executable, "-c", first + check], env=env, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0 and out.stdout.strip().endswith("patched"), (first, out.stderr[-2000:])
