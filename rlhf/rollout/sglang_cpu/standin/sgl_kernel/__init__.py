@@ -14,6 +14,11 @@ shadowing the real wheel there and nowhere else:
   SiLU-and-mul, thread binding);
 * DeepSeek-V3's multi-latent attention prefill on the ``torch_native`` backend is corrected
   (``_mla_prefill``: SGLang attends over the latent cache instead of the keys/values it passes);
+* the ``torch_native`` decode step attends for the whole batch in one call instead of SGLang's per-request
+  Python loop (``_batched_attention``: the loop was the largest part of a CPU rollout);
+* plain sampling (no top-k / top-p / min-p) draws one uniform per request (inverse CDF,
+  ``_inverse_cdf_sampling``) instead of one exponential per vocabulary entry from torch's single-threaded CPU
+  generator (the largest part of a decode step at a 32k vocabulary);
 * ``convert_weight_packed`` is deliberately NOT registered: SGLang enables its Intel-AMX backend only when
   that op exists, so leaving it out keeps every linear layer on plain ``torch.nn.functional.linear``
   even on AMX-capable CPUs.
@@ -97,3 +102,7 @@ if os.environ.get("RLHF_SGLANG_CPU_NOOP_CUDA_SYNC") == "1":
 # DeepSeek-V3 (MLA) prefill on the torch_native backend: see _mla_prefill's docstring.  Imported by name: a
 # `from sgl_kernel import _mla_prefill` would get this module's __getattr__ placeholder instead.
 importlib.import_module(__name__ + "._mla_prefill").install()
+# One batched attention call per decode / extend step instead of SGLang's per-request loop: see _batched_attention.
+importlib.import_module(__name__ + "._batched_attention").install()
+# One uniform per row instead of one exponential per vocabulary entry when sampling: see _inverse_cdf_sampling.
+importlib.import_module(__name__ + "._inverse_cdf_sampling").install()

@@ -17,10 +17,6 @@ a cached prefix; an extend with a prefix raises instead of computing something e
 """
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
-import sys
-
 TARGET = "sglang.srt.layers.attention.torch_native_backend"
 
 
@@ -69,32 +65,8 @@ def patch(module) -> None:
     cls.forward_extend = forward_extend
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder):
-    """Runs :func:`patch` right after SGLang's torch_native backend module is first imported."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != TARGET:
-            return None
-        sys.meta_path.remove(self)  # let the other finders find the real module
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
 def install() -> None:
     """Patch now when the backend module is already imported, else when it is."""
-    if TARGET in sys.modules:
-        patch(sys.modules[TARGET])
-    elif not any(isinstance(f, _PatchAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchAfterImport())
+    from ._after_import import after_import
+
+    after_import(TARGET, patch)
