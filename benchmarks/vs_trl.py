@@ -3,6 +3,16 @@
     pip install -e '.[bench]'                 # TRL, pinned (trl==1.16.0); best in its own venv
     python benchmarks/vs_trl.py               # both sizes, 2 alternating rounds per side
     python benchmarks/vs_trl.py --size tiny --rounds 1 --steps 4     # quicker
+    python benchmarks/vs_trl.py --size tiny --rounds 1 --breakdown   # + the processes at each run's peak PSS
+    python benchmarks/vs_trl.py --curves --seeds 0 1 2 --steps 30    # reward per step of both sides
+
+--curves: the tiny size, one run per side and seed s (alternating): ours with data.seed=s trainer.seed=s, TRL with
+GRPOConfig(seed=s) reading the prompts in our loader's order for data.seed=s (checked token by token against our
+trainer's dataset); per step the mean reward of the round (ours: critic/score/mean; TRL: its logged `reward`, one
+per 4 optimizer steps = one generation round).  Prints the per-step means over seeds, then
+    vs_trl_curves: auc=<ours/trl> last5=<ours>/<trl> steps=N seeds=K
+(auc: mean reward over all steps and seeds; last5: over the last 5 steps).
+Every child process imports rlhf from the checkout this script sits in (PYTHONPATH), whatever the interpreter.
 
 Sizes (`--size tiny|40m|both`):
   tiny -- the quickstart model (tiny://quickstart, built once, SFT-warmed on the arithmetic task), the
