@@ -3,6 +3,16 @@
     pip install -e '.[bench]'                 # TRL, pinned (trl==1.16.0); best in its own venv
     python benchmarks/vs_trl.py               # both sizes, 2 alternating rounds per side
     python benchmarks/vs_trl.py --size tiny --rounds 1 --steps 4     # quicker
+    python benchmarks/vs_trl.py --size tiny --rounds 1 --breakdown   # + the processes at each run's peak PSS
+    python benchmarks/vs_trl.py --curves --seeds 0 1 2 --steps 30    # reward per step of both sides
+
+--curves: the tiny size, one run per side and seed s (alternating): ours with data.seed=s trainer.seed=s, TRL with
+GRPOConfig(seed=s) reading the prompts in our loader's order for data.seed=s (checked token by token against our
+trainer's dataset); per step the mean reward of the round (ours: critic/score/mean; TRL: its logged `reward`, one
+per 4 optimizer steps = one generation round).  Prints the per-step means over seeds, then
+    vs_trl_curves: auc=<ours/trl> last5=<ours>/<trl> steps=N seeds=K
+(auc: mean reward over all steps and seeds; last5: over the last 5 steps).
+Every child process imports rlhf from the checkout this script sits in (PYTHONPATH), whatever the interpreter.
 
 Sizes (`--size tiny|40m|both`):
   tiny -- the quickstart model (tiny://quickstart, built once, SFT-warmed on the arithmetic task), the
@@ -41,9 +51,14 @@ import time
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
+# Every process started here (our trainer, its engine and Ray workers, the TRL worker) imports rlhf from the checkout
+# this script sits in, not from whatever an editable install in the running interpreter's venv points at.
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(
+    p for p in [ROOT, *os.environ.get("PYTHONPATH", "").split(os.pathsep)] if p))}
 
 SIZES = {"tiny": dict(response_length=16), "40m": dict(response_length=64)}
 PROMPTS, N, LR, MINI = 16, 4, 2e-4, 4
+SEED = 1  # our data.seed / trainer.seed default
 
 
 def prepare(size: str, workdir: str) -> tuple:
@@ -77,12 +92,13 @@ def prepare(size: str, workdir: str) -> tuple:
 
 
 class TreeMemory:
-    """Peak summed PSS of a process and its descendants, sampled in a thread."""
+    """Peak summed PSS of a process and its descendants, sampled in a thread; `at_peak` holds the processes of
+    the peak sample as (pss bytes, uss bytes, pid, command line)."""
 
     def __init__(self, pid: int, period: float = 0.5):
         import psutil
 
-        self.root, self.peak, self._stop = psutil.Process(pid), 0, threading.Event()
+        self.root, self.peak, self._stop, self.at_peak = psutil.Process(pid), 0, threading.Event(), []
         self._thread = threading.Thread(target=self._run, args=(period,), daemon=True)
         self._thread.start()
 
@@ -90,17 +106,20 @@ class TreeMemory:
         import psutil
 
         while not self._stop.is_set():
-            total = 0
+            total, rows = 0, []
             try:
                 procs = [self.root, *self.root.children(recursive=True)]
             except psutil.Error:
                 break
             for p in procs:
                 try:
-                    total += p.memory_full_info().pss
+                    info = p.memory_full_info()
+                    rows.append((info.pss, info.uss, p.pid, " ".join(p.cmdline()) or p.name()))
+                    total += info.pss
                 except psutil.Error:
                     pass
-            self.peak = max(self.peak, total)
+            if total > self.peak:
+                self.peak, self.at_peak = total, rows
             self._stop.wait(period)
 
     def stop(self) -> float:
@@ -109,25 +128,40 @@ class TreeMemory:
         return self.peak / 2**30
 
 
+def print_breakdown(rows: list, who: str) -> None:
+    """The processes of a peak-PSS sample, largest first: PSS and USS in MiB and the command line."""
+    print(f"[memory] {who}: peak PSS {sum(r[0] for r in rows) / 2**30:.2f} GiB over {len(rows)} processes "
+          f"(PSS MiB, USS MiB, pid, command)")
+    for pss, uss, pid, cmd in sorted(rows, reverse=True):
+        print(f"[memory]   {pss / 2**20:8.1f} {uss / 2**20:8.1f} {pid:>7} {cmd[:150]}")
+
+
+BREAKDOWN = []  # (who, rows at peak) of every run, printed with --breakdown
+
+
 def run_measured(cmd: list, who: str) -> float:
-    """Run `cmd` to completion; its process tree's peak PSS in GiB.  Raises RuntimeError with the log's tail
-    when it fails."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    """Run `cmd` to completion; its process tree's peak PSS in GiB (the processes at the peak appended to
+    BREAKDOWN).  Raises RuntimeError with the log's tail when it fails."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=CHILD_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     mem = TreeMemory(proc.pid)
     log, _ = proc.communicate()
     rss = mem.stop()
+    BREAKDOWN.append((who, mem.at_peak))
     if proc.returncode:
         raise RuntimeError(f"{who} run failed (exit {proc.returncode}):\n{log[-4000:]}")
     return rss
 
 
-def run_ours(model: str, data: str, steps: int, response_length: int, out: str) -> dict:
+def run_ours(model: str, data: str, steps: int, response_length: int, out: str, seed: int = SEED) -> dict:
+    """Our trainer; its TensorBoard scalars per step.  `seed`: data.seed (prompt order) and trainer.seed
+    (sampling seeds, init)."""
     cmd = [sys.executable, "-m", "rlhf.main", "recipe=grpo_tiny_cpu", f"model.path={model}",
            f"data.train_files={data}", f"data.val_files={data}", f"data.max_response_length={response_length}",
            f"data.train_batch_size={PROMPTS}", f"rollout.n={N}", f"actor.optim.lr={LR}",
            f"actor.ppo_mini_batch_size={MINI}", "actor.ppo_micro_batch_size_per_gpu=16",
            f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
-           "trainer.val_before_train=false", f"trainer.default_local_dir={out}", "trainer.logger=[tensorboard]"]
+           "trainer.val_before_train=false", f"trainer.default_local_dir={out}", "trainer.logger=[tensorboard]",
+           "data.shuffle=true", f"data.seed={seed}", f"trainer.seed={seed}"]
     start, rss = time.time(), run_measured(cmd, "our")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -145,9 +179,10 @@ def run_ours(model: str, data: str, steps: int, response_length: int, out: str) 
             "score": series("critic/score/mean")}
 
 
-def run_trl(model: str, data: str, steps: int, response_length: int, out: str) -> dict:
+def run_trl(model: str, data: str, steps: int, response_length: int, out: str, seed: int = SEED) -> dict:
+    """TRL's GRPOTrainer in its own process (:func:`trl_worker`); its timings, rewards and prompts per round."""
     cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", "--model", model, "--data", data,
-           "--steps", str(steps), "--response-length", str(response_length), "--out", out]
+           "--steps", str(steps), "--response-length", str(response_length), "--out", out, "--seed", str(seed)]
     start, rss = time.time(), run_measured(cmd, "TRL")
     with open(os.path.join(out, "trl_timings.json")) as f:
         r = json.load(f)
@@ -164,14 +199,25 @@ def trl_worker(a) -> None:
 
     from rlhf.rewards import ARITHMETIC_DATA_SOURCE, call_reward_fn, get_reward_fn
 
+    import rlhf
+    from rlhf.data.loader import StatefulPromptLoader
+
+    if not os.path.abspath(rlhf.__file__).startswith(ROOT + os.sep):
+        raise RuntimeError(f"the TRL worker imported rlhf from {rlhf.__file__}, not from {ROOT}")
     scorer = get_reward_fn(ARITHMETIC_DATA_SOURCE)
+    round_rewards = []  # mean reward of each generation round, as scored here
 
     def reward(prompts, completions, ground_truth, **kw):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [call_reward_fn(scorer, ARITHMETIC_DATA_SOURCE, t, g) for t, g in zip(texts, ground_truth)]
+        out = [call_reward_fn(scorer, ARITHMETIC_DATA_SOURCE, t, g) for t, g in zip(texts, ground_truth)]
+        round_rewards.append(statistics.fmean(out))
+        return out
 
+    # The prompt order our trainer visits with data.seed=a.seed (its loader's first-epoch permutation), read by
+    # TRL unshuffled: both sides see the same 16 prompts at each step.
     ds = load_dataset("parquet", data_files=a.data, split="train")
-    ds = ds.select(range(PROMPTS * a.steps))
+    order = StatefulPromptLoader(range(len(ds)), PROMPTS, shuffle=True, seed=a.seed).epoch_order(0)
+    ds = ds.select([int(i) for i in order[:PROMPTS * a.steps]])
     tok = AutoTokenizer.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
     timers = {"gen": 0.0, "logprob": 0.0}
@@ -192,7 +238,7 @@ def trl_worker(a) -> None:
                       steps_per_generation=MINI, max_completion_length=a.response_length, learning_rate=LR,
                       lr_scheduler_type="constant", temperature=1.0, beta=0.0, epsilon=0.2, loss_type="dapo",
                       num_iterations=1, max_steps=a.steps * MINI, logging_steps=MINI, save_strategy="no",
-                      report_to=[], use_cpu=True, shuffle_dataset=False, seed=0, bf16=False, fp16=False,
+                      report_to=[], use_cpu=True, shuffle_dataset=False, seed=a.seed, bf16=False, fp16=False,
                       max_grad_norm=1.0, weight_decay=0.0, warmup_steps=0, dataloader_num_workers=0)
     rounds = []
 
@@ -213,6 +259,16 @@ def trl_worker(a) -> None:
 
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok,
                           callbacks=[Timing()])
+    prompt_ids = []  # token ids of each round's prompts (one per group), as TRL tokenised them
+
+    def record_prompts(fn):
+        def inner(prompts, *args, **kw):
+            out = fn(prompts, *args, **kw)
+            prompt_ids.append([list(map(int, ids)) for ids in out[0][::N]])
+            return out
+        return inner
+
+    trainer._tokenize_prompts = record_prompts(trainer._tokenize_prompts)
     trainer._get_per_token_logps_and_entropies = timed(trainer._get_per_token_logps_and_entropies, "logprob",
                                                        when=lambda: not torch.is_grad_enabled())
     trainer.train()
@@ -220,8 +276,60 @@ def trl_worker(a) -> None:
     res["update"] = [r["step"] - r["gen"] - r["logprob"] for r in rounds]
     res["first_round_end"] = rounds[0]["end"]
     res["score"] = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    res.update(round_rewards=round_rewards, prompt_ids=prompt_ids)
     with open(os.path.join(a.out, "trl_timings.json"), "w") as f:
         json.dump(res, f)
+
+
+def our_prompt_ids(model: str, data: str, steps: int, seed: int) -> list:
+    """Token ids of the prompts our trainer generates for at steps 1..`steps` with data.seed=`seed`: its dataset
+    built the way the trainer builds it (same function, same config), in its loader's order."""
+    from transformers import AutoTokenizer
+
+    from rlhf.config import compose_config
+    from rlhf.data.build import build_rl_dataset, needs_ground_truth
+    from rlhf.data.loader import StatefulPromptLoader
+
+    cfg = compose_config(["recipe=grpo_tiny_cpu", f"model.path={model}", f"data.train_files={data}",
+                          f"data.train_batch_size={PROMPTS}", "data.shuffle=true", f"data.seed={seed}"])
+    train = build_rl_dataset(cfg.data, "train", data, AutoTokenizer.from_pretrained(model), None,
+                             require_ground_truth=needs_ground_truth(cfg.reward))
+    loader = StatefulPromptLoader(train, PROMPTS, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+    return [[train[i]["input_ids"] for i in loader.batch_indices(0, k)] for k in range(steps)]
+
+
+def curves(a) -> None:
+    """Reward per step of both sides on the quickstart task, one run per side and seed (alternating)."""
+    model, data = prepare("tiny", a.workdir)
+    R = SIZES["tiny"]["response_length"]
+    score = {"ours": [], "trl": []}
+    for k, seed in enumerate(a.seeds):
+        for side in (("ours", "trl") if k % 2 == 0 else ("trl", "ours")):
+            out = tempfile.mkdtemp(prefix=f"curves_s{seed}_{side}_", dir=a.workdir)
+            res = (run_ours if side == "ours" else run_trl)(model, data, a.steps, R, out, seed)
+            if len(res["score"]) != a.steps:
+                raise RuntimeError(f"{side} seed {seed}: {len(res['score'])} rewards logged for {a.steps} steps")
+            if side == "trl":
+                theirs, ours = res["prompt_ids"], our_prompt_ids(model, data, a.steps, seed)
+                if theirs != ours:
+                    bad = next(i for i, (x, y) in enumerate(zip(theirs, ours)) if x != y)
+                    raise RuntimeError(f"seed {seed}: TRL's prompts at step {bad + 1} differ from ours:\n"
+                                       f"{theirs[bad][:2]}\n{ours[bad][:2]}")
+                if max(abs(x - y) for x, y in zip(res["score"], res["round_rewards"])) > 1e-6:
+                    raise RuntimeError(f"TRL's logged reward {res['score']} is not the scorer's {res['round_rewards']}")
+            score[side].append(res["score"])
+            print(f"[curves] seed {seed} {side}: {' '.join(f'{x:.3f}' for x in res['score'])}", flush=True)
+    mean = {side: [statistics.fmean(run[i] for run in runs) for i in range(a.steps)] for side, runs in score.items()}
+    print("| step | ours | TRL |\n| --- | --- | --- |")
+    for i in range(a.steps):
+        print(f"| {i + 1} | {mean['ours'][i]:.3f} | {mean['trl'][i]:.3f} |")
+    auc = {side: statistics.fmean(m) for side, m in mean.items()}
+    per_seed = " ".join(f"{seed}:{statistics.fmean(o):.3f}/{statistics.fmean(t):.3f}"
+                        for seed, o, t in zip(a.seeds, score["ours"], score["trl"]))
+    print(f"[curves] mean reward per seed (ours/trl) {per_seed}; all steps {auc['ours']:.3f}/{auc['trl']:.3f}")
+    last = min(5, a.steps)
+    print(f"vs_trl_curves: auc={auc['ours'] / auc['trl']:.2f} last5={statistics.fmean(mean['ours'][-last:]):.3f}/"
+          f"{statistics.fmean(mean['trl'][-last:]):.3f} steps={a.steps} seeds={len(a.seeds)}")
 
 
 def med(xs, warmup):
@@ -239,6 +347,11 @@ def main() -> None:
     ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model"), ap.add_argument("--data"), ap.add_argument("--out")
     ap.add_argument("--response-length", type=int, default=16)
+    ap.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
+    ap.add_argument("--breakdown", action="store_true", help="print the processes at each run's peak PSS")
+    ap.add_argument("--curves", action="store_true",
+                    help="reward per step of both sides on the quickstart task (tiny size), one run per seed")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--curves: data and sampling seeds")
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(a)
@@ -246,6 +359,8 @@ def main() -> None:
         import trl  # noqa: F401
     except ImportError:
         sys.exit("TRL is not installed: pip install -e '.[bench]' (trl==1.16.0)")
+    if a.curves:
+        return curves(a)
     lines = []
     for size in (["tiny", "40m"] if a.size == "both" else [a.size]):
         model, data = prepare(size, a.workdir)
@@ -272,6 +387,9 @@ def main() -> None:
                 f"rss={o['rss'] / t['rss']:.2f} first_step_s={o['first']:.1f}/{t['first']:.1f}")
         print(f"[{size}] ours {o}\n[{size}] trl  {t}\n[{size}] {line}", flush=True)
         lines.append(line)
+    if a.breakdown:
+        for who, rows in BREAKDOWN:
+            print_breakdown(rows, who)
     print(lines[-1])
 
 
