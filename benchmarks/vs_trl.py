@@ -148,7 +148,9 @@ def run_measured(cmd: list, who: str) -> float:
     rss = mem.stop()
     BREAKDOWN.append((who, mem.at_peak))
     if proc.returncode:
-        raise RuntimeError(f"{who} run failed (exit {proc.returncode}):\n{log[-4000:]}")
+        with open(os.path.join(tempfile.gettempdir(), f"vs_trl_{who.lower()}_failed.log"), "w") as f:
+            f.write(log)
+        raise RuntimeError(f"{who} run failed (exit {proc.returncode}; whole log in {f.name}):\n{log[-4000:]}")
     return rss
 
 

@@ -579,7 +579,11 @@ class WeightBridge:
             raise verdict
 
     def close(self) -> None:
-        """Free the bucket buffers and leave the weight-update groups (the engines drop theirs)."""
+        """Drop the mappings of the engines' shared parameters, free the bucket buffers and leave the weight-update
+        groups (the engines drop theirs).  Call it before the engines shut down: a mapping of an engine's arena is
+        released through that engine's torch_shm_manager, and releasing it after the engine's process tree was
+        killed (at interpreter exit) raised "Broken pipe" in a destructor, which aborted the trainer's exit."""
+        self.layout_path.maps.close()
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -99,3 +99,19 @@ def test_session_that_cannot_open_in_the_steady_state_stops_the_sync_before_anyt
     topo.object_collectives = 0
     bridge.sync()  # the failure dropped the cached verdict: planned afresh, then fine
     assert topo.object_collectives > 0
+
+
+def test_close_drops_the_mappings_of_the_engines_shared_parameters():
+    """The trainer's mappings of the engines' arenas go with the bridge (RolloutWorker.close closes it before the
+    engines shut down): released at interpreter exit after the engines' torch_shm_manager was gone, a mapping
+    raised "Broken pipe" in its destructor and the trainer aborted at exit (exit -6 after a 6-step GRPO run)."""
+    import weakref
+
+    bridge, *_ = _bridge()
+    storage = torch.UntypedStorage._new_shared(4096)
+    bridge.layout_path.maps._maps = [[torch.empty(0, dtype=torch.uint8).set_(storage)]]
+    ref = weakref.ref(storage)
+    del storage
+    assert ref() is not None
+    bridge.close()
+    assert ref() is None and bridge.layout_path.maps._maps == []
