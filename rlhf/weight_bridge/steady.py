@@ -14,7 +14,9 @@ full planning path, which validates everything again and refuses a mismatch befo
 ``go`` is the controller's result of opening the engines' sessions, started before the collective when its own
 inputs predict reuse (the engines' ``begin_weight_update``, with the pause of generation, runs while the ranks list
 their tensors): GO_NONE not started (the sync opens them after planning), GO_OPENED, or GO_FAILED -- then every rank
-raises the controller's message, which follows in one object broadcast; nothing was written.
+raises the controller's message, which follows in one object broadcast; nothing was written.  The controller's
+session helpers live here too: :func:`open_sessions` (also refuses a target engine replaced while its session
+opened), :func:`close_sessions`, and :func:`close_early` for a sync that fails after it started opening them.
 
 Digests: each slot is only ever compared with the same rank's earlier value, in the same process.  A rank's own
 tensor key uses Python's ``hash`` (names, shapes, dtypes: hashable by construction); the digest that combines it with
