@@ -445,9 +445,9 @@ class WeightBridge:
         t_finish = time.perf_counter()
         if self.topo.is_controller:
             try:
-                open_sessions = [i for i in reached if i not in times.get("ended", ())]
-                if open_sessions:
-                    self.engines.end_weight_update(engines=open_sessions)
+                still_open = [i for i in reached if i not in times.get("ended", ())]
+                if still_open:
+                    self.engines.end_weight_update(engines=still_open)
                 self.engines.end_sync(token, [] if error else reached)
             except Exception as e:  # noqa: BLE001
                 error = error or f"end_weight_update: {type(e).__name__}: {e}"
