@@ -64,10 +64,10 @@ from rlhf.weight_bridge.from_distributed import DistributedTransport
 from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
 from rlhf.weight_bridge.local_handles import BucketHolder, broadcast_group, holder_ranks, serving_plan
-from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, sync_entries
+from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, refuse_report_errors, sync_entries
 from rlhf.weight_bridge.shared_params import write_shared
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
-from rlhf.weight_bridge.steady import GO_FAILED, GO_NONE, GO_OPENED, PlanCache
+from rlhf.weight_bridge.steady import GO_FAILED, GO_NONE, GO_OPENED, PlanCache, close_early, digest, open_sessions
 from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
 
@@ -255,38 +255,63 @@ class WeightBridge:
         """Every rank: ``(verdict, entries, skipped)`` of this sync.  Steady state (steady.py): one tensor
         all_gather of the ranks' digests and every rank reuses the last successful sync's verdict; otherwise the
         reports go to the controller, which plans (or reuses its cached plan) and broadcasts the verdict.
-        ``opening`` (controller, sync only): ``{"inputs"}`` in, ``{"token", "error"}`` out when it opened the
-        engines' sessions before the exchange (its own inputs predicted reuse); ``verdict["opened"]`` says so."""
+        ``opening`` (controller, sync only; an empty dict in): ``{"inputs"}`` out, and ``{"token", "pending",
+        "error"}`` when it started opening the engines' sessions before the exchange (its own inputs predicted
+        reuse); ``verdict["opened"]`` says so.  Whatever raises on one rank before the exchange (the controller's
+        inputs, a rank's listing) makes it send ok=0 and an error report: every rank then takes the fresh path and
+        raises WeightBridgeError with that message, none is left waiting in a collective."""
         if not self._ready:
             self.topo.init_collective()
             self._ready = True
         topo = self.topo
-        inputs = opening["inputs"] if opening is not None else None
-        early = (opening is not None and
-                 self._steady.predicts_reuse(topo.rank, hash((self._local_digest(), inputs))))
-        if early:  # the engines' begin (and pause) runs while this rank lists its tensors
-            token = self.engines.begin_sync()
+        inputs, early, errors = None, False, []
+        if opening is not None:
             try:
-                pending = self.engines.start_weight_update(engines=list(inputs[1]))
-            except Exception as e:  # noqa: BLE001 - _open reports it, every rank learns it from the codes
-                pending = e
-        ok = 1
+                opening["inputs"] = inputs = self._controller_inputs(engines)
+                early = self._steady.predicts_reuse(topo.rank, digest((self._local_digest(), inputs)))
+                if early:  # the engines' begin (and pause) runs while this rank lists its tensors
+                    opening["token"] = self.engines.begin_sync()
+                    try:
+                        opening["pending"] = self.engines.start_weight_update(engines=list(inputs[1]))
+                    except Exception as e:  # noqa: BLE001 - open_sessions reports it (codes: every rank)
+                        opening["pending"] = e
+            except Exception as e:  # noqa: BLE001 - reported through the exchange so no rank hangs
+                early = False
+                errors.append(f"rank {topo.rank}: {type(e).__name__}: {e}")
+        entries, skipped, report = None, [], None
         try:
             entries, skipped = sync_entries(self.chunks, self.spec, self.name_map, topo)
-            sb = topo.active and self._shared(entries) is not None  # collective over the TP group, once
-            report = self._report(entries, self.engine_layout and self.transport == "tensor" and sb)
-            if report is not None:
-                report["shared_buckets"] = sb
-                report["one_host_cpu"] = self._one_host
-            mine = hash((self._local_digest(entries, report), inputs))
         except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
-            entries, skipped, report = [], [], {"error": f"rank {topo.rank}: {type(e).__name__}: {e}"}
-            mine, ok = 0, 0
+            errors.append(f"rank {topo.rank}: {type(e).__name__}: {e}")
+        decides_shared = topo.active and self._shared_state is None
+        try:
+            # collective over the TP group, once: a rank whose listing failed takes part too (the group is then
+            # not usable, and decides again at the next sync, below)
+            sb = topo.active and self._shared(entries) is not None
+            if not errors:
+                report = self._report(entries, self.engine_layout and self.transport == "tensor" and sb)
+                if report is not None:
+                    report["shared_buckets"] = sb
+                    report["one_host_cpu"] = self._one_host
+                mine = digest((self._local_digest(entries, report), inputs))
+        except Exception as e:  # noqa: BLE001 - reported through the controller so no rank hangs
+            errors.append(f"rank {topo.rank}: {type(e).__name__}: {e}")
+        ok = int(not errors)
+        if errors:
+            entries, skipped, report, mine = [], [], {"error": "; ".join(errors)}, 0
         go = GO_NONE
         if early:
-            opening["token"], opening["error"] = self._open(list(inputs[1]), token, pending)
+            opening["token"], opening["error"], waited = open_sessions(self.engines, list(inputs[1]), opening["token"],
+                                                                       opening["pending"])
+            self._open_seconds += waited
             go = GO_FAILED if opening["error"] is not None else GO_OPENED
         codes = topo.all_gather_codes([mine, ok, go])
+        if decides_shared and not all(c[1] for c in codes):
+            # a rank that could not list its tensors counted as "not usable" in its TP group's one-time decision: the
+            # group decides again at the next sync (the codes are the same everywhere, so every TP peer resets too)
+            if self._shared_state:
+                self._shared_state.close()
+            self._shared_state, self._one_host = None, False
         verdict = self._steady.decide(codes)
         go = codes[topo.controller][2]  # every rank knows whether the sessions are open
         if go == GO_FAILED:  # the sessions could not be opened: nothing is written
@@ -299,6 +324,7 @@ class WeightBridge:
         verdict = None
         if topo.is_controller:
             try:
+                refuse_report_errors(reports)  # before the controller's own inputs, which may be what failed
                 verdict = self._controller(reports, engines)
             except Exception as e:  # noqa: BLE001 - every rank must learn about it
                 verdict = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{type(e).__name__}: {e}")
@@ -325,7 +351,10 @@ class WeightBridge:
         if entries is not None:
             key = tuple((e.local_name, tuple(e.tensor.shape), e.tensor.dtype) for e in entries)
             # the tensors are in the key; a distributed stage's fresh rendezvous port matters only when its groups
-            # are rebuilt, which only a changed fleet fingerprint (the controller's inputs) triggers
+            # are rebuilt, which only a changed fleet fingerprint (the controller's inputs) triggers.  Left out (the
+            # same key as _report's cache): the chunk index (VPP: equal local names in two chunks) and the tensors'
+            # device.  Safe only because a bridge's chunks are fixed and _shared / _one_host are decided once; a
+            # change that reloads chunks or offloads parameters between syncs must add both here.
             rep = None if report is None else {k: v for k, v in report.items() if k not in ("tensors", "group")}
             self._digest = hash((key, repr(rep)))
         return self._digest
@@ -343,33 +372,15 @@ class WeightBridge:
 
     def plan(self):
         """Collective: the validated SendPlan (no weights move).  Raises WeightBridgeError on every rank when
-        a name or shape does not match the engines."""
-        return self._plan(None)[0]["plan"]
+        a name or shape does not match the engines.  The next sync plans afresh: this plan's engine-layout state
+        (layout_path: DirectPlan, composed writes, mapped arenas) replaced that of the verdict the steady state
+        would reuse."""
+        try:
+            return self._plan(None)[0]["plan"]
+        finally:
+            self._steady.drop()  # every rank: plan() is a collective
 
     # ---- sync ---------------------------------------------------------------------------------
-    def _open(self, targets: list[int], token=None, pending=None):
-        """Controller: begin_sync + the engines' begin_weight_update (``token`` / ``pending``: already started);
-        returns (token, error)."""
-        try:
-            if pending is None:
-                token, pending = self.engines.begin_sync(), self.engines.start_weight_update(engines=targets)
-            if isinstance(pending, BaseException):
-                raise pending
-            t0 = time.perf_counter()
-            self.engines.wait(pending, "begin_weight_update")
-            self._open_seconds += time.perf_counter() - t0
-            return token, None
-        except Exception as e:  # noqa: BLE001
-            self._close(targets)
-            return token, WeightBridgeError(f"begin_weight_update failed: {type(e).__name__}: {e}")
-
-    def _close(self, targets: list[int]) -> None:
-        """Controller: close the sessions of a sync that will not write (errors ignored: the sync already fails)."""
-        try:
-            self.engines.end_weight_update(engines=targets)
-        except Exception:  # noqa: BLE001
-            pass
-
     def _buffers(self, plan) -> BufferPool:
         fitting = [b.nbytes for s in plan.stages for b in s.buckets if b.nbytes <= self.bucket_bytes]
         need, count = max(fitting or [1]), 2 if self.overlap else 1
@@ -393,21 +404,21 @@ class WeightBridge:
         t0 = time.perf_counter()
         self.meter.reset_peak()
         times = {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
-        opening = {"inputs": self._controller_inputs(engines)} if self.topo.is_controller else None
+        opening = {} if self.topo.is_controller else None
         self._open_seconds = 0.0
         try:
             verdict, entries, skipped = self._plan(engines, opening)
+            plan, targets = verdict["plan"], verdict["targets"]
+            if verdict["groups"] is not None:  # every rank (the groups are in the broadcast verdict)
+                self.dist.setup(plan, verdict["groups"], verdict["fingerprint"])
         except BaseException:
             self._steady.drop()
-            if opening is not None and opening.get("token") is not None and opening.get("error") is None:
-                self._close(list(opening["inputs"][1]))  # opened before a plan that failed: leave none open
+            close_early(self.engines, opening)  # opened before a plan (or a group setup) that failed: leave none open
             raise
-        plan, targets = verdict["plan"], verdict["targets"]
-        if verdict["groups"] is not None:
-            self.dist.setup(plan, verdict["groups"], verdict["fingerprint"])
         token = opening.get("token") if opening is not None else None
         if not verdict["opened"]:  # planned afresh: the sessions open now, and every rank learns the outcome
-            token, go = self._open(targets) if self.topo.is_controller else (None, None)
+            token, go, waited = open_sessions(self.engines, targets) if self.topo.is_controller else (None, None, 0.0)
+            self._open_seconds += waited
             go = self.topo.broadcast_object(go)
             if isinstance(go, BaseException):
                 self._steady.drop()
@@ -434,9 +445,9 @@ class WeightBridge:
         t_finish = time.perf_counter()
         if self.topo.is_controller:
             try:
-                open_sessions = [i for i in reached if i not in times.get("ended", ())]
-                if open_sessions:
-                    self.engines.end_weight_update(engines=open_sessions)
+                still_open = [i for i in reached if i not in times.get("ended", ())]
+                if still_open:
+                    self.engines.end_weight_update(engines=still_open)
                 self.engines.end_sync(token, [] if error else reached)
             except Exception as e:  # noqa: BLE001
                 error = error or f"end_weight_update: {type(e).__name__}: {e}"
@@ -470,7 +481,8 @@ class WeightBridge:
 
     def _shared(self, entries):
         """The single-copy shared buckets of this TP group, or None (collective over the TP group, once; also
-        records in ``_one_host`` whether the group is on one host with CPU tensors, which zero copy needs)."""
+        records in ``_one_host`` whether the group is on one host with CPU tensors, which zero copy needs).
+        ``entries`` None: this rank could not list its tensors (it takes part; the group is not usable)."""
         if self._shared_state is None:
             tp_group = getattr(self.topo, "tp_group", None)
             self._shared_state = False
@@ -579,10 +591,8 @@ class WeightBridge:
             raise verdict
 
     def close(self) -> None:
-        """Drop the mappings of the engines' shared parameters, free the bucket buffers and leave the weight-update
-        groups (the engines drop theirs).  Call it before the engines shut down: a mapping of an engine's arena is
-        released through that engine's torch_shm_manager, and releasing it after the engine's process tree was
-        killed (at interpreter exit) raised "Broken pipe" in a destructor, which aborted the trainer's exit."""
+        """Drop the engines' arena mappings (before the engines shut down: one released after their torch_shm_manager
+        died raised "Broken pipe" in a destructor, aborting the exit), free the buckets, leave the update groups."""
         self.layout_path.maps.close()
         if self._pool is not None:
             self._pool.close()

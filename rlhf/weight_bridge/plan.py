@@ -16,7 +16,7 @@ from rlhf.weight_bridge.bucketing import BucketPlan, TensorMeta, dtype_from_any,
 from rlhf.weight_bridge.validate import WeightBridgeError, validate_against_expected
 
 __all__ = ["NameMap", "regex_name_map", "local_entries", "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan",
-           "build_send_plan"]
+           "build_send_plan", "refuse_report_errors"]
 
 NameMap = Callable[[Any, str, torch.Tensor], "ParamRole | None"]
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
@@ -145,6 +145,18 @@ def _check_names(names: list[str], check: str | None) -> list[str]:
     return [n for n in names if not (m := _LAYER.match(n)) or int(m.group(1)) in keep]
 
 
+def refuse_report_errors(reports: list) -> None:
+    """Controller: raise the errors the ranks reported instead of their tensors (``{"error": message}``; None
+    reports are skipped).
+
+    Raises:
+        WeightBridgeError: every reported message, joined (nothing was sent).
+    """
+    errors = [r["error"] for r in reports if r is not None and "error" in r]
+    if errors:
+        raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
+
+
 def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFModelSpec, *, bucket_bytes: int,
                     dtype: torch.dtype | None, check: str | None, allow_missing=None,
                     engine_label: str = "the rollout engines") -> SendPlan:
@@ -156,9 +168,7 @@ def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFM
             with ``expected`` (all problems listed, nothing sent).
     """
     reports = [r for r in reports if r is not None]
-    errors = [r["error"] for r in reports if "error" in r]
-    if errors:
-        raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
+    refuse_report_errors(reports)
     by_stage = {}
     for r in reports:
         if r["pp_rank"] in by_stage:

@@ -45,10 +45,11 @@ class SharedBuckets:
         self.size = 0
         self._usable: bool | None = None
 
-    def usable(self, entries: Sequence[LocalTensor]) -> bool:
-        """Collective over the TP group (once): CPU tensors and every TP rank on this host."""
+    def usable(self, entries: Sequence[LocalTensor] | None) -> bool:
+        """Collective over the TP group (once): CPU tensors and every TP rank on this host.  ``entries`` None: this
+        rank could not list its tensors; it still takes part (no peer waits) and the group is not usable."""
         if self._usable is None:
-            cpu = all(e.tensor.device.type == "cpu" for e in entries)
+            cpu = entries is not None and all(e.tensor.device.type == "cpu" for e in entries)
             hosts = [None] * self.tp_size
             dist.all_gather_object(hosts, (socket.gethostname(), cpu), group=self.tp_group)
             self._usable = len({h for h, _ in hosts}) == 1 and all(c for _, c in hosts)

@@ -14,21 +14,37 @@ full planning path, which validates everything again and refuses a mismatch befo
 ``go`` is the controller's result of opening the engines' sessions, started before the collective when its own
 inputs predict reuse (the engines' ``begin_weight_update``, with the pause of generation, runs while the ranks list
 their tensors): GO_NONE not started (the sync opens them after planning), GO_OPENED, or GO_FAILED -- then every rank
-raises the controller's message, which follows in one object broadcast; nothing was written.
+raises the controller's message, which follows in one object broadcast; nothing was written.  The controller's
+session helpers live here too: :func:`open_sessions` (also refuses a target engine replaced while its session
+opened), :func:`close_sessions`, and :func:`close_early` for a sync that fails after it started opening them.
 
-Digests use Python's ``hash`` within one process: each slot is only ever compared with the same rank's earlier value.
+Digests: each slot is only ever compared with the same rank's earlier value, in the same process.  A rank's own
+tensor key uses Python's ``hash`` (names, shapes, dtypes: hashable by construction); the digest that combines it with
+the controller's inputs (the fleet fingerprint, which need only compare with ``!=``, e.g. a tuple holding a list) is
+:func:`digest`, a blake2b of ``repr``, so an unhashable fingerprint cannot break the exchange.
 """
 from __future__ import annotations
+
+import hashlib
+import time
 
 import torch
 import torch.distributed as dist
 
 from parallel import devices
+from rlhf.weight_bridge.validate import WeightBridgeError
 
-__all__ = ["PlanCache", "GO_NONE", "GO_OPENED", "GO_FAILED", "all_gather_codes", "any_rank"]
+__all__ = ["PlanCache", "GO_NONE", "GO_OPENED", "GO_FAILED", "all_gather_codes", "any_rank", "digest",
+           "open_sessions", "close_sessions", "close_early"]
 
 #: the controller's ``go`` code: sessions not opened before the exchange, opened, or failed to open
 GO_NONE, GO_OPENED, GO_FAILED = 0, 1, 2
+
+
+def digest(obj) -> int:
+    """A signed int64 digest of ``repr(obj)`` (blake2b, 8 bytes): needs no hashable ``obj`` and does not depend on
+    PYTHONHASHSEED.  ``repr`` must show what matters (tuples, lists, str, int, torch.dtype do)."""
+    return int.from_bytes(hashlib.blake2b(repr(obj).encode(), digest_size=8).digest(), "little", signed=True)
 
 
 def all_gather_codes(codes: list[int], group, world: int) -> list[list[int]]:
@@ -85,3 +101,59 @@ class PlanCache:
     def drop(self) -> None:
         """The sync failed (every rank raises): the next one plans afresh."""
         self._agreed = self._verdict = self._pending = None
+
+
+def open_sessions(engines, targets: list[int], token=None, pending=None) -> tuple:
+    """Controller: ``engines.begin_sync()`` + every target's begin_weight_update (``token`` / ``pending``: already
+    started, ``pending`` may be the exception starting them raised); returns ``(token, error or None, seconds waited
+    for the begins)``.  On an error every target's session is closed again.  A target engine replaced while its
+    session opened (the manager's ``wait`` replaces a dead engine and returns None) is an error too: the new engine
+    has no session and, with the distributed transport, never joined the group, where the broadcast would wait for
+    it until the group's timeout; and the plan was validated against the old engine."""
+    waited = 0.0
+    try:
+        if pending is None:
+            token = engines.begin_sync()
+            pending = engines.start_weight_update(engines=targets)
+        if isinstance(pending, BaseException):
+            raise pending
+        t0 = time.perf_counter()
+        engines.wait(pending, "begin_weight_update")
+        waited = time.perf_counter() - t0
+        replaced = [i for i in engines.replaced_since(token) if i in targets] if token is not None else []
+    except Exception as e:  # noqa: BLE001
+        close_sessions(engines, targets)
+        return token, WeightBridgeError(f"begin_weight_update failed: {type(e).__name__}: {e}"), waited
+    if replaced:
+        close_sessions(engines, targets)
+        return token, WeightBridgeError(f"engine(s) {replaced} replaced while opening the weight-update sessions; "
+                                        f"nothing was sent: sync again"), waited
+    return token, None, waited
+
+
+def close_sessions(engines, targets: list[int]) -> None:
+    """Controller: close the sessions of a sync that will not write (errors ignored: the sync already fails).
+
+    Also right after a begin_weight_update that failed on one engine (``wait`` raised there and did not collect the
+    others): each engine actor runs one call at a time, in the order this caller submitted them (Ray actors with
+    ``max_concurrency=1``, rlhf/rollout/placement.py), so every engine runs this end after its begin.  A threaded or
+    async engine actor would break that (the end first, the session left open and generation paused)."""
+    try:
+        engines.end_weight_update(engines=targets)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def close_early(engines, opening: dict | None) -> None:
+    """Controller, a sync that fails after it started opening the sessions before the exchange (``opening`` as
+    WeightBridge._plan fills it): wait for the begins (errors ignored), then close the sessions; nothing when none
+    was started or :func:`open_sessions` already reported an error (it closed them)."""
+    if not opening or "pending" not in opening or opening.get("error") is not None:
+        return
+    pending = opening["pending"]
+    if not isinstance(pending, BaseException):
+        try:
+            engines.wait(pending, "begin_weight_update")
+        except Exception:  # noqa: BLE001 - the sync already fails; closing is what matters
+            pass
+    close_sessions(engines, list(opening["inputs"][1]))

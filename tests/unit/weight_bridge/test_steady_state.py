@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import rlhf.weight_bridge.bridge as bridge_module
 from rlhf.weight_bridge import WeightBridge, WeightBridgeError
 from rlhf.weight_bridge.steady import GO_NONE, GO_OPENED, PlanCache
-from tests.support.fakes import FakeEngines, SimulatedTPTopology, expected_weights_from_spec
+from tests.support.fakes import FakeEngine, FakeEngines, SimulatedTPTopology, expected_weights_from_spec
 from tests.unit.weight_bridge.test_weight_bridge_layout import make_spec, random_hf_state, simulated_trainer
 
 
@@ -115,3 +116,166 @@ def test_close_drops_the_mappings_of_the_engines_shared_parameters():
     assert ref() is not None
     bridge.close()
     assert ref() is None and bridge.layout_path.maps._maps == []
+
+
+def _received_all(engines, hf):
+    return all(torch.equal(engines.engines[0].received[n], t) for n, t in hf.items())
+
+
+@pytest.mark.parametrize("case", ["bad target list", "fingerprint raises"])
+def test_controller_error_before_the_exchange_reaches_every_rank(case):
+    """The controller's own inputs (targets, fingerprint) fail before the code exchange: it still takes part (ok=0)
+    and every rank raises WeightBridgeError after the exchange, instead of the controller leaving the others in it."""
+    bridge, engines, topo, hf, _ = _bridge()
+    bridge.sync()
+    bridge.sync()  # steady: the controller predicts reuse
+    topo.object_collectives = topo.code_collectives = 0
+    engines.log.clear()
+    if case == "bad target list":
+        with pytest.raises(WeightBridgeError, match="rank 0: TypeError"):
+            bridge.sync(engines=[0, "x"])
+    else:
+        healthy = engines.fingerprint
+        engines.fingerprint = lambda: (_ for _ in ()).throw(RuntimeError("fleet state lost"))
+        with pytest.raises(WeightBridgeError, match="rank 0: RuntimeError: fleet state lost"):
+            bridge.sync()
+        engines.fingerprint = healthy
+    # one code exchange, then the fresh path's reports + verdict broadcast carry the error to every rank
+    assert topo.code_collectives == 1 and topo.object_collectives == 2
+    assert engines.log == [] and not engines.engines[0].in_session  # no session opened, nothing sent
+    stats = bridge.sync()
+    assert stats.engines == [0] and _received_all(engines, hf)
+
+
+def test_unhashable_fleet_fingerprint_still_reaches_the_steady_state():
+    """The fingerprint only has to compare with ``!=`` (a tuple holding a list): the digest is not Python's hash."""
+    bridge, engines, topo, hf, _ = _bridge()
+    engines.fingerprint = lambda: ("model", [list(engines.restarts)])
+    assert bridge.sync().replanned
+    topo.object_collectives = 0
+    stats = bridge.sync()
+    assert not stats.replanned and topo.object_collectives == 0 and _received_all(engines, hf)
+    engines.restarts[0] += 1  # a restart still changes the digest: planned afresh
+    bridge.sync()
+    assert topo.object_collectives > 0
+
+
+def test_plan_between_syncs_makes_the_next_sync_plan_afresh():
+    """plan() replaces the engine-layout state (DirectPlan, composed writes) the reused verdict relies on."""
+    bridge, engines, topo, hf, _ = _bridge()
+    bridge.sync()
+    bridge.plan()
+    topo.object_collectives = 0
+    stats = bridge.sync()
+    assert topo.object_collectives > 0, "the sync after plan() reused the verdict of before it"
+    assert stats.engines == [0] and _received_all(engines, hf)
+    topo.object_collectives = 0
+    bridge.sync()  # and then the steady state again
+    assert topo.object_collectives == 0
+
+
+def test_failure_between_the_plan_and_the_delivery_closes_the_sessions_opened_early(monkeypatch):
+    """A failure after _plan (the distributed groups' setup) leaves no session open and drops the cached verdict."""
+    bridge, engines, topo, hf, _ = _bridge()
+    bridge.sync()
+    real_plan = bridge._plan
+
+    def plan_with_groups(*args, **kwargs):
+        verdict, entries, skipped = real_plan(*args, **kwargs)
+        return dict(verdict, groups={}), entries, skipped  # as a fresh plan with group changes would
+
+    def setup_fails(plan, groups, fingerprint):
+        raise WeightBridgeError("engine 0 did not join the weight-update group")
+
+    monkeypatch.setattr(bridge, "_plan", plan_with_groups)
+    monkeypatch.setattr(bridge.dist, "setup", setup_fails)
+    with pytest.raises(WeightBridgeError, match="did not join"):
+        bridge.sync()  # steady: the controller opened the sessions before the exchange
+    assert not engines.engines[0].in_session, "a session opened early stayed open"
+    monkeypatch.undo()
+    topo.object_collectives = 0
+    bridge.sync()
+    assert topo.object_collectives > 0 and _received_all(engines, hf)
+
+
+@pytest.mark.parametrize("token", ["restarts", "none"])
+def test_interrupt_while_the_early_sessions_open_closes_them(monkeypatch, token):
+    """A BaseException between start_weight_update and the wait for it (here: while this rank lists its tensors)
+    still closes the sessions, also for a fleet whose begin_sync returns None."""
+    bridge, engines, topo, hf, _ = _bridge()
+    bridge.sync()
+    if token == "none":
+        monkeypatch.setattr(engines, "begin_sync", lambda: None)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bridge_module, "sync_entries", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bridge.sync()
+    assert engines.log.count("begin_weight_update") == 2 and not engines.engines[0].in_session
+
+
+@pytest.mark.parametrize("when", ["fresh", "steady"])
+def test_engine_replaced_while_its_session_opens_fails_the_sync_before_sending(monkeypatch, when):
+    """The manager's wait replaces a dead engine and returns None: the new engine has no session (and would never join
+    a distributed group), so the sync stops with nothing sent and the next one plans for the new engine."""
+    bridge, engines, topo, hf, _ = _bridge()
+    if when == "steady":
+        bridge.sync()
+    real_start = engines.start_weight_update
+
+    def start_then_die(engines=None):
+        pending = real_start(engines=engines)
+        fleet = bridge.engines
+        fleet.engines[0] = FakeEngine(fleet.expected, fleet.tp_size)  # the manager's replacement: fresh, stale
+        fleet.restarts[0] += 1
+        fleet.stale.add(0)
+        return pending
+
+    monkeypatch.setattr(engines, "start_weight_update", start_then_die)
+    engines.log.clear()
+    with pytest.raises(WeightBridgeError, match=r"engine\(s\) \[0\] replaced while opening.*sync again"):
+        bridge.sync()
+    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
+    monkeypatch.undo()
+    topo.object_collectives = 0
+    stats = bridge.sync()
+    assert topo.object_collectives > 0 and stats.engines == [0]
+    assert _received_all(engines, hf) and engines.stale_engines() == []
+
+
+def test_rank_that_cannot_list_its_tensors_still_joins_the_tp_groups_one_time_decision(monkeypatch):
+    """The shared-bucket decision is a TP-group collective: a rank whose listing raised takes part (as not usable), and
+    the group decides again at the next sync instead of keeping a decision one failure made."""
+    bridge, engines, topo, hf, _ = _bridge()
+    topo.tp_group, topo.tp_src = "tp group", 0  # the decision runs (recorded below instead of a collective)
+    joined = []
+
+    class RecordingSharedBuckets:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def usable(self, entries):
+            joined.append(None if entries is None else len(entries))
+            return False
+
+        def close(self):
+            pass
+
+    real_entries = bridge_module.sync_entries
+
+    def listing_fails(*args, **kwargs):
+        raise RuntimeError("chunk 0 is offloaded")
+
+    monkeypatch.setattr(bridge_module, "SharedBuckets", RecordingSharedBuckets)
+    monkeypatch.setattr(bridge_module, "sync_entries", listing_fails)
+    with pytest.raises(WeightBridgeError, match="rank 0: RuntimeError: chunk 0 is offloaded"):
+        bridge.sync()
+    assert joined == [None], "the failing rank skipped the TP group's collective"
+    monkeypatch.setattr(bridge_module, "sync_entries", real_entries)
+    stats = bridge.sync()
+    assert len(joined) == 2 and joined[1] > 0  # decided again, with this rank's tensors
+    assert stats.engines == [0] and _received_all(engines, hf)
+    bridge.sync()
+    assert len(joined) == 2  # once decided on a good sync, never again
