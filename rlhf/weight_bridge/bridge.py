@@ -580,9 +580,7 @@ class WeightBridge:
     def _check(self, plan, outcome, stats: SyncStats) -> None:
         verdict = None
         if self.topo.is_controller:
-            sent = {}
-            for _, smp in outcome:
-                sent.update(smp or {})
+            sent = {k: v for _, smp in outcome for k, v in (smp or {}).items()}
             stats.check = verify(self.engines, plan.check_names, sent, self.check_rows)
             if stats.check.mismatched:
                 verdict = WeightBridgeError(f"engine weights differ from what was sent: {stats.check.mismatched[:10]}")
