@@ -2,7 +2,6 @@
 against SGLang's own per-request loop (sglang 0.5.23 TorchNativeAttnBackend), on random KV pools whose unused slots
 hold NaN: equal outputs for decode and extend (with cached prefixes), GQA and MLA-like head sizes; the cases the
 batched path does not take (sliding window, no causal mask) still go through SGLang's loop."""
-import importlib.util
 import os
 import types
 
@@ -10,20 +9,13 @@ import pytest
 import torch
 
 from rlhf.rollout import sglang_cpu
+from tests.support.cpu_standin import load_standin_module
 
 backend = pytest.importorskip("sglang.srt.layers.attention.torch_native_backend")
 SGLang = backend.TorchNativeAttnBackend
 
 
-def _load():
-    path = os.path.join(sglang_cpu.STANDIN_DIR, "sgl_kernel", "_batched_attention.py")
-    spec = importlib.util.spec_from_file_location("rlhf_test_batched_attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-batched = _load()
+batched = load_standin_module("_batched_attention")
 
 
 def _pool(lens, hkv, d, dv, pool=160, seed=0):

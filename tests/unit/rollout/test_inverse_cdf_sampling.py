@@ -2,24 +2,14 @@
 the token frequencies match the probabilities (against the exact values, with a bound derived from the binomial
 standard deviation), zero-probability tokens are never drawn, unnormalised rows work, and a request with a
 per-request seed keeps SGLang's own seeded sampler."""
-import importlib.util
-import os
 import types
 
 import torch
 
-from rlhf.rollout import sglang_cpu
+from tests.support.cpu_standin import load_standin_module
 
 
-def _load():
-    path = os.path.join(sglang_cpu.STANDIN_DIR, "sgl_kernel", "_inverse_cdf_sampling.py")
-    spec = importlib.util.spec_from_file_location("rlhf_test_inverse_cdf", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-icdf = _load()
+icdf = load_standin_module("_inverse_cdf_sampling")
 
 
 def test_frequencies_match_the_probabilities():
