@@ -68,6 +68,9 @@ def test_invalid_manager_arguments(ray_local, tiny_model):
         RolloutManager(1, dict(model_path=os.path.dirname(path)), start=False)
 
 
+N_PROMPTS = 96  # prompts of the killed-engine rollouts
+
+
 def kill_during(manager, engine, run):
     """Run ``run()`` in a thread and SIGKILL ``engine``'s actor while it runs; returns run's result or error."""
     pid = manager.engine_pids()[engine]
@@ -123,7 +126,9 @@ def test_killed_engines_are_stale_until_resynced_with_every_tensor(manager, tiny
     new = {k: v + 0.05 * torch.randn(v.shape, generator=g)
            for k, v in load_file(os.path.join(path, "model.safetensors")).items()}
     assert push_weights(manager, sorted(new.items()), bucket_bytes=20000) > 3  # a multi-bucket sync
-    texts = [f"Tom has {i} apples and buys {i + 3} more. How many apples does Tom have?" for i in range(24)]
+    # enough requests that the rollout is still running when the kill comes 1.5 s in (with the CPU engine's
+    # batched attention 24 prompts x 2 finished before it)
+    texts = [f"Tom has {i} apples and buys {i + 3} more. How many apples does Tom have?" for i in range(N_PROMPTS)]
     prompts = [tok(t).input_ids for t in texts]
     cfg = SamplingConfig(n=2, temperature=0.0, max_new_tokens=256, stop_token_ids=stop)
 
@@ -132,9 +137,9 @@ def test_killed_engines_are_stale_until_resynced_with_every_tensor(manager, tiny
     assert "err" not in box, box.get("err")
     assert manager.restarts == [0, 1] and manager.stale_engines() == [1]
     samples = box["out"]
-    assert [(s.prompt_index, s.sample_index) for s in samples] == [(i, j) for i in range(24) for j in range(2)]
+    assert [(s.prompt_index, s.sample_index) for s in samples] == [(i, j) for i in range(N_PROMPTS) for j in range(2)]
     assert all(s.weight_version == 1 for s in samples)  # every sample came from an engine with the pushed weights
-    for i in (0, 12, 23):
+    for i in (0, N_PROMPTS // 2, N_PROMPTS - 1):
         assert [s.response_ids for s in samples if s.prompt_index == i] == [hf_greedy(path, new, prompts[i], 256,
                                                                                      stop)] * 2, f"prompt {i}"
 
@@ -143,7 +148,7 @@ def test_killed_engines_are_stale_until_resynced_with_every_tensor(manager, tiny
     err = box.get("err")
     assert isinstance(err, StaleEnginesError), box
     assert err.engines == [0, 1] and err.unfinished and manager.restarts == [1, 1]
-    assert sorted(err.unfinished + sorted({s.prompt_index for s in err.samples})) == list(range(24))
+    assert sorted(err.unfinished + sorted({s.prompt_index for s in err.samples})) == list(range(N_PROMPTS))
 
     # 3. the trainer re-syncs (multi-bucket): the restarted engines hold exactly the latest weights
     push_weights(manager, sorted(new.items()), bucket_bytes=20000)
