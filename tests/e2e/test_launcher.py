@@ -136,8 +136,10 @@ def run_nodes(plans, env=None, timeout=180):
 
 
 def probes(out):
-    """The stand-in's "PROBE K=V ..." lines as dicts."""
-    return [dict(kv.split("=", 1) for kv in line.split()[1:]) for line in out.splitlines() if line.startswith("PROBE ")]
+    """The stand-in's "PROBE K=V ..." records as dicts (a record starts at each "PROBE ", even mid-line: the ranks
+    write to one stream)."""
+    return [dict(kv.split("=", 1) for kv in line.split()[1:])
+            for line in out.replace("PROBE ", "\nPROBE ").splitlines() if line.startswith("PROBE ")]
 
 
 @pytest.mark.slow
