@@ -23,6 +23,8 @@ SGLang's loop.  GPU engines never import this stand-in.
 """
 from __future__ import annotations
 
+import torch
+
 TARGET = "sglang.srt.layers.attention.torch_native_backend"
 
 
@@ -40,8 +42,6 @@ def batched_decode(query, output, k_cache, v_cache, req_to_token, req_pool_indic
     Returns:
         ``output``.
     """
-    import torch
-
     lens = seq_lens.to(torch.long)
     key, value, valid = _gather_kv(k_cache, v_cache, req_to_token, req_pool_indices, lens, int(lens.max()))
     if not (query.dtype == key.dtype == value.dtype):
@@ -55,8 +55,6 @@ def batched_decode(query, output, k_cache, v_cache, req_to_token, req_pool_indic
 def _gather_kv(k_cache, v_cache, req_to_token, req_pool_indices, lens, max_len):
     """Keys / values [B, H, max_len, D] of each request's first ``lens`` cached tokens (padding slots repeat the
     request's first token) and the [B, max_len] mask of the real ones."""
-    import torch
-
     rows = req_to_token[req_pool_indices.to(torch.long), :max_len].to(torch.long)  # [B, L]
     valid = torch.arange(max_len, device=rows.device).unsqueeze(0) < lens.unsqueeze(1)  # [B, L]
     rows = torch.where(valid, rows, rows[:, :1])
@@ -76,8 +74,6 @@ def batched_extend(query, output, k_cache, v_cache, req_to_token, req_pool_indic
     Returns:
         ``output``.
     """
-    import torch
-
     lens = seq_lens.to(torch.long)
     prefix = extend_prefix_lens.to(torch.long)
     new = extend_seq_lens.to(torch.long)
@@ -98,6 +94,12 @@ def batched_extend(query, output, k_cache, v_cache, req_to_token, req_pool_indic
     return output
 
 
+def _plain(encoder_lens, is_cross_attn, sliding_window_size, seq_lens) -> bool:
+    """Self-attention without encoder or sliding window over a non-empty batch: the case batched here."""
+    return (encoder_lens is None and not is_cross_attn and (sliding_window_size is None or sliding_window_size <= -1)
+            and seq_lens.numel() > 0)
+
+
 def patch(module) -> None:
     """Route the plain case of ``module.TorchNativeAttnBackend._run_sdpa_forward_decode`` / ``_extend`` to
     :func:`batched_decode` / :func:`batched_extend`; idempotent."""
@@ -109,8 +111,7 @@ def patch(module) -> None:
     def _run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                                  encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
                                  is_cross_attn=False, sliding_window_size=None):
-        plain = (encoder_lens is None and not is_cross_attn and not causal
-                 and (sliding_window_size is None or sliding_window_size <= -1) and seq_lens.numel() > 0)
+        plain = not causal and _plain(encoder_lens, is_cross_attn, sliding_window_size, seq_lens)
         if not plain:
             return original(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                             encoder_lens, scaling=scaling, enable_gqa=enable_gqa, causal=causal,
@@ -125,8 +126,7 @@ def patch(module) -> None:
     def _run_sdpa_forward_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                                  extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None,
                                  enable_gqa=False, causal=False, is_cross_attn=False, sliding_window_size=None):
-        plain = (encoder_lens is None and not is_cross_attn and causal
-                 and (sliding_window_size is None or sliding_window_size <= -1) and seq_lens.numel() > 0)
+        plain = causal and _plain(encoder_lens, is_cross_attn, sliding_window_size, seq_lens)
         if not plain:
             return original_extend(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
                                    seq_lens, extend_prefix_lens, extend_seq_lens, encoder_lens, scaling=scaling,

@@ -14,6 +14,8 @@ Requests with a per-request ``sampling_seed`` keep SGLang's seeded path.  GPU en
 """
 from __future__ import annotations
 
+import torch
+
 TARGET = "sglang.srt.layers.sampler"
 
 
@@ -23,8 +25,6 @@ def inverse_cdf_sample(probs):
     Returns [B] int32 (SGLang's token id dtype).  Source: inverse transform sampling, e.g. Devroye,
     "Non-Uniform Random Variate Generation" (1986), II.2.
     """
-    import torch
-
     cdf = probs.cumsum(-1, dtype=torch.float64)
     total = cdf[:, -1:]
     v = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total
