@@ -395,3 +395,30 @@ def test_wrong_shape_update_sent_directly_is_contained(engine, tiny_model):
     assert engine.stale_engines() == []
     out = engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=8))
     assert out[0].response_ids == hf_greedy(hf_model(path), prompts[0], 8, stop_token_ids_for(path))
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
+def test_paused_scheduler_waits_instead_of_spinning(engine, tiny_model):
+    """While a zero-copy weight update holds generation paused (the trainer ranks write into the engine's shared
+    parameters then), the CPU scheduler waits on its sockets: SGLang's paused loop spins a whole core otherwise
+    (1.0 core measured; rlhf/rollout/sglang_cpu/standin/sgl_kernel/_paused_sleep.py).  Generation continues after
+    the commit, greedy equal to HF.  Last in the module: the engine's parameters stay shared."""
+    import psutil
+
+    path, _, prompts = tiny_model
+    push_weights(engine, sorted(load_state(path).items()))
+    [layout] = engine.weight_layout()
+    [shared] = engine.share_parameters()
+    assert "error" not in layout and "error" not in shared, (layout, shared)
+    [scheduler] = psutil.Process(engine.engine_pids()[0]).children(recursive=True)
+    engine.begin_weight_update()  # shared parameters: generation paused in place first
+    try:
+        before = sum(scheduler.cpu_times()[:2])
+        time.sleep(1.0)
+        busy = sum(scheduler.cpu_times()[:2]) - before
+    finally:
+        engine.wait(engine.commit_shared_writes(layout["fingerprint"], flush_cache=True, end_session=True))
+    assert busy < 0.3, f"the paused scheduler used {busy:.2f} s of CPU in 1 s"
+    out = engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=8))
+    assert out[0].response_ids == hf_greedy(hf_model(path), prompts[0], 8, stop_token_ids_for(path))
