@@ -19,6 +19,13 @@ Environment of the engine process (:func:`cpu_engine_env`):
   (``standin/sgl_kernel/_inverse_cdf_sampling.py`` draws one uniform per request, same distribution).  A
   grpo_tiny_cpu round went from 0.29 to 0.16 s and a 40M-Llama round (32k vocabulary, 64 x 64 tokens) from
   15.0 to 6.7 s (benchmarks/engine_ab.py, old and new stand-in side by side, load ~10).
+* the same stand-in makes a paused scheduler wait on its sockets: SGLang's paused loop busy-polls a whole core,
+  and the zero-copy weight sync pauses generation exactly while the trainer ranks write
+  (``standin/sgl_kernel/_paused_sleep.py``).
+* ``standin/flashinfer`` -- an import of flashinfer (CUDA kernels, pulling in cutlass) raises ImportError in the
+  engine's processes: SGLang imports it, guarded, from modules every engine loads, nothing on the CPU path calls it,
+  and it held ~86 MiB of the engine pair's memory (PSS of the actor and its scheduler, quickstart model: 1,089 ->
+  1,002 MiB).
 * ``RLHF_SGLANG_CPU_NOOP_CUDA_SYNC=1`` -- read by the stand-in: ``release_memory_occupation`` /
   ``resume_memory_occupation`` call ``torch.cuda.synchronize`` which raises without a driver; the
   stand-in replaces it with a no-op inside SGLang's processes.
@@ -66,7 +73,7 @@ from typing import Dict, Optional
 __all__ = ["STANDIN_DIR", "use_cpu_engine", "cpu_engine_env", "cpu_engine_kwargs", "omp_threads_bind",
            "engine_threads", "forked_subprocesses"]
 
-#: Directory holding the ``sgl_kernel`` stand-in package (put first on the engine's PYTHONPATH).
+#: Directory holding the ``sgl_kernel`` and ``flashinfer`` stand-in packages (put first on the engine's PYTHONPATH).
 STANDIN_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin")
 
 #: A path that must not exist: SGLang tries to dlopen it as libnccl and falls back when it is missing.

@@ -96,7 +96,8 @@ def test_patch_routes_only_the_plain_case():
 
 def test_engine_processes_get_the_patches():
     """A process with the CPU engine's environment (the stand-in first on PYTHONPATH) that imports SGLang's
-    backend and sampler -- before or after the stand-in, as SGLang's processes may -- runs the patched code."""
+    backend, sampler and scheduler -- before or after the stand-in, as SGLang's processes may -- runs the patched
+    code, and SGLang's engine imports without flashinfer (nor the cutlass it pulls in)."""
     import subprocess
     import sys
 
@@ -106,7 +107,11 @@ def test_engine_processes_get_the_patches():
              "assert getattr(b.TorchNativeAttnBackend._run_sdpa_forward_extend, '__name__') == "
              "'_run_sdpa_forward_extend' and 'batched_extend' in b.TorchNativeAttnBackend."
              "_run_sdpa_forward_extend.__code__.co_names; "
-             "assert s.sampling_from_probs_torch._rlhf_inverse_cdf; print('patched')")
+             "assert s.sampling_from_probs_torch._rlhf_inverse_cdf; "
+             "import sglang.srt.managers.scheduler as m; "
+             "assert m.Scheduler._record_scheduler_state_for_paused_engine._rlhf_paused_sleep; "
+             "import sys, sglang.srt.entrypoints.engine; "
+             "assert not [n for n in sys.modules if n.split('.')[0] in ('flashinfer', 'cutlass')]; print('patched')")
     for first in ("import sgl_kernel; ", "import sglang.srt.layers.sampler; import sgl_kernel; "):
         out = subprocess.run([sys.executable, "-c", first + check], env=env, capture_output=True, text=True,
                              timeout=300)
