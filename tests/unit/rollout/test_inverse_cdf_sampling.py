@@ -51,3 +51,32 @@ def test_patch_keeps_the_seeded_path():
     seed = torch.tensor([7])
     assert module.sampling_from_probs_torch(probs, sampling_seed=seed, positions=torch.tensor([0])).tolist() == [0]
     assert calls == [seed]
+
+
+def test_two_level_search_picks_the_one_level_token():
+    """Large vocabularies search blocks, then tokens: for the same uniforms the same tokens as one float64 cumulative
+    sum over the row (shapes with and without a shorter last block)."""
+    torch.manual_seed(2)
+    for v_size in (4 * icdf.BLOCK, 5000, 32000):
+        probs = torch.softmax(torch.randn(512, v_size) * 3, -1)
+        u = torch.rand(512, 1, dtype=torch.float64)
+        same = (icdf.search_two_level(probs, u) == icdf.search(probs, u)).double().mean().item()
+        assert same >= 0.99, (v_size, same)
+    assert icdf.inverse_cdf_sample(torch.softmax(torch.randn(3, 32000), -1)).shape == (3,)
+
+
+def test_two_level_frequencies_at_block_edges_and_empty_blocks():
+    """Mass on both sides of block edges, in the short last block, whole blocks of zeros between: frequencies
+    within 5 binomial standard deviations, zero-probability tokens (and empty blocks) never drawn."""
+    torch.manual_seed(3)
+    v_size, block = 5000, icdf.BLOCK
+    p = torch.zeros(v_size)
+    where = [0, block - 1, block, 2 * block - 1, 4 * block + 3, v_size - 1]
+    p[where] = torch.tensor([0.3, 0.1, 0.15, 0.05, 0.25, 0.15])
+    draws = 100_000
+    tokens = icdf.search_two_level(p.expand(draws, -1).contiguous(),
+                                   torch.rand(draws, 1, dtype=torch.float64)).long()
+    freq = torch.bincount(tokens, minlength=v_size).double() / draws
+    sd = (p.double() * (1 - p.double()) / draws).sqrt()
+    assert (freq - p.double()).abs().le(5 * sd + 1e-12).all()
+    assert freq[p == 0].sum() == 0
