@@ -43,10 +43,20 @@ class _AllReduceSum(torch.autograd.Function):
         return grad, None
 
 
+#: Without autograd, log-probs are computed on slices of the leading dim holding at most this many logits (128 MiB
+#: of float32), so the temporaries (the shifted logits and their exp, 2-4 copies of the logits) cover one slice, not
+#: the whole micro batch: old/reference log-probs of 64 sequences x 100 tokens x a 32k vocabulary held 3 x 820 MB.
+#: Row-wise math: the values are the same as in one piece; every TP rank slices the same shape (same collectives).
+NO_GRAD_CHUNK_ELEMENTS = 1 << 25
+
+
 def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, *, vocab_size: int,
                              vocab_start: int = 0, temperature: float = 1.0, tp_group=None,
                              calculate_entropy: bool = False):
     """log p(labels) and optionally the entropy of softmax(logits / temperature).
+
+    Without autograd (``torch.is_grad_enabled()`` False) and above :data:`NO_GRAD_CHUNK_ELEMENTS` logits, in slices
+    of the leading dim (same values, bounded temporaries).
 
     Args:
         logits: [..., V_local] float logits of this rank's vocab slice, which starts at global id
@@ -65,6 +75,20 @@ def vocab_parallel_log_probs(logits: torch.Tensor, labels: torch.Tensor, *, voca
                          f"for log-probs)")
     if logits.shape[:-1] != labels.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on leading dims")
+    kw = dict(vocab_size=vocab_size, vocab_start=vocab_start, temperature=temperature, tp_group=tp_group,
+              calculate_entropy=calculate_entropy)
+    if not torch.is_grad_enabled() and logits.dim() > 1 and logits.numel() > NO_GRAD_CHUNK_ELEMENTS:
+        rows = max(1, NO_GRAD_CHUNK_ELEMENTS * logits.shape[0] // logits.numel())
+        if rows < logits.shape[0]:
+            parts = [_log_probs(logits[i:i + rows], labels[i:i + rows], **kw)
+                     for i in range(0, logits.shape[0], rows)]
+            return (torch.cat([p[0] for p in parts]),
+                    torch.cat([p[1] for p in parts]) if calculate_entropy else None)
+    return _log_probs(logits, labels, **kw)
+
+
+def _log_probs(logits, labels, *, vocab_size, vocab_start, temperature, tp_group, calculate_entropy):
+    """:func:`vocab_parallel_log_probs` on one piece (arguments checked)."""
     v_local = logits.shape[-1]
     z = logits.float()
     if temperature != 1.0:

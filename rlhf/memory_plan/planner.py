@@ -242,7 +242,7 @@ def _forward_peak(inp: PlanInput, role: Role, stage: int) -> float:
     if stage != inp.layout.pp - 1 or role.value_head:
         return layer
     logits = logits_bytes(inp.model, _seq(inp) * micro, inp.layout.tp, act_bytes=inp.params_bytes, entropy=False,
-                          temperature=inp.workload.temperature, divisible_by=inp.divisible_by)
+                          temperature=inp.workload.temperature, divisible_by=inp.divisible_by, no_grad_seq=_seq(inp))
     return max(layer, logits)
 
 

@@ -244,20 +244,29 @@ def layer_activations(m: ModelShape, seq: int, micro_batch: int, tp: int, *, seq
 
 
 def logits_bytes(m: ModelShape, tokens: int, tp: int, *, act_bytes: int, entropy: bool, temperature: float = 1.0,
-                 divisible_by: int = 128) -> float:
+                 divisible_by: int = 128, no_grad_seq: int | None = None) -> float:
     """Peak of the LM head output and `parallel.logprobs.vocab_parallel_log_probs` for `tokens` tokens.
 
     Per element of the [tokens, V_pad / tp] vocab-parallel logits: the logits (act_bytes), their fp32
     copy (bf16 only), the max-shifted logits and their exp (4 + 4), the padded-vocab mask fill (4, when
     V_pad > V), the temperature division of fp32 logits (4), and with entropy the zero-filled shifted
-    logits and their product with exp (4 + 4).  The same with and without autograd.
+    logits and their product with exp (4 + 4).  With autograd, on every element.  Without (`no_grad_seq`: the
+    sequence length, given for a no-grad forward), everything but the logits on one slice of whole sequences of at
+    most `parallel.logprobs.NO_GRAD_CHUNK_ELEMENTS` logits (one sequence when a sequence alone is more).
     """
+    from parallel.logprobs import NO_GRAD_CHUNK_ELEMENTS
+
     vocab = padded_vocab(m.vocab_size, divisible_by, tp)
     per = act_bytes + (4 if act_bytes != 4 else 0) + 8
     per += 4 if vocab != m.vocab_size else 0
     per += 4 if (temperature != 1.0 and act_bytes == 4) else 0
     per += 8 if entropy else 0
-    return tokens * vocab / tp * per
+    elements = tokens * vocab / tp
+    if no_grad_seq is None:
+        return elements * per
+    row = no_grad_seq * vocab / tp
+    piece = min(elements, max(row, NO_GRAD_CHUNK_ELEMENTS // row * row))
+    return elements * act_bytes + piece * (per - act_bytes)
 
 
 def in_flight_micro_batches(pp: int, stage: int, num_micro: int, vpp: int | None = None) -> float:

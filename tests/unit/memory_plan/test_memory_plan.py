@@ -78,6 +78,14 @@ def test_logits_bytes_by_hand():
     assert logits_bytes(SMALL, 64, 2, act_bytes=2, entropy=True) == 64 * 512 * 26
     even = ModelShape(**{**SMALL.__dict__, "vocab_size": 1024})
     assert logits_bytes(even, 64, 2, act_bytes=4, entropy=False, temperature=0.7) == 64 * 512 * (4 + 8 + 4)
+    # no grad (parallel.logprobs slices the batch): the logits whole, the temporaries on one slice of whole sequences
+    # of at most 2**25 logits: 64 sequences x 100 tokens x 32000 (fp32, TP1) -> slices of 10 sequences
+    v32k = ModelShape(**{**SMALL.__dict__, "vocab_size": 32000})
+    row = 100 * 32000
+    assert logits_bytes(v32k, 6400, 1, act_bytes=4, entropy=False, no_grad_seq=100) == 6400 * 32000 * 4 + 10 * row * 8
+    assert logits_bytes(v32k, 6400, 1, act_bytes=4, entropy=False) == 6400 * 32000 * 12
+    # small logits: one piece, the same as with autograd
+    assert logits_bytes(SMALL, 64, 2, act_bytes=2, entropy=False, no_grad_seq=16) == 64 * 512 * 18
 
 
 def test_pipeline_helpers():
@@ -212,10 +220,11 @@ def test_ppo_7b_numbers(recipe_cfgs):
 
 @pytest.mark.parametrize("recipe", RECIPES[:3])
 def test_rl_recipes_oom_without_memory_saver_or_empty_cache(recipe_cfgs, recipe):
-    """Today's engine (no memory saver) keeps its share while the trainer computes: log-probs OOM; and
-    without empty_cache the trainer's cached blocks stay while generating."""
+    """Today's engine (no memory saver) keeps its share while the trainer computes: the actor update OOMs (the
+    log-probs, computed without autograd in slices of the batch, no longer do); and without empty_cache the
+    trainer's cached blocks stay while generating."""
     no_saver = plan_from_config(recipe_cfgs[recipe], QWEN2_7B, world_size=8, engine_memory_saver=False)
-    assert no_saver.phase("actor log-probs").peak > 80 * GiB and not no_saver.fits
+    assert no_saver.phase("actor fwd/bwd").peak > 80 * GiB and not no_saver.fits
     cached = plan_from_config(recipe_cfgs[recipe], QWEN2_7B, world_size=8, trainer_empty_cache=False)
     assert not cached.fits and "empty_cache" in cached.phase("generate").knob
 

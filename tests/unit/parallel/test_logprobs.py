@@ -36,3 +36,27 @@ def test_bad_temperature_and_shapes():
         vocab_parallel_log_probs(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), vocab_size=4, temperature=0)
     with pytest.raises(ValueError, match="disagree"):
         vocab_parallel_log_probs(torch.zeros(2, 4), torch.zeros(3, dtype=torch.long), vocab_size=4)
+
+
+def test_no_grad_slices_give_the_same_values(monkeypatch):
+    """Without autograd, large logits are processed in slices of the leading dim (bounded temporaries): the same
+    log-probs and entropies, bitwise, as in one piece (with autograd, one piece), with a padded vocab and a
+    temperature, and a leading dim that the slice size does not divide."""
+    import parallel.logprobs as lp_mod
+
+    torch.manual_seed(1)
+    vocab, padded = 37, 64
+    logits = torch.randn(7, 5, padded)
+    labels = torch.randint(0, vocab, (7, 5))
+    with torch.no_grad():
+        whole = vocab_parallel_log_probs(logits, labels, vocab_size=vocab, temperature=0.7, calculate_entropy=True)
+        monkeypatch.setattr(lp_mod, "NO_GRAD_CHUNK_ELEMENTS", 2 * 5 * padded)  # slices of 2 rows: 4 slices
+        calls = []
+        real = lp_mod._log_probs
+        monkeypatch.setattr(lp_mod, "_log_probs", lambda lg, lb, **kw: calls.append(lg.shape[0]) or real(lg, lb, **kw))
+        sliced = vocab_parallel_log_probs(logits, labels, vocab_size=vocab, temperature=0.7, calculate_entropy=True)
+    assert calls == [2, 2, 2, 1]
+    assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
+    calls.clear()
+    lp, _ = vocab_parallel_log_probs(logits.requires_grad_(), labels, vocab_size=vocab)
+    assert calls == [7] and lp.requires_grad
