@@ -8,8 +8,9 @@ vocabulary entry -- B x V random numbers from torch's single-threaded CPU genera
 
 The replacement draws ONE uniform per row and picks the token whose cumulative probability interval holds it:
 ``cdf = cumsum(probs)`` (float64), ``v = u * cdf[-1]`` kept strictly below the total, ``token = first index with
-cdf > v`` (``searchsorted(right=True)``); at a large vocabulary in two levels (blocks, then tokens in the block).  P(token = i) = probs[i] / sum(probs), the same distribution as
-SGLang's; a token of probability 0 is never chosen (its interval is empty).  Only the random stream differs.
+cdf > v`` (``searchsorted(right=True)``); at a large vocabulary in two levels (blocks, then tokens in the block).
+P(token = i) = probs[i] / sum(probs), the same distribution as SGLang's; a token of probability 0 is never chosen
+(its interval is empty).  Only the random stream differs.
 Requests with a per-request ``sampling_seed`` keep SGLang's seeded path.  GPU engines never import this stand-in.
 """
 from __future__ import annotations
