@@ -29,6 +29,9 @@ Points that inject an error instead of killing (the safeguards' tests):
     sync_convert_error     rlhf.weight_bridge.hf_stream  a stage leader's conversion of a gathered parameter
                            raises (as a CUDA OOM in ``torch.cat`` would), counted per conversion
                            (:func:`fires`)
+    rollout_engine_death   rlhf.rollout.manager  as the fleet's generate call starts, engine 0's actor is
+                           killed (``ray.kill``: its process and its scheduler are gone, as after an OOM kill),
+                           counted per generate call of the firing rank's fleet (:func:`fires`)
 
 Without ``RLHF_FAULT`` every call is a dictionary lookup and returns.
 """
@@ -43,7 +46,7 @@ __all__ = ["FAULT_ENV", "POINTS", "maybe_fail", "fires", "maybe_stall", "armed",
 
 FAULT_ENV = "RLHF_FAULT"
 POINTS = ("step_start", "ckpt_mid_save", "ckpt_before_rename", "ckpt_before_tracker", "sync_weights",
-          "rollout_request_error", "reward_model_slow", "sync_convert_error")
+          "rollout_request_error", "reward_model_slow", "sync_convert_error", "rollout_engine_death")
 EXIT_CODE = 17  # RLHF_FAULT_MODE=exit
 
 TRACE_ENV = "RLHF_FAULT_TRACE"

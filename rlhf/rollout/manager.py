@@ -24,6 +24,7 @@ import logging
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from rlhf import faults
 from rlhf.rollout.engine import Pending
 from rlhf.rollout.engine_args import engine_env, engine_kwargs, expected_weights_from_checkpoint
 from rlhf.rollout.placement import PlacementPlan, engine_actor_options, plan_placement
@@ -218,6 +219,25 @@ class RolloutManager:
         self._discarded.discard(index)  # ... and its checkpoint's weights (stale once weights were pushed)
         self.restart_log.append({"engine": index, "reason": reason, "seconds": time.time() - t0})
 
+    def _inject_death(self, index: int, timeout_s: float = 60.0) -> None:
+        """Fault injection: kill engine ``index``'s actor and wait until Ray answers for it as dead (``ray.kill``
+        only asks the GCS: a call sent at once could still run on the old actor).  Raises RuntimeError if the
+        actor still answers after ``timeout_s``."""
+        import ray
+
+        logger.warning("FAULT rollout_engine_death: killing rollout engine %d", index)
+        ray.kill(self.actors[index], no_restart=True)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self.actors[index].info.remote(), timeout=5)
+            except ray.exceptions.RayActorError:
+                return
+            except ray.exceptions.GetTimeoutError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError(f"rollout_engine_death: engine {index} still answers {timeout_s:g} s after ray.kill")
+
     def _budget(self, what: str) -> Callable[[int, BaseException], None]:
         used = [0]
 
@@ -285,6 +305,8 @@ class RolloutManager:
         if self._discarded:
             raise WeightsDiscardedError(sorted(self._discarded))
         self.start()
+        if faults.fires("rollout_engine_death"):  # fault injection (rlhf.faults): the engine dies under this call
+            self._inject_death(0)
         prompts = [list(p) for p in prompt_token_ids]
         todo, done, on_death = list(range(len(prompts))), {}, self._budget("generate")
         while todo:

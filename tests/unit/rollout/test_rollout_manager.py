@@ -107,6 +107,23 @@ def test_dead_engine_is_stale_after_a_push_and_generation_avoids_it(mgr):
     assert {s.extra["engine"] for s in mgr.generate([[1], [2]], cfg)} == {1}
 
 
+def test_engine_death_fault_point_kills_engine_0_under_the_configured_generate_call(mgr, monkeypatch, caplog):
+    """RLHF_FAULT=rollout_engine_death@2: the second generate call finds engine 0 dead (killed as the call starts, not
+    before or after it), replaces it and still returns every sample; the first and third calls restart nothing."""
+    monkeypatch.setattr(manager_mod.faults, "_hits", {})
+    monkeypatch.setenv("RLHF_FAULT", "rollout_engine_death@2")
+    monkeypatch.setenv("RLHF_FAULT_RANK", "0")
+    cfg, prompts = SamplingConfig(max_new_tokens=1), [[1], [2], [3], [4]]
+    old = mgr.actors[0]
+    assert len(mgr.generate(prompts, cfg)) == 4 and mgr.restarts == [0, 0]
+    with caplog.at_level("WARNING", logger="rlhf.rollout.manager"):
+        out = mgr.generate(prompts, cfg)
+    assert [s.prompt_index for s in out] == [0, 1, 2, 3] and mgr.restarts == [1, 0] and mgr.actors[0] is not old
+    assert "FAULT rollout_engine_death: killing rollout engine 0" in caplog.text
+    assert "rollout engine 0 died (generate: " in caplog.text
+    assert len(mgr.generate(prompts, cfg)) == 4 and mgr.restarts == [1, 0]
+
+
 def test_resumed_weights_are_refused_until_a_sync_reaches_them(mgr):
     """SGLang's memory saver keeps no copy of released weights: a resume gives memory back, not the weights.  The
     manager refuses to generate on such engines until a sync reaches them (GPU: garbage; CPU: the same error)."""
