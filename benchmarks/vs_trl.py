@@ -10,8 +10,9 @@
 GRPOConfig(seed=s) reading the prompts in our loader's order for data.seed=s (checked token by token against our
 trainer's dataset); per step the mean reward of the round (ours: critic/score/mean; TRL: its logged `reward`, one
 per 4 optimizer steps = one generation round).  Prints the per-step means over seeds, then
-    vs_trl_curves: auc=<ours/trl> last5=<ours>/<trl> steps=N seeds=K
-(auc: mean reward over all steps and seeds; last5: over the last 5 steps).
+    vs_trl_curves: auc=<ours/trl> last5=<ours>/<trl> diff=<d>+-<se> ours_higher=<j>/K steps=N seeds=K
+(auc: mean reward over all steps and seeds; last5: over the last 5 steps; diff: ours minus TRL's mean reward of a
+seed, mean over the K seeds +- its standard error; ours_higher: seeds where ours is higher).
 Every child process imports rlhf from the checkout this script sits in (PYTHONPATH), whatever the interpreter.
 
 Sizes (`--size tiny|40m|both`):
@@ -330,8 +331,12 @@ def curves(a) -> None:
                         for seed, o, t in zip(a.seeds, score["ours"], score["trl"]))
     print(f"[curves] mean reward per seed (ours/trl) {per_seed}; all steps {auc['ours']:.3f}/{auc['trl']:.3f}")
     last = min(5, a.steps)
+    # paired over seeds: each seed's mean reward over the steps, ours minus TRL's (mean +- standard error)
+    diffs = [statistics.fmean(o) - statistics.fmean(t) for o, t in zip(score["ours"], score["trl"])]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
     print(f"vs_trl_curves: auc={auc['ours'] / auc['trl']:.2f} last5={statistics.fmean(mean['ours'][-last:]):.3f}/"
-          f"{statistics.fmean(mean['trl'][-last:]):.3f} steps={a.steps} seeds={len(a.seeds)}")
+          f"{statistics.fmean(mean['trl'][-last:]):.3f} diff={statistics.fmean(diffs):+.3f}+-{se:.3f} "
+          f"ours_higher={sum(d > 0 for d in diffs)}/{len(diffs)} steps={a.steps} seeds={len(a.seeds)}")
 
 
 def med(xs, warmup):

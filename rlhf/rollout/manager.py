@@ -109,6 +109,24 @@ def _is_actor_death(err: BaseException) -> bool:
                             ray.exceptions.OutOfMemoryError))
 
 
+def kill_and_wait(actor, timeout_s: float = 60.0) -> None:
+    """``ray.kill`` ``actor`` and wait until Ray answers for it as dead: ``ray.kill`` only asks the GCS, so a call
+    sent at once could still run on the old actor.  Raises RuntimeError if it still answers after ``timeout_s``."""
+    import ray
+
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.info.remote(), timeout=5)
+        except ray.exceptions.RayActorError:
+            return
+        except ray.exceptions.GetTimeoutError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"actor {actor} still answers {timeout_s:g} s after ray.kill")
+
+
 class RolloutManager:
     """Start and drive ``num_engines`` engines (an :class:`rlhf.rollout.engine.EngineFleet`).
 
@@ -219,24 +237,10 @@ class RolloutManager:
         self._discarded.discard(index)  # ... and its checkpoint's weights (stale once weights were pushed)
         self.restart_log.append({"engine": index, "reason": reason, "seconds": time.time() - t0})
 
-    def _inject_death(self, index: int, timeout_s: float = 60.0) -> None:
-        """Fault injection: kill engine ``index``'s actor and wait until Ray answers for it as dead (``ray.kill``
-        only asks the GCS: a call sent at once could still run on the old actor).  Raises RuntimeError if the
-        actor still answers after ``timeout_s``."""
-        import ray
-
+    def _inject_death(self, index: int) -> None:
+        """Fault injection: engine ``index`` dies (:func:`kill_and_wait`)."""
         logger.warning("FAULT rollout_engine_death: killing rollout engine %d", index)
-        ray.kill(self.actors[index], no_restart=True)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                ray.get(self.actors[index].info.remote(), timeout=5)
-            except ray.exceptions.RayActorError:
-                return
-            except ray.exceptions.GetTimeoutError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"rollout_engine_death: engine {index} still answers {timeout_s:g} s after ray.kill")
+        kill_and_wait(self.actors[index])
 
     def _budget(self, what: str) -> Callable[[int, BaseException], None]:
         used = [0]

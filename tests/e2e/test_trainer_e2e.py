@@ -3,7 +3,8 @@ GSM8K tiny recipe on the real GSM8K prompts at PP2 with dynamic batching.  METRI
 
 The same run is the rollout seam's test through the trainer: its engine is killed as step 2 generates
 (RLHF_FAULT=rollout_engine_death@2); the manager replaces it and the new engine is re-synced with the latest weights
-(both pipeline stages' buckets) before it generates, every sync read back (`rollout.weight_sync_check=true`), and the run completes with the restart counted.
+(both pipeline stages' buckets) before it generates, every sync read back (`rollout.weight_sync_check=true`), and
+the run completes with the restart counted.
 
 Elsewhere: a killed run resumed bitwise equal to an uninterrupted one (tests/e2e/test_fault_matrix.py), the recipe at
 TP2 as the one-node command, two nodes and under Slurm (tests/e2e/test_ray_cluster_local.py, tests/e2e/test_slurm_local.py),

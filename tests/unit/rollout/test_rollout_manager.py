@@ -8,7 +8,7 @@ import pytest
 import ray
 
 import rlhf.rollout.manager as manager_mod
-from rlhf.rollout.manager import RolloutManager, StaleEnginesError
+from rlhf.rollout.manager import RolloutManager, StaleEnginesError, kill_and_wait
 from rlhf.rollout.sampling import SamplingConfig
 from rlhf.rollout.types import RolloutSample
 
@@ -53,19 +53,9 @@ def mgr(ray_local, tmp_path, monkeypatch):
 
 
 def kill(actor):
-    """ray.kill only asks the GCS to kill: a call sent right after can still run on the old actor (CI saw the
-    replacement not happen). Wait until the actor answers as dead before the test goes on."""
-    ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            ray.get(actor.info.remote(), timeout=10)
-        except ray.exceptions.RayActorError:
-            return
-        except ray.exceptions.GetTimeoutError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"actor {actor} still answers 60 s after ray.kill")
+    """Wait until the actor answers as dead (a call sent right after ray.kill can still run on the old actor: CI saw
+    the replacement not happen)."""
+    kill_and_wait(actor)
 
 
 def states(m):
