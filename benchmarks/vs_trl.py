@@ -155,16 +155,18 @@ def run_measured(cmd: list, who: str) -> float:
     return rss
 
 
-def run_ours(model: str, data: str, steps: int, response_length: int, out: str, seed: int = SEED) -> dict:
+def run_ours(model: str, data: str, steps: int, response_length: int, out: str, seed: int = SEED,
+             shuffle: bool = True) -> dict:
     """Our trainer; its TensorBoard scalars per step.  `seed`: data.seed (prompt order) and trainer.seed
-    (sampling seeds, init)."""
+    (sampling seeds, init).  `shuffle`: actor.shuffle -- TRL shuffles a round's rows before it cuts them into
+    mini batches, so the same mini batches are ours with actor.shuffle=true (verl's default is false)."""
     cmd = [sys.executable, "-m", "rlhf.main", "recipe=grpo_tiny_cpu", f"model.path={model}",
            f"data.train_files={data}", f"data.val_files={data}", f"data.max_response_length={response_length}",
            f"data.train_batch_size={PROMPTS}", f"rollout.n={N}", f"actor.optim.lr={LR}",
            f"actor.ppo_mini_batch_size={MINI}", "actor.ppo_micro_batch_size_per_gpu=16",
            f"trainer.total_training_steps={steps}", "trainer.test_freq=-1", "trainer.save_freq=-1",
            "trainer.val_before_train=false", f"trainer.default_local_dir={out}", "trainer.logger=[tensorboard]",
-           "data.shuffle=true", f"data.seed={seed}", f"trainer.seed={seed}"]
+           "data.shuffle=true", f"data.seed={seed}", f"trainer.seed={seed}", f"actor.shuffle={str(shuffle).lower()}"]
     start, rss = time.time(), run_measured(cmd, "our")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -182,10 +184,13 @@ def run_ours(model: str, data: str, steps: int, response_length: int, out: str, 
             "score": series("critic/score/mean")}
 
 
-def run_trl(model: str, data: str, steps: int, response_length: int, out: str, seed: int = SEED) -> dict:
-    """TRL's GRPOTrainer in its own process (:func:`trl_worker`); its timings, rewards and prompts per round."""
+def run_trl(model: str, data: str, steps: int, response_length: int, out: str, seed: int = SEED,
+            loss_type: str = "dapo", no_shuffle: bool = False) -> dict:
+    """TRL's GRPOTrainer in its own process (:func:`trl_worker`); its timings, rewards and prompts per round.
+    ``loss_type``, ``no_shuffle``: see ``--trl-loss-type`` and ``--trl-no-shuffle``."""
     cmd = [sys.executable, os.path.abspath(__file__), "--trl-worker", "--model", model, "--data", data,
-           "--steps", str(steps), "--response-length", str(response_length), "--out", out, "--seed", str(seed)]
+           "--steps", str(steps), "--response-length", str(response_length), "--out", out, "--seed", str(seed),
+           "--trl-loss-type", loss_type, *(["--trl-no-shuffle"] if no_shuffle else [])]
     start, rss = time.time(), run_measured(cmd, "TRL")
     with open(os.path.join(out, "trl_timings.json")) as f:
         r = json.load(f)
@@ -237,9 +242,14 @@ def trl_worker(a) -> None:
         return inner
 
     model.generate = timed(model.generate, "gen")
+    if a.trl_no_shuffle:  # our (verl's) mini batches: the round's consecutive prompt groups
+        import trl.trainer.grpo_trainer as grpo_module
+
+        grpo_module.shuffle_sequence_dict = lambda batch: batch
     args = GRPOConfig(output_dir=a.out, per_device_train_batch_size=PROMPTS * N // MINI, num_generations=N,
                       steps_per_generation=MINI, max_completion_length=a.response_length, learning_rate=LR,
-                      lr_scheduler_type="constant", temperature=1.0, beta=0.0, epsilon=0.2, loss_type="dapo",
+                      lr_scheduler_type="constant", temperature=1.0, beta=0.0, epsilon=0.2,
+                      loss_type=a.trl_loss_type,
                       num_iterations=1, max_steps=a.steps * MINI, logging_steps=MINI, save_strategy="no",
                       report_to=[], use_cpu=True, shuffle_dataset=False, seed=a.seed, bf16=False, fp16=False,
                       max_grad_norm=1.0, weight_decay=0.0, warmup_steps=0, dataloader_num_workers=0)
@@ -307,9 +317,10 @@ def curves(a) -> None:
     R = SIZES["tiny"]["response_length"]
     score = {"ours": [], "trl": []}
     for k, seed in enumerate(a.seeds):
-        for side in (("ours", "trl") if k % 2 == 0 else ("trl", "ours")):
+        for side in [x for x in (("ours", "trl") if k % 2 == 0 else ("trl", "ours")) if x in a.sides]:
             out = tempfile.mkdtemp(prefix=f"curves_s{seed}_{side}_", dir=a.workdir)
-            res = (run_ours if side == "ours" else run_trl)(model, data, a.steps, R, out, seed)
+            res = (run_ours(model, data, a.steps, R, out, seed, not a.ours_no_shuffle) if side == "ours" else
+                   run_trl(model, data, a.steps, R, out, seed, a.trl_loss_type, a.trl_no_shuffle))
             if len(res["score"]) != a.steps:
                 raise RuntimeError(f"{side} seed {seed}: {len(res['score'])} rewards logged for {a.steps} steps")
             if side == "trl":
@@ -322,6 +333,8 @@ def curves(a) -> None:
                     raise RuntimeError(f"TRL's logged reward {res['score']} is not the scorer's {res['round_rewards']}")
             score[side].append(res["score"])
             print(f"[curves] seed {seed} {side}: {' '.join(f'{x:.3f}' for x in res['score'])}", flush=True)
+    if len(a.sides) < 2:  # one side only: its curves above, to be paired with another run's by seed
+        return
     mean = {side: [statistics.fmean(run[i] for run in runs) for i in range(a.steps)] for side, runs in score.items()}
     print("| step | ours | TRL |\n| --- | --- | --- |")
     for i in range(a.steps):
@@ -359,6 +372,16 @@ def main() -> None:
     ap.add_argument("--curves", action="store_true",
                     help="reward per step of both sides on the quickstart task (tiny size), one run per seed")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--curves: data and sampling seeds")
+    ap.add_argument("--sides", nargs="+", choices=["ours", "trl"], default=["ours", "trl"],
+                    help="--curves: run only these sides (one side: its curves only, no comparison)")
+    ap.add_argument("--ours-no-shuffle", action="store_true",
+                    help="ours with actor.shuffle=false (verl's default: a mini batch is whole prompt groups)")
+    ap.add_argument("--trl-loss-type", default="dapo", choices=["dapo", "bnpo"],
+                    help="TRL's loss normalisation: dapo (default: the round's tokens / mini batches) or bnpo (each "
+                         "mini batch's own tokens, as our token-mean)")
+    ap.add_argument("--trl-no-shuffle", action="store_true",
+                    help="diagnostic: TRL cuts the round into mini batches of consecutive prompt groups, as ours "
+                         "(verl's), instead of shuffling its rows first")
     a = ap.parse_args()
     if a.trl_worker:
         return trl_worker(a)

@@ -51,6 +51,7 @@ class MegatronActor(MegatronWorker):
             micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
             epochs=cfg.ppo_epochs if epochs is None else epochs, step=step, micro_group=loss.micro_group,
             global_info=getattr(loss, "global_info", None), max_tokens_per_micro_batch=self.update_budget,
+            shuffle=cfg.shuffle,
             kind="log_probs", vocab_size=self.vocab_size,
             temperature=self.temperature, calculate_entropy=loss.needs_entropy)
         metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}  # actor/lr: the LR the update used

@@ -119,12 +119,17 @@ def dp_all_gather(t: torch.Tensor, group, dp_size: int) -> torch.Tensor:
     return torch.cat(parts, 0)
 
 
-def mini_batch_indices(num_rows: int, n_mini: int, seed: int | None) -> tuple:
-    """Row indices of `n_mini` mini batches: `torch.chunk` of the row order (in order, or a permutation
-    seeded by `seed`)."""
+def mini_batch_indices(num_rows: int, n_mini: int, seed: int | None, group: int = 1) -> tuple:
+    """Row indices of `n_mini` mini batches: `torch.chunk` of the row order -- in order, or a permutation seeded by
+    `seed` of whole blocks of `group` consecutive rows (2: a DPO pair stays adjacent).
+
+    Raises ValueError when `num_rows` is not a multiple of `group`."""
+    if num_rows % group:
+        raise ValueError(f"{num_rows} rows are not whole groups of {group}")
     order = torch.arange(num_rows)
     if seed is not None:
-        order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(seed))
+        blocks = torch.randperm(num_rows // group, generator=torch.Generator().manual_seed(seed))
+        order = (blocks.unsqueeze(1) * group + torch.arange(group)).reshape(-1)
     return order.chunk(n_mini)
 
 

@@ -59,5 +59,5 @@ class MegatronCritic(MegatronWorker):
             mini_batch_size=cfg.ppo_mini_batch_size, micro_batch_size_per_gpu=cfg.ppo_micro_batch_size_per_gpu,
             epochs=cfg.ppo_epochs, step=step, seed_offset=7,
             global_info=lambda full, dp: algos.global_batch_info(full[mask_key], dp),
-            max_tokens_per_micro_batch=self.update_budget, kind="values")
+            max_tokens_per_micro_batch=self.update_budget, shuffle=cfg.shuffle, kind="values")
         return {**gather_metrics(per_micro), **step_metrics("critic", steps)}

@@ -245,14 +245,16 @@ class MegatronWorker:
     def train_mini_batches(self, batch: dict, keys: Sequence[str], loss_fn: Callable, *, mini_batch_size: int,
                            micro_batch_size_per_gpu: int, epochs: int, step: int, seed_offset: int = 0,
                            micro_group: int = 1, global_info: Callable | None = None,
-                           max_tokens_per_micro_batch: int | None = None,
+                           max_tokens_per_micro_batch: int | None = None, shuffle: bool = False,
                            **forward_kwargs) -> tuple[list[dict], list]:
         """The mini-batch update loop (verl's / PPO's): `epochs` passes over the batch, one optimizer
         step per mini batch of `mini_batch_size` prompts (x batch["n"] sequences), gradients
         accumulated over micro batches of at most `micro_batch_size_per_gpu` sequences (whole groups
         of `micro_group` rows; under virtual pipeline stages a multiple of the pipeline size of them).
-        With several epochs each pass visits the rows in a permutation seeded by
-        `step * 1000 + seed_offset + epoch`; with one, in order.  `loss_fn(outputs, micro_batch) ->
+        With several epochs, or with `shuffle` (verl's ``actor.shuffle`` / ``critic.shuffle``), each pass
+        visits the rows (whole groups of `micro_group`) in a permutation seeded by
+        `step * 1000 + seed_offset + epoch`, so a mini batch mixes rows of many prompts; with one epoch
+        and no `shuffle`, in order (a mini batch is ``mini_batch_size`` whole prompt groups).  `loss_fn(outputs, micro_batch) ->
         (loss, metrics)` sees the micro batch's `keys` and, under GLOBAL_INFO_KEY, the counts that make
         its loss independent of the split (rlhf.algorithms.agg_loss, "the x n_micro rule"):
         ``dp_size``, ``num_micro_batches`` (of this rank in this mini batch; megatron divides each micro
@@ -272,8 +274,8 @@ class MegatronWorker:
         multiple = pipeline_micro_batch_multiple()
         per_micro, steps = [], []
         for epoch in range(epochs):
-            seed = None if epochs == 1 else step * 1000 + seed_offset + epoch
-            for idx in mini_batch_indices(batch["input_ids"].shape[0], n_mini, seed):
+            seed = None if epochs == 1 and not shuffle else step * 1000 + seed_offset + epoch
+            for idx in mini_batch_indices(batch["input_ids"].shape[0], n_mini, seed, micro_group):
                 full = {k: batch[k][idx] for k in keys}
                 mb = {k: dp_slice(v, rank, size) for k, v in full.items()}
                 zero_grads(self.state)

@@ -60,6 +60,10 @@ class ActorConfig(Checked):
     ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n sequences)
     ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward micro batch
     ppo_epochs: int = 1
+    # verl's: every pass over the batch visits its rows in a fresh permutation (seeded by the step), so a mini batch
+    # mixes the responses of many prompts; false: one epoch in order (a mini batch is whole prompt groups), several
+    # epochs each in a permutation
+    shuffle: bool = False
     clip_ratio: float = 0.2
     clip_ratio_low: Optional[float] = None  # DAPO decoupled clip; default clip_ratio
     clip_ratio_high: Optional[float] = None
@@ -111,6 +115,7 @@ class CriticConfig(Checked):
     ppo_mini_batch_size: int = 8
     ppo_micro_batch_size_per_gpu: int = 4
     ppo_epochs: int = 1
+    shuffle: bool = False  # as actor.shuffle
     cliprange_value: float = 0.5
     loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
     # dynamic batching, as actor.use_dynamic_bsz: token budgets of the value update and of the no-grad value forward

@@ -29,6 +29,9 @@ __all__ = ["Unsupported", "RULES", "OURS", "REWARD_MODEL_PREFIX"]
 
 REWARD_MODEL_PREFIX = "reward_model."
 _OFF = (False, None, 0, "", {}, [])
+# verl seeds the mini-batch permutation of <role>.shuffle with data_loader_seed (the same permutation every step);
+# here it is seeded by the step, so a resumed run visits the rows as the uninterrupted one
+_SHUFFLE_SEED = "the mini-batch permutation (actor.shuffle / critic.shuffle) is seeded by the training step"
 
 
 def _logger(v: Any) -> list[tuple[str, Any]]:
@@ -204,7 +207,8 @@ RULES: list[tuple] = [
     ("actor_rollout_ref.actor.calculate_sum_pi_squared", "neutral", ((False,), "not supported")),
     ("actor_rollout_ref.actor.qat.enable", "neutral", ((False,), "quantization-aware training is not supported")),
     ("actor_rollout_ref.actor.policy_loss.dro_beta", "ignore", "only for a DRO policy loss, not supported here"),
-    *_ignore("actor_rollout_ref.actor", "strategy rollout_n shuffle data_loader_seed use_torch_compile "
+    ("actor_rollout_ref.actor.data_loader_seed", "ignore", _SHUFFLE_SEED),
+    *_ignore("actor_rollout_ref.actor", "strategy rollout_n use_torch_compile "
              "calculate_entropy freeze_vision_tower use_fused_kernels use_remove_padding "
              "entropy_from_logits_with_chunking entropy_checkpointing checkpoint.** profiler.** router_replay.** "
              "fsdp_config.** sum_pi_squared_checkpointing qat.** entropy_from_logits_chunk_size pad_to_length",
@@ -298,8 +302,10 @@ RULES: list[tuple] = [
     ("critic.ppo_max_token_len_per_gpu", "map", "critic.ppo_max_token_len_per_gpu"),
     ("critic.forward_max_token_len_per_gpu", "map", "critic.forward_max_token_len_per_gpu"),
     ("critic.ulysses_sequence_parallel_size", "neutral", ((1,), "use parallel.sequence_parallel")),
+    ("critic.shuffle", "map", "critic.shuffle"),
+    ("critic.data_loader_seed", "ignore", _SHUFFLE_SEED),
     *_ignore("critic", "rollout_n strategy "
-             "forward_micro_batch_size forward_micro_batch_size_per_gpu shuffle data_loader_seed nccl_timeout "
+             "forward_micro_batch_size forward_micro_batch_size_per_gpu nccl_timeout "
              "load_weight checkpoint.** "
              "profiler.** fsdp.** fsdp_config.**",
              "a verl critic-worker detail (token budgets, checkpoints, profiler)"),

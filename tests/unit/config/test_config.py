@@ -184,6 +184,8 @@ ADDED_KEYS = {
     # initial weights from a megatron dist checkpoint (verl's megatron.use_dist_checkpointing)
     **{f"{role}.{k}": v for role in ("actor", "critic") for k, v in {
         "use_dist_checkpointing": False, "dist_checkpointing_path": None}.items()},
+    # verl's mini-batch shuffle of the Megatron workers
+    "actor.shuffle": False, "critic.shuffle": False,
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

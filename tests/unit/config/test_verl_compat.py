@@ -421,6 +421,19 @@ def test_verl_dynamic_batching_keys_map():
         (True, 2048, 3072)
 
 
+def test_verl_mini_batch_shuffle_keys_map(caplog):
+    """verl's actor/critic ``shuffle`` (the Megatron workers' mini-batch permutation) sets ours; before, both were
+    accepted without effect.  ``data_loader_seed`` has none (the step seeds the permutation) and says so."""
+    assert (compose_config([]).actor.shuffle, compose_config([]).critic.shuffle) == (False, False)  # verl's defaults
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        c = compose_config(["actor_rollout_ref.actor.shuffle=True", "critic.shuffle=True",
+                            "actor_rollout_ref.actor.data_loader_seed=7"])
+    assert (c.actor.shuffle, c.critic.shuffle) == (True, True)
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "actor_rollout_ref.actor.data_loader_seed (the mini-batch permutation" in text and "shuffle" not in \
+        text.replace("actor.shuffle / critic.shuffle", "")
+
+
 def test_verl_algorithm_keys_and_override_prefixes():
     """The algorithm zoo's config side through verl's names; verl's `+key` for a key we have; dict-valued fields."""
     c = compose_config(["actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "algorithm.adv_estimator=remax",

@@ -41,7 +41,7 @@ def _actor(monkeypatch, optimizer_steps_per_update: int, **schedule):
     actor.device = torch.device("cpu")  # the role's device (its batch door moves batches there)
     actor.state, actor.moe, actor.update_budget, actor.temperature = TrainState([], opt, sched), None, None, 1.0
     actor.bundle = SimpleNamespace(spec=SimpleNamespace(vocab_size=8))
-    actor.cfg = SimpleNamespace(ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, ppo_epochs=1)
+    actor.cfg = SimpleNamespace(ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, ppo_epochs=1, shuffle=False)
     actor.train_mini_batches = lambda *a, **k: ([], [optimizer_step(actor.state)
                                                     for _ in range(optimizer_steps_per_update)])
     monkeypatch.setattr(actor_module, "gather_metrics", lambda per_micro: {})  # no process group here

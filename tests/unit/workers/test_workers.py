@@ -126,6 +126,38 @@ def test_update_loop_dpo_pairs_in_order(recorder):
     assert [m for _, m, _, _ in recorder["steps"]] == [2, 2, 2]
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_update_loop_one_epoch_in_order_or_shuffled(recorder, shuffle):
+    """actor.shuffle (verl's): one epoch visits the rows in a permutation seeded by step * 1000 (+ epoch), so a
+    mini batch mixes prompt groups; without it, in order (whole groups per mini batch)."""
+    w = MegatronWorker(None, state=SimpleNamespace(model=None), forward_micro_batch_size=4)
+    loss = PPOPolicyLoss(SimpleNamespace(use_kl_loss=False))
+    w.train_mini_batches(_batch(8, 2), ("input_ids", "attention_mask", "position_ids") + loss.keys, loss,
+                         mini_batch_size=2, micro_batch_size_per_gpu=4, epochs=1, step=5, shuffle=shuffle)
+    rows = [r for r, _, _, _ in recorder["steps"]]
+    perm = torch.randperm(8, generator=torch.Generator().manual_seed(5000)).tolist() if shuffle else list(range(8))
+    assert rows == [perm[:4], perm[4:]]
+    assert shuffle == (rows != [[0, 1, 2, 3], [4, 5, 6, 7]])
+
+
+def test_update_loop_shuffled_dpo_pairs_stay_whole(recorder):
+    """A shuffled pass permutes whole pairs (micro_group 2): every mini batch holds both rows of each of its pairs,
+    and every row is visited once."""
+    w = MegatronWorker(None, state=SimpleNamespace(model=None), forward_micro_batch_size=4)
+    loss = DPOLoss(SimpleNamespace())
+    w.train_mini_batches(_batch(12, 2), ("input_ids", "attention_mask", "position_ids") + loss.keys, loss,
+                         mini_batch_size=2, micro_batch_size_per_gpu=2, epochs=1, step=4, micro_group=loss.micro_group,
+                         shuffle=True)
+    rows = [r for r, _, _, _ in recorder["steps"]]
+    pairs = torch.randperm(6, generator=torch.Generator().manual_seed(4000)).tolist()
+    assert rows == [[2 * p + j for p in pairs[i:i + 2] for j in (0, 1)] for i in (0, 2, 4)]
+    assert sorted(r for step in rows for r in step) == list(range(12)) and rows[0] != [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="whole groups of 2"):
+        w.train_mini_batches(_batch(7, 1), ("input_ids", "attention_mask", "position_ids") + loss.keys, loss,
+                             mini_batch_size=7, micro_batch_size_per_gpu=2, epochs=1, step=4, micro_group=2,
+                             shuffle=True)
+
+
 def test_step_metrics_count_skips_and_breaker_events():
     steps = [StepResult(False, 2.0, 0.1), StepResult(True, float("inf"), 0.1),
              StepResult(False, 4.0, 0.1, breaker="ev")]
