@@ -23,8 +23,10 @@ Sizes (`--size tiny|40m|both`):
 Both sides: the same HF directory and parquet of arithmetic prompts (verl layout, chat prompts), the same
 rule reward (rlhf.rewards' arithmetic scorer), n=4, temperature 1, lr 2e-4, one epoch, 4 mini batches of 16
 sequences per generation round (ours: ppo_mini_batch_size=4 prompts; TRL: per_device_train_batch_size=16,
-steps_per_generation=4), group-normalised advantages, token-mean loss (TRL loss_type="dapo"), no KL
-(TRL beta=0), clip 0.2.  Each run is its own process; ours and TRL's alternate, `--rounds` times.
+steps_per_generation=4), the round's rows shuffled before they are cut into those mini batches (TRL always; ours
+actor.shuffle=true, `--ours-no-shuffle` for verl's default), group-normalised advantages, token-mean loss (TRL
+loss_type="dapo"), no KL (TRL beta=0), clip 0.2.  Each run is its own process; ours and TRL's alternate,
+`--rounds` times.  Diagnostics of the curves: `--sides`, `--trl-no-shuffle`, `--trl-loss-type bnpo`.
 
 What is measured (medians over steps after `--warmup`):
   step    -- one generation round and its 4 optimizer steps (ours: timing_s/step; TRL: the sum of the 4
