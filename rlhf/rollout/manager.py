@@ -237,11 +237,6 @@ class RolloutManager:
         self._discarded.discard(index)  # ... and its checkpoint's weights (stale once weights were pushed)
         self.restart_log.append({"engine": index, "reason": reason, "seconds": time.time() - t0})
 
-    def _inject_death(self, index: int) -> None:
-        """Fault injection: engine ``index`` dies (:func:`kill_and_wait`)."""
-        logger.warning("FAULT rollout_engine_death: killing rollout engine %d", index)
-        kill_and_wait(self.actors[index])
-
     def _budget(self, what: str) -> Callable[[int, BaseException], None]:
         used = [0]
 
@@ -310,7 +305,8 @@ class RolloutManager:
             raise WeightsDiscardedError(sorted(self._discarded))
         self.start()
         if faults.fires("rollout_engine_death"):  # fault injection (rlhf.faults): the engine dies under this call
-            self._inject_death(0)
+            logger.warning("FAULT rollout_engine_death: killing rollout engine 0")
+            kill_and_wait(self.actors[0])
         prompts = [list(p) for p in prompt_token_ids]
         todo, done, on_death = list(range(len(prompts))), {}, self._budget("generate")
         while todo:

@@ -52,12 +52,6 @@ def mgr(ray_local, tmp_path, monkeypatch):
     m.shutdown()
 
 
-def kill(actor):
-    """Wait until the actor answers as dead (a call sent right after ray.kill can still run on the old actor: CI saw
-    the replacement not happen)."""
-    kill_and_wait(actor)
-
-
 def states(m):
     return [ray.get(a.state.remote()) for a in m.actors]
 
@@ -69,7 +63,7 @@ def test_released_tags_converge_across_a_replacement(mgr):
     assert states(mgr) == [["kv_cache", "weights"]] * 2 and mgr.released_tags == ["kv_cache", "weights"]
     with pytest.raises(RuntimeError, match="resume_memory_occupation"):
         mgr.generate([[1, 2]], SamplingConfig(max_new_tokens=1))
-    kill(mgr.actors[1])
+    kill_and_wait(mgr.actors[1])
     mgr.resume_memory_occupation(["weights"])  # engine 1 dies in the call: replaced, then brought to the wanted state
     assert mgr.restarts == [0, 1] and states(mgr) == [["kv_cache"], ["kv_cache"]]
     mgr.resume_memory_occupation(["kv_cache"])
@@ -78,15 +72,15 @@ def test_released_tags_converge_across_a_replacement(mgr):
 
 def test_dead_engine_is_stale_after_a_push_and_generation_avoids_it(mgr):
     cfg = SamplingConfig(max_new_tokens=1)
-    kill(mgr.actors[0])
+    kill_and_wait(mgr.actors[0])
     out = mgr.generate([[1], [2], [3], [4]], cfg)  # before any push: the new engine serves the right weights
     assert [s.prompt_index for s in out] == [0, 1, 2, 3] and mgr.restarts == [1, 0] and mgr.stale_engines() == []
     token = mgr.begin_sync()
     mgr.end_sync(token)
-    kill(mgr.actors[1])
+    kill_and_wait(mgr.actors[1])
     out = mgr.generate([[1], [2], [3], [4]], cfg)  # engine 1 replaced and stale: everything on engine 0
     assert mgr.stale_engines() == [1] and {s.extra["engine"] for s in out} == {0} and len(out) == 4
-    kill(mgr.actors[0])
+    kill_and_wait(mgr.actors[0])
     with pytest.raises(StaleEnginesError) as ei:
         mgr.generate([[1], [2]], cfg)
     assert ei.value.engines == [0, 1] and ei.value.unfinished == [0, 1] and ei.value.samples == []
@@ -130,7 +124,7 @@ def test_resumed_weights_are_refused_until_a_sync_reaches_them(mgr):
     mgr.end_sync(token, engines=[1])  # the sync reached engine 1 only
     with pytest.raises(WeightsDiscardedError, match=r"\[0\]"):
         mgr.generate([[1]], cfg)
-    kill(mgr.actors[0])
+    kill_and_wait(mgr.actors[0])
     mgr.info()  # engine 0 replaced: a fresh engine holds its checkpoint's weights (stale, not discarded)
     assert mgr.weights_discarded() == [] and mgr.stale_engines() == [0]
     assert {s.extra["engine"] for s in mgr.generate([[1], [2]], cfg)} == {1}
