@@ -106,8 +106,9 @@ class BaseTrainer:
         self.train_loader.load_state_dict(state["train_loader"])
         self.alerts.load_state_dict(state.get("alerts"))
 
-    def close(self) -> None:
-        """Release what the trainer holds (called once by :meth:`fit`, also on errors)."""
+    def close(self, finished: bool = False) -> None:
+        """Release what the trainer holds (called once by :meth:`fit`, also on errors; ``finished``: the run
+        ended normally on every rank, so a close may wait for the other ranks)."""
         if self.tracker is not None:
             self.tracker.close()
 
@@ -144,7 +145,7 @@ class BaseTrainer:
         """Collective. Train from the latest checkpoint (``trainer.resume_mode``) to ``total_steps``, with
         torch.profiler traces of the ``global_profiler.steps`` (rlhf.trainer.profiling); returns the last step's
         metrics (the validation metrics when no step ran)."""
-        t, last = self.cfg.trainer, {}
+        t, last, finished = self.cfg.trainer, {}, False
         profiler = StepProfiler.from_config(self.cfg, dist.get_rank(), compute_device())
         try:
             self.tracker = Tracking.from_config(self.cfg, enabled=dist.get_rank() == 0)
@@ -177,9 +178,10 @@ class BaseTrainer:
                 progress.close()
             if t.export_hf_at_end:
                 self.export_hf()
+            finished = True
         finally:
             profiler.close()
-            self.close()
+            self.close(finished)
         return last
 
     def run_step(self, step: int) -> dict:

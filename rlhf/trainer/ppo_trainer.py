@@ -252,8 +252,8 @@ class PPOTrainer(BaseTrainer):
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.rollout.sync_weights()  # engines start from the HF weights; give them the resumed actor
 
-    def close(self) -> None:
-        super().close()
+    def close(self, finished: bool = False) -> None:
+        super().close(finished)
         if self.reward is not None:
             self.reward.close()
-        self.rollout.close()
+        self.rollout.close(finished)

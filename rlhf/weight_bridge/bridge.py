@@ -589,8 +589,8 @@ class WeightBridge:
             raise verdict
 
     def close(self) -> None:
-        """Drop the engines' arena mappings (before the engines shut down: one released after their torch_shm_manager
-        died raised "Broken pipe" in a destructor, aborting the exit), free the buckets, leave the update groups."""
+        """Drop the engines' arena mappings, free the buckets, leave the update groups (every rank, before rank 0
+        stops the engines: RolloutWorker.close)."""
         self.layout_path.maps.close()
         if self._pool is not None:
             self._pool.close()

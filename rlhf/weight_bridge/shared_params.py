@@ -12,6 +12,7 @@ No bucket buffer, no copy in the engine.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from dataclasses import replace
 
@@ -21,7 +22,7 @@ from rlhf.weight_bridge.bucketing import BucketPlan
 from rlhf.weight_bridge.engine_layout import DirectPlan, LayoutUnavailable, write_section_ops
 from rlhf.weight_bridge.plan import SendPlan, StagePlan
 
-__all__ = ["arena_plan", "ArenaMaps", "write_shared"]
+__all__ = ["arena_plan", "ArenaMaps", "map_arena", "write_shared"]
 
 
 def arena_plan(plan: DirectPlan, shares: list) -> DirectPlan:
@@ -57,6 +58,33 @@ def arena_plan(plan: DirectPlan, shares: list) -> DirectPlan:
     return replace(plan, send=SendPlan(stages, []), key=key, arenas=handles)
 
 
+def map_arena(handle: str, size: int) -> torch.Tensor:
+    """uint8 tensor [size] over the bytes of an engine's arena (SGLangEngine.share_parameters's ``handle`` and
+    ``size``), mapped from its file ``/dev/shm<handle>`` without torch's shared-memory manager.
+
+    Why not ``UntypedStorage._new_shared_filename_cpu``: that mapping registers with the engine's
+    ``torch_shm_manager`` and tells it again when released; SGLang's shutdown kills the manager with the engine's
+    process tree, and a mapping released after that (a trainer rank slower than rank 0 to close) raises
+    ``std::system_error`` "Broken pipe" in a C++ destructor, aborting that rank's exit.  The file holds torch's
+    reference-count header before the bytes (RefcountedMapAllocator: the file is ``size`` + header long); the
+    header's length is read from the file's size, not assumed.
+
+    Raises:
+        RuntimeError: no such file here (an engine on another host), or a file size that is not the arena's plus a
+            header of at most one page.
+    """
+    path = "/dev/shm" + handle
+    try:
+        total = os.path.getsize(path)
+    except OSError as e:
+        raise RuntimeError(f"engine arena {path} cannot be mapped on this host: {e}") from None
+    header = total - size
+    if not 0 <= header <= 4096:
+        raise RuntimeError(f"engine arena {path} is {total} bytes, expected {size} plus a header of at most 4096")
+    storage = torch.UntypedStorage.from_file(path, True, total)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, header, (size,))
+
+
 class ArenaMaps:
     """This trainer rank's mappings of every engine TP rank's shared parameters (kept while the plan is)."""
 
@@ -70,9 +98,7 @@ class ArenaMaps:
         if self._key == plan.key:
             return
         self.close()
-        self._maps = [[torch.empty(0, dtype=torch.uint8).set_(
-            torch.UntypedStorage._new_shared_filename_cpu(manager.encode("latin-1"), handle.encode("latin-1"), size))
-            for manager, handle, size in engine] for engine in plan.arenas]
+        self._maps = [[map_arena(handle, size) for _manager, handle, size in engine] for engine in plan.arenas]
         self._key = plan.key
 
     def write(self, ops: list, entries, targets) -> None:

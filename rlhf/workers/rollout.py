@@ -283,9 +283,13 @@ class RolloutWorker:
         self.resume(["kv_cache"])
         return stats
 
-    def close(self) -> None:
-        """Close the weight bridge and shut the engines down."""
+    def close(self, finished: bool = False) -> None:
+        """Close the weight bridge and shut the engines down.  ``finished`` (collective; every rank reached the
+        run's end): the ranks wait for each other in between, so rank 0 stops the engines only once no rank maps
+        their memory or is still in a weight-update group with them.  Not on an error: a rank may never arrive."""
         if self.bridge is not None:
             self.bridge.close()
+        if finished:
+            dist.barrier(group=self.host_group)
         if self.manager is not None:
             self.manager.shutdown()

@@ -396,4 +396,5 @@ class RecordingBridge:
         return SyncStats()
 
     def close(self):
-        pass
+        if self.manager is not None:
+            self.manager.log.append("bridge close")

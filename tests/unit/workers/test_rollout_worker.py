@@ -236,3 +236,16 @@ def test_other_ranks_wait_for_rank_0_on_the_host(world1, tmp_path, monkeypatch):
     assert [n for n, _ in calls].count("barrier") >= 5 and [n for n, _ in calls].count("broadcast_object_list") >= 3
     assert all(g is not None and g is not dist.group.WORLD and dist.get_backend(g) == "gloo" for _, g in calls), calls
     assert len({id(g) for _, g in calls}) == 1  # one group, made once
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_engines_stop_after_every_rank_left_the_bridge(world1, tmp_path, monkeypatch, finished):
+    """At a run's end every rank leaves the bridge (drops its mappings of the engines' memory, leaves the
+    weight-update groups), then the ranks meet, and only then rank 0 stops the engines: a rank closing after the
+    engines' shared-memory manager died aborted its exit.  After an error no rank waits (another may never come)."""
+    w, manager = make_worker(tmp_path, monkeypatch)
+    original = dist.barrier
+    monkeypatch.setattr(dist, "barrier", lambda *a, **k: (manager.log.append("barrier"), original(*a, **k))[1])
+    w.close(finished)
+    want = ["bridge close", "barrier", "shutdown"] if finished else ["bridge close", "shutdown"]
+    assert manager.log[-len(want):] == want and manager.log.count("barrier") == int(finished), manager.log
