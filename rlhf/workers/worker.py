@@ -255,8 +255,8 @@ class MegatronWorker:
         visits the rows (whole groups of `micro_group`) in a permutation seeded by
         `step * 1000 + seed_offset + epoch`, so a mini batch mixes rows of many prompts; with one epoch
         and no `shuffle`, in order (a mini batch is ``mini_batch_size`` whole prompt groups).
-        `loss_fn(outputs, micro_batch) -> (loss, metrics)` sees the micro batch's `keys` and, under GLOBAL_INFO_KEY, the counts that make
-        its loss independent of the split (rlhf.algorithms.agg_loss, "the x n_micro rule"):
+        `loss_fn(outputs, micro_batch) -> (loss, metrics)` sees the micro batch's `keys` and, under
+        GLOBAL_INFO_KEY, the counts that make its loss independent of the split (rlhf.algorithms.agg_loss, "the x n_micro rule"):
         ``dp_size``, ``num_micro_batches`` (of this rank in this mini batch; megatron divides each micro
         batch loss by it, so a loss function multiplies by it) and ``global_info(full_mini_batch,
         dp_size)`` computed on the WHOLE mini batch (every data-parallel rank's rows, `keys` only)

@@ -64,8 +64,8 @@ def test_gsm8k_tiny_cpu_recipe_pp2_dynamic_bsz_engine_killed_after_step_1(tiny_m
     assert s[("perf/padding_efficiency", 2)] >= 0.92 and s[("perf/packing_fallback_micro_batches", 2)] > 0
     export = out / "hf_export"  # PP2 writes one shard per stage plus an index
     assert (export / "config.json").exists() and list(export.glob("model*.safetensors"))
-    # the engine killed as step 2 began generating was replaced; step 2 generated on the new engine after its re-sync (read back:
-    # rollout.weight_sync_check fails the run on a mismatch)
+    # the engine killed as step 2 began generating was replaced; step 2 generated on the new engine after its
+    # re-sync (read back: rollout.weight_sync_check fails the run on a mismatch)
     assert "FAULT rollout_engine_death: killing rollout engine 0" in text, text[-3000:]
     assert "rollout engine 0 died" in text, text[-3000:]
     assert s[("rollout/num_restarts", 1)] == 0 and s[("rollout/num_restarts", 2)] == 1
