@@ -30,7 +30,9 @@ faults, the engine's layout probe and the engine's first load are excluded; the 
                    `save_hf_checkpoint`, file pages hot in the OS cache);
   * export_load -- `save_hf_checkpoint` from the TP shards + `update_weights_from_disk`: what a user without a
                    bridge does each step;
-  * tiny        -- `WeightBridge.sync()` of the quickstart-sized model (the fixed cost of a sync), in ms.
+  * tiny        -- `WeightBridge.sync()` of the quickstart-sized model (the fixed cost of a sync), in ms; the
+                   median of 3 x `--repeats` (at least 45) syncs: each takes milliseconds, and its median over 15
+                   moved by 2x between runs on a shared 2-core host.
 peak_extra_mb: the largest, over the two trainer ranks, of the memory the sync needs beyond the model: the
 increase of resident memory during a timed sync (VmHWM after the sync minus VmRSS before it, VmHWM reset via
 /proc/self/clear_refs) or, when larger, the bridge's persistent bucket buffers (allocated once, kept across syncs).
@@ -219,7 +221,7 @@ def main(args):
     nbytes = stats.bytes
     copies += time_copy(rank, nbytes, args.repeats)
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
-    t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(args.repeats, 15), log, "tiny")
+    t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(3 * args.repeats, 45), log, "tiny")
 
     t_copy = t_load = t_export_load = None
     if rank == 0:

@@ -52,7 +52,8 @@ class EngineFleet(Protocol):
         """Engines restarted since the last sync that reached them."""
 
     def begin_sync(self) -> tuple:
-        """Mark the start of a sync; the token goes to :meth:`replaced_since` and :meth:`end_sync`."""
+        """Mark the start of a sync; the token goes to :meth:`replaced_since` and :meth:`end_sync`.  Raises
+        RuntimeError while the fleet generates (a sync writes into the engines' parameters between rollouts)."""
 
     def replaced_since(self, token: tuple) -> List[int]:
         """Engines replaced after :meth:`begin_sync` returned ``token``."""
@@ -99,14 +100,15 @@ class EngineFleet(Protocol):
 
     def share_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         """Each engine moves its parameters into shared memory once (CPU): ``{"fingerprint", "ranks": [per TP rank
-        {"manager", "handle", "size", "offsets"}]}`` for the trainer ranks to write into, or ``{"error": reason}``.
-        From then on the engine pauses generation inside every weight-update session."""
+        {"manager", "handle", "size", "offsets"}]}`` for the trainer ranks to write into (between rollouts), or
+        ``{"error": reason}``."""
 
     def commit_shared_writes(self, fingerprint: str, engines: Optional[Sequence[int]] = None,
                              flush_cache: bool = False, end_session: bool = False) -> Pending:
         """Start each engine accepting the weights the trainer ranks wrote into its shared parameters (layout
-        ``fingerprint``; refused for another), and with ``end_session`` closing its weight-update session as
-        :meth:`end_weight_update` would: ``{"moved": [names], "weight_version"}`` each."""
+        ``fingerprint``; refused for another): outside a weight-update session in a session of its own, which it
+        closes; inside one, with ``end_session`` closing it as :meth:`end_weight_update` would.
+        ``{"moved": [names], "weight_version"}`` each."""
 
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         """Each engine's ``[per TP rank {parameter name: CPU tensor}]`` (the whole model: tests, diagnostics)."""

@@ -136,13 +136,19 @@ def share_parameters(model, params: dict) -> dict:
 
     Returns ``{"manager", "handle", "size", "offsets": {name: byte offset}, "dtypes": {name: dtype name}}``
     (``manager``/``handle`` as latin-1 strings: torch's shared-memory manager socket and file name).
-    Raises ValueError for a parameter not on the CPU (CUDA parameters would need IPC handles instead).
+    Raises ValueError for a parameter not on the CPU (CUDA parameters would need IPC handles instead), or for a
+    layer whose quantization method restores in-place-packed weights at a session's begin: the trainer ranks write
+    before the commit's session opens, so that restore would run on the new weights.
     """
     held = _ARENAS.get(model)
     if held is None:
         devices = {p.device.type for p in params.values()}
         if devices != {"cpu"}:
             raise ValueError(f"zero-copy weight sync needs CPU parameters, the engine's are on {sorted(devices)}")
+        restoring = sorted({type(m.quant_method).__name__ for m in model.modules() if _restores(m)})
+        if restoring:
+            raise ValueError(f"zero-copy weight sync: quantization method(s) {restoring} repack weights in place "
+                             f"(restore_weights_before_loading); only SGLang's own loading handles them")
         offsets, size = {}, 0
         for name, p in params.items():
             offsets[name] = size
@@ -159,6 +165,23 @@ def share_parameters(model, params: dict) -> dict:
     manager, handle, size = storage._share_filename_cpu_()
     return {"manager": manager.decode("latin-1"), "handle": handle.decode("latin-1"), "size": int(size),
             "offsets": dict(offsets), "dtypes": {n: str(p.dtype).replace("torch.", "") for n, p in params.items()}}
+
+
+def _restores(module) -> bool:
+    """``module``'s quantization method may repack weights in place around a weight-update session (SGLang's
+    ``restore_weights_before_loading`` at the begin, sglang/srt/model_loader/loader.py): every method but SGLang's
+    unquantized ones, whose restore acts only for a GPU MoE backend (flashinfer TRT-LLM; the shared parameters here
+    are on the CPU)."""
+    method = getattr(module, "quant_method", None)
+    if method is None:
+        return False
+    from sglang.srt.layers.quantization.base_config import QuantizeMethodBase
+    from sglang.srt.layers.quantization.unquant import (UnquantizedEmbeddingMethod, UnquantizedFusedMoEMethod,
+                                                        UnquantizedLinearMethod)
+
+    unquantized = (UnquantizedEmbeddingMethod, UnquantizedFusedMoEMethod, UnquantizedLinearMethod)
+    return (isinstance(method, QuantizeMethodBase) and not isinstance(method, unquantized)
+            and type(method).restore_weights_before_loading is not QuantizeMethodBase.restore_weights_before_loading)
 
 
 def commit_shared(model, params: dict) -> list[str]:

@@ -176,6 +176,8 @@ class RolloutManager:
         self.restart_log: List[Dict[str, Any]] = []
         self._stale: set = set()
         self._weights_pushed = False
+        self._generating = 0  # generate() calls in progress (begin_sync refuses a sync meanwhile)
+        self._left_running: List[Any] = []  # engines' generate calls a generate() that raised left running
         self._released: set = set()  # tags the engines should have released (colocated)
         self._engine_released: List[set] = [set() for _ in range(num_engines)]  # what each engine has released
         self._discarded: set = set()  # engines whose weights were resumed after a release, not synced since
@@ -296,8 +298,6 @@ class RolloutManager:
             StaleEnginesError: no fresh engine left (the trainer must sync weights, then generate the rest).
             RolloutFailedError: the restart budget is spent.
         """
-        import ray
-
         if self._released:
             raise RuntimeError(f"rollout engines have released {sorted(self._released)}: call "
                                f"resume_memory_occupation() before generate()")
@@ -309,12 +309,24 @@ class RolloutManager:
             kill_and_wait(self.actors[0])
         prompts = [list(p) for p in prompt_token_ids]
         todo, done, on_death = list(range(len(prompts))), {}, self._budget("generate")
+        pending: Dict[Any, Any] = {}
+        self._generating += 1
+        try:
+            return self._generate_all(prompts, sampling, todo, done, on_death, pending)
+        finally:
+            self._generating -= 1
+            self._left_running += list(pending)  # non-empty only when an error left engine calls running
+
+    def _generate_all(self, prompts, sampling, todo, done, on_death, pending) -> List[RolloutSample]:
+        """:meth:`generate`'s rounds; ``pending`` (``{ref: (engine, prompt indices)}``) holds the engine calls in
+        flight, which generate() keeps when an error leaves some running."""
+        import ray
+
         while todo:
             fresh = [i for i in range(self.num_engines) if i not in self._stale]
             if not fresh:
                 samples = [s for k in sorted(done) for s in done[k]]
                 raise StaleEnginesError(sorted(self._stale), samples, todo)
-            pending = {}
             for engine, part in zip(fresh, split_evenly(todo, len(fresh))):
                 pending[self.actors[engine].generate.remote([prompts[k] for k in part], sampling)] = (engine, part)
             todo = []
@@ -353,7 +365,21 @@ class RolloutManager:
         return sorted(self._discarded)
 
     def begin_sync(self) -> tuple:
-        """Called by the weight sync before it sends; returns a token for :meth:`end_sync`."""
+        """Called by the weight sync before it sends; returns a token for :meth:`end_sync`.
+
+        Raises:
+            RuntimeError: a :meth:`generate` is in progress (another thread), or one that raised left requests
+                running on an engine: the zero-copy sync writes straight into the engines' parameters, which those
+                forward passes would read half-written.  Sync between rollouts.
+        """
+        if self._left_running:
+            import ray
+
+            _, self._left_running = ray.wait(self._left_running, num_returns=len(self._left_running), timeout=0)
+        if self._generating or self._left_running:
+            raise RuntimeError(f"weight sync refused: {self._generating} generate() call(s) in progress and "
+                               f"{len(self._left_running)} engine generate call(s) still running; the sync writes "
+                               f"into the engines' parameters, so it must run between rollouts")
         self._weights_pushed = True
         return tuple(self.restarts)
 

@@ -117,7 +117,6 @@ class SGLangEngine:
         self._released: set = set()  # memory-saver tags this engine has released
         self._layout: Optional[Dict[str, Any]] = None  # the probed parameter layout (engine_layout path)
         self._shared = False  # parameters live in shared memory the trainer writes into (zero-copy sync)
-        self._paused = False
         self._results_dir: Optional[str] = None  # the custom loader's result files (_loader_call)
         self._calls = 0
 
@@ -174,31 +173,13 @@ class SGLangEngine:
 
     # ------------------------------------------------------------------ weights
     def begin_weight_update(self) -> None:
-        """Open a weight-update session (SGLang >= 0.5.23 requires one around tensor/distributed updates).  With
-        shared parameters (:meth:`share_parameters`) generation is paused first (SGLang's in-place pause, which
-        the scheduler takes before the session request it answers): the trainer ranks then write into the
-        parameters while no forward pass runs."""
-        if self._shared and not self._paused:
-            from sglang.srt.managers.io_struct import PauseGenerationReqInput
-
-            self.engine.loop.run_until_complete(
-                self.engine.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode="in_place")))
-            self._paused = True
+        """Open a weight-update session (SGLang >= 0.5.23 requires one around tensor/distributed updates)."""
         check_result(self.engine.begin_weight_update(), "begin_weight_update")
         self._in_update, self._updated = True, False
 
     def end_weight_update(self) -> int:
-        """Close the session (and resume a paused generation); returns the weight version (bumped when anything
-        was loaded in it)."""
-        try:
-            check_result(self.engine.end_weight_update(), "end_weight_update")
-        finally:
-            if self._paused:
-                from sglang.srt.managers.io_struct import ContinueGenerationReqInput
-
-                self.engine.loop.run_until_complete(
-                    self.engine.tokenizer_manager.continue_generation(ContinueGenerationReqInput()))
-                self._paused = False
+        """Close the session; returns the weight version (bumped when anything was loaded in it)."""
+        check_result(self.engine.end_weight_update(), "end_weight_update")
         if self._updated:
             self.weight_version += 1
         self._in_update = self._updated = False
@@ -384,27 +365,46 @@ class SGLangEngine:
 
     def commit_shared_writes(self, fingerprint: str, flush_cache: bool = False,
                              end_session: bool = False) -> Dict[str, Any]:
-        """The trainer ranks wrote a sync's weights straight into the shared parameters (inside this session, with
-        generation paused): check every TP rank's parameters still live there -- one SGLang moved gets the written
-        bytes copied in (rlhf.rollout.engine_loader.commit_shared) -- count the update and flush the cache; with
-        ``end_session`` also :meth:`end_weight_update` (one call fewer for the sync).
+        """The trainer ranks wrote a sync's weights straight into the shared parameters: check every TP rank's
+        parameters still live there -- one SGLang moved gets the written bytes copied in
+        (rlhf.rollout.engine_loader.commit_shared) -- count the update and flush the cache.  Outside a session
+        (the weight sync's steady state: one call per sync) it opens one for the check and closes it; inside
+        one, ``end_session`` also closes it (:meth:`end_weight_update`).
+
+        No pause is needed around the writes: this actor runs one call at a time (``max_concurrency=1``,
+        rlhf/rollout/placement.py) and generation runs only inside :meth:`generate`, which returns when every
+        request has finished, so no forward pass reads the parameters while the ranks write them between
+        rollouts (RolloutManager.begin_sync refuses a sync while a generate() is in flight).  Writing before the
+        session opens is what SGLang's session would do too: its begin restores in-place-packed weights, which
+        :func:`rlhf.rollout.engine_loader.share_parameters` refuses to share.
+
         Returns ``{"moved": [names], "weight_version"}``; a moved parameter ends sharing (the next sync loads
         buckets).
-
         Raises:
-            EngineCallError: outside a session, or written for another layout than this engine's (``fingerprint``)
-                or without shared parameters.
+            EngineCallError: written for another layout than this engine's (``fingerprint``) or without shared
+                parameters (nothing is committed), or SGLang's failure (a session this call opened is closed).
         """
-        self._require_session("commit_shared_writes")
         have = (self._layout or {}).get("fingerprint")
         if not self._shared or fingerprint != have:
             raise EngineCallError(f"commit_shared_writes refused: written for layout {fingerprint}, engine {self.index} "
                                   f"has {have or 'none probed'} (shared parameters: {self._shared})")
-        moved = sorted({n for r in self._loader_call({"op": "commit"}, flush_cache=flush_cache, every_rank=False)
-                        for n in r.get("moved", ())})
+        own = not self._in_update
+        if own:
+            self.begin_weight_update()
+        try:
+            moved = sorted({n for r in self._loader_call({"op": "commit"}, flush_cache=flush_cache, every_rank=False)
+                            for n in r.get("moved", ())})
+        except BaseException:
+            if own:
+                try:
+                    self.end_weight_update()
+                except Exception:  # noqa: BLE001 - the commit's own error is the one to report
+                    pass
+            raise
         self._shared = self._shared and not moved
         self._updated = True
-        return {"moved": moved, "weight_version": self.end_weight_update() if end_session else self.weight_version}
+        return {"moved": moved, "weight_version": self.end_weight_update() if own or end_session
+                else self.weight_version}
 
     def engine_parameters(self) -> List[Dict[str, Any]]:
         """Every parameter of every TP rank (engine names; CPU copies, the whole model: tests, diagnostics)."""

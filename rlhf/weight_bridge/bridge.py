@@ -67,7 +67,8 @@ from rlhf.weight_bridge.local_handles import BucketHolder, broadcast_group, hold
 from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, refuse_report_errors, sync_entries
 from rlhf.weight_bridge.shared_params import write_shared
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
-from rlhf.weight_bridge.steady import GO_FAILED, GO_NONE, GO_OPENED, PlanCache, close_early, digest, open_sessions
+from rlhf.weight_bridge.steady import (GO_BEGUN, GO_FAILED, GO_NONE, GO_OPENED, PlanCache, close_early, digest,
+                                      needs_sessions, open_sessions)
 from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
 
@@ -269,10 +270,12 @@ class WeightBridge:
             try:
                 opening["inputs"] = inputs = self._controller_inputs(engines)
                 early = self._steady.predicts_reuse(topo.rank, digest((self._local_digest(), inputs)))
-                if early:  # the engines' begin (and pause) runs while this rank lists its tensors
+                if early:  # the engines' begins run while this rank lists its tensors (zero copy: none to run)
+                    opening["sessions"] = needs_sessions(self._steady.verdict)
                     opening["token"] = self.engines.begin_sync()
                     try:
-                        opening["pending"] = self.engines.start_weight_update(engines=list(inputs[1]))
+                        opening["pending"] = (self.engines.start_weight_update(engines=list(inputs[1]))
+                                              if opening["sessions"] else [])
                     except Exception as e:  # noqa: BLE001 - open_sessions reports it (codes: every rank)
                         opening["pending"] = e
             except Exception as e:  # noqa: BLE001 - reported through the exchange so no rank hangs
@@ -302,9 +305,9 @@ class WeightBridge:
         go = GO_NONE
         if early:
             opening["token"], opening["error"], waited = open_sessions(self.engines, list(inputs[1]), opening["token"],
-                                                                       opening["pending"])
+                                                                       opening["pending"], opening["sessions"])
             self._open_seconds += waited
-            go = GO_FAILED if opening["error"] is not None else GO_OPENED
+            go = GO_FAILED if opening["error"] is not None else GO_OPENED if opening["sessions"] else GO_BEGUN
         codes = topo.all_gather_codes([mine, ok, go])
         if decides_shared and not all(c[1] for c in codes):
             # a rank that could not list its tensors counted as "not usable" in its TP group's one-time decision: the
@@ -318,7 +321,7 @@ class WeightBridge:
             self._steady.drop()
             raise topo.broadcast_object(opening["error"] if topo.is_controller else None)
         if verdict is not None:
-            verdict["opened"] = go == GO_OPENED
+            verdict["opened"] = go
             return verdict, entries, skipped
         reports = topo.all_gather_object(report)
         verdict = None
@@ -331,7 +334,7 @@ class WeightBridge:
         verdict = topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
-        verdict["opened"] = go == GO_OPENED
+        verdict["opened"] = go
         plan, groups = verdict["plan"], {}
         for stage in plan.stages:  # collective over every rank (torch's new_group), once per member set, in order
             held = (verdict["holders"] or {}).get(stage.pp_rank)
@@ -416,13 +419,19 @@ class WeightBridge:
             close_early(self.engines, opening)  # opened before a plan (or a group setup) that failed: leave none open
             raise
         token = opening.get("token") if opening is not None else None
-        if not verdict["opened"]:  # planned afresh: the sessions open now, and every rank learns the outcome
-            token, go, waited = open_sessions(self.engines, targets) if self.topo.is_controller else (None, None, 0.0)
+        sessions = needs_sessions(verdict)  # zero copy: the engines' commit opens and closes its own session
+        opened = verdict["opened"]  # the go code: what the controller began before the exchange
+        if opened == GO_NONE or (opened == GO_BEGUN and sessions):  # (planned afresh) begin now; every rank learns
+            token, go, waited = (open_sessions(self.engines, targets, sessions=sessions) if self.topo.is_controller
+                                 else (None, None, 0.0))
             self._open_seconds += waited
             go = self.topo.broadcast_object(go)
             if isinstance(go, BaseException):
                 self._steady.drop()
                 raise go
+            opened = GO_OPENED if sessions else GO_BEGUN
+        if opened == GO_BEGUN:
+            times["ended"] = list(targets)  # no session to close, whatever happens next
         direct = verdict["direct"]
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, bytes=plan.total_bytes, num_tensors=plan.num_tensors,
                           num_buckets=len(direct.buckets) if direct else plan.num_buckets,

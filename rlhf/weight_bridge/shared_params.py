@@ -4,10 +4,11 @@ Once per engine layout each engine moves its parameters into one shared-memory a
 (rlhf.rollout.engine_loader.share_parameters) and reports the arena's file and every parameter's byte offset.
 Every trainer rank maps the arenas once; a sync is then the ranks' composed block writes
 (engine_layout.compose_writes, the same ops as for buckets, with the arena offsets as the "bucket" layout), done
-in parallel straight into the parameters after the engines' begin_weight_update (which pauses their generation),
-then one commit call per engine that counts the update, flushes the cache, repairs a parameter SGLang moved out of
-the arena (copying the written bytes into it; sharing then ends) and closes the session (generation continues).
-No bucket buffer, no copy in the engine.
+in parallel straight into the parameters between rollouts (the engines run no forward pass then: their actors run
+one call at a time and the rollout manager refuses a sync while it generates), then ONE call per engine, the
+commit, which opens a weight-update session, repairs a parameter SGLang moved out of the arena (copying the written
+bytes into it; sharing then ends), counts the update, flushes the cache and closes the session.  No bucket buffer,
+no copy in the engine, no engine call before the writes.
 """
 from __future__ import annotations
 
@@ -120,8 +121,9 @@ def write_shared(topo, engines, layout_path, direct, stage, entries, targets, ti
     """One rank's part of a zero-copy sync: every active rank (and expert peer) writes its elements straight into
     the target engines' shared parameters; one flag all_reduce over its TP group (and EP group) tells each stage
     that all of them are done and whether any failed; each stage's leader reports to the controller, which then
-    commits the update on every engine (sessions open, generation paused) and closes their sessions in the same
-    call -- or, when any rank failed, commits nothing (the sync closes the sessions and raises on every rank).
+    commits the update on every engine, one call each that also opens and closes the engine's session (or closes
+    the one the sync opened) -- or, when any rank failed, commits nothing (the sync raises on every rank; the next
+    sync rewrites every parameter).
 
     Args:
         topo, engines, layout_path: the bridge's topology, engines' handle (controller) and EngineLayoutPath.

@@ -12,9 +12,11 @@ engine restarted, another target list, a rank that could not even list its tenso
 full planning path, which validates everything again and refuses a mismatch before anything is written.
 
 ``go`` is the controller's result of opening the engines' sessions, started before the collective when its own
-inputs predict reuse (the engines' ``begin_weight_update``, with the pause of generation, runs while the ranks list
-their tensors): GO_NONE not started (the sync opens them after planning), GO_OPENED, or GO_FAILED -- then every rank
-raises the controller's message, which follows in one object broadcast; nothing was written.  The controller's
+inputs predict reuse (the engines' ``begin_weight_update`` runs while the ranks list their tensors): GO_NONE not
+started (the sync opens them after planning), GO_OPENED, GO_BEGUN (the sync begun without sessions: the verdict to
+reuse writes into the engines' shared parameters, and its one commit call per engine opens and closes a session of
+its own), or GO_FAILED -- then every rank raises the controller's message, which follows in one object broadcast;
+nothing was written.  The controller's
 session helpers live here too: :func:`open_sessions` (also refuses a target engine replaced while its session
 opened), :func:`close_sessions`, and :func:`close_early` for a sync that fails after it started opening them.
 
@@ -34,11 +36,20 @@ import torch.distributed as dist
 from parallel import devices
 from rlhf.weight_bridge.validate import WeightBridgeError
 
-__all__ = ["PlanCache", "GO_NONE", "GO_OPENED", "GO_FAILED", "all_gather_codes", "any_rank", "digest",
-           "open_sessions", "close_sessions", "close_early"]
+__all__ = ["PlanCache", "GO_NONE", "GO_OPENED", "GO_FAILED", "GO_BEGUN", "all_gather_codes", "any_rank", "digest",
+           "open_sessions", "close_sessions", "close_early", "needs_sessions"]
 
-#: the controller's ``go`` code: sessions not opened before the exchange, opened, or failed to open
-GO_NONE, GO_OPENED, GO_FAILED = 0, 1, 2
+#: the controller's ``go`` code: sessions not opened before the exchange, opened, failed to open, or the sync begun
+#: without sessions (zero copy)
+GO_NONE, GO_OPENED, GO_FAILED, GO_BEGUN = 0, 1, 2, 3
+
+
+def needs_sessions(verdict: dict | None) -> bool:
+    """Whether a sync with ``verdict`` sends inside sessions it opens first: every path but zero copy, whose ranks
+    write into the engines' shared parameters and whose commit call opens and closes its own session
+    (shared_params.write_shared)."""
+    direct = (verdict or {}).get("direct")
+    return direct is None or getattr(direct, "arenas", None) is None
 
 
 def digest(obj) -> int:
@@ -72,6 +83,11 @@ class PlanCache:
         self._verdict: dict | None = None
         self._pending: tuple | None = None  # digests of the sync in flight that planned afresh, with its verdict
 
+    @property
+    def verdict(self) -> dict | None:
+        """The verdict of the last sync that succeeded everywhere (what a steady sync reuses), or None."""
+        return self._verdict
+
     def predicts_reuse(self, rank: int, digest: int) -> bool:
         """This rank's own inputs are those of the last successful sync (the others' are known only after the
         exchange): the controller then opens the engines' sessions before it."""
@@ -103,18 +119,19 @@ class PlanCache:
         self._agreed = self._verdict = self._pending = None
 
 
-def open_sessions(engines, targets: list[int], token=None, pending=None) -> tuple:
+def open_sessions(engines, targets: list[int], token=None, pending=None, sessions: bool = True) -> tuple:
     """Controller: ``engines.begin_sync()`` + every target's begin_weight_update (``token`` / ``pending``: already
-    started, ``pending`` may be the exception starting them raised); returns ``(token, error or None, seconds waited
-    for the begins)``.  On an error every target's session is closed again.  A target engine replaced while its
-    session opened (the manager's ``wait`` replaces a dead engine and returns None) is an error too: the new engine
-    has no session and, with the distributed transport, never joined the group, where the broadcast would wait for
-    it until the group's timeout; and the plan was validated against the old engine."""
+    started, ``pending`` may be the exception starting them raised; ``sessions=False``: begin_sync only, for zero
+    copy); returns ``(token, error or None, seconds waited for the begins)``.  On an error every target's session is
+    closed again.  A target engine replaced while its session opened (the manager's ``wait`` replaces a dead engine
+    and returns None) is an error too: the new engine has no session and, with the distributed transport, never
+    joined the group, where the broadcast would wait for it until the group's timeout; and the plan was validated
+    against the old engine."""
     waited = 0.0
     try:
         if pending is None:
             token = engines.begin_sync()
-            pending = engines.start_weight_update(engines=targets)
+            pending = engines.start_weight_update(engines=targets) if sessions else []
         if isinstance(pending, BaseException):
             raise pending
         t0 = time.perf_counter()
@@ -122,10 +139,13 @@ def open_sessions(engines, targets: list[int], token=None, pending=None) -> tupl
         waited = time.perf_counter() - t0
         replaced = [i for i in engines.replaced_since(token) if i in targets] if token is not None else []
     except Exception as e:  # noqa: BLE001
-        close_sessions(engines, targets)
-        return token, WeightBridgeError(f"begin_weight_update failed: {type(e).__name__}: {e}"), waited
+        if sessions:
+            close_sessions(engines, targets)
+        what = "begin_weight_update" if sessions else "begin_sync"
+        return token, WeightBridgeError(f"{what} failed: {type(e).__name__}: {e}"), waited
     if replaced:
-        close_sessions(engines, targets)
+        if sessions:
+            close_sessions(engines, targets)
         return token, WeightBridgeError(f"engine(s) {replaced} replaced while opening the weight-update sessions; "
                                         f"nothing was sent: sync again"), waited
     return token, None, waited
@@ -137,7 +157,7 @@ def close_sessions(engines, targets: list[int]) -> None:
     Also right after a begin_weight_update that failed on one engine (``wait`` raised there and did not collect the
     others): each engine actor runs one call at a time, in the order this caller submitted them (Ray actors with
     ``max_concurrency=1``, rlhf/rollout/placement.py), so every engine runs this end after its begin.  A threaded or
-    async engine actor would break that (the end first, the session left open and generation paused)."""
+    async engine actor would break that (the end first, the session left open)."""
     try:
         engines.end_weight_update(engines=targets)
     except Exception:  # noqa: BLE001
@@ -147,8 +167,9 @@ def close_sessions(engines, targets: list[int]) -> None:
 def close_early(engines, opening: dict | None) -> None:
     """Controller, a sync that fails after it started opening the sessions before the exchange (``opening`` as
     WeightBridge._plan fills it): wait for the begins (errors ignored), then close the sessions; nothing when none
-    was started or :func:`open_sessions` already reported an error (it closed them)."""
-    if not opening or "pending" not in opening or opening.get("error") is not None:
+    was started (zero copy begins without sessions) or :func:`open_sessions` already reported an error (it closed
+    them)."""
+    if not opening or "pending" not in opening or opening.get("error") is not None or not opening.get("sessions"):
         return
     pending = opening["pending"]
     if not isinstance(pending, BaseException):

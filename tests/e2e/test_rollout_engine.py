@@ -399,26 +399,38 @@ def test_wrong_shape_update_sent_directly_is_contained(engine, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.sglang
-def test_paused_scheduler_waits_instead_of_spinning(engine, tiny_model):
-    """While a zero-copy weight update holds generation paused (the trainer ranks write into the engine's shared
-    parameters then), the CPU scheduler waits on its sockets: SGLang's paused loop spins a whole core otherwise
-    (1.0 core measured; rlhf/rollout/sglang_cpu/standin/sgl_kernel/_paused_sleep.py).  Generation continues after
-    the commit, greedy equal to HF.  Last in the module: the engine's parameters stay shared."""
-    import psutil
+def test_zero_copy_commit_is_one_call_that_opens_and_closes_its_own_session(engine, tiny_model):
+    """The engine side of a zero-copy sync is one call: with no session open (nothing paused: the engine is idle
+    between rollouts), a parameter is written straight into the engine's shared arena -- here by this process, as
+    a trainer rank does, through the arena's file -- then the commit opens a session, takes the write (weight version
+    +1, nothing moved), flushes and closes the session (a new one opens).  A commit for another layout is refused
+    before any session opens.  Greedy output then equals HF's with the written weight.  Last in the module: the
+    engine's parameters stay shared."""
+    from rlhf.weight_bridge.shared_params import map_arena
 
     path, _, prompts = tiny_model
-    push_weights(engine, sorted(load_state(path).items()))
+    state = load_state(path)
+    push_weights(engine, sorted(state.items()))
     [layout] = engine.weight_layout()
     [shared] = engine.share_parameters()
     assert "error" not in layout and "error" not in shared, (layout, shared)
-    [scheduler] = psutil.Process(engine.engine_pids()[0]).children(recursive=True)
-    engine.begin_weight_update()  # shared parameters: generation paused in place first
-    try:
-        before = sum(scheduler.cpu_times()[:2])
-        time.sleep(1.0)
-        busy = sum(scheduler.cpu_times()[:2]) - before
-    finally:
-        engine.wait(engine.commit_shared_writes(layout["fingerprint"], flush_cache=True, end_session=True))
-    assert busy < 0.3, f"the paused scheduler used {busy:.2f} s of CPU in 1 s"
+    [rank] = shared["ranks"]
+    name = "model.norm.weight"  # the same layout in SGLang and HF
+    new = state[name] * 1.5 + 0.1
+    version = engine.info()[0]["weight_version"]
+    arena = map_arena(rank["handle"], rank["size"])
+    arena[rank["offsets"][name]:rank["offsets"][name] + new.numel() * 4].view(torch.float32).copy_(new)
+    [done] = engine.wait(engine.commit_shared_writes(layout["fingerprint"], flush_cache=True))
+    assert done == {"moved": [], "weight_version": version + 1}
+    assert torch.equal(weight(engine, name), new)
+    engine.begin_weight_update()  # the commit closed the session it opened
+    engine.end_weight_update()
+    with pytest.raises(Exception, match="commit_shared_writes refused: written for layout 0000"):
+        engine.wait(engine.commit_shared_writes("0" * 20))
+    engine.begin_weight_update()  # refused before a session opened
+    engine.end_weight_update()
+    assert engine.info()[0]["weight_version"] == version + 1
     out = engine.generate(prompts[:1], SamplingConfig(temperature=0.0, max_new_tokens=8))
-    assert out[0].response_ids == hf_greedy(hf_model(path), prompts[0], 8, stop_token_ids_for(path))
+    want = hf_greedy(hf_model(path, {**state, name: new}), prompts[0], 8, stop_token_ids_for(path))
+    assert out[0].response_ids == want
+    del arena

@@ -37,6 +37,10 @@ class StandInEngine:
 
     def generate(self, prompts, sampling):
         assert not self.released
+        if [99] in prompts:
+            raise ValueError("prompt 99 fails")
+        if [98] in prompts:
+            time.sleep(2.0)  # a long rollout
         return [RolloutSample(list(p), [7], [-0.1], "stop", i, 0, extra={"engine": self.index})
                 for i, p in enumerate(prompts)]
 
@@ -128,6 +132,36 @@ def test_resumed_weights_are_refused_until_a_sync_reaches_them(mgr):
     mgr.info()  # engine 0 replaced: a fresh engine holds its checkpoint's weights (stale, not discarded)
     assert mgr.weights_discarded() == [] and mgr.stale_engines() == [0]
     assert {s.extra["engine"] for s in mgr.generate([[1], [2]], cfg)} == {1}
+
+
+def test_sync_is_refused_while_generation_runs_or_was_left_running(mgr):
+    """The zero-copy sync writes into the engines' parameters with no pause: begin_sync refuses while a generate()
+    runs in another thread, and while one that raised left a request running on an engine; once they end it is
+    accepted."""
+    import threading
+
+    cfg = SamplingConfig(max_new_tokens=1)
+    worker = threading.Thread(target=mgr.generate, args=([[98], [98]], cfg))
+    worker.start()
+    deadline = time.time() + 30
+    while mgr._generating == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(RuntimeError, match=r"weight sync refused: 1 generate\(\) call\(s\) in progress"):
+        mgr.begin_sync()
+    worker.join()
+    mgr.end_sync(mgr.begin_sync())
+    with pytest.raises(Exception, match="prompt 99 fails"):
+        mgr.generate([[99], [98]], cfg)  # engine 0 fails at once, engine 1 is still generating
+    with pytest.raises(RuntimeError, match=r"0 generate\(\) call\(s\) in progress and 1 engine generate call"):
+        mgr.begin_sync()
+    deadline = time.time() + 30
+    while True:  # accepted as soon as engine 1's call ends
+        try:
+            mgr.end_sync(mgr.begin_sync())
+            break
+        except RuntimeError:
+            assert time.time() < deadline, "the finished engine call still blocks syncs"
+            time.sleep(0.1)
 
 
 class GatedEngine(StandInEngine):

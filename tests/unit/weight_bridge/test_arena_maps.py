@@ -48,3 +48,38 @@ def test_mapping_writes_the_engine_parameter_and_outlives_its_shm_manager(tmp_pa
     assert proc.returncode == 0, out
     assert "engine weight [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]" in out and "killed torch_shm_manager" in out, out
     assert "released" in out, out
+
+
+def test_layers_that_repack_weights_at_a_sessions_begin_are_not_shared():
+    """The trainer ranks write before the commit's session opens, so SGLang's restore_weights_before_loading would
+    run on the new weights: a layer whose quantization method repacks there is refused (nothing shared; the sync
+    loads buckets), SGLang's unquantized methods (their restore acts only for a GPU MoE backend) are shared."""
+    import pytest
+    import torch
+    from sglang.srt.layers.quantization.base_config import QuantizeMethodBase
+    from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod, UnquantizedLinearMethod
+
+    from rlhf.rollout import engine_loader
+
+    class Repacking(QuantizeMethodBase):
+        def create_weights(self, *args, **kwargs):
+            pass
+
+        def apply(self, *args, **kwargs):
+            pass
+
+        def restore_weights_before_loading(self, layer):
+            pass
+
+    def model_with(method):
+        model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+        model[0].__dict__["quant_method"] = method  # as an attribute only (the MoE method is an nn.Module too)
+        return model
+
+    fused_moe = object.__new__(UnquantizedFusedMoEMethod)  # its restore is overridden (unbuilt: only its type counts)
+    for method in (UnquantizedLinearMethod(), fused_moe):
+        model = model_with(method)
+        assert engine_loader.share_parameters(model, dict(model.named_parameters()))["size"] > 0
+    model = model_with(Repacking())
+    with pytest.raises(ValueError, match=r"quantization method\(s\) \['Repacking'\] repack weights in place"):
+        engine_loader.share_parameters(model, dict(model.named_parameters()))

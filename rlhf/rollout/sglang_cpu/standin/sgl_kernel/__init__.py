@@ -19,8 +19,6 @@ shadowing the real wheel there and nowhere else:
 * plain sampling (no top-k / top-p / min-p) draws one uniform per request (inverse CDF,
   ``_inverse_cdf_sampling``) instead of one exponential per vocabulary entry from torch's single-threaded CPU
   generator (the largest part of a decode step at a 32k vocabulary);
-* a paused scheduler (the zero-copy weight sync pauses generation while the trainer ranks write) waits on its
-  sockets instead of busy-polling a whole core (``_paused_sleep``);
 * ``convert_weight_packed`` is deliberately NOT registered: SGLang enables its Intel-AMX backend only when
   that op exists, so leaving it out keeps every linear layer on plain ``torch.nn.functional.linear``
   even on AMX-capable CPUs.
@@ -108,5 +106,3 @@ importlib.import_module(__name__ + "._mla_prefill").install()
 importlib.import_module(__name__ + "._batched_attention").install()
 # One uniform per row instead of one exponential per vocabulary entry when sampling: see _inverse_cdf_sampling.
 importlib.import_module(__name__ + "._inverse_cdf_sampling").install()
-# A paused scheduler waits for its next message instead of spinning a core: see _paused_sleep.
-importlib.import_module(__name__ + "._paused_sleep").install()
