@@ -375,8 +375,8 @@ class SGLangEngine:
         rlhf/rollout/placement.py) and generation runs only inside :meth:`generate`, which returns when every
         request has finished, so no forward pass reads the parameters while the ranks write them between
         rollouts (RolloutManager.begin_sync refuses a sync while a generate() is in flight).  Writing before the
-        session opens is what SGLang's session would do too: its begin restores in-place-packed weights, which
-        :func:`rlhf.rollout.engine_loader.share_parameters` refuses to share.
+        session opens equals writing inside it while its begin (SGLang's restore of in-place-packed weights)
+        changes nothing: :func:`rlhf.rollout.engine_loader.share_parameters` refuses layers that repack there.
 
         Returns ``{"moved": [names], "weight_version"}``; a moved parameter ends sharing (the next sync loads
         buckets).
