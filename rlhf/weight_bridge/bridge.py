@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import collections
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -57,8 +56,9 @@ import torch.distributed as dist
 from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
-from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter, dtype_from_any, dtype_name
-from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
+from rlhf.weight_bridge.bucketing import (DEFAULT_BUCKET_BYTES, NO_POOL, BufferPool, MemoryMeter, dtype_from_any,
+                                          dtype_name)
+from rlhf.weight_bridge.check import sample_rows, verify
 from rlhf.weight_bridge.direct_path import EngineLayoutPath
 from rlhf.weight_bridge.from_distributed import DistributedTransport
 from rlhf.weight_bridge.from_tensor import DirectTransport, TensorTransport, prepare_sharing
@@ -67,55 +67,13 @@ from rlhf.weight_bridge.local_handles import BucketHolder, broadcast_group, hold
 from rlhf.weight_bridge.plan import NameMap, build_send_plan, plan_local_tensors, refuse_report_errors, sync_entries
 from rlhf.weight_bridge.shared_params import write_shared
 from rlhf.weight_bridge.shm_buckets import SharedBuckets
+from rlhf.weight_bridge.sync_stats import SyncStats
 from rlhf.weight_bridge.steady import (GO_BEGUN, GO_FAILED, GO_NONE, GO_OPENED, PlanCache, close_early, digest,
                                       needs_sessions, open_sessions)
 from rlhf.weight_bridge.topology import MegatronTopology
 from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
 
 __all__ = ["WeightBridge", "SyncStats"]
-
-
-class _NoPool:
-    """Release target of buckets that own no pool buffer (shared buckets)."""
-
-    def release(self, slot) -> None:
-        pass
-
-
-_NO_POOL = _NoPool()
-
-
-@dataclass
-class SyncStats:
-    """Outcome of one :meth:`WeightBridge.sync` on this rank (byte counts global, timings local, seconds)."""
-
-    seconds: float = 0.0
-    plan_seconds: float = 0.0  # plan check (or planning) + opening the engines' sessions
-    open_seconds: float = 0.0  # controller: of plan_seconds, waiting for the engines' sessions to open
-    bytes: int = 0
-    num_tensors: int = 0
-    num_buckets: int = 0
-    peak_extra_bytes: int = 0  # bucket buffers + gathered/converted tensors on this rank
-    produce_seconds: float = 0.0  # waiting for this rank's own buckets (TP gather, convert, pack)
-    receive_seconds: float = 0.0  # controller, colocated PP: waiting for other stages' payloads
-    deliver_seconds: float = 0.0  # engine calls / broadcasts (and waiting for the engines)
-    finish_seconds: float = 0.0  # controller: end_weight_update on every engine
-    replanned: bool = False
-    path: str = "generic"  # "zero_copy": written into the engines' shared parameters; "engine_layout": buckets in
-    # the engines' parameter layout; "generic": SGLang's loaders
-    fallback_reason: str | None = None  # why the engine-layout path was not taken (engine_layout on)
-    fallback_syncs: int = 0  # syncs of this bridge so far that fell back to the generic path
-    engines: list[int] = field(default_factory=list)  # engines the sync reached
-    skipped_buffers: list[str] = field(default_factory=list)
-    check: CheckReport | None = None
-
-    def metrics(self) -> dict[str, float]:
-        """The sync's trainer metrics: ``weight_sync/engine_layout`` (1.0 when the engine-layout path ran, buckets or
-        zero copy), ``weight_sync/zero_copy`` (1.0 for zero copy) and ``weight_sync/fallback_syncs`` (syncs of the
-        bridge so far on the generic path)."""
-        return {"weight_sync/engine_layout": float(self.path in ("engine_layout", "zero_copy")),
-                "weight_sync/zero_copy": float(self.path == "zero_copy"),
-                "weight_sync/fallback_syncs": float(self.fallback_syncs)}
 
 
 class WeightBridge:
@@ -533,10 +491,10 @@ class WeightBridge:
         # bucket k (two buffers, one bucket in flight)
         holding = any(sv.group is not None for sv in serving.values())
         if shared is not None:  # every TP rank writes its shard into the shared bucket
-            pool = _NO_POOL
+            pool = NO_POOL
             own = lambda: shared.stream(entries, my_stage.buckets, self.spec, times)  # noqa: E731
         else:  # the stage leader gathers, converts and packs
-            pool = self._buffers(plan) if topo.is_leader or holding else _NO_POOL
+            pool = self._buffers(plan) if topo.is_leader or holding else NO_POOL
             own = lambda: stage_buckets(entries, my_stage.buckets, topo, self.spec, pool, self.meter,  # noqa: E731
                                         self.overlap and not holding, times)
         peer = lambda: collections.deque(own() if shared is not None else  # noqa: E731
@@ -581,9 +539,9 @@ class WeightBridge:
             return None, targets
         tt = DirectTransport(direct, topo, self.engines, targets, engine_tp, record, times, token)
         if topo.is_controller:
-            return tt.run_controller(direct.send, own, _NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
+            return tt.run_controller(direct.send, own, NO_POOL, in_flight=1 if self.overlap else 0), tt.targets
         if stage is not None:  # the same per-bucket protocol as the generic path's stage leaders (no holders)
-            return tt.run_leader(direct.send, own, _NO_POOL), targets
+            return tt.run_leader(direct.send, own, NO_POOL), targets
         return None, targets
 
     def _check(self, plan, outcome, stats: SyncStats) -> None:

@@ -236,6 +236,16 @@ class BufferPool:
                 self._buffers[i] = None
 
 
+class _NoPool:
+    """Release target of buckets that own no pool buffer (shared buckets)."""
+
+    def release(self, slot) -> None:
+        pass
+
+
+NO_POOL = _NoPool()
+
+
 def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
                  pool: BufferPool) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
     """Copy a stream of (name, tensor[, owned]) into flat buckets following `plans`.
