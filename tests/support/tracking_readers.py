@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import struct
+import time
 
 
 def tensorboard(log_dir: str) -> dict:
@@ -80,10 +81,18 @@ def wandb_offline(run_root: str) -> dict:
     from wandb.proto import wandb_internal_pb2 as pb
 
     (path,) = glob.glob(os.path.join(run_root, "wandb", "offline-run-*", "run-*.wandb"))
+    # run.finish() returns once wandb-core handled the exit record, but its writer flushes and closes the file
+    # after (inform_finish is not waited for): under load a read right after finish() saw only the first history
+    # row.  Wait for the exit record.
+    deadline, records = time.monotonic() + 60, []
+    while True:
+        records = [pb.Record.FromString(raw) for raw in _wandb_records(path)]
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert any(r.WhichOneof("record_type") == "exit" for r in records), f"{path} has no exit record after 60 s"
     out = {"scalars": {}, "media": {}, "config": {}, "run": None}
-    for raw in _wandb_records(path):
-        rec = pb.Record()
-        rec.ParseFromString(raw)
+    for rec in records:
         kind = rec.WhichOneof("record_type")
         if kind == "run":
             out["run"] = {"project": rec.run.project, "name": rec.run.display_name}
