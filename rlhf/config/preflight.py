@@ -6,7 +6,8 @@ before any engine or model is built, instead of minutes later on the trainer's r
 * ``trainer.logger`` with ``wandb`` but no W&B credentials (``WANDB_API_KEY``, a ``~/.netrc`` entry for the
   W&B host) and not offline (``WANDB_MODE=offline``);
 * ``data.max_prompt_length`` against the prompts of the data, and ``data.max_response_length`` against its
-  reference solutions (a warning) (:mod:`rlhf.data.length_check`).
+  reference solutions (a warning), and a split with no rows or a row without a usable prompt
+  (:mod:`rlhf.data.length_check`).
 
 :func:`preflight_problems` returns one line per problem (key, value, why, the fix) and logs the warnings (rank
 0, once per process); ``rlhf.config.validate`` adds the problems to its report with ``check_files=True``.

@@ -182,8 +182,9 @@ def _response_warning(key: str, files: Any, lengths: SplitLengths, limit: int, t
 
 
 def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None) -> Tuple[List[str], List[str]]:
-    """(problems, warnings) of the module docstring, one line each (both [] when the data or tokenizer cannot
-    be read cheaply, or reading them fails: the dataset builder reports that later with its own message).
+    """(problems, warnings) of the module docstring, one line each, plus a problem for a split the dataset builder
+    would stop on (no rows, a row without a usable prompt: its own message, naming the row).  Both [] when the
+    data or tokenizer cannot be read cheaply, or `datasets` cannot read a file (the dataset builder reports that).
     `hub_cached(name)`: the local cache of a hub dataset or None (rlhf.config.preflight.hub_cached_dataset;
     default: hub datasets are skipped)."""
     d = cfg.data
@@ -203,7 +204,12 @@ def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None
     for key, files, split in splits:
         try:
             lengths = split_lengths(files, tokenizer, d, split)
-        except Exception as e:  # noqa: BLE001 - bad rows: RLHFDataset names the row later
+        except (KeyError, TypeError, ValueError) as e:
+            # an empty split or a row without a usable prompt: the dataset builder would stop on the same row
+            # with the same message, after the engines and models were built
+            problems.append(f"{key}={files!r}: {e.args[0] if e.args else e}")
+            continue
+        except Exception as e:  # noqa: BLE001 - a file `datasets` cannot read: the dataset builder reports it
             logger.debug("length check of %s skipped: %s", key, e)
             continue
         need = int(d.train_batch_size) if split == "train" else 1

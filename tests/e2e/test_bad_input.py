@@ -75,10 +75,10 @@ def test_bad_dataset(model, tmp_path, case):
                                   {"prompt": 12345, "ground_truth": "3", "data_source": "gsm8k"}],
             "all_too_long": [{"prompt": "word " * 400, "ground_truth": "1", "data_source": "gsm8k"}] * 3}[case]
     data = write_rows(tmp_path / "train.jsonl", rows)
-    # prompts too long for data.max_prompt_length are a config error (exit 2, no model loaded), the limit that
-    # keeps them named; the other cases stop in the dataset builder
+    # every case is a config error (exit 2, no engine or model built): the preflight reads the rows as the dataset
+    # builder does and names the bad one, or the limit that keeps the too-long prompts
     err, out = run([f"model.path={model}", f"data.train_files={data}", f"data.val_files={data}",
-                    "data.max_prompt_length=64"], tmp_path, 2 if case == "all_too_long" else 1)
+                    "data.max_prompt_length=64"], tmp_path, 2)
     expect = {"empty": f"{data}: the dataset has no rows; give a file or split with data",
               "wrong_prompt_type": f"{data}: row 1: prompt must be a string or a list of chat messages, got int",
               "all_too_long": f"data.max_prompt_length=64 keeps 0 of the 3 prompts of data.train_files='{data}' "

@@ -89,3 +89,16 @@ def test_prompt_length_against_the_data_from_the_python_api(tok, offline_home):
         Trainer(dataset=rows, tokenizer=tok, output_dir=str(offline_home / "run"),
                 **{"data.max_prompt_length": sorted(lengths)[1], "data.train_batch_size": 4,
                    "actor.ppo_mini_batch_size": 4, "critic.ppo_mini_batch_size": 4})
+
+
+def test_a_row_without_a_usable_prompt_is_refused_before_any_build(tok, offline_home):
+    """A row the dataset builder would stop on (here row 1's prompt is an int) is a config problem naming the row,
+    raised by Trainer(...) before Ray, an engine or a model starts."""
+    from rlhf import Trainer
+
+    rows = [{"prompt": "1+1=", "ground_truth": "2", "data_source": "gsm8k"},
+            {"prompt": 12345, "ground_truth": "3", "data_source": "gsm8k"}]
+    with pytest.raises(ConfigValidationError,
+                       match=r"data\.train_files='[^']*': .*row 1: prompt must be a string or a list of chat messages, "
+                             r"got int"):
+        Trainer(dataset=rows, tokenizer=tok, output_dir=str(offline_home / "run"))
