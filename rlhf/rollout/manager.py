@@ -375,7 +375,8 @@ class RolloutManager:
         if self._left_running:
             import ray
 
-            _, self._left_running = ray.wait(self._left_running, num_returns=len(self._left_running), timeout=0)
+            _, self._left_running = ray.wait(self._left_running, num_returns=len(self._left_running), timeout=0,
+                                             fetch_local=False)
         if self._generating or self._left_running:
             raise RuntimeError(f"weight sync refused: {self._generating} generate() call(s) in progress and "
                                f"{len(self._left_running)} engine generate call(s) still running; the sync writes "

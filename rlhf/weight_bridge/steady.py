@@ -123,14 +123,20 @@ def open_sessions(engines, targets: list[int], token=None, pending=None, session
     """Controller: ``engines.begin_sync()`` + every target's begin_weight_update (``token`` / ``pending``: already
     started, ``pending`` may be the exception starting them raised; ``sessions=False``: begin_sync only, for zero
     copy); returns ``(token, error or None, seconds waited for the begins)``.  On an error every target's session is
-    closed again.  A target engine replaced while its session opened (the manager's ``wait`` replaces a dead engine
+    closed again, except when ``begin_sync`` itself refuses (no session was opened).  A target engine replaced while its session opened (the manager's ``wait`` replaces a dead engine
     and returns None) is an error too: the new engine has no session and, with the distributed transport, never
     joined the group, where the broadcast would wait for it until the group's timeout; and the plan was validated
     against the old engine."""
     waited = 0.0
+    if pending is None:
+        # Before the try: a refused begin_sync (a generate in progress) opened no session, and closing one would
+        # queue end_weight_update behind that generate on the one-call-at-a-time engine actor.
+        try:
+            token = engines.begin_sync()
+        except Exception as e:  # noqa: BLE001
+            return token, WeightBridgeError(f"begin_sync refused: {type(e).__name__}: {e}"), waited
     try:
         if pending is None:
-            token = engines.begin_sync()
             pending = engines.start_weight_update(engines=targets) if sessions else []
         if isinstance(pending, BaseException):
             raise pending

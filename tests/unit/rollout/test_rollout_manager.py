@@ -20,6 +20,7 @@ class StandInEngine:
 
     def __init__(self, engine_kwargs, index=0, expected_weights=None):
         self.index, self.released = index, set()
+        self.rollout_gate = os.path.join(engine_kwargs["model_path"], "rollout_gate")
 
     def info(self):
         return {"pid": os.getpid(), "index": self.index, "tp_size": 1, "startup_seconds": 0.0, "weight_version": 0}
@@ -39,8 +40,11 @@ class StandInEngine:
         assert not self.released
         if [99] in prompts:
             raise ValueError("prompt 99 fails")
-        if [98] in prompts:
-            time.sleep(2.0)  # a long rollout
+        if [98] in prompts:  # a long rollout: runs until the test creates the gate file
+            deadline = time.time() + 120
+            while not os.path.exists(self.rollout_gate):
+                assert time.time() < deadline, "the test never released the long rollout"
+                time.sleep(0.02)
         return [RolloutSample(list(p), [7], [-0.1], "stop", i, 0, extra={"engine": self.index})
                 for i, p in enumerate(prompts)]
 
@@ -140,6 +144,7 @@ def test_sync_is_refused_while_generation_runs_or_was_left_running(mgr):
     accepted."""
     import threading
 
+    gate = os.path.join(mgr.kwargs["model_path"], "rollout_gate")  # StandInEngine's long rollout ends once it exists
     cfg = SamplingConfig(max_new_tokens=1)
     worker = threading.Thread(target=mgr.generate, args=([[98], [98]], cfg))
     worker.start()
@@ -148,12 +153,15 @@ def test_sync_is_refused_while_generation_runs_or_was_left_running(mgr):
         time.sleep(0.01)
     with pytest.raises(RuntimeError, match=r"weight sync refused: 1 generate\(\) call\(s\) in progress"):
         mgr.begin_sync()
+    open(gate, "w").close()
     worker.join()
     mgr.end_sync(mgr.begin_sync())
+    os.remove(gate)
     with pytest.raises(Exception, match="prompt 99 fails"):
         mgr.generate([[99], [98]], cfg)  # engine 0 fails at once, engine 1 is still generating
     with pytest.raises(RuntimeError, match=r"0 generate\(\) call\(s\) in progress and 1 engine generate call"):
         mgr.begin_sync()
+    open(gate, "w").close()
     deadline = time.time() + 30
     while True:  # accepted as soon as engine 1's call ends
         try:

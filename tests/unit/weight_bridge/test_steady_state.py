@@ -279,3 +279,26 @@ def test_rank_that_cannot_list_its_tensors_still_joins_the_tp_groups_one_time_de
     assert stats.engines == [0] and _received_all(engines, hf)
     bridge.sync()
     assert len(joined) == 2  # once decided on a good sync, never again
+
+
+@pytest.mark.parametrize("when", ["fresh", "steady"])
+def test_a_refused_begin_sync_opens_and_closes_no_session(monkeypatch, when):
+    """begin_sync refuses while a generate runs: no session was opened, so none is closed either (an
+    end_weight_update would queue behind that generate on the one-call-at-a-time engine actor and block the sync,
+    with the other ranks waiting in the exchange); the sync fails naming the refusal and the next one goes through."""
+    bridge, engines, topo, hf, _ = _bridge()
+    if when == "steady":
+        bridge.sync()
+
+    def refuse():
+        raise RuntimeError("weight sync refused: 1 generate() call(s) in progress")
+
+    monkeypatch.setattr(engines, "begin_sync", refuse)
+    engines.log.clear()
+    with pytest.raises(WeightBridgeError, match="refused: 1 generate"):
+        bridge.sync()
+    assert not {"begin_weight_update", "end_weight_update", "update_weights_from_tensor"} & set(engines.log), \
+        engines.log
+    monkeypatch.undo()
+    bridge.sync()
+    assert _received_all(engines, hf)
