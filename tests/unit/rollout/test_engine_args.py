@@ -72,6 +72,15 @@ def test_engines_sleep_on_idle_and_take_the_kv_size_on_both_devices(tmp_path, de
     assert kw["skip_tokenizer_init"] is True
 
 
+def test_cpu_torch_compile_with_graphs_is_refused_its_frozen_weights_would_ignore_every_sync(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match="enable_torch_compile=True on a CPU engine.*drop enable_torch_compile"):
+        engine_kwargs(str(tmp_path), device="cpu", enable_torch_compile=True, disable_cuda_graph=False)
+    # without captured graphs nothing is frozen; on GPU CUDA graphs read the parameters' memory in place
+    assert engine_kwargs(str(tmp_path), device="cpu", enable_torch_compile=True)["enable_torch_compile"]
+    assert engine_kwargs(str(tmp_path), device="cuda", enable_torch_compile=True)["enable_torch_compile"]
+
+
 @pytest.mark.parametrize("placement,tp,want", [("colocated", 2, "false"), ("colocated", 1, None),
                                                ("disaggregated", 2, None)])
 def test_colocated_gpu_engines_start_without_sglangs_tp_memory_balance_check(tmp_path, monkeypatch, placement, tp,
