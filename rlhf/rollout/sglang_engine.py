@@ -372,9 +372,12 @@ class SGLangEngine:
         one, ``end_session`` also closes it (:meth:`end_weight_update`).
 
         No pause is needed around the writes: this actor runs one call at a time (``max_concurrency=1``,
-        rlhf/rollout/placement.py) and generation runs only inside :meth:`generate`, which returns when every
-        request has finished, so no forward pass reads the parameters while the ranks write them between
-        rollouts (RolloutManager.begin_sync refuses a sync while a generate() is in flight).  Writing before the
+        rlhf/rollout/placement.py) and generation runs only inside :meth:`generate`, which returns once SGLang
+        has every output back, so no forward pass reads the parameters while the ranks write them between
+        rollouts (RolloutManager.begin_sync refuses a sync while a generate() is in flight).  A generate that
+        raised may leave requests SGLang is still aborting; then the commit's cache flush is refused
+        ("requests are still running or queued", SGLang's flush_cache_after_weight_update), the commit raises and
+        the sync is reported failed, so no rollout is produced by half-written weights without the run knowing.  Writing before the
         session opens equals writing inside it while its begin (SGLang's restore of in-place-packed weights)
         changes nothing: :func:`rlhf.rollout.engine_loader.share_parameters` refuses layers that repack there.
 
