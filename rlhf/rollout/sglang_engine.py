@@ -178,11 +178,19 @@ class SGLangEngine:
         self._in_update, self._updated = True, False
 
     def end_weight_update(self) -> int:
-        """Close the session; returns the weight version (bumped when anything was loaded in it)."""
-        check_result(self.engine.end_weight_update(), "end_weight_update")
-        if self._updated:
+        """Close the session; returns the weight version (bumped when anything was loaded in it).
+
+        Raises:
+            EngineCallError: SGLang refused (its only refusal: no session open there).  The session counts as
+                closed here too, so the next sync opens a fresh one instead of loading into none and failing
+                every sync after; the version is not bumped (the sync that raised is reported failed).
+        """
+        try:
+            check_result(self.engine.end_weight_update(), "end_weight_update")
+        finally:
+            updated, self._in_update, self._updated = self._updated, False, False
+        if updated:
             self.weight_version += 1
-        self._in_update = self._updated = False
         return self.weight_version
 
     def _require_session(self, what: str) -> None:

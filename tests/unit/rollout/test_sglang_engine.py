@@ -1,5 +1,7 @@
 """SGLangEngine's start-up: the engine class for the configured mode and the garbage-collector freeze after it
 (an in-memory stand-in for sglang.Engine; the real engine runs in tests/e2e/test_rollout_engine.py)."""
+import pytest
+
 import rlhf.rollout.sglang_engine as se
 
 
@@ -54,3 +56,45 @@ def test_forked_subprocesses_share_the_parents_state_and_restore_the_start_metho
         assert mp.get_start_method() == "spawn"
     finally:
         mp.set_start_method(before, force=True)
+
+
+class SessionEngine(RecordingEngine):
+    """sglang.Engine's weight-update session rules (scheduler_components/weight_updater.py): one session at a time,
+    end refused when none is open, a tensor update refused outside one."""
+
+    def __init__(self, **kwargs):
+        self.open = False
+
+    def begin_weight_update(self):
+        if self.open:
+            return False, "a weight-update session is already open"
+        self.open = True
+        return True, "Success"
+
+    def end_weight_update(self):
+        ok, self.open = self.open, False
+        return (True, "Success") if ok else (False, "no weight-update session is open")
+
+    def update_weights_from_tensor(self, **kwargs):
+        return (True, "Success") if self.open else (False, "no weight-update session is open")
+
+
+def test_a_refused_end_closes_the_session_so_the_next_sync_opens_a_fresh_one(monkeypatch):
+    monkeypatch.setattr(se, "engine_class", lambda skip, fork_schedulers=False: SessionEngine)
+    e = se.SGLangEngine({"model_path": "m", "tp_size": 1, "device": "cpu"})
+    e._layout, e._shared = {"fingerprint": "fp"}, True  # as after weight_layout() and share_parameters()
+    end = e.engine.end_weight_update
+
+    def end_once_refused():  # SGLang's session went away under us: its end refuses
+        e.engine.open = False
+        e.engine.end_weight_update = end
+        return end()
+
+    e.engine.end_weight_update = end_once_refused
+    with pytest.raises(se.EngineCallError, match="end_weight_update failed: no weight-update session is open"):
+        e.commit_shared_writes("fp")
+    assert e.weight_version == 0  # the failed sync is not counted
+    # the next sync opens a fresh session, commits and closes it: version 1.  Before, the refused end left the
+    # actor "in a session", so the commit opened none, SGLang refused the load outside one, and every sync after.
+    assert e.commit_shared_writes("fp") == {"moved": [], "weight_version": 1}
+    assert not e.engine.open
