@@ -97,8 +97,9 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
         overrides: more ``sglang.Engine`` arguments, applied last (``custom_weight_loader`` entries are kept and
             :data:`rlhf.rollout.engine_loader.LOADER` is added: the weight sync loads every bucket through it).
     Raises:
-        ValueError: a bad value, named with the fix; on CPU also ``enable_torch_compile`` with graphs captured
-            (SGLang's CPU graph runner freezes the parameters: weight syncs would not reach generation).
+        ValueError: a bad value, named with the fix; on CPU also ``enable_torch_compile`` (SGLang's CPU engine
+            compiles with inductor freezing whatever ``disable_cuda_graph`` says: weight syncs would not reach
+            generation).
     """
     model_path = os.fspath(model_path)
     if not os.path.isfile(os.path.join(model_path, "config.json")):
@@ -133,12 +134,14 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
             kw["max_total_tokens"] = int(max_total_tokens)
     loaders = list(overrides.pop("custom_weight_loader", None) or [])
     kw.update(overrides)
-    if on_cpu and kw.get("enable_torch_compile") and not kw.get("disable_cuda_graph"):
-        # SGLang's CPU graph runner compiles with inductor freezing (cpu_graph_runner.set_torch_compile_config):
-        # the parameters become constants of the compiled graph, so no weight sync would reach generation.
-        raise ValueError("rollout engine_overrides enable_torch_compile=True on a CPU engine: SGLang's CPU graph "
-                         "runner freezes the parameters into the compiled graph, so synced weights would never be "
-                         "used; drop enable_torch_compile (or keep disable_cuda_graph=True)")
+    if on_cpu and kw.get("enable_torch_compile"):
+        # SGLang's CPU engine compiles whenever enable_torch_compile is set, disable_cuda_graph or not
+        # (model_runner_components/cuda_graph_setup.py), with inductor freezing (cpu_graph_runner.py,
+        # set_torch_compile_config): the parameters become constants of the compiled graph, so no weight sync would
+        # reach generation.
+        raise ValueError("rollout engine_overrides enable_torch_compile=True on a CPU engine: SGLang's CPU engine "
+                         "compiles with inductor freezing, which makes the parameters constants of the compiled "
+                         "graph, so synced weights would never be used; drop enable_torch_compile on CPU")
     # our loader of buckets written in the engine's parameter layout (rlhf.rollout.engine_loader)
     kw["custom_weight_loader"] = loaders + [LOADER] if LOADER not in loaders else loaders
     return kw

@@ -72,13 +72,15 @@ def test_engines_sleep_on_idle_and_take_the_kv_size_on_both_devices(tmp_path, de
     assert kw["skip_tokenizer_init"] is True
 
 
-def test_cpu_torch_compile_with_graphs_is_refused_its_frozen_weights_would_ignore_every_sync(tmp_path):
+@pytest.mark.parametrize("graphs", [{}, {"disable_cuda_graph": True}, {"disable_cuda_graph": False}])
+def test_cpu_torch_compile_is_refused_its_frozen_weights_would_ignore_every_sync(tmp_path, graphs):
+    """SGLang's CPU engine compiles with inductor freezing whenever enable_torch_compile is set; our CPU defaults
+    set disable_cuda_graph=True, which does not stop it, so every CPU form is refused."""
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ValueError, match="enable_torch_compile=True on a CPU engine.*drop enable_torch_compile"):
-        engine_kwargs(str(tmp_path), device="cpu", enable_torch_compile=True, disable_cuda_graph=False)
-    # without captured graphs nothing is frozen; on GPU CUDA graphs read the parameters' memory in place
-    assert engine_kwargs(str(tmp_path), device="cpu", enable_torch_compile=True)["enable_torch_compile"]
-    assert engine_kwargs(str(tmp_path), device="cuda", enable_torch_compile=True)["enable_torch_compile"]
+        engine_kwargs(str(tmp_path), device="cpu", enable_torch_compile=True, **graphs)
+    # on GPU CUDA graphs read the parameters' memory in place
+    assert engine_kwargs(str(tmp_path), device="cuda", enable_torch_compile=True, **graphs)["enable_torch_compile"]
 
 
 @pytest.mark.parametrize("placement,tp,want", [("colocated", 2, "false"), ("colocated", 1, None),
