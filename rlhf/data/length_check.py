@@ -181,10 +181,31 @@ def _response_warning(key: str, files: Any, lengths: SplitLengths, limit: int, t
             f"model's context.")
 
 
+def _preference_problems(splits: List[Tuple[str, Any, str]]) -> List[str]:
+    """One problem per split the DPO trainer would stop on, read as it reads them (preference pairs: a prompt
+    column, or chosen / rejected chat messages whose leading turns are the prompt): no rows, a missing column,
+    identical chosen and rejected.  Its prompt lengths are not checked: it drops the pairs whose prompt is over
+    data.max_prompt_length itself and names the setting when none is left."""
+    from .preference import load_preference_dataset
+
+    problems = []
+    for key, files, split in splits:
+        try:
+            load_preference_dataset(files if isinstance(files, str) else [str(f) for f in files], MAX_ROWS, split)
+        except (KeyError, TypeError, ValueError) as e:
+            problems.append(f"{key}={files!r}: {e.args[0] if e.args else e}")
+        except Exception as e:  # noqa: BLE001 - a file `datasets` cannot read: the DPO trainer reports it
+            logger.debug("preference check of %s skipped: %s", key, e)
+    return problems
+
+
 def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None) -> Tuple[List[str], List[str]]:
     """(problems, warnings) of the module docstring, one line each, plus a problem for a split the dataset builder
-    would stop on (no rows, a row without a usable prompt: its own message, naming the row).  Both [] when the
-    data or tokenizer cannot be read cheaply, or `datasets` cannot read a file (the dataset builder reports that).
+    would stop on (no rows, a row without a usable prompt, a file whose reader raises KeyError/TypeError/ValueError,
+    pyarrow's parse errors included: its own message, naming the row or file).  With ``algorithm.name=dpo`` only
+    the preference pairs' problems (:func:`_preference_problems`).  Both [] when no split is a local file or a
+    cached hub dataset, or the tokenizer cannot be had cheaply; a split whose reading raises anything else is
+    skipped (the dataset builder reports it).
     `hub_cached(name)`: the local cache of a hub dataset or None (rlhf.config.preflight.hub_cached_dataset;
     default: hub datasets are skipped)."""
     d = cfg.data
@@ -192,6 +213,8 @@ def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None
               if _readable(d[k], hub_cached)]
     if not splits:
         return [], []
+    if str(cfg.algorithm.name) == "dpo":
+        return _preference_problems(splits), []
     try:
         tokenizer, tok = config_tokenizer(cfg)
     except Exception as e:  # noqa: BLE001 - the trainer reports a bad tokenizer itself

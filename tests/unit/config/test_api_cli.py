@@ -171,7 +171,12 @@ def test_launch_slurm_prints_sbatch_of_the_algorithm_recipe(capsys, tmp_path):
     assert cli_main(["launch", "--algorithm", "dpo", "--slurm"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "data.train_files='../shared/data/preference/train.jsonl'" in captured.err
-    rc = cli_main(["launch", "--algorithm", "dpo", "--slurm", "--dataset_name", str(data)])
+    # preference pairs are read at launch, whatever the tokenizer: an empty file is refused, one pair passes
+    assert cli_main(["launch", "--algorithm", "dpo", "--slurm", "--dataset_name", str(data)]) == 2
+    assert f"data.train_files={str(data)!r}: " in capsys.readouterr().err
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "1+1=", "chosen": "2", "rejected": "3"}\n')
+    rc = cli_main(["launch", "--algorithm", "dpo", "--slurm", "--dataset_name", str(pairs)])
     assert rc == 0 and "recipes/dpo_qwen2_7b/run_slurm.sbatch algorithm=dpo" in capsys.readouterr().out
 
 

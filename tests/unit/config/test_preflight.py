@@ -102,3 +102,27 @@ def test_a_row_without_a_usable_prompt_is_refused_before_any_build(tok, offline_
                        match=r"data\.train_files='[^']*': .*row 1: prompt must be a string or a list of chat messages, "
                              r"got int"):
         Trainer(dataset=rows, tokenizer=tok, output_dir=str(offline_home / "run"))
+
+
+def test_dpo_pairs_of_chat_messages_without_a_prompt_column_pass_and_a_bad_pair_is_named(tmp_path, offline_home):
+    """DPO data is read as preference pairs (rlhf.data.preference.load_preference_dataset): chosen / rejected as chat
+    messages carry the prompt in their leading turns, so a row without a prompt column is valid and passes the
+    preflight; a pair the DPO trainer would stop on (identical chosen and rejected) is a config problem naming it."""
+    import json
+
+    def pair(q, good, bad):
+        ask = [{"role": "user", "content": q}]
+        return {"chosen": ask + [{"role": "assistant", "content": good}],
+                "rejected": ask + [{"role": "assistant", "content": bad}]}
+
+    good = tmp_path / "pairs.jsonl"
+    good.write_text("".join(json.dumps(pair(f"{i}+1=", str(i + 1), str(i))) + "\n" for i in range(4)))
+    args = ["algorithm.name=dpo", "model.path=tiny://quickstart", f"data.train_files={good}",
+            f"data.val_files={good}", f"trainer.default_local_dir={offline_home}"]
+    assert config_problems(compose_config(args), world_size=1, check_files=True) == []
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(good.read_text() + json.dumps(pair("2+2=", "4", "4")) + "\n")
+    problems = config_problems(compose_config(args[:2] + [f"data.train_files={bad}", f"data.val_files={good}"]),
+                               world_size=1, check_files=True)
+    assert len(problems) == 1 and problems[0].startswith(f"data.train_files={str(bad)!r}: ") \
+        and "row 4: chosen and rejected are identical; a pair must differ." in problems[0], problems
