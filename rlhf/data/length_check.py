@@ -202,7 +202,7 @@ def _preference_problems(splits: List[Tuple[str, Any, str]]) -> List[str]:
 def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None) -> Tuple[List[str], List[str]]:
     """(problems, warnings) of the module docstring, one line each, plus a problem for a split the dataset builder
     would stop on (no rows, a row without a usable prompt, a file whose reader raises KeyError/TypeError/ValueError,
-    pyarrow's parse errors included: its own message, naming the row or file).  With ``algorithm.name=dpo`` only
+    a bad JSON line included: its own message, naming the row or file).  With ``algorithm.name=dpo`` only
     the preference pairs' problems (:func:`_preference_problems`).  Both [] when no split is a local file or a
     cached hub dataset, or the tokenizer cannot be had cheaply; a split whose reading raises anything else is
     skipped (the dataset builder reports it).
