@@ -23,7 +23,11 @@ and the WeightBridge streams the new weights into that family's engine.  Per fam
                              (zero copy, then buckets): every engine parameter bitwise the generic sync's
 Then expert parallelism: the trainer re-initialised at TP1 x EP2 (each rank holds 4 of the 8 experts) takes
 two steps on the MoE and syncs it again (experts gathered over the EP group on the stage leader):
-  qwen3_moe_ep2_synced_equals_hf, qwen3_moe_ep2_outputs_changed, qwen3_moe_ep2_check_mode
+  qwen3_moe_ep2_synced_equals_hf, qwen3_moe_ep2_outputs_changed, qwen3_moe_ep2_check_mode (and its layout checks)
+Then pipeline parallelism, every family: the trainer re-initialised at PP2 (one layer per stage) takes two steps
+from the initial weights and syncs into the same engine: <kind>_pp2_synced_equals_hf, <kind>_pp2_outputs_changed
+(against the previous phase's greedy ids), <kind>_pp2_check_mode, <kind>_pp2_zero_copy_equals_generic,
+<kind>_pp2_engine_layout_equals_generic.
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0.
 """
 import argparse
@@ -44,6 +48,9 @@ from tests.support.dist.bridge_e2e import engine_greedy, hf_greedy, report, trai
 
 KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LR = 5e-2
+#: the training batches' seed per phase: each phase steps on batches of its own, so its sync changes the greedy
+#: ids the previous phase left (the same batches from the same weights give the same ids at any parallelism)
+SEED_OFFSET = {"": 0, "_ep2": 7, "_pp2": 13}
 
 
 def make_models(workdir, kinds=KINDS):
@@ -102,7 +109,7 @@ def run_family(kind, path, engine, workdir, initial, tag="", steps=1, engine_rea
     state = build_train_state(bundle.chunks, bundle.config,
                               OptimConfig(lr=LR, clip_grad=10.0, use_distributed_optimizer=False))
     for step in range(steps):
-        ok_step, gnorm = train_step(bundle, state, seed=11 + step + (7 if tag else 0))
+        ok_step, gnorm = train_step(bundle, state, seed=11 + step + SEED_OFFSET[tag])
     # HF's greedy ids on the exported weights (the ones the sync sends), before the engine is needed
     out_dir = os.path.join(workdir, f"{kind}{tag}_step{steps}")
     save_hf_checkpoint(state.model, bundle.spec, hf_cfg, out_dir)
@@ -210,7 +217,12 @@ def main():
                 if kind == "qwen3_moe":  # expert parallelism: each rank holds 4 of the 8 experts
                     ps.destroy_model_parallel()
                     init_model_parallel(tp=1, ep=2)
-                    run_family(kind, path, engine, args.workdir, synced, tag="_ep2", steps=2)
+                    synced = run_family(kind, path, engine, args.workdir, synced, tag="_ep2", steps=2)
+                # pipeline parallelism: one layer per stage (DeepSeek-V3: the dense layer on stage 0, the MoE
+                # layer on stage 1), the embedding on the first stage, the output layer on the last
+                ps.destroy_model_parallel()
+                init_model_parallel(tp=1, pp=2)
+                run_family(kind, path, engine, args.workdir, synced, tag="_pp2", steps=2)
             except Exception:
                 traceback.print_exc()
                 print(f"CHECK {kind}_completed FAIL rank {dist.get_rank()}: exception (see log)", flush=True)
