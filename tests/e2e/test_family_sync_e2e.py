@@ -1,8 +1,9 @@
 """Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3) into a real SGLang CPU
 engine: greedy generation after the sync equals HF's with the same weights, and the zero-copy and engine-layout
 paths leave every engine parameter bitwise equal to the generic path's.  tests/support/dist/family_sync_e2e.py in a
-2-rank torchrun launch of its own (tests/e2e/conftest.py): trainer TP2, one engine per family, one at a time, then the MoE
-again at TP1 x EP2, then every family at trainer PP2 into the same engine; each CHECK line is one test."""
+2-rank torchrun launch of its own (tests/e2e/conftest.py): trainer TP2, one engine per family, one at a time, then
+the MoE again at TP1 x EP2, then every family at trainer PP2 into the same engine, then at trainer TP2 into an engine
+of TP2; each CHECK line is one test."""
 import os
 
 import pytest
@@ -17,6 +18,8 @@ EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "sync
 EXPECTED += ["deepseek_v3_cached_prefix_equals_hf"]
 EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
 EXPECTED += [f"{k}_pp2_{what}" for k in KINDS for what in ("synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
+EXPECTED += [f"{k}_etp2_{what}" for k in KINDS
+             for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
 

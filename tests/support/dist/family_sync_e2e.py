@@ -28,6 +28,10 @@ Then pipeline parallelism, every family: the trainer re-initialised at PP2 (one 
 from the initial weights and syncs into the same engine: <kind>_pp2_synced_equals_hf, <kind>_pp2_outputs_changed
 (against the previous phase's greedy ids), <kind>_pp2_check_mode, <kind>_pp2_zero_copy_equals_generic,
 <kind>_pp2_engine_layout_equals_generic.
+Then engine TP2, every family: a new engine of two TP ranks from the initial weights (the TP1 one shut down first),
+the trainer at TP2 takes one step and syncs: <kind>_etp2_initial_equals_hf, <kind>_etp2_synced_equals_hf,
+<kind>_etp2_outputs_changed, <kind>_etp2_check_mode, <kind>_etp2_zero_copy_equals_generic,
+<kind>_etp2_engine_layout_equals_generic (every parameter of both engine ranks).
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0.
 """
 import argparse
@@ -50,7 +54,7 @@ KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LR = 5e-2
 #: the training batches' seed per phase: each phase steps on batches of its own, so its sync changes the greedy
 #: ids the previous phase left (the same batches from the same weights give the same ids at any parallelism)
-SEED_OFFSET = {"": 0, "_ep2": 7, "_pp2": 13}
+SEED_OFFSET = {"": 0, "_ep2": 7, "_pp2": 13, "_etp2": 19}
 
 
 def make_models(workdir, kinds=KINDS):
@@ -66,11 +70,12 @@ def make_models(workdir, kinds=KINDS):
     return paths
 
 
-def start_engine(path):
-    """Rank 0: one SGLang engine (a RolloutManager of one engine) starting in a background thread."""
+def start_engine(path, tp=1):
+    """Rank 0: one SGLang engine of ``tp`` TP ranks (a RolloutManager of one engine) starting in a background
+    thread."""
     from rlhf.rollout.manager import RolloutManager
 
-    engine = RolloutManager(1, dict(model_path=path, tp_size=1, dtype="float32", context_length=128, random_seed=0),
+    engine = RolloutManager(1, dict(model_path=path, tp_size=tp, dtype="float32", context_length=128, random_seed=0),
                             start=False)
     thread = threading.Thread(target=engine.start, daemon=True)
     thread.start()
@@ -165,13 +170,13 @@ def check_engine_layout(name, path, engine, state, bundle):
         report(f"{name}_{label}_equals_generic", ok, detail)
 
 
-def initial_check(kind, path, engine):
+def initial_check(kind, path, engine, tag=""):
     from rlhf.rollout.sampling import stop_token_ids_for
 
     stop = stop_token_ids_for(path)
     got, ref = engine_greedy(engine, stop), hf_greedy(path, stop)
-    print(f"CHECK {kind}_initial_equals_hf {'PASS' if got == ref else 'FAIL'} engine={got} hf={ref}", flush=True)
-    if kind == "deepseek_v3":  # a prefix-cache hit: SGLang's prefill takes the absorbed MLA form then
+    print(f"CHECK {kind}{tag}_initial_equals_hf {'PASS' if got == ref else 'FAIL'} engine={got} hf={ref}", flush=True)
+    if kind == "deepseek_v3" and not tag:  # a prefix-cache hit: SGLang's prefill takes the absorbed MLA form then
         again = engine_greedy(engine, stop)
         print(f"CHECK {kind}_cached_prefix_equals_hf {'PASS' if again == ref else 'FAIL'} engine={again} hf={ref}",
               flush=True)
@@ -205,11 +210,11 @@ def main():
                 init_model_parallel(tp=2)
                 set_seed(1234)
 
-                def engine_ready(kind=kind, path=path, engine=engine, thread=thread):
+                def engine_ready(kind=kind, path=path, engine=engine, thread=thread, tag=""):
                     initial = None
                     if rank0:
                         thread.join()
-                        initial = initial_check(kind, path, engine)
+                        initial = initial_check(kind, path, engine, tag)
                     dist.barrier()
                     return initial
 
@@ -223,6 +228,15 @@ def main():
                 ps.destroy_model_parallel()
                 init_model_parallel(tp=1, pp=2)
                 run_family(kind, path, engine, args.workdir, synced, tag="_pp2", steps=2)
+                # an engine of two TP ranks (in place of the TP1 one: one engine at a time), trainer TP2: each
+                # engine rank's shard of fused qkv / gate-up, experts and vocabulary, written by the trainer ranks
+                if rank0:
+                    engine.shutdown()
+                    engine, thread = start_engine(path, tp=2)
+                ps.destroy_model_parallel()
+                init_model_parallel(tp=2)
+                run_family(kind, path, engine, args.workdir, None, tag="_etp2", engine_ready=lambda e=engine, t=thread,
+                           k=kind, p=path: engine_ready(k, p, e, t, "_etp2"))
             except Exception:
                 traceback.print_exc()
                 print(f"CHECK {kind}_completed FAIL rank {dist.get_rank()}: exception (see log)", flush=True)
