@@ -22,6 +22,7 @@ The engine's context (prompt + response) against the model's is checked in rlhf.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
@@ -100,10 +101,14 @@ def reference_solution(row: dict) -> Optional[Tuple[str, str]]:
     return None
 
 
-def split_lengths(files: Any, tokenizer: Any, data_cfg: Any, split: str, max_rows: int = MAX_ROWS) -> SplitLengths:
+def split_lengths(files: Any, tokenizer: Any, data_cfg: Any, split: str, max_rows: int = MAX_ROWS,
+                  max_samples: Optional[int] = None) -> SplitLengths:
     """Token counts of the first `max_rows` rows of `files` (split "train" / "val"): the prompts as the
     trainer's dataset counts them, and the reference solutions (:func:`reference_solution`) with the EOS a
-    response ends with.  Raises what reading the rows raises."""
+    response ends with.  Raises what reading a row raises (KeyError / TypeError / ValueError: a row without a
+    usable prompt, a bad line, no rows), unless `max_samples` prompts that the dataset keeps
+    (``data.max_train_samples`` / ``max_val_samples``: RLHFDataset stops reading once it holds that many) come
+    before that row: then the counts stop there."""
     from omegaconf import OmegaConf
 
     from .prompts import normalize_row, render_prompt
@@ -127,11 +132,24 @@ def split_lengths(files: Any, tokenizer: Any, data_cfg: Any, split: str, max_row
         texts.clear()
         refs.clear()
 
-    for n, (_, where, row) in enumerate(iter_rows(files, split)):
+    limit = int(data_cfg.max_prompt_length) if data_cfg.filter_overlong_prompts else None
+    rows = iter_rows(files, split)
+    for n in itertools.count():
         if n >= max_rows:
             out.more = True
             break
-        prompt = normalize_row(row, data_cfg.prompt_key, default_data_source="-", where=where)["prompt"]
+        try:
+            item = next(rows, None)
+            if item is None:
+                break
+            _, where, row = item
+            prompt = normalize_row(row, data_cfg.prompt_key, default_data_source="-", where=where)["prompt"]
+        except (KeyError, TypeError, ValueError):
+            flush()
+            if max_samples is not None and sum(limit is None or x <= limit for x in out.prompts) >= max_samples:
+                out.more = True  # the dataset has its prompts before this row and reads no further
+                break
+            raise
         texts.append(render_prompt(tokenizer, prompt, use_chat, kwargs))
         ref = reference_solution(row)
         if ref is not None:
@@ -181,17 +199,19 @@ def _response_warning(key: str, files: Any, lengths: SplitLengths, limit: int, t
             f"model's context.")
 
 
-def _preference_problems(splits: List[Tuple[str, Any, str]]) -> List[str]:
+def _preference_problems(splits: List[Tuple[str, Any, str, Optional[int]]]) -> List[str]:
     """One problem per split the DPO trainer would stop on, read as it reads them (preference pairs: a prompt
-    column, or chosen / rejected chat messages whose leading turns are the prompt): no rows, a missing column,
-    identical chosen and rejected.  Its prompt lengths are not checked: it drops the pairs whose prompt is over
+    column, or chosen / rejected chat messages whose leading turns are the prompt; the first
+    ``data.max_train_samples`` / ``max_val_samples`` of them): no rows, a missing column, identical chosen and
+    rejected.  Its prompt lengths are not checked: it drops the pairs whose prompt is over
     data.max_prompt_length itself and names the setting when none is left."""
     from .preference import load_preference_dataset
 
     problems = []
-    for key, files, split in splits:
+    for key, files, split, max_samples in splits:
+        rows = MAX_ROWS if max_samples is None else min(MAX_ROWS, int(max_samples))  # the trainer reads no more
         try:
-            load_preference_dataset(files if isinstance(files, str) else [str(f) for f in files], MAX_ROWS, split)
+            load_preference_dataset(files if isinstance(files, str) else [str(f) for f in files], rows, split)
         except (KeyError, TypeError, ValueError) as e:
             problems.append(f"{key}={files!r}: {e.args[0] if e.args else e}")
         except Exception as e:  # noqa: BLE001 - a file `datasets` cannot read: the DPO trainer reports it
@@ -203,13 +223,14 @@ def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None
     """(problems, warnings) of the module docstring, one line each, plus a problem for a split the dataset builder
     would stop on (no rows, a row without a usable prompt, a file whose reader raises KeyError/TypeError/ValueError,
     a bad JSON line included: its own message, naming the row or file).  With ``algorithm.name=dpo`` only
-    the preference pairs' problems (:func:`_preference_problems`).  Both [] when no split is a local file or a
-    cached hub dataset, or the tokenizer cannot be had cheaply; a split whose reading raises anything else is
-    skipped (the dataset builder reports it).
+    the preference pairs' problems (:func:`_preference_problems`, read without a tokenizer).  Rows past what the
+    builders read (``data.max_train_samples`` / ``max_val_samples``) are not checked.  Both [] when no split is a
+    local file or a cached hub dataset, or (RL only) the tokenizer cannot be had cheaply; a split whose reading
+    raises anything else is skipped (the dataset builder reports it).
     `hub_cached(name)`: the local cache of a hub dataset or None (rlhf.config.preflight.hub_cached_dataset;
     default: hub datasets are skipped)."""
     d = cfg.data
-    splits = [(f"data.{k}", d[k], s) for k, s in (("train_files", "train"), ("val_files", "val"))
+    splits = [(f"data.{k}", d[k], s, d[f"max_{s}_samples"]) for k, s in (("train_files", "train"), ("val_files", "val"))
               if _readable(d[k], hub_cached)]
     if not splits:
         return [], []
@@ -224,9 +245,9 @@ def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None
         return [], []
     problems, warnings = [], []
     prompts_checked = d.filter_overlong_prompts or str(d.truncation) == "error"  # else long prompts are cut
-    for key, files, split in splits:
+    for key, files, split, max_samples in splits:
         try:
-            lengths = split_lengths(files, tokenizer, d, split)
+            lengths = split_lengths(files, tokenizer, d, split, max_samples=max_samples)
         except (KeyError, TypeError, ValueError) as e:
             # an empty split or a row without a usable prompt: the dataset builder would stop on the same row
             # with the same message, after the engines and models were built

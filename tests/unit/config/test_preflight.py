@@ -126,3 +126,30 @@ def test_dpo_pairs_of_chat_messages_without_a_prompt_column_pass_and_a_bad_pair_
                                world_size=1, check_files=True)
     assert len(problems) == 1 and problems[0].startswith(f"data.train_files={str(bad)!r}: ") \
         and "row 4: chosen and rejected are identical; a pair must differ." in problems[0], problems
+
+
+def test_a_bad_row_past_what_the_builder_reads_is_not_refused(tmp_path, offline_home):
+    """data.max_train_samples caps what the builders read: a bad row after the first max_train_samples pairs (DPO:
+    load_preference_dataset stops there) or after max_train_samples kept prompts (RL: RLHFDataset stops there)
+    is never read by the trainer, so the preflight passes; without the cap the same file is refused."""
+    import json
+
+    ask = lambda q: [{"role": "user", "content": q}]  # noqa: E731
+    pairs = [{"chosen": ask(f"{i}+1=") + [{"role": "assistant", "content": str(i + 1)}],
+              "rejected": ask(f"{i}+1=") + [{"role": "assistant", "content": str(i)}]} for i in range(4)]
+    pairs[3]["rejected"] = pairs[3]["chosen"]  # row 3: identical, the DPO trainer's ValueError
+    dpo = tmp_path / "pairs.jsonl"
+    dpo.write_text("".join(json.dumps(p) + "\n" for p in pairs))
+    prompts = [{"prompt": f"{i}+1=", "ground_truth": str(i + 1), "data_source": "gsm8k"} for i in range(4)]
+    prompts[3]["prompt"] = 12345  # row 3: not a prompt, normalize_row's TypeError
+    rl = tmp_path / "prompts.jsonl"
+    rl.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    base = ["model.path=tiny://quickstart", f"trainer.default_local_dir={offline_home}", "data.train_batch_size=2",
+            "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2"]
+    for algo, data in (("algorithm.name=dpo", dpo), ("algorithm.name=ppo", rl)):
+        args = base + [algo, f"data.train_files={data}", f"data.val_files={data}", "data.max_val_samples=3"]
+        problems = config_problems(compose_config(args), world_size=1, check_files=True)
+        assert len(problems) == 1 and problems[0].startswith(f"data.train_files={str(data)!r}: ") \
+            and "row 3: " in problems[0], (algo, problems)
+        capped = config_problems(compose_config(args + ["data.max_train_samples=3"]), world_size=1, check_files=True)
+        assert capped == [], (algo, capped)
