@@ -6,8 +6,9 @@ Tiny random models shaped like real releases (tests/support/model_families.py): 
 Qwen3 (q/k norm, head_dim != hidden/heads), Qwen3-MoE (8 experts, top-2, norm_topk_prob), Mixtral (8
 experts, top-2, w1/w2/w3 expert names, theta 1e6) and DeepSeek-V3 (multi-latent attention, YaRN, 1 dense + 1 MoE
 layer: 8 routed experts in 2 groups, sigmoid router with correction bias, a shared expert).  Global rank 0
-starts one SGLang engine (rollout TP 1, fp32) per family from the initial weights, one at a time (memory).
-The trainer (TP2, gloo; the MoE's experts split over TP) builds each model from HF, takes one optimizer step,
+starts one SGLang engine (rollout TP 1, fp32; later one of TP 2, below) per family from the initial weights, one
+at a time (memory).  First the trainer (TP2, gloo; the MoE's experts split over TP) builds each model from HF,
+takes one optimizer step,
 and the WeightBridge streams the new weights into that family's engine.  Per family:
   <kind>_initial_equals_hf   the engine's greedy ids on the initial weights == HF `generate`
   deepseek_v3_cached_prefix_equals_hf   the same prompts again (the engine's prefix cache holds them: its
