@@ -8,8 +8,7 @@ experts, top-2, w1/w2/w3 expert names, theta 1e6) and DeepSeek-V3 (multi-latent 
 layer: 8 routed experts in 2 groups, sigmoid router with correction bias, a shared expert).  Global rank 0
 starts one SGLang engine (rollout TP 1, fp32; later one of TP 2, below) per family from the initial weights, one
 at a time (memory).  First the trainer (TP2, gloo; the MoE's experts split over TP) builds each model from HF,
-takes one optimizer step,
-and the WeightBridge streams the new weights into that family's engine.  Per family:
+takes one optimizer step, and the WeightBridge streams the new weights into that family's engine.  Per family:
   <kind>_initial_equals_hf   the engine's greedy ids on the initial weights == HF `generate`
   deepseek_v3_cached_prefix_equals_hf   the same prompts again (the engine's prefix cache holds them: its
                              prefill takes the absorbed MLA form) == HF `generate`
