@@ -386,8 +386,9 @@ class SGLangEngine:
         raised may leave requests SGLang is still aborting; then the commit's cache flush is refused
         ("requests are still running or queued", SGLang's flush_cache_after_weight_update), the commit raises and
         the sync is reported failed, so no rollout is produced by half-written weights without the run knowing.
-        Writing before the session opens equals writing inside it while its begin (SGLang's restore of in-place-packed weights)
-        changes nothing: :func:`rlhf.rollout.engine_loader.share_parameters` refuses layers that repack there.
+        Writing before the session opens equals writing inside it while its begin (SGLang's restore of
+        in-place-packed weights) changes nothing: :func:`rlhf.rollout.engine_loader.share_parameters` refuses
+        layers that repack there.
 
         Returns ``{"moved": [names], "weight_version"}``; a moved parameter ends sharing (the next sync loads
         buckets).

@@ -35,6 +35,7 @@ the trainer at TP2 takes one step and syncs: <kind>_etp2_initial_equals_hf, <kin
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0.
 """
 import argparse
+import functools
 import os
 import sys
 import threading
@@ -235,8 +236,8 @@ def main():
                     engine, thread = start_engine(path, tp=2)
                 ps.destroy_model_parallel()
                 init_model_parallel(tp=2)
-                run_family(kind, path, engine, args.workdir, None, tag="_etp2", engine_ready=lambda e=engine, t=thread,
-                           k=kind, p=path: engine_ready(k, p, e, t, "_etp2"))
+                run_family(kind, path, engine, args.workdir, None, tag="_etp2",
+                           engine_ready=functools.partial(engine_ready, kind, path, engine, thread, "_etp2"))
             except Exception:
                 traceback.print_exc()
                 print(f"CHECK {kind}_completed FAIL rank {dist.get_rank()}: exception (see log)", flush=True)
