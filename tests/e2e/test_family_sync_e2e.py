@@ -2,8 +2,8 @@
 engine: greedy generation after the sync equals HF's with the same weights, and the zero-copy and engine-layout
 paths leave every engine parameter bitwise equal to the generic path's.  tests/support/dist/family_sync_e2e.py in a
 2-rank torchrun launch of its own (tests/e2e/conftest.py): trainer TP2, one engine per family, one at a time, then
-the MoE again at TP1 x EP2, then every family at trainer PP2 into the same engine, then at trainer TP2 into an engine
-of TP2; each CHECK line is one test."""
+the MoE again at TP1 x EP2, then every family at trainer PP2 and TP1 into the same engine, then at trainer TP2, PP2
+and TP1 into an engine of TP2; each CHECK line is one test."""
 import os
 
 import pytest
@@ -17,7 +17,8 @@ EXPECTED = [f"{k}_{what}" for k in KINDS for what in ("initial_equals_hf", "sync
                                                        "check_mode") + LAYOUT]
 EXPECTED += ["deepseek_v3_cached_prefix_equals_hf"]
 EXPECTED += [f"qwen3_moe_ep2_{what}" for what in ("synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
-EXPECTED += [f"{k}_pp2_{what}" for k in KINDS for what in ("synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
+EXPECTED += [f"{k}{t}_{what}" for k in KINDS for t in ("_pp2", "_tp1", "_etp2_pp2", "_etp2_tp1")
+             for what in ("synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
 EXPECTED += [f"{k}_etp2_{what}" for k in KINDS
              for what in ("initial_equals_hf", "synced_equals_hf", "outputs_changed", "check_mode") + LAYOUT]
 

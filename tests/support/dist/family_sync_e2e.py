@@ -27,11 +27,14 @@ two steps on the MoE and syncs it again (experts gathered over the EP group on t
 Then pipeline parallelism, every family: the trainer re-initialised at PP2 (one layer per stage) takes two steps
 from the initial weights and syncs into the same engine: <kind>_pp2_synced_equals_hf, <kind>_pp2_outputs_changed
 (against the previous phase's greedy ids), <kind>_pp2_check_mode, <kind>_pp2_zero_copy_equals_generic,
-<kind>_pp2_engine_layout_equals_generic.
+<kind>_pp2_engine_layout_equals_generic.  Then trainer TP1 (DP2: rank 1 a data-parallel replica), the same checks
+as <kind>_tp1_*.
 Then engine TP2, every family: a new engine of two TP ranks from the initial weights (the TP1 one shut down first),
 the trainer at TP2 takes one step and syncs: <kind>_etp2_initial_equals_hf, <kind>_etp2_synced_equals_hf,
 <kind>_etp2_outputs_changed, <kind>_etp2_check_mode, <kind>_etp2_zero_copy_equals_generic,
-<kind>_etp2_engine_layout_equals_generic (every parameter of both engine ranks).
+<kind>_etp2_engine_layout_equals_generic (every parameter of both engine ranks); then into that engine from trainer
+PP2 and from trainer TP1, the same checks as <kind>_etp2_pp2_* and <kind>_etp2_tp1_*.  So every family is synced
+from trainer TP1, TP2 and PP2 into engines of TP1 and TP2.
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0.
 """
 import argparse
@@ -55,7 +58,7 @@ KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LR = 5e-2
 #: the training batches' seed per phase: each phase steps on batches of its own, so its sync changes the greedy
 #: ids the previous phase left (the same batches from the same weights give the same ids at any parallelism)
-SEED_OFFSET = {"": 0, "_ep2": 7, "_pp2": 13, "_etp2": 19}
+SEED_OFFSET = {"": 0, "_ep2": 7, "_pp2": 13, "_tp1": 17, "_etp2": 19, "_etp2_pp2": 23, "_etp2_tp1": 29}
 
 
 def make_models(workdir, kinds=KINDS):
@@ -228,7 +231,11 @@ def main():
                 # layer on stage 1), the embedding on the first stage, the output layer on the last
                 ps.destroy_model_parallel()
                 init_model_parallel(tp=1, pp=2)
-                run_family(kind, path, engine, args.workdir, synced, tag="_pp2", steps=2)
+                synced = run_family(kind, path, engine, args.workdir, synced, tag="_pp2", steps=2)
+                # trainer TP1: the whole model on each rank (DP2: rank 1 is a data-parallel replica that sends nothing)
+                ps.destroy_model_parallel()
+                init_model_parallel(tp=1)
+                run_family(kind, path, engine, args.workdir, synced, tag="_tp1", steps=2)
                 # an engine of two TP ranks (in place of the TP1 one: one engine at a time), trainer TP2: each
                 # engine rank's shard of fused qkv / gate-up, experts and vocabulary, written by the trainer ranks
                 if rank0:
@@ -236,8 +243,14 @@ def main():
                     engine, thread = start_engine(path, tp=2)
                 ps.destroy_model_parallel()
                 init_model_parallel(tp=2)
-                run_family(kind, path, engine, args.workdir, None, tag="_etp2",
-                           engine_ready=functools.partial(engine_ready, kind, path, engine, thread, "_etp2"))
+                synced = run_family(kind, path, engine, args.workdir, None, tag="_etp2",
+                                    engine_ready=functools.partial(engine_ready, kind, path, engine, thread, "_etp2"))
+                # the same engine of TP2 from trainer PP2, then from trainer TP1 (engine rank r's shard cut out of
+                # whole tensors: one trainer rank writes both engine ranks' sections)
+                for tag, layout in (("_etp2_pp2", dict(tp=1, pp=2)), ("_etp2_tp1", dict(tp=1))):
+                    ps.destroy_model_parallel()
+                    init_model_parallel(**layout)
+                    synced = run_family(kind, path, engine, args.workdir, synced, tag=tag, steps=2)
             except Exception:
                 traceback.print_exc()
                 print(f"CHECK {kind}_completed FAIL rank {dist.get_rank()}: exception (see log)", flush=True)
