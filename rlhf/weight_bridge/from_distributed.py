@@ -3,7 +3,8 @@
 Group ``{prefix}_g{generation}_pp{p}``: rank 0 is stage p's leader, engine i's TP ranks follow at
 ``1 + i * tp_size`` (NCCL on GPU, gloo on CPU).  Each stage broadcasts its own buckets straight to the
 engines, one flat message per bucket (SGLang's ``load_format="flattened_bucket"``); the controller only
-issues the requests (names, dtypes, shapes) and waits for them.  SGLang always broadcasts from group
+issues the requests (names, dtypes, shapes), for a bucket its leader reported produced, tells the leader whether to
+broadcast it, and waits for the engines (:meth:`DistributedTransport.run`).  SGLang always broadcasts from group
 rank 0, hence one group per stage.  Groups are rebuilt (new generation) when the engines change
 (an engine was replaced), since a replaced engine is no longer a member.
 """
@@ -155,46 +156,88 @@ class DistributedTransport:
         self.group_names = {}
 
     def run(self, plan: SendPlan, my_stage, own, pool, record, times) -> str | None:
-        """A stage leader's part of a sync: the controller requests each bucket from the engines, every leader
-        broadcasts its own stage's buckets (``own()`` yields ``(bucket plan, slot, buffer)``; ``record`` sees each);
-        returns the controller's first error (None elsewhere)."""
-        error = None
+        """A stage leader's part of a sync (``own()`` yields ``(bucket plan, slot, buffer)``, or an exception in
+        place of the buffer after a production error, hf_stream.stage_buckets; ``record`` sees each buffer).
+
+        Per bucket, the colocated transport's decision (local_handles.py, steps 1-2): a leader other than the
+        controller reports whether it produced the bucket; the controller asks the engines to receive it only when
+        it was produced and nothing failed before, and tells that leader whether to broadcast.  So no engine waits
+        in a broadcast that never comes (a leader that failed) and no leader broadcasts to engines that were not
+        asked (a refused request): either would hold the group until its timeout.  Every leader goes through every
+        bucket of its stage, also after an error (its TP peers' gathers).  Returns the first error (the controller:
+        any rank's; another leader: its own production error), None when all went through."""
         if self.topo.is_controller:
-            for stage in plan.stages:
-                mine = own() if stage is my_stage else None
-                for bplan in stage.buckets:
-                    pending = []
+            return self._run_controller(plan, my_stage, own, pool, record, times)
+        return self._run_leader(plan, my_stage, own, pool, record, times)
+
+    def _produced(self, it, plan: SendPlan, bplan, record) -> tuple:
+        """The next item of a leader's stream for ``bplan``: ``(slot, buffer or None, error or None)``."""
+        slot = None
+        try:
+            got, slot, buf = next(it)
+            if isinstance(buf, BaseException):
+                raise buf
+            if got is not bplan:
+                raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
+            record(plan, bplan, buf)
+            return slot, buf, None
+        except Exception as e:  # noqa: BLE001 - reported to the controller, then to every rank
+            return slot, None, f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+
+    def _run_controller(self, plan, my_stage, own, pool, record, times) -> str | None:
+        error = None
+        for stage in plan.stages:
+            mine = own() if stage is my_stage else None
+            for bplan in stage.buckets:
+                slot = buf = None
+                if mine is not None:
+                    slot, buf, failed = self._produced(mine, plan, bplan, record)
+                else:
+                    t0 = time.perf_counter()
+                    failed = self.topo.recv_object(stage.leader)
+                    times["receive"] += time.perf_counter() - t0
+                error = error or failed
+                pending, go = [], False
+                if error is None:
                     try:
-                        if error is None:
-                            pending = self.request(plan, stage, bplan, plan.is_last(stage, bplan))
+                        pending, go = self.request(plan, stage, bplan, plan.is_last(stage, bplan)), True
                     except Exception as e:  # noqa: BLE001
                         error = f"{type(e).__name__}: {e}"
-                    if mine is not None:
-                        _, slot, buf = next(mine)
-                        try:
-                            if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
-                                raise buf
-                            record(plan, bplan, buf)
-                            if pending:  # the engines that accepted the request wait for the data
-                                self.broadcast(buf, times)
-                        finally:
-                            pool.release(slot)
-                    t_wait = time.perf_counter()
-                    try:
-                        self.engines.wait(pending, "update_weights_from_distributed")
-                    except Exception as e:  # noqa: BLE001
-                        error = error or f"{type(e).__name__}: {e}"
-                    times["deliver"] += time.perf_counter() - t_wait
-                if mine is not None:
+                try:
+                    if mine is None:
+                        self.topo.send_object(go, stage.leader)
+                    elif go:  # the engines that accepted the request wait for the data
+                        self.broadcast(buf, times)
+                finally:
+                    pool.release(slot)
+                t_wait = time.perf_counter()
+                try:
+                    self.engines.wait(pending, "update_weights_from_distributed")
+                except Exception as e:  # noqa: BLE001
+                    error = error or f"{type(e).__name__}: {e}"
+                times["deliver"] += time.perf_counter() - t_wait
+            if mine is not None:
+                try:
                     for _ in mine:  # exhaust (raises if the stream disagrees with the plan)
                         pass
-            return error
-        for bplan, slot, buf in own():
+                except Exception as e:  # noqa: BLE001
+                    error = error or f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+        return error
+
+    def _run_leader(self, plan, my_stage, own, pool, record, times) -> str | None:
+        error, it, ctrl = None, own(), self.topo.controller
+        for bplan in my_stage.buckets:
+            slot, buf, failed = self._produced(it, plan, bplan, record)
+            error = error or failed
             try:
-                if isinstance(buf, BaseException):  # a production error (hf_stream.stage_buckets)
-                    raise buf
-                record(plan, bplan, buf)
-                self.broadcast(buf, times)
+                self.topo.send_object(failed, ctrl)
+                if self.topo.recv_object(ctrl):  # never after a failure: the controller asked no engine then
+                    self.broadcast(buf, times)
             finally:
                 pool.release(slot)
-        return None
+        try:
+            for _ in it:  # exhaust (raises if the stream disagrees with the plan)
+                pass
+        except Exception as e:  # noqa: BLE001
+            error = error or f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+        return error

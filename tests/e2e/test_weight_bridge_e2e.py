@@ -19,6 +19,7 @@ EXPECTED = (["engine_A_initial_equals_hf", "engine_B_initial_equals_hf", "engine
              "engine_B_initial_log_probs_equal_hf"] + _STEPPED
             + ["pp2vpp2_A_step1_engine_equals_hf", "pp2vpp2_B_step1_engine_equals_hf", "pp2vpp2_B_step1_check_mode",
                "refused_unknown_name_engine_lives_on", "refused_wrong_shape_engine_lives_on",
+               *[f"pp2_A_distributed_production_error_on_rank{r}_raises_everywhere_engine_lives_on" for r in (0, 1)],
                *[f"{phase}_B_local_handles_{what}" for phase in ("tp2", "pp2")
                  for what in ("entry_r_from_trainer_rank_r", "engine_parameters_bitwise_equal")]]
             + [f"layout_{t}_{key}_{what}" for t in ("ttp2", "ttp1", "pp2") for key in "AB"

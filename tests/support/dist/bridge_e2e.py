@@ -16,6 +16,8 @@ must have changed.  The Llama keeps its final norm as a persistent buffer (froze
 optimizer) that is changed between steps outside the optimizer, so the sync must carry it.
 Then a bad name map (unknown name, wrong shape) is refused before sending and the engine lives on; at TP2 and at
 PP2, engine B's entries come from the trainer rank on each engine rank's device (engine-local handles).
+At PP2, a production error on either stage leader during a "distributed" sync into engine A raises on every rank,
+promptly, and the engine lives on.
 Phase "layout" (trainer TP2, TP1, then PP2): the engine-layout path against the generic path on both engines, every
 parameter of every engine TP rank compared bitwise; a bucket for another engine layout is refused, nothing loaded.
 
@@ -272,6 +274,8 @@ def run_phase(phase, tp, pp, vpp, paths, engines, engine_threads, workdir, initi
         check_local_handles(phase, pp, actors["B"], states["B"], engines)
     if phase == "tp2":
         check_refusals(actors["B"], states["B"], engines, last, paths)
+    if phase == "pp2":
+        check_distributed_production_error(actors["A"], states["A"], engines.get("A"), last["A"], paths["A"])
     for b in bridges.values():
         b.close()
     dist.barrier()
@@ -333,6 +337,65 @@ def check_local_handles(phase, pp, actor, state, engines):
         same = not bad and len(a) == len(b) and all(set(x) == set(y) for ea, eb in zip(a, b) for x, y in zip(ea, eb))
         detail = f"{sum(len(x) for e in a for x in e)} engine parameters compared; differing: {bad[:3]}"
     report(f"{phase}_B_local_handles_engine_parameters_bitwise_equal", same, detail)
+
+
+WATCHDOG_S = 90
+
+
+def check_distributed_production_error(actor, state, eng, last, path):
+    """Trainer PP2 -> engine A, "distributed" transport on the leaders' gather path: the 4th conversion of stage
+    leader r (rank 0: the controller's own stage; rank 1: stage 1's leader) raises (fault point
+    ``sync_convert_error``, as a CUDA OOM would).  Every rank raises WeightBridgeError naming the fault, none is
+    still in the sync after WATCHDOG_S (before the per-bucket decision the engine waited in a broadcast the failed
+    leader never sent, until the group's 30-minute timeout), the engine was not replaced, and the next sync goes
+    through and leaves the engine's greedy ids what they were (no step in between: the same weights)."""
+    from rlhf import faults
+    from rlhf.rollout.sampling import stop_token_ids_for
+    from rlhf.weight_bridge import WeightBridge, WeightBridgeError
+
+    rank0 = dist.get_rank() == 0
+    for r in (0, 1):
+        name = f"pp2_A_distributed_production_error_on_rank{r}_raises_everywhere_engine_lives_on"
+        restarts = list(eng.restarts) if rank0 else None
+        bridge = WeightBridge(state.model, actor.spec, eng if rank0 else None, transport="distributed",
+                              shared_buckets=False, bucket_bytes=64 * 1024, group_prefix=f"e2e_pp2_fault{r}")
+
+        def hung(r=r, name=name):
+            print(f"CHECK {name} FAIL rank {dist.get_rank()} still in the sync {WATCHDOG_S} s after the fault on "
+                  f"rank {r}", flush=True)
+            os._exit(3)
+
+        timer = threading.Timer(WATCHDOG_S, hung)
+        timer.daemon = True
+        os.environ.update(RLHF_FAULT="sync_convert_error@4", RLHF_FAULT_RANK=str(r))
+        faults._hits.clear()
+        t0 = time.time()
+        timer.start()
+        try:
+            bridge.sync()
+            raised = ""
+        except WeightBridgeError as e:
+            raised = str(e)
+        finally:
+            timer.cancel()
+            for key in ("RLHF_FAULT", "RLHF_FAULT_RANK"):
+                os.environ.pop(key, None)
+        secs = time.time() - t0
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, "FAULT sync_convert_error" in raised)
+        again, error = None, ""
+        try:
+            bridge.sync()
+        except WeightBridgeError as e:
+            error = str(e)
+        bridge.close()
+        ok, detail = False, ""
+        if rank0:
+            again = engine_greedy(eng, stop_token_ids_for(path))
+            ok = all(everyone) and eng.restarts == restarts and not error and again == last
+            detail = (f"raised on ranks {everyone} in {secs:.1f}s; restarts {restarts}->{eng.restarts}; next sync "
+                      f"{error or 'ok'}; greedy unchanged={again == last}; error: {raised[:200]}")
+        report(name, ok, detail)
 
 
 def check_refusals(actor, state, engines, last, paths):

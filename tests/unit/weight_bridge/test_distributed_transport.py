@@ -1,0 +1,163 @@
+"""The disaggregated transport's per-bucket decision (rlhf/weight_bridge/from_distributed.DistributedTransport.run)
+without processes: the engines are asked to receive a bucket only when its stage leader produced it and nothing
+failed before, and a leader broadcasts only what the engines were asked for.  Before, the controller asked the
+engines for every bucket before knowing whether its leader had produced it, and a leader broadcast whatever the
+controller had decided: a production error (a CUDA OOM mid-stage) left the engines waiting in a broadcast that never
+came, and a refused request left a leader broadcasting to no one, each until the group's timeout.  The multi-rank
+form with real engines: tests/support/dist/bridge_e2e.py (``pp2_A_distributed_production_error_*``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlhf.weight_bridge import from_distributed
+from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, TensorMeta
+from rlhf.weight_bridge.from_distributed import DistributedTransport
+from rlhf.weight_bridge.plan import SendPlan, StagePlan
+
+
+class _Topo:
+    """Rank ``rank`` of a 2-stage run (controller 0 leads stage 0, rank 1 stage 1); control messages recorded,
+    ``replies[src]`` answers recv_object in order."""
+
+    def __init__(self, rank, log, replies=None):
+        self.rank, self.controller, self.log, self.replies = rank, 0, log, replies or {}
+        self.is_controller = rank == 0
+
+    def send_object(self, obj, dst):
+        self.log.append(("send", dst, obj))
+
+    def recv_object(self, src):
+        self.log.append(("recv", src))
+        return self.replies[src].pop(0)
+
+
+class _Engines:
+    """Records each bucket the engines are asked to receive; ``refuse``: the request of that bucket raises."""
+
+    def __init__(self, log, refuse=None):
+        self.log, self.refuse = log, refuse
+
+    def update_weights_from_distributed(self, names, dtypes, shapes, group_name, flush_cache, load_format):
+        if names[0] == self.refuse:
+            raise RuntimeError(f"engine 0 refused {names[0]}")
+        self.log.append(("request", group_name, names[0]))
+        return [(0, names[0])]
+
+    def wait(self, pending, what):
+        self.log.extend(("answered", name) for _, name in pending)
+        return [None] * len(pending)
+
+
+def _plan(per_stage=3):
+    stages = []
+    for p in range(2):
+        buckets = [BucketPlan(k, [TensorMeta(f"s{p}.b{k}", (2,), torch.float32)], [0], 8) for k in range(per_stage)]
+        stages.append(StagePlan(p, p, [m for b in buckets for m in b.metas], buckets))
+    return SendPlan(stages, [])
+
+
+def _transport(topo, engines, log, monkeypatch):
+    monkeypatch.setattr(from_distributed.dist, "broadcast",
+                        lambda buf, src, group: log.append(("broadcast", group, buf[0].item())))
+    t = DistributedTransport(topo, engines, "w", "gloo", None, 60.0)
+    t.pg, t.group_names = "pg", {0: "g0", 1: "g1"}
+    return t
+
+
+def _stream(stage, pool, fail_at=None):
+    """A leader's production: bucket k's buffer starts with byte k; from ``fail_at`` on an error in its place (what
+    hf_stream.stage_buckets yields after a conversion error); ``consumed`` counts the items taken."""
+    consumed = []
+
+    def own():
+        for k, b in enumerate(stage.buckets):
+            consumed.append(k)
+            if fail_at is not None and k >= fail_at:
+                yield b, None, RuntimeError(f"CUDA out of memory (bucket {k})")
+            else:
+                slot, buf = pool.acquire(b.nbytes)
+                buf[0] = k
+                yield b, slot, buf
+    return own, consumed
+
+
+def _times():
+    return {"produce": 0.0, "receive": 0.0, "deliver": 0.0}
+
+
+@pytest.mark.parametrize("fail_at", [None, 1])
+def test_controller_asks_the_engines_only_for_buckets_its_own_stage_produced(monkeypatch, fail_at):
+    """The controller's own stage fails at bucket 1 (of 3): bucket 0 is requested, broadcast and answered; buckets 1
+    and 2 are neither requested nor broadcast, nor is stage 1 (its leader is told not to broadcast); the stream is
+    consumed to its end (the TP peers' gathers) and every buffer goes back; the error names the rank and cause."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    own, consumed = _stream(plan.stages[0], pool, fail_at)
+    topo = _Topo(0, log, {1: [None, None, None]})
+    error = _transport(topo, _Engines(log), log, monkeypatch).run(plan, plan.stages[0], own, pool,
+                                                                  lambda *a: None, _times())
+    if fail_at is None:
+        assert error is None
+        assert [x for x in log if x[0] in ("request", "broadcast")] == [
+            ("request", "g0", "s0.b0"), ("broadcast", "pg", 0), ("request", "g0", "s0.b1"), ("broadcast", "pg", 1),
+            ("request", "g0", "s0.b2"), ("broadcast", "pg", 2), ("request", "g1", "s1.b0"), ("request", "g1", "s1.b1"),
+            ("request", "g1", "s1.b2")]
+        assert [x for x in log if x[0] == "send"] == [("send", 1, True)] * 3
+    else:
+        assert error == "rank 0: RuntimeError: CUDA out of memory (bucket 1)"
+        assert [x for x in log if x[0] in ("request", "broadcast", "answered")] == [
+            ("request", "g0", "s0.b0"), ("broadcast", "pg", 0), ("answered", "s0.b0")]
+        assert [x for x in log if x[0] in ("send", "recv")] == [("recv", 1), ("send", 1, False)] * 3
+    assert consumed == [0, 1, 2] and pool._free.qsize() == 2
+
+
+def test_controller_asks_nothing_for_another_stage_whose_leader_failed(monkeypatch):
+    """Stage 1's leader reports bucket 1 failed: the engines get stage 1's bucket 0 only; the leader hears True,
+    then False for buckets 1 and 2; the error is the leader's report."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    own, _ = _stream(plan.stages[0], pool)
+    topo = _Topo(0, log, {1: [None, "rank 1: RuntimeError: boom", None]})
+    error = _transport(topo, _Engines(log), log, monkeypatch).run(plan, plan.stages[0], own, pool,
+                                                                  lambda *a: None, _times())
+    assert error == "rank 1: RuntimeError: boom"
+    assert [x for x in log if x[0] == "request" and x[1] == "g1"] == [("request", "g1", "s1.b0")]
+    assert [x for x in log if x[0] == "send"] == [("send", 1, True), ("send", 1, False), ("send", 1, False)]
+    assert ("answered", "s1.b0") in log and ("answered", "s1.b1") not in log
+
+
+def test_a_refused_request_is_not_broadcast_and_nothing_after_it_is_asked(monkeypatch):
+    """The engines' request of stage 0's bucket 1 raises: that bucket is not broadcast, nothing later is requested,
+    stage 1's leader is told not to broadcast any of its buckets; the error is the refusal."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    own, consumed = _stream(plan.stages[0], pool)
+    topo = _Topo(0, log, {1: [None, None, None]})
+    error = _transport(topo, _Engines(log, refuse="s0.b1"), log, monkeypatch).run(plan, plan.stages[0], own, pool,
+                                                                                   lambda *a: None, _times())
+    assert error == "RuntimeError: engine 0 refused s0.b1"
+    assert [x for x in log if x[0] in ("request", "broadcast")] == [("request", "g0", "s0.b0"), ("broadcast", "pg", 0)]
+    assert [x for x in log if x[0] == "send"] == [("send", 1, False)] * 3
+    assert consumed == [0, 1, 2] and pool._free.qsize() == 2
+
+
+def test_leader_reports_each_bucket_and_broadcasts_only_when_told(monkeypatch):
+    """Stage 1's leader fails at bucket 1: it reports None, then its error for buckets 1 and 2 (still taking every
+    item of its stream: its TP peers' gathers), broadcasts bucket 0 only (the controller's True) and returns its
+    error instead of raising it (the controller still waits for its reports)."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    own, consumed = _stream(plan.stages[1], pool, fail_at=1)
+    topo = _Topo(1, log, {0: [True, False, False]})
+    error = _transport(topo, None, log, monkeypatch).run(plan, plan.stages[1], own, pool, lambda *a: None, _times())
+    failed = "rank 1: RuntimeError: CUDA out of memory (bucket 1)"
+    assert error == failed
+    assert log == [("send", 0, None), ("recv", 0), ("broadcast", "pg", 0),
+                   ("send", 0, failed), ("recv", 0),
+                   ("send", 0, "rank 1: RuntimeError: CUDA out of memory (bucket 2)"), ("recv", 0)]
+    assert consumed == [0, 1, 2] and pool._free.qsize() == 2
