@@ -217,11 +217,8 @@ class DistributedTransport:
                     error = error or f"{type(e).__name__}: {e}"
                 times["deliver"] += time.perf_counter() - t_wait
             if mine is not None:
-                try:
-                    for _ in mine:  # exhaust (raises if the stream disagrees with the plan)
-                        pass
-                except Exception as e:  # noqa: BLE001
-                    error = error or f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+                left = self._exhaust(mine)  # always: the TP peers' gathers
+                error = error or left
         return error
 
     def _run_leader(self, plan, my_stage, own, pool, record, times) -> str | None:
@@ -235,9 +232,14 @@ class DistributedTransport:
                     self.broadcast(buf, times)
             finally:
                 pool.release(slot)
+        left = self._exhaust(it)  # always: the TP peers' gathers
+        return error or left
+
+    def _exhaust(self, it) -> str | None:
+        """Run a leader's stream to its end (it raises if it disagrees with the plan); the error, or None."""
         try:
-            for _ in it:  # exhaust (raises if the stream disagrees with the plan)
+            for _ in it:
                 pass
         except Exception as e:  # noqa: BLE001
-            error = error or f"rank {self.topo.rank}: {type(e).__name__}: {e}"
-        return error
+            return f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+        return None
