@@ -162,10 +162,13 @@ class DistributedTransport:
         Per bucket, the colocated transport's decision (local_handles.py, steps 1-2): a leader other than the
         controller reports whether it produced the bucket; the controller asks the engines to receive it only when
         it was produced and nothing failed before, and tells that leader whether to broadcast.  So no engine waits
-        in a broadcast that never comes (a leader that failed) and no leader broadcasts to engines that were not
-        asked (a refused request): either would hold the group until its timeout.  Every leader goes through every
-        bucket of its stage, also after an error (its TP peers' gathers).  Returns the first error (the controller:
-        any rank's; another leader: its own production error), None when all went through."""
+        in a broadcast that never comes (a leader that failed) and no leader broadcasts to engines whose request
+        could not be started: either would hold the group until its timeout.  A leader whose own broadcast raised
+        reports the failure with its next bucket, so the controller asks nothing more (no leader or controller is
+        left waiting for the other).  Not covered: an engine that accepted a request and then fails before it joins
+        the broadcast (its refusal comes back only with the engines' answer, after the data was sent).  Every leader
+        goes through every bucket of its stage, also after an error (its TP peers' gathers).  Returns the first
+        error (the controller: any rank's; another leader: its own), None when all went through."""
         if self.topo.is_controller:
             return self._run_controller(plan, my_stage, own, pool, record, times)
         return self._run_leader(plan, my_stage, own, pool, record, times)
@@ -174,7 +177,10 @@ class DistributedTransport:
         """The next item of a leader's stream for ``bplan``: ``(slot, buffer or None, error or None)``."""
         slot = None
         try:
-            got, slot, buf = next(it)
+            item = next(it, None)
+            if item is None:
+                raise RuntimeError(f"the stream ended before bucket {bplan.index}")
+            got, slot, buf = item
             if isinstance(buf, BaseException):
                 raise buf
             if got is not bplan:
@@ -184,10 +190,28 @@ class DistributedTransport:
         except Exception as e:  # noqa: BLE001 - reported to the controller, then to every rank
             return slot, None, f"rank {self.topo.rank}: {type(e).__name__}: {e}"
 
+    def _stream(self, own):
+        """``own()``, or an empty stream and the error when it raised."""
+        try:
+            return own(), None
+        except Exception as e:  # noqa: BLE001
+            return iter(()), f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+
+    def _broadcast(self, buf, times) -> str | None:
+        """:meth:`broadcast`; the error, or None."""
+        try:
+            self.broadcast(buf, times)
+        except Exception as e:  # noqa: BLE001 - reported, never left between two ranks of the handshake
+            return f"rank {self.topo.rank}: broadcast: {type(e).__name__}: {e}"
+        return None
+
     def _run_controller(self, plan, my_stage, own, pool, record, times) -> str | None:
         error = None
         for stage in plan.stages:
-            mine = own() if stage is my_stage else None
+            mine = None
+            if stage is my_stage:
+                mine, failed = self._stream(own)
+                error = error or failed
             for bplan in stage.buckets:
                 slot = buf = None
                 if mine is not None:
@@ -207,7 +231,7 @@ class DistributedTransport:
                     if mine is None:
                         self.topo.send_object(go, stage.leader)
                     elif go:  # the engines that accepted the request wait for the data
-                        self.broadcast(buf, times)
+                        error = error or self._broadcast(buf, times)
                 finally:
                     pool.release(slot)
                 t_wait = time.perf_counter()
@@ -222,14 +246,15 @@ class DistributedTransport:
         return error
 
     def _run_leader(self, plan, my_stage, own, pool, record, times) -> str | None:
-        error, it, ctrl = None, own(), self.topo.controller
+        ctrl = self.topo.controller
+        it, error = self._stream(own)
         for bplan in my_stage.buckets:
             slot, buf, failed = self._produced(it, plan, bplan, record)
             error = error or failed
             try:
-                self.topo.send_object(failed, ctrl)
+                self.topo.send_object(error, ctrl)  # this rank's first error, also one of an earlier broadcast
                 if self.topo.recv_object(ctrl):  # never after a failure: the controller asked no engine then
-                    self.broadcast(buf, times)
+                    error = error or self._broadcast(buf, times)
             finally:
                 pool.release(slot)
         left = self._exhaust(it)  # always: the TP peers' gathers

@@ -146,7 +146,7 @@ def test_a_refused_request_is_not_broadcast_and_nothing_after_it_is_asked(monkey
 
 
 def test_leader_reports_each_bucket_and_broadcasts_only_when_told(monkeypatch):
-    """Stage 1's leader fails at bucket 1: it reports None, then its error for buckets 1 and 2 (still taking every
+    """Stage 1's leader fails at bucket 1: it reports None, then its first error for buckets 1 and 2 (still taking every
     item of its stream: its TP peers' gathers), broadcasts bucket 0 only (the controller's True) and returns its
     error instead of raising it (the controller still waits for its reports)."""
     log = []
@@ -158,6 +158,57 @@ def test_leader_reports_each_bucket_and_broadcasts_only_when_told(monkeypatch):
     failed = "rank 1: RuntimeError: CUDA out of memory (bucket 1)"
     assert error == failed
     assert log == [("send", 0, None), ("recv", 0), ("broadcast", "pg", 0),
-                   ("send", 0, failed), ("recv", 0),
-                   ("send", 0, "rank 1: RuntimeError: CUDA out of memory (bucket 2)"), ("recv", 0)]
+                   ("send", 0, failed), ("recv", 0), ("send", 0, failed), ("recv", 0)]  # its first error, again
     assert consumed == [0, 1, 2] and pool._free.qsize() == 2
+
+
+def _failing_broadcast(log, monkeypatch, at):
+    def broadcast(buf, src, group):
+        if buf[0].item() == at:
+            raise RuntimeError("Connection closed by peer")
+        log.append(("broadcast", group, buf[0].item()))
+    monkeypatch.setattr(from_distributed.dist, "broadcast", broadcast)
+
+
+def test_a_leader_whose_broadcast_raised_reports_it_and_keeps_the_handshake(monkeypatch):
+    """Stage 1's leader: its broadcast of bucket 0 raises (an engine gone, a communicator aborted).  It does not
+    leave the sync: it reports the failure with bucket 1 and 2 (the controller then asks nothing more; before, the
+    controller waited in a receive the leader never sent), takes every item of its stream and returns the error."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    own, consumed = _stream(plan.stages[1], pool)
+    t = _transport(_Topo(1, log, {0: [True, False, False]}), None, log, monkeypatch)
+    _failing_broadcast(log, monkeypatch, at=0)
+    error = t.run(plan, plan.stages[1], own, pool, lambda *a: None, _times())
+    failed = "rank 1: broadcast: RuntimeError: Connection closed by peer"
+    assert error == failed
+    assert log == [("send", 0, None), ("recv", 0), ("send", 0, failed), ("recv", 0), ("send", 0, failed), ("recv", 0)]
+    assert consumed == [0, 1, 2] and pool._free.qsize() == 2
+
+
+def test_the_controllers_failed_broadcast_stops_the_requests(monkeypatch):
+    """The controller's own broadcast of bucket 1 raises: nothing after it is requested, stage 1's leader hears
+    False for each of its buckets, the error names the broadcast."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    own, consumed = _stream(plan.stages[0], pool)
+    t = _transport(_Topo(0, log, {1: [None, None, None]}), _Engines(log), log, monkeypatch)
+    _failing_broadcast(log, monkeypatch, at=1)
+    error = t.run(plan, plan.stages[0], own, pool, lambda *a: None, _times())
+    assert error == "rank 0: broadcast: RuntimeError: Connection closed by peer"
+    assert [x for x in log if x[0] in ("request", "broadcast")] == [
+        ("request", "g0", "s0.b0"), ("broadcast", "pg", 0), ("request", "g0", "s0.b1")]
+    assert [x for x in log if x[0] == "send"] == [("send", 1, False)] * 3
+    assert consumed == [0, 1, 2] and pool._free.qsize() == 2
+
+
+def test_a_stream_that_ends_early_names_the_bucket(monkeypatch):
+    """A leader's stream with fewer buckets than planned: the missing bucket is named, not an empty StopIteration."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    t = _transport(_Topo(1, log, {0: [True, False, False]}), None, log, monkeypatch)
+    error = t.run(plan, plan.stages[1], lambda: iter(()), pool, lambda *a: None, _times())
+    assert error == "rank 1: RuntimeError: the stream ended before bucket 0"
