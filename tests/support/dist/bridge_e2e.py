@@ -349,9 +349,9 @@ def check_distributed_production_error(actor, state, eng, last, path):
     still in the sync after WATCHDOG_S (before the per-bucket decision the engine waited in a broadcast the failed
     leader never sent, until the group's 30-minute timeout), the engine was not replaced, and the next sync goes
     through and leaves the engine's greedy ids what they were (no step in between: the same weights)."""
-    from rlhf import faults
     from rlhf.rollout.sampling import stop_token_ids_for
     from rlhf.weight_bridge import WeightBridge, WeightBridgeError
+    from tests.support.fault_watchdog import armed_under_watchdog
 
     rank0 = dist.get_rank() == 0
     for r in (0, 1):
@@ -360,26 +360,13 @@ def check_distributed_production_error(actor, state, eng, last, path):
         bridge = WeightBridge(state.model, actor.spec, eng if rank0 else None, transport="distributed",
                               shared_buckets=False, bucket_bytes=64 * 1024, group_prefix=f"e2e_pp2_fault{r}")
 
-        def hung(r=r, name=name):
-            print(f"CHECK {name} FAIL rank {dist.get_rank()} still in the sync {WATCHDOG_S} s after the fault on "
-                  f"rank {r}", flush=True)
-            os._exit(3)
-
-        timer = threading.Timer(WATCHDOG_S, hung)
-        timer.daemon = True
-        os.environ.update(RLHF_FAULT="sync_convert_error@4", RLHF_FAULT_RANK=str(r))
-        faults._hits.clear()
         t0 = time.time()
-        timer.start()
-        try:
-            bridge.sync()
-            raised = ""
-        except WeightBridgeError as e:
-            raised = str(e)
-        finally:
-            timer.cancel()
-            for key in ("RLHF_FAULT", "RLHF_FAULT_RANK"):
-                os.environ.pop(key, None)
+        with armed_under_watchdog("sync_convert_error@4", r, name, WATCHDOG_S):
+            try:
+                bridge.sync()
+                raised = ""
+            except WeightBridgeError as e:
+                raised = str(e)
         secs = time.time() - t0
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, "FAULT sync_convert_error" in raised)

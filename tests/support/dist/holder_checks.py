@@ -166,26 +166,10 @@ def sync(actor, fleet, local, tag, **kw):
 def fault_sync(actor, fleet, local, tag, rank, name):
     """``sync`` with the fault point ``sync_convert_error`` armed on global ``rank`` (its 3rd conversion raises),
     under a watchdog: a rank still in the sync after WATCHDOG_S prints the CHECK line as FAIL and exits."""
-    import threading
+    from tests.support.fault_watchdog import armed_under_watchdog
 
-    from rlhf import faults
-
-    def hung():
-        print(f"CHECK {name} FAIL rank {dist.get_rank()} still in the sync {WATCHDOG_S} s after the fault (a peer "
-              f"left in a collective)", flush=True)
-        os._exit(3)
-
-    timer = threading.Timer(WATCHDOG_S, hung)
-    timer.daemon = True
-    os.environ.update(RLHF_FAULT="sync_convert_error@3", RLHF_FAULT_RANK=str(rank))
-    faults._hits.clear()
-    timer.start()
-    try:
+    with armed_under_watchdog("sync_convert_error@3", rank, name, WATCHDOG_S):
         return sync(actor, fleet, local, tag)
-    finally:
-        timer.cancel()
-        for key in ("RLHF_FAULT", "RLHF_FAULT_RANK"):
-            os.environ.pop(key, None)
 
 
 def run_layout(tp, pp, n, etp, path, counters):
