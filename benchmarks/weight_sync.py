@@ -3,29 +3,24 @@ loading from disk, on the same weights, in the same run.
 
     python benchmarks/weight_sync.py                # launches torchrun with 2 processes itself
     python benchmarks/weight_sync.py --layers 4     # smaller/faster
-    python benchmarks/weight_sync.py --quick        # iteration: zero copy, tiny and the plain copy only; its last
+    python benchmarks/weight_sync.py --quick        # iteration: the sync, tiny and the plain copy only; its last
                                                     # line is `weight_sync_quick: vs_copy=... tiny_sync_ms=... load1=...`
 
 Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, untied, fp32; 8 layers =
 159 M parameters, 636 MB).  Trainer: megatron-core TP2 on 2 gloo processes.  Engine: one SGLang engine (rollout
 TP 1, fp32; a RolloutManager on rank 0).  A second engine serves the quickstart-sized model (0.5 MB).
 
-Timed (medians of --repeats syncs, 15 by default, after one untimed warm-up of each path, so imports, first-touch page
-faults, the engine's layout probe and the engine's first load are excluded; the warm-up is reported):
-  * bridge      -- `WeightBridge.sync()` with its defaults (on CPU: zero copy -- the engine moved its
-                   parameters into shared memory once, every TP rank writes its elements straight into them, the
-                   engine only commits): plan check, writes, commit, session end, flush; its first sync includes
-                   the engine's one-time layout probe, the move to shared memory and each rank's composition;
-  * buckets     -- the same with `zero_copy=False`: 512 MB of buckets (two halves) in the engine's parameter
-                   layout, written by the ranks, copied into each parameter once by the engine;
-  * generic     -- the same with `engine_layout=False`: the ranks write HF tensors, SGLang's `load_weights` loads
-                   them through its per-parameter loaders (the fallback path);
-  Phase split of each (medians over the timed syncs, rank 0): plan (plan check + opening the engines' sessions),
-  writes (this rank writing its buckets or the shared parameters, incl. waiting for its TP peers), engine load
-  (waiting for the engines: their loads of the buckets -- with two buffers bucket k+1 is written while bucket k
-  loads -- or the zero-copy commit), end (closing the sessions).
-  * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0), timed after each of
-                   the three big-model paths (the machine's load drifts) and taken as the median of all;
+Timed (medians of --repeats syncs, 15 by default, after one untimed warm-up, so imports, first-touch page faults
+and the engine's first load are excluded; the warm-up is reported):
+  * bridge      -- `WeightBridge.sync()` with its defaults: the product path, the one a GPU run takes (the stage
+                   leader TP-gathers each parameter, converts it to HF tensors and packs 512 MB of buckets, two
+                   halves, laid out as SGLang's FlattenedTensorBucket; the engine loads each through SGLang's
+                   `load_weights`, bucket k+1 produced while bucket k loads): plan check, gather + convert + pack,
+                   engine load, session end, flush.  Phase split (medians over the timed syncs, rank 0): plan (plan
+                   check + opening the engines' sessions), writes (waiting for this rank's own buckets: gathers,
+                   conversion, packing), engine load (waiting for the engines), end (closing the sessions);
+  * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0), timed right after the
+                   big-model syncs;
   * load        -- the engine's `update_weights_from_disk(dir)` of the same weights (safetensors written by
                    `save_hf_checkpoint`, file pages hot in the OS cache);
   * export_load -- `save_hf_checkpoint` from the TP shards + `update_weights_from_disk`: what a user without a
@@ -40,7 +35,7 @@ increase of resident memory during a timed sync (VmHWM after the sync minus VmRS
 The machine's load average (1 min) is read before and after the timed part.
 
 The LAST line printed is exactly
-    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> generic_vs_copy=<generic/copy> buckets_vs_copy=<buckets/copy> first_sync_s=<bridge's first sync> load1=<start>/<end>
+    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> first_sync_s=<bridge's first sync> load1=<start>/<end>
 """
 import argparse
 import os
@@ -73,22 +68,19 @@ def median(xs):
     return sorted(xs)[len(xs) // 2]
 
 
-def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, **kw):
+def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
     """Warm-up sync, then `repeats` timed syncs; returns (median seconds, peak extra RSS MB, last stats, first sync
     seconds)."""
     import torch
     import torch.distributed as dist
 
-    from rlhf.weight_bridge import WeightBridge
+    from rlhf.weight_bridge import WeightBridge, WeightSyncConfig
 
-    bridge = WeightBridge(chunks, spec, engine, bucket_bytes=int(bucket_mb * 2**20), **kw)
+    bridge = WeightBridge(chunks, spec, engine, WeightSyncConfig(bucket_bytes=int(bucket_mb * 2**20)))
     t0 = time.perf_counter()
-    first = bridge.sync()  # warm-up: imports, plan (and the engine's layout probe), first-touch of the buckets
+    first = bridge.sync()  # warm-up: imports, plan, first-touch of the buckets
     t_first = time.perf_counter() - t0
-    lp = bridge.layout_path
-    log(f"bridge {label}: first sync {t_first:.2f} s ({first.path} path"
-        f"{'' if first.fallback_reason is None else ': ' + first.fallback_reason}; engine layout + plan "
-        f"{lp.layout_seconds:.2f} s, composing rank 0's writes {lp.compose_seconds:.2f} s)")
+    log(f"bridge {label}: first sync {t_first:.2f} s (plan {first.plan_seconds:.2f} s)")
     times, rss_peaks, phases = [], [], []
     for _ in range(repeats):
         dist.barrier()
@@ -108,7 +100,7 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512, **kw):
     bridge.close()
     med = median(times)
     plan, writes, load, end, opening = (median([p[i] for p in phases]) * 1e3 for i in range(5))
-    log(f"bridge {label} [{stats.path}]: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms "
+    log(f"bridge {label}: {stats.bytes / 1e6:.2f} MB, {stats.num_buckets} bucket(s), median {med * 1e3:.1f} ms "
         f"(min {min(times) * 1e3:.1f}) of {[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; "
         f"rank 0 medians: plan "
         f"{plan:.1f} ms (of which waiting for the engines' sessions to open {opening:.1f} ms; "
@@ -209,13 +201,6 @@ def main(args):
     load_start = os.getloadavg()[0]
     log(f"load average (1 min) at start: {load_start:.1f} on {os.cpu_count()} cores")
     copies = []
-    if not args.quick:
-        t_generic, _, g_stats, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
-                                               "big", engine_layout=False)
-        copies += time_copy(rank, g_stats.bytes, args.repeats)  # (a) a plain copy of the same bytes, between paths
-        t_buckets, _, _, _ = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log, "big",
-                                         zero_copy=False)
-        copies += time_copy(rank, g_stats.bytes, args.repeats)
     t_bridge, peak_mb, stats, t_first = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
                                                     "big")
     nbytes = stats.bytes
@@ -272,7 +257,6 @@ def main(args):
     if rank == 0:
         print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} vs_export_load={t_bridge / t_export_load:.3f} "
               f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f} "
-              f"generic_vs_copy={t_generic / t_copy:.2f} buckets_vs_copy={t_buckets / t_copy:.2f} "
               f"first_sync_s={t_first:.2f} "
               f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}",
               flush=True)

@@ -87,29 +87,6 @@ class EngineFleet(Protocol):
                                         load_format: Optional[str] = "flattened_bucket") -> Pending:
         """Start every engine receiving one broadcast bucket on ``group_name``."""
 
-    def weight_layout(self, engines: Optional[Sequence[int]] = None, known: Optional[str] = None) -> List[Any]:
-        """Each engine's parameter layout, probed once per engine with its own loaders
-        (rlhf.rollout.engine_loader): ``{"fingerprint", "ranks": [per-TP-rank probe]}``, only
-        ``{"fingerprint"}`` when it equals ``known``, or ``{"error": reason}``."""
-
-    def update_weights_in_engine_layout(self, payloads: Sequence[Sequence[bytes]], header: str,
-                                        engines: Optional[Sequence[int]] = None, flush_cache: bool = False) -> Pending:
-        """Start loading one bucket written in the engines' parameter layout: ``payloads[k]`` is target engine k's
-        serialized flat tensors, one per engine TP rank; ``header`` names the parameters, their byte offsets and
-        the layout fingerprint (an engine with another layout refuses it before loading anything)."""
-
-    def share_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
-        """Each engine moves its parameters into shared memory once (CPU): ``{"fingerprint", "ranks": [per TP rank
-        {"manager", "handle", "size", "offsets"}]}`` for the trainer ranks to write into (between rollouts), or
-        ``{"error": reason}``."""
-
-    def commit_shared_writes(self, fingerprint: str, engines: Optional[Sequence[int]] = None,
-                             flush_cache: bool = False, end_session: bool = False) -> Pending:
-        """Start each engine accepting the weights the trainer ranks wrote into its shared parameters (layout
-        ``fingerprint``; refused for another): outside a weight-update session in a session of its own, which it
-        closes; inside one, with ``end_session`` closing it as :meth:`end_weight_update` would.
-        ``{"moved": [names], "weight_version"}`` each."""
-
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         """Each engine's ``[per TP rank {parameter name: CPU tensor}]`` (the whole model: tests, diagnostics)."""
 

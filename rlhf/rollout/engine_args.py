@@ -142,7 +142,7 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
         raise ValueError("rollout engine_overrides enable_torch_compile=True on a CPU engine: SGLang's CPU engine "
                          "compiles with inductor freezing, which makes the parameters constants of the compiled "
                          "graph, so synced weights would never be used; drop enable_torch_compile on CPU")
-    # our loader of buckets written in the engine's parameter layout (rlhf.rollout.engine_loader)
+    # our loader of the weight sync's buckets (rlhf.rollout.engine_loader: SGLang's loading, then a device wait)
     kw["custom_weight_loader"] = loaders + [LOADER] if LOADER not in loaders else loaders
     return kw
 

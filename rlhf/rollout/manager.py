@@ -425,23 +425,6 @@ class RolloutManager:
                            list(names), list(dtypes), [list(x) for x in shapes], group_name,
                            flush_cache=flush_cache, load_format=load_format)
 
-    def weight_layout(self, engines: Optional[Sequence[int]] = None, known: Optional[str] = None) -> List[Any]:
-        return self._run(lambda a: a.weight_layout, "weight_layout", known=known, engines=engines)
-
-    def update_weights_in_engine_layout(self, payloads: Sequence[Sequence[bytes]], header: str,
-                                        engines: Optional[Sequence[int]] = None, flush_cache: bool = False) -> Pending:
-        return self._start(lambda a: a.update_weights_in_engine_layout, "update_weights_in_engine_layout",
-                           engines=engines, per_engine=[{"payloads": list(p)} for p in payloads], header=header,
-                           flush_cache=flush_cache)
-
-    def share_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
-        return self._run(lambda a: a.share_parameters, "share_parameters", engines=engines)
-
-    def commit_shared_writes(self, fingerprint: str, engines: Optional[Sequence[int]] = None,
-                             flush_cache: bool = False, end_session: bool = False) -> Pending:
-        return self._start(lambda a: a.commit_shared_writes, "commit_shared_writes", fingerprint,
-                           engines=engines, flush_cache=flush_cache, end_session=end_session)
-
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         return self._run(lambda a: a.engine_parameters, "engine_parameters", engines=engines)
 

@@ -115,10 +115,6 @@ class SGLangEngine:
         self._in_update = False
         self._updated = False
         self._released: set = set()  # memory-saver tags this engine has released
-        self._layout: Optional[Dict[str, Any]] = None  # the probed parameter layout (engine_layout path)
-        self._shared = False  # parameters live in shared memory the trainer writes into (zero-copy sync)
-        self._results_dir: Optional[str] = None  # the custom loader's result files (_loader_call)
-        self._calls = 0
 
     # ------------------------------------------------------------------ state
     def info(self) -> Dict[str, Any]:
@@ -265,12 +261,10 @@ class SGLangEngine:
                      "update_weights_from_distributed")
         self._updated = True
 
-    def _loader_call(self, header: Dict[str, Any], flush_cache: bool = False, every_rank: bool = True) -> List[Any]:
-        """Run one file-reporting operation of our custom loader (rlhf.rollout.engine_loader) on every TP
-        rank and return the ranks' results (the schedulers are this actor's children, on this host);
-        ``every_rank=False``: only the ranks that wrote a result (an operation that reports only what went wrong).
-        The result files go to one directory per engine, made at the first call (a directory per call cost
-        ~1 ms of a ~5 ms commit on the weight sync's path), named by a per-call counter and removed once read."""
+    def engine_parameters(self) -> List[Dict[str, Any]]:
+        """Every parameter of every TP rank (engine names; CPU copies, the whole model: tests, diagnostics), through
+        our custom loader's ``dump`` (rlhf.rollout.engine_loader), which writes one file per TP rank (the schedulers
+        are this actor's children, on this host; the scheduler has no other way to return data)."""
         import json
         import tempfile
 
@@ -278,149 +272,24 @@ class SGLangEngine:
 
         from rlhf.rollout.engine_loader import LOADER
 
-        if self._results_dir is None:
-            self._results_dir = tempfile.mkdtemp(prefix=f"rlhf_engine{self.index}_")
-        self._calls += 1
-        out = os.path.join(self._results_dir, f"{header['op']}{self._calls}")
-        files = [f"{out}.rank{r}.pt" for r in range(self.tp_size)]
-        try:
+        with tempfile.TemporaryDirectory(prefix=f"rlhf_engine{self.index}_") as d:
+            out = os.path.join(d, "dump")
             opened = not self._in_update
             if opened:
                 check_result(self.engine.begin_weight_update(), "begin_weight_update")
             try:
                 check_result(self.engine.update_weights_from_tensor(
-                    named_tensors=[(json.dumps(dict(header, out=out)), torch.empty(0))], load_format=LOADER,
-                    flush_cache=flush_cache), f"custom loader {header['op']}")
+                    named_tensors=[(json.dumps({"op": "dump", "out": out}), torch.empty(0))], load_format=LOADER),
+                    "engine_parameters")
             finally:
                 if opened:
                     check_result(self.engine.end_weight_update(), "end_weight_update")
+            files = [f"{out}.rank{r}.pt" for r in range(self.tp_size)]
             missing = [f for f in files if not os.path.exists(f)]
-            if not every_rank:
-                files = [f for f in files if f not in missing]
-            elif missing:
-                raise EngineCallError(f"custom loader {header['op']}: no result from TP ranks {missing} (engine TP "
-                                      f"ranks on another host?)")
+            if missing:
+                raise EngineCallError(f"engine_parameters: no result from TP ranks {missing} (engine TP ranks on "
+                                      f"another host?)")
             return [torch.load(f, weights_only=False) for f in files]
-        finally:
-            for f in files:
-                if os.path.exists(f):
-                    os.unlink(f)
-
-    def weight_layout(self, known: Optional[str] = None) -> Dict[str, Any]:
-        """This engine's parameter layout, probed once with the model's own loaders
-        (rlhf.rollout.engine_loader.probe_layout); ``{"fingerprint"}`` only when it equals ``known``,
-        ``{"error": reason}`` when it cannot be derived (the weight sync then uses SGLang's generic loading)."""
-        if self._layout is None:
-            from rlhf.rollout.engine_loader import layout_fingerprint
-
-            hf = [[n, list(shape)] for n, (shape, _dt) in self._expected.items()]
-            try:
-                ranks = self._loader_call({"op": "probe", "hf": hf})
-                errors = [r["error"] for r in ranks if "error" in r]
-                self._layout = ({"error": "; ".join(errors)} if errors else
-                                {"fingerprint": layout_fingerprint(ranks), "ranks": ranks})
-            except Exception as e:  # noqa: BLE001 - the caller falls back, the engine serves on
-                self._layout = {"error": f"{type(e).__name__}: {e}"}
-        if known is not None and self._layout.get("fingerprint") == known:
-            return {"fingerprint": known}
-        return self._layout
-
-    def update_weights_in_engine_layout(self, payloads: List[bytes], header: str, flush_cache: bool = False) -> None:
-        """Load one bucket already in this engine's parameter layout: ``payloads[r]`` is TP rank r's serialized
-        flat uint8 tensor, ``header`` the JSON of rlhf.weight_bridge.engine_layout.DirectPlan.header.
-
-        Raises:
-            EngineCallError: outside a session, wrong payload count, or a bucket laid out for another layout than
-                this engine's probed one (refused before SGLang sees it: nothing is loaded).
-        """
-        import json
-
-        from sglang.srt.model_executor.model_runner_components.weight_updater import LocalSerializedTensor
-
-        from rlhf.rollout.engine_loader import LOADER
-
-        self._require_session("update_weights_in_engine_layout")
-        if len(payloads) != self.tp_size:
-            raise EngineCallError(f"update_weights_in_engine_layout: {len(payloads)} payloads for "
-                                  f"tp_size={self.tp_size} (one per TP rank)")
-        want = json.loads(header).get("fingerprint")
-        have = (self._layout or {}).get("fingerprint")
-        if want is None or want != have:
-            raise EngineCallError(f"update_weights_in_engine_layout refused: the bucket is laid out for engine layout "
-                                  f"{want}, engine {self.index} has {have or 'none probed'}; nothing was loaded")
-        check_result(self.engine.update_weights_from_tensor(
-            named_tensors=[(header, LocalSerializedTensor(values=list(payloads)))], load_format=LOADER,
-            flush_cache=flush_cache), "update_weights_in_engine_layout")
-        self._updated = True
-
-    def share_parameters(self) -> Dict[str, Any]:
-        """Move every TP rank's parameters into shared memory once (rlhf.rollout.engine_loader.share_parameters):
-        ``{"fingerprint": layout fingerprint, "ranks": [per TP rank {"manager", "handle", "size", "offsets", ...}]}``
-        for the trainer ranks to map, or ``{"error": reason}`` (no probed layout, parameters not on the CPU, ...:
-        the weight sync then loads buckets)."""
-        fp = (self._layout or {}).get("fingerprint")
-        if fp is None:
-            return {"error": "no parameter layout probed (weight_layout first)"}
-        try:
-            ranks = self._loader_call({"op": "share"})
-        except Exception as e:  # noqa: BLE001 - the caller falls back, the engine serves on
-            return {"error": f"{type(e).__name__}: {e}"}
-        errors = [r["error"] for r in ranks if "error" in r]
-        if errors:
-            return {"error": "; ".join(dict.fromkeys(errors))}
-        self._shared = True
-        return {"fingerprint": fp, "ranks": ranks}
-
-    def commit_shared_writes(self, fingerprint: str, flush_cache: bool = False,
-                             end_session: bool = False) -> Dict[str, Any]:
-        """The trainer ranks wrote a sync's weights straight into the shared parameters: check every TP rank's
-        parameters still live there -- one SGLang moved gets the written bytes copied in
-        (rlhf.rollout.engine_loader.commit_shared) -- count the update and flush the cache.  Outside a session
-        (the weight sync's steady state: one call per sync) it opens one for the check and closes it; inside
-        one, ``end_session`` also closes it (:meth:`end_weight_update`).
-
-        No pause is needed around the writes: this actor runs one call at a time (``max_concurrency=1``,
-        rlhf/rollout/placement.py) and generation runs only inside :meth:`generate`, which returns once SGLang
-        has every output back, so no forward pass reads the parameters while the ranks write them between
-        rollouts (RolloutManager.begin_sync refuses a sync while a generate() is in flight).  A generate that
-        raised may leave requests SGLang is still aborting; then the commit's cache flush is refused
-        ("requests are still running or queued", SGLang's flush_cache_after_weight_update), the commit raises and
-        the sync is reported failed, so no rollout is produced by half-written weights without the run knowing.
-        Writing before the session opens equals writing inside it while its begin (SGLang's restore of
-        in-place-packed weights) changes nothing: :func:`rlhf.rollout.engine_loader.share_parameters` refuses
-        layers that repack there.
-
-        Returns ``{"moved": [names], "weight_version"}``; a moved parameter ends sharing (the next sync loads
-        buckets).
-        Raises:
-            EngineCallError: written for another layout than this engine's (``fingerprint``) or without shared
-                parameters (nothing is committed), or SGLang's failure (a session this call opened is closed).
-        """
-        have = (self._layout or {}).get("fingerprint")
-        if not self._shared or fingerprint != have:
-            raise EngineCallError(f"commit_shared_writes refused: written for layout {fingerprint}, engine {self.index} "
-                                  f"has {have or 'none probed'} (shared parameters: {self._shared})")
-        own = not self._in_update
-        if own:
-            self.begin_weight_update()
-        try:
-            moved = sorted({n for r in self._loader_call({"op": "commit"}, flush_cache=flush_cache, every_rank=False)
-                            for n in r.get("moved", ())})
-        except BaseException:
-            if own:
-                try:
-                    self.end_weight_update()
-                except Exception:  # noqa: BLE001 - the commit's own error is the one to report
-                    pass
-            raise
-        self._shared = self._shared and not moved
-        self._updated = True
-        return {"moved": moved, "weight_version": self.end_weight_update() if own or end_session
-                else self.weight_version}
-
-    def engine_parameters(self) -> List[Dict[str, Any]]:
-        """Every parameter of every TP rank (engine names; CPU copies, the whole model: tests, diagnostics)."""
-        return self._loader_call({"op": "dump"})
 
     def destroy_weights_update_group(self, group_name: str) -> None:
         check_result(self.engine.destroy_weights_update_group(group_name), "destroy_weights_update_group")
@@ -463,7 +332,3 @@ class SGLangEngine:
             self.engine.shutdown()
         except Exception:  # noqa: BLE001 - best effort, the process is about to be killed
             pass
-        if self._results_dir is not None:
-            import shutil
-
-            shutil.rmtree(self._results_dir, ignore_errors=True)

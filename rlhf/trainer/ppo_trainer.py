@@ -200,7 +200,7 @@ class PPOTrainer(BaseTrainer):
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
             with timer(m, "sync_weights"):
-                m.update(self.rollout.sync_weights().metrics())  # weight_sync/engine_layout, weight_sync/fallback_syncs
+                m.update(self.rollout.sync_weights().metrics())  # weight_sync/bytes, weight_sync/buckets, ...
         # else the actor did not change; colocated engines that released their weights in serving() get them back
         # from the next generation's RolloutWorker.ensure_resident (the next step's serving(), or validate())
 

@@ -259,24 +259,3 @@ class TensorTransport:
                 pool.release(slot)
         return error
 
-
-class DirectTransport(TensorTransport):
-    """The colocated delivery of an engine-layout plan (rlhf.weight_bridge.engine_layout.DirectPlan): bucket k's
-    buffer holds one section per engine TP rank; engine rank e gets a handle of section e only, and the engine's
-    custom loader (rlhf.rollout.engine_loader) copies each region into its parameter."""
-
-    def __init__(self, direct_plan, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.direct = direct_plan
-
-    def _entry(self, buf: torch.Tensor, bplan: BucketPlan, engine: int, tp_rank: int) -> bytes:
-        from sglang.srt.utils.common import MultiprocessingSerializer
-
-        stride = self.direct.stride(bplan)
-        return MultiprocessingSerializer.serialize(buf[tp_rank * stride:tp_rank * stride + bplan.nbytes])
-
-    def _send(self, plan: SendPlan, stage, bplan: BucketPlan, payloads: dict, engines: list[int]):
-        rows = [[payloads[(e, r)] for r in range(self.tp_size)] for e in engines]
-        last = plan.is_last(stage, bplan)
-        return self.engines.update_weights_in_engine_layout(rows, self.direct.header(bplan, last=last),
-                                                            engines=list(engines), flush_cache=last)

@@ -12,9 +12,7 @@ than trainer ranks: CPU tests) is served from the stage leader's buffer.  Extra 
 leader's size and count) on each holder's device; a stage leader that also holds uses its one pool for both, one
 stage after the other.
 
-Used with the ``"tensor"`` transport on the leaders' gather path without expert parallelism; the shared-memory
-buckets (shm_buckets.py, CPU only: there is no device to be wrong about) and the engine-layout path keep the
-leader's handles.
+Used with the ``"tensor"`` transport without expert parallelism (with it, the stage leader serializes every entry).
 
 The per-bucket protocol (from_tensor.TensorTransport drives it on the controller and the stage leaders, this
 module's :class:`BucketHolder` on the other holders):

@@ -99,16 +99,12 @@ def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: in
 
 @dataclass
 class StagePlan:
-    """What one PP stage sends: its leader's global rank, tensors (target dtypes), buckets, and for the
-    distributed transport its weight-update group."""
+    """What one PP stage sends: its leader's global rank, tensors (target dtypes) and buckets."""
 
     pp_rank: int
     leader: int
     metas: list[TensorMeta]
     buckets: list[BucketPlan]
-    group_name: str | None = None
-    master_address: str | None = None
-    master_port: int | None = None
 
 
 @dataclass
@@ -133,6 +129,10 @@ class SendPlan:
 
     def is_last(self, stage: StagePlan, bucket: BucketPlan) -> bool:
         return stage is self.stages[-1] and bucket is stage.buckets[-1]
+
+    def stage(self, pp_rank: int) -> StagePlan:
+        """The stage of pipeline rank ``pp_rank``."""
+        return next(s for s in self.stages if s.pp_rank == pp_rank)
 
 
 def _check_names(names: list[str], check: str | None) -> list[str]:

@@ -15,9 +15,25 @@ import torch
 import torch.distributed as dist
 
 from parallel import devices
-from rlhf.weight_bridge.steady import all_gather_codes, any_rank
 
-__all__ = ["MegatronTopology"]
+__all__ = ["MegatronTopology", "all_gather_codes", "any_rank"]
+
+
+def all_gather_codes(codes: list[int], group, world: int) -> list[list[int]]:
+    """Every rank's int64 ``codes`` (the same length on every rank), in rank order: one tensor all_gather on
+    ``group`` (on the group's device), no pickling."""
+    t = devices.to_group_device(torch.tensor(codes, dtype=torch.int64), group)
+    out = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(out, t, group=group)
+    return [x.tolist() for x in out]
+
+
+def any_rank(flag: bool, group) -> bool:
+    """True on every rank of ``group`` when ``flag`` is set on any of them (one int32 MAX all_reduce on the group's
+    device); doubles as the group's barrier."""
+    t = devices.to_group_device(torch.tensor([int(bool(flag))], dtype=torch.int32), group)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())
 
 
 class MegatronTopology:
@@ -91,11 +107,11 @@ class MegatronTopology:
 
     def all_gather_codes(self, codes: list[int]) -> list[list[int]]:
         """Every rank's int64 ``codes`` (same length everywhere), rank order: one tensor all_gather on the control
-        group (steady.py)."""
+        group."""
         return all_gather_codes(codes, self._ctrl, self.world)
 
     def any_rank(self, flag: bool, group=None) -> bool:
-        """``flag`` set on any rank of ``group`` (default the control group): one tensor all_reduce (steady.py)."""
+        """``flag`` set on any rank of ``group`` (default the control group): one tensor all_reduce."""
         return any_rank(flag, self._ctrl if group is None else group)
 
     def send_object(self, obj, dst: int) -> None:

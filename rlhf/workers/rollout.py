@@ -133,7 +133,7 @@ class RolloutWorker:
         return start_rollout(cfg, model_path)
 
     def __init__(self, cfg, model_path: str, actor_bundle, tokenizer, manager=None):
-        from rlhf.weight_bridge import WeightBridge
+        from rlhf.weight_bridge import WeightBridge, WeightSyncConfig
         from rlhf.rollout import SamplingConfig
         from rlhf.rollout.sampling import stop_token_ids_for
 
@@ -152,11 +152,9 @@ class RolloutWorker:
         self.host_group = dist.new_group(backend="gloo")
         self.manager = (manager if manager is not None else start_rollout(cfg, model_path)) if self.rank0 else None
         dist.barrier(group=self.host_group)
-        self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager,
-                                   transport="tensor" if r.mode == "colocated" else "distributed",
-                                   bucket_bytes=r.weight_sync_bucket_mb << 20,
-                                   check="sample" if r.weight_sync_check else None,
-                                   master_address=r.weight_update_address)
+        self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager, WeightSyncConfig(
+            transport="tensor" if r.mode == "colocated" else "distributed", bucket_bytes=r.weight_sync_bucket_mb << 20,
+            check="sample" if r.weight_sync_check else None, master_address=r.weight_update_address))
         if r.mode == "colocated":  # the first sync imports SGLang's serializers (seconds): now, while engines start
             import sglang.srt.utils.common  # noqa: F401
         self.max_resyncs = r.max_restarts + 1

@@ -1,5 +1,5 @@
 """Engine-local bucket handles at PP 1 and PP 2 on 4 gloo ranks with in-memory engines: which trainer rank's memory
-each engine TP rank maps, bitwise equality with the stage leaders' handles, nothing serialized that is not
+each engine TP rank maps, bitwise equality with the checkpoint, nothing serialized that is not
 delivered (failed sync, replaced engine), pools freed after the engines' last reply, the broadcasts on an existing
 group (world or TP), a production error on a stage leader raised on every rank (no peer left in a gather).  One check script
 (tests/support/dist/holder_checks.py) in the shared 4-rank launch (tests/e2e/conftest.py); each CHECK line is one

@@ -163,33 +163,6 @@ class FakeEngines:
                            per_engine=[{"serialized_named_tensors": p} for p in payloads],
                            load_format=load_format, flush_cache=flush_cache)
 
-    def weight_layout(self, engines=None, known=None):
-        """The fake engines hold HF tensors, not SGLang parameters: no layout (the bridge falls back), unless a
-        test sets ``layout`` (``{"fingerprint", "ranks"}``, as SGLangEngine.weight_layout returns)."""
-        self.log.append("weight_layout")
-        got = getattr(self, "layout", None) or {"error": "fake engines hold HF tensors (no parameter layout)"}
-        if known is not None and got.get("fingerprint") == known:
-            got = {"fingerprint": known}
-        return [dict(got) for _ in (range(self.num_engines) if engines is None else engines)]
-
-    def update_weights_in_engine_layout(self, payloads, header, engines=None, flush_cache=False):
-        """Records the headers; refuses (like SGLangEngine) a bucket for another layout than ``layout``'s."""
-        import json
-
-        assert_plain_data("update_weights_in_engine_layout", payloads, header)
-        want, have = json.loads(header).get("fingerprint"), (getattr(self, "layout", None) or {}).get("fingerprint")
-        if want != have:
-            raise RuntimeError(f"update_weights_in_engine_layout refused: layout {want}, engine has {have}")
-        self.log.append("update_weights_in_engine_layout")
-        self.layout_headers = getattr(self, "layout_headers", []) + [header]
-        return [(i, None) for i in (range(self.num_engines) if engines is None else engines)]
-
-    def share_parameters(self, engines=None):
-        """The fake engines hold HF tensors: nothing to share (the bridge loads buckets)."""
-        self.log.append("share_parameters")
-        return [{"error": "fake engines hold HF tensors (no parameters to share)"}
-                for _ in (range(self.num_engines) if engines is None else engines)]
-
     def engine_parameters(self, engines=None):
         return [[dict(e.received)] for i, e in enumerate(self.engines) if engines is None or i in engines]
 
@@ -212,6 +185,7 @@ class SimulatedTPTopology:
         self.tp_size, self.tp_rank, self.pp_size, self.pp_rank = len(rank_chunks), 0, 1, 0
         self.active = self.is_leader = self.is_controller = True
         self._sd = [[unwrap_model(c).state_dict(keep_vars=True) for c in chunks] for chunks in rank_chunks]
+        self.ep_size, self.expert_peer = 1, False
         self.object_collectives = self.code_collectives = 0  # pickled / tensor control collectives issued
 
     def init_collective(self):

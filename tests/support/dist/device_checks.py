@@ -12,8 +12,7 @@ in-process HF engine double (tests/support/hf_sampling_engine.py, fed by the rea
        device; a role method without its door (the seam) and a DP gather without parallel.devices' placement
        (today's main before the fix) are refused with DeviceError.
   tp2: PPOTrainer (GRPO, actor only) at TP2, one train_step: vocab-parallel log-probs (TP all-reduces), the
-       update, and the weight sync's TP gathers (rlhf.weight_bridge.topology; the bridge's CPU-only shared
-       buckets switched off, so the leader gathers as on a GPU run).
+       update, and the weight sync's TP gathers (rlhf.weight_bridge.topology), as on a GPU run.
 
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0 (tests/e2e/test_device_discipline.py).
 """
@@ -163,8 +162,6 @@ def main():
         t = trainer(model, os.path.join(args.workdir, "tp2"),
                     ["algorithm.adv_estimator=grpo", "parallel.tensor_model_parallel_size=2"])
         log("tp2 trainer built")
-        # the TP gathers on the stage leader, as on a GPU run (single-copy shared buckets are a CPU path)
-        t.rollout.bridge.shared_buckets, t.rollout.bridge._shared_state = False, None
         run_check("tp2_grpo_step_every_collective_on_its_group_device",
                   step_check(fa, t, ["all_reduce", "gather"]))
         t.close()

@@ -18,21 +18,21 @@ takes one optimizer step, and the WeightBridge streams the new weights into that
   <kind>_check_mode          check="all": every sent tensor SGLang can read back (get_weights_by_name) equals
                              what was sent (Llama: all of them; SGLang's Qwen3 and Mixtral classes read back
                              none: no mismatch, and the greedy check above is the evidence)
-  <kind>_zero_copy_equals_generic / <kind>_engine_layout_equals_generic
-                             the same weights synced again from the checkpoint's through the engine-layout path
-                             (zero copy, then buckets): every engine parameter bitwise the generic sync's
+  <kind>_every_engine_parameter_equals_disk_load
+                             every parameter of every engine TP rank after the sync is bitwise what SGLang's own
+                             update_weights_from_disk of the export leaves there
 Then expert parallelism: the trainer re-initialised at TP1 x EP2 (each rank holds 4 of the 8 experts) takes
 two steps on the MoE and syncs it again (experts gathered over the EP group on the stage leader):
-  qwen3_moe_ep2_synced_equals_hf, qwen3_moe_ep2_outputs_changed, qwen3_moe_ep2_check_mode (and its layout checks)
+  qwen3_moe_ep2_synced_equals_hf, qwen3_moe_ep2_outputs_changed, qwen3_moe_ep2_check_mode (and its bitwise check)
 Then pipeline parallelism, every family: the trainer re-initialised at PP2 (one layer per stage) takes two steps
 from the initial weights and syncs into the same engine: <kind>_pp2_synced_equals_hf, <kind>_pp2_outputs_changed
-(against the previous phase's greedy ids), <kind>_pp2_check_mode, <kind>_pp2_zero_copy_equals_generic,
-<kind>_pp2_engine_layout_equals_generic.  Then trainer TP1 (DP2: rank 1 a data-parallel replica), the same checks
+(against the previous phase's greedy ids), <kind>_pp2_check_mode, <kind>_pp2_every_engine_parameter_equals_disk_load.
+Then trainer TP1 (DP2: rank 1 a data-parallel replica), the same checks
 as <kind>_tp1_*.
 Then engine TP2, every family: a new engine of two TP ranks from the initial weights (the TP1 one shut down first),
 the trainer at TP2 takes one step and syncs: <kind>_etp2_initial_equals_hf, <kind>_etp2_synced_equals_hf,
-<kind>_etp2_outputs_changed, <kind>_etp2_check_mode, <kind>_etp2_zero_copy_equals_generic,
-<kind>_etp2_engine_layout_equals_generic (every parameter of both engine ranks); then into that engine from trainer
+<kind>_etp2_outputs_changed, <kind>_etp2_check_mode, <kind>_etp2_every_engine_parameter_equals_disk_load (every
+parameter of both engine ranks); then into that engine from trainer
 PP2 and from trainer TP1, the same checks as <kind>_etp2_pp2_* and <kind>_etp2_tp1_*.  So every family is synced
 from trainer TP1, TP2 and PP2 into engines of TP1 and TP2.
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0.
@@ -48,11 +48,11 @@ import warnings
 warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")))
 
-import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
-from tests.support.dist.bridge_e2e import engine_greedy, hf_greedy, report, train_batch  # noqa: E402
+from tests.support.dist.bridge_e2e import (engine_greedy, hf_greedy, report, synced_equals_disk_load,  # noqa: E402
+                                          train_batch)
 
 KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LR = 5e-2
@@ -109,7 +109,7 @@ def run_family(kind, path, engine, workdir, initial, tag="", steps=1, engine_rea
     from parallel.convert import save_hf_checkpoint
     from parallel.models import build_model_chunks
     from parallel.optim import OptimConfig, build_train_state
-    from rlhf.weight_bridge import WeightBridge
+    from rlhf.weight_bridge import WeightBridge, WeightSyncConfig
     from rlhf.rollout.sampling import stop_token_ids_for
 
     rank0 = dist.get_rank() == 0
@@ -127,8 +127,8 @@ def run_family(kind, path, engine, workdir, initial, tag="", steps=1, engine_rea
     ref = hf_greedy(out_dir, stop) if rank0 else None
     if engine_ready is not None:
         initial = engine_ready()
-    bridge = WeightBridge(state.model, bundle.spec, engine if rank0 else None, transport="tensor",
-                          bucket_bytes=256 * 1024, check="all", group_prefix=f"family_{kind}{tag}")
+    bridge = WeightBridge(state.model, bundle.spec, engine if rank0 else None,
+                          WeightSyncConfig(bucket_bytes=256 * 1024, check="all", group_prefix=f"family_{kind}{tag}"))
     stats = bridge.sync()
     got = engine_greedy(engine, stop) if rank0 else None
     report(f"{kind}{tag}_synced_equals_hf", rank0 and ok_step and got == ref,
@@ -142,36 +142,9 @@ def run_family(kind, path, engine, workdir, initial, tag="", steps=1, engine_rea
            f"verified={len(c.verified)} mismatched={c.mismatched} unverifiable={len(c.unverifiable)} "
            f"e.g. {c.unverifiable[:2]}" if rank0 and c is not None else "")
     bridge.close()
-    check_engine_layout(kind + tag, path, engine, state, bundle)
+    ok, detail = synced_equals_disk_load(engine, out_dir) if rank0 else (False, "")
+    report(f"{kind}{tag}_every_engine_parameter_equals_disk_load", ok, detail)
     return got
-
-
-def check_engine_layout(name, path, engine, state, bundle):
-    """The same weights through the engine-layout paths (zero copy, then buckets) from the checkpoint's: every
-    parameter bitwise what the check-mode sync above (SGLang's generic loading) left in the engine.  With expert
-    parallelism the expert peers write their experts too (zero copy); the buckets fall back to the generic loading
-    (one TP group writes them, without the other ranks' experts)."""
-    from rlhf.weight_bridge import WeightBridge
-
-    rank0 = dist.get_rank() == 0
-    ref = engine.engine_parameters()[0] if rank0 else None
-    for label, zero_copy in (("zero_copy", True), ("engine_layout", False)):
-        if rank0:
-            engine.update_weights_from_disk(path)
-        bridge = WeightBridge(state.model, bundle.spec, engine if rank0 else None, bucket_bytes=256 * 1024,
-                              zero_copy=zero_copy, group_prefix=f"family_{name}_{label}")
-        stats = bridge.sync()
-        bridge.close()
-        ok, detail = False, ""
-        if rank0:
-            got = engine.engine_parameters()[0]
-            diff = [f"rank{r}:{n}" for r in range(len(ref)) for n in ref[r] if not torch.equal(got[r][n], ref[r][n])]
-            # EP: no shared buckets; DeepSeek-V3 derives its absorbed MLA matrices after loading: SGLang's loading
-            expected_path = "generic" if ("_ep" in name and not zero_copy) or name.startswith("deepseek_v3") else label
-            ok = not diff and stats.path == expected_path
-            detail = (f"path={stats.path} ({stats.fallback_reason}) {sum(len(x) for x in ref)} parameters "
-                      f"differ={diff[:4]}")
-        report(f"{name}_{label}_equals_generic", ok, detail)
 
 
 def initial_check(kind, path, engine, tag=""):

@@ -6,10 +6,10 @@ Launched by tests/e2e/test_bridge_holders_dist.py (shared 4-rank launch, tests/e
 Per trainer layout (tiny Llama, megatron-core, the real WeightBridge on every rank; the engines are
 tests/support/fakes.py's FakeEngines on rank 0, which deserialize every entry with SGLang's serializer):
 
-* ``entry_from_rank_on_its_device``: with holders, engine e's TP-rank-r entry of EVERY bucket (every pipeline
-  stage's) is shared memory created by trainer rank ``e * engine_tp + r`` (the pid in torch's ``/torch_<pid>_``
-  file name); with ``local_handles=False`` each entry is its stage leader's;
-* ``entries_bitwise_equal_leader_only``: every engine TP rank received bitwise the same tensors either way;
+* ``entry_from_rank_on_its_device``: engine e's TP-rank-r entry of EVERY bucket (every pipeline stage's) is shared
+  memory created by trainer rank ``e * engine_tp + r`` (the pid in torch's ``/torch_<pid>_`` file name);
+* ``entries_bitwise_equal_checkpoint``: every engine TP rank received bitwise the checkpoint's tensors (the trainer
+  was built from it and did not step);
 * ``failed_sync_serializes_only_what_is_delivered``: an engine refusing its second bucket fails the sync on every
   rank (no hang), and the handles serialized on all ranks equal the entries handed to the engines (a serialized
   CUDA IPC handle never opened would keep its block in torch's IPC limbo for good);
@@ -20,7 +20,7 @@ tests/support/fakes.py's FakeEngines on rank 0, which deserialize every entry wi
 * ``broadcast_on_an_existing_group``: the holders' broadcasts use the world group (members = every rank) or the
   tensor-parallel group (members = one TP group: layout ``tp2pp1_1x2``): no ``new_group`` in the sync (on a GPU
   each group is one more NCCL communicator per member);
-* ``production_error_{holders,leader_only}_raises_on_every_rank``: the last stage's leader fails its 3rd
+* ``production_error_raises_on_every_rank``: the last stage's leader fails its 3rd
   conversion (fault point ``sync_convert_error``): the sync raises WeightBridgeError naming the fault on every
   rank within ``WATCHDOG_S`` (its TP peer goes on issuing gathers; a leader that stopped gathering left it in
   ``dist.gather`` until the process group's timeout: the watchdog prints FAIL and ends the launch), and the next
@@ -51,10 +51,10 @@ LAYOUTS = [
     (2, 1, 2, 2),  # PP 1: a TP peer and a data-parallel replica's ranks hold
     (2, 1, 1, 2),  # PP 1, one engine: the leader and its TP peer hold (the holders are one TP group)
 ]
-CHECKS = ["entry_from_rank_on_its_device", "entries_bitwise_equal_leader_only",
+CHECKS = ["entry_from_rank_on_its_device", "entries_bitwise_equal_checkpoint",
           "failed_sync_serializes_only_what_is_delivered", "replaced_engine_serializes_only_what_is_delivered",
           "pools_freed_after_the_engines_last_reply", "broadcast_on_an_existing_group",
-          "production_error_holders_raises_on_every_rank", "production_error_leader_only_raises_on_every_rank"]
+          "production_error_raises_on_every_rank"]
 SLOW_LAST_REPLY_S = 0.5
 WATCHDOG_S = 120  # a sync of this tiny model takes seconds; a peer left in a gather waits for the group timeout
 LOAD_DELAY_S = 0.03  # the engines' loading of a bucket starts this long after the update call
@@ -149,12 +149,11 @@ class Counters:
         self._restore()
 
 
-def sync(actor, fleet, local, tag, **kw):
-    """One sync of a fresh bridge; returns (stats or the error text, this rank's counters)."""
-    from rlhf.weight_bridge import WeightBridge, WeightBridgeError
+def sync(actor, fleet, tag):
+    """One sync of a fresh bridge; returns its stats or the error text."""
+    from rlhf.weight_bridge import WeightBridge, WeightBridgeError, WeightSyncConfig
 
-    bridge = WeightBridge(actor.chunks, actor.spec, fleet, transport="tensor", bucket_bytes=64 * 1024, overlap=True,
-                          shared_buckets=False, local_handles=local, group_prefix=tag, **kw)
+    bridge = WeightBridge(actor.chunks, actor.spec, fleet, WeightSyncConfig(bucket_bytes=64 * 1024, group_prefix=tag))
     try:
         return bridge.sync()
     except WeightBridgeError as e:
@@ -163,13 +162,13 @@ def sync(actor, fleet, local, tag, **kw):
         bridge.close()
 
 
-def fault_sync(actor, fleet, local, tag, rank, name):
+def fault_sync(actor, fleet, tag, rank, name):
     """``sync`` with the fault point ``sync_convert_error`` armed on global ``rank`` (its 3rd conversion raises),
     under a watchdog: a rank still in the sync after WATCHDOG_S prints the CHECK line as FAIL and exits."""
     from tests.support.fault_watchdog import armed_under_watchdog
 
     with armed_under_watchdog("sync_convert_error@3", rank, name, WATCHDOG_S):
-        return sync(actor, fleet, local, tag)
+        return sync(actor, fleet, tag)
 
 
 def run_layout(tp, pp, n, etp, path, counters):
@@ -200,35 +199,33 @@ def run_layout(tp, pp, n, etp, path, counters):
         dist.all_gather_object(out, value)
         return out
 
-    # holders vs the stage leaders' handles: who created each entry's memory, what each engine rank loaded
-    runs, groups = {}, None
-    for local in (False, True):
-        counters.reset()
-        f = fleet(slow_last=local)
-        stats = sync(actor, f, local, f"{lay}_{local}")
-        runs[local] = (f, stats, gathered(counters.freed))
-        groups = gathered(counters.groups)
+    # who created each entry's memory, what each engine rank loaded
+    counters.reset()
+    f = fleet(slow_last=True)
+    stats = sync(actor, f, lay)
+    freed = gathered(counters.freed)
+    groups = gathered(counters.groups)
     ok, detail = False, ""
     if rank0:
-        leaders = {pids[r] for r in stage_leaders(world, pp)}
         want = {e: [pids[e * etp + r] for r in range(etp)] for e in range(n)}
-        lead_rows = [row for call in runs[False][0].creators for row in call.values()]
-        local_calls = runs[True][0].creators
-        ok = (bool(local_calls) and all(call == want for call in local_calls)
-              and all(len(set(row)) == 1 and row[0] in leaders for row in lead_rows)
-              and {row[0] for row in lead_rows} == leaders)
-        detail = (f"trainer pids {pids}; want {want}; with holders, per bucket: {local_calls[:1]} .. "
-                  f"{local_calls[-1:]} ({len(local_calls)} buckets); leader only: {sorted({r[0] for r in lead_rows})}")
+        calls = f.creators
+        ok = bool(calls) and all(call == want for call in calls)
+        detail = (f"trainer pids {pids}; want {want}; per bucket: {calls[:1]} .. {calls[-1:]} ({len(calls)} "
+                  f"buckets)")
     report(f"{lay}_entry_from_rank_on_its_device", ok, detail)
     if rank0:
-        a, b = ([e.by_rank for e in runs[k][0].inner.engines] for k in (False, True))
-        names = set(expected)
-        bad = [(e, r, x) for e in range(n) for r in range(etp) for x in names
-               if x not in a[e][r] or x not in b[e][r] or not torch.equal(a[e][r][x], b[e][r][x])]
-        ok = not bad and not any(isinstance(runs[k][1], str) for k in runs)
-        detail = f"{n} engines x {etp} ranks x {len(names)} tensors compared; differing or missing: {bad[:4]}"
-    report(f"{lay}_entries_bitwise_equal_leader_only", ok, detail)
-    f, stats, freed = runs[True]
+        from safetensors.torch import load_file
+
+        ckpt = {}
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".safetensors"):
+                ckpt.update(load_file(os.path.join(path, name)))
+        got = [e.by_rank for e in f.inner.engines]
+        bad = [(e, r, x) for e in range(n) for r in range(etp) for x in expected
+               if x not in got[e][r] or not torch.equal(got[e][r][x], ckpt[x].to(got[e][r][x].dtype))]
+        ok = not bad and not isinstance(stats, str) and set(expected) <= set(ckpt)
+        detail = f"{n} engines x {etp} ranks x {len(expected)} tensors compared; differing or missing: {bad[:4]}"
+    report(f"{lay}_entries_bitwise_equal_checkpoint", ok, detail)
     reply = gathered(f.last_reply if rank0 else None)[0]
     early = {r: round(min(t) - reply, 3) if t else "never" for r, t in enumerate(freed)
              if reply is not None and (not t or min(t) < reply)}
@@ -240,19 +237,18 @@ def run_layout(tp, pp, n, etp, path, counters):
 
     # a production error mid-stage on the last stage's leader: every rank raises, nothing left in a collective
     leader = stage_leaders(world, pp)[-1]
-    for local, kind in ((True, "holders"), (False, "leader_only")):
-        name = f"{lay}_production_error_{kind}_raises_on_every_rank"
-        got = fault_sync(actor, fleet(), local, f"{lay}_fault_{kind}", leader, name)
-        raised = gathered(isinstance(got, str) and "FAULT sync_convert_error" in got)
-        again = gathered(not isinstance(sync(actor, fleet(), local, f"{lay}_after_fault_{kind}"), str))
-        report(name, all(raised) and all(again), f"fault on rank {leader}; raised naming it on ranks {raised}; the "
-               f"next sync fine on ranks {again}: {str(got)[:200]}")
+    name = f"{lay}_production_error_raises_on_every_rank"
+    got = fault_sync(actor, fleet(), f"{lay}_fault", leader, name)
+    raised = gathered(isinstance(got, str) and "FAULT sync_convert_error" in got)
+    again = gathered(not isinstance(sync(actor, fleet(), f"{lay}_after_fault"), str))
+    report(name, all(raised) and all(again), f"fault on rank {leader}; raised naming it on ranks {raised}; the "
+           f"next sync fine on ranks {again}: {str(got)[:200]}")
 
     # a failed sync and a replaced engine: nothing serialized that is not handed to an engine
     for name, engines in (("failed_sync", {"fail_at": {(0, 1)}}), ("replaced_engine", {"kill_at": {(n - 1, 1)}})):
         counters.reset()
         f = fleet(engines=engines)
-        got = sync(actor, f, True, f"{lay}_{name}")
+        got = sync(actor, f, f"{lay}_{name}")
         serialized = sum(gathered(counters.serialized))
         raised = gathered(isinstance(got, str))
         handed = f.handed if rank0 else 0

@@ -82,7 +82,6 @@ class SessionEngine(RecordingEngine):
 def test_a_refused_end_closes_the_session_so_the_next_sync_opens_a_fresh_one(monkeypatch):
     monkeypatch.setattr(se, "engine_class", lambda skip, fork_schedulers=False: SessionEngine)
     e = se.SGLangEngine({"model_path": "m", "tp_size": 1, "device": "cpu"})
-    e._layout, e._shared = {"fingerprint": "fp"}, True  # as after weight_layout() and share_parameters()
     end = e.engine.end_weight_update
 
     def end_once_refused():  # SGLang's session went away under us: its end refuses
@@ -90,11 +89,17 @@ def test_a_refused_end_closes_the_session_so_the_next_sync_opens_a_fresh_one(mon
         e.engine.end_weight_update = end
         return end()
 
+    e.begin_weight_update()
+    e.update_weights_from_tensor([b"bucket"], load_format="direct")
     e.engine.end_weight_update = end_once_refused
     with pytest.raises(se.EngineCallError, match="end_weight_update failed: no weight-update session is open"):
-        e.commit_shared_writes("fp")
+        e.end_weight_update()
     assert e.weight_version == 0  # the failed sync is not counted
-    # the next sync opens a fresh session, commits and closes it: version 1.  Before, the refused end left the
-    # actor "in a session", so the commit opened none, SGLang refused the load outside one, and every sync after.
-    assert e.commit_shared_writes("fp") == {"moved": [], "weight_version": 1}
+    # the actor counts the session closed: a load now is refused here (before, the actor stayed "in a session" and
+    # sent it to SGLang, which refused it outside one), and the next sync opens a fresh session: version 1
+    with pytest.raises(se.EngineCallError, match="must run between begin_weight_update"):
+        e.update_weights_from_tensor([b"bucket"], load_format="direct")
+    e.begin_weight_update()
+    e.update_weights_from_tensor([b"bucket"], load_format="direct")
+    assert e.end_weight_update() == 1
     assert not e.engine.open

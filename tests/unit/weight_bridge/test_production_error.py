@@ -9,7 +9,7 @@ import torch
 
 from parallel.convert import GATHER_DIM
 from rlhf import faults
-from rlhf.weight_bridge import WeightBridge, WeightBridgeError
+from rlhf.weight_bridge import WeightBridge, WeightBridgeError, WeightSyncConfig
 from rlhf.weight_bridge.bucketing import BufferPool, MemoryMeter
 from rlhf.weight_bridge.hf_stream import stage_buckets
 from rlhf.weight_bridge.local_handles import entry_tensor_counts
@@ -55,7 +55,7 @@ def test_leader_gathers_every_entry_after_a_conversion_error(fault, overlap):
     spec, ranks = _trainer()
     topo = CountingTopology(ranks)
     engines = FakeEngines(expected_weights_from_spec(spec))
-    bridge = WeightBridge(ranks[0], spec, engines, topology=topo, bucket_bytes=4096, overlap=overlap)
+    bridge = WeightBridge(ranks[0], spec, engines, WeightSyncConfig(bucket_bytes=4096, overlap=overlap), topology=topo)
     plan = bridge.plan()
     entries, _ = sync_entries(bridge.chunks, spec, None, topo)
     fault("sync_convert_error@3")
@@ -73,8 +73,8 @@ def test_packing_error_yields_every_bucket_after_the_gathers_of_its_tensors():
     bucket 1 on, each right after the gathers of the entries its tensors come from, and every entry is gathered."""
     spec, ranks = _trainer()
     topo = CountingTopology(ranks)
-    plans = WeightBridge(ranks[0], spec, FakeEngines(expected_weights_from_spec(spec)), topology=topo,
-                         bucket_bytes=4096).plan().stages[0].buckets
+    plans = WeightBridge(ranks[0], spec, FakeEngines(expected_weights_from_spec(spec)),
+                         WeightSyncConfig(bucket_bytes=4096), topology=topo).plan().stages[0].buckets
     entries, _ = sync_entries(ranks[0], spec, None, topo)
     counts = entry_tensor_counts(entries, spec, 2)
     gathering = [GATHER_DIM[e.role.kind] is not None for e in entries]
@@ -131,30 +131,3 @@ def test_a_conversion_error_keeps_no_gathered_shards_alive(monkeypatch):
     assert out[0][1] is state.error and "simulated" in str(state.error)
     assert "in oom" in "".join(state.error.__notes__)
 
-
-def test_a_failed_shared_bucket_allocation_still_takes_part_in_the_broadcast(monkeypatch):
-    """The stage leader's shared-memory allocation raises (torch's shm manager gone: "Broken pipe"): the leader
-    still broadcasts (its TP peers wait in that broadcast: before, they hung there for good) and every rank raises
-    naming the cause."""
-    import torch.distributed as dist
-
-    from rlhf.weight_bridge.shm_buckets import SharedBuckets
-
-    sent = []
-
-    def broadcast(box, src, group):
-        sent.append(list(box))
-
-    def broken(nbytes):
-        raise RuntimeError("Broken pipe")
-
-    monkeypatch.setattr(dist, "broadcast_object_list", broadcast)
-    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", broken)
-    shared = SharedBuckets(None, 2, 0, 0, MemoryMeter())
-    with pytest.raises(RuntimeError, match="could not be allocated on the stage leader: RuntimeError: Broken pipe"):
-        shared.ensure(1024)
-    assert len(sent) == 1 and sent[0][0][1] == "RuntimeError: Broken pipe"
-    peer = SharedBuckets(None, 2, 1, 0, MemoryMeter())  # the peer receives the leader's error and raises too
-    monkeypatch.setattr(dist, "broadcast_object_list", lambda box, src, group: box.__setitem__(0, sent[0][0]))
-    with pytest.raises(RuntimeError, match="Broken pipe"):
-        peer.ensure(1024)

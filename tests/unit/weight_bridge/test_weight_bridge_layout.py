@@ -22,7 +22,8 @@ import torch
 from rlhf.weight_bridge.bucketing import (BucketPlan, BufferPool, MemoryMeter, TensorMeta, bucket_views, fill_buckets,
                                 plan_buckets)
 from parallel.model_config import HFModelSpec
-from rlhf.weight_bridge import WeightBridge, WeightBridgeError, regex_name_map, validate_against_expected
+from rlhf.weight_bridge import (WeightBridge, WeightBridgeError, WeightSyncConfig, regex_name_map,
+                                 validate_against_expected)
 from rlhf.rollout.manager import assert_plain_data
 from tests.support.fakes import FakeEngines, SimulatedTPTopology, expected_weights_from_spec
 from tests.support.hf_state import StateDictReader
@@ -134,7 +135,8 @@ def simulated_trainer(hf, spec, tp, buffers=(), extra=None):
 def run_bridge(hf, spec, tp, bucket_bytes=4096, engines=None, **kw):
     ranks = simulated_trainer(hf, spec, tp, kw.pop("buffers", ()), kw.pop("extra", None))
     engines = engines or FakeEngines(expected_weights_from_spec(spec))
-    bridge = WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), bucket_bytes=bucket_bytes, **kw)
+    bridge = WeightBridge(ranks[0], spec, engines, WeightSyncConfig(bucket_bytes=bucket_bytes, **kw),
+                          topology=SimulatedTPTopology(ranks))
     stats = bridge.sync()
     return engines.engines[0], stats
 
@@ -468,7 +470,8 @@ def test_name_map_hook_maps_custom_buffer_and_unmapped_ones_are_skipped():
                                            "decoder.layers.1.self_attention.step_count"})])
     engines = FakeEngines(expected_weights_from_spec(spec))
     name_map = regex_name_map({r"decoder\.final_layernorm\.ema_gain": ("replicated", "model.norm.weight")})
-    stats = WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), name_map=name_map).sync()
+    stats = WeightBridge(ranks[0], spec, engines, WeightSyncConfig(name_map=name_map),
+                         topology=SimulatedTPTopology(ranks)).sync()
     assert torch.equal(engines.engines[0].received["model.norm.weight"], gain)
     assert stats.skipped_buffers == ["chunk0.decoder.layers.1.self_attention.step_count"]
     # without the hook the engine's model.norm.weight is unfilled: refused
@@ -508,7 +511,7 @@ def test_several_engines_get_the_same_weights_or_none_does():
     hf = random_hf_state(spec, seed=5)
     ranks = simulated_trainer(hf, spec, 2)
     engines = FakeEngines(expected_weights_from_spec(spec), n=2, tp_size=2)
-    WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), bucket_bytes=10000).sync()
+    WeightBridge(ranks[0], spec, engines, WeightSyncConfig(bucket_bytes=10000), topology=SimulatedTPTopology(ranks)).sync()
     for n, t in hf.items():
         assert all(torch.equal(e.received[n], t) for e in engines.engines)
     assert [e.flushes for e in engines.engines] == [1, 1]
@@ -527,7 +530,7 @@ def test_engines_handle_only_on_the_controller_and_only_bytes_cross():
     with pytest.raises(ValueError, match="global rank 0"):
         WeightBridge(ranks[0], spec, None, topology=SimulatedTPTopology(ranks))
     with pytest.raises(ValueError, match="transport"):
-        WeightBridge(ranks[0], spec, FakeEngines({}), transport="nccl", topology=SimulatedTPTopology(ranks))
+        WeightSyncConfig(transport="nccl")
     # the engines' handle refuses tensors on the weight path (they would be pickled through Ray)
     with pytest.raises(TypeError, match="torch.Tensor"):
         assert_plain_data("update_weights_from_tensor", (), {}, [{"serialized_named_tensors": [torch.zeros(2)]}])
@@ -541,7 +544,7 @@ def test_engine_replaced_mid_sync_stays_stale_and_gets_every_tensor_on_resync():
     hf = random_hf_state(spec, seed=6)
     ranks = simulated_trainer(hf, spec, 2)
     engines = FakeEngines(expected_weights_from_spec(spec), n=2, kill_at=[(1, 2)])
-    bridge = WeightBridge(ranks[0], spec, engines, topology=SimulatedTPTopology(ranks), bucket_bytes=5000)
+    bridge = WeightBridge(ranks[0], spec, engines, WeightSyncConfig(bucket_bytes=5000), topology=SimulatedTPTopology(ranks))
     stats = bridge.sync()
     assert stats.num_buckets > 3 and stats.engines == [0] and engines.stale_engines() == [1]
     assert all(torch.equal(engines.engines[0].received[n], t) for n, t in hf.items())

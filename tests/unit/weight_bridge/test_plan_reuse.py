@@ -1,16 +1,15 @@
-"""The weight sync's steady state (rlhf/weight_bridge/steady.py), single process: a sync whose inputs did not change
-reuses the last verdict after one tensor collective, opens the engines' sessions before it, and every change (an
-engine restarted with another model, a failed sync, a session that cannot open) plans afresh or stops the sync
-before anything is sent.  The multi-rank halves (a TP peer failing its zero-copy writes) run in
-tests/support/dist/bridge_e2e.py."""
+"""The weight sync's plan reuse (rlhf/weight_bridge/bridge.py, WeightBridge._open), single process: the plan is
+validated against the engines once and again only when they change (a restart, another model) or a rank's tensors
+change; every other sync reuses it after one tensor collective, with the engines' sessions opened before it.  A
+failed sync plans afresh; a session that cannot open, or an engine that changed, stops the sync before anything is
+sent."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 import rlhf.weight_bridge.bridge as bridge_module
-from rlhf.weight_bridge import WeightBridge, WeightBridgeError
-from rlhf.weight_bridge.steady import GO_NONE, GO_OPENED, PlanCache
+from rlhf.weight_bridge import WeightBridge, WeightBridgeError, WeightSyncConfig
 from tests.support.fakes import FakeEngine, FakeEngines, SimulatedTPTopology, expected_weights_from_spec
 from tests.unit.weight_bridge.test_weight_bridge_layout import make_spec, random_hf_state, simulated_trainer
 
@@ -21,26 +20,26 @@ def _bridge(seed=3, **engine_kw):
     ranks = simulated_trainer(hf, spec, 2)
     engines = FakeEngines(expected_weights_from_spec(spec), **engine_kw)
     topo = SimulatedTPTopology(ranks)
-    return WeightBridge(ranks[0], spec, engines, topology=topo, bucket_bytes=4000), engines, topo, hf, ranks
+    return (WeightBridge(ranks[0], spec, engines, WeightSyncConfig(bucket_bytes=4000), topology=topo), engines, topo,
+            hf, ranks)
 
 
-def test_plan_cache_reuses_only_the_digests_of_the_last_successful_sync():
-    cache = PlanCache()
-    assert cache.decide([[5, 1, GO_NONE], [6, 1, GO_NONE]]) is None  # nothing agreed yet
-    cache.planned({"plan": "p"})
-    cache.confirm()
-    assert cache.predicts_reuse(0, 5) and not cache.predicts_reuse(0, 7)
-    assert cache.decide([[5, 1, GO_OPENED], [6, 1, GO_NONE]]) == {"plan": "p", "replanned": False, "groups": None}
-    assert cache.decide([[5, 1, GO_OPENED], [7, 1, GO_NONE]]) is None  # rank 1's inputs changed
-    assert cache.decide([[5, 1, GO_OPENED], [6, 0, GO_NONE]]) is None  # rank 1 could not list its tensors
-    cache.drop()  # a failed sync
-    assert cache.decide([[5, 1, GO_NONE], [6, 1, GO_NONE]]) is None and not cache.predicts_reuse(0, 5)
+def test_a_rank_whose_tensors_changed_plans_afresh(monkeypatch):
+    """A rank's listing (names, shapes, dtypes) differs from the one the plan was made with: every rank plans
+    afresh (re-validated against the engines) instead of sending by a stale plan."""
+    bridge, engines, topo, hf, _ = _bridge()
+    assert bridge.sync().replanned and not bridge.sync().replanned
+    monkeypatch.setattr(bridge_module, "_tensors_key", lambda entries: 12345)
+    engines.log.clear()
+    stats = bridge.sync()
+    assert stats.replanned and "expected_weights" in engines.log and _received_all(engines, hf)
+    assert not bridge.sync().replanned  # and then reused again
 
 
 def test_steady_sync_is_one_tensor_collective_and_still_sends_the_new_weights():
     bridge, engines, topo, hf, ranks = _bridge()
     first = bridge.sync()
-    assert first.replanned and topo.object_collectives >= 3
+    assert first.replanned and topo.object_collectives == 2  # the reports, the verdict
     for _ in range(2):
         topo.object_collectives = topo.code_collectives = 0
         engines.log.clear()
@@ -98,24 +97,8 @@ def test_session_that_cannot_open_in_the_steady_state_stops_the_sync_before_anyt
     assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
     monkeypatch.undo()
     topo.object_collectives = 0
-    bridge.sync()  # the failure dropped the cached verdict: planned afresh, then fine
-    assert topo.object_collectives > 0
-
-
-def test_close_drops_the_mappings_of_the_engines_shared_parameters():
-    """The trainer's mappings of the engines' arenas go with the bridge (RolloutWorker.close closes it before the
-    engines shut down): released at interpreter exit after the engines' torch_shm_manager was gone, a mapping
-    raised "Broken pipe" in its destructor and the trainer aborted at exit (exit -6 after a 6-step GRPO run)."""
-    import weakref
-
-    bridge, *_ = _bridge()
-    storage = torch.UntypedStorage._new_shared(4096)
-    bridge.layout_path.maps._maps = [[torch.empty(0, dtype=torch.uint8).set_(storage)]]
-    ref = weakref.ref(storage)
-    del storage
-    assert ref() is not None
-    bridge.close()
-    assert ref() is None and bridge.layout_path.maps._maps == []
+    stats = bridge.sync()  # nothing was sent and the engines did not change: the plan still holds
+    assert not stats.replanned and topo.object_collectives == 0 and _received_all(engines, hf)
 
 
 def _received_all(engines, hf):
@@ -160,57 +143,52 @@ def test_unhashable_fleet_fingerprint_still_reaches_the_steady_state():
     assert topo.object_collectives > 0
 
 
-def test_plan_between_syncs_makes_the_next_sync_plan_afresh():
-    """plan() replaces the engine-layout state (DirectPlan, composed writes) the reused verdict relies on."""
+def test_plan_validates_without_sessions_and_the_next_sync_reuses_it():
     bridge, engines, topo, hf, _ = _bridge()
-    bridge.sync()
-    bridge.plan()
+    plan = bridge.plan()
+    assert plan.num_tensors == len(hf) and engines.log == ["expected_weights"]  # no session, nothing sent
     topo.object_collectives = 0
     stats = bridge.sync()
-    assert topo.object_collectives > 0, "the sync after plan() reused the verdict of before it"
+    assert not stats.replanned and topo.object_collectives == 0
     assert stats.engines == [0] and _received_all(engines, hf)
-    topo.object_collectives = 0
-    bridge.sync()  # and then the steady state again
-    assert topo.object_collectives == 0
 
 
-def test_failure_between_the_plan_and_the_delivery_closes_the_sessions_opened_early(monkeypatch):
-    """A failure after _plan (the distributed groups' setup) leaves no session open and drops the cached verdict."""
+@pytest.mark.parametrize("when", ["fresh", "steady"])
+def test_failure_after_the_sessions_opened_closes_them_and_drops_the_plan(monkeypatch, when):
+    """A failure after the sessions opened and before anything was sent (setting up a stage's broadcast group) leaves
+    no session open, fresh (opened while planning) or steady (opened before the exchange, then a rank's tensors
+    changed), and the next sync plans afresh."""
     bridge, engines, topo, hf, _ = _bridge()
-    bridge.sync()
-    real_plan = bridge._plan
+    if when == "steady":
+        bridge.sync()
+        monkeypatch.setattr(bridge_module, "_tensors_key", lambda entries: 12345)
 
-    def plan_with_groups(*args, **kwargs):
-        verdict, entries, skipped = real_plan(*args, **kwargs)
-        return dict(verdict, groups={}), entries, skipped  # as a fresh plan with group changes would
-
-    def setup_fails(plan, groups, fingerprint):
+    def serving_fails(plan, holders):
         raise WeightBridgeError("engine 0 did not join the weight-update group")
 
-    monkeypatch.setattr(bridge, "_plan", plan_with_groups)
-    monkeypatch.setattr(bridge.dist, "setup", setup_fails)
+    monkeypatch.setattr(bridge, "_serving", serving_fails)
+    engines.log.clear()
     with pytest.raises(WeightBridgeError, match="did not join"):
-        bridge.sync()  # steady: the controller opened the sessions before the exchange
-    assert not engines.engines[0].in_session, "a session opened early stayed open"
+        bridge.sync()
+    assert "begin_weight_update" in engines.log and not engines.engines[0].in_session
+    assert "update_weights_from_tensor" not in engines.log
     monkeypatch.undo()
-    topo.object_collectives = 0
-    bridge.sync()
-    assert topo.object_collectives > 0 and _received_all(engines, hf)
+    assert bridge.sync().replanned and _received_all(engines, hf)
 
 
 @pytest.mark.parametrize("token", ["restarts", "none"])
-def test_interrupt_while_the_early_sessions_open_closes_them(monkeypatch, token):
-    """A BaseException between start_weight_update and the wait for it (here: while this rank lists its tensors)
-    still closes the sessions, also for a fleet whose begin_sync returns None."""
+def test_interrupt_after_the_sessions_opened_closes_them(monkeypatch, token):
+    """A BaseException in the exchange after the controller opened the sessions (here: KeyboardInterrupt in the code
+    all_gather) still closes them, also for a fleet whose begin_sync returns None."""
     bridge, engines, topo, hf, _ = _bridge()
     bridge.sync()
     if token == "none":
         monkeypatch.setattr(engines, "begin_sync", lambda: None)
 
-    def interrupted(*args, **kwargs):
+    def interrupted(codes):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(bridge_module, "sync_entries", interrupted)
+    monkeypatch.setattr(topo, "all_gather_codes", interrupted)
     with pytest.raises(KeyboardInterrupt):
         bridge.sync()
     assert engines.log.count("begin_weight_update") == 2 and not engines.engines[0].in_session
@@ -245,40 +223,22 @@ def test_engine_replaced_while_its_session_opens_fails_the_sync_before_sending(m
     assert _received_all(engines, hf) and engines.stale_engines() == []
 
 
-def test_rank_that_cannot_list_its_tensors_still_joins_the_tp_groups_one_time_decision(monkeypatch):
-    """The shared-bucket decision is a TP-group collective: a rank whose listing raised takes part (as not usable), and
-    the group decides again at the next sync instead of keeping a decision one failure made."""
+def test_a_rank_that_cannot_list_its_tensors_fails_the_sync_on_every_rank_before_anything_is_sent(monkeypatch):
     bridge, engines, topo, hf, _ = _bridge()
-    topo.tp_group, topo.tp_src = "tp group", 0  # the decision runs (recorded below instead of a collective)
-    joined = []
-
-    class RecordingSharedBuckets:
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def usable(self, entries):
-            joined.append(None if entries is None else len(entries))
-            return False
-
-        def close(self):
-            pass
-
+    bridge.sync()
     real_entries = bridge_module.sync_entries
 
     def listing_fails(*args, **kwargs):
         raise RuntimeError("chunk 0 is offloaded")
 
-    monkeypatch.setattr(bridge_module, "SharedBuckets", RecordingSharedBuckets)
     monkeypatch.setattr(bridge_module, "sync_entries", listing_fails)
+    engines.log.clear()
     with pytest.raises(WeightBridgeError, match="rank 0: RuntimeError: chunk 0 is offloaded"):
         bridge.sync()
-    assert joined == [None], "the failing rank skipped the TP group's collective"
+    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
     monkeypatch.setattr(bridge_module, "sync_entries", real_entries)
     stats = bridge.sync()
-    assert len(joined) == 2 and joined[1] > 0  # decided again, with this rank's tensors
-    assert stats.engines == [0] and _received_all(engines, hf)
-    bridge.sync()
-    assert len(joined) == 2  # once decided on a good sync, never again
+    assert stats.replanned and stats.engines == [0] and _received_all(engines, hf)
 
 
 @pytest.mark.parametrize("when", ["fresh", "steady"])
