@@ -3,13 +3,11 @@
 registry, estimators/, policy_losses/, aggregation, masked_ops, kl, value_loss, entropy,
 dapo and config_access (see rlhf/algorithms/__init__.py).
 
-``ADV_ESTIMATOR_REGISTRY`` and ``POLICY_LOSS_REGISTRY`` are read from registry.py at each
-access (they are never bound here), so this module, ``rlhf.algorithms`` and registry.py
-always show the same dicts; a rebinding here (``core_algos.ADV_ESTIMATOR_REGISTRY = {...}``,
-as verl's tests do) is adopted by the next registry call, see registry.py.
+``ADV_ESTIMATOR_REGISTRY`` and ``POLICY_LOSS_REGISTRY`` are registry.py's dicts (importing this
+module registers the built-ins in them), so this module, ``rlhf.algorithms`` and registry.py show
+the same dicts; see registry.py.
 """
 
-from rlhf.algorithms import registry
 from rlhf.algorithms.aggregation import agg_loss, global_batch_info
 from rlhf.algorithms.config_access import ConfigOverlay, config_get
 from rlhf.algorithms.dapo import compute_overlong_penalty, filter_groups_by_metric
@@ -48,7 +46,9 @@ from rlhf.algorithms.policy_losses import (
     compute_policy_loss_vanilla,
 )
 from rlhf.algorithms.registry import (
+    ADV_ESTIMATOR_REGISTRY,
     LOSS_AGG_MODES,
+    POLICY_LOSS_REGISTRY,
     AdvantageEstimator,
     PolicyLossFn,
     PolicyLossMode,
@@ -58,15 +58,6 @@ from rlhf.algorithms.registry import (
     register_policy_loss,
 )
 from rlhf.algorithms.value_loss import compute_value_loss
-
-
-def __getattr__(name: str):
-    """The registries, read live from registry.py (never bound here, see the module docstring)."""
-    if name in registry.REGISTRY_NAMES:
-        registry.load_builtins()
-        return getattr(registry, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY",

@@ -6,27 +6,19 @@ Every name list of the algorithms is defined here once: the advantage estimators
 (``LOSS_AGG_MODES``), the KL estimators (``KL_PENALTY_TYPES``) and the KL-controller types
 (``KL_CTRL_TYPES``).  rlhf.config builds its choices from them, so composing a config stays
 torch-free.  The built-in estimators and losses register themselves when their modules
-(rlhf.algorithms.estimators, rlhf.algorithms.policy_losses) are imported; every function
-here, and reading a registry through rlhf.algorithms or core_algos, imports them first, so a
-lookup always sees the built-ins (this module's own names stay empty until then: config
+(rlhf.algorithms.estimators, rlhf.algorithms.policy_losses) are imported; every register / get
+function here, reading a registry through rlhf.algorithms and importing core_algos import them
+first, so a lookup always sees the built-ins (this module's own names stay empty until then: config
 validation reads the declared names without importing torch).
 
-Registries, as verl's tests use them:
-
-* the dicts are one object each; ``rlhf.algorithms.ADV_ESTIMATOR_REGISTRY``,
-  ``rlhf.algorithms.core_algos.ADV_ESTIMATOR_REGISTRY`` and this module's name read the
-  same dict, so mutating it (``.clear()``, ``[name] = fn``, ``.pop()``) works through any name;
-* the functions read the registry bound in THIS module at call time, so rebinding
-  ``registry.ADV_ESTIMATOR_REGISTRY = {...}`` takes effect;
-* verl's tests rebind the name in the facade (``core_algos.ADV_ESTIMATOR_REGISTRY = {...}``,
-  then ``register_adv_est`` / ``get_adv_estimator_fn``).  The facades never bind the two names
-  (they read them here through a module ``__getattr__``), so a name found in a facade's
-  namespace was rebound there: the next registry call adopts it (binds it here and removes
-  it from the facade), after which every name reads the new dict again.
+The registries are one dict each: ``rlhf.algorithms.ADV_ESTIMATOR_REGISTRY``,
+``rlhf.algorithms.core_algos.ADV_ESTIMATOR_REGISTRY`` and this module's name are the same object,
+so mutating it (``.clear()``, ``[name] = fn``, ``.pop()``) works through any of them.  Mutate it
+rather than rebind a name: ``core_algos.ADV_ESTIMATOR_REGISTRY = {...}`` rebinds only core_algos's
+name, as for any module, and the register / get functions here keep using this module's dict.
 """
 
 import difflib
-import sys
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
@@ -88,37 +80,16 @@ PolicyLossFn = Callable[
 ADV_ESTIMATOR_REGISTRY: dict[str, Callable] = {}
 POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
 
-#: the modules that re-export the registries (read-through, never bound there)
-FACADES = ("rlhf.algorithms", "rlhf.algorithms.core_algos")
-#: the registry names the facades read through
+#: the registry names rlhf.algorithms reads here on first access (loading the built-ins first)
 REGISTRY_NAMES = ("ADV_ESTIMATOR_REGISTRY", "POLICY_LOSS_REGISTRY")
-
-
-def adopt_facade_rebinding() -> None:
-    """Bind here a registry that was rebound in a facade (see the module docstring).
-
-    Raises:
-        ValueError: two facades rebound the same registry to different dicts.
-    """
-    for name in REGISTRY_NAMES:
-        rebound = {m: vars(sys.modules[m])[name] for m in FACADES
-                   if m in sys.modules and name in vars(sys.modules[m])}
-        if len({id(d) for d in rebound.values()}) > 1:
-            raise ValueError(f"{name} was rebound to different dicts in {sorted(rebound)}; rebind it once, "
-                             f"or in {__name__} itself")
-        for m in rebound:
-            del vars(sys.modules[m])[name]
-        if rebound:
-            globals()[name] = next(iter(rebound.values()))
-
 
 _builtins_imported = False
 
 
 def load_builtins() -> None:
     """Import the built-in estimators and policy losses once (they register themselves; the
-    registrations they make while importing do not re-enter), then adopt a facade rebinding.
-    Reading a registry through rlhf.algorithms or core_algos, and every function here, calls it."""
+    registrations they make while importing do not re-enter).  Reading a registry through
+    rlhf.algorithms, and every register / get function here, calls it; importing core_algos imports them."""
     global _builtins_imported
     if not _builtins_imported:
         _builtins_imported = True
@@ -128,7 +99,6 @@ def load_builtins() -> None:
         except BaseException:
             _builtins_imported = False
             raise
-    adopt_facade_rebinding()
 
 
 def _name_of(name_or_enum: Union[str, Enum]) -> str:
@@ -144,14 +114,12 @@ def _unknown(kind: str, name: str, valid) -> ValueError:
 def adv_estimator_names() -> list[str]:
     """Sorted names ``algorithm.adv_estimator`` accepts: the built-ins and whatever is registered now.
     Torch-free (the built-ins are not imported), for config validation."""
-    adopt_facade_rebinding()
     return sorted({e.value for e in AdvantageEstimator} | set(ADV_ESTIMATOR_REGISTRY))
 
 
 def policy_loss_names() -> list[str]:
     """Sorted names ``actor.policy_loss.loss_mode`` accepts (built-ins and registered ones); torch-free.
     :func:`get_policy_loss_fn` also accepts them with "-" for "_"."""
-    adopt_facade_rebinding()
     return sorted({m.value for m in PolicyLossMode} | set(POLICY_LOSS_REGISTRY))
 
 

@@ -1,10 +1,10 @@
 """The registries and the verl-compatible facade (rlhf/algorithms/registry.py, core_algos.py).
 
-verl's tests (tests/trainer/ppo/test_core_algos_on_cpu.py, TestRegisterAdvEst) both MUTATE the registry
-(``.clear()``, ``len``) and REBIND it (``core_algos.ADV_ESTIMATOR_REGISTRY = {...}`` in setUp, then
-``register_adv_est`` / ``get_adv_estimator_fn`` imported before the rebinding must use the new dict).
-Both patterns work here with plain modules: the dicts are one object each and the facades read them
-from registry.py, which adopts a facade's rebinding at its next call.
+The registries are one dict each, the same object through rlhf.algorithms, core_algos and registry, so
+verl's tests' MUTATION of the registry (``.clear()``, ``len``, registering into it) works through any of them.
+verl's TestRegisterAdvEst (tests/trainer/ppo/test_core_algos_on_cpu.py) also rebinds the name in setUp
+(``core_algos.ADV_ESTIMATOR_REGISTRY = {...}``); rebinding a module's name is plain Python here (it does not
+swap the registry), so the test case below puts setUp's dict into the registry instead.
 """
 
 import os
@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from enum import Enum
 
 import pytest
 import torch
@@ -52,31 +53,6 @@ def test_verl_names_exist():
     for name in VERL_NAMES:
         assert hasattr(core_algos, name) and hasattr(algorithms, name), name
     assert set(core_algos.__all__) >= set(VERL_NAMES)
-
-
-@pytest.mark.parametrize("module", [core_algos, algorithms], ids=["core_algos", "rlhf.algorithms"])
-@pytest.mark.parametrize("name,register,get", [
-    ("ADV_ESTIMATOR_REGISTRY", "register_adv_est", "get_adv_estimator_fn"),
-    ("POLICY_LOSS_REGISTRY", "register_policy_loss", "get_policy_loss_fn"),
-])
-def test_replacing_a_registry_through_the_facade_takes_effect(module, name, register, get):
-    original = getattr(registry, name)
-    try:
-        replacement = {"existing": len}
-        setattr(module, name, replacement)
-        assert getattr(core_algos, name) is replacement and getattr(algorithms, name) is replacement
-
-        def fn():
-            return "mine"
-
-        getattr(module, register)("new_entry")(fn)
-        assert replacement["new_entry"] is fn
-        assert getattr(module, get)("existing") is len
-        with pytest.raises(ValueError, match="'compute'"):
-            getattr(module, get)("compute")
-    finally:
-        setattr(registry, name, original)
-    assert getattr(core_algos, name) is original and "grpo" in registry.ADV_ESTIMATOR_REGISTRY
 
 
 # ----------------------------------------------------------------- registry
@@ -123,68 +99,76 @@ def test_policy_loss_registry():
 
 @pytest.fixture
 def saved_adv_registry():
-    """Restore the estimator registry (object and contents) after a test that clears or rebinds it."""
-    original, contents = registry.ADV_ESTIMATOR_REGISTRY, dict(registry.ADV_ESTIMATOR_REGISTRY)
+    """Restore the estimator registry's contents after a test that clears or refills it."""
+    contents = dict(registry.ADV_ESTIMATOR_REGISTRY)
     yield
-    # a rebinding left in a facade (adopted or not) goes; the original dict comes back, refilled
-    for module in (core_algos, algorithms):
-        vars(module).pop("ADV_ESTIMATOR_REGISTRY", None)
-    registry.ADV_ESTIMATOR_REGISTRY = original
-    original.clear()
-    original.update(contents)
+    registry.ADV_ESTIMATOR_REGISTRY.clear()
+    registry.ADV_ESTIMATOR_REGISTRY.update(contents)
+
+
+MODULES = pytest.mark.parametrize("module", [core_algos, algorithms, registry],
+                                  ids=["core_algos", "rlhf.algorithms", "registry"])
 
 
 def test_the_registries_are_one_object_everywhere_and_no_module_class_is_swapped():
-    for name in registry.REGISTRY_NAMES:
-        assert getattr(core_algos, name) is getattr(algorithms, name) is getattr(registry, name)
-        from rlhf.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY  # from-imports read the same dict
+    from rlhf.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY  # from-imports read the same dicts
+    from rlhf.algorithms.core_algos import POLICY_LOSS_REGISTRY as from_imported_losses
 
-        assert ADV_ESTIMATOR_REGISTRY is registry.ADV_ESTIMATOR_REGISTRY
+    assert (core_algos.ADV_ESTIMATOR_REGISTRY is algorithms.ADV_ESTIMATOR_REGISTRY is registry.ADV_ESTIMATOR_REGISTRY
+            is ADV_ESTIMATOR_REGISTRY)
+    assert (core_algos.POLICY_LOSS_REGISTRY is algorithms.POLICY_LOSS_REGISTRY is registry.POLICY_LOSS_REGISTRY
+            is from_imported_losses is POLICY_LOSS_REGISTRY)
+    assert ADV_ESTIMATOR_REGISTRY["grpo"] is compute_grpo_outcome_advantage
+    assert from_imported_losses["vanilla"] is core_algos.compute_policy_loss_vanilla
     assert type(core_algos) is type(algorithms) is type(registry) is types.ModuleType
 
 
-def test_verls_mutation_pattern_through_the_facade(saved_adv_registry):
-    """verl's ``core_algos.ADV_ESTIMATOR_REGISTRY.clear()`` empties the registry the lookups use."""
-    core_algos.ADV_ESTIMATOR_REGISTRY.clear()
-    assert len(registry.ADV_ESTIMATOR_REGISTRY) == 0
+@MODULES
+def test_verls_mutation_pattern(module, saved_adv_registry):
+    """verl's ``core_algos.ADV_ESTIMATOR_REGISTRY.clear()`` (through any of the three modules) empties the registry
+    the lookups use; a name registered afterwards is found everywhere and passes the config's name check."""
+    module.ADV_ESTIMATOR_REGISTRY.clear()
+    assert len(registry.ADV_ESTIMATOR_REGISTRY) == 0 and len(core_algos.ADV_ESTIMATOR_REGISTRY) == 0
     core_algos.register_adv_est("estimator1")(len)
-    assert algorithms.ADV_ESTIMATOR_REGISTRY == {"estimator1": len}
+    assert algorithms.ADV_ESTIMATOR_REGISTRY == core_algos.ADV_ESTIMATOR_REGISTRY == {"estimator1": len}
+    assert module.get_adv_estimator_fn("estimator1") is len
+    assert "estimator1" in registry.adv_estimator_names()
     with pytest.raises(ValueError, match="unknown advantage estimator 'grpo'"):
         core_algos.get_adv_estimator_fn("grpo")
 
 
-@pytest.mark.parametrize("module", [core_algos, algorithms, registry], ids=["core_algos", "rlhf.algorithms",
-                                                                           "registry"])
+@MODULES
 def test_verls_register_adv_est_test_case(module, saved_adv_registry):
-    """verl's TestRegisterAdvEst, verbatim but for the module: setUp clears, then REBINDS the name; the
-    functions (imported before) register into and look up in the new dict; tearDown clears it."""
+    """verl's TestRegisterAdvEst but for the module, with setUp's dict put INTO the registry (clear, update) rather
+    than bound to the name: the functions (imported before) register into and look up in it; tearDown clears it."""
     register_adv_est, get_fn = core_algos.register_adv_est, core_algos.get_adv_estimator_fn
     module.ADV_ESTIMATOR_REGISTRY.clear()
-    module.ADV_ESTIMATOR_REGISTRY = {"gae": lambda x: x * 2, "vtrace": lambda x: x + 1}
+    module.ADV_ESTIMATOR_REGISTRY.update({"gae": lambda x: x * 2, "vtrace": lambda x: x + 1})
     held = module.ADV_ESTIMATOR_REGISTRY
     init_count = len(held)
 
     def test_fn():
         pass
 
+    class Estimators(Enum):
+        TEST = "test_enum_estimator"
+
     assert register_adv_est("test_estimator")(test_fn) is test_fn and held["test_estimator"] is test_fn
+    register_adv_est(Estimators.TEST)(test_fn)
+    assert held["test_enum_estimator"] is test_fn
     register_adv_est("duplicate_test")(test_fn)
     register_adv_est("duplicate_test")(test_fn)
+    assert held["duplicate_test"] is test_fn
     with pytest.raises(ValueError, match="already registered"):
         register_adv_est("duplicate_test")(lambda: None)
-    assert len(held) == init_count + 2 and get_fn("gae")(5) == 10 and get_fn("vtrace")(5) == 6
-    with pytest.raises(ValueError):
-        get_fn("grpo")  # the built-ins went with the old dict
+    assert len(held) == init_count + 3 and get_fn("gae")(5) == 10 and get_fn("vtrace")(5) == 6
+    for name in ("grpo", "GAE", "invalid_name"):  # the built-ins went with clear(); lookups are case-sensitive
+        with pytest.raises(ValueError, match=f"unknown advantage estimator '{name}'"):
+            get_fn(name)
     assert core_algos.ADV_ESTIMATOR_REGISTRY is algorithms.ADV_ESTIMATOR_REGISTRY is registry.ADV_ESTIMATOR_REGISTRY
+    assert registry.ADV_ESTIMATOR_REGISTRY is held
     module.ADV_ESTIMATOR_REGISTRY.clear()  # verl's tearDown
-    assert len(held) == 0
-
-
-def test_two_facades_rebound_to_different_dicts_is_refused(saved_adv_registry):
-    core_algos.ADV_ESTIMATOR_REGISTRY = {}
-    algorithms.ADV_ESTIMATOR_REGISTRY = {}
-    with pytest.raises(ValueError, match="rebound to different dicts in"):
-        get_adv_estimator_fn("grpo")
+    assert len(held) == 0 and len(core_algos.ADV_ESTIMATOR_REGISTRY) == 0
 
 
 def test_a_lookup_through_the_torch_free_registry_loads_the_built_ins():
@@ -202,6 +186,22 @@ def test_a_lookup_through_the_torch_free_registry_loads_the_built_ins():
         assert fn.__module__ == "rlhf.algorithms.estimators.grpo", fn.__module__
         assert sorted(registry.ADV_ESTIMATOR_REGISTRY) == registry.adv_estimator_names()
     """)
+    _run_fresh(code)
+
+
+def test_importing_core_algos_loads_the_built_ins():
+    """In a fresh interpreter, the registries from-imported from core_algos hold every built-in."""
+    _run_fresh(textwrap.dedent("""
+        from rlhf.algorithms.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+        from rlhf.algorithms import core_algos, registry
+        assert sorted(ADV_ESTIMATOR_REGISTRY) == registry.adv_estimator_names(), ADV_ESTIMATOR_REGISTRY
+        assert sorted(POLICY_LOSS_REGISTRY) == registry.policy_loss_names(), POLICY_LOSS_REGISTRY
+        assert ADV_ESTIMATOR_REGISTRY["gae"] is core_algos.compute_gae_advantage_return
+        assert POLICY_LOSS_REGISTRY["gspo"] is core_algos.compute_policy_loss_gspo
+    """))
+
+
+def _run_fresh(code: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
