@@ -112,9 +112,10 @@ def slurm_job_ports(job_id: int) -> tuple[int, int, int]:
     return base, base + 1, base + 2
 
 
-def _free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now ("": on every interface, for a rendezvous other hosts dial)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -137,7 +138,7 @@ def detect_launch_env(environ: dict | None = None) -> LaunchEnv:
         port = int(env.get("MASTER_PORT", default_port))
         return LaunchEnv(int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
                          master, port, "slurm")
-    return LaunchEnv(0, 1, 0, "127.0.0.1", _free_port(), "single")
+    return LaunchEnv(0, 1, 0, "127.0.0.1", free_port(), "single")
 
 
 def node_label(environ: dict | None = None) -> tuple[str, str, str]:
@@ -162,6 +163,22 @@ def route_address(dest: str) -> str:
             return s.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of network interface `name` (Linux; e.g. ``ib0``, ``eth0``, ``lo``).
+
+    Raises ValueError naming the interface and the interfaces this host has when it has no IPv4 address."""
+    import fcntl
+    import struct
+
+    names = [n for _, n in socket.if_nameindex()]
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        return socket.inet_ntoa(packed[20:24])
+    except OSError:
+        raise ValueError(f"this host has no IPv4 address on interface {name!r}; its interfaces: {names}") from None
 
 
 _RANK_NODES: list[tuple[str, str, str]] | None = None

@@ -22,13 +22,14 @@ from parallel.convert.hf_export import iter_hf_tensors, save_hf_checkpoint
 from parallel.convert.hf_import import load_hf_checkpoint, shard_rank_and_size
 from parallel.convert.hf_io import HFCheckpointReader, read_checkpoint_metadata
 from parallel.convert.layout import GATHER_DIM, ParamRole, hf_tensors_from_shards, local_shard_from_hf
-from parallel.convert.params import LocalTensor, iter_local_params, param_role, unwrap_model, walk_local_tensors
+from parallel.convert.params import (LocalTensor, iter_local_params, param_role, regex_name_map, unwrap_model,
+                                     walk_local_tensors)
 from parallel.convert.registry import (CONVERTERS, get_converter, resolve_architecture,
                                          supported_architectures)
 from parallel.convert.spec import HFModelSpec, UnsupportedModelError
 
 __all__ = ["CONVERTERS", "GATHER_DIM", "HFCheckpointReader", "HFModelSpec", "LocalTensor", "ModelFamily",
-           "ParamRole", "UnsupportedModelError", "get_converter", "hf_tensors_from_shards", "iter_hf_tensors",
+           "ParamRole", "regex_name_map", "UnsupportedModelError", "get_converter", "hf_tensors_from_shards", "iter_hf_tensors",
            "iter_local_params", "load_hf_checkpoint", "local_shard_from_hf", "param_role",
            "read_checkpoint_metadata", "resolve_architecture", "save_hf_checkpoint", "shard_rank_and_size",
            "supported_architectures", "unwrap_model", "walk_local_tensors"]

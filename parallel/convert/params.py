@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
@@ -22,6 +22,35 @@ _GROUPED_EXPERT_RE = re.compile(r"^mlp\.experts\.(linear_fc[12])\.(weight|bias)(
 
 NameMapHook = Callable[[Any, str, torch.Tensor], "ParamRole | None"]
 """name_map(chunk, local_name, tensor) -> ParamRole or None (None: use the family's map)."""
+
+
+def regex_name_map(rules: Mapping[str, tuple[str, str]]) -> NameMapHook:
+    """A `name_map` hook from ``{regex on the local megatron name: (kind, HF name template)}``.
+
+    kind is one of the converter's kinds (``GATHER_DIM``: "replicated", "row", "vocab", "fc1", "qkv",
+    "qkv_bias"; it says how TP shards are joined).  The template may use ``{layer}`` (the *global* layer
+    index of a ``decoder.layers.<i>.`` name) and the regex's named groups; kinds with several HF tensors
+    ("fc1": gate, up; "qkv": q, k, v) take the names separated by commas.
+    Raises ValueError for an unknown kind.
+    """
+    compiled = [(re.compile(p), kind, tmpl) for p, (kind, tmpl) in rules.items()]
+    for _, kind, _ in compiled:
+        if kind not in GATHER_DIM:
+            raise ValueError(f"unknown kind {kind!r}; use one of {sorted(GATHER_DIM)}")
+
+    def name_map(chunk, local_name: str, tensor: torch.Tensor):
+        for rx, kind, tmpl in compiled:
+            m = rx.fullmatch(local_name)
+            if not m:
+                continue
+            fields = dict(m.groupdict())
+            lm = _LAYER_RE.match(local_name)
+            if lm:
+                fields["layer"] = chunk.decoder.layers[int(lm.group(1))].layer_number - 1
+            return ParamRole(kind, tuple(s.strip().format(**fields) for s in tmpl.split(",")))
+        return None
+
+    return name_map
 
 
 def unwrap_model(model):

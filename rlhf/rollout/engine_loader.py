@@ -1,20 +1,15 @@
 """Runs inside SGLang's scheduler processes: our custom weight loader (``custom_weight_loader`` server argument).
 
 SGLang 0.5.23 calls ``loader(model, named_tensors)`` from ``update_weights_from_tensor`` when the request's
-``load_format`` is an import path listed in the engine's ``custom_weight_loader``
-(sglang/srt/model_executor/model_runner_components/weight_updater.py); :data:`LOADER` is that path and
-rlhf.rollout.engine_args registers it for every engine.  ``named_tensors`` holds exactly one ``(header, tensor)``;
-the header is JSON naming the operation:
+``load_format`` is an import path listed in ``custom_weight_loader`` (model_runner_components/weight_updater.py);
+:data:`LOADER` is ours, registered for every engine by rlhf.rollout.engine_args.  ``named_tensors`` is one
+``(JSON header, tensor)`` naming the operation:
 
-* ``bucket`` -- the colocated weight sync's load of one bucket: this rank deserializes ITS payload (SGLang's
-  ``FlattenedTensorBucket``, serialized with SGLang's serializer) from the header, runs the model's own
-  ``load_weights`` on the bucket's tensors and waits for its devices (:func:`load_bucket`).  SGLang's own
-  ``load_format="flattened_bucket"`` does the same without the wait: its copies are queued on the device and the
-  engine replies while they may still read the sender's buffer, which the sender then reuses for the next bucket.
-  Through this op the reply (SGLang answers after a barrier of its TP ranks, i.e. after every rank's loader
-  returned) means every copy is done.
-* ``dump`` -- every parameter of this rank to a file the Ray actor reads (tests, diagnostics: the scheduler has no
-  other way to return data).
+* ``bucket``: the colocated sync's load of one bucket (:func:`load_bucket`): this rank's payload, SGLang's
+  ``FlattenedTensorBucket``, through the model's own ``load_weights``, then a wait for the devices.  SGLang's own
+  ``load_format="flattened_bucket"`` replies while its queued copies may still read the sender's buffer, which the
+  sender reuses for the next bucket; here the reply (after a barrier of the TP ranks) means every copy is done.
+* ``dump``: every parameter of this rank to a file the Ray actor reads (tests, diagnostics).
 
 Imports only torch and the standard library at module level (the scheduler imports it on each call).
 """
@@ -46,15 +41,10 @@ def engine_params(model) -> dict:
 
 
 def keep_mapped(t: torch.Tensor, last: bool) -> None:
-    """Keep the mapping of the shared-memory bucket ``t`` lives in until a sync ends without it.
-
-    The trainer reuses the same bucket buffers every sync.  Dropped after each load, a buffer is mapped again by the
-    next deserialization and every 4 KiB page faults again on the first read (measured: the engine's copy ran at a
-    third of memcpy speed that way); held, torch's shared-storage cache hands back this mapping.  ``last``: the
-    sync's last bucket -- buffers not loaded from during this sync are released (the trainer replaced them).  A
-    no-op for CUDA tensors (a CUDA IPC handle held here would pin the sender's memory; GPU buffers are freed after
-    each sync).
-    """
+    """Keep the mapping of the shared-memory bucket ``t`` until a sync (``last``: its last bucket) ends without it:
+    the trainer reuses its CPU buffers every sync, and a buffer mapped again faults in every 4 KiB page on the first
+    read (the engine's copy ran at a third of memcpy speed so).  A no-op for CUDA tensors (a held IPC handle would
+    pin the sender's memory; GPU buffers are freed after each sync)."""
     st = t.untyped_storage()
     if t.device.type == "cpu" and st.is_shared():
         _HELD[st.data_ptr()] = st
@@ -66,26 +56,23 @@ def keep_mapped(t: torch.Tensor, last: bool) -> None:
 
 
 def wait_for_devices(devices: Iterable[torch.device]) -> None:
-    """Block until every kernel queued on each of ``devices`` (all streams) finished: device copies are
-    asynchronous, and the sender reuses its buffer once the engine replied.  ``torch.<type>.synchronize`` of each
-    device's own module (a no-op on the CPU, whose copies are done when they return)."""
+    """Block until every kernel queued on each of ``devices`` finished (``torch.<type>.synchronize``; a no-op on
+    the CPU, whose copies are done when they return): the sender reuses its buffer once the engine replied."""
     for dev in {torch.device(d) for d in devices}:
         torch.get_device_module(dev).synchronize(dev)
 
 
 def bucket_header(payloads: Sequence, last: bool = False) -> str:
-    """The ``bucket`` operation's JSON header for one bucket: ``payloads[r]`` is engine TP rank r's serialized
-    ``{"flattened_tensor", "metadata"}`` (bytes, or SGLang's base64 string), carried base64-encoded; ``last``: the
-    sync's last bucket (:func:`keep_mapped`)."""
+    """The ``bucket`` header: ``payloads[r]``, engine TP rank r's serialized ``{"flattened_tensor", "metadata"}``
+    (bytes, or SGLang's base64 string), base64-encoded; ``last``: the sync's last bucket."""
     enc = [p if isinstance(p, str) else base64.b64encode(bytes(p)).decode("ascii") for p in payloads]
     return json.dumps({"op": "bucket", "payloads": enc, "last": bool(last)})
 
 
 def load_bucket(model, payload, last: bool = False) -> int:
-    """Load one serialized FlattenedTensorBucket (``payload``: bytes or base64 string) with the model's own
-    ``load_weights`` (SGLang's loading: TP slicing, fused q/k/v, ...), then wait for the devices of the bucket and
-    of the parameters (:func:`wait_for_devices`), so no copy still reads the sender's memory when this returns.
-    Returns the number of tensors loaded."""
+    """Load one serialized FlattenedTensorBucket (bytes or base64) with the model's own ``load_weights`` (TP
+    slicing, fused q/k/v, ...), then wait for the bucket's and the parameters' devices, so no copy still reads the
+    sender's memory when this returns.  Returns the number of tensors loaded."""
     from sglang.srt.utils.common import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 

@@ -1,37 +1,27 @@
 """WeightBridge: stream the actor's megatron weights into the rollout engines after each update.
 
-One path per transport, the same functions on CPU and GPU.  :meth:`WeightBridge.sync` is a collective over every
-trainer rank and reads top to bottom:
+One path per transport, the same functions on CPU and GPU.  :meth:`WeightBridge.sync`, a collective over every
+trainer rank, reads top to bottom:
 
-1. **open** (:meth:`WeightBridge._open`): every rank lists the tensors it streams (plan.py).  The first sync, and
-   the first after the engines changed (a restart, another model: the fleet's fingerprint), plans: every stage
-   leader reports the HF tensors its chunks convert to (the converter on meta tensors), and the controller (global
-   rank 0, the only rank holding the engines' handle) validates EVERY name and shape against the engines' expected
-   weights (validate.py), lays out the buckets and opens the engines' weight-update sessions (sessions.py); a
-   mismatch raises WeightBridgeError on every rank with nothing sent.  Every later sync reuses that plan after one
-   small tensor all_gather (each rank: ok, tensors unchanged; the controller: sessions opened).
-2. **gather -> convert -> bucket** (hf_stream.py): each stage's TP group gathers every parameter on its leader,
-   which converts it to HF tensors (q/k/v and gate/up split, padded vocabulary trimmed) and packs them, in the
-   engine dtype, into bounded buckets laid out as SGLang's ``FlattenedTensorBucket`` (bucketing.py); a producer
-   thread fills bucket k+1 while bucket k is delivered (``overlap``).
-3. **send**: colocated (``"tensor"``, from_tensor.py): each bucket goes to the trainer rank on each engine TP rank's
-   device (local_handles.py), which serializes its copy (a CUDA IPC handle on GPU, a shared-memory file on CPU) for
-   that engine rank's ``update_weights_from_tensor``; disaggregated (``"distributed"``, from_distributed.py): one
-   flat broadcast per bucket in a weight-update group per stage.  The controller decides per bucket which engines
-   get it (none after an error, none replaced since the sync began).
-4. **commit**: the controller closes the sessions (``end_weight_update``; the last bucket's update flushed the
-   KV cache) and tells the fleet which engines the sync reached; every rank learns whether any rank failed.
+1. **open**: every rank lists its tensors (plan.py).  The first sync, and the first after the engines or a rank's
+   tensors changed, plans: the stage leaders report the HF tensors their chunks convert to, the controller (global
+   rank 0, the only rank holding the engines' handle) validates every name and shape against the engines and lays
+   out the buckets; a mismatch raises WeightBridgeError on every rank with nothing sent.  Later syncs reuse the plan
+   after one small tensor all_gather.  The controller opens the engines' weight-update sessions (sessions.py).
+2. **gather -> convert -> bucket** (hf_stream.py): each stage's TP group gathers every parameter on its leader, which
+   converts it to HF tensors and packs them, in the engine dtype, into bounded buckets laid out as SGLang's
+   ``FlattenedTensorBucket`` (bucketing.py); with ``overlap`` bucket k+1 is produced while bucket k is delivered.
+3. **send**, bucket by bucket under the controller's decision (delivery.py): colocated (from_tensor.py), each
+   engine TP rank loads a handle of a copy on its own device through ``update_weights_from_tensor``; disaggregated
+   (from_distributed.py), one broadcast per bucket in a weight-update group per stage.
+4. **commit**: the controller closes the sessions (the last bucket flushed the KV cache) and tells the fleet which
+   engines are fresh; every rank learns whether any rank failed.
 
-Extra memory: one bucket pool (two buffers with ``overlap``) on the leaders and holders, plus one gathered parameter
-and its converted copy.  Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map
-to an HF name (standard map or a ``name_map`` hook, :func:`regex_name_map`) are sent; unmapped buffers are skipped
-and listed in ``SyncStats.skipped_buffers``; an unmapped parameter is an error.
+Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an HF name (the standard
+map or a ``name_map`` hook) are sent, unmapped buffers are skipped (``SyncStats.skipped_buffers``), an unmapped
+parameter is an error.  The engines' handle is an :class:`rlhf.rollout.engine.EngineFleet`.  Typical use::
 
-The engines' handle is an :class:`rlhf.rollout.engine.EngineFleet` (the rollout manager, or a test double), whose
-methods carry SGLang's names and are called as methods.  Typical use (every trainer rank)::
-
-    bridge = WeightBridge(actor.chunks, actor.spec, rollout_manager if dist.get_rank() == 0 else None,
-                          WeightSyncConfig(transport="tensor"))
+    bridge = WeightBridge(actor.chunks, actor.spec, manager if dist.get_rank() == 0 else None, WeightSyncConfig())
     optimizer.step(); stats = bridge.sync()
 """
 from __future__ import annotations
@@ -49,43 +39,33 @@ from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
 from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, NO_POOL, BufferPool, MemoryMeter, dtype_from_any
-from rlhf.weight_bridge.check import sample_rows, verify
-from rlhf.weight_bridge.from_distributed import DistributedTransport
-from rlhf.weight_bridge.from_tensor import TensorTransport, prepare_sharing
+from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
+from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
+from rlhf.weight_bridge.from_tensor import (BucketHolder, StageServing, TensorDelivery, broadcast_group, holder_ranks,
+                                            prepare_sharing, serving_plan)
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
-from rlhf.weight_bridge.local_handles import BucketHolder, StageServing, broadcast_group, holder_ranks, serving_plan
-from rlhf.weight_bridge.plan import (NameMap, SendPlan, build_send_plan, plan_local_tensors, refuse_report_errors,
-                                     sync_entries)
+from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build_send_plan, normalize_expected,
+                                     plan_local_tensors, refuse_report_errors, sync_entries)
 from rlhf.weight_bridge.sessions import close_sessions, open_sessions
-from rlhf.weight_bridge.sync_stats import SyncStats
 from rlhf.weight_bridge.topology import MegatronTopology
-from rlhf.weight_bridge.validate import WeightBridgeError, normalize_expected
 
 __all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats"]
 
-#: the controller's session code in a sync's first exchange: not opened (the sync plans first), opened, failed
-_NOT_OPENED, _OPENED, _OPEN_FAILED = 0, 1, 2
+_NOT_OPENED, _OPENED, _OPEN_FAILED = 0, 1, 2  # the controller's session code in a sync's first exchange
 
 
 @dataclass
 class WeightSyncConfig:
     """How a :class:`WeightBridge` syncs (the same on every rank).
 
-    Attributes:
-        transport: ``"tensor"`` (colocated: serialized bucket handles) or ``"distributed"`` (a broadcast group).
-        bucket_bytes: memory of the bucket buffers (two buffers of half of it with ``overlap``); a larger single
-            tensor gets a bucket of its own.
-        dtype: dtype sent (a torch.dtype or a name); None = each weight's dtype in the engines' expected weights.
-        overlap: bucket k+1 is produced while the engines load bucket k (two buffers); False: one buffer.
-        check: None, ``"sample"`` (first and last layer and every non-layer tensor) or ``"all"``: read the sent
-            tensors back from the engines (check.py); a mismatch raises WeightBridgeError.
-        check_rows: rows per tensor read back.
-        name_map: hook mapping extra megatron names (e.g. persistent buffers) to HF tensors (:func:`regex_name_map`).
-        allow_missing: predicate on engine weight names that may stay unsent.
-        group_prefix, backend, master_address, timeout_s: the distributed transport's groups (backend None: nccl on
-            CUDA parameters, else gloo; master_address: from_distributed.resolve_address).
-    Raises:
-        ValueError: an unknown transport or check mode, bucket_bytes < 1, an unknown dtype name.
+    transport: ``"tensor"`` (colocated) or ``"distributed"`` (a broadcast group).  bucket_bytes: memory of the bucket
+    buffers (two of half of it with ``overlap``; a larger tensor gets a bucket of its own).  dtype: dtype sent (None:
+    the engines' dtype of each weight).  overlap: produce bucket k+1 while bucket k is delivered.  check: None,
+    ``"sample"`` (first and last layer, every non-layer tensor) or ``"all"``: read sent tensors back (``check_rows``
+    rows each; a mismatch raises WeightBridgeError).  name_map: maps extra megatron names to HF tensors
+    (plan.regex_name_map).  allow_missing: engine weights that may stay unsent.  group_prefix, backend (None: nccl
+    for CUDA parameters, else gloo), master_address (from_distributed.resolve_address), timeout_s: the groups of the
+    distributed transport.  Raises ValueError for an unknown transport, check mode or dtype, or bucket_bytes < 1.
     """
 
     transport: str = "tensor"
@@ -112,24 +92,49 @@ class WeightSyncConfig:
 
     @property
     def buffers(self) -> int:
-        """Bucket buffers per pool."""
         return 2 if self.overlap else 1
 
     @property
     def buffer_bytes(self) -> int:
-        """Bytes of one bucket buffer (a bucket's bound)."""
+        """One bucket buffer's bytes (a bucket's bound)."""
         return max(1, int(self.bucket_bytes) // self.buffers)
 
 
 @dataclass
-class AgreedPlan:
-    """What every rank agreed when the sync was last planned; kept until the engines or a rank's tensors change."""
+class SyncStats:
+    """Outcome of one sync on this rank (bytes global, timings local, seconds; ``engines``: the controller's)."""
 
-    send: SendPlan  # the validated stages, tensors and buckets
+    seconds: float = 0.0
+    plan_seconds: float = 0.0  # the plan check (or planning) + opening the engines' sessions
+    open_seconds: float = 0.0  # controller: of plan_seconds, waiting for the sessions to open
+    bytes: int = 0
+    num_tensors: int = 0
+    num_buckets: int = 0
+    peak_extra_bytes: int = 0  # bucket buffers + gathered/converted tensors on this rank
+    produce_seconds: float = 0.0  # waiting for this rank's own buckets (TP gather, convert, pack)
+    receive_seconds: float = 0.0  # controller: waiting for other stages' leaders and holders
+    deliver_seconds: float = 0.0  # engine calls / broadcasts (and waiting for the engines)
+    finish_seconds: float = 0.0  # controller: end_weight_update on every engine
+    replanned: bool = False  # planned and validated against the engines afresh
+    engines: list[int] = field(default_factory=list)  # engines the sync reached
+    skipped_buffers: list[str] = field(default_factory=list)
+    check: CheckReport | None = None
+
+    def metrics(self) -> dict[str, float]:
+        """``weight_sync/bytes`` (sent to each engine), ``weight_sync/buckets``, ``weight_sync/replanned``."""
+        return {"weight_sync/bytes": float(self.bytes), "weight_sync/buckets": float(self.num_buckets),
+                "weight_sync/replanned": float(self.replanned)}
+
+
+@dataclass
+class AgreedPlan:
+    """What every rank agreed at the last planning; kept until the engines or a rank's tensors change."""
+
+    send: SendPlan
     serving: dict[int, StageServing]  # {pp_rank: who serializes each engine rank's entry of the stage's buckets}
-    tensors_key: int  # this rank's listing (names, shapes, dtypes) when planned
-    engine_tp: int  # TP ranks per engine
-    fingerprint: Any = None  # controller: the engines' fingerprint the plan was validated against
+    tensors_key: int  # this rank's listing when planned
+    engine_tp: int
+    fingerprint: Any = None  # controller: the engines' fingerprint it was validated against
 
 
 @dataclass
@@ -137,12 +142,13 @@ class _Sync:
     """One sync in flight on this rank."""
 
     entries: list = field(default_factory=list)  # the LocalTensors this rank streams
-    skipped: list = field(default_factory=list)  # unmapped persistent buffers
+    skipped: list = field(default_factory=list)
     tensors_key: int = 0
+    error: str | None = None  # this rank could not list its tensors
     plan: AgreedPlan | None = None
     targets: list = field(default_factory=list)  # controller: engines to reach (replaced ones dropped on the way)
     token: Any = None  # controller: the fleet's begin_sync token
-    sessions_open: bool = False  # controller: the targets' weight-update sessions are open
+    sessions_open: bool = False  # controller
     replanned: bool = False
     open_seconds: float = 0.0
     times: dict = field(default_factory=lambda: {"produce": 0.0, "receive": 0.0, "deliver": 0.0})
@@ -152,24 +158,13 @@ def _drain(it) -> None:
     collections.deque(it, maxlen=0)
 
 
-def _tensors_key(entries) -> int:
-    return hash(tuple((e.chunk_index, e.local_name, tuple(e.tensor.shape), e.tensor.dtype) for e in entries))
-
-
 class WeightBridge:
-    """Streams the actor's weights from megatron chunks into the rollout engines (see module docstring).
+    """Streams the actor's weights from megatron chunks into the rollout engines (module docstring).
 
-    Construct on EVERY trainer rank with the same arguments except ``engines``, which only the controller
-    (global rank 0) passes.
-
-    Args:
-        model_chunks: this rank's GPTModel chunks (DDP/Float16Module wrappers are fine).
-        spec: the HFModelSpec of the model.
-        engines: the engines' handle on the controller, None elsewhere.
-        config: :class:`WeightSyncConfig` (default: colocated, 512 MiB of buckets).
-        topology: override (tests: a simulated TP group); default MegatronTopology().
-    Raises:
-        ValueError: ``engines`` given on a rank other than the controller, or missing there.
+    Construct on EVERY trainer rank with the same arguments except ``engines`` (the engines' handle), which only the
+    controller (global rank 0) passes.  ``model_chunks``: this rank's GPTModel chunks (wrappers are fine);
+    ``topology``: an override (tests), default MegatronTopology().  Raises ValueError when ``engines`` is given on
+    another rank or missing on the controller.
     """
 
     def __init__(self, model_chunks, spec: HFModelSpec, engines: EngineFleet | None = None,
@@ -183,46 +178,38 @@ class WeightBridge:
         self.engines = engines
         self.device = next((p.device for c in self.chunks for p in unwrap_model(c).parameters()), torch.device("cpu"))
         backend = self.cfg.backend or ("nccl" if self.device.type == "cuda" else "gloo")
-        self.dist = DistributedTransport(self.topo, engines, self.cfg.group_prefix, backend, self.cfg.master_address,
-                                         self.cfg.timeout_s)
+        self.dist = DistributedGroups(self.topo, engines, self.cfg.group_prefix, backend, self.cfg.master_address,
+                                      self.cfg.timeout_s)
         self.meter = MemoryMeter()
         self._pool: BufferPool | None = None
         self._plan: AgreedPlan | None = None
-        self._holder_groups: dict = {}  # member ranks -> broadcast group of the engine-local handles
+        self._holder_groups: dict = {}  # member ranks -> broadcast group of a stage's holders
         self._tp_known: dict | None = None  # member ranks -> tensor-parallel group (_tp_groups)
         self._ready = False
         self.version = 0
 
-    # ---- the sync, top to bottom ---------------------------------------------------------------------
     def sync(self, engines: Sequence[int] | None = None) -> SyncStats:
-        """Collective over every trainer rank: push the current weights into the engines (all, or the listed
-        indices with the tensor transport; the distributed transport always reaches all).
-
-        Returns SyncStats.  Raises WeightBridgeError on every rank when the plan does not match the engines or the
-        sessions cannot open (nothing sent), when an engine call or a rank's production fails (an engine may then
-        hold a mix of old and new weights: sync again; the next sync plans afresh), or when check mode finds a
-        mismatch.
-        """
+        """Collective: push the current weights into the engines (all, or the listed ones with the tensor
+        transport).  Raises WeightBridgeError on every rank when the plan does not match the engines or the sessions
+        cannot open (nothing sent), when an engine call or a rank fails (an engine may hold a mix of old and new
+        weights: sync again; the next sync plans afresh), or when check mode finds a mismatch."""
         t0 = time.perf_counter()
         self.meter.reset_peak()
-        s = self._open(engines)  # 1. plan check (or planning) + the engines' sessions; nothing written before
+        s = self._open(engines)  # 1. plan check (or planning) + the engines' sessions: nothing written before
         plan = s.plan.send
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, open_seconds=s.open_seconds, bytes=plan.total_bytes,
                           num_tensors=plan.num_tensors, num_buckets=plan.num_buckets, replanned=s.replanned,
                           skipped_buffers=s.skipped)
         samples: dict[str, torch.Tensor] = {}
         names = set(plan.check_names)
-        record = functools.partial(self._record, names, samples)
-        error = self._send(s, record)  # 2-3. gather -> convert -> bucket -> send, stage by stage
+        error = self._send(s, functools.partial(self._record, names, samples))  # 2-3. gather -> ... -> send
         t_commit = time.perf_counter()
         error = self._commit(s, error)  # 4. close the sessions, mark the reached engines fresh
         stats.finish_seconds = time.perf_counter() - t_commit
-        try:  # every rank learns whether any rank failed (the messages and samples travel only then / in check mode)
+        try:  # every rank learns whether any rank failed (messages and samples travel only then, or in check mode)
             failed = names or self.topo.any_rank(error is not None)
             outcome = self.topo.all_gather_object((error, samples if names else None)) if failed else []
-        finally:
-            # every rank is past the controller's end_weight_update: the engines answered every bucket and dropped
-            # every handle, so the pools (and the blocks torch's IPC limbo held for the engines) go back
+        finally:  # every rank is past end_weight_update: the engines dropped every handle
             self._free_pool()
         errors = [e for e, _ in outcome if e]
         if errors:
@@ -231,34 +218,35 @@ class WeightBridge:
         if names:
             self._check(plan, outcome, stats)
         self.version += 1
-        stats.engines = list(s.targets)
-        stats.peak_extra_bytes = self.meter.peak
-        stats.produce_seconds, stats.receive_seconds, stats.deliver_seconds = (s.times["produce"], s.times["receive"],
-                                                                               s.times["deliver"])
+        stats.engines, stats.peak_extra_bytes = list(s.targets), self.meter.peak
+        stats.produce_seconds, stats.receive_seconds, stats.deliver_seconds = (s.times[k] for k in
+                                                                               ("produce", "receive", "deliver"))
         stats.seconds = time.perf_counter() - t0
         return stats
 
-    def _open(self, engines) -> _Sync:
-        """Every rank: this sync's tensors and agreed plan, with the engines' sessions open (controller).
-
-        Steady state: the controller opens the sessions when the engines' fingerprint is the plan's, then ONE tensor
-        all_gather of ``[ok, tensors unchanged, session code]`` tells every rank to reuse the plan.  Anything else (no
-        plan yet, an engine replaced, a rank's tensors changed or a rank that could not list them) plans afresh
-        (:meth:`_replan`), which refuses a mismatch or a rank's error before anything is written.  A session that
-        could not open stops the sync on every rank with the controller's message."""
-        topo = self.topo
+    def _list(self) -> _Sync:
+        """This rank's tensors (an error in their place is reported through the planning exchange)."""
+        s = _Sync()
         if not self._ready:
-            topo.init_collective()
+            self.topo.init_collective()
             self._ready = True
-        s, error = _Sync(), None
         try:
-            s.entries, s.skipped = sync_entries(self.chunks, self.spec, self.cfg.name_map, topo)
-            s.tensors_key = _tensors_key(s.entries)
-        except Exception as e:  # noqa: BLE001 - reported through the planning exchange so no rank hangs
-            error = f"rank {topo.rank}: {type(e).__name__}: {e}"
+            s.entries, s.skipped = sync_entries(self.chunks, self.spec, self.cfg.name_map, self.topo)
+            s.tensors_key = hash(tuple((e.chunk_index, e.local_name, tuple(e.tensor.shape), e.tensor.dtype)
+                                       for e in s.entries))
+        except Exception as e:  # noqa: BLE001
+            s.error = f"rank {self.topo.rank}: {type(e).__name__}: {e}"
+        return s
+
+    def _open(self, engines) -> _Sync:
+        """Every rank: this sync's tensors and plan, the engines' sessions open.  The controller opens them first
+        when the engines' fingerprint is the plan's; then ONE tensor all_gather of ``[ok, tensors unchanged, session
+        code]`` lets every rank reuse the plan.  Anything else plans afresh (:meth:`_replan`).  A session that cannot
+        open stops the sync on every rank with the controller's message; no session stays open on an error."""
+        topo, s = self.topo, self._list()
         code, open_error = _NOT_OPENED, None
         try:
-            if topo.is_controller and error is None:
+            if topo.is_controller and s.error is None:
                 try:
                     s.targets = self._targets(engines)
                     if self._plan is not None and self._plan.fingerprint == self.engines.fingerprint():
@@ -266,18 +254,16 @@ class WeightBridge:
                         s.sessions_open = open_error is None
                         code = _OPENED if s.sessions_open else _OPEN_FAILED
                 except Exception as e:  # noqa: BLE001 - reported through the planning exchange
-                    error = f"rank {topo.rank}: {type(e).__name__}: {e}"
+                    s.error = f"rank {topo.rank}: {type(e).__name__}: {e}"
             same = self._plan is not None and self._plan.tensors_key == s.tensors_key
-            codes = topo.all_gather_codes([int(error is None), int(same), code])
+            codes = topo.all_gather_codes([int(s.error is None), int(same), code])
             code = codes[topo.controller][2]
-            if code == _OPEN_FAILED:  # nothing was written; the plan stays valid
+            if code == _OPEN_FAILED:
                 raise topo.broadcast_object(open_error if topo.is_controller else None)
-            if code == _OPENED and all(c[0] and c[1] for c in codes):
-                s.plan = self._plan
-            else:
-                s.plan = self._replan(s, error, open_sessions_too=True)
-        except BaseException:  # no session stays open; the next sync plans afresh, unless only the sessions failed
-            if code != _OPEN_FAILED:
+            reuse = code == _OPENED and all(c[0] and c[1] for c in codes)
+            s.plan = self._plan if reuse else self._replan(s, open_sessions_too=True)
+        except BaseException:
+            if code != _OPEN_FAILED:  # nothing but the sessions failed: the plan stays valid
                 self._plan = None
             if s.sessions_open:
                 close_sessions(self.engines, s.targets)
@@ -285,44 +271,42 @@ class WeightBridge:
         return s
 
     def _send(self, s: _Sync, record: Callable) -> str | None:
-        """This rank's part of gather -> convert -> bucket -> send; its first error, or None.  Every rank goes through
-        every bucket of its part, also after an error (its peers' collectives and the controller's messages)."""
+        """This rank's part of gather -> convert -> bucket -> send; its first error.  Every rank goes through every
+        bucket of its part, also after an error (delivery.py)."""
         topo, plan, serving = self.topo, s.plan.send, s.plan.serving
         try:
             if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather its routed experts
                 _drain(hf_stream(s.entries, topo, self.spec, self.meter))
                 return None
             stage = plan.stage(topo.pp_rank) if topo.active else None
-            # with holders, no producer thread: every rank then issues its TP gathers and the holder broadcasts from
-            # one thread in one global order (local_handles.py)
+            # with holders no producer thread: every rank issues its TP gathers and the holders' broadcasts from one
+            # thread, in one global order (from_tensor.py)
             holding = any(sv.group is not None for sv in serving.values())
             pool = self._buffers(plan) if topo.is_leader or holding else NO_POOL
             own = functools.partial(stage_buckets, s.entries, stage.buckets if stage else [], topo, self.spec, pool,
                                     self.meter, self.cfg.overlap and not holding, s.times)
-            peer = functools.partial(_drain, hf_stream(s.entries, topo, self.spec, self.meter))  # TP peer's gathers
-            if self.cfg.transport == "distributed":
-                if topo.is_leader:
-                    return self.dist.run(plan, stage, own, pool, record, s.times)
-                if stage is not None:
-                    peer()
-                return None
-            tt = TensorTransport(topo, self.engines, s.targets, s.plan.engine_tp, record, s.times, s.token, serving)
+            if self.cfg.transport == "distributed":  # the engines answer each bucket before the next is asked
+                d, in_flight = DistributedDelivery(topo, self.engines, record, s.times, self.dist), 0
+            else:
+                d = TensorDelivery(topo, self.engines, record, s.times, s.targets, s.plan.engine_tp, s.token, serving,
+                                   pool)
+                in_flight = self.cfg.buffers - 1
             if topo.is_controller:
-                error = tt.run_controller(plan, own, pool, in_flight=self.cfg.buffers - 1)
-                s.targets = tt.targets  # without the engines replaced meanwhile
+                error = d.run_controller(plan, own, pool, in_flight)
+                s.targets = getattr(d, "targets", s.targets)  # without the engines replaced meanwhile
                 return error
             error = None
             for st in plan.stages:  # every other rank: its part in each stage, in stage order
                 sv = serving[st.pp_rank]
-                holds = topo.rank in sv.participants(topo.controller)
-                holder = functools.partial(BucketHolder, topo, sv, s.plan.engine_tp, pool, self.cfg.buffers, tt._entry)
+                holds = self.cfg.transport == "tensor" and topo.rank in sv.participants(topo.controller)
+                holder = functools.partial(BucketHolder, topo, sv, s.plan.engine_tp, pool, self.cfg.buffers)
                 if st is stage and topo.is_leader:
-                    error = tt.run_leader(plan, own, pool)
-                elif st is stage and holds:  # a TP peer of the leader that holds engine ranks' entries
+                    error = d.run_leader(plan, st, own, pool)
+                elif st is stage and holds:  # a TP peer of the leader holding engine ranks' entries
                     holder().run(st.buckets, s.entries, self.spec, topo.tp_size,
                                  lambda e: _drain(hf_stream([e], topo, self.spec, self.meter)))
-                elif st is stage:
-                    peer()
+                elif st is stage:  # a TP peer: its part in the leader's gathers
+                    _drain(hf_stream(s.entries, topo, self.spec, self.meter))
                 elif holds:  # a rank of another stage or data-parallel replica on an engine rank's device
                     holder().run(st.buckets)
             return error
@@ -330,8 +314,7 @@ class WeightBridge:
             return f"rank {topo.rank}: {type(e).__name__}: {e}"
 
     def _commit(self, s: _Sync, error: str | None) -> str | None:
-        """Controller: close the sessions of the engines the sync reached and tell the fleet which are fresh (none
-        after an error); returns the sync's error."""
+        """Controller: close the reached engines' sessions and mark them fresh (none after an error)."""
         if self.topo.is_controller:
             try:
                 self.engines.end_weight_update(engines=s.targets)
@@ -341,18 +324,18 @@ class WeightBridge:
         return error
 
     # ---- planning ------------------------------------------------------------------------------------
-    def _replan(self, s: _Sync, error: str | None, open_sessions_too: bool) -> AgreedPlan:
-        """Every rank: plan afresh.  The stage leaders report their HF tensors (or any rank its error), the controller
-        validates them against the engines, lays out the buckets and the holders and (``open_sessions_too``) opens
-        the sessions, and broadcasts the verdict; the distributed groups (when the engines changed) and the holders'
-        broadcast groups are set up.  Raises WeightBridgeError on every rank, nothing sent."""
+    def _replan(self, s: _Sync, open_sessions_too: bool) -> AgreedPlan:
+        """Every rank: the stage leaders report their HF tensors (any rank its error); the controller validates them
+        against the engines, lays out buckets and holders, opens the sessions (``open_sessions_too``) and broadcasts
+        the verdict; then the distributed groups (when the engines changed) and the holders' broadcast groups are
+        set up.  Raises WeightBridgeError on every rank, with nothing sent."""
         topo = self.topo
         self._plan = None
-        reports = topo.all_gather_object({"error": error} if error else self._report(s.entries))
+        reports = topo.all_gather_object({"error": s.error} if s.error else self._report(s.entries))
         verdict = None
         if topo.is_controller:
             try:
-                refuse_report_errors(reports)  # before the controller's own calls, which may be what failed
+                refuse_report_errors(reports)
                 verdict = self._verdict(reports)
                 if open_sessions_too and not s.sessions_open:
                     s.token, err, s.open_seconds = open_sessions(self.engines, s.targets)
@@ -364,17 +347,16 @@ class WeightBridge:
         verdict = topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
-        plan = verdict["plan"]
-        if verdict["groups"] is not None:  # collective: the engines changed since the groups were made
-            self.dist.setup(plan, verdict["groups"], verdict["fingerprint"])
-        serving = self._serving(plan, verdict["holders"])
+        if verdict["groups"] is not None:
+            self.dist.setup(verdict["plan"], verdict["groups"], verdict["fingerprint"])
+        serving = self._serving(verdict["plan"], verdict["holders"])
         s.replanned = True
-        self._plan = AgreedPlan(plan, serving, s.tensors_key, verdict["tp_size"],
+        self._plan = AgreedPlan(verdict["plan"], serving, s.tensors_key, verdict["tp_size"],
                                 verdict["fingerprint"] if topo.is_controller else None)
         return self._plan
 
     def _report(self, entries) -> dict | None:
-        """A stage leader's planning report: the HF tensors its entries convert to (and its group's rendezvous)."""
+        """A stage leader's report: the HF tensors its entries convert to (and its group's rendezvous)."""
         if not self.topo.is_leader:
             return None
         tensors = [(n, s, str(d).replace("torch.", "")) for n, s, d in
@@ -385,8 +367,8 @@ class WeightBridge:
         return rep
 
     def _verdict(self, reports: list) -> dict:
-        """Controller: the validated plan, the engine-local holders of each stage (colocated, without expert
-        parallelism) and, when the engines changed, the stage leaders' group rendezvous."""
+        """Controller: the validated plan, each stage's engine-local holders (colocated, no expert parallelism) and,
+        when the engines changed, the stage leaders' group rendezvous."""
         cfg, fp = self.cfg, self.engines.fingerprint()
         expected = normalize_expected(self.engines.expected_weights())
         plan = build_send_plan(reports, self.topo.controller, expected, self.spec, bucket_bytes=cfg.buffer_bytes,
@@ -394,7 +376,7 @@ class WeightBridge:
         groups = None
         if cfg.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
-        holders = {}  # {pp_rank: {(engine, engine TP rank): trainer rank serializing that entry}}
+        holders = {}
         if cfg.transport == "tensor" and getattr(self.topo, "ep_size", 1) == 1:
             for stage in plan.stages:
                 held = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, stage.leader)
@@ -405,7 +387,7 @@ class WeightBridge:
 
     def _serving(self, plan: SendPlan, holders: dict | None) -> dict[int, StageServing]:
         """Every rank: ``{pp_rank: StageServing}`` with each holding stage's broadcast group (collective over every
-        rank, torch's new_group, once per member set, in stage order)."""
+        rank once per member set, in stage order)."""
         groups = {}
         for stage in plan.stages:
             held = (holders or {}).get(stage.pp_rank)
@@ -417,14 +399,12 @@ class WeightBridge:
         return serving_plan({st.pp_rank: st.leader for st in plan.stages}, holders, groups)
 
     def _targets(self, engines) -> list[int]:
-        """Controller: the engines a sync reaches."""
         everyone = list(range(self.engines.num_engines))
         return everyone if engines is None or self.cfg.transport == "distributed" else sorted(set(engines))
 
     def _tp_groups(self) -> dict:
-        """``{member ranks: group}`` of every tensor-parallel group (``GroupMember.NON_GROUP_MEMBER`` where this
-        rank is not a member, as ``new_group`` returns there), for the holders' broadcast groups to reuse
-        (local_handles.broadcast_group).  Collective over every rank (the control group), once per bridge."""
+        """``{member ranks: group}`` of every TP group (``GroupMember.NON_GROUP_MEMBER`` where this rank is not in
+        it, as ``new_group`` returns there), for the holders' groups to reuse.  Collective, once per bridge."""
         if self._tp_known is None:
             group = getattr(self.topo, "tp_group", None)
             mine = tuple(dist.get_process_group_ranks(group)) if group is not None else None
@@ -433,18 +413,9 @@ class WeightBridge:
         return self._tp_known
 
     def plan(self) -> SendPlan:
-        """Collective: plan and validate against the engines without sending (no session is opened).  Raises
-        WeightBridgeError on every rank when a name or shape does not match the engines."""
-        s, error = _Sync(), None
-        try:
-            s.entries, s.skipped = sync_entries(self.chunks, self.spec, self.cfg.name_map, self.topo)
-            s.tensors_key = _tensors_key(s.entries)
-        except Exception as e:  # noqa: BLE001 - reported through the planning exchange so no rank hangs
-            error = f"rank {self.topo.rank}: {type(e).__name__}: {e}"
-        if not self._ready:
-            self.topo.init_collective()
-            self._ready = True
-        return self._replan(s, error, open_sessions_too=False).send
+        """Collective: plan and validate against the engines, nothing sent, no session opened (the next sync reuses
+        it).  Raises WeightBridgeError on every rank when a name or shape does not match the engines."""
+        return self._replan(self._list(), open_sessions_too=False).send
 
     # ---- buffers, check mode, close ------------------------------------------------------------------
     def _buffers(self, plan: SendPlan) -> BufferPool:
@@ -460,8 +431,8 @@ class WeightBridge:
         return self._pool
 
     def _free_pool(self) -> None:
-        """GPU memory goes back to the trainer after each sync; blocks shared through CUDA IPC stay in torch's
-        limbo (not in the cache ``empty_cache`` frees) until collected, once the engines dropped them."""
+        """Device memory goes back to the trainer after each sync (CPU buffers are kept: the engines keep their
+        mappings, engine_loader.keep_mapped); blocks shared through CUDA IPC wait in torch's limbo until collected."""
         if self.device.type != "cpu" and self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -469,8 +440,7 @@ class WeightBridge:
                 torch.cuda.ipc_collect()
 
     def _record(self, names: set, samples: dict, _plan, bplan, buf) -> None:
-        """Check mode: keep the first rows of the checked tensors of a bucket before it is delivered."""
-        if names:
+        if names:  # check mode: the first rows of the checked tensors, before the bucket is delivered
             sample_rows(buf, bplan, names, self.cfg.check_rows, samples)
 
     def _check(self, plan: SendPlan, outcome: list, stats: SyncStats) -> None:
@@ -486,8 +456,7 @@ class WeightBridge:
             raise verdict
 
     def close(self) -> None:
-        """Free the buckets and leave the update groups (every rank, before rank 0 stops the engines:
-        RolloutWorker.close)."""
+        """Free the buckets and leave the update groups (every rank, before rank 0 stops the engines)."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None

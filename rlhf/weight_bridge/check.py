@@ -1,10 +1,9 @@
 """Check mode: read sent tensors back from the engines and compare them exactly.
 
-For each checked name, SGLang's ``get_weights_by_name`` returns the first rows of the weight as held by
-engine TP rank 0 (column-parallel weights: rank 0's leading rows = the tensor's leading rows;
-row-parallel o_proj/down_proj: gathered full rows; replicated norms: full).  These are compared exactly
-with the same rows of the tensor that was sent.  Weights SGLang cannot read back that way (k/v under
-KV-head replication report 0 rows; some models lack the method) are reported as unverifiable.
+SGLang's ``get_weights_by_name`` returns the first rows of a weight as engine TP rank 0 holds it (rank 0's leading
+rows of a column-parallel weight, gathered rows of o_proj/down_proj, full norms), compared exactly with the same
+rows of what was sent.  Weights it cannot read back (k/v under KV-head replication, models without the method)
+are reported as unverifiable.
 """
 from __future__ import annotations
 

@@ -1,37 +1,41 @@
-"""Colocated transport: ``update_weights_from_tensor`` with SGLang's ``FlattenedTensorBucket``.
+"""Colocated transport: ``update_weights_from_tensor`` with SGLang's ``FlattenedTensorBucket``, engine-local handles.
 
-Each engine TP rank's entry of a bucket is serialized by the process that owns the memory it maps: the trainer
-rank on that engine rank's device, which holds a copy of the bucket (local_handles.py), or the stage leader that
-filled it: ``{"flattened_tensor": bucket, "metadata": [FlattenedTensorMetadata]}`` through torch's multiprocessing
-pickler, i.e. a CUDA IPC handle on GPU and a shared-memory file name on CPU (buffers live in /dev/shm under the
-``file_system`` sharing strategy).  Only those bytes cross the control group and Ray; the engine's TP ranks map
-the trainer's memory and load from it, so no tensor received through IPC is ever re-shared.  Only the controller
-talks to the engines; it decides per bucket which engines get it before anyone serializes (the protocol is in
-local_handles.py), and a stage leader reuses its buffer after the controller's ack.
+Colocated placement (rlhf.rollout.placement) puts engine e's TP rank r on the GPU of trainer rank ``e * tp + r``,
+its *holder*: it receives every bucket of every stage from the stage's leader (a broadcast in the group of the leader
+and the holders: NCCL on GPU, gloo on CPU), serializes ITS copy with SGLang's serializer (a CUDA IPC handle on GPU, a
+shared-memory file name on CPU) and sends the bytes to the controller, which hands engine e the entries of its ranks'
+holders in TP-rank order.  So each engine rank maps memory on its own device only, and only bytes cross Ray.  An
+engine rank past the trainer's ranks (CPU tests), and every one under expert parallelism, gets the leader's buffer.
+
+Ordering: every rank takes the broadcast of bucket k right after its part in the TP gathers of the last parameter
+bucket k holds, so all ranks issue the TP groups' and the broadcast groups' collectives in one global order (leaders
+then produce without the overlap thread).  A copy is rewritten only after the engines loaded the bucket it held: the
+decision of bucket k comes after the engines answered bucket ``k - count``, copies go back to the pool when the
+stage's last bucket was answered, and an engine answers once its copies finished (engine_loader.load_bucket).
 """
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-from rlhf import faults
-
+from parallel.convert import LocalTensor
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool
-from rlhf.weight_bridge.local_handles import Copies, StageServing
-from rlhf.weight_bridge.plan import SendPlan
+from rlhf.weight_bridge.delivery import Delivery
+from rlhf.weight_bridge.plan import plan_local_tensors
 
-__all__ = ["serialize_bucket", "prepare_sharing", "TensorTransport"]
+__all__ = ["serialize_bucket", "prepare_sharing", "TensorDelivery", "holder_ranks", "broadcast_group",
+           "StageServing", "serving_plan", "BucketHolder", "entry_tensor_counts"]
 
 _PATCHED = False
 
 
 def prepare_sharing(device: torch.device) -> None:
-    """Make buffers of ``device`` shareable by handle: the ``file_system`` strategy on CPU (a file name
-    any process can map, needed because the engine's schedulers are not our children), SGLang's CUDA
-    reductions (device UUIDs instead of indices) on GPU."""
+    """Buffers of ``device`` shareable by handle: the ``file_system`` strategy on CPU (the engine's schedulers are
+    not our children), SGLang's CUDA reductions (device UUIDs) on GPU."""
     global _PATCHED
     if device.type == "cpu":
         torch.multiprocessing.set_sharing_strategy("file_system")
@@ -43,219 +47,183 @@ def prepare_sharing(device: torch.device) -> None:
 
 
 def serialize_bucket(buf: torch.Tensor, bplan: BucketPlan, copies: int) -> list[bytes]:
-    """``copies`` serialized FlattenedTensorBucket payloads of the flat uint8 ``buf`` laid out as ``bplan``
-    (one per receiving engine TP rank: each rank deserializes its own, so IPC references drop cleanly).
-    The bytes reference ``buf``'s memory; they do not copy it."""
+    """``copies`` serialized FlattenedTensorBucket payloads of the flat uint8 ``buf`` laid out as ``bplan`` (one per
+    receiving engine TP rank, each deserialized once).  The bytes reference ``buf``'s memory; they do not copy it."""
     from sglang.srt.utils.common import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
     metadata = [FlattenedTensorMetadata(name=m.name, shape=torch.Size(m.shape), dtype=m.dtype, start_idx=off,
                                         end_idx=off + m.nbytes, numel=m.nbytes)
                 for m, off in zip(bplan.metas, bplan.offsets)]
-    obj = {"flattened_tensor": buf, "metadata": metadata}
-    return [MultiprocessingSerializer.serialize(obj) for _ in range(copies)]
+    return [MultiprocessingSerializer.serialize({"flattened_tensor": buf, "metadata": metadata})
+            for _ in range(copies)]
 
 
-class TensorTransport:
-    """One sync's colocated delivery: the controller's side (:meth:`run_controller`) and a stage leader's other
-    than the controller (:meth:`run_leader`); the other holders' side is local_handles.BucketHolder.
+def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> dict[tuple[int, int], int]:
+    """``{(engine, engine TP rank): trainer global rank}`` whose device that engine rank runs on: ``e * tp + r``
+    (the colocated placement), the stage ``leader`` for an index past the trainer's ``world`` ranks."""
+    return {(e, r): (e * engine_tp + r if e * engine_tp + r < world else leader)
+            for e in range(num_engines) for r in range(engine_tp)}
 
-    Per bucket (local_handles.py, "the per-bucket protocol"): a leader other than the controller reports whether
-    it produced the bucket; the controller decides which engines get it (:meth:`_decide`: none after an error,
-    none replaced since the sync began) and tells that stage's leader and holders, so that only entries the
-    controller hands to an engine are serialized; the holders' entries (``serving``) come back to the controller,
-    which calls the engines; a leader other than the controller reuses its buffer after the controller's ack.
 
-    Args:
-        topo: the topology; engines: the engines' handle (controller only, else None);
-        targets: engine indices receiving this sync (every rank knows them); tp_size: engine TP size;
-        token: the controller's ``engines.begin_sync()`` token (engines replaced since are dropped);
-        record: ``record(plan, bucket, buf)`` called on the buffer's owner before delivery (check mode);
-        times: timing accumulator (``deliver``, ``receive``);
-        serving: ``{pp_rank: local_handles.StageServing}``; None: every stage's leader serializes every entry.
-    """
+def broadcast_group(members: tuple[int, ...], world: int, existing: dict):
+    """The group of one stage's holder broadcasts (``members``: leader and holders): the world group when they are
+    every rank, the group of ``existing`` (``{member ranks: group}``: megatron's TP groups) with these members, else
+    a new one (collective over every rank).  On a GPU each group is an NCCL communicator per member (~0.5-0.7 GiB,
+    NVIDIA/nccl#964); sharing one is safe: during a sync it carries nothing else, in one global order."""
+    if tuple(members) == tuple(range(world)):
+        return dist.group.WORLD
+    if tuple(members) in existing:
+        return existing[tuple(members)]
+    return dist.new_group(ranks=list(members))
 
-    def __init__(self, topo, engines, targets: list[int], tp_size: int, record: Callable, times: dict,
-                 token=None, serving: dict | None = None):
-        self.topo, self.engines, self.tp_size, self.token = topo, engines, tp_size, token
-        self.targets = list(targets)
-        self.record, self.times, self.serving = record, times, serving
-        self.error: str | None = None
 
-    def _serving(self, stage) -> StageServing:
-        if self.serving is None or stage.pp_rank not in self.serving:
-            return StageServing(stage.leader)
-        return self.serving[stage.pp_rank]
+def entry_tensor_counts(entries: Sequence[LocalTensor], spec, tp: int) -> list[int]:
+    """How many HF tensors each entry converts to on the stage leader."""
+    return [len(plan_local_tensors([e], spec, tp)) for e in entries]
 
-    def _fail(self, e: BaseException | str) -> None:
-        self.error = self.error or (e if isinstance(e, str) else f"{type(e).__name__}: {e}")
 
-    def _decide(self) -> list[int]:
-        """Controller: the engines that get the next bucket: none after an error, else the targets not replaced
-        since the sync began (:meth:`_wait` drops those)."""
-        return [] if self.error is not None else list(self.targets)
+@dataclass
+class StageServing:
+    """Who serializes each engine TP rank's entry of one stage's buckets: ``holders`` ``{(engine, engine TP rank):
+    global rank}`` (None: the ``leader`` serializes every entry from its own buffer) and their broadcast ``group``."""
 
-    def _entry(self, buf: torch.Tensor, bplan: BucketPlan, engine: int, tp_rank: int) -> bytes:
-        """Engine ``engine``'s TP-rank-``tp_rank`` entry of bucket ``bplan`` held in ``buf`` (serialized by the
-        process that owns ``buf``)."""
-        return serialize_bucket(buf, bplan, 1)[0]
+    leader: int
+    holders: dict | None = None
+    group: Any = None
 
-    def _collect(self, plan: SendPlan, stage, bplan: BucketPlan, buf: torch.Tensor | None,
-                 engines: list[int], copies: Copies | None = None) -> dict:
-        """Controller: tell the stage's leader and holders ``engines``; with any, the leader's broadcast (the
-        controller's ``buf`` when it leads the stage, else into one of its ``copies`` when it holds entries) and
-        every entry ``{(engine, engine TP rank): bytes}``."""
-        sv, me = self._serving(stage), self.topo.rank
-        others = sv.participants(me)
-        for h in others:
-            self.topo.send_object(engines, h)
-        if not engines:
-            return {}
+    def mine(self, rank: int, engines: Sequence[int], tp: int) -> list[tuple[int, int]]:
+        """The ``(engine, TP rank)`` entries of ``engines`` that ``rank`` serializes."""
+        return [(e, r) for e in engines for r in range(tp)
+                if (self.leader if self.holders is None else self.holders[(e, r)]) == rank]
+
+    def participants(self, controller: int) -> list[int]:
+        """Ranks the controller exchanges per-bucket messages with: the leader and the holders, itself excluded."""
+        return sorted(({self.leader} | set((self.holders or {}).values())) - {controller})
+
+
+def serving_plan(leaders: dict[int, int], holders: dict | None, groups: dict | None = None) -> dict[int, StageServing]:
+    """``{pp_rank: StageServing}`` from each stage's leader, the holder maps and the broadcast groups."""
+    holders, groups = holders or {}, groups or {}
+    return {p: StageServing(leader, holders.get(p), groups.get(p)) for p, leader in leaders.items()}
+
+
+class _Copies:
+    """Up to ``count`` bucket copies from ``pool``, reused oldest first (the protocol guarantees the engines loaded
+    the bucket a copy held before it is taken again)."""
+
+    def __init__(self, pool: BufferPool, count: int):
+        self.pool, self.count, self.slots = pool, count, []
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        if len(self.slots) >= self.count:
+            self.pool.release(self.slots.pop(0))
+        slot, buf = self.pool.acquire(nbytes)
+        self.slots.append(slot)
+        return buf
+
+    def release_all(self) -> None:
+        while self.slots:
+            self.pool.release(self.slots.pop(0))
+
+
+class TensorDelivery(Delivery):
+    """A colocated sync's delivery (delivery.py): the decision is the ``targets`` not replaced since the sync began
+    (``token``: the fleet's ``begin_sync``); the holders' entries come back to the controller, which calls
+    ``update_weights_from_tensor``.  ``serving``: ``{pp_rank: StageServing}``; ``pool``: this rank's bucket pool."""
+
+    def __init__(self, topo, engines, record: Callable, times: dict, targets: list[int], engine_tp: int, token,
+                 serving: dict, pool: BufferPool):
+        super().__init__(topo, engines, record, times)
+        self.targets, self.tp, self.token, self.serving = list(targets), engine_tp, token, serving
+        self.copies = _Copies(pool, 1)
+
+    def participants(self, stage) -> list[int]:
+        return self.serving[stage.pp_rank].participants(self.topo.rank)
+
+    def start(self, plan, stage, bplan) -> list[int]:
+        return list(self.targets)
+
+    def move(self, plan, stage, bplan, buf, engines):
+        sv, me = self.serving[stage.pp_rank], self.topo.rank
         if sv.group is not None:
-            if buf is None:
-                buf = copies.take(bplan.nbytes)
+            if buf is None:  # another stage's bucket of which this rank holds entries
+                buf = self.copies.take(bplan.nbytes)
             dist.broadcast(buf, src=sv.leader, group=sv.group)
-        got = {m: self._entry(buf, bplan, *m) for m in sv.mine(me, engines, self.tp_size)}
-        t0 = time.perf_counter()
-        for h in others:
-            got.update(self.topo.recv_object(h))
+        t0, got = time.perf_counter(), {}
+        for rank in sv.participants(me):  # every participant answers a go, before anything can fail here
+            got.update(self.topo.recv_object(rank))
         self.times["receive"] += time.perf_counter() - t0
-        return got
-
-    def _send(self, plan: SendPlan, stage, bplan: BucketPlan, payloads: dict, engines: list[int]):
-        """Start loading bucket ``bplan`` of ``stage`` on ``engines`` (``payloads[(engine, TP rank)]``); returns
-        what :meth:`_wait` takes."""
-        rows = [[payloads[(e, r)] for r in range(self.tp_size)] for e in engines]
+        got.update({m: serialize_bucket(buf, bplan, 1)[0] for m in sv.mine(me, engines, self.tp)})
+        rows = [[got[(e, r)] for r in range(self.tp)] for e in engines]
         return self.engines.update_weights_from_tensor(rows, engines=list(engines), load_format="flattened_bucket",
                                                        flush_cache=plan.is_last(stage, bplan))
 
-    def _wait(self, pending) -> None:
+    def lead(self, stage, bplan, buf, engines) -> None:
+        sv, me, entries = self.serving[stage.pp_rank], self.topo.rank, {}
+        try:
+            if sv.group is not None:
+                dist.broadcast(buf, src=me, group=sv.group)
+            entries = {m: serialize_bucket(buf, bplan, 1)[0] for m in sv.mine(me, engines, self.tp)}
+        finally:
+            self.topo.send_object(entries, self.topo.controller)  # the controller waits for it
+
+    def wait(self, call) -> None:
         t0 = time.perf_counter()
         try:
-            self.engines.wait(pending, "update_weights_from_tensor")
-        finally:
-            # an engine replaced meanwhile has no session open: it stays stale until the next sync
+            self.engines.wait(call, "update_weights_from_tensor")
+        finally:  # an engine replaced meanwhile has no session open: it stays stale until the next sync
             gone = set(self.engines.replaced_since(self.token))
             self.targets = [i for i in self.targets if i not in gone]
             self.times["deliver"] += time.perf_counter() - t0
 
-    def run_controller(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool,
-                       in_flight: int = 0) -> str | None:
-        """Deliver every stage's buckets in order; returns the first error (after going through every bucket
-        with every sender, so that no rank waits for a message).
+    def stage_done(self, stage) -> None:
+        """The holders other than the leader may give their copies back to their pools."""
+        sv = self.serving[stage.pp_rank]
+        for rank in sv.participants(self.topo.rank):
+            if rank != sv.leader:
+                self.topo.send_object(True, rank)
+        self.copies.release_all()
 
-        ``in_flight``: how many of the controller's own buckets may still be loading while the next one is
-        produced (1 with two buffers: bucket k+1 is written while the engines load bucket k)."""
-        for stage in plan.stages:
-            if stage.leader == self.topo.rank:
-                self._own_stage(plan, stage, own, pool, in_flight)
-            else:
-                self._other_stage(plan, stage, pool)
-        return self.error
 
-    def _stage_answered(self, stage) -> None:
-        """Controller: the engines answered the stage's last bucket; its holders other than the leader may give
-        their copies back to their pools (local_handles.py, step 5)."""
-        sv = self._serving(stage)
-        for h in sv.participants(self.topo.rank):
-            if h != sv.leader:
-                self.topo.send_object(True, h)
+class BucketHolder:
+    """A holder's side of one stage (not the controller's, not the leader's): per bucket the controller's decision,
+    then, when it names engines, the leader's broadcast into a copy from ``pool`` and this rank's entries to the
+    controller; ``count`` copies (the controller's buckets in flight + 1)."""
 
-    def _other_stage(self, plan, stage, pool: BufferPool) -> None:
-        copies = Copies(pool, 1)  # the controller's copy of a bucket it holds entries of; reused once delivered
+    def __init__(self, topo, serving: StageServing, tp: int, pool: BufferPool, count: int):
+        self.topo, self.serving, self.tp = topo, serving, tp
+        self.copies = _Copies(pool, count)
+
+    def step(self, bplan: BucketPlan) -> None:
+        engines = self.topo.recv_object(self.topo.controller)
+        if not engines:
+            return
+        buf = self.copies.take(bplan.nbytes)
+        dist.broadcast(buf, src=self.serving.leader, group=self.serving.group)
+        mine = self.serving.mine(self.topo.rank, engines, self.tp)
+        self.topo.send_object({m: serialize_bucket(buf, bplan, 1)[0] for m in mine}, self.topo.controller)
+
+    def run(self, buckets: Sequence[BucketPlan], entries: Sequence[LocalTensor] = (), spec=None, tp: int = 1,
+            gather: Callable | None = None) -> None:
+        """Every bucket in order; ``gather(entry)``: this rank's part in the leader's TP gathers of ``entries`` (a
+        TP peer of the leader, TP size ``tp``), each bucket taken right after the gathers of the last entry it holds
+        tensors of.  The copies go back once the controller says the stage's last bucket was answered."""
         try:
-            for bplan in stage.buckets:
-                last = plan.is_last(stage, bplan)
-                t0 = time.perf_counter()
-                kind, body = self.topo.recv_object(stage.leader)
-                self.times["receive"] += time.perf_counter() - t0
-                if kind == "error":
-                    self._fail(body)
-                try:
-                    engines = self._decide()
-                    payloads = self._collect(plan, stage, bplan, None, engines, copies)
-                    if engines:
-                        self._wait(self._send(plan, stage, bplan, payloads, engines))
-                except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
-                    self._fail(e)
-                finally:
-                    self.topo.send_object(True, stage.leader)  # the engines are done with this bucket
-                faults.maybe_fail("sync_weights", last=last)
-            self._stage_answered(stage)
+            counts = entry_tensor_counts(entries, spec, tp) if gather is not None else []
+            ends, n = [], 0
+            for b in buckets:
+                n += len(b.metas)
+                ends.append(n)
+            done = k = 0
+            for e, c in zip(entries, counts):
+                gather(e)
+                done += c
+                while k < len(buckets) and ends[k] <= done:
+                    self.step(buckets[k])
+                    k += 1
+            for b in buckets[k:]:
+                self.step(b)
+            self.topo.recv_object(self.topo.controller)  # the engines answered this stage's last bucket
         finally:
-            copies.release_all()
-
-    def _own_stage(self, plan, stage, own, pool, in_flight: int) -> None:
-        pending = []  # [(pending call or None, pool slot, last)]
-
-        def finish(item):
-            call, slot, last = item
-            try:
-                if call is not None:
-                    self._wait(call)
-            except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
-                self._fail(e)
-            finally:
-                pool.release(slot)
-            faults.maybe_fail("sync_weights", last=last)  # fault-injection point: a bucket delivered
-
-        it = own()
-        for bplan in stage.buckets:
-            last, slot, buf, call = plan.is_last(stage, bplan), None, None, None
-            try:
-                got, slot, buf = next(it)  # also after a production error: the leader's part in the TP gathers
-                if isinstance(buf, BaseException):
-                    raise buf
-                if got is not bplan:
-                    raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
-                self.record(plan, bplan, buf)
-            except Exception as e:  # noqa: BLE001 - the other senders still go through every bucket
-                self._fail(e)
-                buf = None
-            try:
-                engines = self._decide() if buf is not None else []
-                payloads = self._collect(plan, stage, bplan, buf, engines)
-                if engines:
-                    call = self._send(plan, stage, bplan, payloads, engines)
-            except Exception as e:  # noqa: BLE001
-                self._fail(e)
-            pending.append((call, slot, last))
-            while len(pending) > in_flight:  # the buffer the next bucket reuses must be loaded by then
-                finish(pending.pop(0))
-        while pending:
-            finish(pending.pop(0))
-        self._stage_answered(stage)
-
-    def run_leader(self, plan: SendPlan, own: Callable[[], Iterator], pool: BufferPool) -> str | None:
-        """A stage leader other than the controller: per bucket, report it, take the controller's decision,
-        broadcast it to the stage's holders and send the entries this rank holds, reuse the buffer after the ack.
-        Returns the production error (after the last bucket's messages: the other ranks go on with theirs)."""
-        stage = next(s for s in plan.stages if s.leader == self.topo.rank)
-        sv, me, ctrl = self._serving(stage), self.topo.rank, self.topo.controller
-        it, error = own(), None
-        for bplan in stage.buckets:
-            slot = buf = None
-            try:  # every bucket, also after an error: the production takes part in the TP peers' gathers
-                got, slot, buf = next(it)
-                if isinstance(buf, BaseException):
-                    raise buf
-                if got is not bplan:
-                    raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
-                self.record(plan, bplan, buf)
-            except Exception as e:  # noqa: BLE001 - the controller reports it
-                error = error or f"rank {me}: {type(e).__name__}: {e}"
-            t0 = time.perf_counter()
-            try:
-                self.topo.send_object(("error", error) if error else ("ok", None), ctrl)
-                engines = self.topo.recv_object(ctrl)
-                if engines:  # never after an error: the controller decides none then
-                    if sv.group is not None:
-                        dist.broadcast(buf, src=me, group=sv.group)
-                    self.topo.send_object({m: self._entry(buf, bplan, *m) for m in sv.mine(me, engines,
-                                                                                         self.tp_size)}, ctrl)
-                self.topo.recv_object(ctrl)  # the engines are done with this bucket
-            finally:
-                self.times["deliver"] += time.perf_counter() - t0
-                pool.release(slot)
-        return error
-
+            self.copies.release_all()

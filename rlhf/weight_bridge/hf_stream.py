@@ -1,16 +1,13 @@
 """The HF tensor stream of a stage: TP gather -> convert -> (name, full HF tensor), and buckets of it.
 
-No rank ever holds the whole model: the gathered shards of one parameter and their converted copy
-coexist only while converting it.  Only the stage leader yields; the other TP ranks take part in the
-gathers and yield nothing.
+No rank holds the whole model: the gathered shards of one parameter and their converted copy coexist only while
+converting it.  Only the stage leader yields; the other TP ranks take part in the gathers and yield nothing.
 
-A production error on the stage leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of
-the embedding during a tight sync, a stream out of plan) does not end its part in the collectives: its TP peers
-(and EP peers) issue the gathers of every entry regardless, so the leader goes on gathering without converting
-and yields the error in place of each tensor (:func:`hf_stream`) and of each later bucket (:func:`stage_buckets`),
-one bucket at a time as before, so that holders taking a bucket's broadcast after its gathers stay in step
-(local_handles.py); the transports report the error and deliver nothing more.  A collective that fails itself
-is not covered (the ranks' collective sequences are broken then).
+A production error on the leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of the
+embedding, a stream out of plan) does not end its part in the collectives: its TP and EP peers issue the gathers of
+every entry regardless, so the leader goes on gathering without converting and yields the error in place of each
+tensor (:func:`hf_stream`) and of each later bucket (:func:`stage_buckets`), one bucket at a time, so that holders
+taking a bucket's broadcast after its gathers stay in step; the delivery reports the error and moves nothing more.
 """
 from __future__ import annotations
 
@@ -27,7 +24,7 @@ from parallel.model_config import HFModelSpec
 from rlhf import faults
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
 
-__all__ = ["hf_stream", "stage_buckets", "Production", "Threaded", "timed"]
+__all__ = ["hf_stream", "stage_buckets", "Production", "Threaded"]
 
 
 class Production:
@@ -40,7 +37,7 @@ class Production:
 
 def _detached(err: BaseException) -> BaseException:
     """``err`` without its frames (kept as text in a note): the failed conversion's frames hold the gathered shards
-    (on GPU, e.g. ~1 GiB of Qwen2-7B's embedding), which the leader's later gathers need back after an OOM."""
+    (on GPU e.g. ~1 GiB of Qwen2-7B's embedding), which the leader's later gathers need back after an OOM."""
     err.add_note("".join(traceback.format_exception(err)).rstrip())
     chain = err
     while chain is not None:
@@ -49,59 +46,52 @@ def _detached(err: BaseException) -> BaseException:
     return err
 
 
+def _meta(shards: list) -> list:
+    return [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
+
+
 def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production) -> list[tuple[str, object]]:
-    """``hf_tensors_from_shards`` of one entry on the stage leader; after a production error (this one or an
-    earlier one) ``[(HF name, the error)]`` for each HF tensor of the entry instead (names from the converter on
-    meta tensors, nothing allocated).  Fault point ``sync_convert_error`` (rlhf.faults): this conversion raises."""
+    """``hf_tensors_from_shards`` of one entry; after a production error (this one or an earlier one) ``[(HF name,
+    the error)]`` per HF tensor instead (names from the converter on meta tensors).  Fault point
+    ``sync_convert_error`` (rlhf.faults): this conversion raises."""
     if state.error is None:
         try:
             if faults.fires("sync_convert_error"):
                 raise RuntimeError(f"FAULT sync_convert_error: converting {e.local_name}")
             with torch.no_grad():
                 return hf_tensors_from_shards(e.role, shards, spec)
-        except Exception as err:  # noqa: BLE001 - the leader keeps step with its peers' gathers (module docstring)
+        except Exception as err:  # noqa: BLE001 - the leader keeps step with its peers' gathers
             state.error = _detached(err)
-    meta = [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
-    return [(name, state.error) for name, _ in hf_tensors_from_shards(e.role, meta, spec)]
+    return [(name, state.error) for name, _ in hf_tensors_from_shards(e.role, _meta(shards), spec)]
 
 
 def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter,
               state: Production | None = None) -> Iterator[tuple[str, torch.Tensor, bool]]:
-    """``(HF name, full tensor, owned)`` on the stage leader; ``owned=False``: the tensor aliases model memory.
+    """``(HF name, full tensor, owned)`` on the stage leader (``owned=False``: it aliases model memory).
 
-    Collective over the TP group (every TP rank must iterate it to the end).  After a production error
-    (``state.error``, set here when a conversion raises or by the consumer when packing raised) the leader still
-    takes part in every gather and yields ``(HF name, the error, False)`` for each tensor; the stream raises that
-    error once every entry was gathered (an EP peer's error reaches its caller so).
-    """
+    Collective over the TP group: every TP rank iterates it to the end.  After a production error the leader still
+    takes part in every gather and yields ``(name, the error, False)`` per tensor; the stream raises the error once
+    every entry was gathered (an EP peer's error reaches its caller so)."""
     state = state if state is not None else Production()
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
         if getattr(topo, "ep_size", 1) > 1 and e.role.is_expert:
             yield from _expert_stream(e, topo, spec, meter, state)
             continue
-        if dim is None:
-            if not topo.is_leader:
-                continue
-            shards = [e.values()]
-        else:
-            shards = topo.gather(e)
-            if not topo.is_leader:
-                continue
+        if dim is None and not topo.is_leader:
+            continue
+        shards = [e.values()] if dim is None else topo.gather(e)
+        if not topo.is_leader:
+            continue
         gathered = sum(x.nbytes for x in shards) if dim is not None and topo.tp_size > 1 else 0
-        try:
-            outs = _convert(e, shards, spec, state)
-        finally:
-            if dim is not None:
-                topo.release_gather()  # every kind with a gather copies in hf_tensors_from_shards
+        outs = _convert(e, shards, spec, state)
+        del shards
         if state.error is not None:
-            del shards
             for name, err in outs:
                 yield name, err, False
             continue
         converted = 0 if dim is None else sum(t.nbytes for _, t in outs)
-        meter.alloc(gathered + converted)
-        del shards
+        meter.alloc(gathered + converted)  # the high-water mark: both alive while converting
         meter.free(gathered)
         try:
             while outs:
@@ -116,11 +106,10 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
 
 
 def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, state: Production):
-    """Expert parallelism: a routed expert tensor of every EP rank.  Each EP rank's TP rank 0 gathers its TP
-    shards and converts them; the EP group gathers the results on the stage leader, which yields them in
-    EP-rank order under each rank's global expert names (as parallel.convert.iter_hf_tensors does).  After a
-    production error the EP gathers still run, on uninitialised tensors of the converted shapes (an expert peer's
-    error: the leader packs them, and the sync then fails on every rank with that error; sync again)."""
+    """Expert parallelism: a routed expert tensor of every EP rank.  Each EP rank's TP rank 0 gathers and converts
+    its shards; the EP group gathers the results on the stage leader, which yields them in EP-rank order under each
+    rank's global expert names.  After a production error the EP gathers still run, on uninitialised tensors of the
+    converted shapes (the sync then fails on every rank with that error)."""
     from parallel.convert.params import param_role
 
     shards = topo.gather(e)
@@ -128,38 +117,28 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
         return
     outs = _convert(e, shards, spec, state)
     if state.error is not None:
-        meta = [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
         outs = [(n, torch.empty(tuple(t.shape), dtype=t.dtype, device=shards[0].device))
-                for n, t in hf_tensors_from_shards(e.role, meta, spec)]
+                for n, t in hf_tensors_from_shards(e.role, _meta(shards), spec)]
     del shards
     per_tensor = [topo.gather_experts(t) for _, t in outs]
     del outs
     if not topo.is_leader:
         return
-    if state.error is not None:
-        for r in range(topo.ep_size):
-            for name in param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names:
-                yield name, state.error, False
-        return
-    nbytes = sum(x.nbytes for g in per_tensor for x in g)
+    nbytes = 0 if state.error is not None else sum(x.nbytes for g in per_tensor for x in g)
     meter.alloc(nbytes)
     try:
         for r in range(topo.ep_size):
-            names = param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names
-            for name, gathered in zip(names, per_tensor):
-                yield name, gathered[r], True
+            for name, gathered in zip(param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names, per_tensor):
+                yield (name, state.error, False) if state.error is not None else (name, gathered[r], True)
     finally:
         del per_tensor
         meter.free(nbytes)
 
 
 class Threaded:
-    """Run an iterator in a daemon thread, one item ahead (its exceptions re-raised in the consumer).
-
-    The thread runs on the creating thread's CUDA device: the current CUDA device is per host thread and a
-    new thread starts on cuda:0, so without it a stage leader on another GPU (PP > 1: rank s * W / PP) would
-    gather its TP shards on cuda:0 (``parallel.devices.group_device`` reads the current device) while its TP
-    peers use their own GPUs."""
+    """Run an iterator in a daemon thread, one item ahead (its exceptions re-raised in the consumer), on the
+    creating thread's CUDA device: a new thread starts on cuda:0, where a stage leader on another GPU would
+    otherwise gather its TP shards (``parallel.devices.group_device`` reads the current device)."""
 
     _END = object()
 
@@ -180,70 +159,50 @@ class Threaded:
         self.q.put(self._END)
 
     def __iter__(self):
-        while True:
-            x = self.q.get()
-            if x is self._END:
-                return
+        while (x := self.q.get()) is not self._END:
             if isinstance(x, BaseException):
                 raise x
             yield x
 
 
-def timed(it: Iterator, times: dict, key: str) -> Iterator:
-    """Yield from ``it``, adding the seconds spent waiting for each item to ``times[key]``."""
-    while True:
-        t0 = time.perf_counter()
-        try:
-            x = next(it)
-        except StopIteration:
-            times[key] += time.perf_counter() - t0
-            return
-        times[key] += time.perf_counter() - t0
-        yield x
-
-
 def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan], topo, spec: HFModelSpec,
                   pool: BufferPool, meter: MemoryMeter, overlap: bool,
                   times: dict) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor | BaseException]]:
-    """This stage's buckets ``(plan, pool slot, flat uint8 buffer)`` on the leader (release each slot to the
-    pool when done); with ``overlap`` a thread fills bucket k+1 while bucket k is delivered.  After a production
-    error, ``(plan, None, the error)`` for this and every later bucket, each yielded once this rank took part in
-    the gathers of its tensors (the consumer reports the error; module docstring)."""
+    """This stage's buckets ``(plan, pool slot, flat uint8 buffer)`` on the leader (the consumer releases each slot);
+    with ``overlap`` a thread fills bucket k+1 while bucket k is delivered; ``times["produce"]`` accumulates the
+    waits.  After a production error ``(plan, None, the error)`` for this and every later bucket, each once this
+    rank took part in the gathers of its tensors."""
     it = _produce(entries, buckets, topo, spec, pool, meter)
-    return timed(iter(Threaded(it)) if overlap else it, times, "produce")
-
-
-class _Counted:
-    """An iterator counting the items taken from it."""
-
-    def __init__(self, it: Iterator):
-        self.it, self.taken = it, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        x = next(self.it)
-        self.taken += 1
-        return x
+    it = iter(Threaded(it)) if overlap else it
+    while True:
+        t0 = time.perf_counter()
+        x = next(it, None)
+        times["produce"] += time.perf_counter() - t0
+        if x is None:
+            return
+        yield x
 
 
 def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPool, meter: MemoryMeter):
-    state = Production()
-    stream = _Counted(hf_stream(entries, topo, spec, meter, state))
+    state, taken = Production(), [0]
+
+    def counted():
+        for x in hf_stream(entries, topo, spec, meter, state):
+            taken[0] += 1
+            yield x
+
+    stream = counted()
     filled = fill_buckets(stream, buckets, pool)
     end = 0
     for bplan in buckets:
         end += len(bplan.metas)
         if state.error is None:
             try:
-                item = next(filled)
-            except Exception as err:  # noqa: BLE001 - reported per bucket by the consumer
-                state.error = _detached(err)  # fill_buckets is done; the stream now gathers without converting
-            else:
-                yield item
+                yield next(filled)
                 continue
-        while stream.taken < end:  # this bucket's tensors: take part in the gathers the peers issue for them
+            except Exception as err:  # noqa: BLE001 - reported per bucket by the consumer
+                state.error = _detached(err)  # the stream now gathers without converting
+        while taken[0] < end:  # this bucket's tensors: take part in the gathers the peers issue for them
             try:
                 next(stream)
             except Exception:  # noqa: BLE001 - the stream ended (or its collective failed): nothing left to join

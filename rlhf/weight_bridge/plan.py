@@ -1,54 +1,89 @@
 """The send plan of a weight sync: which megatron tensors map to which HF tensors, per pipeline stage,
 validated against the engine and split into buckets.  No tensor data moves while planning: HF names
 and full shapes come from the converter applied to *meta* shards, i.e. from the very function that
-later converts the data."""
+later converts the data.
+
+SGLang silently ignores an unknown name and kills its scheduler on a wrong shape, so every name and shape is
+checked before anything is sent, and engine weights nothing maps to are refused too (they would keep stale values).
+"""
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from parallel.convert import GATHER_DIM, LocalTensor, ParamRole, hf_tensors_from_shards, walk_local_tensors
+from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards, regex_name_map, walk_local_tensors
+from parallel.convert.params import NameMapHook as NameMap
 from parallel.model_config import HFModelSpec
 from rlhf.weight_bridge.bucketing import BucketPlan, TensorMeta, dtype_from_any, plan_buckets
-from rlhf.weight_bridge.validate import WeightBridgeError, validate_against_expected
 
-__all__ = ["NameMap", "regex_name_map", "local_entries", "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan",
-           "build_send_plan", "refuse_report_errors"]
-
-NameMap = Callable[[Any, str, torch.Tensor], "ParamRole | None"]
-_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+__all__ = ["WeightBridgeError", "normalize_expected", "validate_against_expected", "NameMap", "regex_name_map",
+           "local_entries", "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan", "build_send_plan",
+           "refuse_report_errors"]
 
 
-def regex_name_map(rules: Mapping[str, tuple[str, str]]) -> NameMap:
-    """A `name_map` hook from ``{regex on the local megatron name: (kind, HF name template)}``.
+class WeightBridgeError(RuntimeError):
+    """A weight sync was refused or failed; the message names the offending tensor(s)."""
 
-    kind is one of the converter's kinds (``GATHER_DIM``: "replicated", "row", "vocab", "fc1", "qkv",
-    "qkv_bias"; it says how TP shards are joined).  The template may use ``{layer}`` (the *global* layer
-    index of a ``decoder.layers.<i>.`` name) and the regex's named groups; kinds with several HF tensors
-    ("fc1": gate, up; "qkv": q, k, v) take the names separated by commas.
-    Raises ValueError for an unknown kind.
+
+def normalize_expected(expected: Mapping) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+    """``{name: (shape tuple, torch.dtype or None)}`` from ``{name: (shape, dtype)}``, ``{name: shape}``
+    or ``{name: {"shape", "dtype"}}`` (dtype names like "bfloat16" accepted)."""
+    out = {}
+    for name, val in expected.items():
+        if isinstance(val, Mapping):
+            shape, dt = val.get("shape"), val.get("dtype")
+        elif isinstance(val, (tuple, list)) and len(val) == 2 and isinstance(val[0], (tuple, list, torch.Size)):
+            shape, dt = val
+        else:
+            shape, dt = val, None
+        out[name] = (tuple(int(s) for s in shape), None if dt is None else dtype_from_any(dt))
+    return out
+
+
+def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tuple, Any]]], expected: Mapping,
+                              tie_word_embeddings: bool, engine: str = "engine",
+                              allow_missing: Callable[[str], bool] | None = None) -> list[str]:
+    """Check the tensors every pipeline stage would send against the engine's expected weights.
+
+    Args:
+        stage_tensors: ``{pp_rank: [(HF name, shape, dtype), ...]}``.
+        expected: ``{HF name: (shape, dtype)}`` of the engine.
+        tie_word_embeddings: the model ties lm_head to embed_tokens (then ``lm_head.weight`` may stay unsent).
+        allow_missing: predicate on engine names that may stay unsent.
+    Returns:
+        one line per problem (empty when everything matches): a name the engine does not have (with the
+        closest expected names), a shape differing from the engine's, a name sent by two stages, an engine
+        weight nothing maps to.
     """
-    compiled = [(re.compile(p), kind, tmpl) for p, (kind, tmpl) in rules.items()]
-    for _, kind, _ in compiled:
-        if kind not in GATHER_DIM:
-            raise ValueError(f"unknown kind {kind!r}; use one of {sorted(GATHER_DIM)}")
+    exp = normalize_expected(expected)
+    problems, owner = [], {}
+    for pp_rank in sorted(stage_tensors):
+        for name, shape, _dt in stage_tensors[pp_rank]:
+            shape = tuple(int(s) for s in shape)
+            if name in owner:
+                problems.append(f"weight {name!r} would be sent twice (from pipeline stage {owner[name]} and again "
+                                f"from stage {pp_rank}): two trainer tensors map to it")
+            owner.setdefault(name, pp_rank)
+            if name not in exp:
+                close = difflib.get_close_matches(name, list(exp), n=3, cutoff=0.6)
+                problems.append(f"weight {name!r} (shape {shape}, pipeline stage {pp_rank}) is not a weight of "
+                                f"{engine} (SGLang would silently ignore it); closest expected names: {close}")
+            elif exp[name][0] != shape:
+                problems.append(f"weight {name!r}: the bridge would send shape {shape} but {engine} expects "
+                                f"{exp[name][0]} (SGLang would crash on it)")
+    for name, (shape, _dt) in exp.items():
+        tied = name == "lm_head.weight" and tie_word_embeddings
+        if name not in owner and not tied and not (allow_missing and allow_missing(name)):
+            problems.append(f"{engine} expects weight {name!r} (shape {shape}) but no trainer tensor maps to it: "
+                            f"it would keep stale values")
+    return problems
 
-    def name_map(chunk, local_name: str, tensor: torch.Tensor):
-        for rx, kind, tmpl in compiled:
-            m = rx.fullmatch(local_name)
-            if not m:
-                continue
-            fields = dict(m.groupdict())
-            lm = re.match(r"^decoder\.layers\.(\d+)\.", local_name)
-            if lm:
-                fields["layer"] = chunk.decoder.layers[int(lm.group(1))].layer_number - 1
-            return ParamRole(kind, tuple(s.strip().format(**fields) for s in tmpl.split(",")))
-        return None
 
-    return name_map
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = None

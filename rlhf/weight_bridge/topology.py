@@ -9,31 +9,12 @@ Control messages (plans, payload bytes, verdicts) use a gloo group over all rank
 """
 from __future__ import annotations
 
-import socket
-
 import torch
 import torch.distributed as dist
 
 from parallel import devices
 
-__all__ = ["MegatronTopology", "all_gather_codes", "any_rank"]
-
-
-def all_gather_codes(codes: list[int], group, world: int) -> list[list[int]]:
-    """Every rank's int64 ``codes`` (the same length on every rank), in rank order: one tensor all_gather on
-    ``group`` (on the group's device), no pickling."""
-    t = devices.to_group_device(torch.tensor(codes, dtype=torch.int64), group)
-    out = [torch.empty_like(t) for _ in range(world)]
-    dist.all_gather(out, t, group=group)
-    return [x.tolist() for x in out]
-
-
-def any_rank(flag: bool, group) -> bool:
-    """True on every rank of ``group`` when ``flag`` is set on any of them (one int32 MAX all_reduce on the group's
-    device); doubles as the group's barrier."""
-    t = devices.to_group_device(torch.tensor([int(bool(flag))], dtype=torch.int32), group)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return bool(t.item())
+__all__ = ["MegatronTopology"]
 
 
 class MegatronTopology:
@@ -42,7 +23,7 @@ class MegatronTopology:
     def __init__(self):
         from megatron.core import parallel_state as ps
 
-        from rlhf.weight_bridge.validate import WeightBridgeError
+        from rlhf.weight_bridge.plan import WeightBridgeError
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.tp_size = ps.get_tensor_model_parallel_world_size()
@@ -75,8 +56,7 @@ class MegatronTopology:
             self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
     def gather(self, entry) -> list[torch.Tensor] | None:
-        """TP shards of ``entry.tensor`` on the stage leader (rank order), None elsewhere; the leader
-        calls :meth:`release_gather` once it no longer needs them."""
+        """TP shards of ``entry.tensor`` on the stage leader (rank order), None elsewhere."""
         if self.tp_size == 1:
             return [entry.values().contiguous()]
         t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
@@ -92,9 +72,6 @@ class MegatronTopology:
         dist.gather(t, gather_list=out, dst=dist.get_global_rank(self.ep_group, 0), group=self.ep_group)
         return out
 
-    def release_gather(self) -> None:
-        """The gathered shards are plain tensors: nothing to release."""
-
     def all_gather_object(self, obj) -> list:
         out = [None] * self.world
         dist.all_gather_object(out, obj, group=self._ctrl)
@@ -106,13 +83,18 @@ class MegatronTopology:
         return box[0]
 
     def all_gather_codes(self, codes: list[int]) -> list[list[int]]:
-        """Every rank's int64 ``codes`` (same length everywhere), rank order: one tensor all_gather on the control
-        group."""
-        return all_gather_codes(codes, self._ctrl, self.world)
+        """Every rank's int64 ``codes`` (the same length everywhere), in rank order: one tensor all_gather on the
+        control group (on its device), no pickling."""
+        t = devices.to_group_device(torch.tensor(codes, dtype=torch.int64), self._ctrl)
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        dist.all_gather(out, t, group=self._ctrl)
+        return [x.tolist() for x in out]
 
-    def any_rank(self, flag: bool, group=None) -> bool:
-        """``flag`` set on any rank of ``group`` (default the control group): one tensor all_reduce."""
-        return any_rank(flag, self._ctrl if group is None else group)
+    def any_rank(self, flag: bool) -> bool:
+        """True on every rank when ``flag`` is set on any (one int32 MAX all_reduce on the control group)."""
+        t = devices.to_group_device(torch.tensor([int(bool(flag))], dtype=torch.int32), self._ctrl)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._ctrl)
+        return bool(t.item())
 
     def send_object(self, obj, dst: int) -> None:
         dist.send_object_list([obj], dst=dst, group=self._ctrl)
@@ -121,6 +103,3 @@ class MegatronTopology:
         box = [None]
         dist.recv_object_list(box, src=src, group=self._ctrl)
         return box[0]
-
-    def hostname(self) -> str:
-        return socket.gethostname()

@@ -3,7 +3,6 @@
 trainer's prompt loader and RolloutWorker."""
 from __future__ import annotations
 
-import socket
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -194,9 +193,6 @@ class SimulatedTPTopology:
     def gather(self, entry):
         return [sd[entry.chunk_index][entry.local_name].detach() for sd in self._sd]
 
-    def release_gather(self):
-        pass
-
     def all_gather_object(self, obj):
         self.object_collectives += 1
         return [obj]
@@ -209,12 +205,9 @@ class SimulatedTPTopology:
         self.code_collectives += 1
         return [list(codes)]
 
-    def any_rank(self, flag, group=None):
+    def any_rank(self, flag):
         self.code_collectives += 1
         return bool(flag)
-
-    def hostname(self):
-        return socket.gethostname()
 
 
 def push_weights(engines, named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int = 1 << 30,

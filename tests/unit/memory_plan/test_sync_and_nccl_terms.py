@@ -106,7 +106,7 @@ def test_sync_groups_mirror_the_bridges_holders(world, pp, tp, engines, etp):
     (local_handles.holder_ranks, placement.stage_leaders), one new group per member set that is neither every rank
     nor one of megatron's TP groups (local_handles.broadcast_group reuses those)."""
     from rlhf.rollout.placement import stage_leaders
-    from rlhf.weight_bridge.local_handles import holder_ranks
+    from rlhf.weight_bridge.from_tensor import holder_ranks
 
     tp_groups = {tuple(range(k, k + tp)) for k in range(0, world, tp)}
     sets = set()

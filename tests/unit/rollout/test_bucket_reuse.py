@@ -55,7 +55,7 @@ class _SGLangStandIn:
                                                          metadata=obj["metadata"]).reconstruct_tensors())
             else:
                 assert load_format == engine_loader.LOADER, load_format
-                engine_loader._tp = lambda r=r: (r, len(self.models))
+                engine_loader._tp_rank = lambda r=r: r
                 engine_loader.load(model, [(n, t.to("cpu")) for n, t in named_tensors])
         return True, "Success"
 
@@ -67,7 +67,7 @@ def test_reused_bucket_buffer_is_never_read_after_the_engine_replied(monkeypatch
 
     models = [_QueuedCopyModel(), _QueuedCopyModel()]
     monkeypatch.setattr(torch.cpu, "synchronize", lambda device=None: [m.drain() for m in models])
-    monkeypatch.setattr(engine_loader, "_tp", engine_loader._tp)  # the stand-in rebinds it per rank
+    monkeypatch.setattr(engine_loader, "_tp_rank", engine_loader._tp_rank)  # the stand-in rebinds it per rank
     eng = object.__new__(SGLangEngine)
     eng.engine, eng.tp_size, eng._in_update, eng._updated = _SGLangStandIn(models), 2, True, False
 
@@ -100,9 +100,9 @@ def test_bucket_header_carries_each_rank_payload():
     assert head["op"] == "bucket" and base64.b64decode(head["payloads"][0]) == b"\x80\x05zero"
     assert head["payloads"][1] == "b25l"  # already SGLang's base64 string: passed as it is
     model = _QueuedCopyModel()
-    old = engine_loader._tp
+    old = engine_loader._tp_rank
     try:
-        engine_loader._tp = lambda: (2, 3)
+        engine_loader._tp_rank = lambda: 2
         try:
             engine_loader.load(model, [(json.dumps(head), torch.empty(0))])
         except ValueError as e:
@@ -110,4 +110,4 @@ def test_bucket_header_carries_each_rank_payload():
         else:
             raise AssertionError("a rank without a payload must be refused")
     finally:
-        engine_loader._tp = old
+        engine_loader._tp_rank = old

@@ -5,12 +5,13 @@ import socket
 import pytest
 
 from rlhf.config import compose_config
-from rlhf.weight_bridge.from_distributed import interface_address, reachable_address, resolve_address
+from parallel.distributed import interface_address, route_address
+from rlhf.weight_bridge.from_distributed import resolve_address
 
 
 def test_default_is_an_address_of_one_of_this_hosts_interfaces_not_the_debian_hostname_alias():
     addr = resolve_address(None)
-    assert addr == reachable_address() and addr != "127.0.1.1"
+    assert addr == route_address("10.255.255.255") and addr != "127.0.1.1"
     mine = set()
     for _, name in socket.if_nameindex():
         try:
@@ -33,8 +34,8 @@ def test_config_key_reaches_the_bridge(monkeypatch):
     seen = {}
 
     class Bridge:
-        def __init__(self, *a, **kw):
-            seen.update(kw)
+        def __init__(self, chunks, spec, engines, config):
+            seen.update(vars(config))
 
     import rlhf.weight_bridge as ws
     import rlhf.rollout.sampling as sampling

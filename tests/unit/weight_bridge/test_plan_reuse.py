@@ -29,7 +29,7 @@ def test_a_rank_whose_tensors_changed_plans_afresh(monkeypatch):
     afresh (re-validated against the engines) instead of sending by a stale plan."""
     bridge, engines, topo, hf, _ = _bridge()
     assert bridge.sync().replanned and not bridge.sync().replanned
-    monkeypatch.setattr(bridge_module, "_tensors_key", lambda entries: 12345)
+    bridge._plan.tensors_key += 1  # the plan was made with another listing than this rank's now
     engines.log.clear()
     stats = bridge.sync()
     assert stats.replanned and "expected_weights" in engines.log and _received_all(engines, hf)
@@ -161,7 +161,7 @@ def test_failure_after_the_sessions_opened_closes_them_and_drops_the_plan(monkey
     bridge, engines, topo, hf, _ = _bridge()
     if when == "steady":
         bridge.sync()
-        monkeypatch.setattr(bridge_module, "_tensors_key", lambda entries: 12345)
+        bridge._plan.tensors_key += 1
 
     def serving_fails(plan, holders):
         raise WeightBridgeError("engine 0 did not join the weight-update group")

@@ -12,7 +12,7 @@ from rlhf import faults
 from rlhf.weight_bridge import WeightBridge, WeightBridgeError, WeightSyncConfig
 from rlhf.weight_bridge.bucketing import BufferPool, MemoryMeter
 from rlhf.weight_bridge.hf_stream import stage_buckets
-from rlhf.weight_bridge.local_handles import entry_tensor_counts
+from rlhf.weight_bridge.from_tensor import entry_tensor_counts
 from rlhf.weight_bridge.plan import sync_entries
 from tests.support.fakes import FakeEngines, SimulatedTPTopology, expected_weights_from_spec
 from tests.unit.weight_bridge.test_weight_bridge_layout import make_spec, random_hf_state, simulated_trainer

@@ -19,7 +19,7 @@ import re
 import pytest
 import torch
 
-from rlhf.weight_bridge.bucketing import (BucketPlan, BufferPool, MemoryMeter, TensorMeta, bucket_views, fill_buckets,
+from rlhf.weight_bridge.bucketing import (BufferPool, TensorMeta, fill_buckets,
                                 plan_buckets)
 from parallel.model_config import HFModelSpec
 from rlhf.weight_bridge import (WeightBridge, WeightBridgeError, WeightSyncConfig, regex_name_map,

@@ -1,5 +1,5 @@
-"""The disaggregated transport's per-bucket decision (rlhf/weight_bridge/from_distributed.DistributedTransport.run)
-without processes: the engines are asked to receive a bucket only when its stage leader produced it and nothing
+"""The disaggregated transport's per-bucket decision (rlhf/weight_bridge/delivery.py with
+from_distributed.DistributedDelivery) without processes: the engines are asked to receive a bucket only when its stage leader produced it and nothing
 failed before, and a leader broadcasts only what the engines were asked for.  Before, the controller asked the
 engines for every bucket before knowing whether its leader had produced it, and a leader broadcast whatever the
 controller had decided: a production error (a CUDA OOM mid-stage) left the engines waiting in a broadcast that never
@@ -12,7 +12,7 @@ import torch
 
 from rlhf.weight_bridge import from_distributed
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, TensorMeta
-from rlhf.weight_bridge.from_distributed import DistributedTransport
+from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.plan import SendPlan, StagePlan
 
 
@@ -57,12 +57,21 @@ def _plan(per_stage=3):
     return SendPlan(stages, [])
 
 
+class _Delivery(DistributedDelivery):
+    """``run``: the controller's or a stage leader's part, as the bridge calls it."""
+
+    def run(self, plan, stage, own, pool):
+        if self.topo.is_controller:
+            return self.run_controller(plan, own, pool, 0)
+        return self.run_leader(plan, stage, own, pool)
+
+
 def _transport(topo, engines, log, monkeypatch):
     monkeypatch.setattr(from_distributed.dist, "broadcast",
                         lambda buf, src, group: log.append(("broadcast", group, buf[0].item())))
-    t = DistributedTransport(topo, engines, "w", "gloo", None, 60.0)
-    t.pg, t.group_names = "pg", {0: "g0", 1: "g1"}
-    return t
+    groups = DistributedGroups(topo, engines, "w", "gloo", None, 60.0)
+    groups.pg, groups.group_names = "pg", {0: "g0", 1: "g1"}
+    return _Delivery(topo, engines, lambda *a: None, _times(), groups)
 
 
 def _stream(stage, pool, fail_at=None):
@@ -96,36 +105,35 @@ def test_controller_asks_the_engines_only_for_buckets_its_own_stage_produced(mon
     pool = BufferPool(8, count=2)
     own, consumed = _stream(plan.stages[0], pool, fail_at)
     topo = _Topo(0, log, {1: [None, None, None]})
-    error = _transport(topo, _Engines(log), log, monkeypatch).run(plan, plan.stages[0], own, pool,
-                                                                  lambda *a: None, _times())
+    error = _transport(topo, _Engines(log), log, monkeypatch).run(plan, plan.stages[0], own, pool)
     if fail_at is None:
         assert error is None
         assert [x for x in log if x[0] in ("request", "broadcast")] == [
             ("request", "g0", "s0.b0"), ("broadcast", "pg", 0), ("request", "g0", "s0.b1"), ("broadcast", "pg", 1),
             ("request", "g0", "s0.b2"), ("broadcast", "pg", 2), ("request", "g1", "s1.b0"), ("request", "g1", "s1.b1"),
             ("request", "g1", "s1.b2")]
-        assert [x for x in log if x[0] == "send"] == [("send", 1, True)] * 3
+        assert [x for x in log if x[0] == "send"] == [("send", 1, True), ("send", 1, True)] * 3  # go, then the ack
     else:
         assert error == "rank 0: RuntimeError: CUDA out of memory (bucket 1)"
         assert [x for x in log if x[0] in ("request", "broadcast", "answered")] == [
             ("request", "g0", "s0.b0"), ("broadcast", "pg", 0), ("answered", "s0.b0")]
-        assert [x for x in log if x[0] in ("send", "recv")] == [("recv", 1), ("send", 1, False)] * 3
+        assert [x for x in log if x[0] in ("send", "recv")] == [("recv", 1), ("send", 1, None), ("send", 1, True)] * 3
     assert consumed == [0, 1, 2] and pool._free.qsize() == 2
 
 
 def test_controller_asks_nothing_for_another_stage_whose_leader_failed(monkeypatch):
     """Stage 1's leader reports bucket 1 failed: the engines get stage 1's bucket 0 only; the leader hears True,
-    then False for buckets 1 and 2; the error is the leader's report."""
+    then None for buckets 1 and 2, each followed by the ack; the error is the leader's report."""
     log = []
     plan = _plan()
     pool = BufferPool(8, count=2)
     own, _ = _stream(plan.stages[0], pool)
     topo = _Topo(0, log, {1: [None, "rank 1: RuntimeError: boom", None]})
-    error = _transport(topo, _Engines(log), log, monkeypatch).run(plan, plan.stages[0], own, pool,
-                                                                  lambda *a: None, _times())
+    error = _transport(topo, _Engines(log), log, monkeypatch).run(plan, plan.stages[0], own, pool)
     assert error == "rank 1: RuntimeError: boom"
     assert [x for x in log if x[0] == "request" and x[1] == "g1"] == [("request", "g1", "s1.b0")]
-    assert [x for x in log if x[0] == "send"] == [("send", 1, True), ("send", 1, False), ("send", 1, False)]
+    assert [x for x in log if x[0] == "send"] == [("send", 1, True), ("send", 1, True), ("send", 1, None),
+                                                  ("send", 1, True), ("send", 1, None), ("send", 1, True)]
     assert ("answered", "s1.b0") in log and ("answered", "s1.b1") not in log
 
 
@@ -137,11 +145,10 @@ def test_a_refused_request_is_not_broadcast_and_nothing_after_it_is_asked(monkey
     pool = BufferPool(8, count=2)
     own, consumed = _stream(plan.stages[0], pool)
     topo = _Topo(0, log, {1: [None, None, None]})
-    error = _transport(topo, _Engines(log, refuse="s0.b1"), log, monkeypatch).run(plan, plan.stages[0], own, pool,
-                                                                                   lambda *a: None, _times())
-    assert error == "RuntimeError: engine 0 refused s0.b1"
+    error = _transport(topo, _Engines(log, refuse="s0.b1"), log, monkeypatch).run(plan, plan.stages[0], own, pool)
+    assert error == "rank 0: RuntimeError: engine 0 refused s0.b1"
     assert [x for x in log if x[0] in ("request", "broadcast")] == [("request", "g0", "s0.b0"), ("broadcast", "pg", 0)]
-    assert [x for x in log if x[0] == "send"] == [("send", 1, False)] * 3
+    assert [x for x in log if x[0] == "send"] == [("send", 1, None), ("send", 1, True)] * 3
     assert consumed == [0, 1, 2] and pool._free.qsize() == 2
 
 
@@ -153,12 +160,12 @@ def test_leader_reports_each_bucket_and_broadcasts_only_when_told(monkeypatch):
     plan = _plan()
     pool = BufferPool(8, count=2)
     own, consumed = _stream(plan.stages[1], pool, fail_at=1)
-    topo = _Topo(1, log, {0: [True, False, False]})
-    error = _transport(topo, None, log, monkeypatch).run(plan, plan.stages[1], own, pool, lambda *a: None, _times())
+    topo = _Topo(1, log, {0: [True, True, None, True, None, True]})  # each decision, then the ack
+    error = _transport(topo, None, log, monkeypatch).run(plan, plan.stages[1], own, pool)
     failed = "rank 1: RuntimeError: CUDA out of memory (bucket 1)"
     assert error == failed
-    assert log == [("send", 0, None), ("recv", 0), ("broadcast", "pg", 0),
-                   ("send", 0, failed), ("recv", 0), ("send", 0, failed), ("recv", 0)]  # its first error, again
+    assert log == [("send", 0, None), ("recv", 0), ("broadcast", "pg", 0), ("recv", 0),
+                   ("send", 0, failed), ("recv", 0), ("recv", 0), ("send", 0, failed), ("recv", 0), ("recv", 0)]
     assert consumed == [0, 1, 2] and pool._free.qsize() == 2
 
 
@@ -178,29 +185,31 @@ def test_a_leader_whose_broadcast_raised_reports_it_and_keeps_the_handshake(monk
     plan = _plan()
     pool = BufferPool(8, count=2)
     own, consumed = _stream(plan.stages[1], pool)
-    t = _transport(_Topo(1, log, {0: [True, False, False]}), None, log, monkeypatch)
+    t = _transport(_Topo(1, log, {0: [True, True, None, True, None, True]}), None, log, monkeypatch)
     _failing_broadcast(log, monkeypatch, at=0)
-    error = t.run(plan, plan.stages[1], own, pool, lambda *a: None, _times())
+    error = t.run(plan, plan.stages[1], own, pool)
     failed = "rank 1: broadcast: RuntimeError: Connection closed by peer"
     assert error == failed
-    assert log == [("send", 0, None), ("recv", 0), ("send", 0, failed), ("recv", 0), ("send", 0, failed), ("recv", 0)]
+    assert log == [("send", 0, None), ("recv", 0), ("recv", 0), ("send", 0, failed), ("recv", 0), ("recv", 0),
+                   ("send", 0, failed), ("recv", 0), ("recv", 0)]
     assert consumed == [0, 1, 2] and pool._free.qsize() == 2
 
 
 def test_the_controllers_failed_broadcast_stops_the_requests(monkeypatch):
     """The controller's own broadcast of bucket 1 raises: nothing after it is requested, stage 1's leader hears
-    False for each of its buckets, the error names the broadcast."""
+    None for each of its buckets (then the ack), the error names the broadcast."""
     log = []
     plan = _plan()
     pool = BufferPool(8, count=2)
     own, consumed = _stream(plan.stages[0], pool)
     t = _transport(_Topo(0, log, {1: [None, None, None]}), _Engines(log), log, monkeypatch)
     _failing_broadcast(log, monkeypatch, at=1)
-    error = t.run(plan, plan.stages[0], own, pool, lambda *a: None, _times())
+    error = t.run(plan, plan.stages[0], own, pool)
     assert error == "rank 0: broadcast: RuntimeError: Connection closed by peer"
-    assert [x for x in log if x[0] in ("request", "broadcast")] == [
-        ("request", "g0", "s0.b0"), ("broadcast", "pg", 0), ("request", "g0", "s0.b1")]
-    assert [x for x in log if x[0] == "send"] == [("send", 1, False)] * 3
+    assert [x for x in log if x[0] in ("request", "broadcast", "answered")] == [
+        ("request", "g0", "s0.b0"), ("broadcast", "pg", 0), ("answered", "s0.b0"), ("request", "g0", "s0.b1"),
+        ("answered", "s0.b1")]  # the request that was started is still answered
+    assert [x for x in log if x[0] == "send"] == [("send", 1, None), ("send", 1, True)] * 3
     assert consumed == [0, 1, 2] and pool._free.qsize() == 2
 
 
@@ -209,6 +218,6 @@ def test_a_stream_that_ends_early_names_the_bucket(monkeypatch):
     log = []
     plan = _plan()
     pool = BufferPool(8, count=2)
-    t = _transport(_Topo(1, log, {0: [True, False, False]}), None, log, monkeypatch)
-    error = t.run(plan, plan.stages[1], lambda: iter(()), pool, lambda *a: None, _times())
+    t = _transport(_Topo(1, log, {0: [None, True] * 3}), None, log, monkeypatch)
+    error = t.run(plan, plan.stages[1], lambda: iter(()), pool)
     assert error == "rank 1: RuntimeError: the stream ended before bucket 0"

@@ -1,4 +1,5 @@
-"""Engine-local bucket handles (rlhf/weight_bridge/local_handles.py, from_tensor.TensorTransport) without processes:
+"""The colocated transport's engine-local bucket handles (rlhf/weight_bridge/from_tensor.py, with delivery.py's
+per-bucket protocol) without processes:
 which trainer rank serves which engine TP rank, the order in which a holder takes the controller's decision, its
 gathers and the broadcasts, and what the controller serializes and sends per bucket.  Multi-rank runs:
 tests/support/dist/holder_checks.py (4 ranks, PP 1 and 2, in-memory engines) and tests/support/dist/bridge_e2e.py
@@ -7,11 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.weight_bridge import local_handles
 from rlhf.weight_bridge import from_tensor
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, TensorMeta
-from rlhf.weight_bridge.from_tensor import TensorTransport
-from rlhf.weight_bridge.local_handles import BucketHolder, StageServing, holder_ranks, serving_plan
+from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, holder_ranks, serving_plan
 from rlhf.weight_bridge.plan import SendPlan, StagePlan
 
 
@@ -68,14 +67,15 @@ def test_peer_holder_takes_each_broadcast_after_the_gathers_of_its_last_tensor(m
         log.append(("broadcast", src, buf.numel()))
         bufs.append(buf.untyped_storage().data_ptr())
 
-    monkeypatch.setattr(local_handles.dist, "broadcast", broadcast)
-    monkeypatch.setattr(local_handles, "entry_tensor_counts", lambda entries, spec, tp: [1, 3, 2])
+    monkeypatch.setattr(from_tensor.dist, "broadcast", broadcast)
+    monkeypatch.setattr(from_tensor, "entry_tensor_counts", lambda entries, spec, tp: [1, 3, 2])
+    monkeypatch.setattr(from_tensor, "serialize_bucket", lambda buf, bplan, n: [b"x"] * n)
     pool = BufferPool(48, count=2, shared=True)
     serving = StageServing(0, holder_ranks(2, 2, 4, 0), "group")
     held = []
     answered = lambda topo: held.append(pool._free.qsize())  # noqa: E731 - the copies are still out then
     topo = _Topo(1, log, {0: [[0], [], [0, 1], answered]})
-    holder = BucketHolder(topo, serving, 2, pool, 2, lambda buf, bplan, engine, tp_rank: b"x")
+    holder = BucketHolder(topo, serving, 2, pool, 2)
     holder.run([_bucket(0, 2), _bucket(1, 1), _bucket(2, 3)], entries=["e0", "e1", "e2"], spec=None, tp=2,
                gather=lambda e: log.append(("gather", e)))
     assert log == [("gather", "e0"), ("gather", "e1"), ("recv", 0), ("broadcast", 0, 16), ("send", 0, [(0, 1)]),
@@ -95,7 +95,7 @@ def test_peer_holder_takes_each_broadcast_after_the_gathers_of_its_last_tensor(m
 def test_controller_decides_before_anyone_serializes(monkeypatch):
     """The controller's own stage with holders: per bucket it sends the decision (the engines that get it) to every
     other holder, then broadcasts, serializes its own entries and takes the others'; engine e's payload is in
-    engine-TP-rank order.  After an engine refused bucket 1 the decision is empty: no broadcast, nothing
+    engine-TP-rank order.  After an engine refused bucket 1 there is no decision (None): no broadcast, nothing
     serialized, no engine call (a handle serialized and never opened would keep the block in torch's IPC limbo)."""
     log, serialized, calls = [], [], []
     monkeypatch.setattr(from_tensor.dist, "broadcast", lambda buf, src, group: log.append(("broadcast", src)))
@@ -127,16 +127,16 @@ def test_controller_decides_before_anyone_serializes(monkeypatch):
     plan = SendPlan([StagePlan(0, 0, [], buckets)], [])
     topo = _Topo(0, log, {h: [holder(h)] * 4 for h in (1, 2, 3)})
     serving = serving_plan({0: 0}, {0: holder_ranks(2, 2, 4, 0)}, {0: "group"})
-    tt = TensorTransport(topo, Engines(), [0, 1], 2, lambda *a: None, {"deliver": 0.0, "receive": 0.0}, (0, 0),
-                         serving)
     pool = BufferPool(8, count=2)
+    tt = TensorDelivery(topo, Engines(), lambda *a: None, {"deliver": 0.0, "receive": 0.0}, [0, 1], 2, (0, 0), serving,
+                        pool)
     own = lambda: ((b, *pool.acquire(b.nbytes)) for b in buckets)  # noqa: E731
     error = tt.run_controller(plan, own, pool, in_flight=1)
     assert "engine 0 refused bucket 1" in error
     assert calls[0] == ([0, 1], [[b"c", b"h1(0, 1)"], [b"h2(1, 0)", b"h3(1, 1)"]])
     assert len(calls) == 2 and log.count(("broadcast", 0)) == 2
     assert [x for x in log if x[0] == "send"] == [("send", h, [0, 1]) for h in (1, 2, 3)] * 2 + [
-        ("send", h, []) for h in (1, 2, 3)] * 2 + [  # buckets 2 and 3: nobody serializes
+        ("send", h, None) for h in (1, 2, 3)] * 2 + [  # buckets 2 and 3: no decision, nobody serializes
         ("send", h, True) for h in (1, 2, 3)]  # the stage is answered: the holders may reuse their copies
     assert sorted(serialized) == sorted([("ctrl", 0), ("ctrl", 1)] + [("holder", h) for h in (1, 2, 3)] * 2)
     assert sum(len(r) for _, rows in calls for r in rows) == len(serialized)  # every handle made was handed over
@@ -165,8 +165,9 @@ def test_replaced_engine_gets_no_more_handles(monkeypatch):
 
     buckets = [_bucket(k, 1) for k in range(3)]
     plan = SendPlan([StagePlan(0, 0, [], buckets)], [])
-    tt = TensorTransport(_Topo(0, []), Engines(), [0, 1], 2, lambda *a: None, {"deliver": 0.0, "receive": 0.0})
     pool = BufferPool(8, count=2)
+    tt = TensorDelivery(_Topo(0, []), Engines(), lambda *a: None, {"deliver": 0.0, "receive": 0.0}, [0, 1], 2, None,
+                        serving_plan({0: 0}, None), pool)
     assert tt.run_controller(plan, lambda: ((b, *pool.acquire(b.nbytes)) for b in buckets), pool, 0) is None
     assert calls == [[0, 1], [0], [0]] and len(made) == 2 * 2 + 2 + 2 and tt.targets == [0]
 
@@ -180,9 +181,9 @@ def test_broadcast_group_reuses_the_world_or_an_existing_group(monkeypatch):
     made = []
     fake = types.SimpleNamespace(group=types.SimpleNamespace(WORLD="world"),
                                  new_group=lambda ranks: made.append(ranks) or f"new{ranks}")
-    monkeypatch.setattr(local_handles, "dist", fake)
+    monkeypatch.setattr(from_tensor, "dist", fake)
     tp = {(0, 1): "tp01", (2, 3): "non-member"}
-    assert local_handles.broadcast_group((0, 1, 2, 3), 4, tp) == "world" and made == []
-    assert local_handles.broadcast_group((0, 1), 4, tp) == "tp01" and made == []
-    assert local_handles.broadcast_group((2, 3), 4, tp) == "non-member" and made == []
-    assert local_handles.broadcast_group((0, 2), 4, tp) == "new[0, 2]" and made == [[0, 2]]
+    assert from_tensor.broadcast_group((0, 1, 2, 3), 4, tp) == "world" and made == []
+    assert from_tensor.broadcast_group((0, 1), 4, tp) == "tp01" and made == []
+    assert from_tensor.broadcast_group((2, 3), 4, tp) == "non-member" and made == []
+    assert from_tensor.broadcast_group((0, 2), 4, tp) == "new[0, 2]" and made == [[0, 2]]

@@ -1,0 +1,171 @@
+"""The per-bucket protocol of one sync, the same for both transports (from_tensor.py, from_distributed.py).
+
+Only the controller (global rank 0) talks to the engines.  Stage by stage, bucket by bucket:
+
+1. the stage's leader produces the bucket (hf_stream.stage_buckets); a leader other than the controller reports
+   it: None, or its first error (a conversion that raised, a broadcast that failed);
+2. the controller decides (:meth:`Delivery.start`): nothing after any error, else the transport starts the bucket
+   on its engines; the decision goes to the stage's leader and holders, so nothing is serialized or broadcast that
+   no engine takes (an IPC handle never opened keeps its block in torch's limbo; an engine waiting for a broadcast
+   nobody sends holds the group until its timeout);
+3. with a go the data moves (:meth:`Delivery.move` on the controller, :meth:`Delivery.lead` on another leader);
+4. the controller waits for the engines (its own stage keeps up to ``in_flight`` buckets loading while the next is
+   produced), then acks a leader other than itself, which reuses its buffer only after the ack.
+
+Every rank goes through every bucket of its part, also after an error (the TP peers' gathers go on), so no rank
+waits for a message that never comes.  A collective that itself fails is not covered.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Callable, Iterator
+
+from rlhf import faults
+
+__all__ = ["Delivery"]
+
+
+class Delivery:
+    """One sync's delivery on this rank (a transport defines start, move, lead, wait).  ``record(plan, bucket,
+    buffer)`` sees each produced buffer (check mode); ``times``: ``receive`` / ``deliver`` seconds; ``error``: the
+    first error, naming the rank."""
+
+    def __init__(self, topo, engines, record: Callable, times: dict):
+        self.topo, self.engines, self.record, self.times = topo, engines, record, times
+        self.error: str | None = None
+
+    # ---- the transport's part ------------------------------------------------------------------------
+    def participants(self, stage) -> list[int]:
+        """Controller: the ranks told each decision of ``stage``: its leader when that is another rank."""
+        return [stage.leader] if stage.leader != self.topo.rank else []
+
+    def start(self, plan, stage, bplan):
+        """Controller: start the bucket on the engines; the decision sent to the participants (falsy: none)."""
+        raise NotImplementedError
+
+    def move(self, plan, stage, bplan, buf, go):
+        """Controller: move the data (``buf``: when this rank leads the stage); returns what :meth:`wait` takes."""
+        raise NotImplementedError
+
+    def lead(self, stage, bplan, buf, go) -> None:
+        """A leader other than the controller: move its bucket after the controller's ``go``."""
+        raise NotImplementedError
+
+    def wait(self, call) -> None:
+        """Controller: the engines' answer to a started bucket."""
+        raise NotImplementedError
+
+    def stage_done(self, stage) -> None:
+        """Controller: the engines answered the stage's last bucket."""
+
+    # ---- the protocol --------------------------------------------------------------------------------
+    def fail(self, e: BaseException | str) -> None:
+        """Keep the first error."""
+        self.error = self.error or (e if isinstance(e, str) else f"rank {self.topo.rank}: {type(e).__name__}: {e}")
+
+    def run_controller(self, plan, own: Callable[[], Iterator], pool, in_flight: int = 0) -> str | None:
+        """Every stage's buckets in order (``own()`` yields this rank's stage's ``(bucket, slot, buffer)``); the first
+        error, once every bucket went through with every rank."""
+        for stage in plan.stages:
+            mine = self._stream(own) if stage.leader == self.topo.rank else None
+            pending = collections.deque()
+            for bplan in stage.buckets:
+                slot = buf = None
+                if mine is not None:
+                    slot, buf = self._next(mine, plan, bplan)
+                else:
+                    t0 = time.perf_counter()
+                    report = self.topo.recv_object(stage.leader)
+                    self.times["receive"] += time.perf_counter() - t0
+                    if report:
+                        self.fail(report)
+                go = call = None
+                if self.error is None:
+                    try:
+                        go = self.start(plan, stage, bplan)
+                    except Exception as e:  # noqa: BLE001 - reported to every rank by the caller
+                        self.fail(e)
+                for rank in self.participants(stage):
+                    self.topo.send_object(go, rank)
+                if go:
+                    try:
+                        call = self.move(plan, stage, bplan, buf, go)
+                    except Exception as e:  # noqa: BLE001
+                        self.fail(e)
+                pending.append((call, slot, stage.leader, plan.is_last(stage, bplan)))
+                while len(pending) > (in_flight if mine is not None else 0):  # the buffer reused next is loaded
+                    self._finish(pool, *pending.popleft())
+            while pending:
+                self._finish(pool, *pending.popleft())
+            if mine is not None:
+                self._exhaust(mine)  # always: the TP peers' gathers
+            self.stage_done(stage)
+        return self.error
+
+    def run_leader(self, plan, stage, own: Callable[[], Iterator], pool) -> str | None:
+        """A stage leader other than the controller: per bucket report, take the decision, move on a go, reuse the
+        buffer after the ack.  Returns this rank's first error."""
+        ctrl, it = self.topo.controller, self._stream(own)
+        for bplan in stage.buckets:
+            slot, buf = self._next(it, plan, bplan)
+            t0 = time.perf_counter()
+            try:
+                self.topo.send_object(self.error, ctrl)
+                go = self.topo.recv_object(ctrl)
+                if go:  # never after this rank's error: the controller decides nothing then
+                    try:
+                        self.lead(stage, bplan, buf, go)
+                    except Exception as e:  # noqa: BLE001 - reported with the next bucket
+                        self.fail(e)
+                self.topo.recv_object(ctrl)  # the engines are done with this bucket
+            finally:
+                self.times["deliver"] += time.perf_counter() - t0
+                pool.release(slot)
+        self._exhaust(it)
+        return self.error
+
+    def _finish(self, pool, call, slot, leader: int, last: bool) -> None:
+        try:
+            if call is not None:
+                self.wait(call)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+        finally:
+            pool.release(slot)
+            if leader != self.topo.rank:
+                self.topo.send_object(True, leader)
+        faults.maybe_fail("sync_weights", last=last)  # fault-injection point: a bucket delivered
+
+    def _stream(self, own):
+        try:
+            return own()
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
+            return iter(())
+
+    def _next(self, it, plan, bplan) -> tuple:
+        """The next ``(slot, buffer)`` of a leader's stream, the buffer None after an error (the item is taken
+        anyway: the TP peers' gathers go on)."""
+        slot = None
+        try:
+            item = next(it, None)
+            if item is None:
+                raise RuntimeError(f"the stream ended before bucket {bplan.index}")
+            got, slot, buf = item
+            if isinstance(buf, BaseException):
+                raise buf
+            if got is not bplan:
+                raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
+            self.record(plan, bplan, buf)
+            return slot, buf
+        except Exception as e:  # noqa: BLE001 - reported to the controller, then to every rank
+            self.fail(e)
+            return slot, None
+
+    def _exhaust(self, it) -> None:
+        """Run a leader's stream to its end (it raises when it disagrees with the plan)."""
+        try:
+            collections.deque(it, maxlen=0)
+        except Exception as e:  # noqa: BLE001
+            self.fail(e)
