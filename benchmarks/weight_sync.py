@@ -21,6 +21,8 @@ and the engine's first load are excluded; the warm-up is reported):
                    conversion, packing), engine load (waiting for the engines), end (closing the sessions);
   * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0), timed right after the
                    big-model syncs;
+  * gather      -- a gloo `dist.gather` of half those bytes from rank 1 (what rank 1 holds at TP2): the floor of the
+                   sync's TP gathers on this machine (on GPUs the gathers are NCCL's);
   * load        -- the engine's `update_weights_from_disk(dir)` of the same weights (safetensors written by
                    `save_hf_checkpoint`, file pages hot in the OS cache);
   * export_load -- `save_hf_checkpoint` from the TP shards + `update_weights_from_disk`: what a user without a
@@ -35,7 +37,7 @@ increase of resident memory during a timed sync (VmHWM after the sync minus VmRS
 The machine's load average (1 min) is read before and after the timed part.
 
 The LAST line printed is exactly
-    weight_sync: vs_copy=<bridge/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> first_sync_s=<bridge's first sync> load1=<start>/<end>
+    weight_sync: vs_copy=<bridge/copy> gather_floor_vs_copy=<gather/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> first_sync_s=<bridge's first sync> load1=<start>/<end>
 """
 import argparse
 import os
@@ -127,6 +129,24 @@ def time_copy(rank, nbytes, repeats):
     return times
 
 
+def time_gather(nbytes, repeats):
+    """Seconds (rank 0) of `repeats` gloo gathers of a flat buffer of `nbytes` from each rank of the world (after
+    one untimed gather): the floor of the sync's TP gathers on this machine; [] elsewhere."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.empty(nbytes, dtype=torch.uint8).random_(0, 255)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())] if dist.get_rank() == 0 else None
+    times = []
+    for i in range(repeats + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.gather(t, gather_list=out, dst=0)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times if dist.get_rank() == 0 else []
+
+
 def make_checkpoints(work, layers, log):
     """Rank 0: the benchmark Llama and a quickstart-sized model (random, untrained)."""
     import torch
@@ -205,12 +225,15 @@ def main(args):
                                                     "big")
     nbytes = stats.bytes
     copies += time_copy(rank, nbytes, args.repeats)
+    gathers = time_gather(nbytes // 2, args.repeats)  # TP2: the half of the weights rank 1 holds
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
     t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(3 * args.repeats, 45), log, "tiny")
 
     t_copy = t_load = t_export_load = None
     if rank == 0:
-        t_copy = median(copies)
+        t_copy, t_gather = median(copies), median(gathers)
+        log(f"gloo gather of {nbytes / 2e6:.1f} MB from rank 1 (the TP gathers' floor): median {t_gather * 1e3:.1f} ms "
+            f"-> {nbytes / 2 / t_gather / 1e9:.2f} GB/s")
         log(f"plain copy of {nbytes / 1e6:.1f} MB: median {t_copy * 1e3:.1f} ms "
             f"of {len(copies)} (min {min(copies) * 1e3:.1f}) -> {nbytes / t_copy / 1e9:.2f} GB/s")
     if args.quick:
@@ -220,7 +243,8 @@ def main(args):
             import ray
 
             ray.shutdown()
-            print(f"weight_sync_quick: vs_copy={t_bridge / t_copy:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} "
+            print(f"weight_sync_quick: vs_copy={t_bridge / t_copy:.2f} gather_floor_vs_copy={t_gather / t_copy:.2f} "
+                  f"tiny_sync_ms={t_tiny * 1e3:.1f} "
                   f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}", flush=True)
         dist.barrier()
         dist.destroy_process_group()
@@ -255,7 +279,8 @@ def main(args):
         ray.shutdown()
     dist.barrier()
     if rank == 0:
-        print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} vs_export_load={t_bridge / t_export_load:.3f} "
+        print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} gather_floor_vs_copy={t_gather / t_copy:.2f} "
+              f"vs_export_load={t_bridge / t_export_load:.3f} "
               f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f} "
               f"first_sync_s={t_first:.2f} "
               f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}",

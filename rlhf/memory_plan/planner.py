@@ -331,7 +331,7 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
         phases.append(Phase("generate", ctx(stage) + at_start + adam + engine_hold, "", stage))
         # the stage leader's GPU (the worst): its bucket pool plus a gathered parameter and its converted copy.
         # Every other engine GPU holds one copy of the pool (plan.sync_copy_bytes), which its engine rank maps:
-        # the trainer rank there holds every stage's buckets (rlhf/weight_bridge/local_handles.py; a stage leader
+        # the trainer rank there holds every stage's buckets (rlhf/weight_bridge/from_tensor.py; a stage leader
         # that also holds uses its one pool).  With expert parallelism there are no holders: every engine rank maps
         # the leaders' buckets, a CUDA context on each leader's GPU per engine process on another GPU
         sync = [Item("weight sync buckets on the stage leader's GPU (gathered + packed)", 2 * eng.sync_bucket_bytes)]

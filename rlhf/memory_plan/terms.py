@@ -336,7 +336,7 @@ def nccl_communicators(*, tp: int, pp: int, dp: int, cp: int = 1, ep: int = 1, v
     gives an unbatched send/recv a communicator per rank pair), the tied-embedding gradients' group (first and
     last stage), the gradient-norm group (the distributed optimizer's instance group = every rank; else the
     model-parallel group tp x pp; both when the roles differ: ``other_optimizer``), expert parallelism's groups,
-    the weight sync's broadcast groups (``sync_groups``: their sizes, local_handles.broadcast_group) and a
+    the weight sync's broadcast groups (``sync_groups``: their sizes, from_tensor.broadcast_group) and a
     disaggregated stage leader's weight-update group with the engines (``engine_group``: its size).
     """
     world = tp * cp * pp * dp
@@ -374,7 +374,7 @@ def sync_broadcast_groups(world: int, pp: int, tp: int, num_engines: int, engine
     the controller, as a member): per pipeline stage the leader (``s * world / pp``) and the holders (trainer rank
     ``e * engine_tp + r`` for engine rank (e, r), the stage leader past the trainer's ranks), one group per distinct
     member set that is neither every rank nor a tensor-parallel group (megatron's default order: ranks
-    ``k * tp .. k * tp + tp - 1``), which the sync reuses (rlhf.weight_bridge.local_handles.holder_ranks and
+    ``k * tp .. k * tp + tp - 1``), which the sync reuses (rlhf.weight_bridge.from_tensor.holder_ranks and
     broadcast_group: this mirrors them on plain numbers)."""
     sets = set()
     for s in range(pp):

@@ -369,8 +369,8 @@ class RolloutManager:
 
         Raises:
             RuntimeError: a :meth:`generate` is in progress (another thread), or one that raised left requests
-                running on an engine: the zero-copy sync writes straight into the engines' parameters, which those
-                forward passes would read half-written.  Sync between rollouts.
+                running on an engine: a sync writes into the engines' parameters, which those forward passes would
+                read half-written.  Sync between rollouts.
         """
         if self._left_running:
             import ray

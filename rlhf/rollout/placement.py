@@ -7,7 +7,7 @@ GPU ``r % gpus_per_node``.
 * colocated: engine i shares the trainer's GPUs ``[i * tp, (i + 1) * tp)`` (global order), all on trainer
   rank 0's node; the engines release their memory while the trainer computes.  The colocated weight sync
   hands each engine TP rank CUDA IPC handles of memory of the trainer rank on its own GPU, which receives
-  every pipeline stage's buckets from that stage's leader (rlhf/weight_bridge/local_handles.py); with expert
+  every pipeline stage's buckets from that stage's leader (rlhf/weight_bridge/from_tensor.py); with expert
   parallelism it hands every engine the pipeline stage leaders' buckets instead (ranks ``s * W / PP``,
   megatron's default rank order; rank 0 alone without PP).  CUDA IPC works only within a node: so every
   engine, and with expert parallelism those leaders, must be on rank 0's node (more engines than rank 0's node
@@ -75,7 +75,7 @@ def ipc_source_ranks(trainer_world_size: int, pp: int = 1, ep: int = 1) -> List[
     """Trainer ranks whose GPU memory colocated engines map besides the ranks on the engines' own GPUs: the
     pipeline stage leaders with expert parallelism (``ep`` > 1: the weight sync's engine-local handles do not
     serve it, every engine rank maps the leaders' buckets), else rank 0 alone (the ranks on the engines' GPUs
-    hold every stage's buckets: rlhf/weight_bridge/local_handles.py)."""
+    hold every stage's buckets: rlhf/weight_bridge/from_tensor.py)."""
     return stage_leaders(trainer_world_size, pp) if ep > 1 else [0]
 
 
