@@ -106,9 +106,11 @@ def _name_of(name_or_enum: Union[str, Enum]) -> str:
 
 
 def _unknown(kind: str, name: str, valid) -> ValueError:
+    """verl's message (core_algos.get_adv_estimator_fn / get_policy_loss_fn), then the nearest name and all names."""
     close = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    return ValueError(f"unknown {kind} {name!r}{hint}; valid: {sorted(valid)}")
+    said = {"advantage estimator": "Unknown advantage estimator simply", "policy loss mode": "Unsupported loss mode"}
+    return ValueError(f"{said[kind]}: {name}{hint}; valid: {sorted(valid)}")
 
 
 def adv_estimator_names() -> list[str]:
