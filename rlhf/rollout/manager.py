@@ -262,25 +262,35 @@ class RolloutManager:
         extra = list(per_engine) if per_engine is not None else [{}] * len(targets)
         if len(extra) != len(targets):
             raise ValueError(f"{what}: {len(extra)} per-engine arguments for {len(targets)} engines {targets}")
-        return [(i, method(self.actors[i]).remote(*args, **kwargs, **kw)) for i, kw in zip(targets, extra)]
+        # each call carries the engine's restart count: wait() replaces only the actor the call went to
+        return [(i, (method(self.actors[i]).remote(*args, **kwargs, **kw), self.restarts[i]))
+                for i, kw in zip(targets, extra)]
 
     def _run(self, method: Callable[[Any], Any], what: str, *args, **kwargs) -> List[Any]:
         """:meth:`_start` then :meth:`wait`."""
         return self.wait(self._start(method, what, *args, **kwargs), what)
 
     def wait(self, pending: Pending, what: str = "call") -> List[Any]:
-        """Results of a started call in order; a dead engine is replaced (and is stale) and gives None."""
+        """Results of a started call in order; a dead engine is replaced (and is stale) and gives None.  Every call
+        is waited for before the first error is raised (an engine still loading from a buffer the caller would
+        reuse), and an engine already replaced since the call was made is not replaced again."""
         import ray
 
-        on_death, out = self._budget(what), []
-        for i, ref in pending:
+        on_death, out, error = self._budget(what), [], None
+        for i, (ref, restarts) in pending:
             try:
                 out.append(ray.get(ref))
             except Exception as e:  # noqa: BLE001 - classified
-                if not _is_actor_death(e):
-                    raise
-                on_death(i, e)
                 out.append(None)
+                if not _is_actor_death(e):
+                    error = error or e
+                elif restarts == self.restarts[i]:
+                    try:
+                        on_death(i, e)
+                    except Exception as budget:  # noqa: BLE001 - the restart budget is spent
+                        error = error or budget
+        if error is not None:
+            raise error
         return out
 
     def info(self, engines: Optional[Sequence[int]] = None) -> List[Dict[str, Any]]:

@@ -286,7 +286,7 @@ class WeightBridge:
             own = functools.partial(stage_buckets, s.entries, stage.buckets if stage else [], topo, self.spec, pool,
                                     self.meter, self.cfg.overlap and not holding, s.times)
             if self.cfg.transport == "distributed":  # the engines answer each bucket before the next is asked
-                d, in_flight = DistributedDelivery(topo, self.engines, record, s.times, self.dist), 0
+                d, in_flight = DistributedDelivery(topo, self.engines, record, s.times, self.dist, s.token), 0
             else:
                 d = TensorDelivery(topo, self.engines, record, s.times, s.targets, s.plan.engine_tp, s.token, serving,
                                    pool)
@@ -331,7 +331,11 @@ class WeightBridge:
         set up.  Raises WeightBridgeError on every rank, with nothing sent."""
         topo = self.topo
         self._plan = None
-        reports = topo.all_gather_object({"error": s.error} if s.error else self._report(s.entries))
+        try:
+            report = {"error": s.error} if s.error else self._report(s.entries)
+        except Exception as e:  # noqa: BLE001 - reported through the exchange so no rank hangs
+            report = {"error": f"rank {topo.rank}: {type(e).__name__}: {e}"}
+        reports = topo.all_gather_object(report)
         verdict = None
         if topo.is_controller:
             try:
@@ -456,7 +460,9 @@ class WeightBridge:
             raise verdict
 
     def close(self) -> None:
-        """Free the buckets and leave the update groups (every rank, before rank 0 stops the engines)."""
+        """Free the buckets and leave the update groups (every rank, before rank 0 stops the engines); a later sync
+        plans afresh."""
+        self._plan = None
         if self._pool is not None:
             self._pool.close()
             self._pool = None

@@ -120,7 +120,8 @@ def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int = DEFAULT_BUCKET
 
 def bucket_views(buffer: torch.Tensor, plan: BucketPlan) -> list[tuple[str, torch.Tensor]]:
     """(name, tensor) views into the flat uint8 `buffer` for every tensor of `plan` (no copy)."""
-    return [(m.name, buffer[off:off + m.nbytes].view(m.dtype).view(m.shape)) for m, off in zip(plan.metas, plan.offsets)]
+    return [(m.name, buffer[off:off + m.nbytes].view(m.dtype).view(m.shape))
+            for m, off in zip(plan.metas, plan.offsets)]
 
 
 class MemoryMeter:

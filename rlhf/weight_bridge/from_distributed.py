@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import time
+import uuid
 
 import torch
 import torch.distributed as dist
@@ -58,14 +59,17 @@ class DistributedGroups:
         return {"addr": resolve_address(self.master_address), "port": free_port("")}
 
     def setup(self, plan: SendPlan, reports: dict, fingerprint) -> None:
-        """Collective: (re)create every stage's group.  ``reports``: ``{pp_rank: {"addr", "port"}}`` (every rank).
-        Raises WeightBridgeError on every rank when an engine fails to join."""
-        self.close(engines_too=False)
+        """Collective: (re)create every stage's group (the engines leave the previous one).  ``reports``: ``{pp_rank:
+        {"addr", "port"}}`` (every rank).  Raises WeightBridgeError on every rank when a leader or an engine fails to
+        join, or an engine was replaced meanwhile (it would never join a broadcast)."""
+        self.close()
         self.generation += 1
         topo, timeout = self.topo, datetime.timedelta(seconds=self.timeout_s)
         tp, n = (self.engines.tp_size, self.engines.num_engines) if topo.is_controller else (None, None)
-        world = topo.broadcast_object(None if not topo.is_controller else 1 + n * tp)
-        names = {s.pp_rank: f"{self.prefix}_g{self.generation}_pp{s.pp_rank}" for s in plan.stages}
+        # names of this setup's own (the controller's, for every rank): an engine still holding an earlier bridge's
+        # group refuses a second group of the same name
+        world, names = topo.broadcast_object(None if not topo.is_controller else (1 + n * tp, {
+            s.pp_rank: f"{self.prefix}_{uuid.uuid4().hex[:8]}_g{self.generation}_pp{s.pp_rank}" for s in plan.stages}))
 
         def join(p):
             from sglang.srt.utils.common import init_custom_process_group
@@ -75,23 +79,25 @@ class DistributedGroups:
                                              world_size=world, rank=0, group_name=names[p], timeout=timeout)
 
         error = None
-        if topo.is_controller:
-            pending = []
-            for s in plan.stages:
-                r = reports[s.pp_rank]
-                pending += self.engines.init_weights_update_group(r["addr"], r["port"], world_size=world,
-                                                                  group_name=names[s.pp_rank], backend=self.backend,
-                                                                  rank_offsets=[1 + i * tp for i in range(n)])
-            try:
+        try:
+            if topo.is_controller:
+                pending = []
+                for s in plan.stages:
+                    r = reports[s.pp_rank]
+                    pending += self.engines.init_weights_update_group(
+                        r["addr"], r["port"], world_size=world, group_name=names[s.pp_rank], backend=self.backend,
+                        rank_offsets=[1 + i * tp for i in range(n)])
                 self.pg = join(plan.stages[0].pp_rank)
                 self.engines.wait(pending, "init_weights_update_group")
-            except Exception as e:  # noqa: BLE001 - every rank must learn about it
-                error = f"{type(e).__name__}: {e}"
-        elif topo.is_leader:
-            self.pg = join(topo.pp_rank)
-        error = topo.broadcast_object(error)
-        if error:
-            raise WeightBridgeError(f"weight-update groups could not be set up: {error}")
+                if self.engines.fingerprint() != fingerprint:
+                    raise RuntimeError("an engine was replaced while joining; sync again")
+            elif topo.is_leader:
+                self.pg = join(topo.pp_rank)
+        except Exception as e:  # noqa: BLE001 - every rank must learn about it
+            error = f"rank {topo.rank}: {type(e).__name__}: {e}"
+        errors = [e for e in topo.all_gather_object(error) if e]
+        if errors:
+            raise WeightBridgeError(f"weight-update groups could not be set up: {'; '.join(errors)}")
         self.group_names, self.fingerprint = names, fingerprint
 
     def close(self, engines_too: bool = True) -> None:
@@ -102,6 +108,7 @@ class DistributedGroups:
             except Exception:  # noqa: BLE001 - best effort
                 pass
             self.pg = None
+        self.fingerprint = None
         if engines_too and self.topo.is_controller and self.engines is not None:
             for name in self.group_names.values():
                 try:
@@ -113,14 +120,18 @@ class DistributedGroups:
 
 class DistributedDelivery(Delivery):
     """A disaggregated sync's delivery (delivery.py): the decision is the engines' receive request, started before
-    the stage leader broadcasts the bucket to its group."""
+    the stage leader broadcasts the bucket to its group; none once an engine was replaced since the sync began
+    (``token``: the fleet's ``begin_sync``), which would never join the broadcast."""
 
-    def __init__(self, topo, engines, record, times: dict, groups: DistributedGroups):
+    def __init__(self, topo, engines, record, times: dict, groups: DistributedGroups, token=None):
         super().__init__(topo, engines, record, times)
-        self.groups = groups
+        self.groups, self.token = groups, token
         self._requested = None
 
     def start(self, plan, stage, bplan) -> bool:
+        gone = self.engines.replaced_since(self.token) if self.token is not None else []
+        if gone:
+            raise RuntimeError(f"engine(s) {gone} replaced during the sync: they are in no weight-update group")
         self._requested = self.engines.update_weights_from_distributed(
             bplan.names, [dtype_name(m.dtype) for m in bplan.metas], [list(m.shape) for m in bplan.metas],
             self.groups.group_names[stage.pp_rank], flush_cache=plan.is_last(stage, bplan),

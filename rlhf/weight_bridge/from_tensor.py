@@ -145,15 +145,16 @@ class TensorDelivery(Delivery):
         return list(self.targets)
 
     def move(self, plan, stage, bplan, buf, engines):
-        sv, me = self.serving[stage.pp_rank], self.topo.rank
-        if sv.group is not None:
-            if buf is None:  # another stage's bucket of which this rank holds entries
-                buf = self.copies.take(bplan.nbytes)
-            dist.broadcast(buf, src=sv.leader, group=sv.group)
-        t0, got = time.perf_counter(), {}
-        for rank in sv.participants(me):  # every participant answers a go, before anything can fail here
-            got.update(self.topo.recv_object(rank))
-        self.times["receive"] += time.perf_counter() - t0
+        sv, me, t0, got = self.serving[stage.pp_rank], self.topo.rank, time.perf_counter(), {}
+        try:
+            if sv.group is not None:
+                if buf is None:  # another stage's bucket of which this rank holds entries
+                    buf = self.copies.take(bplan.nbytes)
+                dist.broadcast(buf, src=sv.leader, group=sv.group)
+        finally:
+            for rank in sv.participants(me):  # every participant answers a go: take every answer
+                got.update(self.topo.recv_object(rank))
+            self.times["receive"] += time.perf_counter() - t0
         got.update({m: serialize_bucket(buf, bplan, 1)[0] for m in sv.mine(me, engines, self.tp)})
         rows = [[got[(e, r)] for r in range(self.tp)] for e in engines]
         return self.engines.update_weights_from_tensor(rows, engines=list(engines), load_format="flattened_bucket",
@@ -199,10 +200,14 @@ class BucketHolder:
         engines = self.topo.recv_object(self.topo.controller)
         if not engines:
             return
-        buf = self.copies.take(bplan.nbytes)
-        dist.broadcast(buf, src=self.serving.leader, group=self.serving.group)
-        mine = self.serving.mine(self.topo.rank, engines, self.tp)
-        self.topo.send_object({m: serialize_bucket(buf, bplan, 1)[0] for m in mine}, self.topo.controller)
+        entries = {}
+        try:  # a copy that cannot be allocated leaves the leader in the broadcast: not covered (docs/gpu.md)
+            buf = self.copies.take(bplan.nbytes)
+            dist.broadcast(buf, src=self.serving.leader, group=self.serving.group)
+            mine = self.serving.mine(self.topo.rank, engines, self.tp)
+            entries = {m: serialize_bucket(buf, bplan, 1)[0] for m in mine}
+        finally:
+            self.topo.send_object(entries, self.topo.controller)  # the controller waits for it
 
     def run(self, buckets: Sequence[BucketPlan], entries: Sequence[LocalTensor] = (), spec=None, tp: int = 1,
             gather: Callable | None = None) -> None:

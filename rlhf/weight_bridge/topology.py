@@ -62,6 +62,8 @@ class MegatronTopology:
         t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
         out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
         dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
+        if out is None:  # a TP peer waits for its gather (NCCL only enqueues it, its input, e.g. a merged LoRA
+            torch.get_device_module(t.device).synchronize(t.device)  # weight, alive until done); a no-op on CPU
         return out
 
     def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:

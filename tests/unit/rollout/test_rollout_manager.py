@@ -36,6 +36,10 @@ class StandInEngine:
     def state(self):
         return sorted(self.released)
 
+    def pause(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
     def generate(self, prompts, sampling):
         assert not self.released
         if [99] in prompts:
@@ -201,3 +205,29 @@ def test_launched_engines_start_in_the_background_and_the_first_call_waits(ray_l
     finally:
         gate.touch()
         m.shutdown()
+
+
+def test_wait_replaces_only_the_actor_a_call_went_to(mgr):
+    """Two calls in flight to engine 1 when it dies (a sync's bucket k+1 dispatched before bucket k's wait): the
+    first wait replaces it, the second finds the call's actor already replaced and leaves the new engine alone
+    (before, it killed the new engine and started a third)."""
+    first = mgr._start(lambda a: a.state, "state", engines=[1])
+    second = mgr._start(lambda a: a.state, "state", engines=[1])
+    kill_and_wait(mgr.actors[1])
+    assert mgr.wait(first) == [None] and mgr.restarts == [0, 1]
+    replacement = mgr.actors[1]
+    assert mgr.wait(second) == [None] and mgr.restarts == [0, 1] and mgr.actors[1] is replacement
+    assert mgr.wait(mgr._start(lambda a: a.state, "state")) == [[], []]
+
+
+def test_wait_collects_every_call_before_raising(mgr):
+    """Engine 0 refuses while engine 1 is still working on the same bucket: wait raises only once engine 1 is done
+    too (the caller reuses the bucket's buffer after wait; before, wait raised at engine 0 and left engine 1
+    reading it)."""
+    pending = (mgr._start(lambda a: a.resume_memory_occupation, "resume", ["weights"], engines=[0])
+               + mgr._start(lambda a: a.pause, "pause", 1.0, engines=[1]))
+    with pytest.raises(Exception, match="resume of resident"):
+        mgr.wait(pending)
+    call = pending[1][1]  # (object ref, the engine's restart count at dispatch)
+    ready, _ = ray.wait([call[0] if isinstance(call, tuple) else call], timeout=0)
+    assert ready and mgr.restarts == [0, 0]

@@ -221,3 +221,122 @@ def test_a_stream_that_ends_early_names_the_bucket(monkeypatch):
     t = _transport(_Topo(1, log, {0: [None, True] * 3}), None, log, monkeypatch)
     error = t.run(plan, plan.stages[1], lambda: iter(()), pool)
     assert error == "rank 1: RuntimeError: the stream ended before bucket 0"
+
+
+class _Replacing(_Engines):
+    """Engine 0 is replaced (the manager's wait swaps a dead engine) while bucket ``at`` loads."""
+
+    def __init__(self, log, at):
+        super().__init__(log)
+        self.at, self.replaced = at, []
+
+    def wait(self, pending, what):
+        if any(name == self.at for _, name in pending):
+            self.replaced = [0]
+        return super().wait(pending, what)
+
+    def replaced_since(self, token):
+        return self.replaced
+
+
+def test_no_bucket_is_asked_of_the_engines_after_one_was_replaced(monkeypatch):
+    """An engine replaced during a disaggregated sync is in no weight-update group: the buckets after its
+    replacement are neither requested nor broadcast (before, the next request went out and the leader broadcast
+    into a group whose member was gone: an NCCL hang), and the error names the engine."""
+    log = []
+    plan = _plan()
+    pool = BufferPool(8, count=2)
+    own, consumed = _stream(plan.stages[0], pool)
+    engines = _Replacing(log, at="s0.b0")
+    d = _transport(_Topo(0, log, {1: [None, None, None]}), engines, log, monkeypatch)
+    d.token = "token"
+    error = d.run(plan, plan.stages[0], own, pool)
+    assert error == "rank 0: RuntimeError: engine(s) [0] replaced during the sync: they are in no weight-update group"
+    assert [x for x in log if x[0] in ("request", "broadcast")] == [("request", "g0", "s0.b0"), ("broadcast", "pg", 0)]
+    assert consumed == [0, 1, 2] and pool._free.qsize() == 2
+
+
+def test_group_setup_refuses_an_engine_replaced_while_joining(monkeypatch):
+    """The manager's wait replaces an engine that died joining and returns None: setup fails on every rank instead
+    of leaving the new engine out of the group the first broadcast then waits on."""
+    import sglang.srt.utils.common as common
+
+    monkeypatch.setattr(common, "init_custom_process_group", lambda **kw: "pg")
+
+    class Topo(_Topo):
+        is_leader = True
+
+        def broadcast_object(self, obj):
+            return obj
+
+        def all_gather_object(self, obj):
+            return [obj]
+
+    class Engines:
+        tp_size, num_engines, restarts = 1, 1, 0
+
+        def init_weights_update_group(self, *args, **kwargs):
+            return [(0, "joining")]
+
+        def wait(self, pending, what):
+            self.restarts += 1  # it died joining: replaced
+            return [None]
+
+        def fingerprint(self):
+            return ("fleet", self.restarts)
+
+        def destroy_weights_update_group(self, name):
+            pass
+
+    engines = Engines()
+    groups = DistributedGroups(Topo(0, []), engines, "w", "gloo", None, 60.0)
+    with pytest.raises(from_distributed.WeightBridgeError, match="rank 0: RuntimeError: an engine was replaced"):
+        groups.setup(_plan(), {0: {"addr": "127.0.0.1", "port": 1}, 1: {"addr": "127.0.0.1", "port": 2}},
+                     engines.fingerprint())
+
+
+def test_every_setup_names_its_groups_apart_and_every_rank_the_same(monkeypatch):
+    """An engine still holding an earlier bridge's group refuses a new one of the same name (torch's
+    _new_process_group_helper): two setups with one prefix name their groups apart, and stage 1's leader joins
+    under the name the engines were given (the rendezvous keys carry it; a name made on each rank hung the e2e)."""
+    import sglang.srt.utils.common as common
+
+    leaders, engines_joined, sent = [], [], []
+    monkeypatch.setattr(common, "init_custom_process_group", lambda **kw: leaders.append(kw["group_name"]) or "pg")
+
+    class Topo(_Topo):
+        is_leader = True
+
+        def __init__(self, rank):
+            super().__init__(rank, [])
+            self.pp_rank = rank
+
+        def broadcast_object(self, obj):  # rank 1 receives what the controller sent
+            if self.is_controller:
+                sent.append(obj)
+            return sent[-1]
+
+        def all_gather_object(self, obj):
+            return [obj]
+
+    class Engines:
+        tp_size, num_engines = 1, 1
+
+        def init_weights_update_group(self, *args, group_name, **kwargs):
+            engines_joined.append(group_name)
+            return []
+
+        def wait(self, pending, what):
+            return []
+
+        def fingerprint(self):
+            return "fleet"
+
+    reports = {0: {"addr": "127.0.0.1", "port": 1}, 1: {"addr": "127.0.0.1", "port": 2}}
+    first = [DistributedGroups(Topo(r), Engines() if r == 0 else None, "w", "gloo", None, 60.0) for r in (0, 1)]
+    for g in first:
+        g.setup(_plan(), reports, "fleet")
+    assert leaders == engines_joined[:1] + engines_joined[1:2]  # rank 0 joined stage 0's group, rank 1 stage 1's
+    again = DistributedGroups(Topo(0), Engines(), "w", "gloo", None, 60.0)
+    again.setup(_plan(), reports, "fleet")
+    assert engines_joined[2].startswith("w_") and not set(engines_joined[2:]) & set(engines_joined[:2])

@@ -262,3 +262,25 @@ def test_a_refused_begin_sync_opens_and_closes_no_session(monkeypatch, when):
     monkeypatch.undo()
     bridge.sync()
     assert _received_all(engines, hf)
+
+
+def test_a_report_that_raises_fails_the_sync_on_every_rank(monkeypatch):
+    """A stage leader's report raises (an ``iface:`` address missing on its host, a port): the error goes through
+    the planning exchange as WeightBridgeError naming the rank (before, that rank left the exchange and the others
+    waited in it for the control group's timeout); nothing is sent."""
+    bridge, engines, topo, hf, _ = _bridge()
+
+    def report(entries):
+        raise ValueError("rollout.weight_update_address='iface:ib0': no IPv4 address on interface 'ib0'")
+
+    monkeypatch.setattr(bridge, "_report", report)
+    with pytest.raises(WeightBridgeError, match="rank 0: ValueError: .*'ib0'"):
+        bridge.sync()
+    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
+
+
+def test_close_makes_the_next_sync_plan_afresh():
+    bridge, engines, topo, hf, _ = _bridge()
+    bridge.sync()
+    bridge.close()
+    assert bridge.sync().replanned and _received_all(engines, hf)

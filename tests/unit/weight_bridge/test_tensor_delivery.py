@@ -6,6 +6,7 @@ tests/support/dist/holder_checks.py (4 ranks, PP 1 and 2, in-memory engines) and
 (``*_local_handles_*``, real engines)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rlhf.weight_bridge import from_tensor
@@ -187,3 +188,43 @@ def test_broadcast_group_reuses_the_world_or_an_existing_group(monkeypatch):
     assert from_tensor.broadcast_group((0, 1), 4, tp) == "tp01" and made == []
     assert from_tensor.broadcast_group((2, 3), 4, tp) == "non-member" and made == []
     assert from_tensor.broadcast_group((0, 2), 4, tp) == "new[0, 2]" and made == [[0, 2]]
+
+
+def test_a_holder_whose_serialization_raised_still_answers_the_controller(monkeypatch):
+    """After a go the controller waits for every participant's entries: a holder whose serialization raised
+    (after the broadcast) still sends its (empty) entries, so the controller is not left in its receive and the
+    error surfaces as a missing entry (before, the holder left without a word)."""
+    log = []
+    monkeypatch.setattr(from_tensor.dist, "broadcast", lambda buf, src, group: log.append(("broadcast", src)))
+
+    def broken(buf, bplan, n):
+        raise RuntimeError("serializer broke")
+
+    monkeypatch.setattr(from_tensor, "serialize_bucket", broken)
+    pool = BufferPool(16, count=2)
+    topo = _Topo(1, log, {0: [[0], True]})
+    holder = BucketHolder(topo, StageServing(0, holder_ranks(1, 2, 2, 0), "group"), 2, pool, 2)
+    with pytest.raises(RuntimeError, match="serializer broke"):
+        holder.run([_bucket(0, 1)])
+    assert log == [("recv", 0), ("broadcast", 0), ("send", 0, [])]
+    assert pool._free.qsize() == 2
+
+
+def test_the_controller_takes_every_answer_when_its_broadcast_raised(monkeypatch):
+    """The controller's broadcast to the holders raises: it still receives every participant's answer (which they
+    send after their part), so no stale message is left for the next bucket, and the bucket goes to no engine."""
+    log = []
+
+    def broadcast(buf, src, group):
+        raise RuntimeError("NCCL error")
+
+    monkeypatch.setattr(from_tensor.dist, "broadcast", broadcast)
+    topo = _Topo(0, log, {1: [{(0, 1): b"h"}]})
+    pool = BufferPool(8, count=2)
+    serving = serving_plan({0: 0}, {0: holder_ranks(1, 2, 2, 0)}, {0: "group"})
+    d = TensorDelivery(topo, None, lambda *a: None, {"deliver": 0.0, "receive": 0.0}, [0], 2, None, serving, pool)
+    buckets = [_bucket(0, 1)]
+    error = d.run_controller(SendPlan([StagePlan(0, 0, [], buckets)], []),
+                             lambda: ((b, *pool.acquire(b.nbytes)) for b in buckets), pool, in_flight=1)
+    assert error == "rank 0: RuntimeError: NCCL error"
+    assert log == [("send", 1, [0]), ("recv", 1), ("send", 1, True)]  # the go, its answer, the stage's end
