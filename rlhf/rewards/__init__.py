@@ -6,7 +6,8 @@ Rule rewards (one module per family, each registering its verl data-source names
     gsm8k.py        openai/gsm8k, gsm8k (and the quickstart's synthetic/arithmetic)
     math_answers.py lighteval/MATH, DigitalLearningGmbH/MATH-lighteval, HuggingFaceH4/MATH-500 (last \\boxed{},
                     math-verify equivalence through math_check.py; float)
-    dapo.py         math_dapo, math, math_dapo_reasoning, aime* ("Answer:" line; {"score": +-1.0, "acc", "pred"})
+    dapo.py         math_dapo, math, math_dapo_reasoning, aime* (last "Answer:" line; {"score": +-1.0, "acc", "pred"})
+    markdown.py     markdown bold around answers read as the plain answer (every family above and below)
     prime_math.py   numina_aops_forum, numina_synthetic_math, numina_amc_aime, numina_synthetic_amc, numina_cn_k12,
                     numina_olympiads (PRIME answer matching, math-verify equivalence; float)
     geo3k.py        hiyouga/geometry3k (0.9 x accuracy + 0.1 x format; float)

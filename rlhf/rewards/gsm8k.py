@@ -24,6 +24,9 @@ Differences from verl's ``verl/utils/reward_score/gsm8k.py`` (deliberate):
 * The marker may be followed by spaces/tabs (or none) on the same line: ``####72``,
   ``####  72`` and ``#### $72`` all read 72; ``####`` at the end of a line followed by a
   number on the next line does not count.
+* **Markdown bold is not part of the answer** (:func:`rlhf.rewards.markdown.strip_bold`): ``#### **72**``,
+  ``**#### 72**`` and ``The answer is __72__`` read 72 as the plain text would (verl reads no number after
+  ``#### **`` and none glued to ``__``).
 * Always returns a ``float``.
 """
 
@@ -32,6 +35,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Optional, Union
+
+from .markdown import strip_bold
 
 __all__ = ["compute_score", "extract_solution", "parse_number", "numbers_equal"]
 
@@ -69,7 +74,8 @@ def extract_solution(solution_str: str, method: str = "strict") -> Optional[str]
     """Extract the final answer from a model response.
 
     Args:
-        solution_str: the full decoded response (searched whole; no truncation).
+        solution_str: the full decoded response (searched whole; no truncation; markdown bold delimiters
+            ``**`` / ``__`` are read as spaces).
         method: ``"strict"``: the number right after the FIRST ``####`` marker that is
             followed by a number (whitespace, ``$`` and a sign allowed in between).
             ``"flexible"``: the LAST free-standing number anywhere in the text.
@@ -87,6 +93,7 @@ def extract_solution(solution_str: str, method: str = "strict") -> Optional[str]
         return None
     if not isinstance(solution_str, str):
         solution_str = str(solution_str)
+    solution_str = strip_bold(solution_str)
     if method == "strict":
         m = _STRICT_RE.search(solution_str)
         return _normalize(m) if m else None

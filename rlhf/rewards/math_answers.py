@@ -9,12 +9,17 @@ answer is taken as ``math_reward`` takes it and compared as math-verify compares
 ``(1,2]`` == ``(1, 2]``, ``2\\sqrt{3}`` == ``\\sqrt{12}``, which the string normalization misses.  The return
 value is verl's for these sources: a float, 1.0 when equivalent, 0.0 otherwise (no boxed answer included).
 
+A boxed answer wholly wrapped in markdown emphasis (``\\boxed{**5**}``) is read without it
+(:func:`rlhf.rewards.markdown.unwrap_emphasis`), as the plain ``\\boxed{5}`` would be; verl's normalization
+keeps the ``*`` and scores it wrong.
+
 The boxed-answer helpers here are shared by the other math families (geo3k, prime_math, dapo).
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from .markdown import unwrap_emphasis
 from .math_check import math_equal
 from .registry import register_reward_fn
 
@@ -73,8 +78,10 @@ def remove_boxed(boxed: Optional[str]) -> Optional[str]:
 
 
 def extract_boxed_answer(text: str) -> Optional[str]:
-    """The content of the last boxed answer of ``text`` (:func:`last_boxed_only_string`), or None."""
-    return remove_boxed(last_boxed_only_string(text))
+    """The content of the last boxed answer of ``text`` (:func:`last_boxed_only_string`), without markdown
+    emphasis that wraps all of it (``\\boxed{**5**}`` -> ``5``), or None."""
+    inner = remove_boxed(last_boxed_only_string(text))
+    return None if inner is None else unwrap_emphasis(inner)
 
 
 def ground_truth_answer(ground_truth: Any) -> str:

@@ -202,10 +202,12 @@ _DOLLAR = re.compile(r"(?<!\\)\$")  # $ that is not \$ (math mode delimiters)
 def normalize_answer(s: str) -> str:
     """The answer as given to math-verify: thin spaces inside numbers dropped (math-verify reads ``1\\,000``
     as ``1*000``), other spacing commands and ``\\!`` turned into spaces / dropped, ``\\%`` / ``%`` dropped (as
-    verl's MATH normalization ``strip_string`` does: ``50\\%`` == ``50``), ``$`` math delimiters dropped."""
+    verl's MATH normalization ``strip_string`` does: ``50\\%`` == ``50``), ``$`` math delimiters dropped, and every
+    run of white space (newlines included) one space: math-verify reads nothing from a matrix written over
+    several lines (verl's own PRIME test case ``\\begin{pmatrix}\\n -7 & 6 ...``)."""
     s = _THIN_SPACE_IN_NUMBER.sub("", str(s).strip()).replace("\\!", "")
     s = _SPACING.sub(" ", s).replace("\\%", "").replace("%", "")
-    return _DOLLAR.sub("", s).strip()
+    return " ".join(_DOLLAR.sub("", s).split())
 
 
 def _strip(s: str) -> str:

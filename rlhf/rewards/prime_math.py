@@ -8,11 +8,14 @@ verl's ``default_compute_score`` sends these to ``verl/utils/reward_score/prime_
 time-limited) instead of PRIME's sympy grader.  Differences that follow from the checker: PRIME requires an
 integer answer to match an integer ground truth as a string and an unreduced fraction to match exactly
 (``2/4`` != ``1/2`` there, equal here), and tries pi = 3.14 for answers with ``\\pi``; math-verify does neither.
+Markdown bold is read as spaces before the answer is looked for (:func:`rlhf.rewards.markdown.strip_bold`):
+``Final Answer: **5**`` and ``The answer is **5**.`` score as the plain text does (PRIME reads ``**5**``).
 """
 from __future__ import annotations
 
 from typing import Any, Tuple
 
+from .markdown import strip_bold
 from .math_answers import ground_truth_answer
 from .math_check import math_equal
 from .registry import register_reward_fn
@@ -48,14 +51,15 @@ def _boxed_content(text: str) -> str:
 def match_answer(response: str) -> Tuple[bool, str]:
     """The answer of a PRIME-style response (verl ``prime_math.match_answer``'s rules).
 
-    In order: keep the text after the last ``answer:`` / ``answer is`` / ``answers are``; cut the text at
+    In order (after markdown bold delimiters became spaces, :func:`rlhf.rewards.markdown.strip_bold`): keep the
+    text after the last ``answer:`` / ``answer is`` / ``answers are``; cut the text at
     the last ``is the answer`` (and the like); a ``\\boxed{}`` in what is left replaces it by its content;
     cut at the last ``". "``; keep what follows the last ``is ``, ``=``, ``: ``, ``be ``, ``get ``, ...
 
     Returns:
         ``(matched, answer)``: ``matched`` when a marker or a box was found and the answer has a digit.
     """
-    text, matched = str(response), False
+    text, matched = strip_bold(str(response)), False
     for marker in _AFTER:
         i = text.lower().rfind(marker)
         if i != -1:

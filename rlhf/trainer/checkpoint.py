@@ -6,6 +6,7 @@ Layout under `<default_local_dir>/checkpoints/`::
     global_step_<k>/critic/       same for the critic (when there is one)
     global_step_<k>/trainer_state.pt   step, LR schedulers, KL controller, dataloader position, model summary
     global_step_<k>/rng/rank_<r>.pt    python / numpy / torch RNG states of every rank
+    global_step_<k>/write_order.txt    when it was written: 1 + the largest of the folder's other checkpoints
     latest_checkpointed_iteration.txt  written last (tmp + fsync + rename), like verl's tracker
 
 A checkpoint is written into `global_step_<k>.tmp/` and renamed when every rank has finished,
@@ -15,12 +16,22 @@ deleted under another name (`global_step_<k>.deleting/`: an older checkpoint pas
 `max_ckpt_to_keep`, or one being replaced), so a `global_step_<k>` folder is always complete.
 Stale `.tmp` / `.deleting` folders are removed on the next save.
 
+Rotation goes by write order, not by step (:func:`rotate`): the `max_ckpt_to_keep` checkpoints written last
+stay, so the one just written always does, and the tracker (what ``trainer.resume_mode=auto`` reads) names it.
+By step, a folder holding higher steps of an earlier run (``trainer.resume_mode=disable``, or
+``resume_from_path`` pointing at an older checkpoint) made every new save the "oldest": deleted as soon as
+written, with the tracker left naming a missing folder, so auto-resume started again from step 0.  Like verl
+(its checkpoint manager deletes the paths it saved, in save order; the tracker names the last save), but the
+order is kept in the folders, so it also holds across restarts.  Folders without a write order (saved before it
+existed, or copied in) count as written before every other, oldest step first.
+
 Slim checkpoints (``trainer.slim_checkpoint``, default true) keep only what resuming needs
 (parallel.dist_checkpoint.save_sharded); full ones also hold recomputable copies.  Either loads.
 """
 from __future__ import annotations
 
 import enum
+import logging
 import os
 import random
 import re
@@ -34,7 +45,10 @@ from rlhf import faults
 from parallel.dist_checkpoint import load_sharded, save_sharded
 from rlhf.config.resume import TRACKER, latest_in
 
+logger = logging.getLogger(__name__)
+
 STALE_SUFFIXES = (".tmp", ".deleting")
+WRITE_ORDER = "write_order.txt"  # in each global_step_<k>: its place in the order checkpoints were written
 # config.json fields that must match between a checkpoint and the model it is loaded into
 MODEL_SUMMARY_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings")
@@ -130,16 +144,50 @@ def save_checkpoint(root: str, step: int, roles: dict, trainer_state: dict, max_
     dist.barrier()
     if rank == 0:
         faults.maybe_fail("ckpt_before_rename", step=step)
-        _delete(final)  # a leftover of a run that died after its rename, before its tracker update
+        _delete(final)  # a leftover of a run that died after its rename, before its tracker update (or a rerun's)
+        with open(os.path.join(tmp, WRITE_ORDER), "w") as f:
+            f.write(str(1 + max((order for order, _ in _checkpoints(root).values()), default=0)))
         os.replace(tmp, final)
         faults.maybe_fail("ckpt_before_tracker", step=step)
         _write_tracker(root, step)
         if max_to_keep:
-            steps = sorted(int(m.group(1)) for n in os.listdir(root) if (m := re.fullmatch(r"global_step_(\d+)", n)))
-            for old in steps[:-max_to_keep]:
-                _delete(os.path.join(root, f"global_step_{old}"))
+            rotate(root, max_to_keep, keep=step)
     dist.barrier()
     return final
+
+
+def _checkpoints(root: str) -> dict:
+    """``{folder name: (write order, step)}`` of the ``global_step_<k>`` folders under `root`; write order 0 for a
+    folder without a readable write_order.txt."""
+    out = {}
+    for name in os.listdir(root):
+        m = re.fullmatch(r"global_step_(\d+)", name)
+        if m is None:
+            continue
+        try:
+            with open(os.path.join(root, name, WRITE_ORDER)) as f:
+                order = int(f.read().strip())
+        except (OSError, ValueError):
+            order = 0
+        out[name] = (order, int(m.group(1)))
+    return out
+
+
+def rotate(root: str, max_to_keep: int, keep: int | None = None) -> list[int]:
+    """Delete all but the `max_to_keep` checkpoints under `root` written last (module docstring: by write order,
+    then step), never ``global_step_<keep>`` (the one just written).  Returns the deleted steps, in write order;
+    a warning names those of higher step than `keep` (an earlier run's, in the same folder)."""
+    ranked = sorted(_checkpoints(root).items(), key=lambda item: item[1])
+    doomed = [(name, step) for name, (_, step) in ranked[:max(len(ranked) - max_to_keep, 0)] if step != keep]
+    for name, _ in doomed:
+        _delete(os.path.join(root, name))
+    later = [step for _, step in doomed if keep is not None and step > keep]
+    if later:
+        logger.warning("deleted checkpoints %s of %s: written before global_step_%d (an earlier run in this "
+                       "folder), so older by write order (max_ckpt_to_keep=%d); to keep an earlier run's "
+                       "checkpoints, give each run its own trainer.default_local_dir", ", ".join(
+                           f"global_step_{s}" for s in later), root, keep, max_to_keep)
+    return [step for _, step in doomed]
 
 
 def check_model(path: str, saved: dict | None, expected: dict | None) -> None:

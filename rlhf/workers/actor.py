@@ -40,7 +40,8 @@ class MegatronActor(MegatronWorker):
         prompts, micro batches of ``actor.ppo_micro_batch_size_per_gpu`` sequences (or, with
         ``actor.use_dynamic_bsz``, of at most ``actor.ppo_max_token_len_per_gpu`` tokens); the loss's
         ``global_info`` gives it the whole mini batch's counts (split-invariant losses).  Returns the loss's
-        metrics averaged over micro batches and ranks, plus actor/grad_norm (mean over optimizer steps),
+        metrics averaged over micro batches and ranks (its ``token_means``, e.g. actor/pg_clipfrac and
+        actor/ppo_kl, token-weighted: rlhf.workers.worker.gather_metrics), plus actor/grad_norm (mean over optimizer steps),
         actor/num_skipped_steps, actor/num_breaker_events and actor/lr (rlhf.workers.worker.step_metrics)."""
         cfg, P = self.cfg, batch["prompt_length"]
         if self.moe is not None:
@@ -54,7 +55,8 @@ class MegatronActor(MegatronWorker):
             shuffle=cfg.shuffle,
             kind="log_probs", vocab_size=self.vocab_size,
             temperature=self.temperature, calculate_entropy=loss.needs_entropy)
-        metrics = {**gather_metrics(per_micro), **step_metrics("actor", steps)}  # actor/lr: the LR the update used
+        metrics = {**gather_metrics(per_micro, getattr(loss, "token_means", ())),  # token means token-weighted
+                   **step_metrics("actor", steps)}  # actor/lr: the LR the update used
         if self.moe is not None:  # MoE: router aux loss and tokens per expert of this update (parallel.moe)
             metrics.update(self.moe.collect())
         return metrics

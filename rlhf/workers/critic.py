@@ -6,9 +6,12 @@ from rlhf import algorithms as algos
 from .batch import MODEL_KEYS, dp_all_gather, dp_info, dp_slice
 from .dynamic_batch import token_budgets
 from .losses import LOSS_MASK_KEY, split_scale
-from .worker import MegatronWorker, gather_metrics, step_metrics
+from .worker import LOSS_TOKENS_KEY, MegatronWorker, gather_metrics, step_metrics
 
-__all__ = ["MegatronCritic"]
+__all__ = ["MegatronCritic", "CRITIC_TOKEN_MEANS"]
+
+#: the value loss metrics that are means over the loss tokens (token-weighted by gather_metrics)
+CRITIC_TOKEN_MEANS = ("critic/vf_clipfrac", "critic/vpred_mean")
 
 
 class MegatronCritic(MegatronWorker):
@@ -38,7 +41,8 @@ class MegatronCritic(MegatronWorker):
         ``returns`` on the ``loss_mask`` tokens (the response mask when the batch has none), aggregated with
         the whole mini batch's counts (invariant to micro batches and data parallelism, see
         rlhf.workers.losses), with the actor's batching (``critic.ppo_epochs``, mini and micro batch sizes).
-        Returns critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean and the step metrics
+        Returns critic/vf_loss, critic/vf_clipfrac, critic/vpred_mean (these two token-weighted over micro batches
+        and ranks, rlhf.workers.worker.gather_metrics) and the step metrics
         (rlhf.workers.worker.step_metrics: critic/grad_norm, critic/num_skipped_steps, critic/lr, ...)."""
         cfg = self.cfg
         P, R = batch["prompt_length"], batch["responses"].shape[1]
@@ -52,7 +56,8 @@ class MegatronCritic(MegatronWorker):
                                                             cfg.cliprange_value, cfg.loss_agg_mode, **info)
             return vf_loss * n_micro, {"critic/vf_loss": vf_loss.detach() * n_micro,
                                        "critic/vf_clipfrac": vf_clipfrac.detach(),
-                                       "critic/vpred_mean": algos.masked_mean(vpreds, mask).detach()}
+                                       "critic/vpred_mean": algos.masked_mean(vpreds, mask).detach(),
+                                       LOSS_TOKENS_KEY: (mask != 0).sum()}
 
         per_micro, steps = self.train_mini_batches(
             batch, MODEL_KEYS + tuple(dict.fromkeys(("values", "returns", "response_mask", mask_key))), loss_fn,
@@ -60,4 +65,4 @@ class MegatronCritic(MegatronWorker):
             epochs=cfg.ppo_epochs, step=step, seed_offset=7,
             global_info=lambda full, dp: algos.global_batch_info(full[mask_key], dp),
             max_tokens_per_micro_batch=self.update_budget, shuffle=cfg.shuffle, kind="values")
-        return {**gather_metrics(per_micro), **step_metrics("critic", steps)}
+        return {**gather_metrics(per_micro, CRITIC_TOKEN_MEANS), **step_metrics("critic", steps)}

@@ -15,6 +15,12 @@ averages gradients over data-parallel ranks) times ``num_micro_batches`` (megatr
 each micro batch loss by it).  The gradient of an optimizer step is then the gradient of the mini
 batch's loss in one piece, however it was cut; the loss metrics (averaged over micro batches and
 ranks by rlhf.workers.worker.gather_metrics) are the mini batch's loss.
+
+Token-mean metrics (a loss's ``token_means``: ``actor/pg_clipfrac``, ``actor/ppo_kl``,
+``actor/pg_clipfrac_lower``) are each micro batch's mean over its loss tokens, as the policy loss functions
+return them (verl's convention); the micro batch also reports its number of loss tokens (``LOSS_TOKENS_KEY``)
+and gather_metrics weights by it: sum of masked sums / valid tokens over every micro batch and rank, the same
+for any cut.
 """
 from __future__ import annotations
 
@@ -22,12 +28,14 @@ import torch
 
 from rlhf import algorithms as algos
 
-from .worker import GLOBAL_INFO_KEY
+from .worker import GLOBAL_INFO_KEY, LOSS_TOKENS_KEY
 
-__all__ = ["PPOPolicyLoss", "DPOLoss", "dpo_loss_and_metrics", "response_part", "LOSS_MASK_KEY"]
+__all__ = ["PPOPolicyLoss", "DPOLoss", "dpo_loss_and_metrics", "response_part", "LOSS_MASK_KEY", "POLICY_TOKEN_MEANS"]
 
 #: the PPO batch's loss mask [N, R]: the response mask without the samples left out of the loss
 LOSS_MASK_KEY = "loss_mask"
+#: the policy loss metrics that are means over the loss tokens (verl's names; token-weighted by gather_metrics)
+POLICY_TOKEN_MEANS = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
 
 
 def response_part(t: torch.Tensor, mb: dict, prompt_length: int) -> torch.Tensor:
@@ -50,12 +58,14 @@ class PPOPolicyLoss:
     with the mini batch's counts, minus ``entropy_coeff`` x entropy, plus ``kl_loss_coef`` x
     KL(actor || ref) (``kl_loss_type``) when ``use_kl_loss``.  `cfg` is the config's ``actor`` section.
     Metrics: actor/pg_loss, actor/entropy and the loss function's (actor/pg_clipfrac, actor/ppo_kl,
-    actor/pg_clipfrac_lower, ...) (+ actor/kl_loss).
+    actor/pg_clipfrac_lower, ...) (+ actor/kl_loss); the micro batch's loss tokens under LOSS_TOKENS_KEY weight
+    the ``token_means`` (module docstring).
 
     Raises ValueError at construction for an unknown loss mode (the registry's message lists them)."""
 
     needs_entropy = True
     micro_group = 1
+    token_means = POLICY_TOKEN_MEANS
 
     def __init__(self, cfg):
         self.cfg = cfg
@@ -81,7 +91,7 @@ class PPOPolicyLoss:
         entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss
         metrics = {"actor/pg_loss": pg_loss.detach() * n_micro, "actor/entropy": entropy_loss.detach() * n_micro,
-                   **pg_metrics}
+                   **pg_metrics, LOSS_TOKENS_KEY: (mask != 0).sum()}
         if cfg.use_kl_loss:
             kl = algos.kl_penalty(log_prob, mb["ref_log_probs"], cfg.kl_loss_type)
             kl_loss = algos.agg_loss(kl, mask, cfg.loss_agg_mode, **agg)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections import defaultdict
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
@@ -30,27 +29,57 @@ from parallel.optim import optimizer_step, zero_grads
 from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batch_indices, pipeline_micro_batch_multiple
 from .dynamic_batch import PaddingCounter, compact_rows, expand_rows, partition_by_token_budget
 
-__all__ = ["MegatronWorker", "gather_metrics", "step_metrics", "GLOBAL_INFO_KEY", "padding_metrics", "role_entry"]
+__all__ = ["MegatronWorker", "gather_metrics", "summarize_metrics", "reduce_metrics", "step_metrics", "GLOBAL_INFO_KEY",
+           "LOSS_TOKENS_KEY", "padding_metrics", "role_entry"]
 
 #: key of the micro batch dict that carries the whole mini batch's counts to the loss function:
 #: ``{"dp_size", "num_micro_batches", ...}`` plus what the loss's ``global_info`` returned (see
 #: :meth:`MegatronWorker.train_mini_batches`)
 GLOBAL_INFO_KEY = "global_info"
+#: key of a micro batch's metrics dict: its number of valid loss tokens, the weight of its token-mean metrics
+#: (:func:`gather_metrics`); not reported itself
+LOSS_TOKENS_KEY = "_loss_tokens"
 
 
-def gather_metrics(per_micro: list[dict]) -> dict:
-    """Mean of each metric over micro batches and over every rank that has it (the last PP stage)."""
-    local = defaultdict(list)
+def summarize_metrics(per_micro: list[dict], token_means: Sequence[str] = ()) -> dict:
+    """One rank's share of :func:`gather_metrics`: ``{name: (weighted sum, weight)}``.  A metric named in
+    `token_means` is a micro batch's mean over its valid loss tokens and is weighted by their number (the micro
+    batch's ``LOSS_TOKENS_KEY`` entry: sum = that mean x tokens = the micro batch's masked sum); any other is
+    weighted 1 per micro batch."""
+    out: dict = {}
     for m in per_micro:
+        tokens = float(m.get(LOSS_TOKENS_KEY, 0.0))
         for k, v in m.items():
-            local[k].append(float(v))
+            if k == LOSS_TOKENS_KEY:
+                continue
+            w = tokens if k in token_means else 1.0
+            total, weight = out.get(k, (0.0, 0.0))
+            out[k] = (total + (float(v) * w if w else 0.0), weight + w)
+    return out
+
+
+def reduce_metrics(parts: Sequence[dict]) -> dict:
+    """Combine :func:`summarize_metrics` of every rank: sum of the weighted sums / sum of the weights (0.0 for a
+    token mean without a single valid token)."""
+    merged: dict = {}
+    for part in parts:
+        for k, (total, weight) in (part or {}).items():
+            t, w = merged.get(k, (0.0, 0.0))
+            merged[k] = (t + total, w + weight)
+    return {k: (t / w if w else 0.0) for k, (t, w) in merged.items()}
+
+
+def gather_metrics(per_micro: list[dict], token_means: Sequence[str] = ()) -> dict:
+    """Collective.  Each metric over the micro batches of every rank that has it (the last PP stage): the mean, or,
+    for the metrics named in `token_means` (token means such as ``actor/pg_clipfrac``, ``actor/ppo_kl``), the
+    token-weighted mean (:func:`summarize_metrics`): sum over micro batches and ranks of the masked sums / the
+    valid loss tokens, the same for any cut into micro batches and data-parallel ranks, a micro batch without
+    loss tokens adding nothing.  (A plain mean of micro batch means depends on the cut: 0.389 for a mini batch in
+    one micro batch, 0.344 for the same tokens in micro batches of one row, tests/unit/workers/
+    test_update_split_invariance.py.)"""
     objs = [None] * dist.get_world_size()
-    dist.all_gather_object(objs, dict(local))
-    merged = defaultdict(list)
-    for o in objs:
-        for k, v in (o or {}).items():
-            merged[k].extend(v)
-    return {k: float(np.mean(v)) for k, v in merged.items()}
+    dist.all_gather_object(objs, summarize_metrics(per_micro, token_means))
+    return reduce_metrics(objs)
 
 
 def step_metrics(role: str, steps: list) -> dict:

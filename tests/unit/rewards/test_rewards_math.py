@@ -218,7 +218,7 @@ DAPO_CASES = [
     ("Answer: 0.5", "\\frac{1}{2}", {"score": -1.0, "acc": False, "pred": "0.5"}),  # strings, not math
     ("Answer: 90^\\circ", "90", {"score": 1.0, "acc": True, "pred": "90"}),
     ("Answer: 7 dollars", "7", {"score": 1.0, "acc": True, "pred": "7"}),
-    ("Answer: 34" + " filler" * 100, "34", {"score": -1.0, "acc": False, "pred": "[INVALID]"}),  # last 300 chars
+    ("Answer: 34" + " filler" * 100, "34", {"score": -1.0, "acc": False, "pred": "[INVALID]"}),  # a line > 300 chars
     ("Answer: 34\n" + "x" * 200, "34", {"score": 1.0, "acc": True, "pred": "34"}),
     ("", "34", {"score": -1.0, "acc": False, "pred": "[INVALID]"}),
 ]

@@ -44,7 +44,7 @@ def _actor(monkeypatch, optimizer_steps_per_update: int, **schedule):
     actor.cfg = SimpleNamespace(ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1, ppo_epochs=1, shuffle=False)
     actor.train_mini_batches = lambda *a, **k: ([], [optimizer_step(actor.state)
                                                     for _ in range(optimizer_steps_per_update)])
-    monkeypatch.setattr(actor_module, "gather_metrics", lambda per_micro: {})  # no process group here
+    monkeypatch.setattr(actor_module, "gather_metrics", lambda per_micro, *a: {})  # no process group here
     return actor
 
 

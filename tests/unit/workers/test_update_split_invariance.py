@@ -10,6 +10,9 @@ gradients are averaged).  The model is a table of per-token outputs (a leaf tens
 whole-mini-batch loss is known exactly.  Clip-Cov / KL-Cov select tokens per micro batch by design
 (docs/algorithms.md) and are left out.  Hand check of the rule: a micro batch returns local_sum / N_global
 x dp x n_micro; the schedule divides by n_micro, the ranks' mean divides by dp: sum_all / N_global.
+The token-mean metrics (actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower, critic/vf_clipfrac,
+critic/vpred_mean) go through the workers' own reduction (summarize_metrics per rank, reduce_metrics over
+ranks): token-weighted, so equal for every split and equal to the fraction counted by hand.
 """
 from __future__ import annotations
 
@@ -25,9 +28,9 @@ from parallel.forward import split_micro_batches
 from parallel.optim import StepResult
 from rlhf.workers import critic as critic_mod
 from rlhf.workers import worker as worker_mod
-from rlhf.workers.critic import MegatronCritic
-from rlhf.workers.losses import DPOLoss, PPOPolicyLoss
-from rlhf.workers.worker import MegatronWorker
+from rlhf.workers.critic import CRITIC_TOKEN_MEANS, MegatronCritic
+from rlhf.workers.losses import POLICY_TOKEN_MEANS, DPOLoss, PPOPolicyLoss
+from rlhf.workers.worker import MegatronWorker, reduce_metrics, summarize_metrics
 
 N, P, R, n = 16, 1, 5, 2  # 16 rows = 8 prompts x 2; mini batch of 4 prompts -> 2 optimizer steps
 LENGTHS = [5, 1, 3, 0, 2, 4, 5, 3, 2, 2, 5, 1, 4, 3, 0, 5]
@@ -84,15 +87,15 @@ class FakeMegatron:
         return StepResult(skipped=False, grad_norm=0.0, lr=0.0)
 
 
-def run_split(monkeypatch, dp, micro, run):
-    """(per-step gradients averaged over the dp ranks, metrics averaged over every micro batch of every rank)."""
-    grads, per_micro = [], []
+def run_split(monkeypatch, dp, micro, run, token_means=POLICY_TOKEN_MEANS + CRITIC_TOKEN_MEANS):
+    """(per-step gradients averaged over the dp ranks, metrics as rlhf.workers.worker.gather_metrics reduces them:
+    the mean over every micro batch of every rank, `token_means` token-weighted)."""
+    grads, parts = [], []
     for rank in range(dp):
         fake = FakeMegatron(monkeypatch, "values" if run.__name__ == "critic" else "log_probs", rank, dp)
-        per_micro += run(micro, fake)
+        parts.append(summarize_metrics(run(micro, fake), token_means))
         grads.append(torch.stack(fake.grads))
-    metrics = {k: float(np.mean([m[k] for m in per_micro])) for k in per_micro[0]}
-    return torch.stack(grads).mean(0), metrics
+    return torch.stack(grads).mean(0), reduce_metrics(parts)
 
 
 def actor_run(loss):
@@ -141,6 +144,49 @@ def test_policy_loss_metric_is_the_mini_batch_loss(monkeypatch):
         assert metrics["actor/pg_loss"] == pytest.approx(want, rel=1e-9)
 
 
+def _by_hand(clip_ratio_c):
+    """pg_clipfrac, ppo_kl, pg_clipfrac_lower of the whole update counted by hand: clipped / dual-clipped loss tokens
+    and the sum of (old - new) log-probs over the loss tokens of both mini batches, / their number (on-policy
+    outputs: new = the table, so r = exp(table - old))."""
+    with pytest.MonkeyPatch.context() as mp:  # (only for its table: the patches are undone at once)
+        b, fake = ppo_batch(), FakeMegatron(mp, "log_probs", 0, 1)
+    new, old, adv, m = fake.table.detach()[:, P:], b["old_log_probs"], b["advantages"], b["loss_mask"].bool()
+    ratio = (new - old).exp()
+    unclipped, clipped = -adv * ratio, -adv * ratio.clamp(0.8, 1.2)
+    dual = (torch.maximum(unclipped, clipped) > -adv * clip_ratio_c) & (adv < 0)
+    n = int(m.sum())
+    return int((clipped > unclipped)[m].sum()) / n, float((old - new)[m].sum()) / n, int(dual[m].sum()) / n
+
+
+def test_ratio_metrics_are_token_weighted_for_every_split(monkeypatch):
+    """actor/pg_clipfrac, actor/ppo_kl, actor/pg_clipfrac_lower: masked sums over every micro batch and rank / the
+    valid loss tokens, the same at micro batch 8, 4, 2 and 1 rows and 1 or 2 data-parallel ranks (before: a plain
+    mean of micro batch means, pg_clipfrac 0.389 at 8 rows, 0.344 at 1 row; ppo_kl -0.301 and -0.220; a micro
+    batch without loss tokens, rows 3, 5 and 14 here, counted as 0)."""
+    actor = compose_config(["actor.clip_ratio_c=1.5"]).actor  # a low dual clip, so pg_clipfrac_lower is not 0
+    clipfrac, kl, lower = _by_hand(1.5)
+    assert (clipfrac, lower) == (16 / 41, 6 / 41) and kl == pytest.approx(-0.28910, abs=1e-5)  # 41 loss tokens
+    for dp, micro in SPLITS:
+        _, metrics = run_split(monkeypatch, dp, micro, actor_run(PPOPolicyLoss(actor)))
+        assert metrics["actor/pg_clipfrac"] == pytest.approx(clipfrac, rel=1e-12), (dp, micro)
+        assert metrics["actor/ppo_kl"] == pytest.approx(kl, rel=1e-12), (dp, micro)
+        assert metrics["actor/pg_clipfrac_lower"] == pytest.approx(lower, rel=1e-12), (dp, micro)
+        assert "_loss_tokens" not in metrics
+
+
+def test_token_weights_hold_for_unequal_micro_batch_counts_per_rank():
+    """Dynamic batching cuts each rank's rows by a token budget, so ranks may run different numbers of micro
+    batches: rank 0 two (3 tokens, mean 1/3; 1 token, mean 1), rank 1 one (0 tokens).  Token-weighted: (1 + 1) /
+    4 = 0.5 whatever the cut; the plain mean of the three means would be 0.444; a plain metric stays a mean."""
+    ranks = [[{"actor/pg_clipfrac": 1 / 3, "actor/pg_loss": 2.0, "_loss_tokens": 3},
+              {"actor/pg_clipfrac": 1.0, "actor/pg_loss": 4.0, "_loss_tokens": 1}],
+             [{"actor/pg_clipfrac": 0.0, "actor/pg_loss": 6.0, "_loss_tokens": 0}]]
+    got = reduce_metrics([summarize_metrics(r, POLICY_TOKEN_MEANS) for r in ranks])
+    assert got == {"actor/pg_clipfrac": pytest.approx(0.5, rel=1e-12), "actor/pg_loss": 4.0}
+    assert reduce_metrics([summarize_metrics([{"actor/ppo_kl": 0.0, "_loss_tokens": 0}], POLICY_TOKEN_MEANS)]) == {
+        "actor/ppo_kl": 0.0}  # no loss token anywhere: 0, as a masked mean of nothing
+
+
 @pytest.mark.parametrize("agg", algos.LOSS_AGG_MODES)
 def test_value_loss_gradient_independent_of_micro_batches_and_dp(monkeypatch, agg):
     cfg = compose_config([f"critic.loss_agg_mode={agg}", "critic.ppo_mini_batch_size=4"]).critic
@@ -148,7 +194,7 @@ def test_value_loss_gradient_independent_of_micro_batches_and_dp(monkeypatch, ag
     def critic(micro, fake):
         c = MegatronCritic(None, SimpleNamespace(model=None), SimpleNamespace(**{**cfg, "ppo_micro_batch_size_per_gpu":
                                                                                    micro}), forward_micro_batch_size=4)
-        monkeypatch.setattr(critic_mod, "gather_metrics", lambda per_micro: {"_per_micro": per_micro})
+        monkeypatch.setattr(critic_mod, "gather_metrics", lambda per_micro, *a: {"_per_micro": per_micro})
         monkeypatch.setattr(critic_mod, "step_metrics", lambda role, steps: {})
         return c.update_critic(ppo_batch(), step=1)["_per_micro"]
 
@@ -157,7 +203,8 @@ def test_value_loss_gradient_independent_of_micro_batches_and_dp(monkeypatch, ag
     for dp, micro in SPLITS[1:]:
         grad, metrics = run_split(monkeypatch, dp, micro, critic)
         torch.testing.assert_close(grad, ref_grad, msg=f"dp={dp} micro={micro}")
-        assert metrics["critic/vf_loss"] == pytest.approx(ref_metrics["critic/vf_loss"], rel=1e-9)
+        for k in ("critic/vf_loss",) + CRITIC_TOKEN_MEANS:
+            assert metrics[k] == pytest.approx(ref_metrics[k], rel=1e-9, abs=1e-12), (k, dp, micro)
 
 
 @pytest.mark.parametrize("loss_type", ["sigmoid", "ipo", "hinge"])
