@@ -37,7 +37,7 @@ def make_worker(tmp_path, monkeypatch):
     monkeypatch.setattr(rollout_mod, "start_rollout", lambda cfg, path: manager)
     import rlhf.weight_bridge as ws
 
-    monkeypatch.setattr(ws, "WeightBridge", lambda chunks, spec, engines, **kw: RecordingBridge(engines))
+    monkeypatch.setattr(ws, "WeightBridge", lambda chunks, spec, engines, config: RecordingBridge(engines))
     cfg = compose_config(["rollout.n=2", "rollout.mode=colocated", "rollout.weight_sync_bucket_mb=1",
                           "rollout.weight_sync_check=false", "rollout.max_restarts=1", "data.max_response_length=4"])
     bundle = type("Bundle", (), {"chunks": [], "spec": None})()
