@@ -127,11 +127,9 @@ def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.Path
     """
     from rlhf.config.config_file import load_config_file
 
-    items, problems = load_config_file(config_file) if config_file is not None else ([], [])
     cli_items, passthrough = items_from_overrides(overrides)
-    t = translate_items(items + cli_items)
+    t = translate_items((load_config_file(config_file) if config_file is not None else []) + cli_items)
     t.overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o for o in t.overrides + passthrough]
-    t.problems[:0] = problems
     keys = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in t.overrides if "=" in o}
     if "hydra.run.dir" in keys and "trainer.default_local_dir" not in keys:
         t.overrides.append(f"trainer.default_local_dir={keys['hydra.run.dir']}")

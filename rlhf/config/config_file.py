@@ -1,13 +1,12 @@
-"""A whole config in one YAML file, verl's layout or ours: ``--config FILE``, or verl's ``--config-path DIR
---config-name NAME`` (``rlhf launch --config``, ``Trainer(config_file=...)``).
+"""A whole config in one YAML file, verl's layout or ours: ``--config FILE`` or verl's ``--config-path DIR
+--config-name NAME`` (also ``rlhf launch --config``, ``Trainer(config_file=...)``).
 
-The file holds the keys it changes, nested or dotted; its ``defaults:`` list may name the base config
-(``ppo_trainer`` / ``ppo_megatron_trainer``: verl's two bases are both ours), ``recipe: NAME``, ``algorithm: NAME``
-and other files of its directory; ``hydra.run.dir`` in it works as on the command line.  A file whose ``defaults:``
-name config groups of its own directory (verl's ``verl/trainer/config``) is composed by Hydra first, as verl would.
-Its settings come before the command line's and go through the verl alias layer (:mod:`rlhf.config.verl.compat`);
-``${...}`` interpolations are kept with verl's keys rewritten, and resolved within the file where they name a key
-that has no equivalent here.
+Hydra composes the file with its directory as the config tree, so its ``defaults:`` work as for the program it was
+written for (verl's ``verl/trainer/config`` groups, files beside it); ``ppo_trainer`` / ``ppo_megatron_trainer``
+there (verl's two bases, both ours) add nothing, ``recipe: NAME`` / ``algorithm: NAME`` are ours.  Its settings come
+before the command line's and go through the verl alias layer (:mod:`rlhf.config.verl.compat`); ``${...}``
+interpolations are kept with verl's keys rewritten, or resolved within the file where they name a key with no
+equivalent here; ``hydra.run.dir`` in it works as on the command line.
 """
 from __future__ import annotations
 
@@ -38,7 +37,7 @@ def find_config_file(config_path: Optional[str], config_name: str, module_dir: O
     name = config_name.removesuffix(".yaml")
     dirs = [Path(config_path or ".")] + ([module_dir / config_path] if config_path and module_dir and not
                                          os.path.isabs(config_path) else [])
-    for p in (d / f"{name}{ext}" for d in dirs for ext in (".yaml", ".yml")):
+    for p in (d / f"{name}.yaml" for d in dirs):
         if p.is_file() and (p.resolve().parent != Path(__file__).resolve().parent or name not in BASE_NAMES):
             return p
     if name in BASE_NAMES:
@@ -79,86 +78,39 @@ def _flatten(conf: Any, node: Any, prefix: str, source: str, out: list[Item]) ->
             out.append(Item(key, value, source=source))
 
 
-def _compose_groups(path: Path) -> Any:
-    """``path`` composed by Hydra with its directory as the config tree (its group defaults followed, as the program
-    it was written for would), unresolved; our own Hydra state is left as it was.
+def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
+    """The settings of the YAML file ``path`` as items, lowest precedence first.
 
     Raises:
-        ConfigError: Hydra cannot compose the file.
+        ConfigError: Hydra cannot compose the file (unreadable, not a mapping, a defaults entry it cannot find).
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
 
-    backup = get_gh_backup()
+    from rlhf.config.compose import register_configs
+
+    path, backup, source = Path(path), get_gh_backup(), f"config file {path}"
+    register_configs()  # the recipes, for a `recipe: NAME` entry of a sibling file
     GlobalHydra.instance().clear()
     try:
+        raw = OmegaConf.load(path)
+        # the file's recipe / preset are our group choices (under the command line's keys), not its settings
+        entries = OmegaConf.to_container(raw, resolve=False).get("defaults") or [] if OmegaConf.is_dict(raw) else []
+        groups = [(g, str(n)) for e in entries if isinstance(e, dict) for g, n in e.items() if g in ("recipe",
+                                                                                                   "algorithm")]
         with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base=None):
-            conf = compose(config_name=path.stem)
-    except Exception as e:  # noqa: BLE001 - Hydra / OmegaConf composition errors
-        raise ConfigError(f"cannot compose {path} with its config groups ({path.parent}): {e}") from None
+            # rlhf/config/verl holds empty ppo_trainer / ppo_megatron_trainer, rlhf/config the algorithm presets
+            conf = compose(config_name=path.stem, overrides=["hydra.searchpath=[pkg://rlhf.config.verl,"
+                                                             "pkg://rlhf.config]", *(f"~{g}" for g, _ in groups)])
+    except Exception as e:  # noqa: BLE001 - Hydra / OmegaConf / YAML errors
+        raise ConfigError(f"cannot read config file {path}: {str(e).splitlines()[0]}") from None
     finally:
         restore_gh_from_backup(backup)
     OmegaConf.set_struct(conf, False)
-    conf.pop("hydra", None)  # Hydra's own runtime node, not the file's hydra.run.dir
-    return conf
-
-
-def _group_file(entry: Any, directory: Path) -> Optional[Path]:
-    """The file a defaults entry with a package or group names (``{actor@actor_rollout_ref.actor: dp_actor}`` ->
-    ``actor/dp_actor.yaml``), None for a plain file entry and for our ``recipe:`` / ``algorithm:`` entries."""
-    if isinstance(entry, dict) and len(entry) == 1:
-        (key, name), = entry.items()
-        group = str(key).split("@")[0].lstrip("+").removeprefix("override ").strip()
-        return None if group in ("recipe", "algorithm") or name is None else directory / group / f"{name}.yaml"
-    return directory / f"{entry.split('@')[0]}.yaml" if isinstance(entry, str) and "@" in entry else None
-
-
-def load_config_file(path: Union[str, os.PathLike], _seen: Optional[set] = None) -> tuple[list[Item], list[str]]:
-    """Read ``path`` into items (lowest precedence first) and problems (``defaults:`` entries we cannot follow).
-
-    Raises:
-        ConfigError: the file cannot be read, is not a YAML mapping, or includes itself.
-    """
-    from omegaconf import DictConfig, OmegaConf
-
-    path, seen = Path(path), _seen if _seen is not None else set()
-    if path.resolve() in seen:
-        raise ConfigError(f"{path}: defaults: includes itself")
-    seen.add(path.resolve())
-    try:
-        conf = OmegaConf.load(path)
-    except Exception as e:  # noqa: BLE001 - yaml / IO errors
-        raise ConfigError(f"cannot read config file {path}: {e}") from None
-    if not isinstance(conf, DictConfig):
-        raise ConfigError(f"config file {path} must hold a mapping of keys, not {type(conf).__name__}")
-    source, before, after, problems = f"config file {path}", [], [], []
-    entries = OmegaConf.to_container(conf.defaults, resolve=False) if conf.get("defaults") else []
-    if any(f is not None and f.is_file() for f in (_group_file(e, path.parent) for e in entries)):
-        conf = _compose_groups(path)  # verl's own config tree: Hydra composes it, its settings then go through
-        entries = []
-    conf.pop("defaults", None)
-    target = before
-    for entry in entries:
-        name = entry.split("@")[0].removesuffix(".yaml") if isinstance(entry, str) else None
-        if entry == "_self_":
-            target = after
-        elif name in BASE_NAMES:
-            continue
-        elif name is not None and (path.parent / f"{name}.yaml").is_file():
-            sub_items, sub_problems = load_config_file(path.parent / f"{name}.yaml", seen)
-            target.extend(sub_items)
-            problems += sub_problems
-        elif isinstance(entry, dict) and len(entry) == 1 and next(iter(entry)) in ("recipe", "algorithm"):
-            (group, choice), = entry.items()
-            target.append(Item(group, choice, str(choice), source=source))
-        else:
-            problems.append(f"defaults entry {entry!r} in {path}: verl's config groups are built into rlhf's schema; "
-                            f"drop the entry (keep ppo_trainer / ppo_megatron_trainer, recipe: NAME, algorithm: NAME "
-                            f"or another file of {path.parent}).")
-    hydra = conf.pop("hydra", None)
-    run_dir = OmegaConf.select(hydra, "run.dir", throw_on_resolution_failure=False) if hydra is not None else None
-    own = [Item("hydra.run.dir", run_dir, None, source=source)] if run_dir else []
-    _flatten(conf, conf, "", source, own)
-    return before + own + after, problems
+    run_dir = OmegaConf.select(raw, "hydra.run.dir", throw_on_resolution_failure=False)
+    items = [Item(g, n, n, source=source) for g, n in groups]
+    items += [Item("hydra.run.dir", run_dir, None, source=source)] if run_dir else []
+    _flatten(conf, conf, "", source, items)
+    return items
