@@ -127,6 +127,7 @@ def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.Path
     """
     from rlhf.config.config_file import load_config_file
 
+    register_configs()  # the recipes, for a `recipe: NAME` entry of a file the config file includes
     cli_items, passthrough = items_from_overrides(overrides)
     t = translate_items((load_config_file(config_file) if config_file is not None else []) + cli_items)
     t.overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o for o in t.overrides + passthrough]

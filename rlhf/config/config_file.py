@@ -79,7 +79,8 @@ def _flatten(conf: Any, node: Any, prefix: str, source: str, out: list[Item]) ->
 
 
 def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
-    """The settings of the YAML file ``path`` as items, lowest precedence first.
+    """The settings of the YAML file ``path`` as items, lowest precedence first (the recipes must be registered:
+    :func:`rlhf.config.compose.register_configs`).
 
     Raises:
         ConfigError: Hydra cannot compose the file (unreadable, not a mapping, a defaults entry it cannot find).
@@ -89,10 +90,7 @@ def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
 
-    from rlhf.config.compose import register_configs
-
     path, backup, source = Path(path), get_gh_backup(), f"config file {path}"
-    register_configs()  # the recipes, for a `recipe: NAME` entry of a sibling file
     GlobalHydra.instance().clear()
     try:
         raw = OmegaConf.load(path)

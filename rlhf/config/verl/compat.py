@@ -1,11 +1,10 @@
 """verl's key layout read into ours: the one preprocessing step before composing.
 
-A verl command line (``actor_rollout_ref.actor.optim.lr=1e-6 critic.model.path=... trainer.logger=console``) or a
-verl-style YAML file (:mod:`rlhf.config.config_file`) is rewritten into our keys by the table ``keys.yaml`` beside
-this module: a key of our own schema stays as it is; a verl key is renamed, has its value rewritten (one of
-:data:`FUNCTIONS`), is accepted without effect (warned), accepted only at its "off" value, or must equal our value
-after composing (the reference's and critic's parallel layout).  Every setting we cannot honour is collected with
-the reason and what to use instead, so all are reported together (:func:`translate_items`).
+A verl command line (``actor_rollout_ref.actor.optim.lr=1e-6 critic.model.path=... trainer.logger=console``) or
+config file is rewritten into our keys by the table ``keys.yaml`` beside this module (its header says how to read
+it): our own keys stay as they are; a verl key is renamed, has its value rewritten (:data:`FUNCTIONS`), is accepted
+without effect (warned), accepted only at its "off" value, or must equal our value after composing.  Every setting
+we cannot honour is collected with the reason and what to use instead, so all are reported together.
 """
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ from typing import Any, Optional, Sequence
 from rlhf.config.errors import ConfigKeyError
 from rlhf.config.keys import first_bad_part, is_dict_field, split_key, unknown_key_error
 
-__all__ = ["Item", "Translated", "Unsupported", "translate_items", "translate_key", "items_from_overrides",
-           "check_same", "ignored_lines", "verl_engine_count", "is_verl_default", "rule_for"]
+__all__ = ["Item", "Translated", "Unsupported", "FUNCTIONS", "rule_for", "translate_key", "translate_items",
+           "items_from_overrides", "check_same", "verl_engine_count", "ignored_lines", "is_verl_default"]
 
 
 class Unsupported(ValueError):
@@ -30,7 +29,7 @@ class Unsupported(ValueError):
 
 
 def _choose(allowed: dict, why: str):
-    """A value function: the value mapped by ``allowed`` (``None`` values: nothing to set), else Unsupported."""
+    """A value function: the value as ``allowed`` maps it (None: nothing to set), else :class:`Unsupported`."""
     def fn(v: Any, to: str) -> list:
         if v not in allowed:
             raise Unsupported(why)
@@ -51,7 +50,7 @@ def _dtype(v: Any, to: str) -> list:
     return [] if v is None else [(to, megatron_dtype_name(v))]  # verl's null: megatron's fp32 default
 
 
-#: the value rewrites of ``{fn: NAME, to: KEY}`` rules: ``fn(value, KEY) -> [(our key, value), ...]``
+#: the value rewrites of ``{fn: NAME, to: KEY}`` rules: ``FUNCTIONS[NAME](value, KEY) -> [(our key, value), ...]``
 FUNCTIONS = {
     "logger": lambda v, to: [(to, [v] if isinstance(v, str) else list(v))],
     "betas": lambda v, to: [(f"{to}.adam_beta{i + 1}", b) for i, b in enumerate(list(v)[:2])],
@@ -63,7 +62,7 @@ FUNCTIONS = {
     "rollout_name": _choose({"sglang": "sglang", "vllm": "sglang"}, "the rollout engine here is SGLang; use "
                             "rollout.name=sglang (vllm is read as sglang)"),
     "schedule": _choose({None: None, "constant": "constant", "cosine": "cosine", "linear": "linear"},
-                        "schedules here are constant, linear and cosine"),
+                        "schedules here are constant, linear and cosine (<role>.optim.lr_decay_style)"),
     "recompute": _choose({None: None, "full": "full", "selective": "selective"},
                          "parallel.recompute is null, full or selective"),
     "router_dtype": _choose({None: None, "fp32": "fp32", "fp64": "fp64"}, "model.moe_router_dtype is null, fp32 or "
@@ -78,69 +77,53 @@ FUNCTIONS = {
 
 
 def _expand(pattern: str) -> list[str]:
-    """``a.{b,c}.d`` -> ``["a.b.d", "a.c.d"]`` (several braces and empty alternatives too)."""
+    """``a.{b,c}.d`` -> ``["a.b.d", "a.c.d"]`` (several braces, empty alternatives)."""
     m = re.search(r"\{([^{}]*)\}", pattern)
-    if m is None:
-        return [pattern]
-    return [x for alt in m.group(1).split(",") for x in _expand(pattern[:m.start()] + alt + pattern[m.end():])]
-
-
-def _rule(spec: Any) -> tuple:
-    """A keys.yaml rule as ``(action, arg)``."""
-    if isinstance(spec, str):
-        return "map", spec
-    kind = next(k for k in ("prefix", "fn", "same", "only", "ignore", "refuse", "reward_model") if k in spec)
-    return {"fn": ("fn", (spec.get("fn"), spec.get("to"))), "only": ("neutral", (tuple(spec.get("only", ())),
-                                                                              spec.get("why")))}.get(kind,
-                                                                                                      (kind, spec[kind]))
+    return [x for alt in m.group(1).split(",") for x in _expand(pattern[:m.start()] + alt + pattern[m.end():])] \
+        if m else [pattern]
 
 
 @functools.lru_cache(maxsize=1)
 def _table() -> tuple[dict, list, dict, dict]:
-    """(exact verl rules, pattern rules by priority, rules of our own keys, verl's defaults) from keys.yaml."""
+    """(exact verl keys, patterns by priority, our own keys, verl's defaults) of keys.yaml; a rule is a dict whose
+    first item is its action."""
     import yaml
 
-    doc = yaml.safe_load((Path(__file__).with_name("keys.yaml")).read_text(encoding="utf-8"))
-    flat: dict = {}
-    for key, spec in doc["verl"].items():
-        if isinstance(spec, dict) and "use" in spec:  # a template's rules under this key
+    doc = yaml.safe_load(Path(__file__).with_name("keys.yaml").read_text(encoding="utf-8"))
+    norm = lambda spec: {"map": spec} if isinstance(spec, str) else spec  # noqa: E731
+    flat = {}
+    for key, spec in sorted(doc["verl"].items(), key=lambda kv: "use" not in norm(kv[1])):  # templates first
+        if "use" in norm(spec):
             text = Template(json.dumps(doc["templates"][spec["use"]])).safe_substitute(spec)
-            for sub, sub_spec in json.loads(text).items():
-                for at in _expand(key):
-                    flat.update({f"{at}.{s}": sub_spec for s in _expand(sub)})
-    for key, spec in doc["verl"].items():
-        if not (isinstance(spec, dict) and "use" in spec):
+            flat.update({f"{at}.{s}": sub for k, sub in json.loads(text).items() for at in _expand(key)
+                         for s in _expand(k)})
+        else:
             flat.update({k: spec for k in _expand(key)})
-    exact = {k: _rule(s) for k, s in flat.items() if "*" not in k}
     patterns = []
-    for k, s in flat.items():
-        if "*" in k:
-            parts = k.split(".")
-            deep = parts[-1] == "**" and parts[0] != "**"
-            lead = next((i for i, p in enumerate(parts) if "*" in p), len(parts))
-            patterns.append(((parts[0] != "**", -lead, deep), parts[:-1] if deep else parts, deep, _rule(s)))
-    patterns.sort(key=lambda p: p[0])
-    ours = {k: _rule(s) for key, s in doc["ours"].items() for k in _expand(key)}
-    defaults = {k: v for key, v in doc["verl_defaults"].items() for k in _expand(key)}
-    return exact, [p[1:] for p in patterns], ours, defaults
+    for k, spec in flat.items():
+        parts = k.split(".")
+        deep = parts[-1] == "**" and parts[0] != "**"
+        lead = next((i for i, p in enumerate(parts) if "*" in p), len(parts))
+        patterns += [((parts[0] != "**", -lead, deep), parts[:-1] if deep else parts, deep, norm(spec))] * ("*" in k)
+    return ({k: norm(s) for k, s in flat.items() if "*" not in k}, [p[1:] for p in sorted(patterns, key=lambda p: p[0])],
+            {k: norm(s) for key, s in doc["ours"].items() for k in _expand(key)},
+            {k: v for key, v in doc["verl_defaults"].items() for k in _expand(key)})
 
 
 @functools.lru_cache(maxsize=8192)
-def rule_for(key: str, ours: bool = False) -> Optional[tuple]:
-    """``(action, arg, matched prefix)`` of keys.yaml for ``key`` (``ours``: the rules of our own keys), or None."""
+def rule_for(key: str, ours: bool = False) -> Optional[tuple[dict, str]]:
+    """(keys.yaml rule, the key's matched prefix) for ``key`` (``ours``: among the rules of our own keys), or None."""
     exact, patterns, own, _ = _table()
-    if ours:
-        return (*own[key], key) if key in own else None
-    if key in exact:
-        return (*exact[key], key)
+    if ours or key in exact:
+        return ((own if ours else exact)[key], key) if key in (own if ours else exact) else None
     kp = key.split(".")
     for pp, deep, rule in patterns:
-        if pp[0] == "**":  # any depth, fixed tail
+        if pp[0] == "**":  # any depth, a fixed tail
             if len(kp) >= len(pp) - 1 and kp[len(kp) - len(pp) + 1:] == pp[1:]:
-                return (*rule, key)
+                return rule, key
         elif (len(kp) >= len(pp) if deep else len(kp) == len(pp)) and all(
                 p == k or p == "*" or ("*" in p and fnmatchcase(k, p)) for p, k in zip(pp, kp)):
-            return (*rule, ".".join(kp[:len(pp)]))
+            return rule, ".".join(kp[:len(pp)])
     return None
 
 
@@ -155,8 +138,10 @@ def _in_schema(key: str) -> bool:
     return first_bad_part(split_key(key)) is None
 
 
-def _target(target: str, key: str) -> str:
-    """A rule's key of ours, its ``*`` the verl key's last part."""
+def _ours(target: str, key: str, head: str, rule: dict) -> str:
+    """The key of ours a map / prefix / same / fn rule names for ``key`` (a ``*`` target: the key's last part)."""
+    if "prefix" in rule:
+        return target + key[len(head):]
     return target.replace("*", key.rsplit(".", 1)[-1]) if target.endswith("*") else target
 
 
@@ -165,18 +150,17 @@ def translate_key(key: str) -> Optional[str]:
     ``${...}`` interpolations)."""
     if _in_schema(key):
         return key
-    rule = rule_for(key)
-    if rule is None or rule[0] not in ("map", "prefix"):
+    found = rule_for(key)
+    if found is None or not {"map", "prefix"} & set(found[0]):
         return None
-    ours = _target(rule[1], key) if rule[0] == "map" else rule[1] + key[len(rule[2]):]
+    ours = _ours(next(iter(found[0].values())), key, found[1], found[0])
     return ours if _in_schema(ours) else None
 
 
 @dataclass
 class Item:
-    """One setting: ``key`` = ``value`` (Python), ``raw`` its override text when it came from a command line (kept
-    verbatim for a plain rename), ``prefix`` ``+``/``++``, ``source`` where it came from, ``parsed`` False for a
-    sweep (only renamed)."""
+    """One setting: ``key`` = ``value`` (Python), ``raw`` its override text (kept verbatim for a plain rename),
+    ``prefix`` ``+``/``++``, ``source`` where it came from, ``parsed`` False for a sweep (only renamed)."""
 
     key: str
     value: Any
@@ -195,7 +179,7 @@ class Translated:
     same: list = field(default_factory=list)  # (our key, value, verl key, source): must be equal after composing
     ignored: list = field(default_factory=list)  # (verl key, source, why) accepted without effect
     notes: list = field(default_factory=list)  # substitutions worth telling (vllm read as sglang)
-    unknown: list = field(default_factory=list)  # ConfigKeyError per verl-layout key that is not ours either
+    unknown: list = field(default_factory=list)  # a ConfigKeyError per verl-layout key that is not ours either
     origins: dict = field(default_factory=dict)  # override string -> where its setting came from
     speaks_verl: bool = False  # some setting used verl's actor_rollout_ref.* layout
 
@@ -204,74 +188,59 @@ _INTERP_KEY = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
 
 
 def _line(item: Item, key: str, value: Any = None, verbatim: bool = False) -> str:
-    """The override line setting our ``key``: ``++`` (add or replace) where Hydra's ``key=`` / ``+key=`` would refuse
-    (a dict-valued field or a key inside one, verl's ``+key`` for a key we have); verl keys in ``${...}`` rewritten."""
+    """The override setting our ``key``: ``++`` (add or replace) where ``key=`` / ``+key=`` would be refused (a
+    dict-valued field or a key inside one, verl's ``+key`` for a key we have); verl keys in ``${...}`` rewritten."""
     from rlhf.config.overrides import format_value
 
     if isinstance(value, str) and "${" in value:
         value = _INTERP_KEY.sub(lambda m: translate_key(m.group(1)) or m.group(1), value)
-    text = item.raw if verbatim and item.raw is not None else format_value(value)
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     prefix = ("++" if item.prefix == "+" and key != item.key else item.prefix) if item.prefix else (
         "++" if (isinstance(value, dict) and is_dict_field(key)) or (parent and is_dict_field(parent)) else "")
-    return f"{prefix}{key}={text}"
+    return f"{prefix}{key}={item.raw if verbatim and item.raw is not None else format_value(value)}"
 
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return isinstance(a, bool) and isinstance(b, bool) and a == b
-    if isinstance(a, str) and isinstance(b, str):
-        return a.lower() == b.lower()
-    try:
-        return a == b
-    except Exception:  # noqa: BLE001 - uncomparable values differ
-        return False
+    return a.lower() == b.lower() if isinstance(a, str) and isinstance(b, str) else a == b
 
 
-def _brief(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters (a chat template is thousands) with the full length named."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
-
-
-def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None:
-    action, arg, head = rule
-    key, value = item.key, item.value
+def _apply(item: Item, rule: dict, head: str, out: Translated, reward_model: dict) -> None:
+    """One verl setting through its rule (the rule's first item is its action)."""
+    (action, arg), key, value = next(iter(rule.items())), item.key, item.value
     src = item.source if len(item.source) <= 120 else f"{item.source[:100]}...' ({len(item.source)} characters)"
-    where, interp = f" ({src})" if src else "", isinstance(value, str) and "${" in value
-    if action == "map":
-        out.overrides.append(_line(item, _target(arg, key), value, verbatim=True))
-    elif action == "prefix":
-        ours = arg + key[len(head):]
+    where, shown = f" ({src})" if src else "", repr(value) if len(repr(value)) <= 60 else \
+        f"{repr(value)[:60]}... ({len(repr(value))} characters)"  # a chat template is thousands
+    interpolated = isinstance(value, str) and "${" in value
+    if action in ("map", "prefix"):
+        ours = _ours(arg, key, head, rule)
         if _in_schema(ours):
             out.overrides.append(_line(item, ours, value, verbatim=True))
-        else:  # the unknown-key error of our key, naming verl's
+        else:  # our key's unknown-key error, naming verl's
             err = unknown_key_error(ours, item.source)
-            head_line = f"Unknown config key {key!r} (read as {ours!r}" + (f"; {item.source}" if item.source else "")
-            out.unknown.append(ConfigKeyError("\n".join([head_line + ").", *str(err).splitlines()[1:]]), key=key,
+            first = f"Unknown config key {key!r} (read as {ours!r}" + (f"; {item.source}" if item.source else "")
+            out.unknown.append(ConfigKeyError("\n".join([first + ").", *str(err).splitlines()[1:]]), key=key,
                                               suggestions=err.suggestions, source=item.source))
+    elif action == "fn" and not item.parsed:
+        out.problems.append(f"{key}: only a single value is supported here{where}.")
     elif action == "fn":
-        if not item.parsed:
-            out.problems.append(f"{key}: only a single value is supported here{where}.")
-            return
         try:
-            pairs = FUNCTIONS[arg[0]](value, _target(arg[1], key) if arg[1] else key)
+            out.overrides += [_line(item, k, v) for k, v in FUNCTIONS[arg](value, _ours(rule.get("to") or key, key,
+                                                                                           head, rule))]
         except Unsupported as e:
-            out.problems.append(f"{key}={_brief(value)} is not supported{where}: {e}.")
-            return
+            out.problems.append(f"{key}={shown} is not supported{where}: {e}.")
         except (TypeError, ValueError) as e:
-            out.problems.append(f"{key}={_brief(value)}: {e}{where}.")
-            return
-        out.overrides += [_line(item, k, v) for k, v in pairs]
+            out.problems.append(f"{key}={shown}: {e}{where}.")
         if key.endswith("rollout.name") and value == "vllm":
             out.notes.append(f"{key}=vllm: the rollout engine here is SGLang (same sampling settings).")
-    elif action == "same" and not interp:
-        out.same.append((_target(arg, key), value, key, item.source))
-    elif action == "neutral" and not interp and not any(_same(value, v) for v in arg[0]):
-        shown = ", ".join("null" if v is None else json.dumps(v) if isinstance(v, bool) else repr(v) for v in arg[0])
-        out.problems.append(f"{key}={_brief(value)} is not supported{where}: {arg[1]} (accepted: {shown}).")
+    elif action == "same" and not interpolated:
+        out.same.append((_ours(arg, key, head, rule), value, key, item.source))
+    elif action == "only" and not interpolated and not any(_same(value, v) for v in arg):
+        accepted = ", ".join("null" if v is None else json.dumps(v) if isinstance(v, bool) else repr(v) for v in arg)
+        out.problems.append(f"{key}={shown} is not supported{where}: {rule['why']} (accepted: {accepted}).")
     elif action == "refuse":
-        out.problems.append(f"{key}={_brief(value)} is not supported{where}: {arg}.")
+        out.problems.append(f"{key}={shown} is not supported{where}: {arg}.")
     elif action == "ignore":
         out.ignored.append((key, item.source, arg))
     elif action == "reward_model":
@@ -280,17 +249,15 @@ def _apply(item: Item, rule: tuple, out: Translated, reward_model: dict) -> None
 
 def _reward_model_source(reward_model: dict, out: Translated) -> None:
     """verl's reward_model.enable + model.path -> one model source in reward.sources."""
-    if reward_model.get("enable", (None, None))[0] is not True:
+    if reward_model.get("enable", (None,))[0] is not True:
         return
     path, item = reward_model.get("path", (None, None))
     if not path or "${" in str(path):
         out.problems.append("reward_model.enable=True needs reward_model.model.path=<HF reward model>.")
         return
-    source: dict = {"type": "model", "path": path, "weight": 1.0}
-    for name in ("micro_batch_size", "max_length"):
-        v = reward_model.get(name, (None, None))[0]
-        if v is not None and "${" not in str(v):
-            source[name] = v
+    source = {"type": "model", "path": path, "weight": 1.0, **{name: reward_model[name][0] for name in (
+        "micro_batch_size", "max_length") if reward_model.get(name, (None,))[0] is not None and "${" not in str(
+        reward_model[name][0])}}
     out.overrides.append(_line(item, "reward.sources", [source]))
 
 
@@ -309,15 +276,12 @@ def translate_items(items: Sequence[Item]) -> Translated:
             continue  # given again later, or verl's default (not chosen by the user): our setting stays
         before = len(out.overrides)
         out.speaks_verl |= key.lstrip("+").startswith("actor_rollout_ref.")
-        rule = rule_for(key, ours=True)
-        if key in ("recipe", "algorithm") or key.split(".")[0] == "hydra" or (rule is None and _in_schema(key)):
-            rule = None
-        elif rule is None:
-            rule = rule_for(key)
-        if rule is None:  # ours, or neither ours nor verl's: composing reports it with the nearest keys
+        passthrough = key in ("recipe", "algorithm") or key.split(".")[0] == "hydra"
+        found = None if passthrough else rule_for(key, ours=True) or (None if _in_schema(key) else rule_for(key))
+        if found is None:  # ours, or neither ours nor verl's: composing reports it with the nearest keys
             out.overrides.append(_line(item, key, item.value, verbatim=True))
         else:
-            _apply(item, rule, out, reward_model)
+            _apply(item, *found, out, reward_model)
         for line in out.overrides[before:]:
             out.origins.setdefault(line, item.source)
     _reward_model_source(reward_model, out)
@@ -325,28 +289,24 @@ def translate_items(items: Sequence[Item]) -> Translated:
 
 
 def items_from_overrides(overrides: Sequence[str]) -> tuple[list[Item], list[str]]:
-    """Parse override strings into items; deletions (``~key``), package overrides and lines Hydra cannot parse are
-    returned apart (composing gets them unchanged and reports them)."""
+    """Override strings as items; deletions (``~key``), package overrides and lines Hydra cannot parse are returned
+    apart (composing gets them unchanged and reports them)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
 
-    items, passthrough = [], []
-    parser = OverridesParser.create()
+    items, passthrough, parser = [], [], OverridesParser.create()
     for line in overrides:
         try:
             ov = parser.parse_overrides([line])[0]
         except HydraException:
+            ov = None
+        if ov is None or ov.is_delete() or ov.package is not None:
             passthrough.append(line)
             continue
-        if ov.is_delete() or ov.package is not None:
-            passthrough.append(line)
-            continue
-        prefix = "++" if line.startswith("++") else "+" if line.startswith("+") else ""
-        raw = line.split("=", 1)[1] if "=" in line else ""
-        single = ov.value_type == ValueType.ELEMENT
-        items.append(Item(ov.key_or_group, ov.value() if single else raw, raw, prefix,
-                          f"command-line override {line!r}", single))
+        raw, single = line.split("=", 1)[1] if "=" in line else "", ov.value_type == ValueType.ELEMENT
+        items.append(Item(ov.key_or_group, ov.value() if single else raw, raw, "++" if line.startswith("++") else
+                          "+" * line.startswith("+"), f"command-line override {line!r}", single))
     return items, passthrough
 
 
@@ -354,39 +314,31 @@ def check_same(cfg: Any, same: Sequence[tuple]) -> list[str]:
     """The ``same`` constraints (the reference's / critic's layout equals the actor's) that ``cfg`` breaks."""
     from omegaconf import OmegaConf
 
-    out = []
-    for ours, value, verl_key, source in same:
-        have = OmegaConf.select(cfg, ours)
-        if not _same(have, value):
-            out.append(f"{verl_key}={value!r} is not supported" + (f" ({source})" if source else "")
-                       + f": the reference model and the critic use the actor's layout, {ours}={have!r}; "
-                       f"set {ours}={value!r} (actor_rollout_ref.actor.megatron.*) or drop {verl_key}.")
-    return out
+    return [f"{verl_key}={value!r} is not supported" + (f" ({source})" if source else "") + f": the reference model "
+            f"and the critic use the actor's layout, {ours}={OmegaConf.select(cfg, ours)!r}; set {ours}={value!r} "
+            f"(actor_rollout_ref.actor.megatron.*) or drop {verl_key}."
+            for ours, value, verl_key, source in same if not _same(OmegaConf.select(cfg, ours), value)]
 
 
 def verl_engine_count(cfg: Any, translated: Translated) -> Optional[int]:
     """The rollout engines a verl config means where it leaves ``rollout.num_engines`` to us: verl's hybrid engine
-    runs one replica per ``rollout.tensor_model_parallel_size`` GPUs of the whole job (``trainer.nnodes x
+    runs one replica per ``rollout.tensor_model_parallel_size`` GPUs of the job (``trainer.nnodes x
     trainer.n_gpus_per_node``, colocated), our default is one engine.  None (keep ours) unless the settings speak
-    verl (``actor_rollout_ref.*``) without setting ``rollout.num_engines``, the composed count is still one, the
-    mode colocated and ``trainer.n_gpus_per_node`` given (a CPU job keeps one engine).  E.g. 2 nodes x 8 GPUs at
-    rollout TP 4 -> 4 engines of TP 4."""
-    if not translated.speaks_verl or any(o.lstrip("+").split("=", 1)[0] == "rollout.num_engines"
-                                         for o in translated.overrides):
-        return None
+    verl without setting ``rollout.num_engines``, the composed count is one, the mode colocated and
+    ``trainer.n_gpus_per_node`` given.  E.g. 2 nodes x 8 GPUs at rollout TP 4: 4 engines."""
     r, t = cfg.rollout, cfg.trainer
-    if r.mode != "colocated" or not t.n_gpus_per_node or r.num_engines != 1:
+    if not translated.speaks_verl or any(o.lstrip("+").startswith("rollout.num_engines=") for o in
+                                         translated.overrides) or r.mode != "colocated" or r.num_engines != 1:
         return None
-    return max(1, (t.nnodes or 1) * t.n_gpus_per_node // r.tensor_model_parallel_size)
+    return max(1, (t.nnodes or 1) * t.n_gpus_per_node // r.tensor_model_parallel_size) if t.n_gpus_per_node else None
 
 
 def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
-    """Warning lines naming the verl settings accepted without effect (``Translated.ignored``), so none passes
-    silently: command-line keys one by one with the reason; a config file's keys in one line per file, grouped by
-    section, deeper keys as ``name.*`` (a verl ppo_trainer.yaml holds hundreds of engine / worker details).
-    verl's ``_target_`` class names and ``hydra.*`` are left out (they configure nothing)."""
-    by_why: dict = {}
-    by_file: dict = {}
+    """Warning lines naming the verl settings accepted without effect, so none passes silently: command-line keys
+    with the reason; a config file's keys in one line per file, by section, deeper keys as ``name.*`` (a verl
+    ppo_trainer.yaml holds hundreds of engine / worker details).  verl's ``_target_`` names and ``hydra.*`` are
+    left out (they configure nothing)."""
+    by_why, by_file = {}, {}
     for key, source, why in ignored:
         if key.endswith("_target_") or key.startswith("hydra."):
             continue
