@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlhf.config.choices import AlgorithmName, KLControlType, KLEstimator
-from rlhf.config.schema.rules import Checked, ge, rule
+from rlhf.config.schema.rules import Checked, check, ge
 
 __all__ = ["KLControlConfig", "FilterGroupsConfig", "DPOConfig", "AlgorithmConfig"]
 
@@ -14,24 +14,22 @@ class KLControlConfig(Checked):
     """KL penalty in the reward (algorithm.use_kl_in_reward): kl_coef x KL(actor || reference) per token."""
 
     type: KLControlType = KLControlType.fixed
-    kl_coef: float = 0.001
+    kl_coef: float = ge(0, 0.001)
     # adaptive: target KL in nats per WHOLE response (the sum over its tokens, averaged over responses), as in
     # Ziegler et al. 2019 (arXiv:1909.08593) sec. 2.2; not per token.  kl_coef is multiplied by
     # 1 + clip(KL / target_kl - 1, -0.2, 0.2) x responses / horizon after each step.
     target_kl: float = 0.1
     horizon: int = 10000  # adaptive: responses over which the coefficient adapts
 
-    def problems(self, at: str = "") -> list[str]:
-        out = ge(self, at, "kl_coef", 0)
-        if self.type == KLControlType.adaptive:
-            out += rule(self, at, "target_kl horizon", lambda v: v > 0, f"must be > 0 for {at}type=adaptive")
-        return out
+    def rules(self, at: str = "") -> list[str]:
+        return [f"{at}{k}={getattr(self, k)!r} must be > 0 for {at}type=adaptive." for k in ("target_kl", "horizon")
+                if self.type == KLControlType.adaptive and (getattr(self, k) is None or getattr(self, k) <= 0)]
 
 
 @dataclass
 class FilterGroupsConfig:
-    """DAPO dynamic sampling (rlhf/dapo.py): drop prompt groups whose responses all got the same
-    `metric`, generate more prompt batches until data.train_batch_size groups are kept."""
+    """DAPO dynamic sampling (rlhf/dapo.py): drop prompt groups whose responses all got the same `metric`, generate
+    more prompt batches until data.train_batch_size groups are kept."""
     enable: bool = False
     metric: str = "score"  # score (reward) | seq_reward (reward + overlong shaping)
     max_num_gen_batches: int = 10  # generation rounds per step at most (<= 0: no cap)
@@ -45,14 +43,17 @@ class DPOConfig:
     label_smoothing: float = 0.0
 
 
+_UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1] (1.0 for outcome rewards)")
+
+
 @dataclass
 class AlgorithmConfig(Checked):
     name: AlgorithmName = AlgorithmName.ppo
     # a name in rlhf.algorithms' registry (checked by rlhf.config.validate); remax also generates one greedy
     # response per prompt as its baseline
     adv_estimator: str = "gae"
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: float = check(1.0, *_UNIT)
+    lam: float = check(1.0, *_UNIT)
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
     kl_penalty: KLEstimator = KLEstimator.kl
@@ -61,6 +62,3 @@ class AlgorithmConfig(Checked):
     overlong_filter: bool = False
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
-
-    def problems(self, at: str = "") -> list[str]:
-        return rule(self, at, "gamma lam", lambda v: 0 <= v <= 1, "must be in [0, 1] (1.0 for outcome rewards)")

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from rlhf.config.choices import Gsm8kMethod
-from rlhf.config.schema.rules import Checked
+from rlhf.config.schema.rules import Checked, check, ge
 
 __all__ = ["CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
            "RewardFallbackConfig", "RewardConfig"]
@@ -19,8 +19,8 @@ class CustomRewardConfig:
 
 @dataclass
 class OverlongBufferConfig:
-    """DAPO soft overlong punishment: the last `len` tokens before data.max_response_length cost up
-    to `penalty_factor` (rlhf.algorithms.compute_overlong_penalty)."""
+    """DAPO soft overlong punishment: the last `len` tokens before data.max_response_length cost up to
+    `penalty_factor` (rlhf.algorithms.compute_overlong_penalty)."""
     enable: bool = False
     len: Optional[int] = None  # None: data.max_response_length // 4
     penalty_factor: float = 1.0
@@ -56,25 +56,19 @@ class RewardFallbackConfig(Checked):
     """What a sample gets from a source that failed on it (rlhf/rewards/fallback.py): rule = the data source's
     rule reward (else static); static = fallback_score + keyword_score x [any keyword in the response]
     - length_penalty x characters past max_chars; constant = fallback_score."""
-    type: str = "rule"  # rule | static | constant
+    type: str = check("rule", lambda v: v in ("rule", "static", "constant"), "must be rule (the data source's rule "
+                      "reward), static or constant")
     keywords: list[str] = field(default_factory=list)
     keyword_score: float = 0.0
-    length_penalty: float = 0.0  # per character past max_chars
-    max_chars: Optional[int] = None  # null: no length penalty
-
-    def problems(self, at: str = "") -> list[str]:
-        out = [] if self.type in ("rule", "static", "constant") else [
-            f"{at}type={self.type!r}: use rule (the data source's rule reward), static or constant."]
-        out += [f"{at}{k}={getattr(self, k)!r} must be >= 0." for k in ("length_penalty", "max_chars")
-                if getattr(self, k) is not None and getattr(self, k) < 0]
-        return out
+    length_penalty: float = ge(0, 0.0)  # per character past max_chars
+    max_chars: Optional[int] = check(None, lambda v: v >= 0, "must be >= 0", null=True)  # null: no length penalty
 
 
 @dataclass
 class RewardConfig(Checked):
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     # a rule/custom source gets timeout_s per sample, a model source per micro batch; slower is a fallback
-    timeout_s: Optional[float] = 3.0
+    timeout_s: Optional[float] = check(3.0, lambda v: v > 0, "must be > 0, or null for no timeout", null=True)
     fallback_score: float = 0.0
     fallback: RewardFallbackConfig = field(default_factory=RewardFallbackConfig)
     # true: a sample no source (and no rule fallback) could score is left out of its group's baseline and of the
@@ -85,13 +79,9 @@ class RewardConfig(Checked):
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     gsm8k: Gsm8kRewardConfig = field(default_factory=Gsm8kRewardConfig)
 
-    def problems(self, at: str = "") -> list[str]:
-        to = self.timeout_s
-        out = [f"{at}timeout_s={to!r} must be > 0, or null for no timeout."] if to is not None and to <= 0 else []
-        for i, s in enumerate(self.sources or []):
-            if s.type == "model" and s.num_gpus and s.num_gpus > 0:
-                out.append(f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in "
-                           f"the memory plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give "
-                           f"the worker a GPU they use); set num_gpus=0 (the model runs on the CPU), or serve it on "
-                           f"GPUs outside this job and score with a custom source (type=custom) that calls it.")
-        return out
+    def rules(self, at: str = "") -> list[str]:
+        return [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in the memory "
+                f"plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the worker a GPU they "
+                f"use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs outside this job and score with "
+                f"a custom source (type=custom) that calls it." for i, s in enumerate(self.sources or [])
+                if s.type == "model" and s.num_gpus and s.num_gpus > 0]
