@@ -69,7 +69,12 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
     argv = list(argv)
     argv = [_BARE.get(a, a) if not (a in ("--cfg", "-c") and argv[i + 1:i + 2] and argv[i + 1] in
                                     ("job", "hydra", "all")) else a for i, a in enumerate(argv)]
-    args = _parser().parse_intermixed_args(argv)  # options and overrides in any order, as before
+    args, unknown = _parser().parse_known_intermixed_args(argv)  # options and overrides in any order
+    if unknown:
+        from rlhf.trainer.resume import RESUME_HINT, is_resume_option
+
+        bad = next((u for u in unknown if u.startswith("-")), unknown[0])
+        raise UsageError(f"unknown option {bad!r}" + (f"; {RESUME_HINT}" if is_resume_option(bad) else ""))
     if args.print_launch not in (None, "auto") and not args.print_launch.isdigit():
         raise UsageError(f"--print-launch={args.print_launch}: give this node's GPU count, e.g. --print-launch=8")
     overrides = [f"recipe={name}" for name in args.recipe]

@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
-from rlhf.config.refs import parse_data_ref, parse_model_ref
+from rlhf.data.refs import parse_data_ref, parse_model_ref
 
 __all__ = ["length_report", "split_lengths", "SplitLengths", "reference_solution", "config_tokenizer", "MAX_ROWS"]
 

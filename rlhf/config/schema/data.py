@@ -13,7 +13,7 @@ __all__ = ["DataConfig", "LoRAConfig", "ModelConfig", "ParallelConfig"]
 @dataclass
 class DataConfig(Checked):
     # local parquet/jsonl file(s) or directory, a hub dataset NAME[:CONFIG][@SPLIT] (e.g. openai/gsm8k:main@train;
-    # rlhf.config.refs), or embedded://arithmetic; a list mixes them
+    # rlhf.data.refs), or embedded://arithmetic; a list mixes them
     train_files: Any = "embedded://arithmetic"
     val_files: Any = "embedded://arithmetic"
     prompt_key: str = "prompt"
