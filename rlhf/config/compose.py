@@ -1,12 +1,10 @@
-"""Compose the training config with Hydra from the config tree inside this package.
+"""compose_config: the training config composed by Hydra's compose API from this package's tree, every problem
+reported together (the Python API's way in; ``rlhf.main`` runs it before handing the overrides to ``@hydra.main``).
 
     schema defaults (schema/) < ppo_trainer.yaml < recipes/<NAME>/<NAME>.yaml < algorithm/<NAME>.yaml < key=value
 
-:func:`compose_config` is the Python API's way in (``rlhf.Trainer``, ``rlhf launch``) and the check ``rlhf.main``
-runs before handing the same overrides to ``@hydra.main``: verl's keys are translated first (:func:`translate`,
-:mod:`rlhf.config.verl.compat`), every override is applied to the schema by OmegaConf (unknown keys, types and
-choices, all reported together), then Hydra's compose API composes the tree from the ``rlhf.config`` package (any
-working directory, every rank).  Composing imports neither torch nor megatron.
+verl's keys are translated first (:func:`translate`), every override is applied to the schema by OmegaConf (unknown
+keys, types, choices), then Hydra composes; any working directory, no torch.
 """
 from __future__ import annotations
 
@@ -25,33 +23,21 @@ from rlhf.config.keys import compose_error, omegaconf_error, schema
 from rlhf.config.verl.compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
 
 __all__ = ["compose_config", "translate", "check_overrides", "register_configs", "list_recipes", "list_algorithms",
-           "list_options", "describe_options", "default_rollout_n", "recipe_files", "SCHEMA_NAME",
-           "BASE_CONFIG_NAME", "RECIPE_GROUP", "ALGORITHM_GROUP", "CONFIG_MODULE", "RECIPES_DIR"]
+           "describe_options", "recipe_files", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP", "ALGORITHM_GROUP"]
 
-#: Name of the structured schema node in Hydra's ConfigStore (first entry of ppo_trainer.yaml's defaults).
-SCHEMA_NAME = "ppo_trainer_schema"
-#: Name of the base (primary) config file, without ``.yaml``.
-BASE_CONFIG_NAME = "ppo_trainer"
-#: The config groups of the recipes (``recipe=NAME``) and of the algorithm presets (``algorithm=NAME``).
-RECIPE_GROUP, ALGORITHM_GROUP = "recipe", "algorithm"
-CONFIG_MODULE = "rlhf.config"
+SCHEMA_NAME = "ppo_trainer_schema"  # the schema in Hydra's ConfigStore, first of ppo_trainer.yaml's defaults
+BASE_CONFIG_NAME = "ppo_trainer"  # the primary config, rlhf/config/ppo_trainer.yaml
+RECIPE_GROUP, ALGORITHM_GROUP = "recipe", "algorithm"  # recipe=NAME, algorithm=NAME
 CONFIG_DIR = Path(__file__).resolve().parent
-#: The recipes: ``recipes/<name>/<name>.yaml`` beside their launch scripts, shared bases in ``recipes/_base/`` (the
-#: repository's top-level folder, installed beside the ``rlhf`` package).
+#: recipes/<name>/<name>.yaml beside their launch scripts, shared bases in recipes/_base/ (installed beside rlhf/)
 RECIPES_DIR = CONFIG_DIR.parents[1] / "recipes"
 
 
-def default_rollout_n(adv_estimator: str) -> int:
-    """``rollout.n`` when neither a recipe nor an override sets it (ppo_trainer.yaml's ``${rlhf.rollout_n:...}``):
-    4 for the estimators that compare the responses of a prompt (GROUP_ESTIMATORS), else 1."""
-    return 4 if adv_estimator in GROUP_ESTIMATORS else 1
-
-
 def register_configs() -> None:
-    """Register the structured schema under :data:`SCHEMA_NAME`, the built-in recipes (group ``recipe``, each a
-    ``# @package _global_`` file; a recipe's ``defaults: [_base/X]`` finds ``recipes/_base/X.yaml``) in Hydra's
-    ConfigStore, and the resolvers ``rlhf.rollout_n`` and ``rlhf.options`` (the listing of ``--help``).
-    Idempotent; :func:`compose_config` and ``rlhf.main`` call it."""
+    """Register in Hydra's ConfigStore the schema (:data:`SCHEMA_NAME`) and the built-in recipes (group ``recipe``,
+    ``# @package _global_`` files; ``defaults: [_base/X]`` finds ``recipes/_base/X.yaml``), and the resolvers
+    ``rlhf.rollout_n`` (4 responses per prompt for the group estimators, else 1) and ``rlhf.options`` (``--help``'s
+    listing).  Idempotent."""
     from hydra.core.config_store import ConfigStore
 
     from rlhf.config.schema import RLHFConfig
@@ -59,66 +45,58 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     if f"{SCHEMA_NAME}.yaml" not in store.repo:  # storing converts the dataclass again (~0.5 s)
         store.store(name=SCHEMA_NAME, node=RLHFConfig)
-        nodes = [(RECIPE_GROUP, name, path) for name, path in recipe_files().items()]
-        nodes += [(f"{RECIPE_GROUP}/_base", p.stem, p) for p in sorted((RECIPES_DIR / "_base").glob("*.yaml"))]
-        for group, name, path in nodes:
+        for group, name, path in [(RECIPE_GROUP, n, p) for n, p in recipe_files().items()] + [
+                (f"{RECIPE_GROUP}/_base", p.stem, p) for p in sorted((RECIPES_DIR / "_base").glob("*.yaml"))]:
             store.store(group=group, name=name, node=OmegaConf.load(path), package="_global_",
                         provider=str(path.relative_to(RECIPES_DIR.parent)))
     if not OmegaConf.has_resolver("rlhf.rollout_n"):
-        OmegaConf.register_new_resolver("rlhf.rollout_n", default_rollout_n)
+        OmegaConf.register_new_resolver("rlhf.rollout_n", lambda est: 4 if est in GROUP_ESTIMATORS else 1)
         OmegaConf.register_new_resolver("rlhf.options", lambda group: "\n".join(
             f"  {name:<28} {desc}" for name, desc in describe_options(group)))
 
 
 def recipe_files() -> dict[str, Path]:
     """``{name: recipes/<name>/<name>.yaml}`` of the built-in recipes."""
-    if not RECIPES_DIR.is_dir():
-        return {}
-    return {d.name: d / f"{d.name}.yaml" for d in sorted(RECIPES_DIR.iterdir())
-            if not d.name.startswith("_") and (d / f"{d.name}.yaml").is_file()}
+    return {d.name: d / f"{d.name}.yaml" for d in sorted(RECIPES_DIR.iterdir()) if not d.name.startswith("_")
+            and (d / f"{d.name}.yaml").is_file()} if RECIPES_DIR.is_dir() else {}
 
 
-def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the options of a config group, sorted: the built-in ones (``recipes/`` for the recipes) and
-    ``<dir>/<group>/<name>.yaml`` of the extra directories ``search_paths`` (plain paths, ``file://`` or
-    ``pkg://``)."""
+def _options(group: str, search_paths: Iterable[Union[str, os.PathLike]]) -> list[str]:
+    """The options of a config group: the built-in ones and ``<dir>/<group>/*.yaml`` of the extra directories
+    (plain paths, ``file://`` or ``pkg://``), sorted."""
     import importlib.util
 
-    names = set(recipe_files()) if group == RECIPE_GROUP else set()
     dirs = [CONFIG_DIR]
     for s in map(str, search_paths):
-        if s.startswith("pkg://"):
-            spec = importlib.util.find_spec(s[len("pkg://"):])
-            dirs += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-        else:
-            dirs.append(Path(s.removeprefix("file://")))
+        spec = importlib.util.find_spec(s[6:]) if s.startswith("pkg://") else None
+        dirs += [Path(p) for p in spec.submodule_search_locations or []] if spec else [Path(s.removeprefix("file://"))]
+    names = set(recipe_files()) if group == RECIPE_GROUP else set()
     return sorted(names | {p.stem for d in dirs for ext in ("yaml", "yml") for p in (d / group).glob(f"*.{ext}")})
 
 
 def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the recipes (built-in and ``recipe/<name>.yaml`` of the extra directories), sorted."""
-    return list_options(RECIPE_GROUP, search_paths)
+    """Names of the recipes (built-in, and ``recipe/<name>.yaml`` of the extra directories ``search_paths``)."""
+    return _options(RECIPE_GROUP, search_paths)
 
 
 def list_algorithms(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the algorithm presets (``algorithm/<name>.yaml``), sorted; like :func:`list_recipes`."""
-    return list_options(ALGORITHM_GROUP, search_paths)
+    """Names of the algorithm presets (``algorithm/<name>.yaml``), as :func:`list_recipes`."""
+    return _options(ALGORITHM_GROUP, search_paths)
 
 
 def describe_options(group: str) -> list[tuple[str, str]]:
-    """(name, first descriptive comment line) of each built-in option of ``group`` (for ``--help``)."""
+    """(name, the first descriptive comment line of its file) of each built-in option of ``group``."""
     out = []
-    for name in list_options(group):
+    for name in _options(group, ()):
         path = recipe_files()[name] if group == RECIPE_GROUP else CONFIG_DIR / group / f"{name}.yaml"
-        lines = [ln.strip().lstrip("# ") for ln in path.read_text(encoding="utf-8").splitlines()
-                 if ln.strip().startswith("#") and "@package" not in ln and ln.strip().lstrip("# ")]
-        desc = lines[0] if lines else ""
+        desc = next((ln.strip().lstrip("# ") for ln in path.read_text(encoding="utf-8").splitlines() if
+                     ln.strip().startswith("#") and "@package" not in ln and ln.strip().lstrip("# ")), "")
         out.append((name, desc.split(":", 1)[1].strip() if desc.startswith(f"{name}:") else desc))
     return out
 
 
 def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.PathLike]] = None) -> Translated:
-    """The preprocessing step: the config file's settings, then ``overrides``, in our keys (verl's keys translated:
+    """The preprocessing step: the config file's settings, then ``overrides``, in our keys (verl's translated,
     :mod:`rlhf.config.verl.compat`); ``hydra.run.dir=DIR`` also sets ``trainer.default_local_dir=DIR`` unless that
     is given too; ``+recipe=`` / ``+algorithm=`` are group choices.
 
@@ -138,14 +116,12 @@ def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.Path
 
 
 def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) -> tuple[dict, list, list, list]:
-    """Apply each override to a copy of the schema in struct mode, so OmegaConf itself checks its key and type (and
-    an Enum field its choices).  Returns (group choices ``{"recipe": [...], "algorithm": [...]}``, one line per bad
-    value, the lines to leave out when composing, a ConfigKeyError per unknown key); ``sources`` names where a line
-    came from (default: the command line).  What OmegaConf accepts here, composing checks again.
+    """Each override applied to a copy of the schema in struct mode, so OmegaConf checks its key, type and choices:
+    (group choices ``{"recipe": [...], "algorithm": [...]}``, a line per bad value, the lines to leave out when
+    composing, a ConfigKeyError per unknown key).  ``sources``: where a line came from (default the command line).
 
     Raises:
-        ConfigError: an override Hydra cannot parse, a package override (``key@pkg``) or the deletion of a schema
-            key (``~key``).
+        ConfigError: an override Hydra cannot parse, a package override (``key@pkg``), a deleted schema key.
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
@@ -160,30 +136,27 @@ def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) ->
     trial = copy.deepcopy(schema())
     OmegaConf.set_struct(trial, True)
     for ov in parsed:
-        key = ov.key_or_group
-        where = (sources or {}).get(ov.input_line) or f"command-line override {ov.input_line!r}"
+        key, where = ov.key_or_group, (sources or {}).get(ov.input_line) or f"command-line override {ov.input_line!r}"
         if ov.package is not None:
             raise ConfigError(f"{where}: package overrides (key@pkg) are not supported.")
-        if key.split(".")[0] == "hydra":
-            continue
-        if key in choices and not ov.is_delete():
+        if key in choices and not ov.is_delete():  # group=null: no recipe / no preset, the default
             (choices[key].append(str(ov.value())) if ov.value() is not None else skip.append(ov.input_line))
-            continue  # group=null: no recipe / no preset, the default
-        if ov.is_delete():
+        elif ov.is_delete():
             raise ConfigError(f"{where}: keys of the schema cannot be deleted; set a value instead (e.g. {key}=null "
                               f"where the key allows None).")
-        sweep = ov.value_type != ValueType.ELEMENT  # a sweep's values are checked per job; here its key
-        try:
-            OmegaConf.update(trial, key, None if sweep else ov.value(), merge=True)
-        except Exception as e:  # noqa: BLE001 - what is not worded here, composing reports
-            found = omegaconf_error(e, where, key)
-            if isinstance(found, ConfigKeyError):
-                unknown.append(found)
-            elif found is not None and not sweep:
-                problems += found.problems
-            else:
-                continue
-            skip.append(ov.input_line)
+        elif key.split(".")[0] != "hydra":
+            sweep = ov.value_type != ValueType.ELEMENT  # a sweep's values are checked per job, here its key
+            try:
+                OmegaConf.update(trial, key, None if sweep else ov.value(), merge=True)
+            except Exception as e:  # noqa: BLE001 - what is not worded here, composing reports
+                found = omegaconf_error(e, where, key)
+                if isinstance(found, ConfigKeyError):
+                    unknown.append(found)
+                elif found is None or sweep:
+                    continue
+                else:
+                    problems += found.problems
+                skip.append(ov.input_line)
     return choices, problems, skip, unknown
 
 
@@ -197,20 +170,19 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         overrides: Hydra overrides (``["trainer.total_training_steps=5", "algorithm=grpo"]``), verl's keys too; may
             hold ``recipe=NAME`` instead of ``recipe``.
         recipe: the recipe ``recipes/<name>/<name>.yaml`` (None: the overrides' ``recipe=``, else none).
-        search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``) searched after this package,
-            e.g. one holding your own ``recipe/my_run.yaml``.
+        search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``), e.g. with your own
+            ``recipe/my_run.yaml``.
         resolve: resolve ``${...}`` interpolations in place (every rank then sees plain values).
         config_file: a YAML file of settings, verl's layout or ours (:mod:`rlhf.config.config_file`).
-        check_files: when the config has problems, also name those of its data and model references
-            (:func:`rlhf.config.validate.config_problems`), so one error holds them all; a config without problems
-            is returned unchecked (``validate_config`` then).
+        check_files: when the config has problems, name those of its files too (:func:`rlhf.config.validate.
+            config_problems`), so one error holds them all; a config without problems is returned unchecked.
 
     Returns:
         The composed DictConfig in struct mode, typed by :class:`rlhf.config.schema.RLHFConfig`.
 
     Raises:
         ConfigKeyError: a key not in the schema (override, config file or recipe file), an unknown recipe or preset;
-            the message names the key, its source and the nearest valid keys (other problems in ``problems``).
+            it names the key, its source and the nearest valid keys (other problems in ``problems``).
         ConfigValidationError: bad values (types, choices, ranges, rules across sections, unsupported verl
             settings), all of them, or a bad interpolation.
         ConfigError: any other composition problem (malformed override, conflicting recipes).
@@ -241,7 +213,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     backup = get_gh_backup()
     GlobalHydra.instance().clear()  # e.g. called from a @hydra.main app: compose on our own, restore theirs
     try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        with initialize_config_module(config_module="rlhf.config", version_base="1.3"):
             cfg = compose(config_name=BASE_CONFIG_NAME, overrides=overrides)
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise compose_error(e, overrides) from None
@@ -261,36 +233,27 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         from rlhf.config.validate import config_problems
 
         raise_all(t.unknown + unknown, problems + config_problems(cfg, check_files=check_files))
-    _tell(t)
+    from rlhf.launch_env import launch_env
+
+    for line in t.notes + ignored_lines(t.ignored) if launch_env().rank == 0 else []:  # what a user should know
+        logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)
     return cfg
 
 
 def _verl_engines(cfg: DictConfig, t: Translated) -> None:
     """A verl config's ``rollout.num_engines``: verl's replica count (:func:`~rlhf.config.verl.compat.
     verl_engine_count`), or the most engines below it that this job places (colocated engines span nodes only where
-    the weight sync allows it: rlhf/rollout/placement.py), said in a warning naming both counts."""
+    the weight sync allows it: rlhf/rollout/placement.py), with a warning naming both counts."""
     from rlhf.config.validate import placement_problems
     from rlhf.config.verl.compat import verl_engine_count
 
     engines = verl_engine_count(cfg, t)
-    if engines is None:
-        return
-    for n in [*range(engines, 0, -1), engines]:  # none places: the validation names the problem with verl's count
+    for n in [*range(engines or 0, 0, -1), engines] if engines else []:  # none places: the check names verl's count
         cfg.rollout.num_engines = n
         if not placement_problems(cfg):
             break
-    if cfg.rollout.num_engines != engines:
+    if engines and cfg.rollout.num_engines != engines:
         logging.getLogger("rlhf.config").warning(
             "rlhf.config: verl would run %d rollout replicas here; this job places %d colocated engine(s) of TP %d "
             "(set rollout.num_engines to choose, or rollout.mode=disaggregated)", engines, cfg.rollout.num_engines,
             cfg.rollout.tensor_model_parallel_size)
-
-
-def _tell(t: Translated) -> None:
-    """Warn (rank 0) about what the alias layer did that a user should know: settings read differently, and every
-    verl setting that has no effect here."""
-    from rlhf.launch_env import launch_env
-
-    if launch_env().rank == 0:
-        for line in t.notes + ignored_lines(t.ignored):
-            logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)

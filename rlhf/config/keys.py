@@ -14,6 +14,8 @@ import functools
 import re
 from typing import Any, Optional, Sequence
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from rlhf.config.errors import ConfigError, ConfigKeyError, ConfigValidationError
 
 __all__ = ["schema", "schema_node", "schema_keys", "all_schema_paths", "split_key", "first_bad_part", "is_dict_field",
@@ -24,8 +26,6 @@ __all__ = ["schema", "schema_node", "schema_keys", "all_schema_paths", "split_ke
 def schema() -> Any:
     """The schema with its defaults (:class:`~rlhf.config.schema.RLHFConfig`) as a DictConfig, built once; do not
     modify."""
-    from omegaconf import OmegaConf
-
     from rlhf.config.schema import RLHFConfig
 
     return OmegaConf.structured(RLHFConfig)
@@ -33,24 +33,18 @@ def schema() -> Any:
 
 def schema_node(path: Sequence[str]) -> Any:
     """The schema's dict node at ``path`` (list of key parts), or None when it is not a dict node."""
-    from omegaconf import DictConfig, OmegaConf
-
     node = OmegaConf.select(schema(), ".".join(path))
     return node if isinstance(node, DictConfig) else None
 
 
 def is_dict_field(key: str) -> bool:
     """True for a schema key whose value is a free-form dict (``data.chat_template_kwargs``), not a section."""
-    from omegaconf import OmegaConf
-
     node = schema_node(split_key(key))
     return node is not None and OmegaConf.get_type(node) is dict
 
 
 def is_optional(key: str) -> bool:
     """True when the schema field ``key`` accepts null (unknown keys and keys inside dict fields: True)."""
-    from omegaconf import OmegaConf
-
     *parent, leaf = split_key(key)
     node = schema_node(parent)
     if node is None or OmegaConf.get_type(node) is dict or leaf not in node:
@@ -73,18 +67,11 @@ def schema_keys(prefix: str = "") -> list[str]:
 @functools.lru_cache(maxsize=1)
 def all_schema_paths() -> tuple[str, ...]:
     """Every full dotted key of the schema, sections and leaves."""
-    from omegaconf import DictConfig
+    def walk(node: Any, prefix: str) -> list[str]:
+        return [p for k in node.keys() for p in [f"{prefix}{k}", *(walk(node._get_node(k), f"{prefix}{k}.") if
+                                                                    isinstance(node._get_node(k), DictConfig) else [])]]
 
-    out: list[str] = []
-
-    def walk(node: Any, prefix: str) -> None:
-        for k in node.keys():
-            out.append(f"{prefix}{k}")
-            if isinstance(node._get_node(k), DictConfig):
-                walk(node._get_node(k), f"{prefix}{k}.")
-
-    walk(schema(), "")
-    return tuple(out)
+    return tuple(walk(schema(), ""))
 
 
 def split_key(full_key: str) -> list[str]:
@@ -95,8 +82,6 @@ def split_key(full_key: str) -> list[str]:
 def first_bad_part(parts: Sequence[str]) -> Optional[int]:
     """Index of the first key part that is not in the schema (None when the whole path is valid or leaves the
     schema's dict nodes, e.g. goes inside a list or a dict-valued field)."""
-    from omegaconf import DictConfig, OmegaConf
-
     node: Any = schema()
     for i, part in enumerate(parts):
         if not isinstance(node, DictConfig) or OmegaConf.get_type(node) is dict:
@@ -165,7 +150,6 @@ def omegaconf_error(e: BaseException, source: str = "", key: str = "") -> Option
     (:class:`ConfigValidationError`, one line) from what OmegaConf raised anywhere in ``e``'s chain; None when the
     chain holds neither.  ``key``: the override being applied (OmegaConf names only the first missing part of an
     unknown key, and a key inside a merged list relative to the list element: ``key`` stands for those)."""
-    from omegaconf import ListConfig
     from omegaconf.errors import ConfigKeyError as OCKeyError, InterpolationResolutionError, ValidationError
     from omegaconf.nodes import EnumNode
 
