@@ -1,6 +1,6 @@
 """validate_config: what the schema's types and sections cannot check, all problems reported together: the rules
 across sections (batch sizes against the data-parallel size, an estimator against rollout.n, the engines' placement,
-token budgets against the lengths) and, with ``check_files``, the run's surroundings (:mod:`rlhf.config.preflight`:
+token budgets against the lengths) and, with ``check_files``, the run's surroundings (:mod:`rlhf.preflight`:
 data and model references, checkpoints, logger backends, data lengths).  No network, no torch.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from omegaconf import DictConfig
 from rlhf.algorithms import registry
 from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
 from rlhf.config.errors import ConfigValidationError
-from rlhf.config.preflight import (SUPPORTED_ARCHITECTURES, check_model_config, critic_on, model_context_length,
-                                   preflight_problems, surroundings)
+from rlhf.preflight import (SUPPORTED_ARCHITECTURES, check_model_config, critic_on, model_context_length,
+                            preflight_problems, surroundings)
 from rlhf.config.schema import field_problems
 from rlhf.rollout.placement import job_placement_problem, trainer_gpus
 

@@ -653,7 +653,7 @@ def test_file_checks_run_before_any_download(tmp_path, capsys, monkeypatch):
     """Missing local data, a model directory without config.json, an unsupported architecture (local or in the
     HF cache) are all reported by --cfg; hub names that are not cached pass (no download) while the hub is
     reachable (offline: tests/unit/config/test_preflight.py)."""
-    from rlhf.config import preflight
+    from rlhf import preflight
 
     monkeypatch.setattr(preflight, "hub_unreachable", lambda: None)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -1,5 +1,5 @@
-"""The checks of a run's surroundings that :func:`rlhf.config.validate_config` runs before any model or engine is
-built, instead of failing minutes later on the trainer's ranks: the data and model references (``rlhf.data.refs``:
+"""The checks of a run's surroundings (not of the config itself) that :func:`rlhf.config.validate_config` runs with
+``check_files`` before any model or engine is built, instead of failing minutes later on the trainer's ranks: the data and model references (``rlhf.data.refs``:
 local paths exist, a model's config.json is of a supported architecture and takes the parallel layout, hub names
 only against the local HF cache), the engine's context against the model's, a megatron checkpoint to start from, the
 checkpoint to resume from, in-process objects, the logger backends (packages, W&B credentials), a hub dataset that
@@ -17,7 +17,6 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from rlhf.config.objects import is_object_ref, unknown_objects
 from rlhf.data.refs import cached_hub_file, parse_data_ref, parse_model_ref
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "check_model_config", "model_context_length", "critic_on", "surroundings",
@@ -76,6 +75,8 @@ def critic_on(cfg: Any) -> bool:
 
 def _config_json(path: Any) -> Optional[Path]:
     """config.json of a local model directory or of a hub model already in the HF cache (no network)."""
+    from rlhf.config.objects import is_object_ref
+
     ref = parse_model_ref(path) if path and not is_object_ref(str(path)) else None
     return None if ref is None else Path(ref.path) / "config.json" if ref.kind == "local" else (
         cached_hub_file(ref.path) if ref.kind == "hub" else None)
@@ -85,6 +86,8 @@ def surroundings(cfg: Any) -> list[str]:
     """What every validation checks outside the config: the engine's context (data.max_prompt_length +
     data.max_response_length) within the model's where its config.json is at hand, the custom reward file, and
     ``object://`` references that are not objects of this process."""
+    from rlhf.config.objects import is_object_ref, unknown_objects
+
     out, path, p, r = [], cfg.model.path, cfg.data.max_prompt_length, cfg.data.max_response_length
     if str(path).startswith("tiny://"):
         from rlhf.quickstart.resolve import QUICKSTART_MAX_POSITION_EMBEDDINGS
@@ -155,6 +158,7 @@ def _init_weights(cfg: Any) -> list[str]:
 
 def _files(cfg: Any) -> list[str]:
     """The data and model references, the megatron checkpoints to start from and the checkpoint to resume from."""
+    from rlhf.config.objects import is_object_ref
     from rlhf.trainer.resume import resume_problems
 
     out = []
