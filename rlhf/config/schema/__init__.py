@@ -5,21 +5,19 @@ dataclasses in struct mode, so OmegaConf itself rejects an unknown key, a value 
 an Enum's members (``rollout.mode=hybrid``).  A field's range is declared beside its default
 (:mod:`rlhf.config.schema.rules`), a section's rules across its fields are its ``rules`` method; both run when a
 dataclass is built and on the composed config (:func:`field_problems`); rules across sections are
-:mod:`rlhf.config.validate`'s.  Names follow verl's.  data.py: data, model, parallel; actor.py: actor, critic;
-rollout.py, algorithm.py, reward.py, trainer.py (trainer, global_profiler).
+:mod:`rlhf.config.validate`'s.  Names follow verl's.  model.py: data, model, parallel, actor, critic; run.py:
+rollout, algorithm, reward, trainer, global_profiler.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf.config.schema.actor import ActorConfig, CriticConfig, PolicyLossConfig
-from rlhf.config.schema.algorithm import AlgorithmConfig, DPOConfig, FilterGroupsConfig, KLControlConfig
-from rlhf.config.schema.data import DataConfig, ModelConfig, ParallelConfig
-from rlhf.config.schema.reward import (CustomRewardConfig, Gsm8kRewardConfig, OverlongBufferConfig, RewardConfig,
-                                       RewardSourceConfig)
-from rlhf.config.schema.rollout import RolloutConfig, RolloutValConfig
-from rlhf.config.schema.trainer import GlobalProfilerConfig, TrainerConfig
+from rlhf.config.schema.model import (ActorConfig, CriticConfig, DataConfig, ModelConfig, ParallelConfig,
+                                      PolicyLossConfig)
+from rlhf.config.schema.run import (AlgorithmConfig, CustomRewardConfig, DPOConfig, FilterGroupsConfig,
+                                    GlobalProfilerConfig, Gsm8kRewardConfig, KLControlConfig, OverlongBufferConfig,
+                                    RewardConfig, RewardSourceConfig, RolloutConfig, RolloutValConfig, TrainerConfig)
 
 __all__ = ["RLHFConfig", "field_problems", "DataConfig", "ModelConfig", "ParallelConfig", "ActorConfig",
            "PolicyLossConfig", "CriticConfig", "RolloutConfig", "RolloutValConfig", "AlgorithmConfig",
