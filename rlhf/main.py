@@ -173,8 +173,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_CONFIG_ERROR
     if opts["cfg"] and env.rank != 0:
         return EXIT_OK  # one rank prints
-    extra = [] if cfg is None or not t.speaks_verl or any(o.startswith("rollout.num_engines=") for o in t.overrides) else [
-        f"rollout.num_engines={cfg.rollout.num_engines}"]  # verl's replica count, as compose_config chose it
+    verl = cfg is not None and t.speaks_verl and not any(o.startswith("rollout.num_engines=") for o in t.overrides)
+    extra = [f"rollout.num_engines={cfg.rollout.num_engines}"] if verl else []  # verl's replica count, as checked
     extra += [] if env.rank == 0 else ["hydra.output_subdir=null"]  # rank 0 writes .hydra/
     return _run_hydra([*hydra, *t.overrides, *extra], argv, opts["config_dirs"], env)
 
@@ -194,6 +194,7 @@ def _validate(cfg, env: LaunchEnv, run: bool) -> None:
 def _run_hydra(hydra_argv: list[str], argv: list[str], config_dirs: list[str], env: LaunchEnv) -> int:
     """Run the ``@hydra.main`` app on ``hydra_argv`` (Hydra reads ``sys.argv``); the job's exit code."""
     import hydra
+    from omegaconf import OmegaConf
 
     from rlhf.config import register_configs
 
@@ -201,6 +202,9 @@ def _run_hydra(hydra_argv: list[str], argv: list[str], config_dirs: list[str], e
         _job(cfg, argv, config_dirs, env)
 
     register_configs()
+    if not OmegaConf.has_resolver("rlhf.options"):  # --help's listing of the recipes / presets (ppo_trainer.yaml)
+        OmegaConf.register_new_resolver("rlhf.options", lambda group: "\n".join(
+            f"  {name:<28} {desc}" for name, desc in describe_options(group)))
     app = hydra.main(config_path="pkg://rlhf.config", config_name="ppo_trainer", version_base="1.3")(job)
     saved, sys.argv = sys.argv, [sys.argv[0] if sys.argv else PROG, *hydra_argv]
     try:
@@ -213,6 +217,19 @@ def _run_hydra(hydra_argv: list[str], argv: list[str], config_dirs: list[str], e
     finally:
         sys.argv = saved
     return EXIT_OK
+
+
+def describe_options(group: str) -> list[tuple[str, str]]:
+    """(name, the first descriptive comment line of its file) of each built-in recipe / algorithm preset."""
+    from rlhf.config.compose import CONFIG_DIR, RECIPE_GROUP, list_options, recipe_files
+
+    out = []
+    for name in list_options(group, ()):
+        path = recipe_files()[name] if group == RECIPE_GROUP else CONFIG_DIR / group / f"{name}.yaml"
+        desc = next((ln.strip().lstrip("# ") for ln in path.read_text(encoding="utf-8").splitlines() if
+                     ln.strip().startswith("#") and "@package" not in ln and ln.strip().lstrip("# ")), "")
+        out.append((name, desc.split(":", 1)[1].strip() if desc.startswith(f"{name}:") else desc))
+    return out
 
 
 def _job(cfg, argv: list[str], config_dirs: list[str], env: LaunchEnv) -> None:
@@ -240,7 +257,7 @@ def _job(cfg, argv: list[str], config_dirs: list[str], env: LaunchEnv) -> None:
         return
     try:
         from rlhf import trainer
-        from rlhf.config.run_config import write_run_config
+        from rlhf.trainer.run_config import write_run_config
     except ModuleNotFoundError as e:
         if e.name != "rlhf.trainer":
             raise

@@ -1,11 +1,11 @@
 """The checks of a run's surroundings (not of the config itself) that :func:`rlhf.config.validate_config` runs with
-``check_files`` before any model or engine is built, instead of failing minutes later on the trainer's ranks: the data and model references (``rlhf.data.refs``:
-local paths exist, a model's config.json is of a supported architecture and takes the parallel layout, hub names
-only against the local HF cache), the engine's context against the model's, a megatron checkpoint to start from, the
-checkpoint to resume from, in-process objects, the logger backends (packages, W&B credentials), a hub dataset that
-can be read neither from the cache nor from the hub, and the prompts' lengths against the data
-(:mod:`rlhf.data.length_check`, whose warnings are logged once per process on rank 0).  No network but a TCP probe
-of the hub, no torch.
+``check_files`` before any model or engine is built, instead of failing minutes later on the trainer's ranks: the
+data and model references (``rlhf.data.refs``: local paths exist, a model's config.json is of a supported
+architecture and takes the parallel layout, hub names only against the local HF cache), the engine's context against
+the model's, a megatron checkpoint to start from, the checkpoint to resume from, in-process objects, the logger
+backends (packages, W&B credentials), a hub dataset that can be read neither from the cache nor from the hub, and the
+prompts' lengths against the data (:mod:`rlhf.data.length_check`, whose warnings are logged once per process on rank
+0).  No network but a TCP probe of the hub, no torch.
 """
 from __future__ import annotations
 
@@ -174,7 +174,8 @@ def _files(cfg: Any) -> list[str]:
     layout = dict(tp=p.tensor_model_parallel_size, pp=p.pipeline_model_parallel_size,
                   vpp=p.virtual_pipeline_model_parallel_size, ep=p.expert_model_parallel_size,
                   **{k: p[k] for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
-                                       "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")})
+                                       "account_for_embedding_in_pipeline_split",
+                                       "account_for_loss_in_pipeline_split")})
     out += _model("model.path", cfg.model.path, layout) + _init_weights(cfg)
     out += _model("model.critic_path", cfg.model.critic_path) if critic_on(cfg) else []
     tok = cfg.model.tokenizer_path

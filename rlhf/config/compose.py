@@ -23,7 +23,8 @@ from rlhf.config.keys import compose_error, omegaconf_error, schema
 from rlhf.config.verl.compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
 
 __all__ = ["compose_config", "translate", "check_overrides", "register_configs", "list_recipes", "list_algorithms",
-           "describe_options", "recipe_files", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP", "ALGORITHM_GROUP"]
+           "list_options", "recipe_files", "CONFIG_DIR", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
+           "ALGORITHM_GROUP"]
 
 SCHEMA_NAME = "ppo_trainer_schema"  # the schema in Hydra's ConfigStore, first of ppo_trainer.yaml's defaults
 BASE_CONFIG_NAME = "ppo_trainer"  # the primary config, rlhf/config/ppo_trainer.yaml
@@ -35,9 +36,8 @@ RECIPES_DIR = CONFIG_DIR.parents[1] / "recipes"
 
 def register_configs() -> None:
     """Register in Hydra's ConfigStore the schema (:data:`SCHEMA_NAME`) and the built-in recipes (group ``recipe``,
-    ``# @package _global_`` files; ``defaults: [_base/X]`` finds ``recipes/_base/X.yaml``), and the resolvers
-    ``rlhf.rollout_n`` (4 responses per prompt for the group estimators, else 1) and ``rlhf.options`` (``--help``'s
-    listing).  Idempotent."""
+    ``# @package _global_`` files; ``defaults: [_base/X]`` finds ``recipes/_base/X.yaml``), and the resolver
+    ``rlhf.rollout_n`` (4 responses per prompt for the group estimators, else 1).  Idempotent."""
     from hydra.core.config_store import ConfigStore
 
     from rlhf.config.schema import RLHFConfig
@@ -51,8 +51,6 @@ def register_configs() -> None:
                         provider=str(path.relative_to(RECIPES_DIR.parent)))
     if not OmegaConf.has_resolver("rlhf.rollout_n"):
         OmegaConf.register_new_resolver("rlhf.rollout_n", lambda est: 4 if est in GROUP_ESTIMATORS else 1)
-        OmegaConf.register_new_resolver("rlhf.options", lambda group: "\n".join(
-            f"  {name:<28} {desc}" for name, desc in describe_options(group)))
 
 
 def recipe_files() -> dict[str, Path]:
@@ -61,7 +59,7 @@ def recipe_files() -> dict[str, Path]:
             and (d / f"{d.name}.yaml").is_file()} if RECIPES_DIR.is_dir() else {}
 
 
-def _options(group: str, search_paths: Iterable[Union[str, os.PathLike]]) -> list[str]:
+def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]]) -> list[str]:
     """The options of a config group: the built-in ones and ``<dir>/<group>/*.yaml`` of the extra directories
     (plain paths, ``file://`` or ``pkg://``), sorted."""
     import importlib.util
@@ -76,23 +74,12 @@ def _options(group: str, search_paths: Iterable[Union[str, os.PathLike]]) -> lis
 
 def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
     """Names of the recipes (built-in, and ``recipe/<name>.yaml`` of the extra directories ``search_paths``)."""
-    return _options(RECIPE_GROUP, search_paths)
+    return list_options(RECIPE_GROUP, search_paths)
 
 
 def list_algorithms(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
     """Names of the algorithm presets (``algorithm/<name>.yaml``), as :func:`list_recipes`."""
-    return _options(ALGORITHM_GROUP, search_paths)
-
-
-def describe_options(group: str) -> list[tuple[str, str]]:
-    """(name, the first descriptive comment line of its file) of each built-in option of ``group``."""
-    out = []
-    for name in _options(group, ()):
-        path = recipe_files()[name] if group == RECIPE_GROUP else CONFIG_DIR / group / f"{name}.yaml"
-        desc = next((ln.strip().lstrip("# ") for ln in path.read_text(encoding="utf-8").splitlines() if
-                     ln.strip().startswith("#") and "@package" not in ln and ln.strip().lstrip("# ")), "")
-        out.append((name, desc.split(":", 1)[1].strip() if desc.startswith(f"{name}:") else desc))
-    return out
+    return list_options(ALGORITHM_GROUP, search_paths)
 
 
 def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.PathLike]] = None) -> Translated:

@@ -1,12 +1,6 @@
-"""Keys of the structured schema, the nearest-key hints, and what Hydra / OmegaConf raise worded as our short
-messages (the one place that reads their exceptions).
-
-A misspelled or removed key, on the command line or in a recipe file, is a :class:`ConfigKeyError` naming the key,
-where it came from, the nearest valid keys (close names at the same level, or the same name in another section:
-verl's ``actor_rollout_ref.actor.clip_ratio`` for ``actor.clip_ratio``) and the valid keys of its section.
-OmegaConf's exceptions carry the key (``full_key``) and the schema node (an ``EnumNode`` knows its choices); Hydra's
-name the file or the override in their text.
-"""
+"""Keys of the structured schema, the nearest-key hints of an unknown key, and what Hydra / OmegaConf raise worded
+as our short messages (the one place that reads their exceptions: OmegaConf's carry the key and the schema node,
+Hydra's name the file or the override in their text)."""
 from __future__ import annotations
 
 import difflib

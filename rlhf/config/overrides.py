@@ -1,13 +1,11 @@
-"""Python values as Hydra override strings (rlhf.Trainer's keyword arguments, the verl alias layer's rewrites)."""
+"""Python values as Hydra override strings (rlhf.Trainer's arguments, the verl alias layer's rewrites)."""
 from __future__ import annotations
 
 import os
 import re
 from typing import Any
 
-from rlhf.config.keys import all_schema_paths, nearest_keys
-
-__all__ = ["format_value", "config_key"]
+__all__ = ["format_value"]
 
 
 def format_value(v: Any) -> str:
@@ -35,24 +33,3 @@ def _parses_as(raw: str, expected: str) -> bool:
         return OverridesParser.create().parse_overrides([f"k={raw}"])[0].value() == expected
     except Exception:  # noqa: BLE001
         return False
-
-
-def config_key(name: str) -> str:
-    """Dotted config key for a keyword name: dotted (``"actor.optim.lr"``), with double underscores
-    (``actor__optim__lr``) or a leaf name that occurs once in the schema (``total_training_steps``).
-
-    Raises:
-        TypeError: an ambiguous leaf name (lists the candidates) or an unknown one (with suggestions).
-    """
-    key = name.replace("__", ".")
-    paths = all_schema_paths()
-    if "." in key or key in paths:
-        return key  # checked (with suggestions) when the config is composed
-    found = [p for p in paths if p.rsplit(".", 1)[-1] == key]
-    if len(found) == 1:
-        return found[0]
-    if found:
-        raise TypeError(f"Trainer: keyword {name!r} is ambiguous; use one of {found} "
-                        f"(e.g. **{{{found[0]!r}: ...}} or {found[0].replace('.', '__')}=...)")
-    near = nearest_keys(key)
-    raise TypeError(f"Trainer: unknown keyword {name!r}" + (f"; did you mean {near}?" if near else ""))

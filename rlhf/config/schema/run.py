@@ -182,7 +182,8 @@ class RewardConfig(Checked):
     def rules(self, at: str = "") -> list[str]:
         return [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in the memory "
                 f"plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the worker a GPU they "
-                f"use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs outside this job and score with "
+                f"use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs outside this job and score "
+                f"with "
                 f"a custom source (type=custom) that calls it." for i, s in enumerate(self.sources or [])
                 if s.type == "model" and s.num_gpus and s.num_gpus > 0]
 
@@ -265,4 +266,5 @@ class GlobalProfilerConfig(Checked):
 
     def rules(self, at: str = "") -> list[str]:
         bad = [s for s in (self.steps or []) if s is None or s < 1]
-        return [f"{at}steps={list(self.steps)} holds {bad}: steps count from 1, e.g. {at}steps=[1,5,10]."] if bad else []
+        return [f"{at}steps={list(self.steps)} holds {bad}: steps count from 1, e.g. {at}steps=[1,5,10]."] if bad \
+            else []

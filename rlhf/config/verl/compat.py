@@ -1,11 +1,6 @@
-"""verl's key layout read into ours: the one preprocessing step before composing.
-
-A verl command line (``actor_rollout_ref.actor.optim.lr=1e-6 critic.model.path=... trainer.logger=console``) or
-config file is rewritten into our keys by the table ``keys.yaml`` beside this module (its header says how to read
-it): our own keys stay as they are; a verl key is renamed, has its value rewritten (:data:`FUNCTIONS`), is accepted
-without effect (warned), accepted only at its "off" value, or must equal our value after composing.  Every setting
-we cannot honour is collected with the reason and what to use instead, so all are reported together.
-"""
+"""verl's key layout read into ours, the one preprocessing step before composing: a verl command line or config
+file is rewritten by the table ``keys.yaml`` beside this module (its header says how to read it).  Every setting we
+cannot honour is collected with the reason and what to use instead, so all are reported together."""
 from __future__ import annotations
 
 import functools
@@ -77,7 +72,7 @@ FUNCTIONS = {
 
 
 def _expand(pattern: str) -> list[str]:
-    """``a.{b,c}.d`` -> ``["a.b.d", "a.c.d"]`` (several braces, empty alternatives)."""
+    """``a.{b,c}.d`` -> ``["a.b.d", "a.c.d"]``."""
     m = re.search(r"\{([^{}]*)\}", pattern)
     return [x for alt in m.group(1).split(",") for x in _expand(pattern[:m.start()] + alt + pattern[m.end():])] \
         if m else [pattern]
@@ -105,7 +100,8 @@ def _table() -> tuple[dict, list, dict, dict]:
         deep = parts[-1] == "**" and parts[0] != "**"
         lead = next((i for i, p in enumerate(parts) if "*" in p), len(parts))
         patterns += [((parts[0] != "**", -lead, deep), parts[:-1] if deep else parts, deep, norm(spec))] * ("*" in k)
-    return ({k: norm(s) for k, s in flat.items() if "*" not in k}, [p[1:] for p in sorted(patterns, key=lambda p: p[0])],
+    patterns.sort(key=lambda p: p[0])
+    return ({k: norm(s) for k, s in flat.items() if "*" not in k}, [p[1:] for p in patterns],
             {k: norm(s) for key, s in doc["ours"].items() for k in _expand(key)},
             {k: v for key, v in doc["verl_defaults"].items() for k in _expand(key)})
 
@@ -161,7 +157,6 @@ def translate_key(key: str) -> Optional[str]:
 class Item:
     """One setting: ``key`` = ``value`` (Python), ``raw`` its override text (kept verbatim for a plain rename),
     ``prefix`` ``+``/``++``, ``source`` where it came from, ``parsed`` False for a sweep (only renamed)."""
-
     key: str
     value: Any
     raw: Optional[str] = None
@@ -173,7 +168,6 @@ class Item:
 @dataclass
 class Translated:
     """What :func:`translate_items` made of the items."""
-
     overrides: list = field(default_factory=list)  # override strings in our keys
     problems: list = field(default_factory=list)  # unsupported settings, one line each
     same: list = field(default_factory=list)  # (our key, value, verl key, source): must be equal after composing
