@@ -232,7 +232,7 @@ class Trainer:
         from rlhf.logging_setup import setup_logging
         from rlhf.trainer import run
 
-        from rlhf.trainer.run_config import write_run_config
+        from rlhf.config.run_config import write_run_config
 
         setup_logging(launch_env().rank, force=False)  # an application's own logging config is kept
         if launch_env().rank == 0:

@@ -71,7 +71,7 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
                                     ("job", "hydra", "all")) else a for i, a in enumerate(argv)]
     args, unknown = _parser().parse_known_intermixed_args(argv)  # options and overrides in any order
     if unknown:
-        from rlhf.trainer.resume import RESUME_HINT, is_resume_option
+        from rlhf.resume import RESUME_HINT, is_resume_option
 
         bad = next((u for u in unknown if u.startswith("-")), unknown[0])
         raise UsageError(f"unknown option {bad!r}" + (f"; {RESUME_HINT}" if is_resume_option(bad) else ""))
@@ -257,7 +257,7 @@ def _job(cfg, argv: list[str], config_dirs: list[str], env: LaunchEnv) -> None:
         return
     try:
         from rlhf import trainer
-        from rlhf.trainer.run_config import write_run_config
+        from rlhf.config.run_config import write_run_config
     except ModuleNotFoundError as e:
         if e.name != "rlhf.trainer":
             raise

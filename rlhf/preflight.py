@@ -159,7 +159,7 @@ def _init_weights(cfg: Any) -> list[str]:
 def _files(cfg: Any) -> list[str]:
     """The data and model references, the megatron checkpoints to start from and the checkpoint to resume from."""
     from rlhf.config.objects import is_object_ref
-    from rlhf.trainer.resume import resume_problems
+    from rlhf.resume import resume_problems
 
     out = []
     for key in ("train_files", "val_files"):

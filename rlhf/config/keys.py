@@ -112,7 +112,7 @@ def nearest_keys(full_key: str, n: int = 3) -> list[str]:
 def unknown_key_error(full_key: str, source: str = "") -> ConfigKeyError:
     """The error for a key not in the schema: the key, its ``source``, the section that lacks it, the nearest
     valid keys (:func:`nearest_keys`) and the section's valid keys, on at most four lines."""
-    from rlhf.trainer.resume import RESUME_HINT, is_resume_option
+    from rlhf.resume import RESUME_HINT, is_resume_option
 
     parts = split_key(full_key)
     i = first_bad_part(parts)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from rlhf import faults
 from parallel.dist_checkpoint import load_sharded, save_sharded
-from rlhf.trainer.resume import TRACKER, latest_in
+from rlhf.resume import TRACKER, latest_in
 
 STALE_SUFFIXES = (".tmp", ".deleting")
 # config.json fields that must match between a checkpoint and the model it is loaded into
