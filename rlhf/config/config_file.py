@@ -1,13 +1,8 @@
-"""A whole config in one YAML file, verl's layout or ours: ``--config FILE`` or verl's ``--config-path DIR
---config-name NAME`` (also ``rlhf launch --config``, ``Trainer(config_file=...)``).
-
-Hydra composes the file with its directory as the config tree, so its ``defaults:`` work as for the program it was
-written for (verl's ``verl/trainer/config`` groups, files beside it); ``ppo_trainer`` / ``ppo_megatron_trainer``
-there (verl's two bases, both ours) add nothing, ``recipe: NAME`` / ``algorithm: NAME`` are ours.  Its settings come
-before the command line's and go through the verl alias layer (:mod:`rlhf.config.verl.compat`); ``${...}``
-interpolations are kept with verl's keys rewritten, or resolved within the file where they name a key with no
-equivalent here; ``hydra.run.dir`` in it works as on the command line.
-"""
+"""A whole config in one YAML file, verl's layout or ours (``--config FILE``, verl's ``--config-path DIR --config-name
+NAME``, ``Trainer(config_file=...)``).  Hydra composes it with its directory as the config tree, so its ``defaults:``
+work as for the program it was written for (verl's groups; ``ppo_trainer`` / ``ppo_megatron_trainer`` add nothing,
+``recipe:`` / ``algorithm:`` are ours); its settings, before the command line's, then go through the verl alias layer
+(``${...}`` kept with verl's keys rewritten, or resolved in the file where they name a key with no equivalent)."""
 from __future__ import annotations
 
 import os

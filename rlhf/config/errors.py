@@ -11,14 +11,9 @@ class ConfigError(ValueError):
 
 
 class ConfigKeyError(ConfigError):
-    """A config key (or recipe / algorithm preset name) that does not exist.
-
-    Attributes:
-        key: the full dotted key as given (``"trainer.totl_training_steps"``), or the recipe name.
-        suggestions: nearest valid full keys (or recipe names), best first; may be empty.
-        source: where the key came from (``"command-line override 'a.b=1'"``, ``"recipe/foo.yaml"``).
-        problems: every problem found with it (unknown keys first, one line each), when there were several.
-    """
+    """A config key (or recipe / algorithm preset name) that does not exist: ``key`` as given, ``suggestions`` (the
+    nearest valid keys or names, best first), ``source`` (where it came from), ``problems`` (every problem found with
+    it, unknown keys first, one line each)."""
 
     def __init__(self, message: str, key: str = "", suggestions: Sequence[str] = (), source: str = "",
                  problems: Sequence[str] = ()):

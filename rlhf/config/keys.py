@@ -128,8 +128,6 @@ def unknown_key_error(full_key: str, source: str = "") -> ConfigKeyError:
     return ConfigKeyError("\n".join(lines), key=full_key, suggestions=suggestions, source=source)
 
 
-# --------------------------------------------------------------------------- Hydra / OmegaConf errors
-
 
 def _chain(e: Optional[BaseException]) -> list[BaseException]:
     chain: list[BaseException] = []
@@ -141,9 +139,8 @@ def _chain(e: Optional[BaseException]) -> list[BaseException]:
 
 def omegaconf_error(e: BaseException, source: str = "", key: str = "") -> Optional[ConfigError]:
     """An unknown key (:class:`ConfigKeyError`, with the nearest keys), a bad value or interpolation
-    (:class:`ConfigValidationError`, one line) from what OmegaConf raised anywhere in ``e``'s chain; None when the
-    chain holds neither.  ``key``: the override being applied (OmegaConf names only the first missing part of an
-    unknown key, and a key inside a merged list relative to the list element: ``key`` stands for those)."""
+    (:class:`ConfigValidationError`) from what OmegaConf raised anywhere in ``e``'s chain, else None.  ``key``: the
+    override applied (OmegaConf names only the first missing part of an unknown key)."""
     from omegaconf.errors import ConfigKeyError as OCKeyError, InterpolationResolutionError, ValidationError
     from omegaconf.nodes import EnumNode
 

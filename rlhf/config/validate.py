@@ -53,8 +53,7 @@ def _response_sized(cfg: DictConfig) -> list[str]:
 
 
 def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str]]:
-    """The trainer processes: the launcher's, else trainer.n_gpus_per_node x trainer.nnodes (default 1 node) less
-    the disaggregated engines' GPUs (what the launchers start)."""
+    """The trainer processes: the launcher's, else what the launchers start for the job's GPUs."""
     gpus, nodes, r = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes or 1, cfg.rollout
     declared = gpus * nodes if gpus and gpus >= 1 and nodes >= 1 else None
     if declared is None:
@@ -104,11 +103,9 @@ def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
 
 
 def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Optional[int]) -> list[str]:
-    """The engines and trainer ranks fit the job's GPUs (rlhf/rollout/placement.py): colocated engines on trainer
-    rank 0's node, disaggregated ones on the GPUs the trainer leaves.  The GPUs: trainer.n_gpus_per_node (else
-    ``gpus_per_node``, this machine's at the start of a run) x trainer.nnodes (else the nodes the trainer's ranks
-    fill); no check without a GPU count, nor for disaggregated engines of a job as launched on several nodes (they
-    may run on Ray nodes beyond the trainer's)."""
+    """The engines and trainer ranks fit the job's GPUs (rlhf/rollout/placement.py): trainer.n_gpus_per_node (else
+    ``gpus_per_node``) x trainer.nnodes (else the nodes the ranks fill); no check without a GPU count, nor for
+    disaggregated engines of a job as launched on several nodes (they may run on Ray nodes beyond the trainer's)."""
     r, t = cfg.rollout, cfg.trainer
     declared = t.n_gpus_per_node if t.n_gpus_per_node and t.n_gpus_per_node >= 1 else None
     per_node = declared or gpus_per_node
@@ -133,8 +130,7 @@ def placement_problems(cfg: DictConfig) -> list[str]:
 
 
 def _algorithm(cfg: DictConfig) -> list[str]:
-    """The estimator and policy loss by the algorithms' registries (run-time registrations too), and what they
-    need of the rest."""
+    """The estimator and policy loss by the registries (run-time registrations too), and what they need."""
     est, n, mode, out = cfg.algorithm.adv_estimator, cfg.rollout.n, cfg.actor.policy_loss.loss_mode, []
     if est not in registry.adv_estimator_names():
         out.append(choice_problem("algorithm.adv_estimator", est, registry.adv_estimator_names()))
@@ -156,9 +152,7 @@ def _algorithm(cfg: DictConfig) -> list[str]:
 
 def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,
                     gpus_per_node: Optional[int] = None) -> list[str]:
-    """Every problem of ``cfg``, one line each (key, value, why, fix): the sections' own rules, the rules across
-    sections, the references that need no file access, then with ``check_files`` the files and the surroundings;
-    the arguments as :func:`validate_config`'s."""
+    """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
             + _algorithm(cfg) + _placement(cfg, world_size, gpus_per_node)
             + (preflight_problems(cfg) if check_files else []))

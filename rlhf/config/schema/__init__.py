@@ -1,13 +1,8 @@
-"""Structured schema of the training config: every key, its type, its default and its checks.
-
-The YAML tree (``rlhf/config/ppo_trainer.yaml``, the presets, the recipes, the command line) is composed onto these
-dataclasses in struct mode, so OmegaConf itself rejects an unknown key, a value of the wrong type and a value outside
-an Enum's members (``rollout.mode=hybrid``).  A field's range is declared beside its default
-(:mod:`rlhf.config.schema.rules`), a section's rules across its fields are its ``rules`` method; both run when a
-dataclass is built and on the composed config (:func:`field_problems`); rules across sections are
-:mod:`rlhf.config.validate`'s.  Names follow verl's.  model.py: data, model, parallel, actor, critic; run.py:
-rollout, algorithm, reward, trainer, global_profiler.
-"""
+"""Structured schema of the training config (names follow verl's): every key, its type, default and checks.  The
+YAML tree is composed onto these dataclasses in struct mode, so OmegaConf rejects an unknown key, a wrong type, a
+value outside an Enum.  A field's range is declared beside its default (schema/rules.py), a section's rules across its
+fields are its ``rules``; both run when a dataclass is built and on the composed config (:func:`field_problems`).
+model.py: data, model, parallel, actor, critic; run.py: rollout, algorithm, reward, trainer, global_profiler."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

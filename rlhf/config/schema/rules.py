@@ -10,11 +10,10 @@ from rlhf.config.errors import ConfigValidationError
 __all__ = ["Checked", "check", "ge", "gt", "ge1_or_null", "gt0_or_null", "steps_or_never", "SAMPLING"]
 
 
-def check(default: Any, ok: Callable[[Any], bool], must: str, null: bool = False, factory: Any = None) -> Any:
-    """A dataclass field with ``default`` (or ``factory``) whose value must pass ``ok``; None passes when ``null``.
-    ``must`` words the rule (``{at}`` in it: the section's prefix)."""
-    kwargs = {"default_factory": factory} if factory else {"default": default}
-    return dataclasses.field(metadata={"ok": ok, "must": must, "null": null}, **kwargs)
+def check(default: Any, ok: Callable[[Any], bool], must: str, null: bool = False) -> Any:
+    """A dataclass field with ``default`` whose value must pass ``ok``; None passes when ``null``.  ``must`` words
+    the rule (``{at}`` in it: the section's prefix)."""
+    return dataclasses.field(default=default, metadata={"ok": ok, "must": must, "null": null})
 
 
 def ge(lo: float, default: Any, fix: str = "") -> Any:

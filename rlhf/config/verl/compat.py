@@ -23,8 +23,7 @@ class Unsupported(ValueError):
     """A verl value with no equivalent here; the message says why and what to use instead."""
 
 
-def _choose(allowed: dict, why: str):
-    """A value function: the value as ``allowed`` maps it (None: nothing to set), else :class:`Unsupported`."""
+def _choose(allowed: dict, why: str):  # a value function: ``allowed[value]`` (None: nothing), else Unsupported
     def fn(v: Any, to: str) -> list:
         if v not in allowed:
             raise Unsupported(why)
@@ -80,8 +79,8 @@ def _expand(pattern: str) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def _table() -> tuple[dict, list, dict, dict]:
-    """(exact verl keys, patterns by priority, our own keys, verl's defaults) of keys.yaml; a rule is a dict whose
-    first item is its action."""
+    """(exact verl keys, patterns by priority, our own keys, verl's defaults) of keys.yaml; a rule is a dict, its first
+    item the action."""
     import yaml
 
     doc = yaml.safe_load(Path(__file__).with_name("keys.yaml").read_text(encoding="utf-8"))
