@@ -3,7 +3,7 @@
     python -m rlhf.main recipe=NAME [algorithm=NAME] [key=value ...]   (starts this node's ranks: rlhf/launcher.py)
     torchrun --nproc_per_node=N -m rlhf.main recipe=NAME [key=value ...]
     srun ... python -m rlhf.main recipe=NAME [key=value ...]          (Slurm: one task per GPU)
-    python -m rlhf.main -m recipe=quickstart trainer.seed=1,2          (Hydra's multirun: one job after another)
+    python -m rlhf.main -m recipe=quickstart trainer.seed=1,2          (Hydra's multirun: a process per job, in turn)
 
 Hydra parses the command line (``--help``, ``--cfg``, ``-m``, ``--config-dir``, ``hydra.*`` overrides), composes
 the config and writes ``.hydra/`` into the run directory (``hydra.run.dir``, default ``trainer.default_local_dir``).
@@ -16,6 +16,7 @@ group is touched.  rlhf's own options: ``--plan-memory[=GIB]``, ``--print-launch
 """
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -46,7 +47,7 @@ def _parser():
     p.add_argument("--recipe", action="append", default=[])
 
     def error(message: str):
-        if m := __import__("re").fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message):
+        if m := re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message):
             message = f"{m[1]} needs a value, e.g. {m[1]} {'quickstart' if m[1] == '--recipe' else 'VALUE'}"
         raise UsageError(message)
 
@@ -85,12 +86,12 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
             raise UsageError(f"algorithm={a.split('=', 1)[1]!r} is not a preset; use one of {list_algorithms()} "
                              f"(or set algorithm.name / algorithm.adv_estimator directly)")
         overrides.append(a.lstrip("+") if a.startswith(("+algorithm=", "+recipe=")) else a)
-    hydra = ([f"--cfg={args.cfg}"] + (["--resolve"] if args.cfg != "hydra" or args.resolve else []) if args.cfg
-             else ["--resolve"] * args.resolve)
-    hydra += [flag for flag, on in (("--help", args.help), ("--hydra-help", args.hydra_help), ("-m", args.multirun),
-                                    ("--shell-completion", args.shell_completion)) if on]
-    hydra += [f"--{k.replace('_', '-')}={v}" for k, v in (("package", args.package), ("info", args.info),
-                                                         ("config_dir", args.config_dir)) if v]
+    # Hydra's own options, handed on to it; --cfg job / all prints the config resolved, as before (Hydra's --resolve)
+    hydra = [flag for flag, on in (("--help", args.help), ("--hydra-help", args.hydra_help), ("-m", args.multirun),
+                                   ("--shell-completion", args.shell_completion), ("--resolve", args.resolve or (
+                                       args.cfg not in (None, "hydra")))) if on]
+    hydra += [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v and k in (
+        "cfg", "package", "info", "config_dir", "experimental_rerun")]
     opts = {"help": args.help, "cfg": args.cfg is not None, "config_file": _config_file(args),
             "config_dirs": [args.config_dir] if args.config_dir else []}
     opts.update({k: v for k, v in (("plan_memory", args.plan_memory), ("hydra", hydra)) if v})
@@ -233,8 +234,11 @@ def describe_options(group: str) -> list[tuple[str, str]]:
 
 
 def _job(cfg, argv: list[str], config_dirs: list[str], env: LaunchEnv) -> None:
-    """Hydra's task: start this node's ranks (each runs ``python -m rlhf.main`` with this job's overrides), or train
-    as one rank; a non-zero exit code leaves as SystemExit."""
+    """Hydra's task: a multirun job runs as ``python -m rlhf.main`` of its own (a fresh process: Ray, process group,
+    devices) in ``<trainer.default_local_dir>/<job number>``; a run starts this node's ranks (each runs
+    ``python -m rlhf.main argv``) or trains as one rank.  A non-zero exit code leaves as SystemExit."""
+    import subprocess
+
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import OmegaConf
@@ -243,11 +247,13 @@ def _job(cfg, argv: list[str], config_dirs: list[str], env: LaunchEnv) -> None:
     from rlhf.launcher import plan_launch, run_node
 
     hc = HydraConfig.get()
-    if hc.mode == RunMode.MULTIRUN:  # each job its own directory: <trainer.default_local_dir>/<job number>
-        cfg.trainer.default_local_dir = hc.runtime.output_dir
-        argv = [*(f"--config-dir={d}" for d in config_dirs), *hc.overrides.task,
-                *(o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")),
-                f"trainer.default_local_dir={hc.runtime.output_dir}"]
+    if hc.mode == RunMode.MULTIRUN:
+        searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
+        code = subprocess.call([sys.executable, "-m", "rlhf.main", *(f"--config-dir={d}" for d in config_dirs),
+                                *hc.overrides.task, *searchpath, f"trainer.default_local_dir={hc.runtime.output_dir}"])
+        if code:
+            raise SystemExit(code)  # the sweep stops at a failed job
+        return
     OmegaConf.resolve(cfg)
     node = plan_launch(cfg, env)
     if node is not None:

@@ -47,7 +47,7 @@ def test_option_values_are_parsed_as_hydra_would(capsys):
     --config-dir, as Hydra's (before: several were collected)."""
     opts, overrides = parse_args(["a.b=1", "--cfg", "c.d=2", "--plan-memory", "-cd", "/x", "e.f=3", "-cd", "/y"])
     assert overrides == ["a.b=1", "c.d=2", "e.f=3"] and opts["cfg"] and opts["plan_memory"] == "auto"
-    assert opts["config_dirs"] == ["/y"] and opts["hydra"] == ["--cfg=job", "--resolve", "--config-dir=/y"]
+    assert opts["config_dirs"] == ["/y"] and opts["hydra"] == ["--resolve", "--cfg=job", "--config-dir=/y"]
     assert parse_args(["--print-launch=8", "--cfg", "all"])[0]["print_launch"] == 8
     from rlhf.main import main
 

@@ -605,18 +605,25 @@ def test_hydra_run_dir(tmp_path, fake_trainer):
     assert (tmp_path / "outputs" / "quickstart" / ".hydra" / "config.yaml").is_file()
 
 
-def test_hydra_multirun(tmp_path, fake_trainer, capsys):
-    """-m runs one job per setting of the sweep, one after another, each in <trainer.default_local_dir>/<job number>
-    (its .hydra/ there too); every job's config is checked before the first starts.  (Before: refused, exit 2.)"""
-    base = ["recipe=quickstart", f"trainer.default_local_dir={tmp_path / 'sweep'}", "trainer.total_training_steps=1"]
-    assert main(["-m", *base, "trainer.seed=1,2", "actor_rollout_ref.actor.optim.lr=1e-4,2e-4"]) == 0
-    got = [(c.trainer.seed, c.actor.optim.lr, c.trainer.default_local_dir) for c in fake_trainer]
-    assert got == [(s, lr, str(tmp_path / "sweep" / str(i))) for i, (s, lr) in
-                   enumerate([(1, 1e-4), (1, 2e-4), (2, 1e-4), (2, 2e-4)])]
-    assert all((tmp_path / "sweep" / str(i) / ".hydra" / "config.yaml").is_file() for i in range(4))
-    fake_trainer.clear()
+def test_hydra_multirun(tmp_path, monkeypatch, capsys):
+    """-m runs one job per setting of the sweep (verl's keys too), one after another, each as a process of its own
+    in <trainer.default_local_dir>/<job number> (Hydra writes its .hydra/ there); every job's config is checked
+    before the first starts; a failed job stops the sweep with its exit code.  (Before: refused, exit 2.)"""
+    import subprocess
+
+    jobs = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: jobs.append(cmd) or (3 if len(jobs) == 3 else 0))
+    sweep = tmp_path / "sweep"
+    base = ["recipe=quickstart", f"trainer.default_local_dir={sweep}", "trainer.total_training_steps=1"]
+    assert main(["-m", *base, "trainer.seed=1,2", "actor_rollout_ref.actor.optim.lr=1e-4,2e-4"]) == 3
+    assert [cmd[:3] for cmd in jobs] == [[sys.executable, "-m", "rlhf.main"]] * 3
+    got = [compose_config(cmd[3:]) for cmd in jobs]
+    assert [(c.trainer.seed, c.actor.optim.lr, c.trainer.default_local_dir) for c in got] == [
+        (1, 1e-4, str(sweep / "0")), (1, 2e-4, str(sweep / "1")), (2, 1e-4, str(sweep / "2"))]
+    assert all((sweep / str(i) / ".hydra" / "config.yaml").is_file() for i in range(3))
+    jobs.clear()
     assert main(["-m", *base, "rollout.top_p=0.5,0"]) == 2  # the second job's value is bad: no job starts
-    assert "rollout.top_p=0.0 must be in (0, 1]" in capsys.readouterr().err and fake_trainer == []
+    assert "rollout.top_p=0.0 must be in (0, 1]" in capsys.readouterr().err and jobs == []
 
 
 # --------------------------------------------------------------------------- checks that need files
