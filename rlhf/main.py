@@ -199,7 +199,10 @@ def _run_hydra(hydra_argv: list[str], argv: list[str], config_dirs: list[str], e
 
     from rlhf.config import register_configs
 
+    started = []
+
     def job(cfg) -> None:
+        started.append(True)
         _job(cfg, argv, config_dirs, env)
 
     register_configs()
@@ -212,8 +215,10 @@ def _run_hydra(hydra_argv: list[str], argv: list[str], config_dirs: list[str], e
         app()
     except SystemExit as e:  # the job's exit code, or Hydra's (1: an error in the job, printed by Hydra)
         return e.code if isinstance(e.code, int) else int(e.code is not None)
-    except ValueError as e:  # Hydra's command-line checks (--run with --cfg, ...)
-        print(f"{PROG}: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - before any job: Hydra's command-line checks (--cfg with -m, --help ...)
+        if started:  # HYDRA_FULL_ERROR=1: the job's own error, as raised
+            raise
+        print(f"{PROG}: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return EXIT_CONFIG_ERROR
     finally:
         sys.argv = saved
