@@ -8,7 +8,8 @@ Keyword arguments become config overrides (see docs/api.md): the named ones map 
 (`actor_model` -> model.path, `output_dir` -> trainer.default_local_dir, ...), `algorithm` picks a
 preset (``algorithm=NAME``: ``rlhf/config/algorithm/<NAME>.yaml``, :data:`ALGORITHMS`), and any other
 keyword is a config key: dotted (``**{"actor.optim.lr": 1e-5}``), with double underscores
-(``actor__optim__lr=1e-5``) or a leaf name that occurs once in the schema (``total_training_steps=5``).
+(``actor__optim__lr=1e-5``) or a leaf name that occurs once in the schema (``total_training_steps=5``):
+:func:`config_key`.
 The config is composed and validated when the Trainer is created (a bad key raises
 :class:`rlhf.config.ConfigError` at once).
 
@@ -29,8 +30,9 @@ from collections.abc import Mapping
 from typing import Any, Optional, Sequence
 
 from rlhf.config.compose import list_algorithms
+from rlhf.config.keys import all_schema_paths, nearest_keys
 from rlhf.config.objects import is_object_ref, register_object
-from rlhf.config.overrides import config_key, format_value
+from rlhf.config.overrides import format_value
 
 __all__ = ["Trainer", "ALGORITHMS", "build_overrides", "format_value"]
 
@@ -114,6 +116,27 @@ def _reward_overrides(reward_model: Any, safety_reward_model: Any = None,
     return [f"reward.sources={format_value(sources)}"]
 
 
+def config_key(name: str) -> str:
+    """Dotted config key for a keyword name: dotted (``"actor.optim.lr"``), with double underscores
+    (``actor__optim__lr``) or a leaf name that occurs once in the schema (``total_training_steps``).
+
+    Raises:
+        TypeError: an ambiguous leaf name (lists the candidates) or an unknown one (with suggestions).
+    """
+    key = name.replace("__", ".")
+    paths = all_schema_paths()
+    if "." in key or key in paths:
+        return key  # checked (with suggestions) when the config is composed
+    found = [p for p in paths if p.rsplit(".", 1)[-1] == key]
+    if len(found) == 1:
+        return found[0]
+    if found:
+        raise TypeError(f"Trainer: keyword {name!r} is ambiguous; use one of {found} "
+                        f"(e.g. **{{{found[0]!r}: ...}} or {found[0].replace('.', '__')}=...)")
+    near = nearest_keys(key)
+    raise TypeError(f"Trainer: unknown keyword {name!r}" + (f"; did you mean {near}?" if near else ""))
+
+
 def build_overrides(algorithm: Optional[str] = None, actor_model: Any = None, critic_model: Any = None,
                     reward_model: Any = None, dataset: Any = None, val_dataset: Any = None,
                     output_dir: Any = None, overrides: Sequence[str] = (), *, safety_reward_model: Any = None,
@@ -129,7 +152,7 @@ def build_overrides(algorithm: Optional[str] = None, actor_model: Any = None, cr
 
     Raises:
         ValueError: an unknown algorithm, or a critic with a critic-free algorithm.
-        TypeError: an unknown or ambiguous keyword (:func:`rlhf.config.overrides.config_key`), or an
+        TypeError: an unknown or ambiguous keyword (:func:`config_key`), or an
             argument of a type that has no config form (e.g. a model object).
     """
     out: list[str] = []

@@ -1,57 +1,33 @@
-"""Training entry point.
+"""Training entry point: a Hydra app (``@hydra.main`` on rlhf/config/ppo_trainer.yaml).
 
     python -m rlhf.main recipe=NAME [algorithm=NAME] [key=value ...]   (starts this node's ranks: rlhf/launcher.py)
     torchrun --nproc_per_node=N -m rlhf.main recipe=NAME [key=value ...]
     srun ... python -m rlhf.main recipe=NAME [key=value ...]          (Slurm: one task per GPU)
+    python -m rlhf.main -m recipe=quickstart trainer.seed=1,2          (Hydra's multirun: a process per job, in turn)
 
-Every rank runs :func:`main`: it composes the config (:func:`rlhf.config.compose_config`), validates it and
-calls ``rlhf.trainer.run(cfg)``.  A config problem (unknown key, bad value) is printed once (rank 0) as a
-short message and the process exits with code 2, before torch or any process group is touched.
+Hydra parses the command line (``--help``, ``--cfg``, ``-m``, ``--config-dir``, ``hydra.*`` overrides), composes
+the config and writes ``.hydra/`` into the run directory (``hydra.run.dir``, default ``trainer.default_local_dir``).
+Before Hydra starts, :func:`main` translates verl's keys and config files (one preprocessing step,
+:func:`rlhf.config.compose.translate`) and composes and validates the config of every job
+(:func:`rlhf.config.compose_config`, :func:`rlhf.config.validate_config`): a config problem is printed once (rank 0)
+with the nearest valid keys, all problems together, and the process exits with code 2 before torch or any process
+group is touched.  rlhf's own options: ``--plan-memory[=GIB]``, ``--print-launch[=GPUS]``, ``--config FILE``,
+``--recipe NAME`` (``--help`` lists them with the recipes and the algorithm presets).
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rlhf.launch_env import launch_env
+from rlhf.launch_env import LaunchEnv, launch_env
 from rlhf.logging_setup import filter_known_warnings, setup_logging
 
 EXIT_OK, EXIT_RUNTIME_ERROR, EXIT_CONFIG_ERROR = 0, 1, 2
-_PROG = "python -m rlhf.main"
+PROG = "python -m rlhf.main"
 MODULE_DIR = Path(__file__).resolve().parent
-USAGE = f"""usage: {_PROG} [--help] [--cfg [job]] [--config FILE | --config-path DIR --config-name NAME]
-                          [recipe=NAME] [algorithm=NAME] [key=value ...]
-
-Compose the training config (schema defaults < rlhf/config/ppo_trainer.yaml < recipe < algorithm preset
-< config file < key=value) and train.  Overrides use Hydra syntax: trainer.total_training_steps=5,
-data.train_files=[a.jsonl,b.jsonl], model.path=/ckpt/Qwen2-7B-Instruct.  verl's keys work too
-(actor_rollout_ref.actor.optim.lr=1e-6, critic.model.path=..., trainer.n_gpus_per_node=8); settings with no
-equivalent here are all named in one error.  Extra recipe directories: hydra.searchpath=[file:///abs/dir]
-(recipes in <dir>/recipe/NAME.yaml).  hydra.run.dir=DIR: the run directory (trainer.default_local_dir unless
-that is given too; the composed config is written to DIR/.hydra/).
-
-options:
-  -h, --help            show this message, the recipes and the algorithm presets
-  --cfg [job], -c job   print the resolved config as YAML, check it (data and model paths included) and exit
-  --plan-memory[=GIB]   print the per-GPU memory plan (rlhf/memory_plan/cli.py) and exit: 0 fits, 2 not
-  --print-launch[=GPUS] print "RANKS ENGINE_GPUS" and exit: the trainer ranks to start on a node of GPUS GPUs
-                        (default this machine's) and the GPUs the disaggregated engines keep (0 colocated);
-                        exit 2 when no GPU is left for the trainer (recipes/_launch/*.sh use it)
-  --config FILE         a YAML file of settings, verl's layout or ours (the command line wins over it)
-  --config-path DIR, -cp DIR, --config-name NAME, -cn NAME
-                        the same as --config DIR/NAME.yaml (Hydra's options; DIR relative to the working
-                        directory or to rlhf/); NAME ppo_trainer or ppo_megatron_trainer alone is the base config
-  --config-dir DIR, -cd DIR
-                        an extra directory of recipes (recipe/NAME.yaml)
-  --recipe NAME         same as recipe=NAME
-  --resolve             accepted (the printed config is always resolved)
-  -m, --multirun        not supported: run one job per setting
-"""
-_CFG_CHOICES = ("job", "hydra", "all")
-#: options whose value is optional and then given only after "=" (argparse would take the next override)
+#: options whose value may be left out: a bare --cfg is --cfg job (argparse would take the next override as value)
 _BARE = {"--cfg": "--cfg=job", "-c": "--cfg=job", "--plan-memory": "--plan-memory=auto",
          "--print-launch": "--print-launch=auto"}
 
@@ -60,84 +36,72 @@ class UsageError(Exception):
     """Bad command line (not a config problem): unknown option, missing option value, unknown preset."""
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse raising :class:`UsageError` (main prints it once, on rank 0) instead of exiting."""
+def _parser():
+    """Hydra's own argument parser (what ``@hydra.main`` parses with) plus rlhf's options, raising UsageError."""
+    from hydra._internal.utils import get_args_parser
 
-    def error(self, message: str):
-        m = re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message)
-        if m:
+    p = get_args_parser()
+    p.prog = PROG
+    for option in ("--plan-memory", "--print-launch", "--config"):
+        p.add_argument(option)
+    p.add_argument("--recipe", action="append", default=[])
+
+    def error(message: str):
+        if m := re.fullmatch(r"argument (\S+?)(?:/\S+)?: expected one argument", message):
             message = f"{m[1]} needs a value, e.g. {m[1]} {'quickstart' if m[1] == '--recipe' else 'VALUE'}"
         raise UsageError(message)
 
-
-def _parser() -> argparse.ArgumentParser:
-    """Hydra's options (hydra._internal.utils.get_args_parser) that apply to one composed job, and ours."""
-    p = _Parser(prog=_PROG, add_help=False, allow_abbrev=False)
-    p.add_argument("--help", "-h", action="store_true")
-    p.add_argument("--cfg", "-c", choices=_CFG_CHOICES)
-    p.add_argument("--resolve", "--run", "-r", action="store_true")  # accepted: the printed config is resolved
-    p.add_argument("--multirun", "-m", action="store_true")
-    p.add_argument("--plan-memory")
-    p.add_argument("--print-launch")
-    p.add_argument("--config")
-    p.add_argument("--config-path", "-cp")
-    p.add_argument("--config-name", "-cn")
-    p.add_argument("--config-dir", "-cd", action="append", default=[])
-    p.add_argument("--recipe", action="append", default=[])
-    p.add_argument("overrides", nargs="*")
+    p.error = error
     return p
 
 
 def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
-    """Split ``argv`` into options (``help``, ``cfg``, ``config_file``, ``config_dirs``, and ``plan_memory`` /
-    ``print_launch`` when given) and Hydra overrides (``recipe=NAME`` and ``algorithm=NAME`` included).
+    """Split ``argv`` into options and overrides (``recipe=NAME`` / ``algorithm=NAME`` included) with Hydra's parser:
+    ``help``, ``cfg`` (a bool), ``config_file`` (``--config`` or ``--config-path``/``--config-name``, None for the
+    base config), ``config_dirs``, and when given ``plan_memory`` / ``print_launch`` and ``hydra`` (the options
+    handed on to Hydra: ``--cfg``, ``-m``, ``--config-dir``, ...).
 
     Raises:
-        UsageError: an unknown ``-option``, an option without its value, ``--cfg hydra``, ``-m`` (multirun),
-            an unknown algorithm preset, or a ``--config-name`` file that does not exist.
+        UsageError: an unknown option, an option without its value, an argument that is not key=value, an unknown
+            algorithm preset, or a config file that does not exist.
     """
     from rlhf.config import list_algorithms
 
     argv = list(argv)
-    for i, a in enumerate(argv):  # a bare --cfg (not before job/hydra/all), --plan-memory or --print-launch
-        after = argv[i + 1] if i + 1 < len(argv) else None
-        if a in _BARE and not (a in ("--cfg", "-c") and after in _CFG_CHOICES):
-            argv[i] = _BARE[a]
-    args, unknown = _parser().parse_known_intermixed_args(argv)
+    argv = [_BARE.get(a, a) if not (a in ("--cfg", "-c") and argv[i + 1:i + 2] and argv[i + 1] in
+                                    ("job", "hydra", "all")) else a for i, a in enumerate(argv)]
+    args, unknown = _parser().parse_known_intermixed_args(argv)  # options and overrides in any order
     if unknown:
-        from rlhf.config.resume import RESUME_HINT, is_resume_option
+        from rlhf.resume import RESUME_HINT, is_resume_option
 
         bad = next((u for u in unknown if u.startswith("-")), unknown[0])
         raise UsageError(f"unknown option {bad!r}" + (f"; {RESUME_HINT}" if is_resume_option(bad) else ""))
-    if args.multirun:
-        raise UsageError("multirun (-m) sweeps are not supported: start one job per setting (a shell loop, or a "
-                         "Slurm job array) with single key=value overrides")
-    if args.cfg == "hydra":
-        raise UsageError("--cfg hydra: there is no Hydra runtime config here (rlhf composes with Hydra's "
-                         "compose API); use --cfg job")
-    if args.print_launch not in (None, "auto", "") and not args.print_launch.isdigit():
+    if args.print_launch not in (None, "auto") and not args.print_launch.isdigit():
         raise UsageError(f"--print-launch={args.print_launch}: give this node's GPU count, e.g. --print-launch=8")
     overrides = [f"recipe={name}" for name in args.recipe]
     for a in args.overrides:
         if "=" not in a and not a.startswith("~"):
             raise UsageError(f"{a!r} is not a key=value override (did you mean recipe={a}?)")
-        if a.startswith(("algorithm=", "+algorithm=")):  # the preset algorithm/<NAME>.yaml
-            name, presets = a.split("=", 1)[1], list_algorithms()
-            if name not in presets:
-                raise UsageError(f"algorithm={name!r} is not a preset; use one of {presets} "
-                                 f"(or set algorithm.name / algorithm.adv_estimator directly)")
-            a = f"algorithm={name}"
-        overrides.append(a)
+        if a.startswith(("algorithm=", "+algorithm=")) and a.split("=", 1)[1] not in list_algorithms():
+            raise UsageError(f"algorithm={a.split('=', 1)[1]!r} is not a preset; use one of {list_algorithms()} "
+                             f"(or set algorithm.name / algorithm.adv_estimator directly)")
+        overrides.append(a.lstrip("+") if a.startswith(("+algorithm=", "+recipe=")) else a)
+    # Hydra's own options, handed on to it; --cfg job / all prints the config resolved, as before (Hydra's --resolve)
+    hydra = [flag for flag, on in (("--help", args.help), ("--hydra-help", args.hydra_help), ("-m", args.multirun),
+                                   ("--shell-completion", args.shell_completion), ("--resolve", args.resolve or (
+                                       args.cfg not in (None, "hydra")))) if on]
+    hydra += [f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items() if v and k in (
+        "cfg", "package", "info", "config_dir", "experimental_rerun")]
     opts = {"help": args.help, "cfg": args.cfg is not None, "config_file": _config_file(args),
-            "config_dirs": args.config_dir}
-    if args.plan_memory is not None:
-        opts["plan_memory"] = args.plan_memory or "auto"
+            "config_dirs": [args.config_dir] if args.config_dir else []}
+    opts.update({k: v for k, v in (("plan_memory", args.plan_memory), ("hydra", hydra)) if v})
     if args.print_launch is not None:
         opts["print_launch"] = int(args.print_launch) if args.print_launch.isdigit() else "auto"
     return opts, overrides
 
 
-def _config_file(args: argparse.Namespace) -> Optional[Path]:
+def _config_file(args) -> Optional[Path]:
+    """The file of ``--config`` or ``--config-path``/``--config-name`` (verl's), None for none or our base config."""
     from rlhf.config import ConfigError
     from rlhf.config.config_file import find_config_file
 
@@ -157,21 +121,23 @@ def _config_file(args: argparse.Namespace) -> Optional[Path]:
         raise UsageError(str(e)) from None
 
 
-def help_text() -> str:
-    """Usage plus the recipes and the algorithm presets."""
-    from rlhf.config.compose import describe_options
+def _jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The overrides of each job: one, or Hydra's sweep of ``-m`` (``a=1,2 b=x,y``: four jobs)."""
+    if not multirun:
+        return [overrides]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    lines = [USAGE]
-    for group, title in (("recipe", "recipes"), ("algorithm", "algorithm presets (algorithm=NAME)")):
-        lines += [f"{title}:"] + [f"  {name:<28} {desc}" for name, desc in describe_options(group)] + [""]
-    return "\n".join(lines + ["example: python -m rlhf.main recipe=quickstart trainer.total_training_steps=5"])
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Compose + validate the config from ``argv`` (default ``sys.argv[1:]``) and run the trainer.
+    """Check the config of ``argv`` (default ``sys.argv[1:]``), then run it as the Hydra app (or start this node's
+    ranks, each running this).
 
-    Returns the process exit code: 0 success, 2 bad command line or config (message on stderr, rank 0
-    only), 1 when ``rlhf.trainer`` is missing.  Exceptions from training propagate.
+    Returns the process exit code: 0 success, 2 bad command line or config (message on stderr, rank 0 only), 1 when
+    ``rlhf.trainer`` is missing or training failed (Hydra prints the error).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     env = launch_env()
@@ -184,54 +150,140 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         opts, overrides = parse_args(argv)
     except UsageError as e:
-        err(f"{_PROG}: {e}\n\n{USAGE}")
+        err(f"{PROG}: {e}\n(see {PROG} --help)")
         return EXIT_CONFIG_ERROR
-    if opts["help"]:
-        if env.rank == 0:
-            print(help_text())
-        return EXIT_OK
+    except SystemExit as e:  # --version
+        return e.code or EXIT_OK
+    from rlhf.config import ConfigError, compose_config
+    from rlhf.config.compose import translate
 
+    hydra, cfg = opts.get("hydra", []), None
+    try:
+        t = translate(overrides, opts["config_file"])
+        if not (opts["help"] or {"--hydra-help", "--shell-completion"} & set(hydra) or any(
+                h.startswith(("--info", "--cfg=hydra")) for h in hydra)):
+            for job in _jobs(overrides, "-m" in hydra):
+                cfg = compose_config(job, config_file=opts["config_file"], search_paths=opts["config_dirs"],
+                                     check_files=True)  # a config error names the model / layout problems too
+                if "print_launch" in opts or "plan_memory" in opts:
+                    return _print_launch(cfg, opts["print_launch"]) if "print_launch" in opts else \
+                        _plan_memory(cfg, opts["plan_memory"], err)
+                _validate(cfg, env, run=not opts["cfg"])
+    except ConfigError as e:
+        err(f"{PROG}: config error\n{e}")
+        return EXIT_CONFIG_ERROR
+    if opts["cfg"] and env.rank != 0:
+        return EXIT_OK  # one rank prints
+    verl = cfg is not None and t.speaks_verl and not any(o.startswith("rollout.num_engines=") for o in t.overrides)
+    extra = [f"rollout.num_engines={cfg.rollout.num_engines}"] if verl else []  # verl's replica count, as checked
+    extra += [] if env.rank == 0 else ["hydra.output_subdir=null"]  # rank 0 writes .hydra/
+    return _run_hydra([*hydra, *t.overrides, *extra], argv, opts["config_dirs"], env)
+
+
+def _validate(cfg, env: LaunchEnv, run: bool) -> None:
+    """validate_config with this job's trainer processes: a run also checks the placement on this machine's GPUs
+    (before any model is built); ``--cfg`` stays torch-free."""
+    from rlhf.config import validate_config
+    from rlhf.launcher import _cuda_count, plan_launch
+
+    node = plan_launch(cfg, env) if run else None
+    gpus = None if not run or cfg.trainer.n_gpus_per_node else (_cuda_count() or None)
+    validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True,
+                    gpus_per_node=gpus)
+
+
+def _run_hydra(hydra_argv: list[str], argv: list[str], config_dirs: list[str], env: LaunchEnv) -> int:
+    """Run the ``@hydra.main`` app on ``hydra_argv`` (Hydra reads ``sys.argv``); the job's exit code."""
+    import hydra
     from omegaconf import OmegaConf
 
-    from rlhf.config import ConfigError, compose_config, validate_config
+    from rlhf.config import register_configs
 
+    started = []
+
+    def job(cfg) -> None:
+        started.append(True)
+        _job(cfg, argv, config_dirs, env)
+
+    register_configs()
+    if not OmegaConf.has_resolver("rlhf.options"):  # --help's listing of the recipes / presets (ppo_trainer.yaml)
+        OmegaConf.register_new_resolver("rlhf.options", lambda group: "\n".join(
+            f"  {name:<28} {desc}" for name, desc in describe_options(group)))
+    app = hydra.main(config_path="pkg://rlhf.config", config_name="ppo_trainer", version_base="1.3")(job)
+    saved, sys.argv = sys.argv, [sys.argv[0] if sys.argv else PROG, *hydra_argv]
     try:
-        cfg = compose_config(overrides, config_file=opts["config_file"], search_paths=opts["config_dirs"],
-                             check_files=True)  # a config error names the model / layout problems too
-        if opts.get("print_launch") is not None:
-            return _print_launch(cfg, opts["print_launch"])
-        if opts.get("plan_memory"):
-            return _plan_memory(cfg, opts["plan_memory"], err)
-        if opts["cfg"] and env.rank == 0:
-            print(OmegaConf.to_yaml(cfg), end="", flush=True)
-        from rlhf.launcher import _cuda_count, plan_launch, run_node  # one command per node: start the local ranks
+        app()
+    except SystemExit as e:  # the job's exit code, or Hydra's (1: an error in the job, printed by Hydra)
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
+    except Exception as e:  # noqa: BLE001 - before any job: Hydra's command-line checks (--cfg with -m, --help ...)
+        if started:  # HYDRA_FULL_ERROR=1: the job's own error, as raised
+            raise
+        print(f"{PROG}: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return EXIT_CONFIG_ERROR
+    finally:
+        sys.argv = saved
+    return EXIT_OK
 
-        node = None if opts["cfg"] else plan_launch(cfg, env)
-        # a run checks the placement on this machine's GPUs too (before any model is built); --cfg stays torch-free
-        gpus = None if opts["cfg"] or cfg.trainer.n_gpus_per_node else (_cuda_count() or None)
-        validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True,
-                        gpus_per_node=gpus)
-        if opts["cfg"]:
-            return EXIT_OK
-        if node is not None:
-            return run_node(node, argv)
-        try:
-            from rlhf import trainer
-            from rlhf.config.run_config import write_run_config
-        except ModuleNotFoundError as e:
-            if e.name != "rlhf.trainer":
-                raise
-            err(f"{_PROG}: rlhf.trainer is not available in this checkout (config composed and validated).")
-            return EXIT_RUNTIME_ERROR
-        setup_logging(env.rank)
-        if env.rank == 0:
-            write_run_dir(cfg, argv)
-            write_run_config(cfg)
+
+def describe_options(group: str) -> list[tuple[str, str]]:
+    """(name, the first descriptive comment line of its file) of each built-in recipe / algorithm preset."""
+    from rlhf.config.compose import CONFIG_DIR, RECIPE_GROUP, list_options, recipe_files
+
+    out = []
+    for name in list_options(group, ()):
+        path = recipe_files()[name] if group == RECIPE_GROUP else CONFIG_DIR / group / f"{name}.yaml"
+        desc = next((ln.strip().lstrip("# ") for ln in path.read_text(encoding="utf-8").splitlines() if
+                     ln.strip().startswith("#") and "@package" not in ln and ln.strip().lstrip("# ")), "")
+        out.append((name, desc.split(":", 1)[1].strip() if desc.startswith(f"{name}:") else desc))
+    return out
+
+
+def _job(cfg, argv: list[str], config_dirs: list[str], env: LaunchEnv) -> None:
+    """Hydra's task: a multirun job runs as ``python -m rlhf.main`` of its own (a fresh process: Ray, process group,
+    devices) in ``<trainer.default_local_dir>/<job number>``; a run starts this node's ranks (each runs
+    ``python -m rlhf.main argv``) or trains as one rank.  A non-zero exit code leaves as SystemExit."""
+    import subprocess
+
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from rlhf.config import ConfigError
+    from rlhf.launcher import plan_launch, run_node
+
+    hc = HydraConfig.get()
+    if hc.mode == RunMode.MULTIRUN:
+        searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
+        code = subprocess.call([sys.executable, "-m", "rlhf.main", *(f"--config-dir={d}" for d in config_dirs),
+                                *hc.overrides.task, *searchpath, f"trainer.default_local_dir={hc.runtime.output_dir}"])
+        if code:
+            raise SystemExit(code)  # the sweep stops at a failed job
+        return
+    OmegaConf.resolve(cfg)
+    node = plan_launch(cfg, env)
+    if node is not None:
+        code = run_node(node, argv)
+        if code:
+            raise SystemExit(code)
+        return
+    try:
+        from rlhf import trainer
+        from rlhf.config.run_config import write_run_config
+    except ModuleNotFoundError as e:
+        if e.name != "rlhf.trainer":
+            raise
+        print(f"{PROG}: rlhf.trainer is not available in this checkout (config composed and validated).",
+              file=sys.stderr)
+        raise SystemExit(EXIT_RUNTIME_ERROR) from None
+    setup_logging(env.rank)
+    if env.rank == 0:
+        write_run_config(cfg)  # <trainer.default_local_dir>/config.yaml, resolved (checkpoint conversion reads it)
+    try:
         trainer.run(cfg)
     except ConfigError as e:
-        err(f"{_PROG}: config error\n{e}")
-        return EXIT_CONFIG_ERROR
-    return EXIT_OK
+        if env.rank == 0:
+            print(f"{PROG}: config error\n{e}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CONFIG_ERROR) from None
 
 
 def _print_launch(cfg, gpus) -> int:
@@ -247,6 +299,7 @@ def _print_launch(cfg, gpus) -> int:
 
 
 def _plan_memory(cfg, gib: str, err) -> int:
+    """``--plan-memory``: the per-GPU memory plan of ``cfg`` on GPUs of ``gib`` GiB ("auto": this machine's)."""
     from rlhf.config import validate_config
     from rlhf.memory_plan.cli import plan_memory_report, planned_gpus
 
@@ -256,26 +309,10 @@ def _plan_memory(cfg, gib: str, err) -> int:
     except ValueError:
         code, text = EXIT_CONFIG_ERROR, f"--plan-memory={gib}: give the GPU size in GiB, e.g. --plan-memory=80"
     if text.startswith(("cannot plan", "--plan-memory")):
-        err(f"{_PROG}: {text}")
+        err(f"{PROG}: {text}")
     else:
         print(text, flush=True)  # the table, also when it does not fit (exit 2)
     return code
-
-
-def write_run_dir(cfg, argv: Sequence[str]) -> Optional[Path]:
-    """With ``hydra.run.dir=DIR`` on the command line, write what Hydra apps write there: ``DIR/.hydra/config.yaml``
-    (the composed config) and ``DIR/.hydra/overrides.yaml`` (the command line).  Returns DIR or None."""
-    from omegaconf import OmegaConf
-
-    raw = next((a.split("=", 1)[1] for a in reversed(list(argv)) if a.lstrip("+").startswith("hydra.run.dir=")), None)
-    if raw is None:
-        return None
-    run_dir = Path(OmegaConf.create({**OmegaConf.to_container(cfg), "_run_dir": raw})._run_dir)
-    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
-    (run_dir / ".hydra" / "config.yaml").write_text(OmegaConf.to_yaml(cfg), encoding="utf-8")
-    (run_dir / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(list(argv))),
-                                                        encoding="utf-8")
-    return run_dir
 
 
 if __name__ == "__main__":

@@ -1,10 +1,6 @@
-"""The config's fixed choices as Enums (OmegaConf checks a value against an Enum field's members while
-composing), and the message for a value that is not one of them.
-
-Each Enum's docstring is the hint printed after the allowed values.  The members are ``StrEnum``s named
-by their values, so ``cfg.rollout.mode == "colocated"`` and ``f"{cfg.model.dtype}"`` read as strings, and they
-pickle as plain strings.
-"""
+"""The config's fixed choices as Enums (OmegaConf checks a value against an Enum field's members while composing;
+each Enum's docstring is the hint after the allowed values), and the message for a value that is not one of them.
+The members are ``StrEnum``s named by their values: they read and pickle as plain strings."""
 from __future__ import annotations
 
 from enum import Enum, StrEnum

@@ -1,14 +1,14 @@
-"""Compose the training config with Hydra from the config tree inside this package.
+"""compose_config: the training config composed by Hydra's compose API from this package's tree, every problem
+reported together (the Python API's way in; ``rlhf.main`` runs it before handing the overrides to ``@hydra.main``).
 
-    schema defaults (schema.py) < ppo_trainer.yaml < recipes/<NAME>/<NAME>.yaml < algorithm/<NAME>.yaml < key=value
+    schema defaults (schema/) < ppo_trainer.yaml < recipes/<NAME>/<NAME>.yaml < algorithm/<NAME>.yaml < key=value
 
-The tree is read with Hydra's compose API from the ``rlhf.config`` package, so composing works from any
-working directory, in tests and on every torchrun / Slurm rank.  Keys and values are checked against the
-structured schema (:mod:`rlhf.config.schema`) in struct mode; errors come as :class:`ConfigError`
-subclasses with the key, where it came from and the fix.  Composing imports neither torch nor megatron.
+verl's keys are translated first (:func:`translate`), every override is applied to the schema by OmegaConf (unknown
+keys, types, choices), then Hydra composes; any working directory, no torch.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
@@ -18,43 +18,26 @@ from typing import Iterable, Optional, Sequence, Union
 from omegaconf import DictConfig, OmegaConf
 
 from rlhf.config.choices import GROUP_ESTIMATORS
-from rlhf.config.config_file import load_config_file
-from rlhf.config.errors import ConfigError, raise_all
-from rlhf.config.overrides import check_overrides
-from rlhf.config.verl.compat import (Translated, check_same, ignored_lines, items_from_overrides, translate_items,
-                                     verl_engine_count)
+from rlhf.config.errors import ConfigError, ConfigKeyError, raise_all
+from rlhf.config.keys import compose_error, omegaconf_error, schema
+from rlhf.config.verl.compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
 
-__all__ = ["compose_config", "register_configs", "list_recipes", "list_algorithms", "list_options",
-           "describe_options", "default_rollout_n", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
-           "ALGORITHM_GROUP", "RECIPES_DIR", "recipe_files"]
+__all__ = ["compose_config", "translate", "check_overrides", "register_configs", "list_recipes", "list_algorithms",
+           "list_options", "recipe_files", "CONFIG_DIR", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
+           "ALGORITHM_GROUP"]
 
-#: Name of the structured schema node in Hydra's ConfigStore (first entry of ppo_trainer.yaml's defaults).
-SCHEMA_NAME = "ppo_trainer_schema"
-#: Name of the base (primary) config file, without ``.yaml``.
-BASE_CONFIG_NAME = "ppo_trainer"
-#: The config group holding the recipes (``recipe=NAME``).
-RECIPE_GROUP = "recipe"
-#: The config group holding the algorithm presets (``algorithm=NAME``), applied on top of the recipe.
-ALGORITHM_GROUP = "algorithm"
+SCHEMA_NAME = "ppo_trainer_schema"  # the schema in Hydra's ConfigStore, first of ppo_trainer.yaml's defaults
+BASE_CONFIG_NAME = "ppo_trainer"  # the primary config, rlhf/config/ppo_trainer.yaml
+RECIPE_GROUP, ALGORITHM_GROUP = "recipe", "algorithm"  # recipe=NAME, algorithm=NAME
 CONFIG_DIR = Path(__file__).resolve().parent
-#: The recipes: ``recipes/<name>/<name>.yaml`` beside their launch scripts, shared bases in ``recipes/_base/``
-#: (the repository's top-level folder, installed beside the ``rlhf`` package).
+#: recipes/<name>/<name>.yaml beside their launch scripts, shared bases in recipes/_base/ (installed beside rlhf/)
 RECIPES_DIR = CONFIG_DIR.parents[1] / "recipes"
-_CONFIG_MODULE = "rlhf.config"
-DEFAULT_GROUP_N = 4
-
-
-def default_rollout_n(adv_estimator: str) -> int:
-    """``rollout.n`` when neither a recipe nor an override sets it (ppo_trainer.yaml interpolates this as
-    ``${rlhf.rollout_n:${algorithm.adv_estimator}}``): 4 for the estimators that compare the responses of
-    a prompt (:data:`~rlhf.config.choices.GROUP_ESTIMATORS`), else 1."""
-    return DEFAULT_GROUP_N if adv_estimator in GROUP_ESTIMATORS else 1
 
 
 def register_configs() -> None:
-    """Register the structured schema (:class:`~rlhf.config.schema.RLHFConfig`) in Hydra's ConfigStore
-    under :data:`SCHEMA_NAME` and the ``rlhf.rollout_n`` resolver.  Idempotent; :func:`compose_config`
-    calls it."""
+    """Register in Hydra's ConfigStore the schema (:data:`SCHEMA_NAME`) and the built-in recipes (group ``recipe``,
+    ``# @package _global_`` files; ``defaults: [_base/X]`` finds ``recipes/_base/X.yaml``), and the resolver
+    ``rlhf.rollout_n`` (4 responses per prompt for the group estimators, else 1).  Idempotent."""
     from hydra.core.config_store import ConfigStore
 
     from rlhf.config.schema import RLHFConfig
@@ -62,117 +45,133 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     if f"{SCHEMA_NAME}.yaml" not in store.repo:  # storing converts the dataclass again (~0.5 s)
         store.store(name=SCHEMA_NAME, node=RLHFConfig)
-        _store_recipes(store)
+        for group, name, path in [(RECIPE_GROUP, n, p) for n, p in recipe_files().items()] + [
+                (f"{RECIPE_GROUP}/_base", p.stem, p) for p in sorted((RECIPES_DIR / "_base").glob("*.yaml"))]:
+            store.store(group=group, name=name, node=OmegaConf.load(path), package="_global_",
+                        provider=str(path.relative_to(RECIPES_DIR.parent)))
     if not OmegaConf.has_resolver("rlhf.rollout_n"):
-        OmegaConf.register_new_resolver("rlhf.rollout_n", default_rollout_n)
+        OmegaConf.register_new_resolver("rlhf.rollout_n", lambda est: 4 if est in GROUP_ESTIMATORS else 1)
 
 
 def recipe_files() -> dict[str, Path]:
     """``{name: recipes/<name>/<name>.yaml}`` of the built-in recipes."""
-    if not RECIPES_DIR.is_dir():
-        return {}
-    return {d.name: d / f"{d.name}.yaml" for d in sorted(RECIPES_DIR.iterdir())
-            if not d.name.startswith("_") and (d / f"{d.name}.yaml").is_file()}
+    return {d.name: d / f"{d.name}.yaml" for d in sorted(RECIPES_DIR.iterdir()) if not d.name.startswith("_")
+            and (d / f"{d.name}.yaml").is_file()} if RECIPES_DIR.is_dir() else {}
 
 
-def _store_recipes(store) -> None:
-    """The built-in recipes and their bases as Hydra config-group options (``recipe=NAME``; a recipe's
-    ``defaults: [_base/X]`` finds ``recipes/_base/X.yaml``), each file a ``# @package _global_`` config."""
-    nodes = [(RECIPE_GROUP, name, path) for name, path in recipe_files().items()]
-    nodes += [(f"{RECIPE_GROUP}/_base", p.stem, p) for p in sorted((RECIPES_DIR / "_base").glob("*.yaml"))]
-    for group, name, path in nodes:
-        store.store(group=group, name=name, node=OmegaConf.load(path), package="_global_",
-                    provider=str(path.relative_to(RECIPES_DIR.parent)))
+def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]]) -> list[str]:
+    """The options of a config group: the built-in ones and ``<dir>/<group>/*.yaml`` of the extra directories
+    (plain paths, ``file://`` or ``pkg://``), sorted."""
+    import importlib.util
 
-
-def _search_dirs(search_paths: Iterable[Union[str, os.PathLike]]) -> list[Path]:
     dirs = [CONFIG_DIR]
-    for sp in search_paths:
-        s = str(sp)
-        if s.startswith("pkg://"):
-            import importlib.util
-
-            spec = importlib.util.find_spec(s[len("pkg://"):])
-            if spec is not None and spec.submodule_search_locations:
-                dirs += [Path(p) for p in spec.submodule_search_locations]
-            continue
-        dirs.append(Path(s[len("file://"):] if s.startswith("file://") else s))
-    return dirs
-
-
-def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the options (``<group>/<name>.yaml``) of a config group, sorted (the recipes: the built-in ones
-    in ``recipes/`` and those of the extra directories)."""
+    for s in map(str, search_paths):
+        spec = importlib.util.find_spec(s[6:]) if s.startswith("pkg://") else None
+        dirs += [Path(p) for p in spec.submodule_search_locations or []] if spec else [Path(s.removeprefix("file://"))]
     names = set(recipe_files()) if group == RECIPE_GROUP else set()
-    for d in _search_dirs(search_paths):
-        for ext in ("yaml", "yml"):
-            names.update(p.stem for p in (d / group).glob(f"*.{ext}"))
-    return sorted(names)
+    return sorted(names | {p.stem for d in dirs for ext in ("yaml", "yml") for p in (d / group).glob(f"*.{ext}")})
 
 
 def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the recipes: the built-in ``recipes/<name>/<name>.yaml`` and ``recipe/<name>.yaml`` in the extra
-    config directories ``search_paths`` (plain paths, ``file://`` or ``pkg://``), sorted."""
+    """Names of the recipes (built-in, and ``recipe/<name>.yaml`` of the extra directories ``search_paths``)."""
     return list_options(RECIPE_GROUP, search_paths)
 
 
 def list_algorithms(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the algorithm presets (``algorithm/<name>.yaml``), sorted; like :func:`list_recipes`."""
+    """Names of the algorithm presets (``algorithm/<name>.yaml``), as :func:`list_recipes`."""
     return list_options(ALGORITHM_GROUP, search_paths)
 
 
-def describe_options(group: str) -> list[tuple[str, str]]:
-    """(name, first descriptive comment line) of each built-in option of ``group`` (for ``--help``)."""
-    out = []
-    for name in list_options(group):
-        desc = ""
-        path = recipe_files()[name] if group == RECIPE_GROUP else CONFIG_DIR / group / f"{name}.yaml"
-        for line in path.read_text(encoding="utf-8").splitlines():
-            line = line.strip()
-            if line.startswith("#") and "@package" not in line and line.lstrip("# "):
-                desc = line.lstrip("# ")
-                desc = desc.split(":", 1)[1].strip() if desc.startswith(f"{name}:") else desc
-                break
-        out.append((name, desc))
-    return out
+def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.PathLike]] = None) -> Translated:
+    """The preprocessing step: the config file's settings, then ``overrides``, in our keys (verl's translated,
+    :mod:`rlhf.config.verl.compat`); ``hydra.run.dir=DIR`` also sets ``trainer.default_local_dir=DIR`` unless that
+    is given too; ``+recipe=`` / ``+algorithm=`` are group choices.
+
+    Raises:
+        ConfigError: the config file cannot be read.
+    """
+    from rlhf.config.config_file import load_config_file
+
+    register_configs()  # the recipes, for a `recipe: NAME` entry of a file the config file includes
+    cli_items, passthrough = items_from_overrides(overrides)
+    t = translate_items((load_config_file(config_file) if config_file is not None else []) + cli_items)
+    t.overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o for o in t.overrides + passthrough]
+    keys = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in t.overrides if "=" in o}
+    if "hydra.run.dir" in keys and "trainer.default_local_dir" not in keys:
+        t.overrides.append(f"trainer.default_local_dir={keys['hydra.run.dir']}")
+    return t
+
+
+def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) -> tuple[dict, list, list, list]:
+    """Each override applied to a copy of the schema in struct mode, so OmegaConf checks its key, type and choices:
+    (group choices ``{"recipe": [...], "algorithm": [...]}``, a line per bad value, the lines to leave out when
+    composing, a ConfigKeyError per unknown key).  ``sources``: where a line came from (default the command line).
+
+    Raises:
+        ConfigError: an override Hydra cannot parse, a package override (``key@pkg``), a deleted schema key.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import ValueType
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as e:
+        raise ConfigError(f"Cannot parse command-line override: {e}\nOverrides look like key=value, e.g. "
+                          "trainer.total_training_steps=10 or data.train_files=[a.jsonl,b.jsonl].") from None
+    choices, problems, skip, unknown = {RECIPE_GROUP: [], ALGORITHM_GROUP: []}, [], [], []
+    trial = copy.deepcopy(schema())
+    OmegaConf.set_struct(trial, True)
+    for ov in parsed:
+        key, where = ov.key_or_group, (sources or {}).get(ov.input_line) or f"command-line override {ov.input_line!r}"
+        if ov.package is not None:
+            raise ConfigError(f"{where}: package overrides (key@pkg) are not supported.")
+        if key in choices and not ov.is_delete():  # group=null: no recipe / no preset, the default
+            (choices[key].append(str(ov.value())) if ov.value() is not None else skip.append(ov.input_line))
+        elif ov.is_delete():
+            raise ConfigError(f"{where}: keys of the schema cannot be deleted; set a value instead (e.g. {key}=null "
+                              f"where the key allows None).")
+        elif key.split(".")[0] != "hydra":
+            sweep = ov.value_type != ValueType.ELEMENT  # a sweep's values are checked per job, here its key
+            try:
+                OmegaConf.update(trial, key, None if sweep else ov.value(), merge=True)
+            except Exception as e:  # noqa: BLE001 - what is not worded here, composing reports
+                found = omegaconf_error(e, where, key)
+                if isinstance(found, ConfigKeyError):
+                    unknown.append(found)
+                elif found is None or sweep:
+                    continue
+                else:
+                    problems += found.problems
+                skip.append(ov.input_line)
+    return choices, problems, skip, unknown
 
 
 def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, *,
                    search_paths: Sequence[Union[str, os.PathLike]] = (), resolve: bool = True,
                    config_file: Optional[Union[str, os.PathLike]] = None, check_files: bool = False) -> DictConfig:
-    """Compose the training config: schema defaults < ``ppo_trainer.yaml`` < recipe < algorithm preset <
-    ``overrides``.
+    """Compose the training config: schema defaults < ``ppo_trainer.yaml`` < recipe < algorithm preset < config file
+    < ``overrides``.
 
     Args:
-        overrides: Hydra overrides, e.g. ``["trainer.total_training_steps=5", "data.train_files=x.jsonl"]``;
-            may contain ``recipe=NAME`` instead of the ``recipe`` argument, and ``algorithm=NAME`` to apply
-            the preset ``algorithm/<NAME>.yaml`` on top of the recipe.
-        recipe: name of the recipe, ``recipes/<name>/<name>.yaml`` (None: the overrides' ``recipe=``, else no recipe).
-        search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``) searched after
-            this package, e.g. one holding your own ``recipe/my_run.yaml``.
+        overrides: Hydra overrides (``["trainer.total_training_steps=5", "algorithm=grpo"]``), verl's keys too; may
+            hold ``recipe=NAME`` instead of ``recipe``.
+        recipe: the recipe ``recipes/<name>/<name>.yaml`` (None: the overrides' ``recipe=``, else none).
+        search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``), e.g. with your own
+            ``recipe/my_run.yaml``.
         resolve: resolve ``${...}`` interpolations in place (every rank then sees plain values).
-        config_file: a YAML file of settings (verl's layout or ours, :mod:`rlhf.config.config_file`) applied
-            before ``overrides``.
-        check_files: when the config has problems, also name those of its data and model references (the
-            model's architecture and parallel layout: :func:`rlhf.config.validate.config_problems`), so one
-            error holds them all; a config without problems is returned unchecked (``validate_config`` then).
-
-    verl's keys (``actor_rollout_ref.actor.optim.lr``, ``critic.model.path``, ...) are rewritten to ours by
-    :mod:`rlhf.config.verl.compat`; ``hydra.run.dir=DIR`` sets ``trainer.default_local_dir`` unless that is
-    given too.  Every problem (unknown keys, unsupported verl settings, bad values, rules across sections) is
-    reported in one error.
+        config_file: a YAML file of settings, verl's layout or ours (:mod:`rlhf.config.config_file`).
+        check_files: when the config has problems, name those of its files too (:func:`rlhf.config.validate.
+            config_problems`), so one error holds them all; a config without problems is returned unchecked.
 
     Returns:
-        The composed DictConfig in struct mode (reading or setting an unknown key raises), typed by
-        :class:`rlhf.config.schema.RLHFConfig`; ``OmegaConf.to_object(cfg)`` gives the dataclass.
+        The composed DictConfig in struct mode, typed by :class:`rlhf.config.schema.RLHFConfig`.
 
     Raises:
-        ConfigKeyError: a key not in the schema (override, config file or recipe file), an unknown recipe or
-            algorithm preset; the message names the key, its source and the nearest valid keys (with other
-            problems found at the same time in ``problems``).
-        ConfigValidationError: values of the wrong type or not among a field's choices (every such
-            override, together with :func:`rlhf.config.validate.config_problems` of the rest), or a bad
-            interpolation.
+        ConfigKeyError: a key not in the schema (override, config file or recipe file), an unknown recipe or preset;
+            it names the key, its source and the nearest valid keys (other problems in ``problems``).
+        ConfigValidationError: bad values (types, choices, ranges, rules across sections, unsupported verl
+            settings), all of them, or a bad interpolation.
         ConfigError: any other composition problem (malformed override, conflicting recipes).
     """
     from hydra import compose, initialize_config_module
@@ -181,112 +180,67 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf.errors import OmegaConfBaseException
 
-    from rlhf.config.hydra_errors import config_error
-
     if isinstance(overrides, str):
         raise TypeError("compose_config: overrides must be a list of 'key=value' strings, not one string")
-    translated = _translate([str(o) for o in overrides], config_file)
-    overrides = _run_dir(translated.overrides)
-    checked = check_overrides(overrides, translated.origins)
-    recipes = checked.choices[RECIPE_GROUP]
+    t = translate([str(o) for o in overrides], config_file)
+    choices, problems, skip, unknown = check_overrides(t.overrides, t.origins)
+    overrides = [o for o in t.overrides if o not in skip]  # bad values are reported below, with the rest
     if recipe is not None:
-        if any(r != recipe for r in recipes):
+        if any(r != recipe for r in choices[RECIPE_GROUP]):
             raise ConfigError(f"compose_config: recipe={recipe!r} conflicts with override "
-                              f"'recipe={recipes[-1]}'; give the recipe once.")
-        if not recipes:
-            overrides = [f"{RECIPE_GROUP}={recipe}", *overrides]
+                              f"'recipe={choices[RECIPE_GROUP][-1]}'; give the recipe once.")
+        overrides = overrides if choices[RECIPE_GROUP] else [f"{RECIPE_GROUP}={recipe}", *overrides]
     if search_paths:
         if any(o.split("=", 1)[0].lstrip("+") == "hydra.searchpath" for o in overrides):
             raise ConfigError("compose_config: give extra config directories either as search_paths or as a "
                               "hydra.searchpath override, not both.")
         uris = [s if re.match(r"^(file|pkg)://", s) else f"file://{Path(s).resolve()}" for s in map(str, search_paths)]
         overrides.append("hydra.searchpath=[" + ",".join(uris) + "]")
-    overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o  # a group choice, not an addition
-                 for o in overrides if o not in checked.skip]  # bad values are reported below, with the rest
-
     register_configs()
     backup = get_gh_backup()
-    if GlobalHydra.instance().is_initialized():  # e.g. called from a @hydra.main app: compose on our own
-        GlobalHydra.instance().clear()
+    GlobalHydra.instance().clear()  # e.g. called from a @hydra.main app: compose on our own, restore theirs
     try:
-        with initialize_config_module(config_module=_CONFIG_MODULE, version_base="1.3"):
-            try:
-                cfg = compose(config_name=BASE_CONFIG_NAME, overrides=overrides)
-            except (HydraException, OmegaConfBaseException, ValueError) as e:
-                raise config_error(e, overrides) from None
+        with initialize_config_module(config_module="rlhf.config", version_base="1.3"):
+            cfg = compose(config_name=BASE_CONFIG_NAME, overrides=overrides)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise compose_error(e, overrides) from None
     finally:
         restore_gh_from_backup(backup)
-
-    if resolve:
-        try:
-            OmegaConf.resolve(cfg)
-        except OmegaConfBaseException as e:
-            try:  # the same error again, this time naming the key that holds the interpolation
-                OmegaConf.to_container(cfg, resolve=True)
-            except OmegaConfBaseException as named:
-                e = named
-            raise config_error(e) from None
-    engines = verl_engine_count(cfg, translated)
-    if engines is not None:  # a verl config: one rollout replica per rollout TP group of the job's GPUs, as verl
-        _set_verl_engine_count(cfg, engines)
-    problems = translated.problems + checked.problems + check_same(cfg, translated.same)
-    if problems or checked.unknown or translated.unknown:
+    try:
+        OmegaConf.resolve(cfg) if resolve else None
+    except OmegaConfBaseException as e:
+        try:  # the same error again, this time naming the key that holds the interpolation
+            OmegaConf.to_container(cfg, resolve=True)
+        except OmegaConfBaseException as named:
+            e = named
+        raise compose_error(e) from None
+    _verl_engines(cfg, t)
+    problems = t.problems + problems + check_same(cfg, t.same)
+    if problems or unknown or t.unknown:
         from rlhf.config.validate import config_problems
 
-        raise_all(translated.unknown + checked.unknown, problems + config_problems(cfg, check_files=check_files))
-    _tell(translated)
+        raise_all(t.unknown + unknown, problems + config_problems(cfg, check_files=check_files))
+    from rlhf.launch_env import launch_env
+
+    for line in t.notes + ignored_lines(t.ignored) if launch_env().rank == 0 else []:  # what a user should know
+        logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)
     return cfg
 
 
-def _translate(overrides: list[str], config_file: Optional[Union[str, os.PathLike]]) -> Translated:
-    """The config file's settings, then the overrides, in our keys (:mod:`rlhf.config.verl.compat`)."""
-    items, problems = load_config_file(config_file) if config_file is not None else ([], [])
-    cli_items, passthrough = items_from_overrides(overrides)
-    translated = translate_items(items + cli_items)
-    translated.overrides += passthrough
-    translated.problems[:0] = problems
-    return translated
-
-
-def _run_dir(overrides: list[str]) -> list[str]:
-    """``hydra.run.dir=DIR`` (the run's directory, as Hydra apps have it) also sets
-    ``trainer.default_local_dir=DIR`` unless that is set too."""
-    def key(o: str) -> str:
-        return o.split("=", 1)[0].lstrip("+")
-
-    run_dirs = [o.split("=", 1)[1] for o in overrides if key(o) == "hydra.run.dir"]
-    if run_dirs and not any(key(o) == "trainer.default_local_dir" for o in overrides):
-        return [*overrides, f"trainer.default_local_dir={run_dirs[-1]}"]
-    return overrides
-
-
-def _set_verl_engine_count(cfg: DictConfig, engines: int) -> None:
-    """``rollout.num_engines`` = verl's replica count ``engines``, or the most engines below it that this job places
-    (colocated engines span nodes only where the weight sync allows it: rlhf/rollout/placement.py), said once in
-    a warning naming both counts and the override that chooses."""
+def _verl_engines(cfg: DictConfig, t: Translated) -> None:
+    """A verl config's ``rollout.num_engines``: verl's replica count (:func:`~rlhf.config.verl.compat.
+    verl_engine_count`), or the most engines below it that this job places (colocated engines span nodes only where
+    the weight sync allows it: rlhf/rollout/placement.py), with a warning naming both counts."""
     from rlhf.config.validate import placement_problems
+    from rlhf.config.verl.compat import verl_engine_count
 
-    for n in range(engines, 0, -1):
+    engines = verl_engine_count(cfg, t)
+    for n in [*range(engines or 0, 0, -1), engines] if engines else []:  # none places: the check names verl's count
         cfg.rollout.num_engines = n
         if not placement_problems(cfg):
             break
-    else:
-        cfg.rollout.num_engines = engines  # nothing places: the validation names the problem with verl's count
-    if cfg.rollout.num_engines != engines:
+    if engines and cfg.rollout.num_engines != engines:
         logging.getLogger("rlhf.config").warning(
             "rlhf.config: verl would run %d rollout replicas here; this job places %d colocated engine(s) of TP %d "
             "(set rollout.num_engines to choose, or rollout.mode=disaggregated)", engines, cfg.rollout.num_engines,
             cfg.rollout.tensor_model_parallel_size)
-
-
-def _tell(translated: Translated) -> None:
-    """Warn (rank 0) about what the alias layer did that a user should know: settings read differently, and
-    every verl setting that has no effect here (:func:`~rlhf.config.verl.compat.ignored_lines`)."""
-    from rlhf.launch_env import launch_env
-
-    lines = translated.notes + ignored_lines(translated.ignored)
-    if lines and launch_env().rank == 0:
-        import logging
-
-        for line in lines:
-            logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)

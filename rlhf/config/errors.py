@@ -11,21 +11,14 @@ class ConfigError(ValueError):
 
 
 class ConfigKeyError(ConfigError):
-    """A config key (or recipe / algorithm preset name) that does not exist.
-
-    Attributes:
-        key: the full dotted key as given (``"trainer.totl_training_steps"``), or the recipe name.
-        suggestions: nearest valid full keys (or recipe names), best first; may be empty.
-        source: where the key came from (``"command-line override 'a.b=1'"``, ``"recipe/foo.yaml"``).
-        problems: every problem found with it (unknown keys first, one line each), when there were several.
-    """
+    """A config key (or recipe / algorithm preset name) that does not exist: ``key`` as given, ``suggestions`` (the
+    nearest valid keys or names, best first), ``source`` (where it came from), ``problems`` (every problem found with
+    it, unknown keys first, one line each)."""
 
     def __init__(self, message: str, key: str = "", suggestions: Sequence[str] = (), source: str = "",
                  problems: Sequence[str] = ()):
         super().__init__(message)
-        self.key = key
-        self.suggestions = list(suggestions)
-        self.source = source
+        self.key, self.suggestions, self.source = key, list(suggestions), source
         self.problems = list(problems) or [" ".join(message.splitlines()[:2])]
 
 
@@ -46,13 +39,12 @@ def raise_all(unknown: Sequence[ConfigKeyError], problems: Sequence[str]) -> Non
     """Raise every problem at once: one unknown key alone as itself; unknown keys with other problems as one
     :class:`ConfigKeyError` (``key`` / ``suggestions`` of the first unknown key, ``problems`` all of them); only
     bad values as :class:`ConfigValidationError`.  Returns when there is nothing to raise."""
-    if not unknown and not problems:
-        return
     if len(unknown) == 1 and not problems:
         raise unknown[0]
-    if not unknown:
+    if problems and not unknown:
         raise ConfigValidationError(problems)
-    lines = [" ".join(u.args[0].splitlines()[:2]) for u in unknown] + list(problems)
-    first = unknown[0]
-    raise ConfigKeyError(_header(lines), key=first.key, suggestions=first.suggestions, source=first.source,
-                         problems=lines)
+    if unknown:
+        lines = [" ".join(u.args[0].splitlines()[:2]) for u in unknown] + list(problems)
+        first = unknown[0]
+        raise ConfigKeyError(_header(lines), key=first.key, suggestions=first.suggestions, source=first.source,
+                             problems=lines)

@@ -1,14 +1,8 @@
-"""In-process objects referenced from the config by ``object://<kind>/<id>`` URIs.
-
-Some things a Python user hands to :class:`rlhf.Trainer` cannot be written into YAML: a reward function
-object, a ``datasets.Dataset``, a tokenizer object.  The Trainer registers each here and puts its URI in the
-config (``reward.sources[i].path``, ``data.train_files``, ``model.tokenizer_path``), so the config still says
-where everything comes from, validates, and prints; the trainer's builders call :func:`get_object` for a
-value that :func:`is_object_ref`.  The objects live in this Python process only: a torchrun / Slurm job
-started from a command line cannot see them (validation then reports the URI as unknown).
-
-Kinds: ``reward`` (a callable ``fn(data_source, solution_str, ground_truth, extra_info=None) -> float``, the
-custom-reward calling convention), ``dataset`` (a ``datasets.Dataset`` or a list of row dicts), ``tokenizer``.
+"""In-process objects referenced from the config by ``object://<kind>/<id>`` URIs: what a Python user hands to
+:class:`rlhf.Trainer` that has no YAML form (a reward function object, a ``datasets.Dataset`` or list of row dicts, a
+tokenizer object) is registered here and the config holds its URI; the trainer's builders call :func:`get_object`.
+They live in this process only (a job started from a command line cannot see them; validation says so).  Kinds:
+``reward`` (``fn(data_source, solution_str, ground_truth, extra_info=None) -> float``), ``dataset``, ``tokenizer``.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``data.max_prompt_length`` and ``data.max_response_length`` against the data, before any model is built
-(rlhf.config.preflight).
+(rlhf.preflight).
 
 The prompts of ``data.train_files`` / ``data.val_files`` are rendered and tokenised exactly as
 :class:`rlhf.data.rl_dataset.RLHFDataset` does (chat template or plain text, the model's tokenizer), the first
@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Tuple
 
-from rlhf.config.refs import parse_data_ref, parse_model_ref
+from rlhf.data.refs import parse_data_ref, parse_model_ref
 
 __all__ = ["length_report", "split_lengths", "SplitLengths", "reference_solution", "config_tokenizer", "MAX_ROWS"]
 
@@ -227,7 +227,7 @@ def length_report(cfg: Any, hub_cached: Callable[[str], Any] = lambda name: None
     builders read (``data.max_train_samples`` / ``max_val_samples``) are not checked.  Both [] when no split is a
     local file or a cached hub dataset, or (RL only) the tokenizer cannot be had cheaply; a split whose reading
     raises anything else is skipped (the dataset builder reports it).
-    `hub_cached(name)`: the local cache of a hub dataset or None (rlhf.config.preflight.hub_cached_dataset;
+    `hub_cached(name)`: the local cache of a hub dataset or None (rlhf.preflight.hub_cached_dataset;
     default: hub datasets are skipped)."""
     d = cfg.data
     splits = [(f"data.{k}", d[k], s, d[f"max_{s}_samples"]) for k, s in (("train_files", "train"), ("val_files", "val"))

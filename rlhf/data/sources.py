@@ -1,4 +1,4 @@
-"""Where rows come from: every data reference of ``data.train_files`` / ``data.val_files`` (rlhf.config.refs)
+"""Where rows come from: every data reference of ``data.train_files`` / ``data.val_files`` (rlhf.data.refs)
 as one stream of ``(where, row)`` pairs, `where` naming the file / dataset and row for error messages.
 
     /data/train.parquet, data/dir/, x.jsonl   local files (rlhf.data.files.read_rows)
@@ -7,7 +7,7 @@ as one stream of ``(where, row)`` pairs, `where` naming the file / dataset and r
     object://dataset/<n>                      a datasets.Dataset or list of row dicts given to rlhf.Trainer
 
 Without ``@SPLIT`` a hub dataset gives split ``train`` for the train files and ``test`` (else ``validation``)
-for the validation files (rlhf.config.refs.DEFAULT_SPLITS).
+for the validation files (rlhf.data.refs.DEFAULT_SPLITS).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import os
 from typing import Any, Dict, Iterator, List, Sequence, Tuple, Union
 
 from rlhf.config.objects import get_object
-from rlhf.config.refs import DEFAULT_SPLITS, parse_data_ref
+from rlhf.data.refs import DEFAULT_SPLITS, parse_data_ref
 
 from .files import read_rows, resolve_data_files
 

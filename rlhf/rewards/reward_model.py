@@ -178,7 +178,7 @@ class RayRewardModelScorer(RewardModelScorer):
     The model runs on ``cuda`` (the GPUs Ray gives the actor) when ``num_gpus > 0``, else on the CPU: an actor
     without Ray GPUs still sees every GPU of its node (Ray leaves ``CUDA_VISIBLE_DEVICES`` alone then,
     ``ray._private.utils.set_visible_accelerator_ids``), so "cuda" would be GPU 0, a trainer rank's.  The trainer's
-    config refuses ``num_gpus > 0`` (rlhf.config.schema.reward): trainer ranks and engines claim no Ray GPUs, so
+    config refuses ``num_gpus > 0`` (rlhf.config.schema.run): trainer ranks and engines claim no Ray GPUs, so
     Ray would hand the worker one of theirs.
 
     Needs a running Ray session (the trainer's; else one is started locally).  The model loads in the

@@ -22,7 +22,7 @@ from rlhf import faults
 from parallel.distributed import compute_device, init_distributed, init_model_parallel, set_seed
 from parallel.kernels import resolve_kernels
 from parallel.model_config import check_context_parallel
-from rlhf.config.resume import resolve_resume_path
+from rlhf.resume import resolve_resume_path
 from rlhf.memory_plan.cli import check_plan_at_start
 from parallel.step_guard import SkippedStepsError
 from rlhf.workers.build import load_hf_config, load_tokenizer, resolve_model_path
@@ -232,7 +232,7 @@ class BaseTrainer:
 
     def resume_checkpoint(self) -> str | None:
         """:attr:`resume_path`, the checkpoint ``trainer.resume_mode`` / ``trainer.resume_from_path`` name
-        (rlhf.config.resume.resolve_resume_path, run first thing in ``__init__``), after checking that it was
+        (rlhf.resume.resolve_resume_path, run first thing in ``__init__``), after checking that it was
         saved for this model (config.json's shapes) without reading any tensor.
 
         Raises ValueError for a checkpoint of another model; FileNotFoundError for one without trainer_state.pt.

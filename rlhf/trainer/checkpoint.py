@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from rlhf import faults
 from parallel.dist_checkpoint import load_sharded, save_sharded
-from rlhf.config.resume import TRACKER, latest_in
+from rlhf.resume import TRACKER, latest_in
 
 logger = logging.getLogger(__name__)
 

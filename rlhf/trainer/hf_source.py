@@ -32,7 +32,7 @@ class CheckpointSource:
 
 
 def _local_model_dir(ref: str, run_dir: str) -> Optional[str]:
-    from rlhf.config.refs import cached_hub_file, parse_model_ref
+    from rlhf.data.refs import cached_hub_file, parse_model_ref
 
     if ref.startswith("tiny://"):
         path = os.path.join(run_dir, "tiny_model", "tiny_quickstart_model")

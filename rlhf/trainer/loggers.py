@@ -101,7 +101,7 @@ class TensorBoardLogger:
 
 
 def _wandb_credentials() -> bool:
-    from rlhf.config.preflight import wandb_credentials
+    from rlhf.preflight import wandb_credentials
 
     return wandb_credentials()
 

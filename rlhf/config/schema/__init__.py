@@ -1,34 +1,23 @@
-"""Structured schema of the training config (Hydra / OmegaConf): every key, its type and its default.
-
-The YAML tree under `rlhf/config/` (base `ppo_trainer.yaml`, `algorithm/` presets, `recipe/` files) is
-composed onto these dataclasses in struct mode, so OmegaConf itself rejects an unknown key, a value of
-the wrong type and a value outside an Enum's members (``rollout.mode=hybrid``).  Ranges and rules
-within one section are each dataclass's ``problems(at)`` method (run by ``__post_init__`` when the
-dataclass is built, and on the composed config by :func:`field_problems`, which reports them all at
-once); rules that span sections are in :mod:`rlhf.config.validate`.  Names follow verl's.
-
-One module per group of sections: data.py (data, model, parallel), actor.py (actor, actor.policy_loss,
-critic), rollout.py, algorithm.py, reward.py, trainer.py (trainer, global_profiler); rules.py holds the range helpers.
-"""
+"""Structured schema of the training config (names follow verl's): every key, its type, default and checks.  The
+YAML tree is composed onto these dataclasses in struct mode, so OmegaConf rejects an unknown key, a wrong type, a
+value outside an Enum.  A field's range is declared beside its default (schema/rules.py), a section's rules across its
+fields are its ``rules``; both run when a dataclass is built and on the composed config (:func:`field_problems`).
+model.py: data, model, parallel, actor, critic; run.py: rollout, algorithm, reward, trainer, global_profiler."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlhf.config.schema.actor import ActorConfig, CriticConfig, PolicyLossConfig
-from rlhf.config.schema.algorithm import AlgorithmConfig, DPOConfig, FilterGroupsConfig, KLControlConfig
-from rlhf.config.schema.data import DataConfig, ModelConfig, ParallelConfig
-from rlhf.config.schema.reward import (CustomRewardConfig, Gsm8kRewardConfig, OverlongBufferConfig, RewardConfig,
-                                       RewardSourceConfig)
-from rlhf.config.schema.rollout import RolloutConfig, RolloutValConfig
-from rlhf.config.schema.rules import Checked
-from rlhf.config.schema.trainer import GlobalProfilerConfig, TrainerConfig
+from rlhf.config.schema.model import (ActorConfig, CriticConfig, DataConfig, ModelConfig, ParallelConfig,
+                                      PolicyLossConfig)
+from rlhf.config.schema.run import (AlgorithmConfig, CustomRewardConfig, DPOConfig, FilterGroupsConfig,
+                                    GlobalProfilerConfig, Gsm8kRewardConfig, KLControlConfig, OverlongBufferConfig,
+                                    RewardConfig, RewardSourceConfig, RolloutConfig, RolloutValConfig, TrainerConfig)
 
-__all__ = ["RLHFConfig", "field_problems", "Checked", "DataConfig", "ModelConfig", "ParallelConfig", "ActorConfig",
+__all__ = ["RLHFConfig", "field_problems", "DataConfig", "ModelConfig", "ParallelConfig", "ActorConfig",
            "PolicyLossConfig", "CriticConfig", "RolloutConfig", "RolloutValConfig", "AlgorithmConfig",
            "KLControlConfig", "FilterGroupsConfig", "DPOConfig", "RewardConfig", "RewardSourceConfig",
-           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig",
-           "GlobalProfilerConfig"]
+           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig", "GlobalProfilerConfig"]
 
 
 @dataclass
@@ -46,24 +35,19 @@ class RLHFConfig:
 
 
 def field_problems(cfg: Any) -> list[str]:
-    """Every single-field problem of a composed config (a DictConfig typed by :class:`RLHFConfig`): the
-    ``problems`` of each section, run on the config's nodes, in schema order, keys in full."""
+    """Every single-section problem of a composed config (a DictConfig typed by :class:`RLHFConfig`): each section's
+    ``problems`` run on the config's nodes, in schema order, keys in full."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    out: list[str] = []
-
-    def walk(node: Any, at: str) -> None:
+    def walk(node: Any, at: str) -> list[str]:
         check = getattr(OmegaConf.get_type(node), "problems", None)
-        if check is not None:
-            out.extend(check(node, at))
+        out = check(node, at) if check else []
         for k in node.keys():
             child = node[k]
-            if isinstance(child, DictConfig):
-                walk(child, f"{at}{k}.")
-            elif isinstance(child, ListConfig):
-                for i, item in enumerate(child):
-                    if isinstance(item, DictConfig):
-                        walk(item, f"{at}{k}[{i}].")
+            items = [(f"{at}{k}.", child)] if isinstance(child, DictConfig) else [
+                (f"{at}{k}[{i}].", c) for i, c in enumerate(child) if isinstance(c, DictConfig)] \
+                if isinstance(child, ListConfig) else []
+            out += [p for sub, c in items for p in walk(c, sub)]
+        return out
 
-    walk(cfg, "")
-    return out
+    return walk(cfg, "")

@@ -42,11 +42,12 @@ def test_launch_env_reads_torchrun_then_slurm():
 
 
 def test_option_values_are_parsed_as_hydra_would(capsys):
-    """argparse: a bare --cfg / --plan-memory leaves the next override alone; --cfg takes only Hydra's
-    job/hydra/all (a typo is refused, not read as job); options and overrides mix in any order."""
+    """Hydra's argument parser: a bare --cfg / --plan-memory leaves the next override alone; --cfg takes only
+    Hydra's job/hydra/all (a typo is refused, not read as job); options and overrides mix in any order; one
+    --config-dir, as Hydra's (before: several were collected)."""
     opts, overrides = parse_args(["a.b=1", "--cfg", "c.d=2", "--plan-memory", "-cd", "/x", "e.f=3", "-cd", "/y"])
     assert overrides == ["a.b=1", "c.d=2", "e.f=3"] and opts["cfg"] and opts["plan_memory"] == "auto"
-    assert opts["config_dirs"] == ["/x", "/y"]
+    assert opts["config_dirs"] == ["/y"] and opts["hydra"] == ["--resolve", "--cfg=job", "--config-dir=/y"]
     assert parse_args(["--print-launch=8", "--cfg", "all"])[0]["print_launch"] == 8
     from rlhf.main import main
 

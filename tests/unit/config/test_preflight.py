@@ -1,4 +1,4 @@
-"""Start-up checks of a run's surroundings (rlhf/config/preflight.py, rlhf/data/length_check.py): a hub dataset
+"""Start-up checks of a run's surroundings (rlhf/preflight.py, rlhf/data/length_check.py): a hub dataset
 while offline, wandb without credentials, data.max_prompt_length against the data; each reported by
 config_problems(check_files=True) (``--cfg``, ``rlhf launch``, ``rlhf.Trainer(...)``) before any model."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf.config import ConfigValidationError, compose_config
-from rlhf.config.preflight import hub_data_problems
+from rlhf.preflight import hub_data_problems
 from rlhf.config.validate import config_problems
 
 

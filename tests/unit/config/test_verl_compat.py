@@ -17,8 +17,8 @@ from omegaconf import OmegaConf
 
 from rlhf.config import ConfigError, ConfigKeyError, ConfigValidationError, compose_config, validate_config
 from rlhf.config.config_file import find_config_file
-from rlhf.config.refs import parse_data_ref, parse_model_ref
-from rlhf.main import UsageError, main, parse_args, write_run_dir
+from rlhf.data.refs import parse_data_ref, parse_model_ref
+from rlhf.main import UsageError, main, parse_args
 
 from tests.support.paths import REPO
 VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
@@ -398,7 +398,7 @@ def test_verl_keys_without_effect_are_warned_not_silent(caplog):
         "no effect here: a.b.free_cache_engine, actor_rollout_ref.rollout.enforce_eager (engine); "
         "trainer.balance_batch (worker)",
         "config file f.yaml: 3 verl settings have no effect here (engine, worker and profiler details; the reason "
-        "for each is in rlhf/config/verl/keys.py): critic.{strategy}; critic.profiler.{enable, tool_config.*}"]
+        "for each is in rlhf/config/verl/keys.yaml): critic.{strategy}; critic.profiler.{enable, tool_config.*}"]
     with caplog.at_level("WARNING", logger="rlhf.config"):
         compose_config(["actor_rollout_ref.rollout.enforce_eager=True", "trainer.use_v1=true",
                         "actor_rollout_ref.rollout.name=vllm"])
@@ -550,21 +550,42 @@ def test_verl_own_config_tree_equals_its_generated_file(mirror, name, tmp_path, 
 
 
 def test_hydra_options(tmp_path, capsys):
+    """Hydra's own parser reads the command line (``--cfg job|hydra|all``, ``-c``, ``--resolve``, ``-m``); rlhf's
+    config-file options are checked first.  ``-m`` and ``--cfg hydra`` were refused before Hydra ran the app; they are
+    Hydra's now (multirun: test_hydra_multirun)."""
     assert parse_args(["--cfg", "job", "a.b=1"])[0]["cfg"] and parse_args(["-c", "job"])[0]["cfg"]
     assert parse_args(["--cfg=all", "--resolve"])[0]["cfg"]
-    for argv, msg in [(["-m", "trainer.seed=1,2"], "multirun"), (["--multirun"], "multirun"),
-                      (["--cfg", "hydra"], "--cfg job"), (["--config-name", "nope"], "no such config file"),
+    assert parse_args(["-m", "trainer.seed=1,2"])[0]["hydra"] == ["-m"]
+    for argv, msg in [(["--config-name", "nope"], "no such config file"),
                       (["--config-path", str(tmp_path)], "needs --config-name"), (["--config"], "needs a value")]:
         with pytest.raises(UsageError, match=msg):
             parse_args(argv)
-    assert main(["-m", "recipe=quickstart"]) == 2 and "not supported" in capsys.readouterr().err
+    assert main(["--cfg", "hydra", "recipe=quickstart"]) == 0  # Hydra's own config: the run directory, ...
+    assert yaml.safe_load(capsys.readouterr().out)["hydra"]["run"]["dir"] == "${trainer.default_local_dir}"
     # verl's base names are our base config
     assert parse_args(["--config-path=./config", "--config-name=ppo_trainer"])[0]["config_file"] is None
 
 
-def test_hydra_run_dir(tmp_path):
-    """hydra.run.dir=DIR is the run directory: trainer.default_local_dir unless that is given, and DIR/.hydra/
-    gets the composed config and the command line, as Hydra apps write them."""
+@pytest.fixture
+def fake_trainer(monkeypatch, tmp_path):
+    """rlhf.trainer replaced by a stand-in that records the configs it is run with (cwd: tmp_path)."""
+    import types
+
+    import rlhf
+
+    monkeypatch.chdir(tmp_path)
+    runs = []
+    fake = types.ModuleType("rlhf.trainer")
+    fake.run = lambda cfg: runs.append(cfg) or {}
+    monkeypatch.setitem(sys.modules, "rlhf.trainer", fake)
+    monkeypatch.setattr(rlhf, "trainer", fake, raising=False)
+    return runs
+
+
+def test_hydra_run_dir(tmp_path, fake_trainer):
+    """hydra.run.dir=DIR is the run directory: trainer.default_local_dir unless that is given, and Hydra writes
+    DIR/.hydra/ (the composed config, the overrides); without it the run directory is trainer.default_local_dir.
+    (Before, rlhf.main wrote .hydra/ itself, only with hydra.run.dir.)"""
     run = tmp_path / "runs" / "x"
     c = compose_config([f"hydra.run.dir={run}"], recipe="quickstart")
     assert c.trainer.default_local_dir == str(run)
@@ -572,12 +593,37 @@ def test_hydra_run_dir(tmp_path):
     assert c2.trainer.default_local_dir == "/elsewhere"
     argv = ["recipe=quickstart", f"hydra.run.dir={tmp_path}/runs/${{trainer.experiment_name}}"]
     c3 = compose_config(argv)
-    assert c3.trainer.default_local_dir == str(tmp_path / "runs" / c3.trainer.experiment_name) != str(run)
     out = tmp_path / "runs" / c3.trainer.experiment_name
-    assert write_run_dir(c3, argv) == out
-    assert yaml.safe_load((out / ".hydra/config.yaml").read_text()) == OmegaConf.to_container(c3)
-    assert yaml.safe_load((out / ".hydra/overrides.yaml").read_text()) == argv
-    assert write_run_dir(c, ["recipe=quickstart"]) is None
+    assert c3.trainer.default_local_dir == str(out) != str(run)
+    assert main([*argv, "trainer.total_training_steps=2"]) == 0
+    assert [cfg.trainer.default_local_dir for cfg in fake_trainer] == [str(out)]
+    written = OmegaConf.load(out / ".hydra/config.yaml")
+    assert written.trainer.total_training_steps == 2 and written.model.path == "tiny://quickstart"
+    assert yaml.safe_load((out / ".hydra/overrides.yaml").read_text()) == [
+        "recipe=quickstart", "trainer.total_training_steps=2", f"trainer.default_local_dir={argv[1].split('=')[1]}"]
+    assert main(["recipe=quickstart", "trainer.total_training_steps=2"]) == 0
+    assert (tmp_path / "outputs" / "quickstart" / ".hydra" / "config.yaml").is_file()
+
+
+def test_hydra_multirun(tmp_path, monkeypatch, capsys):
+    """-m runs one job per setting of the sweep (verl's keys too), one after another, each as a process of its own
+    in <trainer.default_local_dir>/<job number> (Hydra writes its .hydra/ there); every job's config is checked
+    before the first starts; a failed job stops the sweep with its exit code.  (Before: refused, exit 2.)"""
+    import subprocess
+
+    jobs = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: jobs.append(cmd) or (3 if len(jobs) == 3 else 0))
+    sweep = tmp_path / "sweep"
+    base = ["recipe=quickstart", f"trainer.default_local_dir={sweep}", "trainer.total_training_steps=1"]
+    assert main(["-m", *base, "trainer.seed=1,2", "actor_rollout_ref.actor.optim.lr=1e-4,2e-4"]) == 3
+    assert [cmd[:3] for cmd in jobs] == [[sys.executable, "-m", "rlhf.main"]] * 3
+    got = [compose_config(cmd[3:]) for cmd in jobs]
+    assert [(c.trainer.seed, c.actor.optim.lr, c.trainer.default_local_dir) for c in got] == [
+        (1, 1e-4, str(sweep / "0")), (1, 2e-4, str(sweep / "1")), (2, 1e-4, str(sweep / "2"))]
+    assert all((sweep / str(i) / ".hydra" / "config.yaml").is_file() for i in range(3))
+    jobs.clear()
+    assert main(["-m", *base, "rollout.top_p=0.5,0"]) == 2  # the second job's value is bad: no job starts
+    assert "rollout.top_p=0.0 must be in (0, 1]" in capsys.readouterr().err and jobs == []
 
 
 # --------------------------------------------------------------------------- checks that need files
@@ -614,7 +660,7 @@ def test_file_checks_run_before_any_download(tmp_path, capsys, monkeypatch):
     """Missing local data, a model directory without config.json, an unsupported architecture (local or in the
     HF cache) are all reported by --cfg; hub names that are not cached pass (no download) while the hub is
     reachable (offline: tests/unit/config/test_preflight.py)."""
-    from rlhf.config import preflight
+    from rlhf import preflight
 
     monkeypatch.setattr(preflight, "hub_unreachable", lambda: None)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

@@ -11,7 +11,7 @@ import pytest
 
 from rlhf import main as entry
 from rlhf.config import ConfigKeyError, compose_config
-from rlhf.config.resume import STATE_FILE, TRACKER, resolve_resume_path
+from rlhf.resume import STATE_FILE, TRACKER, resolve_resume_path
 from rlhf.trainer import base
 
 HINT = "trainer.resume_from_path=<run>/checkpoints/global_step_N"

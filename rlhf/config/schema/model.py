@@ -1,0 +1,238 @@
+"""Schema sections of what is trained and how it is laid out: ``data``, ``model`` (with ``model.lora``),
+``parallel``, ``actor`` (with ``actor.policy_loss``) and ``critic``.  Names and defaults are verl's."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from parallel.optim_config import OptimConfig
+from rlhf.config.choices import KLEstimator, LossAggMode, ModelDtype, Recompute, Truncation
+from rlhf.config.schema.rules import Checked, check, ge, ge1_or_null, gt, gt0_or_null
+
+__all__ = ["DataConfig", "LoRAConfig", "ModelConfig", "ParallelConfig", "PolicyLossConfig", "OffloadConfig",
+           "ActorConfig", "CriticConfig"]
+
+
+@dataclass
+class DataConfig(Checked):
+    # local parquet/jsonl file(s) or directory, a hub dataset NAME[:CONFIG][@SPLIT] (e.g. openai/gsm8k:main@train;
+    # rlhf.data.refs), or embedded://arithmetic; a list mixes them
+    train_files: Any = "embedded://arithmetic"
+    val_files: Any = "embedded://arithmetic"
+    prompt_key: str = "prompt"
+    max_prompt_length: int = ge(1, 64)
+    max_response_length: int = ge(1, 32)
+    train_batch_size: int = ge(1, 8)  # prompts per PPO step (each gets rollout.n responses)
+    val_batch_size: int = ge(1, 32)
+    max_train_samples: Optional[int] = ge1_or_null(None, "use null for all samples")
+    # null: the whole validation set (verl); recipes may cap it
+    max_val_samples: Optional[int] = ge1_or_null(None, "use null for all samples")
+    shuffle: bool = True
+    seed: int = 1
+    # prompts longer than max_prompt_length: dropped (true), else handled by `truncation`
+    filter_overlong_prompts: bool = True
+    truncation: Truncation = Truncation.error
+    apply_chat_template: Optional[bool] = None  # None: on iff the tokenizer has a chat template (off for base models)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # extra apply_chat_template kwargs
+    embedded_num_train: int = 2000  # size of the generated embedded task
+    embedded_num_val: int = 64
+    embedded_max_operand: int = 9
+
+    def rules(self, at: str = "") -> list[str]:
+        return [f"{at}{k}={v!r} is empty; give a .jsonl/.parquet path (or a list of them), a hub dataset such as "
+                f"openai/gsm8k, or embedded://arithmetic." for k, v in (("train_files", self.train_files),
+                                                                         ("val_files", self.val_files))
+                if v is None or v == "" or (not isinstance(v, str) and hasattr(v, "__len__") and len(v) == 0)]
+
+
+@dataclass
+class LoRAConfig(Checked):
+    # LoRA on the actor (parallel.lora): rank 0 = off (full fine-tuning); the update B A is scaled by alpha / rank.
+    # Base weights frozen, the reference is the actor with its adapters off, rollouts get the merged weights.
+    rank: int = ge(0, 0, "0 switches LoRA off")
+    alpha: float = 16.0
+    # all-linear, or a list of HF names (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; q/k/v and
+    # gate/up together: megatron fuses them) or megatron names (linear_qkv linear_proj linear_fc1 linear_fc2)
+    target_modules: Any = "all-linear"
+    a_init: str = "xavier"  # init of A: xavier (verl's megatron default) or kaiming (PEFT's); B starts at 0
+
+    def rules(self, at: str = "") -> list[str]:
+        if not self.rank:
+            return []
+        from parallel.lora import resolve_targets
+
+        out = [f"{at}alpha={self.alpha!r} must be > 0."] if self.alpha is None or self.alpha <= 0 else []
+        out += [] if self.a_init in ("xavier", "kaiming") else [f"{at}a_init={self.a_init!r} must be one of [xavier, "
+                                                                f"kaiming]."]
+        try:
+            resolve_targets(self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules))
+        except ValueError as e:
+            out.append(f"{at}{e}.")
+        return out
+
+
+@dataclass
+class ModelConfig(Checked):
+    path: str = "tiny://quickstart"  # HF dir, hub name, or tiny://quickstart (built + warmed up locally)
+    tokenizer_path: Optional[str] = None
+    critic_path: Optional[str] = None  # defaults to `path` (value head freshly initialised)
+    make_vocab_size_divisible_by: int = 128
+    dtype: ModelDtype = ModelDtype.float32
+    # MoE models: the router load-balancing (aux) loss coefficient; null: config.json's router_aux_loss_coef,
+    # 0: off.  Logged as moe/load_balancing_loss (unweighted) with moe/tokens_per_expert_min/max.
+    moe_aux_loss_coef: Optional[float] = None
+    # MoE models: the router z-loss coefficient (ST-MoE, Zoph et al. 2022: mean squared logsumexp of the router
+    # logits); null: off
+    moe_z_loss_coeff: Optional[float] = check(None, lambda v: v >= 0, "must be >= 0 (or null: off)", null=True)
+    # MoE models: the dtype of the router's softmax / top-k (fp32 or fp64); null: the model dtype
+    moe_router_dtype: Optional[str] = check(None, lambda v: v in ("fp32", "fp64"), "must be fp32, fp64 or null (the "
+                                            "model dtype)", null=True)
+    # tiny://quickstart only: supervised warm-up so PPO starts with some signal
+    warmup_steps: int = 300
+    warmup_lr: float = 3e-3
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+
+    def rules(self, at: str = "") -> list[str]:
+        return [] if self.path else [f"{at}path is empty; give an HF directory, a hub name or tiny://quickstart."]
+
+
+@dataclass
+class ParallelConfig(Checked):
+    tensor_model_parallel_size: int = ge(1, 1)
+    pipeline_model_parallel_size: int = ge(1, 1)
+    virtual_pipeline_model_parallel_size: Optional[int] = None
+    sequence_parallel: bool = False
+    recompute: Optional[Recompute] = None
+    # MoE models (Qwen3-MoE, Mixtral): experts split over this many ranks (EP x TP x PP x DP; divides the
+    # data-parallel x tensor-parallel ranks and the expert count)
+    expert_model_parallel_size: int = ge(1, 1)
+    # context parallelism: each rank holds 1/cp of every sequence (megatron's load-balanced split; GPU with
+    # Transformer Engine only); dp = world / (tp * cp * pp)
+    context_parallel_size: int = ge(1, 1)
+    # uneven pipelines (e.g. 30 layers at PP4: 6 + 8 + 8 + 8): layers of the first / last stage, the rest
+    # split evenly over the middle stages; null = an even split
+    num_layers_in_first_pipeline_stage: Optional[int] = ge1_or_null(None, "null splits the layers evenly")
+    num_layers_in_last_pipeline_stage: Optional[int] = ge1_or_null(None, "null splits the layers evenly")
+    # count the embedding / the loss as one layer each when splitting the layers over the stages (the first /
+    # last stage then holds one transformer layer less); not with num_layers_in_first/last_pipeline_stage
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+
+    def rules(self, at: str = "") -> list[str]:
+        out = [f"{at}account_for_embedding/loss_in_pipeline_split cannot be combined with {at}num_layers_in_first/"
+               f"last_pipeline_stage (megatron-core refuses both); set one of them."] if (
+            self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split) and (
+            self.num_layers_in_first_pipeline_stage is not None or self.num_layers_in_last_pipeline_stage is not None) \
+            else []
+        vpp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size
+        return out + ([f"{at}virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got "
+                       f"{pp}) and a value >= 1; set it to null."] if vpp is not None and (vpp < 1 or (pp or 1) < 2)
+                      else [])
+
+
+@dataclass
+class OffloadConfig(Checked):
+    """What of a role leaves its device while other phases run (generation, the other roles' passes) and comes
+    back before the role uses it (parallel.offload; verl's ``<role>.megatron.param_offload`` / ``grad_offload``
+    / ``optimizer_offload``).  Results are bitwise those without offload; each switch costs two host<->device
+    copies of its part per use.  ``--plan-memory`` shows what each saves."""
+
+    params: bool = False  # the model parameters (megatron DDP's param buffers)
+    grads: bool = False  # the gradient buffers (main_grad) and the optimizer's gradients
+    optimizer: bool = False  # the optimizer's main parameters (when not the model's) and its state (Adam moments)
+
+
+class _PPORole(Checked):
+    def rules(self, at: str = "") -> list[str]:
+        return [f"{at}use_dist_checkpointing=true needs {at}dist_checkpointing_path: a megatron-core dist checkpoint "
+                f"directory (scripts/convert_checkpoint.py hf-to-mcore writes one)."] if \
+            self.use_dist_checkpointing and not self.dist_checkpointing_path else []
+
+
+_FRACTION = (lambda v: 0 < v <= 1, "must be in (0, 1] (a fraction of the response tokens; verl uses 0.0002)")
+
+
+@dataclass
+class PolicyLossConfig(Checked):
+    """The actor's policy loss (rlhf.algorithms.get_policy_loss_fn; docs/algorithms.md)."""
+
+    # a name in rlhf.algorithms.POLICY_LOSS_REGISTRY: vanilla (PPO clip), gspo, sapo, gpg, clip_cov, kl_cov,
+    # geo_mean (GMPO), cispo (checked by rlhf.config.validate)
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = check(0.0002, *_FRACTION)  # clip_cov: fraction of tokens whose gradient is cut
+    clip_cov_lb: float = 1.0  # clip_cov: covariance window [lb, ub] the cut tokens are drawn from
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = check(0.0002, *_FRACTION)  # kl_cov: fraction of tokens that get the KL penalty
+    ppo_kl_coef: float = ge(0, 0.1)  # kl_cov: coefficient of that penalty
+
+    def rules(self, at: str = "") -> list[str]:
+        lb, ub = self.clip_cov_lb, self.clip_cov_ub
+        return [f"{at}clip_cov_lb={lb} is above {at}clip_cov_ub={ub}; the window is [lb, ub] (verl: 1.0, 5.0)."] if \
+            lb is not None and ub is not None and lb > ub else []
+
+
+_CLIP = "must be > 0, or null to use {at}clip_ratio"
+
+
+@dataclass
+class ActorConfig(_PPORole):
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_mini_batch_size: int = ge(1, 8)  # prompts per optimizer step (x rollout.n sequences)
+    ppo_micro_batch_size_per_gpu: int = ge(1, 4)  # sequences per forward/backward micro batch
+    ppo_epochs: int = ge(1, 1)
+    # verl's: every pass over the batch visits its rows in a fresh permutation (seeded by the step), so a mini batch
+    # mixes the responses of many prompts; false: one epoch in order (a mini batch is whole prompt groups), several
+    # epochs each in a permutation
+    shuffle: bool = False
+    clip_ratio: float = check(0.2, lambda v: v > 0, "must be > 0 (PPO uses 0.2)")
+    clip_ratio_low: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)  # DAPO decoupled clip
+    clip_ratio_high: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)
+    clip_ratio_c: float = check(3.0, lambda v: v > 1, "must be > 1 (dual-clip lower bound; verl uses 3.0)")
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    tau_pos: float = gt(0, 1.0, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: soft gate, positive advantages
+    tau_neg: float = gt(0, 1.05, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: ... negative advantages
+    loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
+    # loss_agg_mode=seq-mean-token-sum-norm: the constant C the token sums are divided by (Dr.GRPO); null: the
+    # response length data.max_response_length
+    loss_scale_factor: Optional[float] = gt0_or_null(None, "null uses the response length")
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = ge(0, 0.001)
+    kl_loss_type: KLEstimator = KLEstimator.low_var_kl
+    log_prob_micro_batch_size_per_gpu: int = ge(1, 8)
+    # dynamic batching (verl's): micro batches of at most ppo_max_token_len_per_gpu tokens (rows x the longest
+    # row) instead of ppo_micro_batch_size_per_gpu rows, rows of similar length together, each micro batch cut
+    # to its longest row.  megatron's packed THD path needs Transformer Engine; without it (CPU, local spec) this
+    # compacted-rows fallback runs and is counted in perf/packing_fallback_micro_batches (docs/dynamic_batching.md)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = ge(1, 16384)
+    # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
+    log_prob_max_token_len_per_gpu: Optional[int] = gt0_or_null(None, "null uses ppo_max_token_len_per_gpu")
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    ref_param_offload: bool = False  # the reference's parameters off the device outside its log-prob forward
+    # initial weights of the actor and the reference from a megatron-core dist checkpoint (any TP/PP layout;
+    # parallel.init_checkpoint) instead of model.path's safetensors; config.json and the tokenizer still come
+    # from model.path (verl's actor.megatron.use_dist_checkpointing / dist_checkpointing_path)
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Optional[str] = None
+
+
+@dataclass
+class CriticConfig(_PPORole):
+    enable: Optional[bool] = None  # None: on when algorithm.adv_estimator == gae
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int = ge(1, 8)
+    ppo_micro_batch_size_per_gpu: int = ge(1, 4)
+    ppo_epochs: int = ge(1, 1)
+    shuffle: bool = False  # as actor.shuffle
+    cliprange_value: float = check(0.5, lambda v: v > 0, "must be > 0 (verl uses 0.5)")
+    loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
+    # dynamic batching, as actor.use_dynamic_bsz: token budgets of the value update and of the no-grad value forward
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = ge(1, 32768)
+    forward_max_token_len_per_gpu: Optional[int] = gt0_or_null(None, "null uses ppo_max_token_len_per_gpu")
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    # the critic's initial weights from a megatron-core dist checkpoint (its LM head is not used: the value head
+    # starts fresh); config.json from model.critic_path (default model.path)
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Optional[str] = None

@@ -1,0 +1,270 @@
+"""Schema sections of how a run generates, scores and trains: ``rollout`` (the SGLang engines, with
+``rollout.val_kwargs``), ``algorithm`` (estimator, KL control, DAPO's dynamic sampling, DPO), ``reward`` (the weighted
+sources of rlhf/rewards/sources.py), ``trainer`` (steps, logging, checkpoints, the job's size) and
+``global_profiler`` (verl's: which steps are profiled, rlhf/trainer/profiling.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEstimator, LoggerBackend, ResumeMode,
+                                 RolloutDtype, RolloutMode, RolloutName)
+from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, steps_or_never
+
+__all__ = ["RolloutValConfig", "RolloutConfig", "KLControlConfig", "FilterGroupsConfig", "DPOConfig",
+           "AlgorithmConfig", "CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
+           "RewardFallbackConfig", "RewardConfig", "AlertConfig", "TrainerConfig", "GlobalProfilerConfig",
+           "PROFILER_TOOLS"]
+_T, _P, _K, _N = SAMPLING  # the checks of temperature, top_p, top_k, n
+
+
+@dataclass
+class RolloutValConfig(Checked):
+    temperature: float = check(0.0, *_T)
+    top_p: float = check(1.0, *_P)
+    top_k: int = check(-1, *_K)
+    n: int = check(1, *_N)
+
+
+@dataclass
+class RolloutConfig(Checked):
+    name: RolloutName = RolloutName.sglang
+    mode: RolloutMode = RolloutMode.colocated
+    tensor_model_parallel_size: int = ge(1, 1)
+    num_engines: int = ge(1, 1)
+    n: int = check(1, *_N)  # ppo_trainer.yaml: 4 for GROUP_ESTIMATORS unless a recipe or override sets it
+    temperature: float = check(1.0, *_T)
+    top_p: float = check(1.0, *_P)
+    top_k: int = check(-1, *_K)
+    # also settable as verl's rollout.gpu_memory_utilization
+    mem_fraction_static: float = check(0.5, lambda v: 0 < v < 1, "must be in (0, 1) (fraction of device memory for "
+                                       "SGLang's weights + KV cache; ~0.5 when colocated with the trainer)")
+    # SGLang's memory saver: colocated engines free their weights and KV cache while the trainer computes
+    # (release / resume).  null: on with CUDA; ignored on CPU (the CPU engine has no memory saver)
+    enable_memory_saver: Optional[bool] = None
+    dtype: RolloutDtype = RolloutDtype.auto  # auto: model.dtype (rlhf.rollout.engine_args.resolve_engine_dtype)
+    # KV-cache tokens of each engine (an upper bound: SGLang keeps less if its memory profile says so); null:
+    # sized to the batch an engine serves (rlhf.rollout.engine_args.batch_kv_tokens)
+    max_total_tokens: Optional[int] = ge1_or_null(None, "null sizes the KV cache to the rollout batch")
+    max_restarts: int = ge(0, 2)
+    weight_sync_bucket_mb: int = ge(1, 512)
+    weight_sync_check: bool = False
+    # disaggregated weight sync: the address the engines dial to join each stage leader's weight-update group.
+    # null: the IP of the leader's outward interface; "iface:<name>" (e.g. iface:ib0): that interface's IPv4 on
+    # each leader; an IP or host name: used as is (one trainer node).  Set it on multi-homed hosts.
+    weight_update_address: Optional[str] = None
+    val_kwargs: RolloutValConfig = field(default_factory=RolloutValConfig)
+
+
+@dataclass
+class KLControlConfig(Checked):
+    """KL penalty in the reward (algorithm.use_kl_in_reward): kl_coef x KL(actor || reference) per token."""
+
+    type: KLControlType = KLControlType.fixed
+    kl_coef: float = ge(0, 0.001)
+    # adaptive: target KL in nats per WHOLE response (the sum over its tokens, averaged over responses), as in
+    # Ziegler et al. 2019 (arXiv:1909.08593) sec. 2.2; not per token.  kl_coef is multiplied by
+    # 1 + clip(KL / target_kl - 1, -0.2, 0.2) x responses / horizon after each step.
+    target_kl: float = 0.1
+    horizon: int = 10000  # adaptive: responses over which the coefficient adapts
+
+    def rules(self, at: str = "") -> list[str]:
+        return [f"{at}{k}={getattr(self, k)!r} must be > 0 for {at}type=adaptive." for k in ("target_kl", "horizon")
+                if self.type == KLControlType.adaptive and (getattr(self, k) is None or getattr(self, k) <= 0)]
+
+
+@dataclass
+class FilterGroupsConfig:
+    """DAPO dynamic sampling (rlhf/dapo.py): drop prompt groups whose responses all got the same `metric`, generate
+    more prompt batches until data.train_batch_size groups are kept."""
+    enable: bool = False
+    metric: str = "score"  # score (reward) | seq_reward (reward + overlong shaping)
+    max_num_gen_batches: int = 10  # generation rounds per step at most (<= 0: no cap)
+
+
+@dataclass
+class DPOConfig:
+    """algorithm.name=dpo (rlhf/dpo_trainer.py): offline preference pairs, sigmoid loss."""
+    beta: float = 0.1
+    loss_type: str = "sigmoid"  # sigmoid | ipo | hinge
+    label_smoothing: float = 0.0
+
+
+_UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1] (1.0 for outcome rewards)")
+
+
+@dataclass
+class AlgorithmConfig(Checked):
+    name: AlgorithmName = AlgorithmName.ppo
+    # a name in rlhf.algorithms' registry (checked by rlhf.config.validate); remax also generates one greedy
+    # response per prompt as its baseline
+    adv_estimator: str = "gae"
+    gamma: float = check(1.0, *_UNIT)
+    lam: float = check(1.0, *_UNIT)
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: KLEstimator = KLEstimator.kl
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    # true: responses cut at data.max_response_length (no EOS) are masked out of the policy and value losses
+    overlong_filter: bool = False
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+
+
+@dataclass
+class CustomRewardConfig:
+    path: Optional[str] = None
+    name: str = "compute_score"
+
+
+@dataclass
+class OverlongBufferConfig:
+    """DAPO soft overlong punishment: the last `len` tokens before data.max_response_length cost up to
+    `penalty_factor` (rlhf.algorithms.compute_overlong_penalty)."""
+    enable: bool = False
+    len: Optional[int] = None  # None: data.max_response_length // 4
+    penalty_factor: float = 1.0
+
+
+@dataclass
+class RewardSourceConfig:
+    """One entry of reward.sources (rlhf/rewards/sources.py); the score is sum(weight x source)."""
+    type: str = "rule"  # rule (registry by data_source) | model (HF sequence classifier) | custom (.py)
+    weight: float = 1.0
+    # model: HF dir / hub name / tiny://...; custom: python file, or object://reward/<id> (an in-process callable
+    # given to rlhf.Trainer, rlhf.config.objects)
+    path: Optional[str] = None
+    name: str = "compute_score"  # custom: function name
+    placement: str = "ray"  # model: ray (its own Ray worker) | local (in-process on rank 0); on the CPU either way
+    num_gpus: float = 0.0  # model, placement=ray: GPUs of the worker; > 0 is refused (not placed nor planned)
+    micro_batch_size: int = 16  # model: sequences per forward
+    max_length: int = 2048  # model: prompt + response tokens (truncated from the left)
+    # model, placement=ray: seconds to wait for the worker to load the model before the first batch (the run
+    # stops with an error naming this key past it; null: no limit)
+    start_timeout_s: Optional[float] = 600.0
+
+
+@dataclass
+class Gsm8kRewardConfig(Checked):
+    """The GSM8K rule reward (data_source openai/gsm8k)."""
+    method: Gsm8kMethod = Gsm8kMethod.strict
+    format_score: float = 0.0  # score of a response with an answer in the expected format that is wrong
+
+
+@dataclass
+class RewardFallbackConfig(Checked):
+    """What a sample gets from a source that failed on it (rlhf/rewards/fallback.py): rule = the data source's
+    rule reward (else static); static = fallback_score + keyword_score x [any keyword in the response]
+    - length_penalty x characters past max_chars; constant = fallback_score."""
+    type: str = check("rule", lambda v: v in ("rule", "static", "constant"), "must be rule (the data source's rule "
+                      "reward), static or constant")
+    keywords: list[str] = field(default_factory=list)
+    keyword_score: float = 0.0
+    length_penalty: float = ge(0, 0.0)  # per character past max_chars
+    max_chars: Optional[int] = check(None, lambda v: v >= 0, "must be >= 0", null=True)  # null: no length penalty
+
+
+@dataclass
+class RewardConfig(Checked):
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    # a rule/custom source gets timeout_s per sample, a model source per micro batch; slower is a fallback
+    timeout_s: Optional[float] = check(3.0, lambda v: v > 0, "must be > 0, or null for no timeout", null=True)
+    fallback_score: float = 0.0
+    fallback: RewardFallbackConfig = field(default_factory=RewardFallbackConfig)
+    # true: a sample no source (and no rule fallback) could score is left out of its group's baseline and of the
+    # loss (counted in reward/num_unscorable); false: it counts with its fallback score
+    exclude_unscorable: bool = True
+    # empty: the rule reward of each data_source (or custom_reward_function when set)
+    sources: list[RewardSourceConfig] = field(default_factory=list)
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    gsm8k: Gsm8kRewardConfig = field(default_factory=Gsm8kRewardConfig)
+
+    def rules(self, at: str = "") -> list[str]:
+        return [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in the memory "
+                f"plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the worker a GPU they "
+                f"use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs outside this job and score "
+                f"with "
+                f"a custom source (type=custom) that calls it." for i, s in enumerate(self.sources or [])
+                if s.type == "model" and s.num_gpus and s.num_gpus > 0]
+
+
+#: global_profiler.tool values (null: torch)
+PROFILER_TOOLS = ("torch", "nsys")
+
+
+@dataclass
+class AlertConfig(Checked):
+    """One entry of trainer.alerts (rlhf/trainer/alerts.py): a warning line with the step when `metric` is below
+    `below` or above `above` (or not finite)."""
+    metric: str = ""  # a step metric, e.g. actor/entropy, actor/kl, critic/score/mean
+    below: Optional[float] = None
+    above: Optional[float] = None
+
+    def rules(self, at: str = "") -> list[str]:
+        return ([] if self.metric else [f"{at}metric is empty; name a step metric, e.g. actor/entropy."]) + (
+            [f"{at}below and {at}above are both null: give one or both (e.g. {{metric: actor/entropy, below: 0.05}})."]
+            if self.below is None and self.above is None else [])
+
+
+@dataclass
+class TrainerConfig(Checked):
+    project_name: str = "rlhf"  # wandb project / mlflow experiment
+    experiment_name: str = "run"  # wandb / mlflow run name
+    # checkpoints, TensorBoard, HF export; the run directory (.hydra/) unless hydra.run.dir is given, which sets it
+    default_local_dir: str = "outputs/run"
+    total_epochs: int = ge(1, 1)
+    total_training_steps: Optional[int] = ge1_or_null(None, "null trains for {at}total_epochs")
+    # console, tensorboard, wandb, mlflow: a list, or one name
+    logger: list[LoggerBackend] = field(default_factory=lambda: [LoggerBackend.console, LoggerBackend.tensorboard])
+    log_freq: int = ge(1, 1)  # write the step metrics to the loggers every this many steps
+    log_val_generations: int = ge(0, 0)  # validation samples (prompt, response, score) logged as a table
+    save_freq: int = steps_or_never(-1)
+    test_freq: int = steps_or_never(-1)
+    val_before_train: bool = True
+    critic_warmup: int = ge(0, 0)  # first steps that train only the critic (the actor is not updated)
+    # auto: the latest checkpoint under default_local_dir, or resume_from_path when given; resume_path: resume_from_path
+    resume_mode: ResumeMode = ResumeMode.auto
+    # a checkpoint (<run>/checkpoints/global_step_N), or a checkpoints directory / run directory (its latest)
+    resume_from_path: Optional[str] = None
+    max_ckpt_to_keep: Optional[int] = ge1_or_null(2, "null keeps all")
+    # true: checkpoints hold what resuming needs only (no recomputable fp32 copy of fp32 weights, no frozen weights);
+    # false: full saves.  Either resumes bitwise.
+    slim_checkpoint: bool = True
+    export_hf_at_end: bool = True
+    seed: int = 1
+    progress_bar: bool = True
+    # warning lines with the step when a metric crosses a threshold (rlhf/trainer/alerts.py), counted in
+    # alerts/num_fired: [{metric: actor/entropy, below: 0.05}, {metric: actor/kl, above: 1.0}]
+    alerts: list[AlertConfig] = field(default_factory=list)
+    # the job's size (verl's keys): null = as launched (torchrun / Slurm); when set, `--cfg` checks the
+    # data-parallel layout against n_gpus_per_node x nnodes and `rlhf launch` starts that many processes
+    n_gpus_per_node: Optional[int] = ge1_or_null(None, "null: as launched")
+    nnodes: Optional[int] = ge1_or_null(None, "null: as launched")
+
+    def rules(self, at: str = "") -> list[str]:
+        mode, rfp = self.resume_mode, self.resume_from_path
+        out = [f"{at}resume_mode=resume_path needs {at}resume_from_path=<run>/checkpoints/global_step_N (a checkpoint, "
+               f"or a checkpoints directory for its latest)."] if mode == ResumeMode.resume_path and not rfp else []
+        out += [f"{at}resume_from_path={rfp!r} is ignored with {at}resume_mode=disable; set {at}resume_mode="
+                f"resume_path (or drop resume_from_path)."] if rfp and mode == ResumeMode.disable else []
+        return out + ([] if self.default_local_dir else [f"{at}default_local_dir is empty; give the output directory "
+                                                         f"for checkpoints and logs."])
+
+
+@dataclass
+class GlobalProfilerConfig(Checked):
+    """verl's ``global_profiler``: torch.profiler traces (or an nsys capture range) of the listed training steps
+    (rlhf/trainer/profiling.py)."""
+    # null or torch: torch.profiler traces; nsys: cudaProfilerStart/Stop + NVTX ranges
+    tool: Optional[str] = check(None, lambda v: v in PROFILER_TOOLS, "is not supported here; use torch (trace files) "
+                                "or nsys, or null", null=True)
+    steps: Optional[list[int]] = None  # training steps to profile, e.g. [1, 5, 10]; null: none
+    save_path: Optional[str] = None  # traces' directory; null: <trainer.default_local_dir>/profile
+    # verl's: one trace over consecutive listed steps (not supported)
+    profile_continuous_steps: bool = check(False, lambda v: not v, "is not supported: each listed step gets its own "
+                                           "trace; set it to false")
+
+    def rules(self, at: str = "") -> list[str]:
+        bad = [s for s in (self.steps or []) if s is None or s < 1]
+        return [f"{at}steps={list(self.steps)} holds {bad}: steps count from 1, e.g. {at}steps=[1,5,10]."] if bad \
+            else []
