@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from parallel.optim_config import LRDecayStyle
-from rlhf.config.resume import STATE_FILE, resolve_resume_path
+from rlhf.resume import STATE_FILE, resolve_resume_path
 from rlhf.trainer import checkpoint as ckpt
 from rlhf.trainer.checkpoint import TRACKER, latest_checkpoint, to_builtins
 
