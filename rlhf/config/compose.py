@@ -208,7 +208,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         restore_gh_from_backup(backup)
     try:
         OmegaConf.resolve(cfg) if resolve else None
-    except OmegaConfBaseException as e:
+    except OmegaConfBaseException:
         try:  # the same error again, this time naming the key that holds the interpolation
             OmegaConf.to_container(cfg, resolve=True)
         except OmegaConfBaseException as named:

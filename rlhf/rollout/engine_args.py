@@ -72,7 +72,7 @@ def rollout_context_length(max_prompt_length: int, max_response_length: int) -> 
     """The context length (tokens) a rollout engine is started with: ``max_prompt_length +
     max_response_length``, exactly what SGLang's request check needs (tokenizer_manager: a prompt shorter than
     the context, prompt + ``max_new_tokens`` within it) and no more, since SGLang refuses to start with a context
-    longer than the model's (``max_position_embeddings``, checked at ``--cfg`` by rlhf.config.validate)."""
+    longer than the model's (``max_position_embeddings``, checked at ``--cfg`` by rlhf.preflight)."""
     return int(max_prompt_length) + int(max_response_length)
 
 

@@ -7,7 +7,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 __all__ = ["SamplingConfig", "check_sampling", "stop_token_ids_for"]
 
