@@ -4,14 +4,14 @@ Ray options that put each engine actor there.
 Trainer ranks follow the torchrun / srun convention: global rank r runs on node ``r // gpus_per_node``,
 GPU ``r % gpus_per_node``.
 
-* colocated: engine i shares the trainer's GPUs ``[i * tp, (i + 1) * tp)`` (global order), all on trainer
-  rank 0's node; the engines release their memory while the trainer computes.  The colocated weight sync
-  hands each engine TP rank CUDA IPC handles of memory of the trainer rank on its own GPU, which receives
-  every pipeline stage's buckets from that stage's leader (rlhf/weight_bridge/from_tensor.py); with expert
-  parallelism it hands every engine the pipeline stage leaders' buckets instead (ranks ``s * W / PP``,
-  megatron's default rank order; rank 0 alone without PP).  CUDA IPC works only within a node: so every
-  engine, and with expert parallelism those leaders, must be on rank 0's node (more engines than rank 0's node
-  holds: rollout.mode=disaggregated); :func:`ipc_source_ranks`.
+* colocated: engine i shares the trainer's GPUs ``[i * tp, (i + 1) * tp)`` (global order), on every node of the
+  trainer (verl's replica layout); the engines release their memory while the trainer computes.  The colocated
+  weight sync hands each engine TP rank a CUDA IPC handle of memory of the trainer rank on its own GPU, which
+  receives every pipeline stage's buckets from that stage's leader (rlhf/weight_bridge/from_tensor.py): a bucket
+  crosses nodes once per node, by the trainer's broadcast, and goes by CUDA IPC within a node.  With expert
+  parallelism every engine maps the pipeline stage leaders' buckets instead (ranks ``s * W / PP``, megatron's
+  default rank order; rank 0 alone without PP), and CUDA IPC works only within a node: then every engine and
+  those leaders must be on rank 0's node (:func:`ipc_source_ranks`).
 * disaggregated: engines take the GPUs after the trainer's, ``W + i * tp ...``, one node each.
 
 A job's GPUs (:func:`job_placement_problem`, the config check of ``--cfg`` and ``--plan-memory``):
@@ -72,24 +72,24 @@ def stage_leaders(trainer_world_size: int, pp: int = 1) -> List[int]:
 
 
 def ipc_source_ranks(trainer_world_size: int, pp: int = 1, ep: int = 1) -> List[int]:
-    """Trainer ranks whose GPU memory colocated engines map besides the ranks on the engines' own GPUs: the
-    pipeline stage leaders with expert parallelism (``ep`` > 1: the weight sync's engine-local handles do not
-    serve it, every engine rank maps the leaders' buckets), else rank 0 alone (the ranks on the engines' GPUs
-    hold every stage's buckets: rlhf/weight_bridge/from_tensor.py)."""
-    return stage_leaders(trainer_world_size, pp) if ep > 1 else [0]
+    """Trainer ranks whose GPU memory colocated engines map besides the ranks on their own GPUs: the pipeline stage
+    leaders with expert parallelism (``ep`` > 1: the weight sync's engine-local handles do not serve it, every
+    engine rank maps the leaders' buckets), else none (each engine rank maps the trainer rank on its own GPU,
+    which holds every stage's buckets: rlhf/weight_bridge/from_tensor.py)."""
+    return stage_leaders(trainer_world_size, pp) if ep > 1 else []
 
 
 def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, num_engines: int, engine_tp: int,
-                   mode: str, leaders: Sequence[int] = (0,)) -> PlacementPlan:
+                   mode: str, leaders: Sequence[int] = ()) -> PlacementPlan:
     """The devices of every trainer rank and engine (see module docstring).
 
     Args:
         leaders: colocated: the trainer ranks whose GPU memory the engines map besides the ranks on their own GPUs
-            (:func:`ipc_source_ranks`); every one of them and every engine must be on trainer rank 0's node.
+            (:func:`ipc_source_ranks`); when there are any, they and every engine must be on trainer rank 0's node.
     Raises:
-        PlacementError: more trainer ranks than GPUs, an engine spanning two nodes, colocated engines beyond
-            the trainer's GPUs on rank 0's node or stage leaders on other nodes, disaggregated engines beyond
-            the free GPUs, or any GPU used twice.
+        PlacementError: more trainer ranks than GPUs, an engine wider than a node or spanning two nodes,
+            colocated engines beyond the trainer's GPUs (beyond rank 0's node when they map ``leaders``) or
+            ``leaders`` on other nodes, disaggregated engines beyond the free GPUs, or any GPU used twice.
     """
     total = nnodes * gpus_per_node
     if min(nnodes, gpus_per_node, trainer_world_size, num_engines, engine_tp) < 1:
@@ -97,11 +97,13 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
     if mode not in ("colocated", "disaggregated"):
         raise PlacementError(f"rollout.mode={mode!r}: use colocated or disaggregated")
     if trainer_world_size > total:
-        raise PlacementError(f"{trainer_world_size} trainer ranks need {trainer_world_size} GPUs but {nnodes} node(s) x "
-                             f"{gpus_per_node} GPUs = {total}")
+        raise PlacementError(f"{trainer_world_size} trainer ranks need {trainer_world_size} GPUs but {nnodes} node(s) "
+                             f"x {gpus_per_node} GPUs = {total}")
     if engine_tp > gpus_per_node:
         raise PlacementError(f"an engine with tensor parallel size {engine_tp} does not fit on a node of "
-                             f"{gpus_per_node} GPUs: lower rollout.tensor_model_parallel_size")
+                             f"{gpus_per_node} GPUs, and an engine spanning nodes is not supported yet: set "
+                             f"rollout.tensor_model_parallel_size to {gpus_per_node} or less (SGLang's expert or data "
+                             f"parallelism inside an engine, for a model that needs more, is not passed on yet)")
     gpu = lambda g: GPU(g // gpus_per_node, g % gpus_per_node)  # noqa: E731 - global index -> GPU
     first = 0 if mode == "colocated" else trainer_world_size
     need = num_engines * engine_tp
@@ -128,8 +130,17 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
 
 
 def _check_colocated(gpus_per_node: int, world: int, num_engines: int, engine_tp: int, leaders: Sequence[int]) -> None:
-    """Colocated engines and the ranks whose memory they map (``leaders``) on trainer rank 0's node."""
-    need, local = num_engines * engine_tp, min(world, gpus_per_node)  # trainer GPUs on rank 0's node
+    """Colocated engines on the trainer's GPUs; with ``leaders`` (ranks whose memory every engine maps), the engines
+    and those ranks on trainer rank 0's node."""
+    need = num_engines * engine_tp
+    if not leaders:
+        if need > world:
+            tp_too = "" if world >= engine_tp else " and rollout.tensor_model_parallel_size"
+            raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit the trainer's "
+                                 f"{world} GPUs (colocated engines share them): lower rollout.num_engines to "
+                                 f"{max(world // engine_tp, 1)}{tp_too} or less, or use rollout.mode=disaggregated")
+        return
+    local = min(world, gpus_per_node)  # trainer GPUs on rank 0's node
     off = [r for r in leaders if r // gpus_per_node != 0]
     if off:
         raise PlacementError(f"colocated: the weight sync hands every engine CUDA IPC handles of the pipeline stage "
@@ -142,9 +153,10 @@ def _check_colocated(gpus_per_node: int, world: int, num_engines: int, engine_tp
         where = (f"the trainer's {world} GPUs" if world <= gpus_per_node else
                  f"the trainer's {local} GPUs on rank 0's node (of {world} trainer GPUs on "
                  f"{-(-world // gpus_per_node)} nodes)")
-        raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit {where} (colocated: "
-                             f"the weight sync hands every engine CUDA IPC handles of rank 0's memory, which work "
-                             f"only within a node): lower rollout.num_engines to {most or 1}"
+        raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit {where} (colocated "
+                             f"with expert parallelism: the weight sync hands every engine CUDA IPC handles of the "
+                             f"stage leaders' memory, which work only within a node): lower rollout.num_engines to "
+                             f"{most or 1}"
                              f"{'' if most else ' and rollout.tensor_model_parallel_size'} or less, or use "
                              f"rollout.mode=disaggregated")
 
@@ -292,23 +304,25 @@ def gpu_engine_nodes(rank_nodes: List[Optional[str]], gpus_per_node: int, ray_no
     return len(trainer) + len(extra), trainer + [n["NodeID"] for n in extra]
 
 
-def cpu_engine_nodes(rank_nodes: List[Optional[str]], ray_nodes: List[Dict[str, Any]], mode: str
-                     ) -> Optional[List[str]]:
+def cpu_engine_nodes(rank_nodes: List[Optional[str]], ray_nodes: List[Dict[str, Any]], mode: str,
+                     num_engines: int = 1, engine_tp: int = 1) -> Optional[List[str]]:
     """The Ray nodes of CPU engines (engine i on ``[i % len]``), None with a one-node Ray cluster (anywhere).
 
-    colocated: trainer rank 0's node (the weight sync shares memory with the trainer ranks);
-    disaggregated: every alive Ray node except rank 0's, those hosting no trainer rank first, then by name
-    (rank 0's when it is the only node).
+    colocated: engine i on the node of trainer rank ``i * engine_tp``, the rank that serves its TP rank 0 in the
+    weight sync (rlhf/weight_bridge/from_tensor.holder_ranks: the one whose memory it maps), rank 0's past the
+    trainer's ranks; disaggregated: every alive Ray node except rank 0's, those hosting no trainer rank first, then
+    by name (rank 0's when it is the only node).
     """
     alive = _alive(ray_nodes)
     if len(alive) <= 1:
         return None
     rank0, busy = rank_nodes[0], set(rank_nodes)
+    if mode != "disaggregated":
+        return [rank_nodes[i * engine_tp] if i * engine_tp < len(rank_nodes) and rank_nodes[i * engine_tp] else rank0
+                for i in range(num_engines)]
     others = sorted((n for n in alive if n["NodeID"] != rank0),
                     key=lambda n: (n["NodeID"] in busy, n.get("NodeName") or ""))
-    if mode != "disaggregated" or not others:
-        return [rank0]
-    return [n["NodeID"] for n in others]
+    return [n["NodeID"] for n in others] or [rank0]
 
 
 def describe_engine_nodes(num_engines: int, node_ids: Optional[List[str]], ray_nodes: List[Dict[str, Any]],

@@ -50,9 +50,9 @@ def _broadcast(obj, group):
 def start_rollout(cfg, model_path: str):
     """Ray (the cluster at RAY_ADDRESS, else a local one) and a RolloutManager of ``rollout.num_engines``
     SGLang engines serving ``model_path``, placed per ``rollout.mode`` (rlhf/rollout/placement.py): on GPU by
-    the plan (colocated on the trainer's GPUs of rank 0's node, disaggregated after the trainer's, each plan
-    node pinned to its Ray node); on CPU a disaggregated engine goes to a Ray node other than trainer rank 0's when the cluster has
-    several, a colocated one to rank 0's.  Rank 0 only; prints where the engines go.  Returns once the engines
+    the plan (colocated on the trainer's GPUs of every node, disaggregated after the trainer's, each plan node
+    pinned to its Ray node); on CPU a disaggregated engine goes to a Ray node other than trainer rank 0's when the
+    cluster has several, a colocated one to the node of the trainer rank that serves it in the weight sync.  Rank 0 only; prints where the engines go.  Returns once the engines
     are launched: they come up in the background, and the manager's first call waits for them."""
     import ray
 
@@ -78,7 +78,7 @@ def start_rollout(cfg, model_path: str):
                               leaders=ipc_source_ranks(world, cfg.parallel.pipeline_model_parallel_size,
                                                        cfg.parallel.get("expert_model_parallel_size", 1)))
     else:
-        node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode)
+        node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode, r.num_engines, r.tensor_model_parallel_size)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
                                                                                     plan), len(ray_nodes))
     engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, device=compute_device().type,

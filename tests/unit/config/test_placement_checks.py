@@ -87,18 +87,19 @@ def test_cfg_refuses_a_launched_trainer_that_leaves_the_engines_too_few_gpus(bui
     assert "start fewer trainer ranks (at most 4" in err
 
 
-def test_cfg_refuses_colocated_engines_beyond_rank0s_node(builds, files, capsys):
-    # 8 engines of TP2 on 2 nodes x 8 GPUs: 16 GPUs of engines, rank 0's node holds 8
-    code = _main([RECIPE, "rollout.num_engines=8", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", *files, "--cfg"])
+def test_cfg_places_colocated_engines_on_every_node_and_refuses_beyond_the_trainers_gpus(builds, files, capsys):
+    """8 engines of TP2 on 2 nodes x 8 GPUs: 4 per node, each mapping the trainer rank on its own GPU (before: refused,
+    every engine had to be on rank 0's node); 9 engines would need 18 of the trainer's 16 GPUs: refused."""
+    assert _main([RECIPE, "rollout.num_engines=8", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", *files,
+                  "--cfg"]) == 0
+    capsys.readouterr()
+    code = _main([RECIPE, "rollout.num_engines=9", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", *files, "--cfg"])
     err = capsys.readouterr().err
     assert code == 2, err
-    assert ("rollout.mode=colocated with rollout.num_engines=8 x rollout.tensor_model_parallel_size=2 on 16 GPUs "
-            "(trainer.nnodes x trainer.n_gpus_per_node = 2 x 8), trainer on 16: 8 engine(s) x TP 2 = 16 GPUs do not "
-            "fit the trainer's 8 GPUs on rank 0's node") in err
-    assert "CUDA IPC" in err and "rollout.num_engines to 4 or less, or use rollout.mode=disaggregated" in err
-    # 4 engines fit rank 0's node
-    assert _main([RECIPE, "rollout.num_engines=4", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", *files,
-                  "--cfg"]) == 0
+    assert ("rollout.mode=colocated with rollout.num_engines=9 x rollout.tensor_model_parallel_size=2 on 16 GPUs "
+            "(trainer.nnodes x trainer.n_gpus_per_node = 2 x 8), trainer on 16: 9 engine(s) x TP 2 = 18 GPUs do not "
+            "fit the trainer's 16 GPUs") in err
+    assert "rollout.num_engines to 8 or less, or use rollout.mode=disaggregated" in err
     assert builds == []
 
 
@@ -151,13 +152,13 @@ def test_plan_memory_plans_the_trainer_gpus_the_engines_leave(builds, files, cap
     assert builds == []
 
 
-def test_plan_memory_refuses_colocated_engines_beyond_rank0s_node(builds, files, capsys):
-    code = _main([RECIPE, "rollout.num_engines=8", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", files[0],
+def test_plan_memory_refuses_colocated_engines_beyond_the_trainers_gpus(builds, files, capsys):
+    code = _main([RECIPE, "rollout.num_engines=9", "trainer.nnodes=2", "trainer.n_gpus_per_node=8", files[0],
                   "--plan-memory=80"])
-    assert code == 2 and "do not fit the trainer's 8 GPUs on rank 0's node" in capsys.readouterr().err
+    assert code == 2 and "do not fit the trainer's 16 GPUs" in capsys.readouterr().err
     # trainer.n_gpus_per_node null: the GPUs per node the plan assumes (8 without CUDA)
-    code = _main([RECIPE, "rollout.num_engines=8", "trainer.nnodes=2", files[0], "--plan-memory=80"])
+    code = _main([RECIPE, "rollout.num_engines=9", "trainer.nnodes=2", files[0], "--plan-memory=80"])
     err = capsys.readouterr().err
     assert code == 2 and "on 16 GPUs (trainer.nnodes x GPUs per node (trainer.n_gpus_per_node=null) = 2 x 8)" in err
-    assert "do not fit the trainer's 8 GPUs on rank 0's node" in err and "rollout.mode=disaggregated" in err
+    assert "do not fit the trainer's 16 GPUs" in err and "rollout.mode=disaggregated" in err
     assert builds == []

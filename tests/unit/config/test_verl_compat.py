@@ -753,13 +753,16 @@ def test_verl_offload_and_megatron_optimizer_keys_are_mapped():
 
 def test_verl_gpu_job_gets_one_engine_per_rollout_tp_group(caplog):
     """verl's hybrid engine runs one rollout replica per rollout TP group of the job's GPUs: 8 GPUs at rollout TP 2
-    are 4 engines (before: our schema's default of 1 engine on 2 of the 8 GPUs).  Where colocated engines cannot
-    span nodes (the weight sync's sources on rank 0's node), the most that place, with a warning."""
+    are 4 engines (before: our schema's default of 1 engine on 2 of the 8 GPUs), on every node (before: rank 0's
+    node only, 2 of verl's 4 at 2 nodes x 8, with a warning); with expert parallelism, where the engines map the
+    stage leaders' memory, the most that place on rank 0's node, with a warning."""
     assert compose_config(["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
                           ).rollout.num_engines == 4
     verl = ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"]
     with caplog.at_level(logging.WARNING, logger="rlhf.config"):
-        assert compose_config(verl).rollout.num_engines == 2
+        assert compose_config(verl).rollout.num_engines == 4
+        assert "this job places" not in caplog.text
+        assert compose_config([*verl, "parallel.expert_model_parallel_size=2"]).rollout.num_engines == 2
     assert "verl would run 4 rollout replicas here; this job places 2" in caplog.text
     # the user's own count wins, in either layout; our layout alone keeps our default; a CPU job keeps one engine
     assert compose_config([*verl, "rollout.num_engines=1"]).rollout.num_engines == 1

@@ -41,7 +41,11 @@ def test_cpu_disaggregated_engines_avoid_rank0s_node():
     # nodes without trainer ranks first, then the other trainer nodes, by name
     assert cpu_engine_nodes(["id1", "id2"], three, "disaggregated") == ["id3", "id2"]
     assert cpu_engine_nodes(["id1", "id1"], three, "disaggregated") == ["id2", "id3"]
-    assert cpu_engine_nodes(["id1", "id2"], three, "colocated") == ["id1"]   # weights shared in memory with rank 0
+    # colocated: each engine on the node of the trainer rank that serves it (engine i, TP rank 0: rank i * tp)
+    assert cpu_engine_nodes(["id1", "id2"], three, "colocated") == ["id1"]
+    assert cpu_engine_nodes(["id1", "id2"], three, "colocated", num_engines=2) == ["id1", "id2"]
+    assert cpu_engine_nodes(["id1", "id1", "id2", "id2"], three, "colocated", 2, 2) == ["id1", "id2"]
+    assert cpu_engine_nodes(["id1", "id2"], three, "colocated", 3) == ["id1", "id2", "id1"]  # past the ranks: rank 0's
     assert cpu_engine_nodes(["id1"], [node("id1", "n1")], "disaggregated") is None  # one node: anywhere
 
 

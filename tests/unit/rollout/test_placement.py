@@ -22,24 +22,39 @@ def test_colocated_one_node(tp, n, expected):
     assert [plan.base_gpu_id(i) for i in range(n)] == [e[0].index for e in expected]
 
 
-def test_colocated_two_nodes_engines_stay_on_rank0s_node():
-    # the colocated weight sync hands every engine CUDA IPC handles of rank 0's memory: node 0 only
-    plan = plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=8, num_engines=2, engine_tp=2, mode="colocated")
+def test_colocated_engines_on_every_node():
+    """verl's replica layout: engines on the trainer's GPUs of every node (each engine rank maps memory of the trainer
+    rank on its own GPU, which receives every bucket by the trainer's broadcast: rlhf/weight_bridge/from_tensor.py);
+    before, every engine had to be on rank 0's node and 4 x 8 GPUs at TP2 placed 4 engines instead of 16."""
+    plan = plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=8, num_engines=4, engine_tp=2, mode="colocated")
     assert plan.trainer[5] == GPU(1, 1)
-    assert plan.engines == [gpus(0, 0, 1), gpus(0, 2, 3)]
-    assert [plan.engine_node(i) for i in range(2)] == [0, 0]
+    assert plan.engines == [gpus(0, 0, 1), gpus(0, 2, 3), gpus(1, 0, 1), gpus(1, 2, 3)]
+    assert [plan.engine_node(i) for i in range(4)] == [0, 0, 1, 1]
+    guide = plan_placement(nnodes=4, gpus_per_node=8, trainer_world_size=32, num_engines=16, engine_tp=2,
+                           mode="colocated")
+    assert [guide.engine_node(i) for i in range(16)] == [n for n in range(4) for _ in range(4)]
+    assert job_placement_problem(mode="colocated", num_engines=16, engine_tp=2, gpus_per_node=8, nnodes=4) is None
 
 
 @pytest.mark.parametrize("nnodes,per_node,engines,tp,most", [
-    (2, 4, 4, 2, 2),    # engines 2 and 3 would be on node 1 (GPUs 4-7)
-    (2, 8, 8, 2, 4),    # 8 engines of TP2 on 2 x 8 GPUs: 16 GPUs, rank 0's node has 8
+    (2, 4, 5, 2, 4),    # 10 GPUs of engines on the trainer's 8
+    (2, 8, 9, 2, 8),
 ])
-def test_colocated_engines_beyond_rank0s_node_are_refused(nnodes, per_node, engines, tp, most):
+def test_colocated_engines_beyond_the_trainers_gpus_are_refused(nnodes, per_node, engines, tp, most):
     with pytest.raises(PlacementError, match=rf"{engines} engine\(s\) x TP {tp} = {engines * tp} GPUs do not fit the "
-                                             rf"trainer's {per_node} GPUs on rank 0's node .*CUDA IPC.*"
-                                             rf"rollout.num_engines to {most} or less, or use rollout.mode=disaggregated"):
+                                             rf"trainer's {nnodes * per_node} GPUs .*rollout.num_engines to {most} or "
+                                             rf"less, or use rollout.mode=disaggregated"):
         plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=nnodes * per_node,
                        num_engines=engines, engine_tp=tp, mode="colocated")
+
+
+def test_colocated_engines_mapping_the_stage_leaders_stay_on_rank0s_node():
+    """With expert parallelism every engine maps the stage leaders' buckets (CUDA IPC, within a node only): engines
+    beyond rank 0's node are refused."""
+    with pytest.raises(PlacementError, match=r"4 engine\(s\) x TP 2 = 8 GPUs do not fit the trainer's 4 GPUs on rank "
+                                             r"0's node .*expert parallelism.*rollout.num_engines to 2 or less"):
+        plan_placement(nnodes=2, gpus_per_node=4, trainer_world_size=8, num_engines=4, engine_tp=2, mode="colocated",
+                       leaders=stage_leaders(8, 1))
 
 
 def test_colocated_stage_leaders_on_other_nodes_are_refused():
@@ -56,9 +71,9 @@ def test_colocated_stage_leaders_on_other_nodes_are_refused():
 
 def test_colocated_pipeline_over_two_nodes_places_unless_the_engines_map_the_leaders():
     """TP4 PP2 on 2 x 4 GPUs, one engine of TP2 on GPUs 0-1: each engine rank maps memory of the trainer rank on its
-    own GPU, which receives stage 1's buckets from rank 4 over NCCL (rlhf/weight_bridge/local_handles.py), so the job
+    own GPU, which receives stage 1's buckets from rank 4 over NCCL (rlhf/weight_bridge/from_tensor.py), so the job
     places; with expert parallelism the engines map the stage leaders' buckets and rank 4 is on node 1: refused."""
-    assert ipc_source_ranks(8, 2) == [0] and ipc_source_ranks(8, 2, ep=2) == [0, 4]
+    assert ipc_source_ranks(8, 2) == [] and ipc_source_ranks(8, 2, ep=2) == [0, 4]
     kw = dict(mode="colocated", num_engines=1, engine_tp=2, gpus_per_node=4, nnodes=2, trainer_world_size=8, pp=2)
     assert job_placement_problem(**kw) is None
     assert "rank(s) [4] are not on rank 0's node" in job_placement_problem(**kw, ep=2)
@@ -88,7 +103,8 @@ def test_disaggregated_engine_on_the_second_node():
     (dict(trainer_world_size=8, num_engines=1, engine_tp=1, mode="disaggregated"), "left after the trainer's 8"),
     (dict(trainer_world_size=6, num_engines=2, engine_tp=2, mode="disaggregated"), "4 GPUs do not fit the 2 GPUs"),
     (dict(trainer_world_size=6, num_engines=1, engine_tp=2, mode="disaggregated"), None),
-    (dict(trainer_world_size=4, num_engines=1, engine_tp=16, mode="colocated"), "does not fit on a node of 8"),
+    (dict(trainer_world_size=4, num_engines=1, engine_tp=16, mode="colocated"),
+     "does not fit on a node of 8 GPUs.*tensor_model_parallel_size to 8 or less"),
     (dict(trainer_world_size=8, num_engines=1, engine_tp=1, mode="spread"), "rollout.mode='spread'"),
 ])
 def test_refusals(kw, match):
