@@ -761,6 +761,8 @@ def test_verl_gpu_job_gets_one_engine_per_rollout_tp_group(caplog):
     verl = ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"]
     with caplog.at_level(logging.WARNING, logger="rlhf.config"):
         assert compose_config(verl).rollout.num_engines == 4
+        guide = ["trainer.nnodes=4", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+        assert compose_config(guide).rollout.num_engines == 16  # the production guide's deployment (was 4)
         assert "this job places" not in caplog.text
         assert compose_config([*verl, "parallel.expert_model_parallel_size=2"]).rollout.num_engines == 2
     assert "verl would run 4 rollout replicas here; this job places 2" in caplog.text
