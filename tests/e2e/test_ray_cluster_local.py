@@ -97,6 +97,36 @@ def _finish(procs: list[subprocess.Popen], timeout: float) -> list[int | None]:
     return rcs
 
 
+def test_two_nodes_colocated_engines_on_both_nodes(cluster, tmp_path):
+    """Colocated engines on every node (verl's replica layout): the trainer at TP1 over two nodes, one rank each
+    (node n1 the `NODE_RANK=0` command, node n2 `torchrun --nnodes=2 --node_rank=1`), two engines: engine 0 runs on n1
+    beside rank 0, engine 1 on n2 beside rank 1, the rank whose memory it maps in the weight sync
+    (rlhf/weight_bridge/from_tensor.holder_ranks; before, both engines had to be on rank 0's node).  One step: the
+    sync reaches both engines and check mode reads the weights back from each; a checkpoint written."""
+    data, run, port = write_gsm8k_mini(tmp_path / "data"), tmp_path / "run", _free_port()
+    overrides = ["recipe=gsm8k_ppo_tiny_cpu", *data_overrides(data), f"trainer.default_local_dir={run}",
+                 "parallel.tensor_model_parallel_size=1", "rollout.num_engines=2", "rollout.weight_sync_check=true",
+                 "actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2", *ONE_STEP]
+    rdzv = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    node0 = [sys.executable, "-m", "rlhf.main", "trainer.nnodes=2", *overrides]
+    node1 = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node_rank=1", "--nproc_per_node=1",
+             "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "rlhf.main", *overrides]
+    common = {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+    before = cluster.actor_logs("SGLangEngine")  # engines of earlier tests on this cluster
+    procs = [subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **cluster.driver_env(), **common, **env},
+                              stdout=open(tmp_path / f"{name}.log", "w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+             for cmd, env, name in ((node0, {"RLHF_NODE_NAME": "n1", "NODE_RANK": "0", **rdzv}, "n1"),
+                                    (node1, {"RLHF_NODE_NAME": "n2"}, "n2"))]
+    rcs = _finish(procs, RUN_TIMEOUT_S)
+    n1, n2 = ((tmp_path / f"{n}.log").read_text(errors="replace") for n in ("n1", "n2"))
+    assert rcs == [0, 0], f"exit codes {rcs}\n--- n1\n{n1[-5000:]}\n--- n2\n{n2[-3000:]}\n{cluster.logs()}"
+    assert "[rollout] colocated: engine 0 on Ray node n1, engine 1 on Ray node n2 (2 Ray node(s))" in n1, n1[-4000:]
+    engines = sorted(node for f, node in cluster.actor_logs("SGLangEngine").items() if f not in before)
+    assert engines == ["n1", "n2"], engines  # where they really ran: their Ray worker logs under each node's dir
+    check_one_step_run(n1, run)
+
+
 def test_one_node_command_as_a_ray_job(cluster, tmp_path):
     """The README's Ray job submission: the one-node command (its launcher starts the TP2 ranks) as a Ray job on
     the cluster's head; `ray job submit` waits, streams the job's output and exits 0 only when it succeeded."""

@@ -3,7 +3,7 @@
 missing).  `sbatch -N 2` runs the Ray head on n1, a Ray worker on n2 and one trainer rank per node (TP2 across
 the two nodes); two jobs submitted at once onto the same nodes both succeed (ports from the job id, a Ray
 cluster and token per job), one with its rollout engine disaggregated onto n2 (the other node than trainer rank
-0's), the other colocated with rank 0 on n1.  Skips only when Slurm cannot be installed, with the reason."""
+0's), the other with colocated engines on both nodes, each beside the trainer rank it syncs from.  Skips only when Slurm cannot be installed, with the reason."""
 from __future__ import annotations
 
 import os
@@ -81,7 +81,7 @@ def check_job(slurm: LocalSlurm, out: Path, job: int, state: tuple[str, int]) ->
     assert f"[{RECIPE}] Ray: 2/2 nodes up (n1, n2)" in text, text[-4000:]
     assert re.search(r"^\[ray n1\] .*Ray runtime started", text, re.M)
     assert re.search(r"^\[ray n2\] .*Ray runtime started", text, re.M)
-    # the trainer ranks spread over both nodes by srun (TP2 across them)
+    # the trainer ranks spread over both nodes by srun (one each)
     assert f"[{RECIPE} n1] rank 0/2 (local 0) on n1" in text and f"[{RECIPE} n2] rank 1/2 (local 0) on n2" in text
     assert f"[{RECIPE}] trainer exited with 0" in text
     check_one_step_run(text, out / "run")
@@ -99,17 +99,22 @@ def test_nodelist_parser_agrees_with_scontrol(slurm):
 def test_two_jobs_at_once_on_two_nodes_engine_placement(slurm, gsm8k_files, tmp_path):
     """Two jobs of the recipe's script at once on the same 2 nodes (one Slurm round for every check):
     job a with the rollout engine disaggregated -> on n2, the other node than trainer rank 0's (n1);
-    job b colocated (the recipe's default) -> on n1, with rank 0.  Both succeed: no port or Ray clash."""
+    job b colocated, the trainer at TP1 (a rank per node) with two engines -> engine 0 on n1 beside rank 0, engine 1
+    on n2 beside rank 1, the rank whose memory it maps in the weight sync (check mode reads the weights back from
+    both).  Both succeed: no port or Ray clash."""
     a, b = tmp_path / "a", tmp_path / "b"
     job_a = submit(slurm, a, gsm8k_files, "rollout.mode=disaggregated", "rollout.weight_sync_check=true")
-    job_b = submit(slurm, b, gsm8k_files)
+    job_b = submit(slurm, b, gsm8k_files, "parallel.tensor_model_parallel_size=1", "rollout.num_engines=2",
+                   "actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2",
+                   "rollout.weight_sync_check=true")
     states = slurm.wait([job_a, job_b], JOB_TIMEOUT_S)
     text_a, text_b = (check_job(slurm, out, job, states[job]) for out, job in ((a, job_a), (b, job_b)))
     # where the engine was planned (rank 0's line) and where it really ran (its Ray worker's log lines)
     assert "[rollout] disaggregated: engine 0 on Ray node n2 (2 Ray node(s))" in text_a, text_a[-4000:]
     assert engine_nodes(text_a) == {"n2"}, text_a[-4000:]
-    assert "[rollout] colocated: engine 0 on Ray node n1 (2 Ray node(s))" in text_b, text_b[-4000:]
-    assert engine_nodes(text_b) == {"n1"}, text_b[-4000:]
+    assert "[rollout] colocated: engine 0 on Ray node n1, engine 1 on Ray node n2 (2 Ray node(s))" in text_b, \
+        text_b[-4000:]
+    assert engine_nodes(text_b) == {"n1", "n2"}, text_b[-4000:]
     # they really ran at the same time, on the same two nodes
     info = {}
     for job in (job_a, job_b):

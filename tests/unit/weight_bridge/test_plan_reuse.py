@@ -91,14 +91,19 @@ def test_session_that_cannot_open_in_the_steady_state_stops_the_sync_before_anyt
         raise RuntimeError("engine 0 is not answering")
 
     monkeypatch.setattr(engines, "start_weight_update", refuse)
-    engines.log.clear()
-    with pytest.raises(WeightBridgeError, match="begin_weight_update failed.*not answering"):
-        bridge.sync()
-    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
+    _refused_before_sending(bridge, engines, "begin_weight_update failed.*not answering")
     monkeypatch.undo()
     topo.object_collectives = 0
     stats = bridge.sync()  # nothing was sent and the engines did not change: the plan still holds
     assert not stats.replanned and topo.object_collectives == 0 and _received_all(engines, hf)
+
+
+def _refused_before_sending(bridge, engines, match):
+    """The sync raises WeightBridgeError matching ``match`` with nothing sent and no session left open."""
+    engines.log.clear()
+    with pytest.raises(WeightBridgeError, match=match):
+        bridge.sync()
+    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
 
 
 def _received_all(engines, hf):
@@ -212,10 +217,7 @@ def test_engine_replaced_while_its_session_opens_fails_the_sync_before_sending(m
         return pending
 
     monkeypatch.setattr(engines, "start_weight_update", start_then_die)
-    engines.log.clear()
-    with pytest.raises(WeightBridgeError, match=r"engine\(s\) \[0\] replaced while opening.*sync again"):
-        bridge.sync()
-    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
+    _refused_before_sending(bridge, engines, r"engine\(s\) \[0\] replaced while opening.*sync again")
     monkeypatch.undo()
     topo.object_collectives = 0
     stats = bridge.sync()
@@ -232,10 +234,7 @@ def test_a_rank_that_cannot_list_its_tensors_fails_the_sync_on_every_rank_before
         raise RuntimeError("chunk 0 is offloaded")
 
     monkeypatch.setattr(bridge_module, "sync_entries", listing_fails)
-    engines.log.clear()
-    with pytest.raises(WeightBridgeError, match="rank 0: RuntimeError: chunk 0 is offloaded"):
-        bridge.sync()
-    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
+    _refused_before_sending(bridge, engines, "rank 0: RuntimeError: chunk 0 is offloaded")
     monkeypatch.setattr(bridge_module, "sync_entries", real_entries)
     stats = bridge.sync()
     assert stats.replanned and stats.engines == [0] and _received_all(engines, hf)
@@ -274,9 +273,7 @@ def test_a_report_that_raises_fails_the_sync_on_every_rank(monkeypatch):
         raise ValueError("rollout.weight_update_address='iface:ib0': no IPv4 address on interface 'ib0'")
 
     monkeypatch.setattr(bridge, "_report", report)
-    with pytest.raises(WeightBridgeError, match="rank 0: ValueError: .*'ib0'"):
-        bridge.sync()
-    assert "update_weights_from_tensor" not in engines.log and not engines.engines[0].in_session
+    _refused_before_sending(bridge, engines, "rank 0: ValueError: .*'ib0'")
 
 
 def test_close_makes_the_next_sync_plan_afresh():
