@@ -10,9 +10,9 @@ import torch
 from rlhf.rollout import sglang_cpu
 from rlhf.rollout.engine_loader import LOADER
 
-__all__ = ["engine_kwargs", "engine_env", "TP_MEMORY_CHECK_ENV", "expected_weights_from_checkpoint",
-           "engine_compute_dtype", "ENGINE_DTYPES", "resolve_engine_dtype", "batch_kv_tokens", "rollout_context_length",
-           "MAX_BATCH_KV_TOKENS"]
+__all__ = ["engine_kwargs", "engine_env", "TP_MEMORY_CHECK_ENV", "NCCL_SHARED_ENV", "share_nccl_env",
+           "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES", "resolve_engine_dtype",
+           "batch_kv_tokens", "rollout_context_length", "MAX_BATCH_KV_TOKENS"]
 
 ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                  "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -150,13 +150,24 @@ def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fr
 #: SGLang 0.5.23's switch of its TP memory balance check (sglang/srt/environ.py:500, read by
 #: srt/distributed/bootstrap.py:_check_tp_memory_balance)
 TP_MEMORY_CHECK_ENV = "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK"
+#: NCCL settings the trainer and its engines must share: SGLang 0.5.23 sets NCCL_CUMEM_ENABLE=0 in its processes
+#: when it is unset (srt/entrypoints/engine.py:_set_envs_and_config), and communicators whose members differ in it
+#: (the weight-update groups span trainer and engines) are a known weight-sync hang in peers
+NCCL_SHARED_ENV = {"NCCL_CUMEM_ENABLE": "0"}
+
+
+def share_nccl_env() -> None:
+    """Give this process SGLang's NCCL settings (:data:`NCCL_SHARED_ENV`) where the user set none, before any NCCL
+    communicator or engine starts; :func:`engine_env` hands the same values to the engines."""
+    for key, value in NCCL_SHARED_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 def engine_env(kwargs: Dict[str, Any], colocated: bool = False) -> Dict[str, str]:
     """Environment variables of the process that creates the engine (the Ray actor): on CPU the
     settings of :mod:`rlhf.rollout.sglang_cpu`; always this repository on PYTHONPATH (the actor
-    imports ``rlhf``); for a ``colocated`` GPU engine of TP > 1, SGLang's TP memory balance check off
-    (:data:`TP_MEMORY_CHECK_ENV` = ``"false"``).
+    imports ``rlhf``) and the trainer's NCCL settings (:data:`NCCL_SHARED_ENV`); for a ``colocated`` GPU
+    engine of TP > 1, SGLang's TP memory balance check off (:data:`TP_MEMORY_CHECK_ENV` = ``"false"``).
 
     Why the check goes: before loading, each TP rank of an SGLang engine measures its GPU's free memory and
     raises "The memory capacity is unbalanced" when the least over the engine's ranks is under 0.9 x its own
@@ -167,7 +178,7 @@ def engine_env(kwargs: Dict[str, Any], colocated: bool = False) -> Dict[str, str
     its static share from that least free memory anyway (``measure_pre_model_load_memory`` reduces it over the
     ranks), so the check only turns an expected imbalance into a refused start; with it off SGLang logs the same
     message as a warning.  Disaggregated engines own their GPUs: the check stays."""
-    env: Dict[str, str] = {}
+    env: Dict[str, str] = {k: os.environ.get(k, v) for k, v in NCCL_SHARED_ENV.items()}  # the trainer's
     if kwargs.get("device") == "cpu":
         full = sglang_cpu.cpu_engine_env(int(kwargs.get("tp_size", 1)), base_env={})
         env.update(full)

@@ -18,6 +18,9 @@ def run(cfg) -> dict:
     """Train with `cfg` (the composed Hydra config, see rlhf/config/); returns the last metrics.
     PPO and its variants (rlhf.trainer.ppo_trainer), or DPO on offline preference pairs when
     ``algorithm.name=dpo`` (rlhf.trainer.dpo_trainer).  Collective: every trainer rank calls it."""
+    from rlhf.rollout.engine_args import share_nccl_env
+
+    share_nccl_env()  # before any NCCL communicator or engine: one NCCL_CUMEM_ENABLE for the trainer and engines
     if cfg.algorithm.name == "dpo":
         from .dpo_trainer import DPOTrainer
 

@@ -169,3 +169,19 @@ def test_named_engine_dtypes_are_sglangs_without_importing_it(tmp_path):
             f"print(engine_compute_dtype({str(tmp_path)!r}, 'float32'), 'sglang' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["torch.float32", "False"]
+
+
+def test_trainer_and_engines_share_one_nccl_cumem_setting(monkeypatch):
+    """SGLang sets NCCL_CUMEM_ENABLE=0 in its processes when unset; the trainer left NCCL's default, so the
+    weight-update groups mixed two settings (a known weight-sync hang in peers).  Now the trainer takes SGLang's
+    value before any communicator, a user's own value wins, and the engines get the trainer's value."""
+    from rlhf.rollout.engine_args import engine_env, share_nccl_env
+
+    monkeypatch.delenv("NCCL_CUMEM_ENABLE", raising=False)
+    assert engine_env({"device": "cuda", "tp_size": 1})["NCCL_CUMEM_ENABLE"] == "0"
+    share_nccl_env()
+    assert os.environ["NCCL_CUMEM_ENABLE"] == "0"
+    monkeypatch.setenv("NCCL_CUMEM_ENABLE", "1")
+    share_nccl_env()
+    assert os.environ["NCCL_CUMEM_ENABLE"] == "1"
+    assert engine_env({"device": "cuda", "tp_size": 2}, colocated=True)["NCCL_CUMEM_ENABLE"] == "1"
