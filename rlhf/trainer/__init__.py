@@ -19,8 +19,10 @@ def run(cfg) -> dict:
     PPO and its variants (rlhf.trainer.ppo_trainer), or DPO on offline preference pairs when
     ``algorithm.name=dpo`` (rlhf.trainer.dpo_trainer).  Collective: every trainer rank calls it."""
     from rlhf.rollout.engine_args import share_nccl_env
+    from rlhf.workers.build import fetch_hub_models
 
     share_nccl_env()  # before any NCCL communicator or engine: one NCCL_CUMEM_ENABLE for the trainer and engines
+    fetch_hub_models(cfg)  # before the process group: no rank waits in a collective while another downloads
     if cfg.algorithm.name == "dpo":
         from .dpo_trainer import DPOTrainer
 

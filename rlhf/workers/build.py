@@ -17,7 +17,7 @@ from .critic import MegatronCritic
 from .dynamic_batch import check_token_budget, token_budgets
 from .lora_reference import AdapterOffReference, lora_settings
 
-__all__ = ["resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "check_dynamic_batching",
+__all__ = ["fetch_hub_models", "resolve_model_path", "load_tokenizer", "load_hf_config", "optim_config", "check_dynamic_batching",
            "build_actor",
            "build_reference", "build_critic", "resolve_reward_paths", "attach_offload", "offload_parts"]
 
@@ -26,20 +26,35 @@ _HUB_PATTERNS = ["*.json", "*.safetensors", "tokenizer*", "*.model"]
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
+def fetch_hub_models(cfg) -> list[str]:
+    """Download every hub model the config names (``model.path``, ``model.critic_path``, ``model.tokenizer_path``,
+    model reward sources: weights, configs, tokenizer) into the local HF cache, on every rank BEFORE the process
+    group exists: no rank waits in a collective, under its watchdog, while another downloads.  The ranks of a node
+    share its cache: huggingface_hub's file locks let one of them fetch each file (with its progress bar) while the
+    others wait for the lock, and a file already there is not fetched again.  Returns the repo ids fetched."""
+    from rlhf.data.refs import parse_model_ref
+
+    refs = [cfg.model.path, cfg.model.critic_path, cfg.model.tokenizer_path,
+            *[s.path for s in cfg.reward.sources or [] if s.type == "model"]]
+    hub = list(dict.fromkeys(r for r in refs if r and parse_model_ref(r).kind == "hub"))
+    if hub:
+        from huggingface_hub import snapshot_download
+
+        for repo in hub:
+            snapshot_download(repo, allow_patterns=_HUB_PATTERNS)
+    return hub
+
+
 def resolve_model_path(cfg, path: str | None = None) -> str:
-    """Collective. `path` (default ``model.path``; the critic's and reward models' take the same references)
-    as a local directory: quickstart URIs through the quickstart hook (rlhf.quickstart.resolve), a hub name
-    downloaded by rank 0 (weights, configs, tokenizer) while the other ranks wait, then read from the local
-    hub cache by all."""
+    """`path` (default ``model.path``; the critic's and reward models' take the same references) as a local
+    directory: quickstart URIs through the quickstart hook (rlhf.quickstart.resolve, collective), a hub name from
+    the local hub cache (fetched before the process group by :func:`fetch_hub_models`; fetched now when not)."""
     from rlhf.quickstart.resolve import resolve_model
 
     path = resolve_model(cfg, path)
     if not os.path.isdir(path):
         from huggingface_hub import snapshot_download
 
-        if dist.get_rank() == 0:
-            snapshot_download(path, allow_patterns=_HUB_PATTERNS)
-        dist.barrier()
         path = snapshot_download(path, allow_patterns=_HUB_PATTERNS)
     return path
 
