@@ -142,7 +142,7 @@ def run_phase(phase, tp, path, workdir, memo):
     from parallel.lora import LoRASettings, adapters_disabled, lora_container
     from parallel.lora_export import save_peft_adapter
     from parallel.models import build_model_chunks
-    from rlhf.weight_bridge import WeightBridge
+    from rlhf.weight_bridge import WeightBridge, WeightSyncConfig
     from tests.support.fakes import FakeEngines, expected_weights_from_spec
 
     if ps.model_parallel_is_initialized():
@@ -181,7 +181,7 @@ def run_phase(phase, tp, path, workdir, memo):
     save_peft_adapter(chunks, bundle.spec, settings, peft_dir, base_model=path)
     save_hf_checkpoint(chunks, bundle.spec, AutoConfig.from_pretrained(path), merged_dir)
     engines = FakeEngines(expected_weights_from_spec(bundle.spec)) if dist.get_rank() == 0 else None
-    WeightBridge(state.model, bundle.spec, engines, transport="tensor", bucket_bytes=64 * 1024).sync()
+    WeightBridge(state.model, bundle.spec, engines, WeightSyncConfig(bucket_bytes=64 * 1024)).sync()
     if dist.get_rank() == 0:
         want, cfg, ad = hf_merged_from_peft(load_dir(path), peft_dir)
         got = engines.engines[0].received
