@@ -105,7 +105,8 @@ def test_two_nodes_colocated_engines_on_both_nodes(cluster, tmp_path):
     sync reaches both engines and check mode reads the weights back from each; a checkpoint written."""
     data, run, port = write_gsm8k_mini(tmp_path / "data"), tmp_path / "run", _free_port()
     overrides = ["recipe=gsm8k_ppo_tiny_cpu", *data_overrides(data), f"trainer.default_local_dir={run}",
-                 "parallel.tensor_model_parallel_size=1", "rollout.num_engines=2", "rollout.weight_sync_check=true",
+                 "parallel.tensor_model_parallel_size=1", "trainer.n_gpus_per_node=1", "rollout.num_engines=2",
+                 "rollout.weight_sync_check=true",
                  "actor.ppo_micro_batch_size_per_gpu=2", "critic.ppo_micro_batch_size_per_gpu=2", *ONE_STEP]
     rdzv = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     node0 = [sys.executable, "-m", "rlhf.main", "trainer.nnodes=2", *overrides]
