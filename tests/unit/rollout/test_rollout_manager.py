@@ -211,8 +211,8 @@ def test_wait_replaces_only_the_actor_a_call_went_to(mgr):
     """Two calls in flight to engine 1 when it dies (a sync's bucket k+1 dispatched before bucket k's wait): the
     first wait replaces it, the second finds the call's actor already replaced and leaves the new engine alone
     (before, it killed the new engine and started a third)."""
-    first = mgr._start(lambda a: a.state, "state", engines=[1])
-    second = mgr._start(lambda a: a.state, "state", engines=[1])
+    first = mgr._start(lambda a: a.pause, "pause", 5.0, engines=[1])  # still running when the engine dies
+    second = mgr._start(lambda a: a.pause, "pause", 5.0, engines=[1])
     kill_and_wait(mgr.actors[1])
     assert mgr.wait(first) == [None] and mgr.restarts == [0, 1]
     replacement = mgr.actors[1]
