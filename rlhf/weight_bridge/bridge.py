@@ -275,7 +275,7 @@ class WeightBridge:
         bucket of its part, also after an error (delivery.py)."""
         topo, plan, serving = self.topo, s.plan.send, s.plan.serving
         try:
-            if getattr(topo, "expert_peer", False):  # EP > 1: TP-gather, convert and EP-gather its routed experts
+            if topo.expert_peer:  # EP > 1: TP-gather, convert and EP-gather its routed experts
                 _drain(hf_stream(s.entries, topo, self.spec, self.meter))
                 return None
             stage = plan.stage(topo.pp_rank) if topo.active else None
@@ -364,7 +364,7 @@ class WeightBridge:
         if not self.topo.is_leader:
             return None
         tensors = [(n, s, str(d).replace("torch.", "")) for n, s, d in
-                   plan_local_tensors(entries, self.spec, self.topo.tp_size, getattr(self.topo, "ep_size", 1))]
+                   plan_local_tensors(entries, self.spec, self.topo.tp_size, self.topo.ep_size)]
         rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": tensors}
         if self.cfg.transport == "distributed":
             rep["group"] = self.dist.report()
@@ -381,7 +381,7 @@ class WeightBridge:
         if cfg.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
         holders = {}
-        if cfg.transport == "tensor" and getattr(self.topo, "ep_size", 1) == 1:
+        if cfg.transport == "tensor" and self.topo.ep_size == 1:
             for stage in plan.stages:
                 held = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, stage.leader)
                 if any(r != stage.leader for r in held.values()):

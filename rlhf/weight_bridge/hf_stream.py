@@ -75,7 +75,7 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
     state = state if state is not None else Production()
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
-        if getattr(topo, "ep_size", 1) > 1 and e.role.is_expert:
+        if topo.ep_size > 1 and e.role.is_expert:
             yield from _expert_stream(e, topo, spec, meter, state)
             continue
         if dim is None and not topo.is_leader:

@@ -105,7 +105,7 @@ def sync_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None,
     on an expert peer (expert parallelism: other experts of a leader's stage), nothing elsewhere."""
     if topo.active:
         return local_entries(model_chunks, spec, name_map)
-    if getattr(topo, "expert_peer", False):
+    if topo.expert_peer:
         entries = local_entries(model_chunks, spec, name_map)[0]
         return [e for e in entries if e.role is not None and e.role.is_expert], []
     return [], []
