@@ -14,15 +14,19 @@ spelling works the same).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from typing import Optional
 
+log = logging.getLogger(__name__)
+
 __all__ = ["TRACKER", "STATE_FILE", "RESUME_HINT", "resolve_resume_path", "resume_problems", "latest_in",
-           "is_resume_option"]
+           "complete_checkpoints", "is_resume_option", "WRITE_ORDER"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.pt"  # written last into a checkpoint (rlhf/trainer/checkpoint.py)
+WRITE_ORDER = "write_order.txt"  # in each global_step_<k>: its place in the order checkpoints were written
 RESUME_HINT = ("to resume, set trainer.resume_from_path=<run>/checkpoints/global_step_N (or the checkpoints "
                "directory, for its latest checkpoint)")
 _RESUME_WORDS = re.compile(r"ckpt|checkpoint|resume|load_dir|load_path|restore", re.IGNORECASE)
@@ -35,16 +39,46 @@ def is_resume_option(name: str) -> bool:
 
 
 def latest_in(root: str) -> Optional[str]:
-    """The checkpoint the tracker file of checkpoints directory `root` names, when that folder exists; else None."""
+    """The checkpoint the tracker file of checkpoints directory `root` names; else None.
+
+    A tracker that names a folder no longer there (removed by hand to roll back, or by a tool) or that cannot be
+    read does not silently start the run afresh: the newest complete checkpoint in `root` by write order (then
+    step) is used, with a warning naming both; None only when `root` holds no complete checkpoint.
+    """
     tracker = os.path.join(root, TRACKER)
     if not os.path.isfile(tracker):
         return None
     try:
-        step = int(open(tracker).read().strip())
+        with open(tracker) as f:
+            named = os.path.join(root, f"global_step_{int(f.read().strip())}")
     except ValueError:
-        return None
-    path = os.path.join(root, f"global_step_{step}")
-    return path if os.path.isdir(path) else None
+        named = None
+    if named is not None and os.path.isdir(named):
+        return named
+    complete = complete_checkpoints(root)
+    if complete:
+        log.warning("%s names %s, which is not there; resuming from the newest complete checkpoint written, %s "
+                    "(set trainer.resume_from_path to pick another, or trainer.resume_mode=disable to start afresh)",
+                    tracker, named or "an unreadable step", complete[-1])
+        return complete[-1]
+    return None
+
+
+def complete_checkpoints(root: str) -> list[str]:
+    """The ``global_step_<k>`` folders under `root` that hold :data:`STATE_FILE`, oldest first by write order
+    (``write_order.txt``; 0 when unreadable), then step."""
+    ranked = []
+    for name in _steps_in(root):
+        path = os.path.join(root, name)
+        if not os.path.isfile(os.path.join(path, STATE_FILE)):
+            continue
+        try:
+            with open(os.path.join(path, WRITE_ORDER)) as f:
+                order = int(f.read().strip())
+        except (OSError, ValueError):
+            order = 0
+        ranked.append((order, int(name.rsplit("_", 1)[1]), path))
+    return [path for _, _, path in sorted(ranked)]
 
 
 def _steps_in(root: str) -> list[str]:

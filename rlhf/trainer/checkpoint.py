@@ -43,12 +43,11 @@ import torch.distributed as dist
 
 from rlhf import faults
 from parallel.dist_checkpoint import load_sharded, save_sharded
-from rlhf.resume import TRACKER, latest_in
+from rlhf.resume import TRACKER, WRITE_ORDER, latest_in
 
 logger = logging.getLogger(__name__)
 
 STALE_SUFFIXES = (".tmp", ".deleting")
-WRITE_ORDER = "write_order.txt"  # in each global_step_<k>: its place in the order checkpoints were written
 # config.json fields that must match between a checkpoint and the model it is loaded into
 MODEL_SUMMARY_KEYS = ("architectures", "hidden_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "intermediate_size", "vocab_size", "tie_word_embeddings")

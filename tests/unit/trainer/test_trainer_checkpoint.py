@@ -97,3 +97,25 @@ def test_rotation_keeps_the_last_writes_and_never_the_one_just_written(tmp_path,
     assert ckpt.rotate(str(root), 1, keep=4) == [] and _steps(root) == [4]
     _save(monkeypatch, root, 5, max_to_keep=None)  # null keeps all
     assert _steps(root) == [4, 5]
+
+
+def test_a_tracker_naming_a_removed_checkpoint_resumes_from_the_newest_written(tmp_path, caplog):
+    """A tracker naming a folder that is gone (the user removed the latest to roll back) resumes from the newest
+    complete checkpoint by write order -- before, it returned None and auto-resume silently started at step 0."""
+    from rlhf.resume import STATE_FILE, WRITE_ORDER, resolve_resume_path
+
+    root = tmp_path / "checkpoints"
+    for step, order in ((8, 1), (2, 2), (4, 3), (6, 4)):  # step 8 is an earlier run's; 6 was written last
+        (root / f"global_step_{step}").mkdir(parents=True)
+        (root / f"global_step_{step}" / WRITE_ORDER).write_text(str(order))
+        if step != 4 and step != 6:
+            (root / f"global_step_{step}" / STATE_FILE).write_text("x")
+    (root / "global_step_4" / STATE_FILE).write_text("x")  # 6 has no state file: an unfinished save
+    (root / TRACKER).write_text("10")
+    with caplog.at_level("WARNING"):
+        assert latest_checkpoint(str(root)) == str(root / "global_step_4")
+    assert "global_step_10, which is not there" in caplog.text and "global_step_4" in caplog.text
+    assert resolve_resume_path("auto", None, str(tmp_path)) == str(root / "global_step_4")
+    (root / TRACKER).write_text("garbage")
+    assert latest_checkpoint(str(root)) == str(root / "global_step_4")
+    assert resolve_resume_path("disable", None, str(tmp_path)) is None
