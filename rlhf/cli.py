@@ -4,6 +4,7 @@
         --dataset_name data/gsm8k/train.jsonl --output_dir outputs/grpo [--nproc 8] [key=value ...]
     rlhf launch ... --slurm          # print the sbatch command of the algorithm's GPU recipe instead
     rlhf launch ... --dry_run        # print the torchrun command without running it
+    rlhf sandbox serve --host 127.0.0.1 --port 8080   # a local SandboxFusion-compatible code sandbox
     rlhf launch --algorithm ppo --model_name_or_path M --reward_model_name_or_path R --dataset_name D \\
         --per_device_train_batch_size 4 --gradient_accumulation_steps 8 --num_rollout_samples 128 \\
         --output_dir O --logging_steps 10 --save_steps 100          # the trl-style flags
@@ -74,6 +75,11 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--slurm", action="store_true", help="print the sbatch command instead of running")
     la.add_argument("--dry_run", action="store_true", help="print the torchrun command instead of running")
     la.add_argument("overrides", nargs="*", help="config overrides key=value")
+    sb = sub.add_parser("sandbox", help="the local code sandbox (SandboxFusion's HTTP API)").add_subparsers(
+        dest="sandbox_command", required=True)
+    from rlhf.sandbox.server import add_serve_args
+
+    add_serve_args(sb.add_parser("serve", help="serve POST /run_code until interrupted (rlhf/sandbox/)"))
     return p
 
 
@@ -197,6 +203,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from rlhf.config import ConfigError
 
     args = _parser().parse_args(argv)
+    if args.command == "sandbox":
+        import logging
+
+        from rlhf.sandbox.server import serve_from_args
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return serve_from_args(args)
     try:
         cmd, env = launch_commands(args)
     except (ConfigError, ValueError, TypeError) as e:
