@@ -29,6 +29,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from .fallback import Fallback
 from .registry import gsm8k_overrides, load_custom_reward_fn, score_samples
+from .sandbox_code import code_reward_overrides
 from .reward_model import check_scores
 from .timeout import call_with_timeout
 
@@ -211,6 +212,9 @@ def build_reward_manager(reward_cfg: Any) -> RewardManager:
     entries = list(reward_cfg.sources or [])
     g = reward_cfg.get("gsm8k")
     rules = gsm8k_overrides(g.method, g.format_score) if g is not None else {}
+    sf = reward_cfg.get("sandbox_fusion")
+    if sf is not None and sf.url:  # code data sources run in a sandbox (verl's sandbox_fusion_url)
+        rules = {**rules, **code_reward_overrides(sf.url, sf.max_concurrent, sf.memory_limit_mb)}
     fallback = Fallback.from_config(reward_cfg, rules)
     if not entries:
         crf = reward_cfg.custom_reward_function

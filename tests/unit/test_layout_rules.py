@@ -30,6 +30,9 @@ FORBIDDEN = {
     "rlhf.rewards": ("rlhf.trainer", "rlhf.workers"),
     "rlhf.data": ("rlhf.trainer", "rlhf.workers", "rlhf.rollout", "parallel"),
     "rlhf.workers": ("rlhf.trainer",),
+    # the code sandbox is a leaf: rewards (and tools) call it, it calls nothing of rlhf
+    "rlhf.sandbox": ("rlhf.trainer", "rlhf.workers", "rlhf.algorithms", "rlhf.rewards", "rlhf.data", "rlhf.config",
+                     "rlhf.rollout", "rlhf.weight_bridge", "rlhf.quickstart", "rlhf.memory_plan", "parallel"),
 }
 
 

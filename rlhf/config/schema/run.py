@@ -165,6 +165,18 @@ class RewardFallbackConfig(Checked):
 
 
 @dataclass
+class SandboxFusionConfig(Checked):
+    """Code data sources (codecontests, apps, codeforces, taco) scored by running the response's program on the
+    test cases in a SandboxFusion service (verl's reward_model.sandbox_fusion; rlhf/rewards/sandbox_code.py)."""
+    # null: code data sources are refused; "local": a local sandbox (rlhf/sandbox/) started by the trainer;
+    # http(s)://HOST:PORT/run_code: a SandboxFusion service (or `rlhf sandbox serve`)
+    url: Optional[str] = check(None, lambda v: v == "local" or str(v).startswith(("http://", "https://")),
+                               "must be null, local, or the http(s):// URL of a SandboxFusion /run_code", null=True)
+    max_concurrent: int = ge(1, 64)  # requests in flight to the sandbox
+    memory_limit_mb: int = ge(1, 1024)  # per run
+
+
+@dataclass
 class RewardConfig(Checked):
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     # a rule/custom source gets timeout_s per sample, a model source per micro batch; slower is a fallback
@@ -178,9 +190,14 @@ class RewardConfig(Checked):
     sources: list[RewardSourceConfig] = field(default_factory=list)
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     gsm8k: Gsm8kRewardConfig = field(default_factory=Gsm8kRewardConfig)
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
     def rules(self, at: str = "") -> list[str]:
-        return [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in the memory "
+        slow = ([f"{at}timeout_s={self.timeout_s!r} with {at}sandbox_fusion.url={self.sandbox_fusion.url!r}: a code "
+                 f"reward runs the program on each test case (up to 10 s each, verl's limit), far past this limit "
+                 f"per sample; set {at}timeout_s=120 (or null for none)."]
+                if self.sandbox_fusion.url and self.timeout_s is not None and self.timeout_s < 30 else [])
+        return slow + [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in the memory "
                 f"plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the worker a GPU they "
                 f"use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs outside this job and score "
                 f"with "

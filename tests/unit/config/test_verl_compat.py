@@ -368,7 +368,7 @@ def test_current_verl_keys_are_mapped_or_refused_all_at_once():
     assert [(s.type, s.path, s.weight) for s in c.reward.sources] == [("model", "acme/rm-7b", 1.0)]
     assert c.actor.optim.lr_decay_style == compose_config([]).actor.optim.lr_decay_style
     bad = ["distillation.enabled=true", "actor_rollout_ref.rollout.disaggregation.enabled=true",
-           "actor_rollout_ref.actor.qat.enable=true", "reward.sandbox_fusion.url=http://sandbox",
+           "actor_rollout_ref.actor.qat.enable=true",
            "skip.rollout.enable=true", "actor_rollout_ref.rollout.temprature=0.7"]
     with pytest.raises(ConfigKeyError) as ei:
         compose_config(bad)
@@ -376,7 +376,6 @@ def test_current_verl_keys_are_mapped_or_refused_all_at_once():
     assert len(ei.value.problems) == len(bad), msg
     for s in ["distillation.enabled=True is not supported", "on-policy distillation is not supported",
               "disaggregation.enabled=True is not supported", "qat.enable=True is not supported",
-              "sandbox_fusion.url='http://sandbox' is not supported",
               "skip.rollout.enable=True",
               "'actor_rollout_ref.rollout.temprature' (read as 'rollout.temprature'",
               "Did you mean: rollout.temperature"]:

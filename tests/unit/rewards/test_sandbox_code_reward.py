@@ -67,14 +67,15 @@ def verl_sandbox_fusion(tmp_path_factory):
 
 def test_scores_and_case_results_match_verls_function(url, verl_sandbox_fusion):
     sem = threading.Semaphore(8)
-    ours, theirs = [], []
+    ours, theirs, why = [], [], []
     for completion, tests in CASES:
         copy = (lambda t: json.loads(json.dumps(t)) if isinstance(t, dict) else t)
-        s1, m1 = compute_score(url, sem, 512, completion, copy(tests), continuous=True, timeout=2)
-        s2, m2 = verl_sandbox_fusion.compute_score(url, sem, 512, completion, copy(tests), continuous=True, timeout=2)
+        s1, m1 = compute_score(url, sem, 512, completion, copy(tests), continuous=True, timeout=4)
+        s2, m2 = verl_sandbox_fusion.compute_score(url, sem, 512, completion, copy(tests), continuous=True, timeout=4)
+        why += [(m.get("status"), m.get("exit_code"), (m.get("stderr") or "")[-300:]) for m in m1 + m2]
         ours.append((s1, [m.get("status") for m in m1]))
         theirs.append((s2, [m.get("status") for m in m2]))
-    assert ours == theirs
+    assert ours == theirs, why
     # the values themselves (hand-checked): right, 2 of 3, runtime errors, timeout, no code, fn_name 1 of 2, ...
     assert [s for s, _ in ours] == [1.0, 2 / 3, 0.0, 0.0, 0.0, 0.5, 1.0, 0.5]
     assert ours[2][1] == ["runtime_error"] * 3 and ours[3][1] == ["timeout"]
@@ -97,3 +98,26 @@ def test_code_data_sources_use_the_sandbox_when_configured(url):
     good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
     assert fns["apps"](solution_str=good, ground_truth=json.dumps(ADD)) == 1.0
     assert fns["taco"](solution_str="```python\nprint(3)\n```", ground_truth=ADD) == pytest.approx(1 / 3)
+
+
+def test_sandbox_fusion_config_keys(url):
+    """verl's reward_model.sandbox_fusion.* (and reward.sandbox_fusion.*) reach the reward manager, which then
+    scores code data sources in the sandbox; bad values fail at --cfg naming the key."""
+    from rlhf.config import compose_config, validate_config
+    from rlhf.config.errors import ConfigValidationError
+    from rlhf.rewards import build_reward_manager
+
+    c = compose_config([f"reward_model.sandbox_fusion.url={url}", "reward_model.sandbox_fusion.memory_limit_mb=512",
+                        "reward.timeout_s=60"])
+    assert (c.reward.sandbox_fusion.url, c.reward.sandbox_fusion.memory_limit_mb) == (url, 512)
+    mgr = build_reward_manager(c.reward)
+    good = "```python\na, b = map(int, input().split())\nprint(a + b)\n```"
+    scores, metrics = mgr.score([good, "```python\nprint(3)\n```"], ["apps", "codecontests"], [json.dumps(ADD), ADD])
+    assert list(scores) == pytest.approx([1.0, 1 / 3]) and metrics["reward/num_fallbacks"] == 0
+    ok = compose_config(["reward.sandbox_fusion.url=local", "reward.timeout_s=null"])
+    validate_config(ok)
+    assert ok.reward.sandbox_fusion.url == "local"
+    for bad, words in ((["reward.sandbox_fusion.url=ftp://x", "reward.timeout_s=60"], "must be null, local"),
+                       (["reward.sandbox_fusion.url=local"], "set reward.timeout_s=120")):
+        with pytest.raises(ConfigValidationError, match=words):
+            validate_config(compose_config(bad))
