@@ -1,4 +1,8 @@
-"""Code data sources (``codecontests``, ``apps``, ``codeforces``, ``taco``, ...): refused.
+"""Code data sources (``codecontests``, ``apps``, ``codeforces``, ``taco``, ...): refused unless a sandbox is set.
+
+With ``reward.sandbox_fusion.url`` (verl's ``reward_model.sandbox_fusion.url``) set, verl's four code data sources
+are scored by :mod:`rlhf.rewards.sandbox_code` in that SandboxFusion service, or with ``url: local`` in a local
+sandbox (:mod:`rlhf.sandbox`) the trainer starts; the reward manager puts them before this refusal.
 
 verl's ``default_compute_score`` scores these by running the generated program on the test cases, in a
 SandboxFusion service when ``sandbox_fusion_url`` is set and otherwise in local subprocesses
@@ -18,8 +22,10 @@ __all__ = ["CODE_DATA_SOURCES", "REASON"]
 #: verl's code data sources (default_compute_score), then other common code benchmarks
 CODE_DATA_SOURCES = ("codecontests", "apps", "codeforces", "taco", "leetcode", "livecodebench", "humaneval", "mbpp")
 
-REASON = ("code execution needs a sandbox and is not supported: scoring this data source means running the "
-          "model's programs on the test cases, which this framework does not do outside a sandbox. Use a custom "
+REASON = ("code execution needs a sandbox and is not supported without one: scoring this data source means running "
+          "the model's programs on the test cases, which this framework does not do outside a sandbox. Set "
+          "reward.sandbox_fusion.url=local (a local sandbox, rlhf/sandbox/; codecontests, apps, codeforces, taco) "
+          "or the URL of a SandboxFusion /run_code, or use a custom "
           "reward (reward.custom_reward_function, or reward.sources with type: custom) that calls your own "
           "sandbox (e.g. a SandboxFusion service), or register one with "
           "@rlhf.rewards.register_reward_fn(<data_source>).")
