@@ -186,6 +186,8 @@ ADDED_KEYS = {
         "use_dist_checkpointing": False, "dist_checkpointing_path": None}.items()},
     # verl's mini-batch shuffle of the Megatron workers
     "actor.shuffle": False, "critic.shuffle": False,
+    # code data sources scored in a sandbox (verl's reward_model.sandbox_fusion)
+    "reward.sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {
