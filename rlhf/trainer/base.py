@@ -1,7 +1,8 @@
 """The skeleton every trainer shares: :meth:`BaseTrainer.fit`.
 
     init distributed -> resume -> [validate] -> for each step: train_step (profiled when listed in
-    global_profiler.steps) -> metrics -> validate every test_freq -> checkpoint every save_freq -> HF export -> close
+    global_profiler.steps) -> metrics -> validate every test_freq -> checkpoint every save_freq -> log the step's
+    metrics -> HF export -> close
 
 A subclass builds its parts in ``__init__`` (after ``super().__init__``: ``self.actor``,
 ``self.train_loader``, ``self.total_steps``) and implements :meth:`train_step` and :meth:`validate`;
@@ -31,7 +32,7 @@ from .alerts import Alerts
 from .checkpoint import check_model, checkpoint_root, model_summary, read_model_summary
 from .checkpoint import load_checkpoint as load_checkpoint_dir
 from .checkpoint import save_checkpoint as save_checkpoint_dir
-from .metrics import add_step_timing
+from .metrics import add_step_timing, timer
 from .profiling import StepProfiler
 from .tracking import Tracking
 
@@ -161,14 +162,19 @@ class BaseTrainer:
                     metrics = self.run_step(step)
                     seconds = time.perf_counter() - t0
                 add_step_timing(metrics, seconds, metrics.pop("_tokens"), dist.get_world_size())
+                # verl's training/global_step and training/epoch (the pass over the prompts the step's batch is from)
+                metrics.update({"training/global_step": float(step),
+                                "training/epoch": float(getattr(self.train_loader, "epoch", 0))})
                 if _due(t.test_freq, step, self.total_steps):
-                    metrics.update(self.validate())
+                    with timer(metrics, "testing"):  # verl's timing_s/testing
+                        metrics.update(self.validate())
                 self.alerts.check(metrics, step)
                 metrics.update(self.alerts.metrics())
+                if _due(t.save_freq, step, self.total_steps):  # saved before the step is logged, as verl does
+                    with timer(metrics, "save_checkpoint"):  # verl's timing_s/save_checkpoint
+                        self.save_checkpoint(step)
                 self.tracker.log(metrics, step)
                 last = metrics
-                if _due(t.save_freq, step, self.total_steps):
-                    self.save_checkpoint(step)
                 if progress is not None:
                     progress.update(1)
                     if self.progress_postfix is not None:

@@ -117,7 +117,9 @@ def collect_groups(next_round: Callable[[int], Round], *, target: int, max_round
         out_samples += [dataclasses.replace(x, prompt_index=g) for x in gs]
         out_scores += gsc
         out_rewards += grw
-    metrics = {k: (v if k.endswith("num_fallbacks") else v / rounds) for k, v in sums.items()}
+    # counts and seconds add up over the rounds (timing_s/reward: every round's scoring); the rest is a mean
+    metrics = {k: (v if k.endswith("num_fallbacks") or k.startswith("timing_s/") else v / rounds)
+               for k, v in sums.items()}
     metrics.update({"dapo/num_gen_batches": float(rounds), "dapo/kept_groups": float(use if found else 0),
                     "dapo/filtered_groups": float(found)})
     return out_samples, out_scores, out_rewards, metrics

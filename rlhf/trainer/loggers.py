@@ -3,7 +3,7 @@
     scalars(metrics: {name: float}, step)     histogram(name, values [N], step)
     table(name, columns, rows, step)          close()
 
-``console`` (std logging, a fixed selection of scalars), ``tensorboard`` (event files), ``wandb`` (a W&B run;
+``console`` (std logging, every scalar, one line per section), ``tensorboard`` (event files), ``wandb`` (a W&B run;
 ``WANDB_MODE=offline`` writes it locally for ``wandb sync``), ``mlflow`` (a run in ``MLFLOW_TRACKING_URI``, by
 default the local file store ``<run dir>/mlruns``).  wandb and mlflow are optional extras
 (``pip install rlhf-megatron-sglang[wandb]`` / ``[mlflow]``; ``rlhf.config.validate`` names a missing one before
@@ -17,14 +17,10 @@ import os
 import re
 from typing import Any, Sequence
 
-__all__ = ["ConsoleLogger", "TensorBoardLogger", "WandbLogger", "MlflowLogger", "BACKENDS", "markdown_table",
-           "mlflow_key"]
+__all__ = ["ConsoleLogger", "console_lines", "TensorBoardLogger", "WandbLogger", "MlflowLogger", "BACKENDS",
+           "markdown_table", "mlflow_key"]
 
 logger = logging.getLogger("rlhf.metrics")
-
-CONSOLE_KEYS = ("critic/score/mean", "val/score", "actor/pg_loss", "critic/vf_loss", "actor/kl",
-                "response_length/mean", "dapo/num_gen_batches", "reward/num_fallbacks", "dpo/loss", "dpo/accuracy",
-                "val/preference_accuracy", "perf/rollout_tokens_per_s", "timing_s/step")
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_chars: int = 2000) -> str:
@@ -45,12 +41,19 @@ def mlflow_key(name: str) -> str:
 
 
 class ConsoleLogger:
-    """``step N: key=value ...`` for :data:`CONSOLE_KEYS` and every ``val/*`` score, at INFO on logger
-    ``rlhf.metrics`` (printed through tqdm when logging is not configured); the first row of a table too."""
+    """Every scalar of a step, as verl's console logger prints them (verl/utils/logger/aggregate_logger.py:
+    ``step:N - name:value - ...``), sorted by name, one line per section (the name's first part: actor, critic,
+    perf, timing_s, val-core, ...) so a step reads as a short block::
+
+        step 2: actor/entropy:0.5123 - actor/grad_norm:0.2011 - actor/kl:0.001 - ...
+        step 2: critic/advantages/max:1.2 - ... - critic/score/mean:0.5 - ...
+
+    Values with 4 significant digits (integers as integers).  At INFO on logger ``rlhf.metrics`` (printed
+    through tqdm when logging is not configured); the first row of a table too."""
 
     def scalars(self, metrics: dict, step: int) -> None:
-        keys = list(CONSOLE_KEYS) + sorted(k for k in metrics if k.startswith("val/") and k not in CONSOLE_KEYS)
-        self._emit(f"step {step}: " + " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics))
+        for line in console_lines(metrics, step):
+            self._emit(line)
 
     def histogram(self, name: str, values, step: int) -> None:
         pass
@@ -71,6 +74,14 @@ class ConsoleLogger:
 
     def close(self) -> None:
         pass
+
+
+def console_lines(metrics: dict, step: int) -> list[str]:
+    """:class:`ConsoleLogger`'s lines for `metrics` ({name: number}) at `step`: one per section, names sorted."""
+    sections: dict[str, list[str]] = {}
+    for k in sorted(metrics):
+        sections.setdefault(k.split("/", 1)[0], []).append(f"{k}:{float(metrics[k]):.4g}")
+    return [f"step {step}: " + " - ".join(items) for items in sections.values()]
 
 
 class TensorBoardLogger:

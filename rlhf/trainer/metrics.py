@@ -49,14 +49,16 @@ def _stats(prefix: str, x: torch.Tensor) -> dict:
     return {f"{prefix}/mean": x.mean().item(), f"{prefix}/max": x.max().item(), f"{prefix}/min": x.min().item()}
 
 
-def compute_data_metrics(batch: dict, scores, max_response_length: int, max_prompt_length: int | None = None) -> dict:
-    """Metrics of one PPO batch ([N, P + R] ``attention_mask``, [N, R] ``response_mask``,
+def compute_data_metrics(batch: dict, max_response_length: int, max_prompt_length: int | None = None) -> dict:
+    """Metrics of one PPO batch ([N, P + R] ``attention_mask``, [N, R] ``response_mask``, ``token_level_scores``,
     ``token_level_rewards``, ``advantages``, ``returns``, ``old_log_probs``, ``rollout_log_probs``, and
-    ``ref_log_probs`` / ``values`` when present; ``prompt_length`` = P, rlhf.workers.batch) and its N raw
-    `scores`.  verl's compute_data_metrics (verl/trainer/ppo/metric_utils.py), same names and formulas:
+    ``ref_log_probs`` / ``values`` when present; ``prompt_length`` = P, rlhf.workers.batch).  verl's
+    compute_data_metrics (verl/trainer/ppo/metric_utils.py), same names and formulas:
 
-    critic/score/{mean,max,min}          the N scores
-    critic/rewards/{mean,max,min}        per sequence: sum of token_level_rewards (score - KL penalty)
+    critic/score/{mean,max,min}          per sequence: sum of token_level_scores (the reward's score, with DAPO's
+                                         overlong penalty folded in as verl's DAPO reward manager does), over
+                                         the sequences that are not aborted
+    critic/rewards/{mean,max,min}        per sequence: sum of token_level_rewards (score - KL penalty), not aborted
     critic/advantages/{mean,max,min}     over response tokens (response_mask)
     critic/returns/{mean,max,min}        over response tokens
     critic/values/{mean,max,min}         (with a critic) over response tokens
@@ -64,29 +66,38 @@ def compute_data_metrics(batch: dict, scores, max_response_length: int, max_prom
                                          unbiased variances over response tokens
     response_length/{mean,max,min}       response tokens per sequence
     response_length/clip_ratio           fraction of sequences with max_response_length tokens
+    response_length_non_aborted/{mean,max,min,clip_ratio}   the same over the sequences that are not aborted
+    response/aborted_ratio               fraction of sequences with an empty response (aborted)
     prompt_length/{mean,max,min}         prompt tokens per sequence (attention_mask[:, :P])
     prompt_length/clip_ratio             fraction of prompts with max_prompt_length tokens (verl pads prompts
                                          to data.max_prompt_length and compares with that width; batches here
                                          are padded to the longest prompt, so the limit is passed in; default P)
 
     and two of ours: actor/kl (mean old - ref log-prob over response tokens; 0 without a reference),
-    actor/rollout_log_prob_diff (mean |trainer - engine| log-prob).  verl leaves aborted (empty) responses
-    out of score and rewards; responses here are never aborted.
+    actor/rollout_log_prob_diff (mean |trainer - engine| log-prob).  Where every response is aborted verl raises;
+    here the score / reward / non-aborted statistics are then over all sequences (response/aborted_ratio = 1 says
+    so).
     """
     mask = batch["response_mask"]
     valid = mask.bool()
     P = batch["prompt_length"]
     lengths = mask.sum(1).float()
+    aborted = lengths == 0
+    kept = ~aborted if bool((~aborted).any()) else torch.ones_like(aborted)
     prompt_lengths = batch["attention_mask"][:, :P].sum(1).float()
     max_prompt = P if max_prompt_length is None else max_prompt_length
     returns = batch["returns"][valid]
+    kept_lengths = lengths[kept]
     m = {
-        **_stats("critic/score", torch.tensor(scores, dtype=torch.float32)),
-        **_stats("critic/rewards", batch["token_level_rewards"].sum(1)),
+        **_stats("critic/score", batch["token_level_scores"].sum(1)[kept]),
+        **_stats("critic/rewards", batch["token_level_rewards"].sum(1)[kept]),
         **_stats("critic/advantages", batch["advantages"][valid]),
         **_stats("critic/returns", returns),
         **_stats("response_length", lengths),
         "response_length/clip_ratio": (lengths == max_response_length).float().mean().item(),
+        **_stats("response_length_non_aborted", kept_lengths),
+        "response_length_non_aborted/clip_ratio": (kept_lengths == max_response_length).float().mean().item(),
+        "response/aborted_ratio": aborted.float().mean().item(),
         **_stats("prompt_length", prompt_lengths),
         "prompt_length/clip_ratio": (prompt_lengths == max_prompt).float().mean().item(),
         "actor/kl": algos.masked_mean(batch["old_log_probs"] - batch["ref_log_probs"], mask).item()
@@ -112,13 +123,13 @@ def compute_timing_metrics(metrics: dict, batch: dict) -> dict:
             for name in PER_TOKEN_PHASES if f"timing_s/{name}" in metrics}
 
 
-def rollout_metrics(batch: dict, scores, gen_seconds: float) -> dict:
-    """Distributions of one rollout batch ([N, R] ``response_mask``, N raw `scores`) and the generation speed:
-    ``critic/score/hist`` and ``response_length/hist`` (Histograms of the N scores / response lengths in
-    tokens), ``perf/rollout_tokens_per_s`` (response tokens generated / `gen_seconds`, the generate phase
-    including the reward)."""
+def rollout_metrics(batch: dict, gen_seconds: float) -> dict:
+    """Distributions of one rollout batch ([N, R] ``response_mask`` and ``token_level_scores``) and the generation
+    speed: ``critic/score/hist`` and ``response_length/hist`` (Histograms of the N sequence scores, as
+    critic/score/mean counts them, and of the response lengths in tokens), ``perf/rollout_tokens_per_s``
+    (response tokens generated / `gen_seconds`, the generate phase without the reward: timing_s/gen)."""
     lengths = batch["response_mask"].sum(1).float()
-    return {"critic/score/hist": Histogram([float(x) for x in scores]),
+    return {"critic/score/hist": Histogram(batch["token_level_scores"].sum(1).tolist()),
             "response_length/hist": Histogram(lengths.tolist()),
             "perf/rollout_tokens_per_s": float(lengths.sum()) / max(gen_seconds, 1e-9)}
 

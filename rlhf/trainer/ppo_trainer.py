@@ -44,6 +44,7 @@ from .advantages import compute_advantages, sample_masks
 from .base import BaseTrainer
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
 from .metrics import compute_data_metrics, compute_timing_metrics, rollout_metrics, timer
+from .perf import PerfMeter
 from .remax import attach_remax_baselines, greedy_sampling
 from .val_metrics import generations_table, validation_metrics
 
@@ -142,6 +143,9 @@ class PPOTrainer(BaseTrainer):
             if cfg.reward.exclude_unscorable:  # per-sample validity flags travel with the reward metrics
                 self.reward = ValidityReward(self.reward)
         self.policy_loss = PPOPolicyLoss(cfg.actor)
+        specs = {"actor": self.actor.bundle.spec, **({"critic": self.critic.bundle.spec} if self.critic else {})}
+        self.perf = PerfMeter(specs, self.actor.device, dist.get_world_size(),
+                              {"actor": cfg.actor.ppo_epochs, "critic": cfg.critic.ppo_epochs})  # perf/mfu/*, memory
 
     def generate_round(self, step: int, round_index: int) -> Round:
         """Draw the next prompt batch, generate ``rollout.n`` responses each, score them and shape the rewards
@@ -168,6 +172,8 @@ class PPOTrainer(BaseTrainer):
             else:
                 samples, scores, rewards, gen_metrics = self.generate_round(step, 0)
         m.update(gen_metrics)
+        # verl times the reward apart from the generation: timing_s/gen is the generation alone
+        m["timing_s/gen"] = max(m["timing_s/gen"] - m.get("timing_s/reward", 0.0), 0.0)
         batch = build_rollout_batch(samples, self.tokenizer.pad_token_id, cfg.data.max_response_length)
         batch["n"] = cfg.rollout.n
         batch["token_level_scores"] = outcome_token_scores(rewards, batch["response_mask"])
@@ -199,14 +205,18 @@ class PPOTrainer(BaseTrainer):
         if step > cfg.trainer.critic_warmup and not no_signal:  # the first critic_warmup steps train only the critic
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
-            with timer(m, "sync_weights"):
+            with timer(m, "update_weights"):  # verl's name for the weight sync into the engines
                 m.update(self.rollout.sync_weights().metrics())  # weight_sync/bytes, weight_sync/buckets, ...
         # else the actor did not change; colocated engines that released their weights in serving() get them back
         # from the next generation's RolloutWorker.ensure_resident (the next step's serving(), or validate())
 
-        m.update(compute_data_metrics(batch, scores, cfg.data.max_response_length, cfg.data.max_prompt_length))
+        # critic/score/*: the sequence's token_level_scores, DAPO's overlong penalty included (verl's DAPO reward
+        # manager folds it into the score); the raw scores stay in the reward's own metrics
+        m.update(compute_data_metrics(batch, cfg.data.max_response_length, cfg.data.max_prompt_length))
         m.update(compute_timing_metrics(m, batch))  # timing_per_token_ms/*
-        m.update(rollout_metrics(batch, scores, m["timing_s/gen"]))
+        m.update(rollout_metrics(batch, m["timing_s/gen"]))
+        m.update(self.perf.mfu(m, batch))  # perf/mfu/actor, perf/mfu/critic
+        m.update(self.perf.memory(m))  # perf/max_memory_allocated_gb
         if not cfg.algorithm.use_kl_in_reward:
             m.setdefault("actor/reward_kl_penalty", 0.0)
         m.update(padding_metrics([self.actor, self.reference, self.critic]))  # perf/padding_efficiency

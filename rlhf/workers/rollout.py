@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 from contextlib import contextmanager
 from typing import List, Optional
 
@@ -248,7 +249,8 @@ class RolloutWorker:
         """Collective.  Rank 0 generates for the prompts of ``batch`` (the trainer's collate: input_ids_list,
         data_source, ground_truth, extra_info, raw_prompt) with ``sampling`` (its seed replaced by ``seed`` when
         given) and scores the decoded responses with ``reward`` (rlhf.rewards.RewardManager; only rank 0's is
-        used); every rank receives (samples, scores, reward metrics incl. reward/num_fallbacks)."""
+        used); every rank receives (samples, scores, reward metrics incl. reward/num_fallbacks and timing_s/reward,
+        the seconds the scoring took)."""
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=seed)
         samples = self._generate(batch["input_ids_list"], sampling)
@@ -257,10 +259,12 @@ class RolloutWorker:
         if self.rank0:
             texts = self.tokenizer.batch_decode([x.response_ids for x in samples], skip_special_tokens=True)
             idx = [x.prompt_index for x in samples]
+            t0 = time.perf_counter()
             scores, reward_metrics = reward.score(texts, [batch["data_source"][i] for i in idx],
                                                   [batch["ground_truth"][i] for i in idx],
                                                   extra_infos=[batch["extra_info"][i] for i in idx],
                                                   prompts=[batch["raw_prompt"][i] for i in idx])
+            reward_metrics["timing_s/reward"] = time.perf_counter() - t0  # verl's timing_s/reward
             reward_metrics.update(rollout_metrics, **{"rollout/num_restarts": float(self.manager.num_restarts)})
             payload = (samples, scores, reward_metrics)
         return _broadcast(payload, self.host_group)

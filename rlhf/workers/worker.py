@@ -30,7 +30,7 @@ from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batch_i
 from .dynamic_batch import PaddingCounter, compact_rows, expand_rows, partition_by_token_budget
 
 __all__ = ["MegatronWorker", "gather_metrics", "summarize_metrics", "reduce_metrics", "step_metrics", "GLOBAL_INFO_KEY",
-           "LOSS_TOKENS_KEY", "padding_metrics", "role_entry"]
+           "LOSS_TOKENS_KEY", "MICRO_SHARE_KEY", "padding_metrics", "role_entry"]
 
 #: key of the micro batch dict that carries the whole mini batch's counts to the loss function:
 #: ``{"dp_size", "num_micro_batches", ...}`` plus what the loss's ``global_info`` returned (see
@@ -39,20 +39,31 @@ GLOBAL_INFO_KEY = "global_info"
 #: key of a micro batch's metrics dict: its number of valid loss tokens, the weight of its token-mean metrics
 #: (:func:`gather_metrics`); not reported itself
 LOSS_TOKENS_KEY = "_loss_tokens"
+#: key of a micro batch's metrics dict set by the update loop: 1 / the number of micro batches this rank ran for the
+#: mini batch, the weight of its other metrics (:func:`summarize_metrics`); not reported itself
+MICRO_SHARE_KEY = "_micro_share"
 
 
 def summarize_metrics(per_micro: list[dict], token_means: Sequence[str] = ()) -> dict:
     """One rank's share of :func:`gather_metrics`: ``{name: (weighted sum, weight)}``.  A metric named in
     `token_means` is a micro batch's mean over its valid loss tokens and is weighted by their number (the micro
     batch's ``LOSS_TOKENS_KEY`` entry: sum = that mean x tokens = the micro batch's masked sum); any other is
-    weighted 1 per micro batch."""
+    weighted by the micro batch's ``MICRO_SHARE_KEY`` entry, 1 / k for one of the k micro batches its rank ran
+    for the mini batch (1 without one).
+
+    Why 1 / k: a loss metric (actor/pg_loss, actor/entropy, actor/kl_loss, critic/vf_loss, dpo/loss) is the micro
+    batch's share of the mini batch's loss x k (rlhf.workers.losses, "the x n_micro rule"), so over the D ranks
+    sum(value / k) = D x the mini batch's loss and the weights sum to D: the weighted mean is the loss itself,
+    also when ranks run different numbers of micro batches (dynamic batching), where a plain mean over micro
+    batches weights each rank by its k (k_r x its share, / sum k) and is off.  With equal k it is the plain mean."""
     out: dict = {}
     for m in per_micro:
         tokens = float(m.get(LOSS_TOKENS_KEY, 0.0))
+        share = float(m.get(MICRO_SHARE_KEY, 1.0))
         for k, v in m.items():
-            if k == LOSS_TOKENS_KEY:
+            if k in (LOSS_TOKENS_KEY, MICRO_SHARE_KEY):
                 continue
-            w = tokens if k in token_means else 1.0
+            w = tokens if k in token_means else share
             total, weight = out.get(k, (0.0, 0.0))
             out[k] = (total + (float(v) * w if w else 0.0), weight + w)
     return out
@@ -112,6 +123,12 @@ def padding_metrics(workers) -> dict:
     if fallback:
         out["perf/packing_fallback_micro_batches"] = fallback
     return out
+
+
+def _shares(per_micro: list[dict]) -> list[dict]:
+    """The metrics of the micro batches of one rank's mini batch, each with ``MICRO_SHARE_KEY`` = 1 / their number
+    (:func:`summarize_metrics`); none on a rank that reports no metrics (not the last pipeline stage)."""
+    return [{**m, MICRO_SHARE_KEY: 1.0 / len(per_micro)} for m in per_micro]
 
 
 @contextmanager
@@ -311,16 +328,16 @@ class MegatronWorker:
                 n_local = mb["input_ids"].shape[0]
                 if max_tokens_per_micro_batch:
                     self._refuse_dynamic_under_vpp(multiple)
-                    per_micro += self._dynamic_update(mb, full, size, loss_fn, global_info, micro_group,
-                                                      max_tokens_per_micro_batch, **forward_kwargs)
+                    per_micro += _shares(self._dynamic_update(mb, full, size, loss_fn, global_info, micro_group,
+                                                              max_tokens_per_micro_batch, **forward_kwargs))
                     steps.append(optimizer_step(self.state))
                     continue
                 self.padding.add(mb["attention_mask"], mb["input_ids"].numel())
                 mbs = micro_batch_size(n_local, micro_batch_size_per_gpu, micro_group, multiple_of=multiple)
                 mb[GLOBAL_INFO_KEY] = {"dp_size": size, "num_micro_batches": n_local // mbs,
                                        **(global_info(full, size) if global_info is not None else {})}
-                per_micro += forward_backward(self.state.model, mb, forward_only=False, loss_fn=loss_fn,
-                                              micro_batch_size=mbs, **forward_kwargs)
+                per_micro += _shares(forward_backward(self.state.model, mb, forward_only=False, loss_fn=loss_fn,
+                                                      micro_batch_size=mbs, **forward_kwargs))
                 steps.append(optimizer_step(self.state))
         return per_micro, steps
 

@@ -33,7 +33,7 @@ def check_one_step_run(text: str, run: Path) -> None:
     """A finished one-step run: the step's actor loss logged, checkpoint 1 and the HF export written."""
     import re
 
-    assert re.search(r"(^|rlhf.metrics: )step 1: .*actor/pg_loss=", text, re.M), text[-4000:]
+    assert re.search(r"(^|rlhf.metrics: )step 1: .*actor/pg_loss:", text, re.M), text[-4000:]
     assert (run / "checkpoints" / "global_step_1").is_dir()
     assert (run / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
     assert (run / "hf_export" / "config.json").is_file() and list((run / "hf_export").glob("*.safetensors"))

@@ -21,6 +21,7 @@ def _batch():
     return {
         "prompt_length": 3, "response_mask": response_mask,
         "attention_mask": torch.cat([prompt_mask, response_mask], 1),
+        "token_level_scores": torch.tensor([[0.0, 0.0, 1.0], [0.5, 0.0, 0.0]]),  # sums 1.0, 0.5
         "token_level_rewards": torch.tensor([[-0.1, 0.0, 1.0], [0.5, 0.0, 0.0]]),  # sums 0.9, 0.5
         "advantages": torch.tensor([[1.0, 2.0, 3.0], [-1.0, 9.0, 9.0]]),  # valid: 1 2 3 -1
         "returns": torch.tensor([[1.0, 2.0, 3.0], [0.0, 7.0, 7.0]]),  # valid: 1 2 3 0
@@ -32,7 +33,7 @@ def _batch():
 
 
 def test_compute_data_metrics_hand_computed():
-    m = compute_data_metrics(_batch(), [1.0, 0.5], max_response_length=3, max_prompt_length=3)
+    m = compute_data_metrics(_batch(), max_response_length=3, max_prompt_length=3)
     # returns - values over response tokens: 0 1 0 -1 -> unbiased var 2/3; returns 1 2 3 0 -> var 5/3
     explained = 1 - (2 / 3) / (5 / 3 + 1e-5)
     assert m == pytest.approx({
@@ -43,26 +44,28 @@ def test_compute_data_metrics_hand_computed():
         "critic/values/mean": 1.5, "critic/values/max": 3.0, "critic/values/min": 1.0,
         "critic/vf_explained_var": explained,
         "response_length/mean": 2.0, "response_length/max": 3.0, "response_length/min": 1.0,
-        "response_length/clip_ratio": 0.5,
+        "response_length/clip_ratio": 0.5, "response/aborted_ratio": 0.0,
+        "response_length_non_aborted/mean": 2.0, "response_length_non_aborted/max": 3.0,
+        "response_length_non_aborted/min": 1.0, "response_length_non_aborted/clip_ratio": 0.5,
         "prompt_length/mean": 2.5, "prompt_length/max": 3.0, "prompt_length/min": 2.0, "prompt_length/clip_ratio": 0.5,
         "actor/kl": (0.2 * 3 + 0.4) / 4, "actor/rollout_log_prob_diff": (0.1 * 3 + 0.3) / 4}, abs=1e-6)
     assert explained == pytest.approx(0.6, abs=1e-5)
     # the configured prompt limit, not the batch's padded width: no prompt of 3 tokens is clipped at 4
-    assert compute_data_metrics(_batch(), [1.0, 0.5], 3, max_prompt_length=4)["prompt_length/clip_ratio"] == 0.0
+    assert compute_data_metrics(_batch(), 3, max_prompt_length=4)["prompt_length/clip_ratio"] == 0.0
 
 
 def test_without_a_critic_there_are_no_value_metrics():
     batch = _batch()
     del batch["values"], batch["ref_log_probs"]
-    m = compute_data_metrics(batch, [1.0, 0.5], 3)
+    m = compute_data_metrics(batch, 3)
     assert not any(k.startswith(("critic/values", "critic/vf_")) for k in m) and m["actor/kl"] == 0.0
 
 
 def test_timing_per_token_and_throughput_hand_computed():
     m = {"timing_s/gen": 0.6, "timing_s/update_actor": 0.9, "timing_s/old_log_prob": 0.3,
-         "timing_s/sync_weights": 0.1}
+         "timing_s/update_weights": 0.1}
     # gen per response token (4), the others per token of the batch (5 prompt + 4 response); verl has no
-    # per-token old_log_prob / sync_weights
+    # per-token old_log_prob / update_weights
     assert compute_timing_metrics(m, _batch()) == pytest.approx({"timing_per_token_ms/gen": 150.0,
                                                                  "timing_per_token_ms/update_actor": 100.0})
     out = add_step_timing({}, seconds=2.0, tokens=9.0, world_size=3)

@@ -16,7 +16,9 @@ from rlhf.trainer.ppo_trainer import PPOTrainer
 from rlhf.trainer.tracking import Histogram, Table, Tracking
 from rlhf.trainer.val_metrics import pass_at_k, pass_at_k_values, validation_metrics
 from tests.support import tracking_readers as read
+from rlhf.trainer.perf import PerfMeter
 from tests.support.fakes import FakeActor, FakePromptLoader, FakeRollout
+from tests.unit.trainer.test_perf_metrics import TINY_SPEC
 
 
 def test_pass_at_k_hand_computed():
@@ -95,6 +97,7 @@ def _train_trainer(cfg, results):
     trainer.rollout = FakeRollout(results)
     trainer.actor, trainer.critic, trainer.reference = FakeActor(), FakeActor(), None
     trainer.kl_ctrl, trainer.policy_loss = None, "loss"
+    trainer.perf = PerfMeter({"actor": TINY_SPEC, "critic": TINY_SPEC}, "cpu", 1, {"actor": 1, "critic": 1})
     return trainer
 
 
@@ -149,8 +152,9 @@ def test_timer_records_gpu_memory_per_phase_when_cuda_is_in_use(monkeypatch):
 
 
 def test_rollout_metrics_are_media_and_a_rate():
-    batch = {"response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
-    m = step_metrics.rollout_metrics(batch, [0.0, 1.0], gen_seconds=0.5)
+    batch = {"response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]),
+             "token_level_scores": torch.tensor([[0.0, 0.0, 0.0], [1.0, 0.0, 0.0]])}
+    m = step_metrics.rollout_metrics(batch, gen_seconds=0.5)
     assert isinstance(m["critic/score/hist"], Histogram) and m["perf/rollout_tokens_per_s"] == 6.0
 
 
@@ -174,3 +178,63 @@ def test_a_batch_with_no_scorable_sample_skips_the_updates_instead_of_crashing()
     m2 = trainer.train_step(2)
     assert m2["training/no_scorable_samples"] == 0.0 and m2["reward/num_unscorable"] == 0.0
     assert trainer.actor.updates == [2] and trainer.critic.updates == [2] and trainer.rollout.synced == 1
+
+
+def _four_samples():
+    # prompt 0: responses of 2 and 3 tokens, prompt 1: 1 and 4 tokens
+    return [RolloutSample([9, 9], [5] * k, [0.0] * k, "stop", p, i) for p, i, k in
+            [(0, 0, 2), (0, 1, 3), (1, 0, 1), (1, 1, 4)]]
+
+
+def test_dapo_overlong_penalty_is_in_critic_score_as_in_verl():
+    """verl's DAPO reward manager (verl/workers/reward_manager/dapo.py) adds the overlong penalty to the score it
+    puts in token_level_scores, and compute_data_metrics reads critic/score from there.  L_max 4, buffer 2, factor 1:
+    responses of 2, 3, 1, 4 tokens get 0, -0.5, 0, -1; raw scores 1, 0, 0.5, 1 -> 1, -0.5, 0.5, 0: mean 0.25, min
+    -0.5 (before: the raw scores, mean 0.625, min 0)."""
+    cfg = compose_config(["rollout.n=2", "data.max_response_length=4", "reward.overlong_buffer.enable=true",
+                          "reward.overlong_buffer.len=2", "reward.overlong_buffer.penalty_factor=1.0"])
+    trainer = _train_trainer(cfg, [(_four_samples(), [1.0, 0.0, 0.5, 1.0], {"reward/num_fallbacks": 0.0})])
+    m = trainer.train_step(1)
+    assert (m["critic/score/mean"], m["critic/score/max"], m["critic/score/min"]) == pytest.approx((0.25, 1.0, -0.5))
+    assert m["critic/score/hist"].values == pytest.approx([1.0, -0.5, 0.5, 0.0])
+    assert m["dapo/overlong_penalty/mean"] == pytest.approx(-0.375) and m["dapo/overlong_frac"] == 0.5
+
+
+def test_train_step_logs_verls_step_metrics_and_the_console_prints_them_all(tmp_path, caplog):
+    """verl's names that were missing: timing_s/reward (the reward's seconds, out of timing_s/gen),
+    timing_s/update_weights (the weight sync), response/aborted_ratio, response_length_non_aborted/*,
+    perf/mfu/actor and perf/mfu/critic (update FLOPs / (seconds x peak x devices), rlhf.trainer.perf),
+    perf/max_memory_allocated_gb; and every scalar reaches the console (before: 13 chosen names)."""
+    import logging
+
+    cfg = compose_config(["rollout.n=2", "data.max_response_length=4"])
+    trainer = _train_trainer(cfg, [(_four_samples(), [1.0, 0.0, 0.5, 1.0],
+                                    {"reward/num_fallbacks": 0.0, "timing_s/reward": 0.25})])
+    m = trainer.train_step(1)
+    assert m["timing_s/reward"] == 0.25 and m["timing_s/gen"] >= 0.0 and "timing_s/update_weights" in m
+    assert m["response/aborted_ratio"] == 0.0 and m["response_length_non_aborted/mean"] == 2.5
+    # every sequence: 2 prompt + its response tokens -> lengths 4, 5, 3, 6 (rlhf.trainer.perf.update_flops)
+    from rlhf.trainer.perf import DEVICE_PEAK_FLOPS, update_flops
+
+    for role in ("actor", "critic"):
+        want = update_flops(TINY_SPEC, [4, 5, 3, 6]) / (m[f"timing_s/update_{role}"] * DEVICE_PEAK_FLOPS["CPU"])
+        assert m[f"perf/mfu/{role}"] == pytest.approx(want, rel=1e-9) and m[f"perf/mfu/{role}"] > 0
+    assert m["perf/max_memory_allocated_gb"] > 0.05  # this process's peak RSS (torch alone is more than 50 MiB)
+
+    m.pop("_tokens")
+    scalars = {k for k, v in m.items() if not isinstance(v, (Histogram, Table))}
+    assert len(scalars) > 40
+    with caplog.at_level(logging.INFO, logger="rlhf.metrics"):
+        logging.getLogger().addHandler(handler := logging.NullHandler())  # logging configured: lines via logging
+        try:
+            tracker = Tracking(str(tmp_path / "tb"), backends=["console"])
+            tracker.log(m, 1)
+            tracker.close()
+        finally:
+            logging.getLogger().removeHandler(handler)
+    lines = [r.getMessage() for r in caplog.records if r.name == "rlhf.metrics"]
+    printed = [item.split(":")[0] for line in lines for item in line[len("step 1: "):].split(" - ")]
+    assert all(line.startswith("step 1: ") for line in lines)
+    assert sorted(printed) == printed and set(printed) == scalars  # every scalar once, sorted
+    assert len(lines) == len({k.split("/")[0] for k in scalars})  # one line per section
+    assert "critic/score/mean:0.625" in " ".join(lines)

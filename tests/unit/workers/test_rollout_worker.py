@@ -87,6 +87,7 @@ class UnscorableReward:
 
 def ppo_trainer(worker, reward):
     """PPOTrainer.train_step over the real RolloutWorker (fake engines and bridge) and stand-in actor / critic."""
+    from rlhf.trainer.perf import PerfMeter
     from rlhf.trainer.ppo_trainer import PPOTrainer
     from tests.support.fakes import FakeActor, FakePromptLoader
 
@@ -98,6 +99,7 @@ def ppo_trainer(worker, reward):
     trainer.train_loader = FakePromptLoader([batch(2) for _ in range(3)])
     trainer.actor, trainer.critic, trainer.reference = FakeActor(), FakeActor(), None
     trainer.kl_ctrl, trainer.policy_loss = None, "loss"
+    trainer.perf = PerfMeter({}, "cpu", 1, {})
     return trainer
 
 
@@ -110,7 +112,7 @@ def test_critic_warmup_step_then_validation_and_next_step_serve_synced_weights(w
     trainer = ppo_trainer(worker, Reward())
     m = trainer.train_step(1)  # warm-up: only the critic trains, nothing is synced
     assert trainer.actor.updates == [] and trainer.critic.updates == [1]
-    assert "timing_s/sync_weights" not in m and w.weights_released
+    assert "timing_s/update_weights" not in m and w.weights_released
     w.ensure_resident()  # what validate() does first
     _, val_scores, _ = w.generate(batch(3), w.val_sampling, Reward())  # validation after the warm-up step
     assert len(val_scores) == 3 and not manager.weights_discarded
@@ -249,3 +251,21 @@ def test_engines_stop_after_every_rank_left_the_bridge(world1, tmp_path, monkeyp
     w.close(finished)
     want = ["bridge close", "barrier", "shutdown"] if finished else ["bridge close", "shutdown"]
     assert manager.log[-len(want):] == want and manager.log.count("barrier") == int(finished), manager.log
+
+
+class SlowReward(Reward):
+    def score(self, texts, sources, truths, extra_infos=None, prompts=None):
+        import time
+
+        time.sleep(0.3)
+        return super().score(texts, sources, truths, extra_infos, prompts)
+
+
+def test_reward_is_timed_apart_from_the_generation(worker):
+    """verl's timing_s/reward: the scoring's seconds, measured where rank 0 scores (RolloutWorker.generate), and
+    timing_s/gen without them (before: no timing_s/reward, the reward inside timing_s/gen)."""
+    w, _ = worker
+    _, _, metrics = w.generate(batch(2), w.train_sampling, SlowReward())
+    assert metrics["timing_s/reward"] >= 0.3
+    m = ppo_trainer(worker, SlowReward()).train_step(1)
+    assert m["timing_s/reward"] >= 0.3 and m["timing_s/gen"] < 0.3  # the fake engines answer at once

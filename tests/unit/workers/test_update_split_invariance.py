@@ -229,3 +229,38 @@ def test_dpo_gradient_independent_of_micro_batches_and_dp(monkeypatch, loss_type
         grad, metrics = run_split(monkeypatch, dp, micro, dpo)
         torch.testing.assert_close(grad, ref_grad, msg=f"dp={dp} micro={micro}")
         assert metrics["dpo/loss"] == pytest.approx(ref_metrics["dpo/loss"], rel=1e-9)
+
+
+def test_loss_metrics_hold_when_ranks_run_different_numbers_of_micro_batches(monkeypatch):
+    """Dynamic batching cuts each rank's rows by its own token budget: here rank 0 runs its 4 rows of a mini batch as
+    4 micro batches, rank 1 as 1.  actor/pg_loss, actor/entropy and actor/kl_loss (each micro batch reports its share
+    of the mini batch's loss x its rank's micro batch count k) must still be the mini batch's loss: each micro batch
+    weighted 1 / k (rlhf.workers.worker.MICRO_SHARE_KEY).  Before: a plain mean over the 5 micro batches, which
+    weights rank 0 by 4/5 (pg_loss 0.0740 instead of 0.0445 here) -- the gradient was right all along."""
+    actor = compose_config(["actor.entropy_coeff=0.01", "actor.use_kl_loss=true", "actor.kl_loss_coef=0.1"]).actor
+    loss = PPOPolicyLoss(actor)
+    ref_grad, ref_metrics = run_split(monkeypatch, *SPLITS[0], actor_run(loss))
+    ranks = {}
+
+    def uneven(lengths, max_tokens, group=1):
+        rank = ranks["now"]
+        return [[i] for i in range(len(lengths))] if rank == 0 else [list(range(len(lengths)))]
+
+    monkeypatch.setattr(worker_mod, "partition_by_token_budget", uneven)
+
+    def actor_dynamic(micro, fake):
+        ranks["now"] = len(ranks.setdefault("seen", [])) % 2
+        ranks["seen"].append(1)
+        w = MegatronWorker(None, state=SimpleNamespace(model=None), forward_micro_batch_size=4)
+        per_micro, steps = w.train_mini_batches(
+            ppo_batch(), ("input_ids", "attention_mask", "position_ids") + tuple(loss.keys),
+            lambda outs, mb: loss(outs, mb, P), mini_batch_size=4, micro_batch_size_per_gpu=micro, epochs=1, step=1,
+            micro_group=1, global_info=loss.global_info, max_tokens_per_micro_batch=1000)
+        assert len(per_micro) == (8 if ranks["now"] == 0 else 2)  # 2 mini batches: 4 + 4 micro batches, or 1 + 1
+        return per_micro
+
+    grad, metrics = run_split(monkeypatch, 2, 4, actor_dynamic)
+    torch.testing.assert_close(grad, ref_grad)
+    for k in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/pg_clipfrac", "actor/ppo_kl"):
+        assert metrics[k] == pytest.approx(ref_metrics[k], rel=1e-9, abs=1e-12), k
+    assert "_micro_share" not in metrics
