@@ -16,8 +16,9 @@ exactly --response-length tokens in both the engine and HF `generate` (checked a
 Step: `PPOTrainer.train_step` of the real trainer (recipe gsm8k_ppo_tiny_cpu, algorithm=grpo, no critic,
 no reference; real GSM8K prompts and reward), --prompts prompts x --n responses, greedy (temperature 0),
 one optimizer step per step (ppo_mini_batch_size = --prompts), micro batches of --micro sequences.
-Phases are the trainer's own timers (timing_s/gen, timing_s/old_log_prob, timing_s/update_actor,
-timing_s/sync_weights, timing_s/step); overhead = step - those four (advantages, batch building, metrics).
+Phases are the trainer's own timers (timing_s/gen, timing_s/reward, timing_s/old_log_prob, timing_s/update_actor,
+timing_s/update_weights, timing_s/step); overhead = step - those five (advantages, batch building, metrics).
+(Before issue 42 timing_s/gen included the reward and the sync was timing_s/sync_weights.)
 
 Baselines (rank 0, torch threads = --hf-threads, default 2 = the cores the two trainer ranks use; rank 1
 waits; the engine stays up, as during the step), run right after each trainer step on that step's prompts
@@ -34,7 +35,7 @@ The LAST line printed is exactly
     ppo_step: gen_vs_hf=<..> logprob_vs_hf=<..> update_vs_hf=<..> sync_vs_copy=<..> overhead_frac=<..>
 (gen/logprob/update: medians over the --repeats timed steps, after --warmup untimed ones, of the per-step
 ratio trainer phase / HF baseline; sync_vs_copy: median sync / median copy; overhead_frac: median per-step
-share of timing_s/step outside the four phases).  The ratios of the medians are printed too.
+share of timing_s/step outside the five phases).  The ratios of the medians are printed too.
 """
 import argparse
 import os
@@ -50,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ppo_step_baselines import HFBaselines, copy_seconds, median  # noqa: E402
 GSM8K = os.path.join(ROOT, "..", "shared", "data", "gsm8k")
-PHASES = ("gen", "old_log_prob", "update_actor", "sync_weights")
+PHASES = ("gen", "reward", "old_log_prob", "update_actor", "update_weights")
 
 
 def build_model(path, a):
@@ -268,7 +269,7 @@ def report(a, t, overhead, sw, stats, base, log):
         + "; medians of the per-step ratios (last line): " + " ".join(f"{k}={v:.2f}" for k, v in paired.items()))
     log(f"load average at the end {os.getloadavg()}")
     print(f"ppo_step: gen_vs_hf={paired['gen']:.2f} logprob_vs_hf={paired['old_log_prob']:.2f} "
-          f"update_vs_hf={paired['update_actor']:.2f} sync_vs_copy={t['sync_weights'] / t_copy:.1f} "
+          f"update_vs_hf={paired['update_actor']:.2f} sync_vs_copy={t['update_weights'] / t_copy:.1f} "
           f"overhead_frac={overhead:.4f}", flush=True)
 
 

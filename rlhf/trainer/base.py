@@ -164,7 +164,7 @@ class BaseTrainer:
                 add_step_timing(metrics, seconds, metrics.pop("_tokens"), dist.get_world_size())
                 # verl's training/global_step and training/epoch (the pass over the prompts the step's batch is from)
                 metrics.update({"training/global_step": float(step),
-                                "training/epoch": float(getattr(self.train_loader, "epoch", 0))})
+                                "training/epoch": float(self.train_loader.epoch)})
                 if _due(t.test_freq, step, self.total_steps):
                     with timer(metrics, "testing"):  # verl's timing_s/testing
                         metrics.update(self.validate())

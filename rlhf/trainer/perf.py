@@ -9,9 +9,11 @@ verl/workers/megatron_workers.py update_actor / update_critic):
 
 FLOPs of an update (verl's estimate, forward + backward = 6 FLOPs per parameter and token): 6 x (matmul
 parameters of a token's path: attention projections, MLP or the routed top-k experts + shared experts + router,
-embedding + LM head) x tokens, plus causal-free attention 6 x sum(seq_len^2) x head_dim x heads x layers
-(MLA: 3 x sum(seq_len^2) x (q_head_dim + v_head_dim) x heads x layers), x ppo_epochs.  Tokens are every
-prompt + response token of the batch (``attention_mask``), as verl's ``global_token_num``.
+embedding + LM head) x tokens, plus attention over the full square as verl counts it, 6 x sum(seq_len^2) x head_dim
+x heads x layers (MLA: 3 x sum(seq_len^2) x (q_head_dim + v_head_dim) x heads x layers, verl's causal halving),
+x ppo_epochs.  Tokens are every prompt + response token of the batch (``attention_mask``), as verl's
+``global_token_num``.  Shared experts are counted as in verl's DeepSeek-V3 estimate (its Qwen2-MoE estimate leaves
+them out).
 
 Peak FLOP/s per device: verl's table (dense BF16, by device name: H100 989 TFLOP/s, A100 312, ...).  On CPU verl
 declares 448 GFLOP/s, a nominal figure and not this machine's, used here the same way so a CPU run's MFU compares
@@ -40,11 +42,14 @@ DEVICE_PEAK_FLOPS = {"CPU": 448e9, "GB200": 2.5e15, "B200": 2.25e15, "MI300X": 1
 
 
 def device_peak_flops(device: torch.device, name: str | None = None) -> float | None:
-    """Peak FLOP/s of one `device` from :data:`DEVICE_PEAK_FLOPS`: "CPU" for a CPU device, else the entry whose
-    name is in the device's name (`name`, default torch.cuda.get_device_name(device)); None when none matches."""
+    """Peak FLOP/s of one `device` from :data:`DEVICE_PEAK_FLOPS`: "CPU" for a CPU device; for a CUDA device the
+    entry whose name is in the device's name (`name`, default torch.cuda.get_device_name(device)); None when none
+    matches or for another kind of device."""
     device = torch.device(device)
     if device.type == "cpu":
         return DEVICE_PEAK_FLOPS["CPU"]
+    if device.type != "cuda":
+        return None
     name = name if name is not None else torch.cuda.get_device_name(device)
     for key in sorted(DEVICE_PEAK_FLOPS, key=len, reverse=True):
         if key != "CPU" and key in name:
@@ -116,10 +121,13 @@ class PerfMeter:
         """``perf/max_memory_allocated_gb`` (and on CUDA ``perf/max_memory_reserved_gb``): the trainer process's
         peak so far.  CUDA: the largest of the phases' ``memory/<phase>/max_*_gb`` in `metrics` (each phase
         resets the peak, rlhf.trainer.metrics.timer), the current torch.cuda.max_memory_* and the earlier steps'.
-        CPU: the peak resident set of this process (getrusage ru_maxrss; KiB on Linux, bytes on macOS)."""
+        CPU: the peak resident set of this process (getrusage ru_maxrss; KiB on Linux, bytes on macOS).  Another
+        kind of device: nothing."""
         if self.device.type == "cpu":
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             return {"perf/max_memory_allocated_gb": rss * (1 if sys.platform == "darwin" else 1024) / _GB}
+        if self.device.type != "cuda":
+            return {}
         phases_alloc = [v for k, v in metrics.items() if k.startswith("memory/") and k.endswith("max_allocated_gb")]
         phases_res = [v for k, v in metrics.items() if k.startswith("memory/") and k.endswith("max_reserved_gb")]
         self.max_allocated = max([self.max_allocated, torch.cuda.max_memory_allocated(self.device) / _GB]

@@ -56,6 +56,7 @@ def test_device_peaks_follow_verls_table():
     assert device_peak_flops(torch.device("cuda", 0), name="NVIDIA H100 80GB HBM3") == 989e12
     assert device_peak_flops(torch.device("cuda", 0), name="NVIDIA L40S") == 362.05e12  # not L40's
     assert device_peak_flops(torch.device("cuda", 0), name="Mystery GPU") is None
+    assert device_peak_flops(torch.device("meta")) is None and PerfMeter({}, "meta", 1, {}).memory({}) == {}
 
 
 def test_mfu_hand_computed_and_an_unknown_peak_is_left_out_with_one_line(caplog):

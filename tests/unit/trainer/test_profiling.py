@@ -3,6 +3,7 @@ torch.profiler trace per rank per listed step and none for the others; NVTX rang
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ def _fit(cfg, total_steps, monkeypatch):
     monkeypatch.setattr(base.dist, "get_world_size", lambda: 1)
     t = object.__new__(_Trainer)
     t.cfg, t.start_step, t.total_steps, t.resume_path, t.tracker = cfg, 0, total_steps, None, None
-    t.alerts = Alerts([], {}, echo=False)
+    t.alerts, t.train_loader = Alerts([], {}, echo=False), SimpleNamespace(epoch=0)
     return t.fit()
 
 

@@ -58,7 +58,7 @@ def pp2(monkeypatch):
         n = mb["input_ids"].shape[0]
         assert (n // micro_batch_size) % 2 == 0, "the interleaved schedule would raise"
         calls.append((mb["input_ids"][:, 0].tolist(), micro_batch_size, mb.get("global_info")))
-        if loss_fn is None:
+        if forward_only:  # a forward (outputs); an update returns per-micro-batch metrics
             return {"log_probs": mb["input_ids"].float() * 10}
         return [{}]
 
