@@ -158,6 +158,9 @@ class PPOTrainer(BaseTrainer):
         if self.cfg.algorithm.adv_estimator == "remax":  # the baseline: one greedy response per prompt
             greedy = self.rollout.generate(prompts, greedy_sampling(self.rollout.train_sampling), self.reward)
             reward_metrics.update(attach_remax_baselines(samples, greedy, self.cfg))
+            if "timing_s/reward" in greedy[2]:  # the baseline's scoring is reward time too
+                reward_metrics["timing_s/reward"] = reward_metrics.get("timing_s/reward", 0.0) \
+                    + greedy[2]["timing_s/reward"]
         rewards, shaping = overlong_shaping(samples, scores, self.cfg)
         return samples, scores, rewards, {**reward_metrics, **shaping}
 

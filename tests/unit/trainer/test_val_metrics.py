@@ -238,3 +238,17 @@ def test_train_step_logs_verls_step_metrics_and_the_console_prints_them_all(tmp_
     assert sorted(printed) == printed and set(printed) == scalars  # every scalar once, sorted
     assert len(lines) == len({k.split("/")[0] for k in scalars})  # one line per section
     assert "critic/score/mean:0.625" in " ".join(lines)
+
+
+def test_remax_baseline_scoring_counts_as_reward_time():
+    """ReMax scores a greedy response per prompt too: its seconds go into timing_s/reward, out of timing_s/gen."""
+    cfg = compose_config(["rollout.n=2", "data.max_response_length=4", "algorithm.adv_estimator=remax"])
+    greedy = [RolloutSample([9, 9], [5, 5], [0.0, 0.0], "stop", p, 0) for p in (0, 1)]
+    trainer = _train_trainer(cfg, [(_four_samples(), [1.0, 0.0, 0.5, 1.0], {"timing_s/reward": 0.25}),
+                                   (greedy, [1.0, 0.0], {"timing_s/reward": 0.5})])
+    trainer.critic = None
+    from rlhf.rollout.sampling import SamplingConfig
+
+    trainer.rollout.train_sampling = SamplingConfig(n=2)
+    m = trainer.train_step(1)
+    assert m["timing_s/reward"] == 0.75 and "remax/baseline_score/mean" in m
