@@ -76,6 +76,7 @@ def test_quickstart_logs_verls_metrics_and_micro_batches_1_and_4_agree(tiny_mode
     # issue 42's names at step 2, sane values
     names2 = sorted(tag for tag, k in s4 if k == 2)
     print("STEP 2 METRICS", len(names2), " ".join(names2))
+    print("ISSUE 42 AT STEP 2", {tag: round(s4[(tag, 2)], 6) for tag in STEP2_NAMES})
     for tag in STEP2_NAMES:
         assert (tag, 2) in s4, f"{tag} missing at step 2"
     assert s4[("training/global_step", 2)] == 2 and s4[("training/epoch", 2)] == 0
@@ -98,6 +99,7 @@ def test_quickstart_logs_verls_metrics_and_micro_batches_1_and_4_agree(tiny_mode
         if m and " rows), first: " not in line:
             printed += [item.split(":")[0] for item in m.group(1).split(" - ")]
     assert sorted(printed) == printed and set(printed) == set(names2), set(names2) ^ set(printed)
+    print("CONSOLE", "\n".join(line[:200] for line in text.splitlines() if "step 2: " in line))
 
     # micro batch 1 vs 4: the same rollouts at step 2, the same token-weighted ratio metrics and losses
     for tag in ("critic/score/mean", "response_length/mean"):
