@@ -7,10 +7,10 @@ weight-update sessions; check.py reads weights back.
 """
 from rlhf.weight_bridge.bridge import SyncStats, WeightBridge, WeightSyncConfig
 from rlhf.weight_bridge.check import CheckReport
-from rlhf.weight_bridge.plan import (SendPlan, WeightBridgeError, local_entries, normalize_expected, plan_local_tensors,
+from rlhf.weight_bridge.plan import (SendPlan, WeightBridgeError, normalize_expected, plan_local_tensors,
                                      regex_name_map, validate_against_expected)
 from rlhf.weight_bridge.topology import MegatronTopology
 
 __all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats", "CheckReport", "WeightBridgeError", "SendPlan",
-           "local_entries", "plan_local_tensors", "regex_name_map", "MegatronTopology", "normalize_expected",
+           "plan_local_tensors", "regex_name_map", "MegatronTopology", "normalize_expected",
            "validate_against_expected"]

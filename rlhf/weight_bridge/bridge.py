@@ -38,14 +38,14 @@ import torch.distributed as dist
 from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
-from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, NO_POOL, BufferPool, MemoryMeter, dtype_from_any
+from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter, dtype_from_any
 from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.from_tensor import (BucketHolder, StageServing, TensorDelivery, broadcast_group, holder_ranks,
                                             prepare_sharing, serving_plan)
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
 from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build_send_plan, normalize_expected,
-                                     plan_local_tensors, refuse_report_errors, sync_entries)
+                                     plan_local_tensors, sync_entries)
 from rlhf.weight_bridge.sessions import close_sessions, open_sessions
 from rlhf.weight_bridge.topology import MegatronTopology
 
@@ -186,7 +186,6 @@ class WeightBridge:
         self._holder_groups: dict = {}  # member ranks -> broadcast group of a stage's holders
         self._tp_known: dict | None = None  # member ranks -> tensor-parallel group (_tp_groups)
         self._ready = False
-        self.version = 0
 
     def sync(self, engines: Sequence[int] | None = None) -> SyncStats:
         """Collective: push the current weights into the engines (all, or the listed ones with the tensor
@@ -217,7 +216,6 @@ class WeightBridge:
             raise WeightBridgeError("weight sync failed: " + "; ".join(dict.fromkeys(errors)))
         if names:
             self._check(plan, outcome, stats)
-        self.version += 1
         stats.engines, stats.peak_extra_bytes = list(s.targets), self.meter.peak
         stats.produce_seconds, stats.receive_seconds, stats.deliver_seconds = (s.times[k] for k in
                                                                                ("produce", "receive", "deliver"))
@@ -282,7 +280,7 @@ class WeightBridge:
             # with holders no producer thread: every rank issues its TP gathers and the holders' broadcasts from one
             # thread, in one global order (from_tensor.py)
             holding = any(sv.group is not None for sv in serving.values())
-            pool = self._buffers(plan) if topo.is_leader or holding else NO_POOL
+            pool = self._buffers(plan) if topo.is_leader or holding else None
             own = functools.partial(stage_buckets, s.entries, stage.buckets if stage else [], topo, self.spec, pool,
                                     self.meter, self.cfg.overlap and not holding, s.times)
             if self.cfg.transport == "distributed":  # the engines answer each bucket before the next is asked
@@ -339,7 +337,9 @@ class WeightBridge:
         verdict = None
         if topo.is_controller:
             try:
-                refuse_report_errors(reports)
+                errors = [r["error"] for r in reports if r is not None and "error" in r]
+                if errors:
+                    raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
                 verdict = self._verdict(reports)
                 if open_sessions_too and not s.sessions_open:
                     s.token, err, s.open_seconds = open_sessions(self.engines, s.targets)

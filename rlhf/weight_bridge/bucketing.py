@@ -6,6 +6,7 @@ more than about one bucket of converted weights.  Planning is deterministic: eve
 """
 from __future__ import annotations
 
+import math
 import queue
 import re
 import threading
@@ -20,7 +21,7 @@ DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 #: (sglang/srt/models/deepseek_common/deepseek_weight_loader.py) fuses ``q_a_proj`` and ``kv_a_proj_with_mqa`` only
 #: when both arrive together and silently drops a half that comes alone (the fused weight would stay stale).  The
 #: group (match.group(1)) names the run; the tensors between the two come along.
-KEEP_TOGETHER = (re.compile(r"^(.*\.self_attn\.)(q_a_proj|q_a_layernorm|q_b_proj|kv_a_proj_with_mqa)\.weight$"),)
+KEEP_TOGETHER = re.compile(r"^(.*\.self_attn\.)(q_a_proj|q_a_layernorm|q_b_proj|kv_a_proj_with_mqa)\.weight$")
 
 
 def dtype_from_any(dtype) -> torch.dtype:
@@ -36,11 +37,6 @@ def dtype_from_any(dtype) -> torch.dtype:
     return out
 
 
-def dtype_name(dtype) -> str:
-    """"float32" for torch.float32 (the spelling SGLang's distributed update takes)."""
-    return str(dtype_from_any(dtype)).replace("torch.", "")
-
-
 @dataclass(frozen=True)
 class TensorMeta:
     """Name, shape and dtype of one tensor to send."""
@@ -51,10 +47,7 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> int:
-        n = self.dtype.itemsize
-        for s in self.shape:
-            n *= int(s)
-        return n
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass
@@ -73,11 +66,8 @@ class BucketPlan:
 
 def keep_together_group(name: str) -> str | None:
     """The group of tensors `name` must share a bucket with (:data:`KEEP_TOGETHER`), or None."""
-    for pattern in KEEP_TOGETHER:
-        m = pattern.match(name)
-        if m:
-            return m.group(1)
-    return None
+    m = KEEP_TOGETHER.match(name)
+    return m.group(1) if m else None
 
 
 def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[BucketPlan]:
@@ -193,14 +183,6 @@ class BufferPool:
             if b is not None:
                 self.meter.free(b.numel())
                 self._buffers[i] = None
-
-
-class _NoPool:
-    def release(self, slot) -> None:
-        pass
-
-
-NO_POOL = _NoPool()  # the pool of ranks that fill no bucket
 
 
 def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from parallel.distributed import free_port, interface_address, route_address
-from rlhf.weight_bridge.bucketing import dtype_name
 from rlhf.weight_bridge.delivery import Delivery
 from rlhf.weight_bridge.plan import SendPlan, WeightBridgeError
 
@@ -100,8 +99,8 @@ class DistributedGroups:
             raise WeightBridgeError(f"weight-update groups could not be set up: {'; '.join(errors)}")
         self.group_names, self.fingerprint = names, fingerprint
 
-    def close(self, engines_too: bool = True) -> None:
-        """Leave this rank's group; with ``engines_too`` (controller) ask the engines to drop theirs."""
+    def close(self) -> None:
+        """Leave this rank's group; the controller asks the engines to drop theirs."""
         if self.pg is not None:
             try:
                 dist.destroy_process_group(self.pg)
@@ -109,7 +108,7 @@ class DistributedGroups:
                 pass
             self.pg = None
         self.fingerprint = None
-        if engines_too and self.topo.is_controller and self.engines is not None:
+        if self.topo.is_controller and self.engines is not None:
             for name in self.group_names.values():
                 try:
                     self.engines.destroy_weights_update_group(name)
@@ -132,10 +131,10 @@ class DistributedDelivery(Delivery):
         gone = self.engines.replaced_since(self.token) if self.token is not None else []
         if gone:
             raise RuntimeError(f"engine(s) {gone} replaced during the sync: they are in no weight-update group")
+        dtypes = [str(m.dtype).removeprefix("torch.") for m in bplan.metas]  # "float32": SGLang's spelling
         self._requested = self.engines.update_weights_from_distributed(
-            bplan.names, [dtype_name(m.dtype) for m in bplan.metas], [list(m.shape) for m in bplan.metas],
-            self.groups.group_names[stage.pp_rank], flush_cache=plan.is_last(stage, bplan),
-            load_format="flattened_bucket")
+            bplan.names, dtypes, [list(m.shape) for m in bplan.metas], self.groups.group_names[stage.pp_rank],
+            flush_cache=plan.is_last(stage, bplan), load_format="flattened_bucket")
         return True
 
     def move(self, plan, stage, bplan, buf, go):

@@ -17,12 +17,12 @@ import torch
 
 from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards, regex_name_map, walk_local_tensors
 from parallel.convert.params import NameMapHook as NameMap
+from parallel.convert.params import param_role
 from parallel.model_config import HFModelSpec
 from rlhf.weight_bridge.bucketing import BucketPlan, TensorMeta, dtype_from_any, plan_buckets
 
 __all__ = ["WeightBridgeError", "normalize_expected", "validate_against_expected", "NameMap", "regex_name_map",
-           "local_entries", "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan", "build_send_plan",
-           "refuse_report_errors"]
+           "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan", "build_send_plan"]
 
 
 class WeightBridgeError(RuntimeError):
@@ -86,29 +86,23 @@ def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tu
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
-def local_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None = None
-                  ) -> tuple[list[LocalTensor], list[str]]:
-    """Every parameter and persistent buffer of this rank's chunks that maps to HF tensors (the converter's
-    one walk, :func:`parallel.convert.walk_local_tensors`), and the unmapped persistent buffers
-    (``"chunk<i>.<name>"``, skipped).  Raises WeightBridgeError for a parameter with no HF mapping."""
+def sync_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None,
+                 topo) -> tuple[list[LocalTensor], list[str]]:
+    """What this rank streams: every parameter and persistent buffer of its chunks that maps to HF tensors (the
+    converter's one walk, :func:`parallel.convert.walk_local_tensors`) on data-parallel replica 0, only the routed
+    experts on an expert peer (expert parallelism: other experts of a leader's stage), nothing elsewhere; and the
+    unmapped persistent buffers (``"chunk<i>.<name>"``, skipped).  Raises WeightBridgeError for a parameter with no
+    HF mapping."""
+    if not (topo.active or topo.expert_peer):
+        return [], []
     skipped: list[str] = []
     try:
         entries = list(walk_local_tensors(model_chunks, spec, name_map=name_map, skipped=skipped))
     except (KeyError, ValueError) as e:
         raise WeightBridgeError(f"{e.args[0]}: the engine could not be updated with it") from None
-    return entries, skipped
-
-
-def sync_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None,
-                 topo) -> tuple[list[LocalTensor], list[str]]:
-    """What this rank streams (`local_entries`): everything on data-parallel replica 0, only the routed experts
-    on an expert peer (expert parallelism: other experts of a leader's stage), nothing elsewhere."""
     if topo.active:
-        return local_entries(model_chunks, spec, name_map)
-    if topo.expert_peer:
-        entries = local_entries(model_chunks, spec, name_map)[0]
-        return [e for e in entries if e.role is not None and e.role.is_expert], []
-    return [], []
+        return entries, skipped
+    return [e for e in entries if e.role is not None and e.role.is_expert], []
 
 
 def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: int,
@@ -116,8 +110,6 @@ def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: in
     """``(HF name, full shape, source dtype)`` of every HF tensor `entries` convert to, in send order
     (the converter run on meta tensors: no data, no communication).  With expert parallelism (`ep` > 1)
     a routed expert tensor stands for the same local expert of every EP rank, in EP-rank order."""
-    from parallel.convert.params import param_role
-
     out = []
     for e in entries:
         meta = torch.empty(tuple(e.tensor.shape), dtype=e.tensor.dtype, device="meta")
@@ -180,30 +172,16 @@ def _check_names(names: list[str], check: str | None) -> list[str]:
     return [n for n in names if not (m := _LAYER.match(n)) or int(m.group(1)) in keep]
 
 
-def refuse_report_errors(reports: list) -> None:
-    """Controller: raise the errors the ranks reported instead of their tensors (``{"error": message}``; None
-    reports are skipped).
-
-    Raises:
-        WeightBridgeError: every reported message, joined (nothing was sent).
-    """
-    errors = [r["error"] for r in reports if r is not None and "error" in r]
-    if errors:
-        raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
-
-
 def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFModelSpec, *, bucket_bytes: int,
-                    dtype: torch.dtype | None, check: str | None, allow_missing=None,
-                    engine_label: str = "the rollout engines") -> SendPlan:
-    """Controller: the stage leaders' reports (``{"pp_rank", "rank", "tensors", ...}`` or ``{"error"}``) ->
+                    dtype: torch.dtype | None, check: str | None, allow_missing=None) -> SendPlan:
+    """Controller: the stage leaders' reports (``{"pp_rank", "rank", "tensors", ...}``; None from other ranks) ->
     the validated SendPlan.  Tensors are sent in ``dtype``, else the engine's dtype for that weight.
 
     Raises:
-        WeightBridgeError: a report error, a stage without leader at the controller, or any mismatch
+        WeightBridgeError: two leaders of a stage, a stage 0 not led by the controller, or any mismatch
             with ``expected`` (all problems listed, nothing sent).
     """
     reports = [r for r in reports if r is not None]
-    refuse_report_errors(reports)
     by_stage = {}
     for r in reports:
         if r["pp_rank"] in by_stage:
@@ -213,7 +191,7 @@ def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFM
         raise WeightBridgeError(f"global rank {controller} must lead pipeline stage 0 (tp rank 0, dp rank 0); "
                                 f"megatron's rank order puts it there by default")
     problems = validate_against_expected({p: r["tensors"] for p, r in by_stage.items()}, expected,
-                                         spec.tie_word_embeddings, engine_label, allow_missing)
+                                         spec.tie_word_embeddings, "the rollout engines", allow_missing)
     if problems:
         more = f" (+{len(problems) - 20} more)" if len(problems) > 20 else ""
         raise WeightBridgeError("weight sync refused before sending anything:\n  " + "\n  ".join(problems[:20]) + more)

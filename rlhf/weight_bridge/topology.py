@@ -28,7 +28,6 @@ class MegatronTopology:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.tp_size = ps.get_tensor_model_parallel_world_size()
         self.tp_rank = ps.get_tensor_model_parallel_rank()
-        self.pp_size = ps.get_pipeline_model_parallel_world_size()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.active = ps.get_data_parallel_rank(with_context_parallel=True) == 0
         self.is_leader = self.active and self.tp_rank == 0
