@@ -1,10 +1,4 @@
-"""Weight sync: the actor's megatron shards -> SGLang engines (plan, validate, gather -> convert -> bucket, send).
-
-bridge.py runs one sync (:class:`WeightBridge`, configured by :class:`WeightSyncConfig`); plan.py builds and checks
-the send plan; hf_stream.py gathers and converts; bucketing.py lays out buckets; delivery.py is the per-bucket
-protocol of the two transports, from_tensor.py and from_distributed.py; sessions.py opens and closes the engines'
-weight-update sessions; check.py reads weights back.
-"""
+"""Weight sync: the actor's megatron shards -> SGLang engines (bridge.py's docstring walks through one sync)."""
 from rlhf.weight_bridge.bridge import SyncStats, WeightBridge, WeightSyncConfig
 from rlhf.weight_bridge.check import CheckReport
 from rlhf.weight_bridge.plan import (SendPlan, WeightBridgeError, normalize_expected, plan_local_tensors,

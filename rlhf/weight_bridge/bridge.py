@@ -1,19 +1,16 @@
 """WeightBridge: stream the actor's megatron weights into the rollout engines after each update.
 
-One path per transport, the same functions on CPU and GPU.  :meth:`WeightBridge.sync`, a collective over every
-trainer rank, reads top to bottom:
+:meth:`WeightBridge.sync`, a collective over every trainer rank, the same on CPU and GPU, reads top to bottom:
 
 1. **open**: every rank lists its tensors (plan.py).  The first sync, and the first after the engines or a rank's
    tensors changed, plans: the stage leaders report the HF tensors their chunks convert to, the controller (global
    rank 0, the only rank holding the engines' handle) validates every name and shape against the engines and lays
    out the buckets; a mismatch raises WeightBridgeError on every rank with nothing sent.  Later syncs reuse the plan
-   after one small tensor all_gather.  The controller opens the engines' weight-update sessions (sessions.py).
-2. **gather -> convert -> bucket** (hf_stream.py): each stage's TP group gathers every parameter on its leader, which
-   converts it to HF tensors and packs them, in the engine dtype, into bounded buckets laid out as SGLang's
-   ``FlattenedTensorBucket`` (bucketing.py); with ``overlap`` bucket k+1 is produced while bucket k is delivered.
-3. **send**, bucket by bucket under the controller's decision (delivery.py): colocated (from_tensor.py), each
-   engine TP rank loads a handle of a copy on its own device through ``update_weights_from_tensor``; disaggregated
-   (from_distributed.py), one broadcast per bucket in a weight-update group per stage.
+   after one small tensor all_gather.  The controller opens the engines' weight-update sessions.
+2. **gather -> convert -> bucket** (hf_stream.py, bucketing.py): each stage's leader packs bounded buckets in the
+   engine dtype; with ``overlap`` bucket k+1 is produced while bucket k is delivered.
+3. **send**, bucket by bucket under the controller's decision (delivery.py): colocated (from_tensor.py) or
+   disaggregated (from_distributed.py).
 4. **commit**: the controller closes the sessions (the last bucket flushed the KV cache) and tells the fleet which
    engines are fresh; every rank learns whether any rank failed.
 
@@ -27,6 +24,7 @@ parameter is an error.  The engines' handle is an :class:`rlhf.rollout.engine.En
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
@@ -42,11 +40,10 @@ from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, Memor
 from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.from_tensor import (BucketHolder, StageServing, TensorDelivery, broadcast_group, holder_ranks,
-                                            prepare_sharing, serving_plan)
+                                            prepare_sharing)
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
 from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build_send_plan, normalize_expected,
                                      plan_local_tensors, sync_entries)
-from rlhf.weight_bridge.sessions import close_sessions, open_sessions
 from rlhf.weight_bridge.topology import MegatronTopology
 
 __all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats"]
@@ -185,7 +182,6 @@ class WeightBridge:
         self._plan: AgreedPlan | None = None
         self._holder_groups: dict = {}  # member ranks -> broadcast group of a stage's holders
         self._tp_known: dict | None = None  # member ranks -> tensor-parallel group (_tp_groups)
-        self._ready = False
 
     def sync(self, engines: Sequence[int] | None = None) -> SyncStats:
         """Collective: push the current weights into the engines (all, or the listed ones with the tensor
@@ -199,9 +195,10 @@ class WeightBridge:
         stats = SyncStats(plan_seconds=time.perf_counter() - t0, open_seconds=s.open_seconds, bytes=plan.total_bytes,
                           num_tensors=plan.num_tensors, num_buckets=plan.num_buckets, replanned=s.replanned,
                           skipped_buffers=s.skipped)
-        samples: dict[str, torch.Tensor] = {}
         names = set(plan.check_names)
-        error = self._send(s, functools.partial(self._record, names, samples))  # 2-3. gather -> ... -> send
+        samples: dict[str, torch.Tensor] = {}  # check mode: the first rows of the checked tensors, before delivery
+        record = functools.partial(sample_rows, names=names, rows=self.cfg.check_rows, out=samples) if names else None
+        error = self._send(s, record)  # 2-3. gather -> convert -> bucket -> send
         t_commit = time.perf_counter()
         error = self._commit(s, error)  # 4. close the sessions, mark the reached engines fresh
         stats.finish_seconds = time.perf_counter() - t_commit
@@ -225,9 +222,7 @@ class WeightBridge:
     def _list(self) -> _Sync:
         """This rank's tensors (an error in their place is reported through the planning exchange)."""
         s = _Sync()
-        if not self._ready:
-            self.topo.init_collective()
-            self._ready = True
+        self.topo.init_collective()
         try:
             s.entries, s.skipped = sync_entries(self.chunks, self.spec, self.cfg.name_map, self.topo)
             s.tensors_key = hash(tuple((e.chunk_index, e.local_name, tuple(e.tensor.shape), e.tensor.dtype)
@@ -248,8 +243,7 @@ class WeightBridge:
                 try:
                     s.targets = self._targets(engines)
                     if self._plan is not None and self._plan.fingerprint == self.engines.fingerprint():
-                        s.token, open_error, s.open_seconds = open_sessions(self.engines, s.targets)
-                        s.sessions_open = open_error is None
+                        open_error = self._open_sessions(s)
                         code = _OPENED if s.sessions_open else _OPEN_FAILED
                 except Exception as e:  # noqa: BLE001 - reported through the planning exchange
                     s.error = f"rank {topo.rank}: {type(e).__name__}: {e}"
@@ -264,9 +258,35 @@ class WeightBridge:
             if code != _OPEN_FAILED:  # nothing but the sessions failed: the plan stays valid
                 self._plan = None
             if s.sessions_open:
-                close_sessions(self.engines, s.targets)
+                _close_sessions(self.engines, s.targets)
             raise
         return s
+
+    def _open_sessions(self, s: _Sync) -> WeightBridgeError | None:
+        """Controller: ``begin_sync`` (its token tells which engines were replaced meanwhile), then every target's
+        ``begin_weight_update`` (SGLang >= 0.5.23 loads weights only in such a session); the error, or None.  On an
+        error the sessions are closed again, except when ``begin_sync`` refuses (a generate in progress: nothing
+        opened, and a close would queue behind it on the one-call-at-a-time actor).  A target replaced while its
+        session opened is an error too: the new engine has no session and would never join a broadcast."""
+        engines, targets = self.engines, s.targets
+        try:
+            s.token = engines.begin_sync()
+        except Exception as e:  # noqa: BLE001
+            return WeightBridgeError(f"begin_sync refused: {type(e).__name__}: {e}")
+        t0 = time.perf_counter()
+        try:
+            engines.wait(engines.start_weight_update(engines=targets), "begin_weight_update")
+            replaced = [i for i in engines.replaced_since(s.token) if i in targets]
+        except Exception as e:  # noqa: BLE001
+            _close_sessions(engines, targets)
+            return WeightBridgeError(f"begin_weight_update failed: {type(e).__name__}: {e}")
+        s.open_seconds = time.perf_counter() - t0
+        if replaced:
+            _close_sessions(engines, targets)
+            return WeightBridgeError(f"engine(s) {replaced} replaced while opening the weight-update sessions; "
+                                     f"nothing was sent: sync again")
+        s.sessions_open = True
+        return None
 
     def _send(self, s: _Sync, record: Callable) -> str | None:
         """This rank's part of gather -> convert -> bucket -> send; its first error.  Every rank goes through every
@@ -342,10 +362,9 @@ class WeightBridge:
                     raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
                 verdict = self._verdict(reports)
                 if open_sessions_too and not s.sessions_open:
-                    s.token, err, s.open_seconds = open_sessions(self.engines, s.targets)
+                    err = self._open_sessions(s)
                     if err is not None:
                         raise err
-                    s.sessions_open = True
             except Exception as e:  # noqa: BLE001 - every rank must learn about it
                 verdict = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{type(e).__name__}: {e}")
         verdict = topo.broadcast_object(verdict)
@@ -392,15 +411,16 @@ class WeightBridge:
     def _serving(self, plan: SendPlan, holders: dict | None) -> dict[int, StageServing]:
         """Every rank: ``{pp_rank: StageServing}`` with each holding stage's broadcast group (collective over every
         rank once per member set, in stage order)."""
-        groups = {}
+        serving = {}
         for stage in plan.stages:
-            held = (holders or {}).get(stage.pp_rank)
+            held, group = (holders or {}).get(stage.pp_rank), None
             if held is not None:
                 members = tuple(sorted({stage.leader, *held.values()}))
                 if members not in self._holder_groups:
                     self._holder_groups[members] = broadcast_group(members, self.topo.world, self._tp_groups())
-                groups[stage.pp_rank] = self._holder_groups[members]
-        return serving_plan({st.pp_rank: st.leader for st in plan.stages}, holders, groups)
+                group = self._holder_groups[members]
+            serving[stage.pp_rank] = StageServing(stage.leader, held, group)
+        return serving
 
     def _targets(self, engines) -> list[int]:
         everyone = list(range(self.engines.num_engines))
@@ -443,10 +463,6 @@ class WeightBridge:
             if self.device.type == "cuda":
                 torch.cuda.ipc_collect()
 
-    def _record(self, names: set, samples: dict, _plan, bplan, buf) -> None:
-        if names:  # check mode: the first rows of the checked tensors, before the bucket is delivered
-            sample_rows(buf, bplan, names, self.cfg.check_rows, samples)
-
     def _check(self, plan: SendPlan, outcome: list, stats: SyncStats) -> None:
         verdict = None
         if self.topo.is_controller:
@@ -467,3 +483,11 @@ class WeightBridge:
             self._pool.close()
             self._pool = None
         self.dist.close()
+
+
+def _close_sessions(engines, targets: list[int]) -> None:
+    """Close the sessions of a sync that will not write (errors ignored: the sync already fails); also after a begin
+    failed on one engine: each actor runs one call at a time, in submission order (``max_concurrency=1``), so every
+    engine runs this end after its begin."""
+    with contextlib.suppress(Exception):
+        engines.end_weight_update(engines=targets)

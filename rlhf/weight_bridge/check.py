@@ -27,7 +27,7 @@ class CheckReport:
     unverifiable: list[tuple[str, str]] = field(default_factory=list)
 
 
-def sample_rows(buf: torch.Tensor, bplan: BucketPlan, names: set, rows: int, out: dict) -> None:
+def sample_rows(bplan: BucketPlan, buf: torch.Tensor, names: set, rows: int, out: dict) -> None:
     """Copy the first ``rows`` rows (fp32, CPU) of every tensor of bucket ``bplan`` named in ``names`` into ``out``."""
     for name, view in bucket_views(buf, bplan):
         if name in names:

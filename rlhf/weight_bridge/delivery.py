@@ -27,11 +27,11 @@ __all__ = ["Delivery"]
 
 
 class Delivery:
-    """One sync's delivery on this rank (a transport defines start, move, lead, wait).  ``record(plan, bucket,
-    buffer)`` sees each produced buffer (check mode); ``times``: ``receive`` / ``deliver`` seconds; ``error``: the
+    """One sync's delivery on this rank (a transport defines start, move, lead, wait).  ``record(bucket, buffer)``
+    (None: nothing) sees each produced buffer (check mode); ``times``: ``receive`` / ``deliver`` seconds; ``error``: the
     first error, naming the rank."""
 
-    def __init__(self, topo, engines, record: Callable, times: dict):
+    def __init__(self, topo, engines, record: Callable | None, times: dict):
         self.topo, self.engines, self.record, self.times = topo, engines, record, times
         self.error: str | None = None
 
@@ -157,7 +157,8 @@ class Delivery:
                 raise buf
             if got is not bplan:
                 raise RuntimeError(f"bucket {got.index} produced where {bplan.index} was planned")
-            self.record(plan, bplan, buf)
+            if self.record is not None:
+                self.record(bplan, buf)
             return slot, buf
         except Exception as e:  # noqa: BLE001 - reported to the controller, then to every rank
             self.fail(e)

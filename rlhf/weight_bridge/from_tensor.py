@@ -28,7 +28,7 @@ from rlhf.weight_bridge.delivery import Delivery
 from rlhf.weight_bridge.plan import plan_local_tensors
 
 __all__ = ["serialize_bucket", "prepare_sharing", "TensorDelivery", "holder_ranks", "broadcast_group",
-           "StageServing", "serving_plan", "BucketHolder", "entry_tensor_counts"]
+           "StageServing", "BucketHolder", "entry_tensor_counts"]
 
 _PATCHED = False
 
@@ -102,10 +102,17 @@ class StageServing:
         return sorted(({self.leader} | set((self.holders or {}).values())) - {controller})
 
 
-def serving_plan(leaders: dict[int, int], holders: dict | None, groups: dict | None = None) -> dict[int, StageServing]:
-    """``{pp_rank: StageServing}`` from each stage's leader, the holder maps and the broadcast groups."""
-    holders, groups = holders or {}, groups or {}
-    return {p: StageServing(leader, holders.get(p), groups.get(p)) for p, leader in leaders.items()}
+def _share(topo, sv: StageServing, tp: int, bplan: BucketPlan, engines: list[int], buffer: Callable) -> None:
+    """The leader's broadcast of ``bplan`` in ``buffer()`` (the leader sends it, a holder receives it into a copy),
+    then this rank's serialized entries of ``engines`` to the controller, also after an error (it waits for them)."""
+    entries = {}
+    try:
+        buf = buffer()
+        if sv.group is not None:
+            dist.broadcast(buf, src=sv.leader, group=sv.group)
+        entries = {m: serialize_bucket(buf, bplan, 1)[0] for m in sv.mine(topo.rank, engines, tp)}
+    finally:
+        topo.send_object(entries, topo.controller)
 
 
 class _Copies:
@@ -161,13 +168,7 @@ class TensorDelivery(Delivery):
                                                        flush_cache=plan.is_last(stage, bplan))
 
     def lead(self, stage, bplan, buf, engines) -> None:
-        sv, me, entries = self.serving[stage.pp_rank], self.topo.rank, {}
-        try:
-            if sv.group is not None:
-                dist.broadcast(buf, src=me, group=sv.group)
-            entries = {m: serialize_bucket(buf, bplan, 1)[0] for m in sv.mine(me, engines, self.tp)}
-        finally:
-            self.topo.send_object(entries, self.topo.controller)  # the controller waits for it
+        _share(self.topo, self.serving[stage.pp_rank], self.tp, bplan, engines, lambda: buf)
 
     def wait(self, call) -> None:
         t0 = time.perf_counter()
@@ -198,16 +199,8 @@ class BucketHolder:
 
     def step(self, bplan: BucketPlan) -> None:
         engines = self.topo.recv_object(self.topo.controller)
-        if not engines:
-            return
-        entries = {}
-        try:  # a copy that cannot be allocated leaves the leader in the broadcast: not covered (docs/gpu.md)
-            buf = self.copies.take(bplan.nbytes)
-            dist.broadcast(buf, src=self.serving.leader, group=self.serving.group)
-            mine = self.serving.mine(self.topo.rank, engines, self.tp)
-            entries = {m: serialize_bucket(buf, bplan, 1)[0] for m in mine}
-        finally:
-            self.topo.send_object(entries, self.topo.controller)  # the controller waits for it
+        if engines:  # a copy that cannot be allocated leaves the leader in the broadcast: not covered (docs/gpu.md)
+            _share(self.topo, self.serving, self.tp, bplan, engines, lambda: self.copies.take(bplan.nbytes))
 
     def run(self, buckets: Sequence[BucketPlan], entries: Sequence[LocalTensor] = (), spec=None, tp: int = 1,
             gather: Callable | None = None) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from rlhf.weight_bridge import from_tensor
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, TensorMeta
-from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, holder_ranks, serving_plan
+from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, holder_ranks
 from rlhf.weight_bridge.plan import SendPlan, StagePlan
 
 
@@ -28,7 +28,7 @@ def test_stage_serving_participants_and_entries():
     """Stage 1 (leader 2) of a TP2 x PP2 trainer serving 2 engines of TP 2: the controller (rank 0) talks to every
     other holder and the leader; the leader serializes engine 1's rank-0 entry; without holders the leader
     serializes every entry and is the only participant."""
-    sv = serving_plan({0: 0, 1: 2}, {1: holder_ranks(2, 2, 4, 2)}, {1: "g"})
+    sv = {0: StageServing(0), 1: StageServing(2, holder_ranks(2, 2, 4, 2), "g")}
     assert sv[1].participants(0) == [1, 2, 3] and sv[1].group == "g"
     assert sv[1].mine(2, [0, 1], 2) == [(1, 0)] and sv[1].mine(2, [0], 2) == []
     assert sv[0].participants(0) == [] and sv[0].mine(0, [1], 2) == [(1, 0), (1, 1)]
@@ -127,7 +127,7 @@ def test_controller_decides_before_anyone_serializes(monkeypatch):
     buckets = [_bucket(k, 1) for k in range(4)]
     plan = SendPlan([StagePlan(0, 0, [], buckets)], [])
     topo = _Topo(0, log, {h: [holder(h)] * 4 for h in (1, 2, 3)})
-    serving = serving_plan({0: 0}, {0: holder_ranks(2, 2, 4, 0)}, {0: "group"})
+    serving = {0: StageServing(0, holder_ranks(2, 2, 4, 0), "group")}
     pool = BufferPool(8, count=2)
     tt = TensorDelivery(topo, Engines(), lambda *a: None, {"deliver": 0.0, "receive": 0.0}, [0, 1], 2, (0, 0), serving,
                         pool)
@@ -168,7 +168,7 @@ def test_replaced_engine_gets_no_more_handles(monkeypatch):
     plan = SendPlan([StagePlan(0, 0, [], buckets)], [])
     pool = BufferPool(8, count=2)
     tt = TensorDelivery(_Topo(0, []), Engines(), lambda *a: None, {"deliver": 0.0, "receive": 0.0}, [0, 1], 2, None,
-                        serving_plan({0: 0}, None), pool)
+                        {0: StageServing(0)}, pool)
     assert tt.run_controller(plan, lambda: ((b, *pool.acquire(b.nbytes)) for b in buckets), pool, 0) is None
     assert calls == [[0, 1], [0], [0]] and len(made) == 2 * 2 + 2 + 2 and tt.targets == [0]
 
@@ -221,7 +221,7 @@ def test_the_controller_takes_every_answer_when_its_broadcast_raised(monkeypatch
     monkeypatch.setattr(from_tensor.dist, "broadcast", broadcast)
     topo = _Topo(0, log, {1: [{(0, 1): b"h"}]})
     pool = BufferPool(8, count=2)
-    serving = serving_plan({0: 0}, {0: holder_ranks(1, 2, 2, 0)}, {0: "group"})
+    serving = {0: StageServing(0, holder_ranks(1, 2, 2, 0), "group")}
     d = TensorDelivery(topo, None, lambda *a: None, {"deliver": 0.0, "receive": 0.0}, [0], 2, None, serving, pool)
     buckets = [_bucket(0, 1)]
     error = d.run_controller(SendPlan([StagePlan(0, 0, [], buckets)], []),
