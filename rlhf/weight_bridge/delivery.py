@@ -28,7 +28,7 @@ __all__ = ["Delivery"]
 
 class Delivery:
     """One sync's delivery on this rank (a transport defines start, move, lead, wait).  ``record(bucket, buffer)``
-    (None: nothing) sees each produced buffer (check mode); ``times``: ``receive`` / ``deliver`` seconds; ``error``: the
+    (or None) sees each produced buffer (check mode); ``times``: ``receive`` / ``deliver`` seconds; ``error``: the
     first error, naming the rank."""
 
     def __init__(self, topo, engines, record: Callable | None, times: dict):
@@ -126,12 +126,14 @@ class Delivery:
         return self.error
 
     def _finish(self, pool, call, slot, leader: int, last: bool) -> None:
+        t0 = time.perf_counter()
         try:
             if call is not None:
                 self.wait(call)
         except Exception as e:  # noqa: BLE001
             self.fail(e)
         finally:
+            self.times["deliver"] += time.perf_counter() - t0
             pool.release(slot)
             if leader != self.topo.rank:
                 self.topo.send_object(True, leader)

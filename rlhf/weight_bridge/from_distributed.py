@@ -8,6 +8,7 @@ that accepted a request and fails before it joins the broadcast (its refusal com
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import time
 import uuid
@@ -102,18 +103,14 @@ class DistributedGroups:
     def close(self) -> None:
         """Leave this rank's group; the controller asks the engines to drop theirs."""
         if self.pg is not None:
-            try:
+            with contextlib.suppress(Exception):  # best effort
                 dist.destroy_process_group(self.pg)
-            except Exception:  # noqa: BLE001 - best effort
-                pass
             self.pg = None
         self.fingerprint = None
         if self.topo.is_controller and self.engines is not None:
             for name in self.group_names.values():
-                try:
+                with contextlib.suppress(Exception):  # a replaced engine never had it
                     self.engines.destroy_weights_update_group(name)
-                except Exception:  # noqa: BLE001 - a replaced engine never had it
-                    pass
         self.group_names = {}
 
 
@@ -151,8 +148,4 @@ class DistributedDelivery(Delivery):
             self.fail(f"rank {self.topo.rank}: broadcast: {type(e).__name__}: {e}")
 
     def wait(self, call) -> None:
-        t0 = time.perf_counter()
-        try:
-            self.engines.wait(call, "update_weights_from_distributed")
-        finally:
-            self.times["deliver"] += time.perf_counter() - t0
+        self.engines.wait(call, "update_weights_from_distributed")

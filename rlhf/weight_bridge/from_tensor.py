@@ -1,20 +1,21 @@
 """Colocated transport: ``update_weights_from_tensor`` with SGLang's ``FlattenedTensorBucket``, engine-local handles.
 
 Colocated placement (rlhf.rollout.placement) puts engine e's TP rank r on the GPU of trainer rank ``e * tp + r``,
-its *holder*: it receives every bucket of every stage from the stage's leader (a broadcast in the group of the leader
-and the holders: NCCL on GPU, gloo on CPU), serializes ITS copy with SGLang's serializer (a CUDA IPC handle on GPU, a
-shared-memory file name on CPU) and sends the bytes to the controller, which hands engine e the entries of its ranks'
-holders in TP-rank order.  So each engine rank maps memory on its own device only, and only bytes cross Ray.  An
-engine rank past the trainer's ranks (CPU tests), and every one under expert parallelism, gets the leader's buffer.
+its *holder*: it receives every bucket of every stage by a broadcast from the stage's leader (NCCL on GPU, gloo on
+CPU), serializes ITS copy (a CUDA IPC handle on GPU, a shared-memory file name on CPU) and sends the bytes to the
+controller, which hands engine e its ranks' entries in TP-rank order: each engine rank maps memory on its own device
+only, and only bytes cross Ray.  An engine rank past the trainer's ranks (CPU tests), and every one under expert
+parallelism, gets the leader's buffer.
 
 Ordering: every rank takes the broadcast of bucket k right after its part in the TP gathers of the last parameter
-bucket k holds, so all ranks issue the TP groups' and the broadcast groups' collectives in one global order (leaders
-then produce without the overlap thread).  A copy is rewritten only after the engines loaded the bucket it held: the
-decision of bucket k comes after the engines answered bucket ``k - count``, copies go back to the pool when the
-stage's last bucket was answered, and an engine answers once its copies finished (engine_loader.load_bucket).
+bucket k holds, so all ranks issue the TP and broadcast groups' collectives in one global order (leaders then produce
+without the overlap thread).  A copy is rewritten only after the engines loaded the bucket it held: the decision of
+bucket k comes after the engines answered bucket ``k - count``, and an engine answers once its copies finished
+(engine_loader.load_bucket).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -30,20 +31,15 @@ from rlhf.weight_bridge.plan import plan_local_tensors
 __all__ = ["serialize_bucket", "prepare_sharing", "TensorDelivery", "holder_ranks", "broadcast_group",
            "StageServing", "BucketHolder", "entry_tensor_counts"]
 
-_PATCHED = False
-
-
 def prepare_sharing(device: torch.device) -> None:
     """Buffers of ``device`` shareable by handle: the ``file_system`` strategy on CPU (the engine's schedulers are
-    not our children), SGLang's CUDA reductions (device UUIDs) on GPU."""
-    global _PATCHED
+    not our children), SGLang's CUDA reductions (device UUIDs; the patch applies itself once) on GPU."""
     if device.type == "cpu":
         torch.multiprocessing.set_sharing_strategy("file_system")
-    elif not _PATCHED:
+    else:
         from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
 
         monkey_patch_torch_reductions()
-        _PATCHED = True
 
 
 def serialize_bucket(buf: torch.Tensor, bplan: BucketPlan, copies: int) -> list[bytes]:
@@ -171,13 +167,11 @@ class TensorDelivery(Delivery):
         _share(self.topo, self.serving[stage.pp_rank], self.tp, bplan, engines, lambda: buf)
 
     def wait(self, call) -> None:
-        t0 = time.perf_counter()
         try:
             self.engines.wait(call, "update_weights_from_tensor")
         finally:  # an engine replaced meanwhile has no session open: it stays stale until the next sync
             gone = set(self.engines.replaced_since(self.token))
             self.targets = [i for i in self.targets if i not in gone]
-            self.times["deliver"] += time.perf_counter() - t0
 
     def stage_done(self, stage) -> None:
         """The holders other than the leader may give their copies back to their pools."""
@@ -209,10 +203,7 @@ class BucketHolder:
         tensors of.  The copies go back once the controller says the stage's last bucket was answered."""
         try:
             counts = entry_tensor_counts(entries, spec, tp) if gather is not None else []
-            ends, n = [], 0
-            for b in buckets:
-                n += len(b.metas)
-                ends.append(n)
+            ends = list(itertools.accumulate(len(b.metas) for b in buckets))  # HF tensors through bucket k
             done = k = 0
             for e, c in zip(entries, counts):
                 gather(e)
