@@ -5,8 +5,7 @@ SGLang 0.5.23 calls ``loader(model, named_tensors)`` from ``update_weights_from_
 :data:`LOADER` is ours, registered for every engine by rlhf.rollout.engine_args.  ``named_tensors`` is one
 ``(JSON header, tensor)`` naming the operation:
 
-* ``bucket``: the colocated sync's load of one bucket (:func:`load_bucket`): this rank's payload, SGLang's
-  ``FlattenedTensorBucket``, through the model's own ``load_weights``, then a wait for the devices.  SGLang's own
+* ``bucket``: the colocated sync's load of one bucket (:func:`load_bucket`).  SGLang's own
   ``load_format="flattened_bucket"`` replies while its queued copies may still read the sender's buffer, which the
   sender reuses for the next bucket; here the reply (after a barrier of the TP ranks) means every copy is done.
 * ``dump``: every parameter of this rank to a file the Ray actor reads (tests, diagnostics).
@@ -18,11 +17,11 @@ from __future__ import annotations
 import base64
 import json
 import weakref
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
-__all__ = ["LOADER", "bucket_header", "load_bucket", "wait_for_devices", "keep_mapped", "load"]
+__all__ = ["LOADER", "bucket_header", "load_bucket", "keep_mapped", "load"]
 
 #: the import path SGLang calls (``load_format`` of the update and an entry of ``custom_weight_loader``)
 LOADER = "rlhf.rollout.engine_loader.load"
@@ -55,13 +54,6 @@ def keep_mapped(t: torch.Tensor, last: bool) -> None:
         _USED.clear()
 
 
-def wait_for_devices(devices: Iterable[torch.device]) -> None:
-    """Block until every kernel queued on each of ``devices`` finished (``torch.<type>.synchronize``; a no-op on
-    the CPU, whose copies are done when they return): the sender reuses its buffer once the engine replied."""
-    for dev in {torch.device(d) for d in devices}:
-        torch.get_device_module(dev).synchronize(dev)
-
-
 def bucket_header(payloads: Sequence, last: bool = False) -> str:
     """The ``bucket`` header: ``payloads[r]``, engine TP rank r's serialized ``{"flattened_tensor", "metadata"}``
     (bytes, or SGLang's base64 string), base64-encoded; ``last``: the sync's last bucket."""
@@ -80,7 +72,8 @@ def load_bucket(model, payload, last: bool = False) -> int:
     flat = obj["flattened_tensor"]
     named = FlattenedTensorBucket(flattened_tensor=flat, metadata=obj["metadata"]).reconstruct_tensors()
     model.load_weights(named)
-    wait_for_devices({flat.device} | {p.device for p in engine_params(model).values()})
+    for dev in {flat.device} | {p.device for p in engine_params(model).values()}:  # a no-op on the CPU
+        torch.get_device_module(dev).synchronize(dev)
     keep_mapped(flat, last)
     return len(named)
 

@@ -30,18 +30,10 @@ class WeightBridgeError(RuntimeError):
 
 
 def normalize_expected(expected: Mapping) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-    """``{name: (shape tuple, torch.dtype or None)}`` from ``{name: (shape, dtype)}``, ``{name: shape}``
-    or ``{name: {"shape", "dtype"}}`` (dtype names like "bfloat16" accepted)."""
-    out = {}
-    for name, val in expected.items():
-        if isinstance(val, Mapping):
-            shape, dt = val.get("shape"), val.get("dtype")
-        elif isinstance(val, (tuple, list)) and len(val) == 2 and isinstance(val[0], (tuple, list, torch.Size)):
-            shape, dt = val
-        else:
-            shape, dt = val, None
-        out[name] = (tuple(int(s) for s in shape), None if dt is None else dtype_from_any(dt))
-    return out
+    """``{name: (shape tuple, torch.dtype or None)}`` from the engines' ``{name: (shape, dtype)}``
+    (``EngineFleet.expected_weights``; dtype names like "bfloat16" accepted)."""
+    return {name: (tuple(int(d) for d in shape), None if dt is None else dtype_from_any(dt))
+            for name, (shape, dt) in expected.items()}
 
 
 def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tuple, Any]]], expected: Mapping,

@@ -3,7 +3,7 @@ sender's buffer (the bridge rewrites the buffer with the bucket after next).
 
 On a GPU, SGLang's ``load_weights`` queues its copies on the device and SGLang's ``flattened_bucket`` update
 replies without waiting for them.  Here a stand-in model queues its copies the same way and runs them only when
-its device is synchronized (``torch.cpu.synchronize``, what rlhf.rollout.engine_loader.wait_for_devices calls for
+its device is synchronized (``torch.cpu.synchronize``, what rlhf.rollout.engine_loader.load_bucket calls for
 a CPU device), or "later" (the test drains the queue after the sender reused its buffer).
 """
 from __future__ import annotations
