@@ -4,10 +4,9 @@ No rank holds the whole model: the gathered shards of one parameter and their co
 converting it.  Only the stage leader yields; the other TP ranks take part in the gathers and yield nothing.
 
 A production error on the leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of the
-embedding, a stream out of plan) does not end its part in the collectives: its TP and EP peers issue the gathers of
-every entry regardless, so the leader goes on gathering without converting and yields the error in place of each
-tensor (:func:`hf_stream`) and of each later bucket (:func:`stage_buckets`), one bucket at a time, so that holders
-taking a bucket's broadcast after its gathers stay in step; the delivery reports the error and moves nothing more.
+embedding, a stream out of plan) does not end its part in the collectives its TP and EP peers issue: it goes on
+gathering without converting and yields the error in place of each tensor and of each later bucket, one bucket at a
+time (holders take a bucket's broadcast after its gathers); the delivery reports it and moves nothing more.
 """
 from __future__ import annotations
 
@@ -15,11 +14,13 @@ import queue
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 
 from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards
+from parallel.convert.params import param_role
 from parallel.model_config import HFModelSpec
 from rlhf import faults
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
@@ -27,12 +28,11 @@ from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fi
 __all__ = ["hf_stream", "stage_buckets", "Production", "Threaded"]
 
 
+@dataclass
 class Production:
-    """A stage leader's production state, shared by its stream and the bucket producer: ``error``, the first
-    production error (None while healthy)."""
+    """A stage leader's production state, shared by its stream and the bucket producer."""
 
-    def __init__(self):
-        self.error: BaseException | None = None
+    error: BaseException | None = None  # the first production error
 
 
 def _detached(err: BaseException) -> BaseException:
@@ -110,8 +110,6 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
     its shards; the EP group gathers the results on the stage leader, which yields them in EP-rank order under each
     rank's global expert names.  After a production error the EP gathers still run, on uninitialised tensors of the
     converted shapes (the sync then fails on every rank with that error)."""
-    from parallel.convert.params import param_role
-
     shards = topo.gather(e)
     if topo.tp_rank != 0:
         return
