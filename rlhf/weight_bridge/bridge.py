@@ -36,7 +36,7 @@ import torch.distributed as dist
 from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
-from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter, dtype_from_any
+from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter
 from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.from_tensor import (BucketHolder, StageServing, TensorDelivery, broadcast_group, holder_ranks,
@@ -49,6 +49,8 @@ from rlhf.weight_bridge.topology import MegatronTopology
 __all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats"]
 
 _NOT_OPENED, _OPENED, _OPEN_FAILED = 0, 1, 2  # the controller's session code in a sync's first exchange
+_CHECK_ROWS = 4  # check mode: rows read back per tensor
+_GROUP_TIMEOUT_S = 1800.0  # the distributed transport's weight-update groups
 
 
 @dataclass
@@ -56,27 +58,21 @@ class WeightSyncConfig:
     """How a :class:`WeightBridge` syncs (the same on every rank).
 
     transport: ``"tensor"`` (colocated) or ``"distributed"`` (a broadcast group).  bucket_bytes: memory of the bucket
-    buffers (two of half of it with ``overlap``; a larger tensor gets a bucket of its own).  dtype: dtype sent (None:
-    the engines' dtype of each weight).  overlap: produce bucket k+1 while bucket k is delivered.  check: None,
-    ``"sample"`` (first and last layer, every non-layer tensor) or ``"all"``: read sent tensors back (``check_rows``
-    rows each; a mismatch raises WeightBridgeError).  name_map: maps extra megatron names to HF tensors
-    (plan.regex_name_map).  allow_missing: engine weights that may stay unsent.  group_prefix, backend (None: nccl
-    for CUDA parameters, else gloo), master_address (from_distributed.resolve_address), timeout_s: the groups of the
-    distributed transport.  Raises ValueError for an unknown transport, check mode or dtype, or bucket_bytes < 1.
+    buffers (two of half of it with ``overlap``; a larger tensor gets a bucket of its own).  Tensors are sent in the
+    engines' dtype of each weight.  overlap: produce bucket k+1 while bucket k is delivered.  check: None,
+    ``"sample"`` (first and last layer, every non-layer tensor) or ``"all"``: read the first rows of sent tensors back
+    (a mismatch raises WeightBridgeError).  name_map: maps extra megatron names to HF tensors (plan.regex_name_map).
+    group_prefix, master_address (from_distributed.resolve_address): the groups of the distributed transport (NCCL
+    for CUDA parameters, else gloo).  Raises ValueError for an unknown transport or check mode, or bucket_bytes < 1.
     """
 
     transport: str = "tensor"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
-    dtype: Any = None
     overlap: bool = True
     check: str | None = None
-    check_rows: int = 4
     name_map: NameMap | None = None
-    allow_missing: Callable[[str], bool] | None = None
     group_prefix: str = "weight_sync"
-    backend: str | None = None
     master_address: str | None = None
-    timeout_s: float = 1800.0
 
     def __post_init__(self):
         if self.transport not in ("tensor", "distributed"):
@@ -85,7 +81,6 @@ class WeightSyncConfig:
             raise ValueError(f"check={self.check!r}: use None, 'sample' or 'all'")
         if self.bucket_bytes < 1:
             raise ValueError(f"bucket_bytes={self.bucket_bytes} must be >= 1")
-        self.dtype = None if self.dtype is None else dtype_from_any(self.dtype)
 
     @property
     def buffers(self) -> int:
@@ -174,9 +169,9 @@ class WeightBridge:
                              f"(rank {self.topo.rank} got {'one' if engines is not None else 'none'})")
         self.engines = engines
         self.device = next((p.device for c in self.chunks for p in unwrap_model(c).parameters()), torch.device("cpu"))
-        backend = self.cfg.backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
         self.dist = DistributedGroups(self.topo, engines, self.cfg.group_prefix, backend, self.cfg.master_address,
-                                      self.cfg.timeout_s)
+                                      _GROUP_TIMEOUT_S)
         self.meter = MemoryMeter()
         self._pool: BufferPool | None = None
         self._plan: AgreedPlan | None = None
@@ -197,7 +192,7 @@ class WeightBridge:
                           skipped_buffers=s.skipped)
         names = set(plan.check_names)
         samples: dict[str, torch.Tensor] = {}  # check mode: the first rows of the checked tensors, before delivery
-        record = functools.partial(sample_rows, names=names, rows=self.cfg.check_rows, out=samples) if names else None
+        record = functools.partial(sample_rows, names=names, rows=_CHECK_ROWS, out=samples) if names else None
         error = self._send(s, record)  # 2-3. gather -> convert -> bucket -> send
         t_commit = time.perf_counter()
         error = self._commit(s, error)  # 4. close the sessions, mark the reached engines fresh
@@ -395,7 +390,7 @@ class WeightBridge:
         cfg, fp = self.cfg, self.engines.fingerprint()
         expected = normalize_expected(self.engines.expected_weights())
         plan = build_send_plan(reports, self.topo.controller, expected, self.spec, bucket_bytes=cfg.buffer_bytes,
-                               dtype=cfg.dtype, check=cfg.check, allow_missing=cfg.allow_missing)
+                               check=cfg.check)
         groups = None
         if cfg.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
@@ -467,7 +462,7 @@ class WeightBridge:
         verdict = None
         if self.topo.is_controller:
             sent = {k: v for _, smp in outcome for k, v in (smp or {}).items()}
-            stats.check = verify(self.engines, plan.check_names, sent, self.cfg.check_rows)
+            stats.check = verify(self.engines, plan.check_names, sent, _CHECK_ROWS)
             if stats.check.mismatched:
                 verdict = WeightBridgeError(f"engine weights differ from what was sent: {stats.check.mismatched[:10]}")
         verdict = self.topo.broadcast_object(verdict)

@@ -3,12 +3,12 @@
 Only the controller (global rank 0) talks to the engines.  Stage by stage, bucket by bucket:
 
 1. the stage's leader produces the bucket (hf_stream.stage_buckets); a leader other than the controller reports
-   it: None, or its first error (a conversion that raised, a broadcast that failed);
+   None or its first error (a conversion that raised, a broadcast that failed);
 2. the controller decides (:meth:`Delivery.start`): nothing after any error, else the transport starts the bucket
    on its engines; the decision goes to the stage's leader and holders, so nothing is serialized or broadcast that
    no engine takes (an IPC handle never opened keeps its block in torch's limbo; an engine waiting for a broadcast
    nobody sends holds the group until its timeout);
-3. with a go the data moves (:meth:`Delivery.move` on the controller, :meth:`Delivery.lead` on another leader);
+3. on a go the data moves (:meth:`Delivery.move` on the controller, :meth:`Delivery.lead` on another leader);
 4. the controller waits for the engines (its own stage keeps up to ``in_flight`` buckets loading while the next is
    produced), then acks a leader other than itself, which reuses its buffer only after the ack.
 
@@ -68,12 +68,12 @@ class Delivery:
         """Every stage's buckets in order (``own()`` yields this rank's stage's ``(bucket, slot, buffer)``); the first
         error, once every bucket went through with every rank."""
         for stage in plan.stages:
-            mine = self._stream(own) if stage.leader == self.topo.rank else None
+            mine = own() if stage.leader == self.topo.rank else None
             pending = collections.deque()
             for bplan in stage.buckets:
                 slot = buf = None
                 if mine is not None:
-                    slot, buf = self._next(mine, plan, bplan)
+                    slot, buf = self._next(mine, bplan)
                 else:
                     t0 = time.perf_counter()
                     report = self.topo.recv_object(stage.leader)
@@ -106,9 +106,9 @@ class Delivery:
     def run_leader(self, plan, stage, own: Callable[[], Iterator], pool) -> str | None:
         """A stage leader other than the controller: per bucket report, take the decision, move on a go, reuse the
         buffer after the ack.  Returns this rank's first error."""
-        ctrl, it = self.topo.controller, self._stream(own)
+        ctrl, it = self.topo.controller, own()
         for bplan in stage.buckets:
-            slot, buf = self._next(it, plan, bplan)
+            slot, buf = self._next(it, bplan)
             t0 = time.perf_counter()
             try:
                 self.topo.send_object(self.error, ctrl)
@@ -139,14 +139,7 @@ class Delivery:
                 self.topo.send_object(True, leader)
         faults.maybe_fail("sync_weights", last=last)  # fault-injection point: a bucket delivered
 
-    def _stream(self, own):
-        try:
-            return own()
-        except Exception as e:  # noqa: BLE001
-            self.fail(e)
-            return iter(())
-
-    def _next(self, it, plan, bplan) -> tuple:
+    def _next(self, it, bplan) -> tuple:
         """The next ``(slot, buffer)`` of a leader's stream, the buffer None after an error (the item is taken
         anyway: the TP peers' gathers go on)."""
         slot = None

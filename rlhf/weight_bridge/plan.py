@@ -165,9 +165,9 @@ def _check_names(names: list[str], check: str | None) -> list[str]:
 
 
 def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFModelSpec, *, bucket_bytes: int,
-                    dtype: torch.dtype | None, check: str | None, allow_missing=None) -> SendPlan:
+                    check: str | None) -> SendPlan:
     """Controller: the stage leaders' reports (``{"pp_rank", "rank", "tensors", ...}``; None from other ranks) ->
-    the validated SendPlan.  Tensors are sent in ``dtype``, else the engine's dtype for that weight.
+    the validated SendPlan.  Tensors are sent in the engine's dtype of each weight (else their own).
 
     Raises:
         WeightBridgeError: two leaders of a stage, a stage 0 not led by the controller, or any mismatch
@@ -183,14 +183,14 @@ def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFM
         raise WeightBridgeError(f"global rank {controller} must lead pipeline stage 0 (tp rank 0, dp rank 0); "
                                 f"megatron's rank order puts it there by default")
     problems = validate_against_expected({p: r["tensors"] for p, r in by_stage.items()}, expected,
-                                         spec.tie_word_embeddings, "the rollout engines", allow_missing)
+                                         spec.tie_word_embeddings, "the rollout engines")
     if problems:
         more = f" (+{len(problems) - 20} more)" if len(problems) > 20 else ""
         raise WeightBridgeError("weight sync refused before sending anything:\n  " + "\n  ".join(problems[:20]) + more)
     stages = []
     for p in sorted(by_stage):
         r = by_stage[p]
-        metas = [TensorMeta(name, tuple(shape), dtype or expected[name][1] or dtype_from_any(src))
+        metas = [TensorMeta(name, tuple(shape), expected[name][1] or dtype_from_any(src))
                  for name, shape, src in r["tensors"]]
         stages.append(StagePlan(p, r["rank"], metas, plan_buckets(metas, bucket_bytes)))
     return SendPlan(stages, _check_names([m.name for s in stages for m in s.metas], check))
