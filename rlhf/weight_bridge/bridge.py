@@ -134,15 +134,13 @@ class _Sync:
     """One sync in flight on this rank."""
 
     entries: list = field(default_factory=list)  # the LocalTensors this rank streams
-    skipped: list = field(default_factory=list)
     tensors_key: int = 0
     error: str | None = None  # this rank could not list its tensors
     plan: AgreedPlan | None = None
     targets: list = field(default_factory=list)  # controller: engines to reach (replaced ones dropped on the way)
     token: Any = None  # controller: the fleet's begin_sync token
     sessions_open: bool = False  # controller
-    replanned: bool = False
-    open_seconds: float = 0.0
+    stats: SyncStats = field(default_factory=SyncStats)  # replanned, open_seconds, skipped_buffers filled on the way
     times: dict = field(default_factory=lambda: {"produce": 0.0, "receive": 0.0, "deliver": 0.0})
 
 
@@ -186,10 +184,9 @@ class WeightBridge:
         t0 = time.perf_counter()
         self.meter.reset_peak()
         s = self._open(engines)  # 1. plan check (or planning) + the engines' sessions: nothing written before
-        plan = s.plan.send
-        stats = SyncStats(plan_seconds=time.perf_counter() - t0, open_seconds=s.open_seconds, bytes=plan.total_bytes,
-                          num_tensors=plan.num_tensors, num_buckets=plan.num_buckets, replanned=s.replanned,
-                          skipped_buffers=s.skipped)
+        plan, stats = s.plan.send, s.stats
+        stats.plan_seconds = time.perf_counter() - t0
+        stats.bytes, stats.num_tensors, stats.num_buckets = plan.total_bytes, plan.num_tensors, plan.num_buckets
         names = set(plan.check_names)
         samples: dict[str, torch.Tensor] = {}  # check mode: the first rows of the checked tensors, before delivery
         record = functools.partial(sample_rows, names=names, rows=_CHECK_ROWS, out=samples) if names else None
@@ -219,7 +216,7 @@ class WeightBridge:
         s = _Sync()
         self.topo.init_collective()
         try:
-            s.entries, s.skipped = sync_entries(self.chunks, self.spec, self.cfg.name_map, self.topo)
+            s.entries, s.stats.skipped_buffers = sync_entries(self.chunks, self.spec, self.cfg.name_map, self.topo)
             s.tensors_key = hash(tuple((e.chunk_index, e.local_name, tuple(e.tensor.shape), e.tensor.dtype)
                                        for e in s.entries))
         except Exception as e:  # noqa: BLE001
@@ -275,7 +272,7 @@ class WeightBridge:
         except Exception as e:  # noqa: BLE001
             _close_sessions(engines, targets)
             return WeightBridgeError(f"begin_weight_update failed: {type(e).__name__}: {e}")
-        s.open_seconds = time.perf_counter() - t0
+        s.stats.open_seconds = time.perf_counter() - t0
         if replaced:
             _close_sessions(engines, targets)
             return WeightBridgeError(f"engine(s) {replaced} replaced while opening the weight-update sessions; "
@@ -368,7 +365,7 @@ class WeightBridge:
         if verdict["groups"] is not None:
             self.dist.setup(verdict["plan"], verdict["groups"], verdict["fingerprint"])
         serving = self._serving(verdict["plan"], verdict["holders"])
-        s.replanned = True
+        s.stats.replanned = True
         self._plan = AgreedPlan(verdict["plan"], serving, s.tensors_key, verdict["tp_size"],
                                 verdict["fingerprint"] if topo.is_controller else None)
         return self._plan
@@ -377,8 +374,7 @@ class WeightBridge:
         """A stage leader's report: the HF tensors its entries convert to (and its group's rendezvous)."""
         if not self.topo.is_leader:
             return None
-        tensors = [(n, s, str(d).replace("torch.", "")) for n, s, d in
-                   plan_local_tensors(entries, self.spec, self.topo.tp_size, self.topo.ep_size)]
+        tensors = plan_local_tensors(entries, self.spec, self.topo.tp_size, self.topo.ep_size)
         rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": tensors}
         if self.cfg.transport == "distributed":
             rep["group"] = self.dist.report()

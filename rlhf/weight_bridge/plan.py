@@ -190,7 +190,7 @@ def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFM
     stages = []
     for p in sorted(by_stage):
         r = by_stage[p]
-        metas = [TensorMeta(name, tuple(shape), expected[name][1] or dtype_from_any(src))
+        metas = [TensorMeta(name, tuple(shape), expected[name][1] or src)
                  for name, shape, src in r["tensors"]]
         stages.append(StagePlan(p, r["rank"], metas, plan_buckets(metas, bucket_bytes)))
     return SendPlan(stages, _check_names([m.name for s in stages for m in s.metas], check))
