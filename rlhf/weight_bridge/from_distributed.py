@@ -1,10 +1,10 @@
 """Disaggregated transport: ``update_weights_from_distributed`` over one weight-update group per PP stage.
 
-Group ``{prefix}_g{generation}_pp{p}``: rank 0 is stage p's leader (SGLang broadcasts from group rank 0), engine i's
-TP ranks follow at ``1 + i * tp_size`` (NCCL on GPU, gloo on CPU).  Each stage broadcasts its buckets straight to the
+Group ``{prefix}_{uuid}_pp{p}``: rank 0 is stage p's leader (SGLang broadcasts from group rank 0), engine i's TP
+ranks follow at ``1 + i * tp_size`` (NCCL on GPU, gloo on CPU).  Each stage broadcasts its buckets straight to the
 engines, one flat message each (``load_format="flattened_bucket"``), after the controller asked the engines to
-receive it (delivery.py).  The groups are rebuilt (a new generation) when the engines change.  Not covered: an engine
-that accepted a request and fails before it joins the broadcast (its refusal comes back after the data).
+receive it (delivery.py).  The groups are rebuilt when the engines change.  Not covered: an engine that accepted a
+request and fails before it joins the broadcast (its refusal comes back after the data).
 """
 from __future__ import annotations
 
@@ -40,18 +40,14 @@ def resolve_address(spec: str | None) -> str:
 
 
 class DistributedGroups:
-    """The weight-update groups of one trainer rank, kept across syncs.
-
-    Args: topo; engines (controller only); prefix: group name prefix; backend: "nccl" / "gloo"; master_address:
-        what :func:`resolve_address` takes; timeout_s: the groups' timeout.
-    """
+    """The weight-update groups of one trainer rank, kept across syncs: ``engines`` on the controller only;
+    ``backend``: "nccl" / "gloo"; ``master_address``: what :func:`resolve_address` takes."""
 
     def __init__(self, topo, engines, prefix: str, backend: str, master_address: str | None, timeout_s: float):
         self.topo, self.engines, self.prefix, self.backend = topo, engines, prefix, backend
         self.master_address, self.timeout_s = master_address, timeout_s
         self.pg = None  # this leader's group
         self.fingerprint = None  # the engines' fingerprint the groups were made with
-        self.generation = 0
         self.group_names: dict[int, str] = {}
 
     def report(self) -> dict:
@@ -63,13 +59,12 @@ class DistributedGroups:
         {"addr", "port"}}`` (every rank).  Raises WeightBridgeError on every rank when a leader or an engine fails to
         join, or an engine was replaced meanwhile (it would never join a broadcast)."""
         self.close()
-        self.generation += 1
         topo, timeout = self.topo, datetime.timedelta(seconds=self.timeout_s)
         tp, n = (self.engines.tp_size, self.engines.num_engines) if topo.is_controller else (None, None)
         # names of this setup's own (the controller's, for every rank): an engine still holding an earlier bridge's
         # group refuses a second group of the same name
         world, names = topo.broadcast_object(None if not topo.is_controller else (1 + n * tp, {
-            s.pp_rank: f"{self.prefix}_{uuid.uuid4().hex[:8]}_g{self.generation}_pp{s.pp_rank}" for s in plan.stages}))
+            s.pp_rank: f"{self.prefix}_{uuid.uuid4().hex[:8]}_pp{s.pp_rank}" for s in plan.stages}))
 
         def join(p):
             from sglang.srt.utils.common import init_custom_process_group
