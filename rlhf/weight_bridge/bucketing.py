@@ -24,19 +24,6 @@ DEFAULT_BUCKET_BYTES = 512 * 1024 * 1024
 KEEP_TOGETHER = re.compile(r"^(.*\.self_attn\.)(q_a_proj|q_a_layernorm|q_b_proj|kv_a_proj_with_mqa)\.weight$")
 
 
-def dtype_from_any(dtype) -> torch.dtype:
-    """torch.dtype from a torch.dtype or a name ("float32", "torch.bfloat16", "bf16"); ValueError when unknown."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    name = str(dtype).replace("torch.", "")
-    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(name,
-                                                                                                              name)
-    out = getattr(torch, name, None)
-    if not isinstance(out, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}")
-    return out
-
-
 @dataclass(frozen=True)
 class TensorMeta:
     """Name, shape and dtype of one tensor to send."""

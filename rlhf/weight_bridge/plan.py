@@ -19,7 +19,7 @@ from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards, re
 from parallel.convert.params import NameMapHook as NameMap
 from parallel.convert.params import param_role
 from parallel.model_config import HFModelSpec
-from rlhf.weight_bridge.bucketing import BucketPlan, TensorMeta, dtype_from_any, plan_buckets
+from rlhf.weight_bridge.bucketing import BucketPlan, TensorMeta, plan_buckets
 
 __all__ = ["WeightBridgeError", "normalize_expected", "validate_against_expected", "NameMap", "regex_name_map",
            "sync_entries", "plan_local_tensors", "StagePlan", "SendPlan", "build_send_plan"]
@@ -30,10 +30,9 @@ class WeightBridgeError(RuntimeError):
 
 
 def normalize_expected(expected: Mapping) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-    """``{name: (shape tuple, torch.dtype or None)}`` from the engines' ``{name: (shape, dtype)}``
-    (``EngineFleet.expected_weights``; dtype names like "bfloat16" accepted)."""
-    return {name: (tuple(int(d) for d in shape), None if dt is None else dtype_from_any(dt))
-            for name, (shape, dt) in expected.items()}
+    """``{name: (shape tuple of ints, torch.dtype or None)}`` from the engines' ``{name: (shape, dtype)}``
+    (``EngineFleet.expected_weights``)."""
+    return {name: (tuple(int(d) for d in shape), dt) for name, (shape, dt) in expected.items()}
 
 
 def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tuple, Any]]], expected: Mapping,
