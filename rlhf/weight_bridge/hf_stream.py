@@ -25,7 +25,7 @@ from parallel.model_config import HFModelSpec
 from rlhf import faults
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
 
-__all__ = ["hf_stream", "stage_buckets", "Production", "Threaded"]
+__all__ = ["hf_stream", "stage_buckets", "Production", "threaded"]
 
 
 @dataclass
@@ -133,34 +133,28 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
         meter.free(nbytes)
 
 
-class Threaded:
-    """Run an iterator in a daemon thread, one item ahead (its exceptions re-raised in the consumer), on the
-    creating thread's CUDA device: a new thread starts on cuda:0, where a stage leader on another GPU would
-    otherwise gather its TP shards (``parallel.devices.group_device`` reads the current device)."""
+def threaded(it: Iterator) -> Iterator:
+    """``it`` run in a daemon thread, one item ahead (its exceptions re-raised in the consumer), on the consumer's
+    CUDA device: a new thread starts on cuda:0, where a stage leader on another GPU would otherwise gather its TP
+    shards (``parallel.devices.group_device`` reads the current device)."""
+    q, end = queue.Queue(maxsize=1), object()
+    device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 
-    _END = object()
-
-    def __init__(self, it: Iterator):
-        self.q: queue.Queue = queue.Queue(maxsize=1)
-        device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        threading.Thread(target=self._run, args=(it, device), daemon=True).start()
-
-    def _run(self, it, device=None):
+    def run():
         try:
             if device is not None:
                 torch.cuda.set_device(device)
             for x in it:
-                self.q.put(x)
+                q.put(x)
+            q.put(end)
         except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
-            self.q.put(e)
-            return
-        self.q.put(self._END)
+            q.put(e)
 
-    def __iter__(self):
-        while (x := self.q.get()) is not self._END:
-            if isinstance(x, BaseException):
-                raise x
-            yield x
+    threading.Thread(target=run, daemon=True).start()
+    while (x := q.get()) is not end:
+        if isinstance(x, BaseException):
+            raise x
+        yield x
 
 
 def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan], topo, spec: HFModelSpec,
@@ -171,7 +165,7 @@ def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan],
     waits.  After a production error ``(plan, None, the error)`` for this and every later bucket, each once this
     rank took part in the gathers of its tensors."""
     it = _produce(entries, buckets, topo, spec, pool, meter)
-    it = iter(Threaded(it)) if overlap else it
+    it = threaded(it) if overlap else it
     while True:
         t0 = time.perf_counter()
         x = next(it, None)

@@ -1,4 +1,4 @@
-"""The overlap producer thread (rlhf.weight_bridge.hf_stream.Threaded) runs on its creator's CUDA device.
+"""The overlap producer thread (rlhf.weight_bridge.hf_stream.threaded) runs on its creator's CUDA device.
 
 CUDA's current device is per host thread and a new thread starts on cuda:0; a stage leader on another GPU
 (PP > 1) would otherwise gather its TP shards on cuda:0.  Simulated on the CPU: torch.cuda's current device
@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from rlhf.weight_bridge.hf_stream import Threaded
+from rlhf.weight_bridge.hf_stream import threaded
 
 
 def _fake_per_thread_cuda(monkeypatch):
@@ -26,7 +26,7 @@ def test_producer_thread_uses_the_creators_device(monkeypatch):
         for i in range(3):
             yield i, torch.cuda.current_device(), threading.get_ident()
 
-    seen = list(Threaded(produce()))
+    seen = list(threaded(produce()))
     assert [i for i, _, _ in seen] == [0, 1, 2]
     assert {t for _, _, t in seen} != {threading.get_ident()}  # it did run in another thread
     assert {d for _, d, _ in seen} == {4}
@@ -37,7 +37,7 @@ def test_cpu_thread_sets_no_device():
     real = torch.cuda.set_device
     try:
         torch.cuda.set_device = lambda d: calls.append(d)
-        assert list(Threaded(iter([1, 2]))) == [1, 2]
+        assert list(threaded(iter([1, 2]))) == [1, 2]
     finally:
         torch.cuda.set_device = real
     assert calls == []  # no CUDA here: nothing is set
@@ -48,7 +48,7 @@ def test_errors_still_reach_the_consumer():
         yield 1
         raise ValueError("boom")
 
-    it = iter(Threaded(bad()))
+    it = threaded(bad())
     assert next(it) == 1
     try:
         next(it)
