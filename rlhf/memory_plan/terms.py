@@ -374,8 +374,8 @@ def sync_broadcast_groups(world: int, pp: int, tp: int, num_engines: int, engine
     the controller, as a member): per pipeline stage the leader (``s * world / pp``) and the holders (trainer rank
     ``e * engine_tp + r`` for engine rank (e, r), the stage leader past the trainer's ranks), one group per distinct
     member set that is neither every rank nor a tensor-parallel group (megatron's default order: ranks
-    ``k * tp .. k * tp + tp - 1``), which the sync reuses (rlhf.weight_bridge.from_tensor.holder_ranks and
-    broadcast_group: this mirrors them on plain numbers)."""
+    ``k * tp .. k * tp + tp - 1``), which the sync reuses (rlhf.rollout.placement.holder_ranks and
+    rlhf.weight_bridge.from_tensor.broadcast_group: this mirrors them on plain numbers)."""
     sets = set()
     for s in range(pp):
         leader = s * (world // pp)

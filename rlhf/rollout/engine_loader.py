@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import json
-import weakref
 from typing import Sequence
 
 import torch
@@ -28,15 +27,6 @@ LOADER = "rlhf.rollout.engine_loader.load"
 
 _HELD: dict = {}  # data_ptr -> mapped shared-memory storage of a trainer's bucket buffer, kept across syncs
 _USED: set = set()  # data_ptrs loaded from since the last bucket of a sync
-_PARAMS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {name: Parameter}
-
-
-def engine_params(model) -> dict:
-    """``{name: Parameter}`` of ``model`` (``named_parameters``: a tied weight appears once), cached per model."""
-    params = _PARAMS.get(model)
-    if params is None:
-        params = _PARAMS[model] = dict(model.named_parameters())
-    return params
 
 
 def keep_mapped(t: torch.Tensor, last: bool) -> None:
@@ -72,7 +62,7 @@ def load_bucket(model, payload, last: bool = False) -> int:
     flat = obj["flattened_tensor"]
     named = FlattenedTensorBucket(flattened_tensor=flat, metadata=obj["metadata"]).reconstruct_tensors()
     model.load_weights(named)
-    for dev in {flat.device} | {p.device for p in engine_params(model).values()}:  # a no-op on the CPU
+    for dev in {flat.device} | {p.device for p in model.parameters()}:  # a no-op on the CPU
         torch.get_device_module(dev).synchronize(dev)
     keep_mapped(flat, last)
     return len(named)
@@ -102,7 +92,7 @@ def load(model, named_tensors) -> None:
             raise ValueError(f"{LOADER}: bucket with {len(payloads)} payloads, engine TP rank {rank} has none")
         load_bucket(model, payloads[rank], last=bool(head.get("last")))
     elif op == "dump":
-        torch.save({n: p.detach().cpu().clone() for n, p in engine_params(model).items()},
+        torch.save({n: p.detach().cpu().clone() for n, p in model.named_parameters()},
                    f"{head['out']}.rank{rank}.pt")
     else:
         raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'bucket' or 'dump')")

@@ -31,11 +31,11 @@ to a Ray node other than trainer rank 0's (nodes without trainer ranks first), a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "engines_start_early",
            "rank_ray_nodes", "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders",
-           "ipc_source_ranks",
+           "ipc_source_ranks", "holder_ranks",
            "engine_gpus", "trainer_gpus", "job_placement_problem"]
 
 
@@ -77,6 +77,14 @@ def ipc_source_ranks(trainer_world_size: int, pp: int = 1, ep: int = 1) -> List[
     engine rank maps the leaders' buckets), else none (each engine rank maps the trainer rank on its own GPU,
     which holds every stage's buckets: rlhf/weight_bridge/from_tensor.py)."""
     return stage_leaders(trainer_world_size, pp) if ep > 1 else []
+
+
+def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> Dict[Tuple[int, int], int]:
+    """``{(engine, engine TP rank): trainer global rank}`` whose GPU that colocated engine rank runs on: ``e * tp + r``,
+    the stage ``leader`` for an index past the trainer's ``world`` ranks.  The colocated weight sync serves each engine
+    rank from that rank's memory (rlhf/weight_bridge/from_tensor.py)."""
+    return {(e, r): (e * engine_tp + r if e * engine_tp + r < world else leader)
+            for e in range(num_engines) for r in range(engine_tp)}
 
 
 def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, num_engines: int, engine_tp: int,
@@ -309,7 +317,7 @@ def cpu_engine_nodes(rank_nodes: List[Optional[str]], ray_nodes: List[Dict[str, 
     """The Ray nodes of CPU engines (engine i on ``[i % len]``), None with a one-node Ray cluster (anywhere).
 
     colocated: engine i on the node of trainer rank ``i * engine_tp``, the rank that serves its TP rank 0 in the
-    weight sync (rlhf/weight_bridge/from_tensor.holder_ranks: the one whose memory it maps), rank 0's past the
+    weight sync (:func:`holder_ranks`: the one whose memory it maps), rank 0's past the
     trainer's ranks; disaggregated: every alive Ray node except rank 0's, those hosting no trainer rank first, then
     by name (rank 0's when it is the only node).
     """

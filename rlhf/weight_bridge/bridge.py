@@ -36,11 +36,11 @@ import torch.distributed as dist
 from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
+from rlhf.rollout.placement import holder_ranks
 from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter
 from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
-from rlhf.weight_bridge.from_tensor import (BucketHolder, StageServing, TensorDelivery, broadcast_group, holder_ranks,
-                                            prepare_sharing)
+from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, broadcast_group, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
 from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build_send_plan, normalize_expected,
                                      plan_local_tensors, sync_entries)

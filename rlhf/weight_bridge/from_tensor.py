@@ -28,7 +28,7 @@ from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool
 from rlhf.weight_bridge.delivery import Delivery
 from rlhf.weight_bridge.plan import plan_local_tensors
 
-__all__ = ["serialize_bucket", "prepare_sharing", "TensorDelivery", "holder_ranks", "broadcast_group",
+__all__ = ["serialize_bucket", "prepare_sharing", "TensorDelivery", "broadcast_group",
            "StageServing", "BucketHolder", "entry_tensor_counts"]
 
 def prepare_sharing(device: torch.device) -> None:
@@ -53,13 +53,6 @@ def serialize_bucket(buf: torch.Tensor, bplan: BucketPlan, copies: int) -> list[
                 for m, off in zip(bplan.metas, bplan.offsets)]
     return [MultiprocessingSerializer.serialize({"flattened_tensor": buf, "metadata": metadata})
             for _ in range(copies)]
-
-
-def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> dict[tuple[int, int], int]:
-    """``{(engine, engine TP rank): trainer global rank}`` whose device that engine rank runs on: ``e * tp + r``
-    (the colocated placement), the stage ``leader`` for an index past the trainer's ``world`` ranks."""
-    return {(e, r): (e * engine_tp + r if e * engine_tp + r < world else leader)
-            for e in range(num_engines) for r in range(engine_tp)}
 
 
 def broadcast_group(members: tuple[int, ...], world: int, existing: dict):

@@ -101,7 +101,7 @@ def test_two_nodes_colocated_engines_on_both_nodes(cluster, tmp_path):
     """Colocated engines on every node (verl's replica layout): the trainer at TP1 over two nodes, one rank each
     (node n1 the `NODE_RANK=0` command, node n2 `torchrun --nnodes=2 --node_rank=1`), two engines: engine 0 runs on n1
     beside rank 0, engine 1 on n2 beside rank 1, the rank whose memory it maps in the weight sync
-    (rlhf/weight_bridge/from_tensor.holder_ranks; before, both engines had to be on rank 0's node).  One step: the
+    (rlhf/rollout/placement.holder_ranks; before, both engines had to be on rank 0's node).  One step: the
     sync reaches both engines and check mode reads the weights back from each; a checkpoint written."""
     data, run, port = write_gsm8k_mini(tmp_path / "data"), tmp_path / "run", _free_port()
     overrides = ["recipe=gsm8k_ppo_tiny_cpu", *data_overrides(data), f"trainer.default_local_dir={run}",

@@ -103,10 +103,10 @@ def test_plan_counts_each_communicator_once_at_its_size():
     (4, 1, 2, 1, 2), (16, 4, 2, 8, 2), (8, 4, 1, 3, 2)])
 def test_sync_groups_mirror_the_bridges_holders(world, pp, tp, engines, etp):
     """terms.sync_broadcast_groups on plain numbers = what the bridge makes: per stage the leader and the holders
-    (local_handles.holder_ranks, placement.stage_leaders), one new group per member set that is neither every rank
+    (placement.holder_ranks, placement.stage_leaders), one new group per member set that is neither every rank
     nor one of megatron's TP groups (local_handles.broadcast_group reuses those)."""
     from rlhf.rollout.placement import stage_leaders
-    from rlhf.weight_bridge.from_tensor import holder_ranks
+    from rlhf.rollout.placement import holder_ranks
 
     tp_groups = {tuple(range(k, k + tp)) for k in range(0, world, tp)}
     sets = set()

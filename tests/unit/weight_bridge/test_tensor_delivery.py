@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rlhf.rollout.placement import holder_ranks
 from rlhf.weight_bridge import from_tensor
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, TensorMeta
-from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, holder_ranks
+from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery
 from rlhf.weight_bridge.plan import SendPlan, StagePlan
 
 
