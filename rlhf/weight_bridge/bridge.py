@@ -28,7 +28,7 @@ import contextlib
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,8 +37,7 @@ from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
 from rlhf.rollout.placement import holder_ranks
-from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BufferPool, MemoryMeter
-from rlhf.weight_bridge.check import CheckReport, sample_rows, verify
+from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BucketPlan, BufferPool, MemoryMeter, bucket_views
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, broadcast_group, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
@@ -46,7 +45,7 @@ from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build
                                      plan_local_tensors, sync_entries)
 from rlhf.weight_bridge.topology import MegatronTopology
 
-__all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats"]
+__all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats", "CheckReport", "sample_rows", "verify"]
 
 _NOT_OPENED, _OPENED, _OPEN_FAILED = 0, 1, 2  # the controller's session code in a sync's first exchange
 _CHECK_ROWS = 4  # check mode: rows read back per tensor
@@ -90,6 +89,16 @@ class WeightSyncConfig:
     def buffer_bytes(self) -> int:
         """One bucket buffer's bytes (a bucket's bound)."""
         return max(1, int(self.bucket_bytes) // self.buffers)
+
+
+@dataclass
+class CheckReport:
+    """Which sent tensors were read back (``"engine<i>:<name>"``) and agreed, differed (max abs diff), or
+    could not be read back (reason)."""
+
+    verified: list[str] = field(default_factory=list)
+    mismatched: list[tuple[str, float]] = field(default_factory=list)
+    unverifiable: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -482,3 +491,42 @@ def _close_sessions(engines, targets: list[int]) -> None:
     engine runs this end after its begin."""
     with contextlib.suppress(Exception):
         engines.end_weight_update(engines=targets)
+
+
+def sample_rows(bplan: BucketPlan, buf: torch.Tensor, names: set, rows: int, out: dict) -> None:
+    """Copy the first ``rows`` rows (fp32, CPU) of every tensor of bucket ``bplan`` named in ``names`` into ``out``."""
+    for name, view in bucket_views(buf, bplan):
+        if name in names:
+            part = view.reshape(view.shape[0], -1)[:rows] if view.dim() > 1 else view[:rows]
+            out[name] = part.detach().to("cpu", torch.float32).clone()
+
+
+def verify(engines, names: list[str], sent: Mapping[str, torch.Tensor], rows: int) -> CheckReport:
+    """Read ``names`` back from every engine and compare them exactly with ``sent``: SGLang's ``get_weights_by_name``
+    returns the first ``rows`` rows as engine TP rank 0 holds them (rank 0's leading rows of a column-parallel weight,
+    gathered rows of o_proj/down_proj, full norms); what it cannot read back (k/v under KV-head replication, models
+    without the method) is unverifiable."""
+    rep = CheckReport()
+    for name in names:
+        try:
+            got_all = engines.get_weights_by_name(name, truncate_size=rows)
+        except Exception as e:  # noqa: BLE001 - reported, not raised
+            rep.unverifiable.append((name, f"{type(e).__name__}: {e}"))
+            continue
+        for i, got in enumerate(got_all):
+            label, want = f"engine{i}:{name}", sent.get(name)
+            if want is None or got is None:
+                rep.unverifiable.append((label, "not sampled" if want is None else "engine returned None"))
+                continue
+            got = torch.as_tensor(got, dtype=torch.float32)
+            if got.numel() == 0:
+                rep.unverifiable.append((label, "engine returned 0 rows (e.g. k/v under KV-head replication)"))
+                continue
+            got = got.reshape(got.shape[0], -1) if want.dim() > 1 else got.reshape(-1)
+            n = min(got.shape[0], want.shape[0])
+            if got.shape[1:] != want.shape[1:] or n == 0:
+                rep.mismatched.append((label, float("inf")))
+                continue
+            diff = (got[:n] - want[:n]).abs().max().item()
+            (rep.verified.append(label) if diff == 0.0 else rep.mismatched.append((label, diff)))
+    return rep
