@@ -4,19 +4,16 @@
 
 1. **open**: every rank lists its tensors (plan.py).  The first sync, and the first after the engines or a rank's
    tensors changed, plans: the stage leaders report the HF tensors their chunks convert to, the controller (global
-   rank 0, the only rank holding the engines' handle) validates every name and shape against the engines and lays
-   out the buckets; a mismatch raises WeightBridgeError on every rank with nothing sent.  Later syncs reuse the plan
-   after one small tensor all_gather.  The controller opens the engines' weight-update sessions.
-2. **gather -> convert -> bucket** (hf_stream.py, bucketing.py): each stage's leader packs bounded buckets in the
-   engine dtype; with ``overlap`` bucket k+1 is produced while bucket k is delivered.
-3. **send**, bucket by bucket under the controller's decision (delivery.py): colocated (from_tensor.py) or
-   disaggregated (from_distributed.py).
+   rank 0, the only rank holding the engines' handle) validates them against the engines and lays out the buckets;
+   a mismatch raises WeightBridgeError on every rank with nothing sent.  Later syncs reuse the plan after one small
+   tensor all_gather.  The controller opens the engines' weight-update sessions.
+2. **gather -> convert -> bucket** on each stage's leader (hf_stream.py, bucketing.py), overlapped with 3.
+3. **send** bucket by bucket under the controller's decision (delivery.py; from_tensor.py / from_distributed.py).
 4. **commit**: the controller closes the sessions (the last bucket flushed the KV cache) and tells the fleet which
-   engines are fresh; every rank learns whether any rank failed.
+   engines are fresh; every rank learns whether any rank failed; check mode reads sent rows back.
 
-Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Persistent buffers that map to an HF name (the standard
-map or a ``name_map`` hook) are sent, unmapped buffers are skipped (``SyncStats.skipped_buffers``), an unmapped
-parameter is an error.  The engines' handle is an :class:`rlhf.rollout.engine.EngineFleet`.  Typical use::
+Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Unmapped persistent buffers are skipped
+(``SyncStats.skipped_buffers``), an unmapped parameter is an error.  Typical use::
 
     bridge = WeightBridge(actor.chunks, actor.spec, manager if dist.get_rank() == 0 else None, WeightSyncConfig())
     optimizer.step(); stats = bridge.sync()
@@ -158,13 +155,10 @@ def _drain(it) -> None:
 
 
 class WeightBridge:
-    """Streams the actor's weights from megatron chunks into the rollout engines (module docstring).
-
-    Construct on EVERY trainer rank with the same arguments except ``engines`` (the engines' handle), which only the
-    controller (global rank 0) passes.  ``model_chunks``: this rank's GPTModel chunks (wrappers are fine);
-    ``topology``: an override (tests), default MegatronTopology().  Raises ValueError when ``engines`` is given on
-    another rank or missing on the controller.
-    """
+    """Construct on EVERY trainer rank with the same arguments except ``engines`` (an
+    :class:`rlhf.rollout.engine.EngineFleet`), which only the controller (global rank 0) passes.  ``model_chunks``:
+    this rank's GPTModel chunks (wrappers are fine); ``topology``: an override (tests).  Raises ValueError when
+    ``engines`` is given on another rank or missing on the controller."""
 
     def __init__(self, model_chunks, spec: HFModelSpec, engines: EngineFleet | None = None,
                  config: WeightSyncConfig | None = None, *, topology=None):
@@ -233,10 +227,9 @@ class WeightBridge:
         return s
 
     def _open(self, engines) -> _Sync:
-        """Every rank: this sync's tensors and plan, the engines' sessions open.  The controller opens them first
-        when the engines' fingerprint is the plan's; then ONE tensor all_gather of ``[ok, tensors unchanged, session
-        code]`` lets every rank reuse the plan.  Anything else plans afresh (:meth:`_replan`).  A session that cannot
-        open stops the sync on every rank with the controller's message; no session stays open on an error."""
+        """Every rank: this sync's tensors and plan, the sessions open.  The controller opens them first when the
+        engines' fingerprint is the plan's; ONE tensor all_gather of ``[ok, tensors unchanged, session code]`` then
+        lets every rank reuse the plan, else it plans afresh.  No session stays open on an error."""
         topo, s = self.topo, self._list()
         code, open_error = _NOT_OPENED, None
         try:
@@ -264,11 +257,10 @@ class WeightBridge:
         return s
 
     def _open_sessions(self, s: _Sync) -> WeightBridgeError | None:
-        """Controller: ``begin_sync`` (its token tells which engines were replaced meanwhile), then every target's
-        ``begin_weight_update`` (SGLang >= 0.5.23 loads weights only in such a session); the error, or None.  On an
-        error the sessions are closed again, except when ``begin_sync`` refuses (a generate in progress: nothing
-        opened, and a close would queue behind it on the one-call-at-a-time actor).  A target replaced while its
-        session opened is an error too: the new engine has no session and would never join a broadcast."""
+        """Controller: ``begin_sync`` (its token tells which engines are replaced meanwhile), then every target's
+        ``begin_weight_update`` (SGLang >= 0.5.23 loads weights only in such a session); the error, or None.  An error
+        closes the sessions again, except a refused ``begin_sync`` (a generate runs: a close would queue behind it).
+        A target replaced while its session opened is an error: it has no session and would join no broadcast."""
         engines, targets = self.engines, s.targets
         try:
             s.token = engines.begin_sync()
@@ -290,8 +282,7 @@ class WeightBridge:
         return None
 
     def _send(self, s: _Sync, record: Callable) -> str | None:
-        """This rank's part of gather -> convert -> bucket -> send; its first error.  Every rank goes through every
-        bucket of its part, also after an error (delivery.py)."""
+        """This rank's part of gather -> convert -> bucket -> send (every bucket, also after an error); its error."""
         topo, plan, serving = self.topo, s.plan.send, s.plan.serving
         try:
             if topo.expert_peer:  # EP > 1: TP-gather, convert and EP-gather its routed experts
@@ -344,10 +335,9 @@ class WeightBridge:
 
     # ---- planning ------------------------------------------------------------------------------------
     def _replan(self, s: _Sync, open_sessions_too: bool) -> AgreedPlan:
-        """Every rank: the stage leaders report their HF tensors (any rank its error); the controller validates them
-        against the engines, lays out buckets and holders, opens the sessions (``open_sessions_too``) and broadcasts
-        the verdict; then the distributed groups (when the engines changed) and the holders' broadcast groups are
-        set up.  Raises WeightBridgeError on every rank, with nothing sent."""
+        """Every rank: the leaders report their HF tensors (any rank its error); the controller validates them, lays
+        out buckets and holders, opens the sessions (``open_sessions_too``) and broadcasts the verdict; then the
+        groups are set up.  Raises WeightBridgeError on every rank, with nothing sent."""
         topo = self.topo
         self._plan = None
         try:
@@ -409,8 +399,7 @@ class WeightBridge:
                 "holders": holders or None}
 
     def _serving(self, plan: SendPlan, holders: dict | None) -> dict[int, StageServing]:
-        """Every rank: ``{pp_rank: StageServing}`` with each holding stage's broadcast group (collective over every
-        rank once per member set, in stage order)."""
+        """Every rank: ``{pp_rank: StageServing}`` (collective once per new member set, in stage order)."""
         serving = {}
         for stage in plan.stages:
             held, group = (holders or {}).get(stage.pp_rank), None
@@ -476,8 +465,7 @@ class WeightBridge:
             raise verdict
 
     def close(self) -> None:
-        """Free the buckets and leave the update groups (every rank, before rank 0 stops the engines); a later sync
-        plans afresh."""
+        """Every rank, before rank 0 stops the engines: free the buckets, leave the groups; a later sync replans."""
         self._plan = None
         if self._pool is not None:
             self._pool.close()
@@ -486,9 +474,8 @@ class WeightBridge:
 
 
 def _close_sessions(engines, targets: list[int]) -> None:
-    """Close the sessions of a sync that will not write (errors ignored: the sync already fails); also after a begin
-    failed on one engine: each actor runs one call at a time, in submission order (``max_concurrency=1``), so every
-    engine runs this end after its begin."""
+    """Close the sessions of a sync that will not write (errors ignored: it already fails).  Safe after a failed
+    begin: each engine actor runs its calls one at a time in submission order, so this end runs after its begin."""
     with contextlib.suppress(Exception):
         engines.end_weight_update(engines=targets)
 
