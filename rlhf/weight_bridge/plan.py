@@ -1,10 +1,7 @@
-"""The send plan of a weight sync: which megatron tensors map to which HF tensors, per pipeline stage,
-validated against the engine and split into buckets.  No tensor data moves while planning: HF names
-and full shapes come from the converter applied to *meta* shards, i.e. from the very function that
-later converts the data.
-
-SGLang silently ignores an unknown name and kills its scheduler on a wrong shape, so every name and shape is
-checked before anything is sent, and engine weights nothing maps to are refused too (they would keep stale values).
+"""The send plan of a weight sync: which HF tensors each pipeline stage sends, validated against the engines and
+split into buckets.  No data moves while planning: names and full shapes come from the converter run on *meta* shards.
+SGLang silently ignores an unknown name and kills its scheduler on a wrong shape, so every name and shape is checked
+before anything is sent, and engine weights nothing maps to are refused too (they would keep stale values).
 """
 from __future__ import annotations
 
@@ -38,18 +35,11 @@ def normalize_expected(expected: Mapping) -> dict[str, tuple[tuple[int, ...], to
 def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tuple, Any]]], expected: Mapping,
                               tie_word_embeddings: bool, engine: str = "engine",
                               allow_missing: Callable[[str], bool] | None = None) -> list[str]:
-    """Check the tensors every pipeline stage would send against the engine's expected weights.
-
-    Args:
-        stage_tensors: ``{pp_rank: [(HF name, shape, dtype), ...]}``.
-        expected: ``{HF name: (shape, dtype)}`` of the engine.
-        tie_word_embeddings: the model ties lm_head to embed_tokens (then ``lm_head.weight`` may stay unsent).
-        allow_missing: predicate on engine names that may stay unsent.
-    Returns:
-        one line per problem (empty when everything matches): a name the engine does not have (with the
-        closest expected names), a shape differing from the engine's, a name sent by two stages, an engine
-        weight nothing maps to.
-    """
+    """Check ``stage_tensors`` ``{pp_rank: [(HF name, shape, dtype), ...]}`` against the engine's ``expected``
+    ``{HF name: (shape, dtype)}``; ``lm_head.weight`` may stay unsent with ``tie_word_embeddings``, and so may the
+    names ``allow_missing`` accepts.  Returns one line per problem (none: everything matches): a name the engine does
+    not have (with the closest expected names), a shape differing from the engine's, a name sent by two stages, an
+    engine weight nothing maps to."""
     exp = normalize_expected(expected)
     problems, owner = [], {}
     for pp_rank in sorted(stage_tensors):
@@ -79,11 +69,10 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 def sync_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None,
                  topo) -> tuple[list[LocalTensor], list[str]]:
-    """What this rank streams: every parameter and persistent buffer of its chunks that maps to HF tensors (the
-    converter's one walk, :func:`parallel.convert.walk_local_tensors`) on data-parallel replica 0, only the routed
-    experts on an expert peer (expert parallelism: other experts of a leader's stage), nothing elsewhere; and the
-    unmapped persistent buffers (``"chunk<i>.<name>"``, skipped).  Raises WeightBridgeError for a parameter with no
-    HF mapping."""
+    """What this rank streams: every parameter and persistent buffer of its chunks that maps to HF tensors
+    (:func:`parallel.convert.walk_local_tensors`) on data-parallel replica 0, only the routed experts on an expert
+    peer, nothing elsewhere; and the skipped unmapped buffers (``"chunk<i>.<name>"``).  Raises WeightBridgeError for
+    a parameter with no HF mapping."""
     if not (topo.active or topo.expert_peer):
         return [], []
     skipped: list[str] = []
@@ -127,8 +116,7 @@ class StagePlan:
 
 @dataclass
 class SendPlan:
-    """The validated plan of a sync: per-stage tensors and buckets (stage order = send order) and the
-    names read back in check mode."""
+    """The validated plan: per-stage tensors and buckets (stage order = send order), names read back in check mode."""
 
     stages: list[StagePlan]
     check_names: list[str]
@@ -166,12 +154,8 @@ def _check_names(names: list[str], check: str | None) -> list[str]:
 def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFModelSpec, *, bucket_bytes: int,
                     check: str | None) -> SendPlan:
     """Controller: the stage leaders' reports (``{"pp_rank", "rank", "tensors", ...}``; None from other ranks) ->
-    the validated SendPlan.  Tensors are sent in the engine's dtype of each weight (else their own).
-
-    Raises:
-        WeightBridgeError: two leaders of a stage, a stage 0 not led by the controller, or any mismatch
-            with ``expected`` (all problems listed, nothing sent).
-    """
+    the validated SendPlan, tensors in the engine's dtype of each weight (else their own).  Raises WeightBridgeError
+    for two leaders of a stage, a stage 0 not led by the controller, or any mismatch with ``expected`` (all listed)."""
     reports = [r for r in reports if r is not None]
     by_stage = {}
     for r in reports:
