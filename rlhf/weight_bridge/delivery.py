@@ -1,9 +1,6 @@
-"""The per-bucket protocol of one sync, the same for both transports (from_tensor.py, from_distributed.py).
+"""The per-bucket protocol of one sync, the same for both transports.  Only the controller talks to the engines.
 
-Only the controller (global rank 0) talks to the engines.  Stage by stage, bucket by bucket:
-
-1. the stage's leader produces the bucket (hf_stream.stage_buckets); a leader other than the controller reports
-   None or its first error (a conversion that raised, a broadcast that failed);
+1. the stage's leader produces the bucket; a leader other than the controller reports None or its first error;
 2. the controller decides (:meth:`Delivery.start`): nothing after any error, else the transport starts the bucket
    on its engines; the decision goes to the stage's leader and holders, so nothing is serialized or broadcast that
    no engine takes (an IPC handle never opened keeps its block in torch's limbo; an engine waiting for a broadcast
@@ -60,13 +57,11 @@ class Delivery:
         """Controller: the engines answered the stage's last bucket."""
 
     # ---- the protocol --------------------------------------------------------------------------------
-    def fail(self, e: BaseException | str) -> None:
-        """Keep the first error."""
+    def fail(self, e: BaseException | str) -> None:  # keeps the first error
         self.error = self.error or (e if isinstance(e, str) else f"rank {self.topo.rank}: {type(e).__name__}: {e}")
 
     def run_controller(self, plan, own: Callable[[], Iterator], pool, in_flight: int = 0) -> str | None:
-        """Every stage's buckets in order (``own()`` yields this rank's stage's ``(bucket, slot, buffer)``); the first
-        error, once every bucket went through with every rank."""
+        """Every stage's buckets in order (``own()``: this rank's ``(bucket, slot, buffer)``); the first error."""
         for stage in plan.stages:
             mine = own() if stage.leader == self.topo.rank else None
             pending = collections.deque()
@@ -140,8 +135,7 @@ class Delivery:
         faults.maybe_fail("sync_weights", last=last)  # fault-injection point: a bucket delivered
 
     def _next(self, it, bplan) -> tuple:
-        """The next ``(slot, buffer)`` of a leader's stream, the buffer None after an error (the item is taken
-        anyway: the TP peers' gathers go on)."""
+        """The next ``(slot, buffer)`` of a leader's stream, the buffer None after an error (taken anyway)."""
         slot = None
         try:
             item = next(it, None)
