@@ -1,17 +1,15 @@
 """Colocated transport: ``update_weights_from_tensor`` with SGLang's ``FlattenedTensorBucket``, engine-local handles.
 
-Colocated placement (rlhf.rollout.placement) puts engine e's TP rank r on the GPU of trainer rank ``e * tp + r``,
-its *holder*: it receives every bucket of every stage by a broadcast from the stage's leader (NCCL on GPU, gloo on
-CPU), serializes ITS copy (a CUDA IPC handle on GPU, a shared-memory file name on CPU) and sends the bytes to the
-controller, which hands engine e its ranks' entries in TP-rank order: each engine rank maps memory on its own device
-only, and only bytes cross Ray.  An engine rank past the trainer's ranks (CPU tests), and every one under expert
-parallelism, gets the leader's buffer.
+Engine e's TP rank r runs on the GPU of trainer rank ``e * tp + r`` (rlhf.rollout.placement.holder_ranks), its
+*holder*: it receives every bucket of every stage by a broadcast from the stage's leader, serializes ITS copy (a CUDA
+IPC handle on GPU, a shared-memory file name on CPU) and sends the bytes to the controller, which hands engine e its
+ranks' entries in TP-rank order: each engine rank maps memory on its own device only, and only bytes cross Ray.  An
+engine rank past the trainer's ranks (CPU tests), and every one under expert parallelism, gets the leader's buffer.
 
 Ordering: every rank takes the broadcast of bucket k right after its part in the TP gathers of the last parameter
 bucket k holds, so all ranks issue the TP and broadcast groups' collectives in one global order (leaders then produce
-without the overlap thread).  A copy is rewritten only after the engines loaded the bucket it held: the decision of
-bucket k comes after the engines answered bucket ``k - count``, and an engine answers once its copies finished
-(engine_loader.load_bucket).
+without the overlap thread).  A copy is rewritten only once the engines loaded the bucket it held (the decision of
+bucket k comes after their answer to bucket ``k - count``; engine_loader.load_bucket answers after its copies).
 """
 from __future__ import annotations
 
@@ -56,10 +54,9 @@ def serialize_bucket(buf: torch.Tensor, bplan: BucketPlan, copies: int) -> list[
 
 
 def broadcast_group(members: tuple[int, ...], world: int, existing: dict):
-    """The group of one stage's holder broadcasts (``members``: leader and holders): the world group when they are
-    every rank, the group of ``existing`` (``{member ranks: group}``: megatron's TP groups) with these members, else
-    a new one (collective over every rank).  On a GPU each group is an NCCL communicator per member (~0.5-0.7 GiB,
-    NVIDIA/nccl#964); sharing one is safe: during a sync it carries nothing else, in one global order."""
+    """The group of one stage's leader and holders (``members``): the world group, a group of ``existing`` (``{member
+    ranks: group}``: megatron's TP groups) with these members, else a new one (collective).  Sharing saves an NCCL
+    communicator per member (~0.5-0.7 GiB, NVIDIA/nccl#964); during a sync it carries nothing else."""
     if tuple(members) == tuple(range(world)):
         return dist.group.WORLD
     if tuple(members) in existing:
@@ -124,9 +121,8 @@ class _Copies:
 
 
 class TensorDelivery(Delivery):
-    """A colocated sync's delivery (delivery.py): the decision is the ``targets`` not replaced since the sync began
-    (``token``: the fleet's ``begin_sync``); the holders' entries come back to the controller, which calls
-    ``update_weights_from_tensor``.  ``serving``: ``{pp_rank: StageServing}``; ``pool``: this rank's bucket pool."""
+    """A colocated sync's delivery: the decision is the ``targets`` not replaced since ``begin_sync`` (``token``);
+    the controller collects the entries (``serving``: ``{pp_rank: StageServing}``) for ``update_weights_from_tensor``."""
 
     def __init__(self, topo, engines, record: Callable, times: dict, targets: list[int], engine_tp: int, token,
                  serving: dict, pool: BufferPool):
@@ -177,8 +173,7 @@ class TensorDelivery(Delivery):
 
 class BucketHolder:
     """A holder's side of one stage (not the controller's, not the leader's): per bucket the controller's decision,
-    then, when it names engines, the leader's broadcast into a copy from ``pool`` and this rank's entries to the
-    controller; ``count`` copies (the controller's buckets in flight + 1)."""
+    then on a go the broadcast into one of ``count`` copies from ``pool`` and this rank's entries to the controller."""
 
     def __init__(self, topo, serving: StageServing, tp: int, pool: BufferPool, count: int):
         self.topo, self.serving, self.tp = topo, serving, tp
