@@ -122,7 +122,7 @@ class _Copies:
 
 class TensorDelivery(Delivery):
     """A colocated sync's delivery: the decision is the ``targets`` not replaced since ``begin_sync`` (``token``);
-    the controller collects the entries (``serving``: ``{pp_rank: StageServing}``) for ``update_weights_from_tensor``."""
+    the controller collects the entries (``serving``: ``{pp_rank: StageServing}``), calls update_weights_from_tensor."""
 
     def __init__(self, topo, engines, record: Callable, times: dict, targets: list[int], engine_tp: int, token,
                  serving: dict, pool: BufferPool):
