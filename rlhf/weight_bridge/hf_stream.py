@@ -1,7 +1,5 @@
-"""The HF tensor stream of a stage: TP gather -> convert -> (name, full HF tensor), and buckets of it.
-
-No rank holds the whole model: the gathered shards of one parameter and their converted copy coexist only while
-converting it.  Only the stage leader yields; the other TP ranks take part in the gathers and yield nothing.
+"""The HF tensor stream of a stage: TP gather -> convert -> (name, full HF tensor), and buckets of it.  Only the
+stage leader yields; it holds one parameter's gathered shards and converted copy at a time.
 
 A production error on the leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of the
 embedding, a stream out of plan) does not end its part in the collectives its TP and EP peers issue: it goes on
@@ -67,11 +65,9 @@ def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production)
 
 def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter,
               state: Production | None = None) -> Iterator[tuple[str, torch.Tensor, bool]]:
-    """``(HF name, full tensor, owned)`` on the stage leader (``owned=False``: it aliases model memory).
-
-    Collective over the TP group: every TP rank iterates it to the end.  After a production error the leader still
-    takes part in every gather and yields ``(name, the error, False)`` per tensor; the stream raises the error once
-    every entry was gathered (an EP peer's error reaches its caller so)."""
+    """``(HF name, full tensor, owned)`` on the stage leader (``owned=False``: it aliases model memory); collective
+    over the TP group (every TP rank iterates it to the end).  After a production error ``(name, the error, False)``
+    per tensor, the error raised once every entry was gathered (an EP peer's error reaches its caller so)."""
     state = state if state is not None else Production()
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
@@ -161,9 +157,8 @@ def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan],
                   pool: BufferPool, meter: MemoryMeter, overlap: bool,
                   times: dict) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor | BaseException]]:
     """This stage's buckets ``(plan, pool slot, flat uint8 buffer)`` on the leader (the consumer releases each slot);
-    with ``overlap`` a thread fills bucket k+1 while bucket k is delivered; ``times["produce"]`` accumulates the
-    waits.  After a production error ``(plan, None, the error)`` for this and every later bucket, each once this
-    rank took part in the gathers of its tensors."""
+    with ``overlap`` a thread fills bucket k+1 while bucket k is delivered; ``times["produce"]``: the waits (s).
+    After a production error ``(plan, None, the error)`` per bucket, each after the gathers of its tensors."""
     it = _produce(entries, buckets, topo, spec, pool, meter)
     it = threaded(it) if overlap else it
     while True:

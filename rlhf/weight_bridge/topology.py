@@ -1,11 +1,7 @@
-"""Who gathers, who sends, who talks to the engines: ranks and groups of a weight sync.
-
-Stage leader: TP rank 0 of data-parallel (and context-parallel) replica 0 of each PP stage.
-Expert parallelism (EP > 1): the routed experts of a stage are spread over the leader's expert-parallel group
-(ranks of other data-parallel replicas); those ranks ("expert peers") take part in the expert tensors only:
-each TP-gathers and converts its experts, then the EP group gathers them on the leader.
-Controller: global rank 0 (the leader of PP stage 0), the only rank holding the engines' handle.
-Control messages (plans, payload bytes, verdicts) use a gloo group over all ranks, created once.
+"""Ranks and groups of a weight sync.  Stage leader: TP rank 0 of data-parallel (and context-parallel) replica 0 of
+each PP stage.  Controller: global rank 0 (the leader of PP stage 0), the only rank holding the engines' handle.
+Expert peers (EP > 1): the ranks of the leader's expert-parallel group, which TP-gather and convert their routed
+experts for the EP group to gather them on the leader.  Control messages use a gloo group over all ranks.
 """
 from __future__ import annotations
 
