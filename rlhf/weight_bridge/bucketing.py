@@ -1,8 +1,6 @@
 """Bounded buckets of named tensors packed into one flat byte buffer, laid out like SGLang's ``FlattenedTensorBucket``
-(tensors back to back, no padding, every offset a multiple of the tensor's element size), so one buffer goes out as
-one message (a broadcast, ``load_format="flattened_bucket"``) or as per-tensor views without a copy.  No rank holds
-more than about one bucket of converted weights.  Planning is deterministic: every rank that knows the tensors
-(names, shapes, dtypes) computes the same buckets.
+(back to back, every offset a multiple of the tensor's element size): one message (a broadcast) or per-tensor views
+without a copy.  Planning is deterministic: every rank that knows the tensors computes the same buckets.
 """
 from __future__ import annotations
 
@@ -58,13 +56,10 @@ def keep_together_group(name: str) -> str | None:
 
 
 def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[BucketPlan]:
-    """Greedily split `metas` (in order) into buckets of at most `bucket_bytes` bytes.
-
-    A tensor larger than `bucket_bytes` gets a bucket of its own; a run of one :func:`keep_together_group` is never
-    split (it starts a new bucket when it does not fit, alone when larger than `bucket_bytes`); a new bucket also
-    starts where the next offset would not be a multiple of the tensor's element size (mixed dtypes).  Every tensor
-    lands in exactly one bucket, in order.  Raises ValueError for bucket_bytes < 1 or a duplicate name.
-    """
+    """Greedily split `metas` (in order) into buckets of at most `bucket_bytes` bytes.  A larger tensor gets a bucket
+    of its own; a run of one :func:`keep_together_group` is never split (a new bucket when it does not fit, alone when
+    larger); a new bucket also starts where the next offset would not be a multiple of the tensor's element size.
+    Raises ValueError for bucket_bytes < 1 or a duplicate name."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes={bucket_bytes} must be >= 1")
     runs: list[list[TensorMeta]] = []  # consecutive tensors of one keep-together group, else one tensor each
@@ -124,9 +119,8 @@ class MemoryMeter:
 
 class BufferPool:
     """At most `count` reusable flat uint8 buffers of up to `max_bytes` each, allocated once, lazily, on `device`
-    (``shared``: CPU buffers in shared memory from the start, so handing one to another process passes a file name
-    instead of copying it).  :meth:`acquire` blocks until one is free, so a producer thread runs at most `count`
-    buckets ahead; a request above `max_bytes` (one tensor larger than a bucket) gets a one-off buffer."""
+    (``shared``: CPU buffers in shared memory, so another process gets a file name, not a copy).  :meth:`acquire`
+    blocks until one is free; a request above `max_bytes` (one tensor larger than a bucket) gets a one-off buffer."""
 
     def __init__(self, max_bytes: int, count: int = 1, device: str | torch.device = "cpu",
                  meter: MemoryMeter | None = None, shared: bool = False):
@@ -175,11 +169,9 @@ class BufferPool:
 def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
                  pool: BufferPool) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
     """Copy a stream of ``(name, tensor[, owned])`` into flat buckets following `plans`, each tensor cast to its
-    planned dtype; yields ``(plan, slot, flat uint8 buffer)`` per complete bucket (the consumer releases the slot).
-    A bucket of one tensor larger than the pool's buffers is sent without a copy when the stream marks it ``owned``
-    (not aliasing model memory; slot None).  An exception in place of a tensor (hf_stream's production error) is
-    raised.  Raises ValueError when the stream disagrees with the plan (name, shape, a missing or extra tensor).
-    """
+    planned dtype; yields ``(plan, slot, flat uint8 buffer)`` per bucket (the consumer releases the slot).  A bucket of
+    one tensor larger than the pool's buffers is sent without a copy when the stream marks it ``owned`` (slot None).
+    An exception in place of a tensor is raised; ValueError when the stream disagrees with the plan."""
     it = iter(named_tensors)
 
     def take(meta: TensorMeta, plan: BucketPlan):
