@@ -2,15 +2,11 @@
 
 SGLang 0.5.23 calls ``loader(model, named_tensors)`` from ``update_weights_from_tensor`` when the request's
 ``load_format`` is an import path listed in ``custom_weight_loader`` (model_runner_components/weight_updater.py);
-:data:`LOADER` is ours, registered for every engine by rlhf.rollout.engine_args.  ``named_tensors`` is one
-``(JSON header, tensor)`` naming the operation:
-
-* ``bucket``: the colocated sync's load of one bucket (:func:`load_bucket`).  SGLang's own
-  ``load_format="flattened_bucket"`` replies while its queued copies may still read the sender's buffer, which the
-  sender reuses for the next bucket; here the reply (after a barrier of the TP ranks) means every copy is done.
-* ``dump``: every parameter of this rank to a file the Ray actor reads (tests, diagnostics).
-
-Imports only torch and the standard library at module level (the scheduler imports it on each call).
+:data:`LOADER` is ours (rlhf.rollout.engine_args).  ``named_tensors`` is one ``(JSON header, tensor)``; operations:
+``bucket``, the colocated sync's load of one bucket (:func:`load_bucket`: unlike SGLang's ``flattened_bucket``,
+which replies while its queued copies may still read the sender's buffer, the reply means every copy is done), and
+``dump``, every parameter of this rank to a file (tests).  Imports only torch and the standard library at module
+level (the scheduler imports it on each call).
 """
 from __future__ import annotations
 
@@ -75,12 +71,8 @@ def _tp_rank() -> int:
 
 
 def load(model, named_tensors) -> None:
-    """The custom loader SGLang calls (see module docstring).
-
-    Raises:
-        ValueError: not exactly one ``(header, tensor)``, an unknown operation, or a bucket without this rank's
-            payload.
-    """
+    """The custom loader SGLang calls (module docstring).  Raises ValueError for not exactly one ``(header,
+    tensor)``, an unknown operation, or a bucket without this rank's payload."""
     named_tensors = list(named_tensors)
     if len(named_tensors) != 1:
         raise ValueError(f"{LOADER}: expected one (header, tensor), got {len(named_tensors)} entries")
