@@ -90,8 +90,7 @@ class WeightSyncConfig:
 
 @dataclass
 class CheckReport:
-    """Which sent tensors were read back (``"engine<i>:<name>"``) and agreed, differed (max abs diff), or
-    could not be read back (reason)."""
+    """Sent tensors read back (``"engine<i>:<name>"``): agreed, differed (max abs diff), unverifiable (reason)."""
 
     verified: list[str] = field(default_factory=list)
     mismatched: list[tuple[str, float]] = field(default_factory=list)
@@ -416,8 +415,8 @@ class WeightBridge:
         return everyone if engines is None or self.cfg.transport == "distributed" else sorted(set(engines))
 
     def _tp_groups(self) -> dict:
-        """``{member ranks: group}`` of every TP group (``GroupMember.NON_GROUP_MEMBER`` where this rank is not in
-        it, as ``new_group`` returns there), for the holders' groups to reuse.  Collective, once per bridge."""
+        """``{member ranks: group}`` of every TP group (``NON_GROUP_MEMBER`` where this rank is not in it, as
+        ``new_group`` returns there), for the holders' groups to reuse.  Collective, once per bridge."""
         if self._tp_known is None:
             group = getattr(self.topo, "tp_group", None)
             mine = tuple(dist.get_process_group_ranks(group)) if group is not None else None
@@ -444,13 +443,12 @@ class WeightBridge:
         return self._pool
 
     def _free_pool(self) -> None:
-        """Device memory goes back to the trainer after each sync (CPU buffers are kept: the engines keep their
-        mappings, engine_loader.keep_mapped); blocks shared through CUDA IPC wait in torch's limbo until collected."""
+        """Device buffers go back after each sync (CPU ones are kept: the engines keep their mappings, keep_mapped)."""
         if self.device.type != "cpu" and self._pool is not None:
             self._pool.close()
             self._pool = None
             if self.device.type == "cuda":
-                torch.cuda.ipc_collect()
+                torch.cuda.ipc_collect()  # blocks shared through CUDA IPC wait in torch's limbo until collected
 
     def _check(self, plan: SendPlan, outcome: list, stats: SyncStats) -> None:
         verdict = None

@@ -26,9 +26,8 @@ __all__ = ["DistributedGroups", "DistributedDelivery", "resolve_address"]
 def resolve_address(spec: str | None) -> str:
     """The address engines dial for a weight-update group (``rollout.weight_update_address``): None -> the IP of
     the interface that routes outward (``gethostbyname(gethostname())`` gives 127.0.1.1 on stock Ubuntu);
-    ``"iface:<name>"`` -> that interface's address on this rank's host; anything else (an IP, a host name) as is.
-
-    Raises ValueError naming the setting when the interface has no IPv4 address."""
+    ``"iface:<name>"`` -> that interface's address on this rank's host (ValueError naming the setting when it has no
+    IPv4 address); anything else (an IP, a host name) as is."""
     if not spec:
         return route_address("10.255.255.255")  # a non-local address: the outward route
     if spec.startswith("iface:"):
@@ -110,9 +109,8 @@ class DistributedGroups:
 
 
 class DistributedDelivery(Delivery):
-    """A disaggregated sync's delivery (delivery.py): the decision is the engines' receive request, started before
-    the stage leader broadcasts the bucket to its group; none once an engine was replaced since the sync began
-    (``token``: the fleet's ``begin_sync``), which would never join the broadcast."""
+    """A disaggregated sync's delivery: the decision is the engines' receive request, made before the leader's
+    broadcast; none once an engine was replaced since ``begin_sync`` (``token``): it would never join the broadcast."""
 
     def __init__(self, topo, engines, record, times: dict, groups: DistributedGroups, token=None):
         super().__init__(topo, engines, record, times)
