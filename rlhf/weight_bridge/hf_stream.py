@@ -49,9 +49,8 @@ def _meta(shards: list) -> list:
 
 
 def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production) -> list[tuple[str, object]]:
-    """``hf_tensors_from_shards`` of one entry; after a production error (this one or an earlier one) ``[(HF name,
-    the error)]`` per HF tensor instead (names from the converter on meta tensors).  Fault point
-    ``sync_convert_error`` (rlhf.faults): this conversion raises."""
+    """``hf_tensors_from_shards`` of one entry; after a production error (this or an earlier one) ``(HF name, the
+    error)`` per HF tensor.  Fault point ``sync_convert_error`` (rlhf.faults): this conversion raises."""
     if state.error is None:
         try:
             if faults.fires("sync_convert_error"):
@@ -102,10 +101,9 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
 
 
 def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, state: Production):
-    """Expert parallelism: a routed expert tensor of every EP rank.  Each EP rank's TP rank 0 gathers and converts
-    its shards; the EP group gathers the results on the stage leader, which yields them in EP-rank order under each
-    rank's global expert names.  After a production error the EP gathers still run, on uninitialised tensors of the
-    converted shapes (the sync then fails on every rank with that error)."""
+    """Expert parallelism: each EP rank's TP rank 0 gathers and converts a routed expert tensor, the EP group gathers
+    the results on the stage leader, which yields them in EP-rank order under each rank's expert names.  After a
+    production error the EP gathers still run, on uninitialised tensors of the converted shapes."""
     shards = topo.gather(e)
     if topo.tp_rank != 0:
         return

@@ -62,8 +62,7 @@ class MegatronTopology:
         return out
 
     def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:
-        """Expert parallelism: ``t`` of every EP rank (EP-rank order) on EP rank 0 (the stage leader), None
-        elsewhere.  Collective over the EP group (TP rank 0 of each expert peer)."""
+        """Collective over the EP group: ``t`` of every EP rank (EP-rank order) on the stage leader, None elsewhere."""
         t = devices.to_group_device(t.contiguous(), self.ep_group)
         out = [torch.empty_like(t) for _ in range(self.ep_size)] if self.ep_rank == 0 else None
         dist.gather(t, gather_list=out, dst=dist.get_global_rank(self.ep_group, 0), group=self.ep_group)
@@ -80,8 +79,7 @@ class MegatronTopology:
         return box[0]
 
     def all_gather_codes(self, codes: list[int]) -> list[list[int]]:
-        """Every rank's int64 ``codes`` (the same length everywhere), in rank order: one tensor all_gather on the
-        control group (on its device), no pickling."""
+        """Every rank's int64 ``codes`` (one length), in rank order: one tensor all_gather, no pickling."""
         t = devices.to_group_device(torch.tensor(codes, dtype=torch.int64), self._ctrl)
         out = [torch.empty_like(t) for _ in range(self.world)]
         dist.all_gather(out, t, group=self._ctrl)
