@@ -51,16 +51,13 @@ _GROUP_TIMEOUT_S = 1800.0  # the distributed transport's weight-update groups
 
 @dataclass
 class WeightSyncConfig:
-    """How a :class:`WeightBridge` syncs (the same on every rank).
-
-    transport: ``"tensor"`` (colocated) or ``"distributed"`` (a broadcast group).  bucket_bytes: memory of the bucket
-    buffers (two of half of it with ``overlap``; a larger tensor gets a bucket of its own).  Tensors are sent in the
-    engines' dtype of each weight.  overlap: produce bucket k+1 while bucket k is delivered.  check: None,
-    ``"sample"`` (first and last layer, every non-layer tensor) or ``"all"``: read the first rows of sent tensors back
-    (a mismatch raises WeightBridgeError).  name_map: maps extra megatron names to HF tensors (plan.regex_name_map).
-    group_prefix, master_address (from_distributed.resolve_address): the groups of the distributed transport (NCCL
-    for CUDA parameters, else gloo).  Raises ValueError for an unknown transport or check mode, or bucket_bytes < 1.
-    """
+    """How a :class:`WeightBridge` syncs (the same on every rank).  transport: ``"tensor"`` (colocated) or
+    ``"distributed"`` (a broadcast group).  bucket_bytes: memory of the bucket buffers (two of half of it with
+    ``overlap``: produce bucket k+1 while bucket k is delivered; a larger tensor gets a bucket of its own).  check:
+    None, ``"sample"`` (first and last layer, every non-layer tensor) or ``"all"``: read the first rows of sent tensors
+    back (a mismatch raises WeightBridgeError).  name_map: maps extra megatron names to HF tensors
+    (plan.regex_name_map).  group_prefix, master_address (from_distributed.resolve_address): the distributed
+    transport's groups.  Raises ValueError for an unknown transport or check mode, or bucket_bytes < 1."""
 
     transport: str = "tensor"
     bucket_bytes: int = DEFAULT_BUCKET_BYTES

@@ -25,8 +25,7 @@ __all__ = ["Delivery"]
 
 class Delivery:
     """One sync's delivery on this rank (a transport defines start, move, lead, wait).  ``record(bucket, buffer)``
-    (or None) sees each produced buffer (check mode); ``times``: ``receive`` / ``deliver`` seconds; ``error``: the
-    first error, naming the rank."""
+    (or None) sees each produced buffer; ``times``: ``receive`` / ``deliver`` seconds; ``error``: the first one."""
 
     def __init__(self, topo, engines, record: Callable | None, times: dict):
         self.topo, self.engines, self.record, self.times = topo, engines, record, times

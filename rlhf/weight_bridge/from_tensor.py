@@ -89,8 +89,8 @@ class StageServing:
 
 
 def _share(topo, sv: StageServing, tp: int, bplan: BucketPlan, engines: list[int], buffer: Callable) -> None:
-    """The leader's broadcast of ``bplan`` in ``buffer()`` (the leader sends it, a holder receives it into a copy),
-    then this rank's serialized entries of ``engines`` to the controller, also after an error (it waits for them)."""
+    """The leader's broadcast of ``bplan`` in ``buffer()``, then this rank's serialized entries of ``engines`` to the
+    controller, also after an error (it waits for them)."""
     entries = {}
     try:
         buf = buffer()
@@ -102,8 +102,7 @@ def _share(topo, sv: StageServing, tp: int, bplan: BucketPlan, engines: list[int
 
 
 class _Copies:
-    """Up to ``count`` bucket copies from ``pool``, reused oldest first (the protocol guarantees the engines loaded
-    the bucket a copy held before it is taken again)."""
+    """Up to ``count`` bucket copies from ``pool``, reused oldest first (after the engines loaded what it held)."""
 
     def __init__(self, pool: BufferPool, count: int):
         self.pool, self.count, self.slots = pool, count, []
@@ -186,9 +185,8 @@ class BucketHolder:
 
     def run(self, buckets: Sequence[BucketPlan], entries: Sequence[LocalTensor] = (), spec=None, tp: int = 1,
             gather: Callable | None = None) -> None:
-        """Every bucket in order; ``gather(entry)``: this rank's part in the leader's TP gathers of ``entries`` (a
-        TP peer of the leader, TP size ``tp``), each bucket taken right after the gathers of the last entry it holds
-        tensors of.  The copies go back once the controller says the stage's last bucket was answered."""
+        """Every bucket in order, each right after this rank's part (``gather(entry)``, a TP peer of the leader) in the
+        TP gathers of the ``entries`` it holds tensors of; the copies go back when the stage's last one was answered."""
         try:
             counts = entry_tensor_counts(entries, spec, tp) if gather is not None else []
             ends = list(itertools.accumulate(len(b.metas) for b in buckets))  # HF tensors through bucket k
