@@ -48,9 +48,8 @@ def bucket_header(payloads: Sequence, last: bool = False) -> str:
 
 
 def load_bucket(model, payload, last: bool = False) -> int:
-    """Load one serialized FlattenedTensorBucket (bytes or base64) with the model's own ``load_weights`` (TP
-    slicing, fused q/k/v, ...), then wait for the bucket's and the parameters' devices, so no copy still reads the
-    sender's memory when this returns.  Returns the number of tensors loaded."""
+    """Load one serialized FlattenedTensorBucket (bytes or base64) with the model's own ``load_weights``, then wait
+    for the devices: no copy reads the sender's memory once this returns.  Returns the number of tensors loaded."""
     from sglang.srt.utils.common import MultiprocessingSerializer
     from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorBucket
 

@@ -376,8 +376,7 @@ class WeightBridge:
         return rep
 
     def _verdict(self, reports: list) -> dict:
-        """Controller: the validated plan, each stage's engine-local holders (colocated, no expert parallelism) and,
-        when the engines changed, the stage leaders' group rendezvous."""
+        """Controller: the validated plan, each stage's holders (colocated, EP 1), the groups' rendezvous (if new)."""
         cfg, fp = self.cfg, self.engines.fingerprint()
         expected = normalize_expected(self.engines.expected_weights())
         plan = build_send_plan(reports, self.topo.controller, expected, self.spec, bucket_bytes=cfg.buffer_bytes,

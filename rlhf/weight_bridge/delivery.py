@@ -98,8 +98,7 @@ class Delivery:
         return self.error
 
     def run_leader(self, plan, stage, own: Callable[[], Iterator], pool) -> str | None:
-        """A stage leader other than the controller: per bucket report, take the decision, move on a go, reuse the
-        buffer after the ack.  Returns this rank's first error."""
+        """A leader other than the controller: per bucket report, take the decision, move on a go; its first error."""
         ctrl, it = self.topo.controller, own()
         for bplan in stage.buckets:
             slot, buf = self._next(it, bplan)

@@ -39,8 +39,7 @@ def resolve_address(spec: str | None) -> str:
 
 
 class DistributedGroups:
-    """The weight-update groups of one trainer rank, kept across syncs: ``engines`` on the controller only;
-    ``backend``: "nccl" / "gloo"; ``master_address``: what :func:`resolve_address` takes."""
+    """One trainer rank's weight-update groups, kept across syncs (``master_address``: see :func:`resolve_address`)."""
 
     def __init__(self, topo, engines, prefix: str, backend: str, master_address: str | None, timeout_s: float):
         self.topo, self.engines, self.prefix, self.backend = topo, engines, prefix, backend

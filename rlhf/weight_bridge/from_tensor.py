@@ -89,8 +89,7 @@ class StageServing:
 
 
 def _share(topo, sv: StageServing, tp: int, bplan: BucketPlan, engines: list[int], buffer: Callable) -> None:
-    """The leader's broadcast of ``bplan`` in ``buffer()``, then this rank's serialized entries of ``engines`` to the
-    controller, also after an error (it waits for them)."""
+    """The leader's broadcast of ``bplan`` in ``buffer()``; this rank's entries of ``engines`` to the controller."""
     entries = {}
     try:
         buf = buffer()
@@ -98,7 +97,7 @@ def _share(topo, sv: StageServing, tp: int, bplan: BucketPlan, engines: list[int
             dist.broadcast(buf, src=sv.leader, group=sv.group)
         entries = {m: serialize_bucket(buf, bplan, 1)[0] for m in sv.mine(topo.rank, engines, tp)}
     finally:
-        topo.send_object(entries, topo.controller)
+        topo.send_object(entries, topo.controller)  # also after an error: the controller waits for it
 
 
 class _Copies:

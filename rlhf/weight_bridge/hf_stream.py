@@ -128,9 +128,8 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
 
 
 def threaded(it: Iterator) -> Iterator:
-    """``it`` run in a daemon thread, one item ahead (its exceptions re-raised in the consumer), on the consumer's
-    CUDA device: a new thread starts on cuda:0, where a stage leader on another GPU would otherwise gather its TP
-    shards (``parallel.devices.group_device`` reads the current device)."""
+    """``it`` run in a daemon thread, one item ahead (its exceptions re-raised here), on the consumer's CUDA device:
+    a new thread starts on cuda:0, where a leader on another GPU would gather its TP shards (group_device)."""
     q, end = queue.Queue(maxsize=1), object()
     device = torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
 

@@ -27,8 +27,7 @@ class WeightBridgeError(RuntimeError):
 
 
 def normalize_expected(expected: Mapping) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
-    """``{name: (shape tuple of ints, torch.dtype or None)}`` from the engines' ``{name: (shape, dtype)}``
-    (``EngineFleet.expected_weights``)."""
+    """``{name: (shape tuple of ints, dtype)}`` from the engines' ``{name: (shape, dtype)}`` (expected_weights)."""
     return {name: (tuple(int(d) for d in shape), dt) for name, (shape, dt) in expected.items()}
 
 
@@ -87,9 +86,8 @@ def sync_entries(model_chunks, spec: HFModelSpec, name_map: NameMap | None,
 
 def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: int,
                        ep: int = 1) -> list[tuple[str, tuple, torch.dtype]]:
-    """``(HF name, full shape, source dtype)`` of every HF tensor `entries` convert to, in send order
-    (the converter run on meta tensors: no data, no communication).  With expert parallelism (`ep` > 1)
-    a routed expert tensor stands for the same local expert of every EP rank, in EP-rank order."""
+    """``(HF name, full shape, source dtype)`` of every HF tensor `entries` convert to, in send order (the converter
+    on meta tensors); with `ep` > 1 a routed expert tensor stands for that local expert of every EP rank, in order."""
     out = []
     for e in entries:
         meta = torch.empty(tuple(e.tensor.shape), dtype=e.tensor.dtype, device="meta")
