@@ -427,14 +427,13 @@ class WeightBridge:
 
     # ---- buffers, check mode, close ------------------------------------------------------------------
     def _buffers(self, plan: SendPlan) -> BufferPool:
-        fitting = [b.nbytes for st in plan.stages for b in st.buckets if b.nbytes <= self.cfg.buffer_bytes]
-        need, count = max(fitting or [1]), self.cfg.buffers
-        if self._pool is None or self._pool.max_bytes < need or len(self._pool._buffers) != count:
+        need = max([b.nbytes for st in plan.stages for b in st.buckets if b.nbytes <= self.cfg.buffer_bytes] or [1])
+        if self._pool is None or self._pool.max_bytes < need:
             if self._pool is not None:
                 self._pool.close()
             if self.cfg.transport == "tensor":
                 prepare_sharing(self.device)
-            self._pool = BufferPool(need, count=count, device=self.device, meter=self.meter,
+            self._pool = BufferPool(need, count=self.cfg.buffers, device=self.device, meter=self.meter,
                                     shared=self.cfg.transport == "tensor")
         return self._pool
 

@@ -86,10 +86,8 @@ class MegatronTopology:
         return [x.tolist() for x in out]
 
     def any_rank(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is set on any (one int32 MAX all_reduce on the control group)."""
-        t = devices.to_group_device(torch.tensor([int(bool(flag))], dtype=torch.int32), self._ctrl)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._ctrl)
-        return bool(t.item())
+        """True on every rank when ``flag`` is set on any (one :meth:`all_gather_codes`)."""
+        return any(c[0] for c in self.all_gather_codes([int(bool(flag))]))
 
     def send_object(self, obj, dst: int) -> None:
         dist.send_object_list([obj], dst=dst, group=self._ctrl)
