@@ -148,12 +148,16 @@ class AgentLoop:
         max_response_length: tokens of the whole response (model and tool tokens), data.max_response_length.
         tools: ``{function name: tool}`` (rlhf.agent.tools), interactions: ``{name: interaction}``.
         template_kwargs: extra arguments of the chat template (data.chat_template_kwargs).
+        max_context: the engines' context length (data.max_prompt_length + max_response_length; None: no
+            limit): a request's prompt and new tokens stay within it (a prompt that the tool schemas made longer
+            than data.max_prompt_length leaves less for the response).
     """
 
     def __init__(self, settings: MultiTurnSettings, tokenizer: Any, max_response_length: int,
                  tools: Optional[dict] = None, interactions: Optional[dict] = None,
-                 template_kwargs: Optional[dict] = None):
+                 template_kwargs: Optional[dict] = None, max_context: Optional[int] = None):
         self.s, self.tokenizer, self.R = settings, tokenizer, int(max_response_length)
+        self.max_context = max_context
         self.tools, self.interactions = dict(tools or {}), dict(interactions or {})
         schemas = [t.tool_schema for t in self.tools.values()]
         self.parser = ToolCallParser(schemas, settings.parser_name) if schemas else None
@@ -242,6 +246,11 @@ class AgentLoop:
         try:
             while True:
                 left = self.R - len(t.response_ids)
+                if self.max_context is not None:
+                    left = min(left, self.max_context - len(t.prompt_ids) - len(t.response_ids))
+                if left <= 0:
+                    t.truncated = True
+                    return
                 try:
                     out = await batcher.request(t.prompt_ids + t.response_ids, min(left, s.max_tokens_per_turn or left))
                 except _Aborted:

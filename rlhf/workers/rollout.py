@@ -54,8 +54,11 @@ def build_agent_loop(cfg, tokenizer):
     interactions = build_interactions(load_interaction_specs(s.interaction_config_path)) \
         if s.interaction_config_path else {}
     kwargs = cfg.data.get("chat_template_kwargs")
+    from rlhf.rollout.engine_args import rollout_context_length
+
     return AgentLoop(s, tokenizer, cfg.data.max_response_length, tools=tools, interactions=interactions,
-                     template_kwargs=dict(kwargs) if kwargs else None)
+                     template_kwargs=dict(kwargs) if kwargs else None,
+                     max_context=rollout_context_length(cfg.data.max_prompt_length, cfg.data.max_response_length))
 
 
 def agent_extra_info(sample) -> dict:

@@ -92,6 +92,20 @@ def test_response_budget_and_per_turn_limit(tok):
     assert s.response_ids == fleet.calls[0][1] and len(s.response_ids) == 20 and s.finish_reason == "length"
 
 
+def test_context_limit(tok):
+    """A request's prompt and new tokens stay within the engines' context (the prompt, longer with tool schemas,
+    leaves less for the response); a prompt that leaves nothing ends the trajectory, truncated, without a request."""
+    fleet = ScriptedFleet(tok, three_turns)
+    agent = loop(tok)
+    P = len(agent.renderer.prompt(rows(1)[0]["raw_prompt"]))
+    agent.max_context = P + 50
+    [s], _ = agent.run(fleet.generate, rows(1), SamplingConfig(max_new_tokens=1))
+    assert fleet.calls[0][3] == 50 and len(s.response_ids) == 50 and s.finish_reason == "length"
+    fleet, agent.max_context = ScriptedFleet(tok, three_turns), P
+    [s], m = agent.run(fleet.generate, rows(1), SamplingConfig(max_new_tokens=1))
+    assert not fleet.calls and s.response_ids == [] and m["multi_turn/truncated"] == 1
+
+
 def test_turn_limit(tok):
     fleet = ScriptedFleet(tok, three_turns)
     [s], m = loop(tok, max_assistant_turns=2).run(fleet.generate, rows(1), SamplingConfig(max_new_tokens=1))
