@@ -259,8 +259,8 @@ def test_agent_loop_trains_the_engines_tokens_over_turns(engine, tiny_model):
         return out
 
     stop = sorted(set(stop_token_ids_for(path) + list(range(100, 180))))  # short model turns that end by a stop id
-    agent = AgentLoop(MultiTurnSettings(enable=True, max_user_turns=3), tok, 230,
-                      interactions={"gsm8k": Gsm8kInteraction({"name": "gsm8k"})})
+    agent = AgentLoop(MultiTurnSettings(enable=True, max_user_turns=3, max_tokens_per_turn=16), tok, 230,
+                      interactions={"gsm8k": Gsm8kInteraction({"name": "gsm8k"})}, max_context=256)
     rows = [{"raw_prompt": [{"role": "user", "content": t}], "ground_truth": "123456",
              "extra_info": {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "123456"}}} for t in PROMPT_TEXTS[:2]]
     samples, m = agent.run(generate, rows, SamplingConfig(n=2, temperature=0.8, max_new_tokens=16,
@@ -270,6 +270,7 @@ def test_agent_loop_trains_the_engines_tokens_over_turns(engine, tiny_model):
     for s in samples:
         spans, mask = s.extra["model_spans"], s.extra["response_mask"]
         assert len(spans) >= 3 or s.finish_reason == "length", (spans, s.finish_reason)
+        assert len(s.prompt_ids) + len(s.response_ids) <= 256
         for a, b in spans:
             assert (s.prompt_ids + s.response_ids[:a], s.response_ids[a:b], s.response_log_probs[a:b]) in calls
         assert [k for k, v in enumerate(mask) if v] == [k for a, b in spans for k in range(a, b)]
