@@ -71,7 +71,8 @@ class MultiTurnSettings:
     @classmethod
     def from_config(cls, node: Any) -> "MultiTurnSettings":
         """From ``cfg.rollout.multi_turn`` (an OmegaConf node or a dict)."""
-        return cls(**{k: node[k] for k in cls.__dataclass_fields__ if k in node})
+        get = node.get if hasattr(node, "get") else (lambda k, d: getattr(node, k, d))
+        return cls(**{k: get(k, f.default) for k, f in cls.__dataclass_fields__.items()})
 
     @property
     def parser_name(self) -> str:
@@ -164,7 +165,7 @@ def config_problems(mt: Any, at: str = "rollout.multi_turn.") -> list[str]:
         out.append(f"{at}tool_response_truncate_side={mt.tool_response_truncate_side!r} must be one of "
                    f"{list(TRUNCATE_SIDES)}.")
     for key in ("max_assistant_turns", "max_user_turns", "max_tokens_per_turn"):
-        v = mt[key]
+        v = getattr(mt, key)
         if v is not None and v < 1:
             out.append(f"{at}{key}={v!r} must be >= 1 (or null: no limit).")
     if mt.max_parallel_calls < 1 or mt.max_tool_response_length < 1 or not mt.tool_timeout_s > 0:
@@ -178,10 +179,11 @@ def config_problems(mt: Any, at: str = "rollout.multi_turn.") -> list[str]:
                    f"{sorted(FunctionCallParser.ToolCallParserEnum)}; verl's llama3_json is llama3).")
     for key, load, kind in (("tool_config_path", load_tool_specs, "tool"),
                             ("interaction_config_path", load_interaction_specs, "interaction")):
-        if mt[key]:
+        path = getattr(mt, key)
+        if path:
             try:
-                for spec in load(mt[key]):
+                for spec in load(path):
                     resolve_class(spec.class_name, kind)
             except ValueError as e:
-                out.append(f"{at}{key}={mt[key]!r}: {e}.")
+                out.append(f"{at}{key}={path!r}: {e}.")
     return out
