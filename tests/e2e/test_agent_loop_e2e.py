@@ -68,6 +68,9 @@ def test_two_step_multi_turn_quickstart_logs_turn_and_tool_metrics(tiny_model, t
     assert all(v >= 3 for v in s["num_turns/min"].values()), s["num_turns/min"]
     assert all(v <= 1 + 4 + 3 for v in s["num_turns/max"].values())  # max_user_turns=3: at most 4 model turns
     assert all(v > 0 for v in s["multi_turn/kwargs_fallbacks"].values())  # the arithmetic rows have no kwargs
-    # the loss trains on model tokens only: the response lengths (tool / user tokens too) exceed them
+    # the trainer's log-probs of the model tokens, computed on the whole multi-turn sequence (user tokens between
+    # turns), equal the engine's before the first update: the trained sequence is the one the engine continued
+    assert s["actor/rollout_log_prob_diff"][1] < 1e-3, s["actor/rollout_log_prob_diff"]
+    print(s["critic/score/mean"], s["actor/rollout_log_prob_diff"], s["response_length/mean"])
     print(textwrap.shorten(str({k: s[k] for k in sorted(s) if k.startswith(("num_turns", "tool_calls", "multi"))}),
                            2000))
