@@ -81,7 +81,7 @@ def compute_data_metrics(batch: dict, max_response_length: int, max_prompt_lengt
     mask = batch["response_mask"]
     valid = mask.bool()
     P = batch["prompt_length"]
-    lengths = mask.sum(1).float()
+    lengths = batch["attention_mask"][:, P:].sum(1).float()  # verl's: every response token (tool tokens too)
     aborted = lengths == 0
     kept = ~aborted if bool((~aborted).any()) else torch.ones_like(aborted)
     prompt_lengths = batch["attention_mask"][:, :P].sum(1).float()

@@ -6,7 +6,8 @@ Layout of one batch of N sequences (prompts x n), P = longest prompt, R = max_re
     attention_mask [N, P + R]  1 on real tokens
     position_ids   [N, P + R]  0 at the first real token
     responses      [N, R]      response token ids (pad after the end)
-    response_mask  [N, R]      1 on response tokens (the stop token included)
+    response_mask  [N, R]      1 on response tokens (the stop token included); multi-turn: 0 on tool /
+                               user tokens (rlhf.agent), which attention_mask keeps
     prompt_length  int         P
     n              int         sequences per prompt (rollout.n; 2 for DPO pairs): mini batches count prompts
     truncated      [N] bool    rollout batches: the engine stopped at max_response_length (finish reason
@@ -63,11 +64,19 @@ def build_batch(prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[i
 def build_rollout_batch(samples, pad_token_id: int, max_response_length: int) -> dict:
     """Pad a list of RolloutSample into the layout above plus `rollout_log_probs` [N, R] (the
     engine's sampling log-probs) and `truncated` [N] bool (``finish_reason == "length"``: cut at
-    max_response_length without a stop token).  Raises ValueError when a response is longer than
+    max_response_length without a stop token).  A multi-turn sample's ``extra["response_mask"]`` (rlhf.agent: 0 on
+    tool / user tokens) becomes its row of `response_mask`; `attention_mask` keeps 1 on every response token.  Raises ValueError when a response is longer than
     max_response_length."""
     batch = build_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples], pad_token_id,
                         max_response_length, [s.response_log_probs for s in samples])
     batch["truncated"] = torch.tensor([s.finish_reason == "length" for s in samples], dtype=torch.bool)
+    for k, s in enumerate(samples):  # multi-turn (rlhf.agent): tool / user tokens are in the response, mask 0
+        mask = s.extra.get("response_mask") if s.extra else None
+        if mask is not None:
+            if len(mask) != len(s.response_ids):
+                raise ValueError(f"sample {k}: response_mask of {len(mask)} entries for {len(s.response_ids)} "
+                                 f"response tokens")
+            batch["response_mask"][k, :len(mask)] = torch.tensor(mask, dtype=batch["response_mask"].dtype)
     return batch
 
 
@@ -82,12 +91,15 @@ def build_pair_batch(pairs: Sequence[dict], pad_token_id: int, max_response_leng
 
 
 def outcome_token_scores(scores, response_mask: torch.Tensor) -> torch.Tensor:
-    """Place each sequence's scalar score on its last response token: [N] -> [N, R].
+    """Place each sequence's scalar score on its last response token with ``response_mask`` 1 (the model's last
+    token; a multi-turn response may end with tool / user tokens, mask 0): [N] -> [N, R].
     An empty response keeps its score at position 0 (masked out downstream)."""
     scores = torch.as_tensor(scores, dtype=torch.float32)
-    lengths = response_mask.sum(1)
+    R = response_mask.shape[1]
+    last = R - 1 - torch.flip(response_mask.bool().int(), [1]).argmax(1)  # the last index where the mask is 1
+    last = torch.where(response_mask.bool().any(1), last, torch.zeros_like(last))
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    out[torch.arange(len(scores)), (lengths - 1).clamp(min=0)] = scores
+    out[torch.arange(len(scores)), last] = scores
     return out
 
 

@@ -38,7 +38,35 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RolloutWorker", "start_rollout"]
+__all__ = ["RolloutWorker", "start_rollout", "build_agent_loop", "agent_extra_info"]
+
+
+def build_agent_loop(cfg, tokenizer):
+    """The agent loop of ``rollout.multi_turn`` (rlhf.agent): verl's tool / interaction config files read, their
+    classes built, responses up to data.max_response_length."""
+    from rlhf.agent.config import MultiTurnSettings, load_interaction_specs, load_tool_specs
+    from rlhf.agent.interactions import build_interactions
+    from rlhf.agent.loop import AgentLoop
+    from rlhf.agent.tools import build_tools
+
+    s = MultiTurnSettings.from_config(cfg.rollout.multi_turn)
+    tools = build_tools(load_tool_specs(s.tool_config_path)) if s.tool_config_path else {}
+    interactions = build_interactions(load_interaction_specs(s.interaction_config_path)) \
+        if s.interaction_config_path else {}
+    kwargs = cfg.data.get("chat_template_kwargs")
+    from rlhf.rollout.engine_args import rollout_context_length
+
+    return AgentLoop(s, tokenizer, cfg.data.max_response_length, tools=tools, interactions=interactions,
+                     template_kwargs=dict(kwargs) if kwargs else None,
+                     max_context=rollout_context_length(cfg.data.max_prompt_length, cfg.data.max_response_length))
+
+
+def agent_extra_info(sample) -> dict:
+    """What verl's reward managers add to a multi-turn sample's ``extra_info``: ``num_turns``, ``tool_rewards``,
+    ``turn_scores``, ``rollout_reward_scores`` (verl/experimental/reward_loop/reward_manager/naive.py)."""
+    e = sample.extra
+    return {"num_turns": e.get("num_turns"), "tool_rewards": list(e.get("tool_rewards", [])),
+            "turn_scores": list(e.get("turn_scores", [])), "rollout_reward_scores": {}}
 
 
 def _broadcast(obj, group):
@@ -168,6 +196,9 @@ class RolloutWorker:
         # context manager factory around every sync: the actor's parameters on its device while the bridge reads
         # them (the trainer sets the actor's MegatronWorker.resident when the actor's parameters are offloaded)
         self.actor_resident = contextlib.nullcontext
+        # rollout.multi_turn.enable: rank 0 runs the agent loop (rlhf/agent) over the engines
+        self.agent = build_agent_loop(cfg, tokenizer) if self.rank0 and cfg.rollout.multi_turn.enable else None
+        self.multi_turn = bool(cfg.rollout.multi_turn.enable)
 
     # ---- memory (colocated) ---------------------------------------------------------------------------
     def release(self) -> None:
@@ -253,21 +284,42 @@ class RolloutWorker:
         the seconds the scoring took)."""
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=seed)
-        samples = self._generate(batch["input_ids_list"], sampling)
-        samples, rollout_metrics = self._retry_failed(samples, sampling)
+        if self.multi_turn:
+            samples, rollout_metrics = self._generate_multi_turn(batch, sampling)
+        else:
+            samples = self._generate(batch["input_ids_list"], sampling)
+            samples, rollout_metrics = self._retry_failed(samples, sampling)
         payload = None
         if self.rank0:
             texts = self.tokenizer.batch_decode([x.response_ids for x in samples], skip_special_tokens=True)
             idx = [x.prompt_index for x in samples]
             t0 = time.perf_counter()
+            extra_infos = [batch["extra_info"][i] for i in idx]
+            if self.multi_turn:  # verl's reward managers see the trajectory's tool fields in extra_info
+                extra_infos = [{**(e or {}), **agent_extra_info(x)} for e, x in zip(extra_infos, samples)]
             scores, reward_metrics = reward.score(texts, [batch["data_source"][i] for i in idx],
                                                   [batch["ground_truth"][i] for i in idx],
-                                                  extra_infos=[batch["extra_info"][i] for i in idx],
+                                                  extra_infos=extra_infos,
                                                   prompts=[batch["raw_prompt"][i] for i in idx])
             reward_metrics["timing_s/reward"] = time.perf_counter() - t0  # verl's timing_s/reward
             reward_metrics.update(rollout_metrics, **{"rollout/num_restarts": float(self.manager.num_restarts)})
             payload = (samples, scores, reward_metrics)
         return _broadcast(payload, self.host_group)
+
+    def _generate_multi_turn(self, batch: dict, sampling) -> tuple[Optional[list], dict]:
+        """Collective.  Rank 0 runs the agent loop (rlhf.agent.loop) for the prompts of ``batch``; engines replaced
+        meanwhile (their trajectories end, multi_turn/aborted) are synced before the next generation.  Returns
+        (rank 0's samples, its turn and tool metrics); None and {} elsewhere."""
+        samples, metrics = (None, {})
+        if self.rank0:
+            rows = [{"raw_prompt": batch["raw_prompt"][i], "extra_info": batch["extra_info"][i],
+                     "ground_truth": batch["ground_truth"][i]} for i in range(len(batch["raw_prompt"]))]
+            samples, metrics = self.agent.run(self.manager.generate, rows, sampling)
+        stale = _broadcast(self.manager.stale_engines() if self.rank0 else None, self.host_group)
+        if stale:
+            with self.actor_resident():
+                self.last_sync = self.bridge.sync(engines=stale)
+        return samples, metrics
 
     # ---- weights --------------------------------------------------------------------------------------
     def sync_weights(self):

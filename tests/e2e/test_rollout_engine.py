@@ -241,6 +241,47 @@ def test_sampling_n_samples_stop_ids_and_log_probs(engine, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.sglang
+def test_agent_loop_trains_the_engines_tokens_over_turns(engine, tiny_model):
+    """The agent loop (rlhf/agent) over this engine, verl's Gsm8kInteraction answering every (wrong) model turn:
+    over 3+ turns every trained model token is the engine's output id, each request continued from exactly the
+    trained sequence so far, and HF's log-probs of the model tokens on the WHOLE trained sequence (tool / user tokens
+    in between) equal the engine's."""
+    from rlhf.agent.config import MultiTurnSettings
+    from rlhf.agent.interactions import Gsm8kInteraction
+    from rlhf.agent.loop import AgentLoop
+
+    path, tok, _ = tiny_model
+    calls = []
+
+    def generate(prompts, sampling):
+        out = engine.generate(prompts, sampling)
+        calls.extend((list(p), list(s.response_ids), list(s.response_log_probs)) for p, s in zip(prompts, out))
+        return out
+
+    stop = sorted(set(stop_token_ids_for(path) + list(range(100, 180))))  # short model turns that end by a stop id
+    agent = AgentLoop(MultiTurnSettings(enable=True, max_user_turns=3, max_tokens_per_turn=16), tok, 230,
+                      interactions={"gsm8k": Gsm8kInteraction({"name": "gsm8k"})}, max_context=256)
+    rows = [{"raw_prompt": [{"role": "user", "content": t}], "ground_truth": "123456",
+             "extra_info": {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "123456"}}} for t in PROMPT_TEXTS[:2]]
+    samples, m = agent.run(generate, rows, SamplingConfig(n=2, temperature=0.8, max_new_tokens=16,
+                                                          stop_token_ids=stop, seed=3))
+    model = hf_model(path)
+    assert m["multi_turn/waves"] >= 3
+    for s in samples:
+        spans, mask = s.extra["model_spans"], s.extra["response_mask"]
+        assert len(spans) >= 3 or s.finish_reason == "length", (spans, s.finish_reason)
+        assert len(s.prompt_ids) + len(s.response_ids) <= 256
+        for a, b in spans:
+            assert (s.prompt_ids + s.response_ids[:a], s.response_ids[a:b], s.response_log_probs[a:b]) in calls
+        assert [k for k, v in enumerate(mask) if v] == [k for a, b in spans for k in range(a, b)]
+        ref = hf_token_log_probs(model, s.prompt_ids, s.response_ids, temperature=0.8)
+        on = torch.tensor(mask, dtype=torch.bool)
+        torch.testing.assert_close(torch.tensor(s.response_log_probs)[on], ref[on], atol=1e-4, rtol=0)
+    assert sum(len(s.extra["model_spans"]) >= 3 for s in samples) >= 2
+
+
+@pytest.mark.slow
+@pytest.mark.sglang
 def test_update_weights_from_tensor_matches_hf_with_new_weights(engine, tiny_model):
     """Flattened-bucket payloads (shared-memory handles, bytes through Ray) in one bucket and in many."""
     path, _, prompts = tiny_model

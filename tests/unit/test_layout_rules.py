@@ -19,20 +19,22 @@ PKGS = [os.path.join(ROOT, "rlhf"), os.path.join(ROOT, "parallel")]
 # package -> packages it must not import (at any depth, deferred imports included)
 FORBIDDEN = {
     "parallel": ("rlhf",),
-    "rlhf.weight_bridge": ("rlhf.trainer", "rlhf.workers", "rlhf.algorithms", "rlhf.rewards", "rlhf.data",
+    "rlhf.weight_bridge": ("rlhf.trainer", "rlhf.workers", "rlhf.agent", "rlhf.algorithms", "rlhf.rewards", "rlhf.data",
                            "rlhf.config", "rlhf.quickstart", "rlhf.memory_plan"),
-    "rlhf.memory_plan": ("rlhf.trainer", "rlhf.workers", "rlhf.algorithms", "rlhf.rewards", "rlhf.data",
+    "rlhf.memory_plan": ("rlhf.trainer", "rlhf.workers", "rlhf.agent", "rlhf.algorithms", "rlhf.rewards", "rlhf.data",
                          "rlhf.rollout", "rlhf.weight_bridge", "rlhf.quickstart"),
-    "rlhf.algorithms": ("rlhf.trainer", "rlhf.workers", "parallel", "rlhf.rollout", "rlhf.rewards", "rlhf.data",
+    "rlhf.algorithms": ("rlhf.trainer", "rlhf.workers", "rlhf.agent", "parallel", "rlhf.rollout", "rlhf.rewards", "rlhf.data",
                         "rlhf.quickstart"),
-    "rlhf.rollout": ("rlhf.trainer", "rlhf.workers", "rlhf.algorithms", "rlhf.rewards", "rlhf.data", "rlhf.config",
+    "rlhf.rollout": ("rlhf.trainer", "rlhf.workers", "rlhf.agent", "rlhf.algorithms", "rlhf.rewards", "rlhf.data", "rlhf.config",
                      "rlhf.weight_bridge"),
-    "rlhf.rewards": ("rlhf.trainer", "rlhf.workers"),
-    "rlhf.data": ("rlhf.trainer", "rlhf.workers", "rlhf.rollout", "parallel"),
+    "rlhf.rewards": ("rlhf.trainer", "rlhf.workers", "rlhf.agent"),
+    "rlhf.data": ("rlhf.trainer", "rlhf.workers", "rlhf.agent", "rlhf.rollout", "parallel"),
     "rlhf.workers": ("rlhf.trainer",),
     # the code sandbox is a leaf: rewards (and tools) call it, it calls nothing of rlhf
-    "rlhf.sandbox": ("rlhf.trainer", "rlhf.workers", "rlhf.algorithms", "rlhf.rewards", "rlhf.data", "rlhf.config",
+    "rlhf.sandbox": ("rlhf.trainer", "rlhf.workers", "rlhf.agent", "rlhf.algorithms", "rlhf.rewards", "rlhf.data", "rlhf.config",
                      "rlhf.rollout", "rlhf.weight_bridge", "rlhf.quickstart", "rlhf.memory_plan", "parallel"),
+    # the agent loop (multi-turn rollouts) sits between the workers and what they call
+    "rlhf.agent": ("rlhf.trainer", "rlhf.workers", "parallel"),
 }
 
 

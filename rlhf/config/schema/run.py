@@ -11,7 +11,7 @@ from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEs
                                  RolloutDtype, RolloutMode, RolloutName)
 from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, steps_or_never
 
-__all__ = ["RolloutValConfig", "RolloutConfig", "KLControlConfig", "FilterGroupsConfig", "DPOConfig",
+__all__ = ["RolloutValConfig", "MultiTurnConfig", "RolloutConfig", "KLControlConfig", "FilterGroupsConfig", "DPOConfig",
            "AlgorithmConfig", "CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
            "RewardFallbackConfig", "RewardConfig", "AlertConfig", "TrainerConfig", "GlobalProfilerConfig",
            "PROFILER_TOOLS"]
@@ -24,6 +24,28 @@ class RolloutValConfig(Checked):
     top_p: float = check(1.0, *_P)
     top_k: int = check(-1, *_K)
     n: int = check(1, *_N)
+
+
+@dataclass
+class MultiTurnConfig(Checked):
+    """verl's ``actor_rollout_ref.rollout.multi_turn`` (rlhf.agent.config.MultiTurnSettings has the meanings)."""
+
+    enable: bool = False
+    max_assistant_turns: Optional[int] = None
+    max_user_turns: Optional[int] = None
+    max_parallel_calls: int = 1
+    max_tool_response_length: int = 256
+    tool_response_truncate_side: str = "middle"
+    tool_config_path: Optional[str] = None
+    interaction_config_path: Optional[str] = None
+    format: str = "hermes"
+    tool_timeout_s: float = 30.0
+    max_tokens_per_turn: Optional[int] = None
+
+    def rules(self, at: str = "") -> list[str]:
+        from rlhf.agent.config import config_problems
+
+        return config_problems(self, at)
 
 
 @dataclass
@@ -54,6 +76,7 @@ class RolloutConfig(Checked):
     # each leader; an IP or host name: used as is (one trainer node).  Set it on multi-homed hosts.
     weight_update_address: Optional[str] = None
     val_kwargs: RolloutValConfig = field(default_factory=RolloutValConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
 
 
 @dataclass

@@ -188,6 +188,12 @@ ADDED_KEYS = {
     "actor.shuffle": False, "critic.shuffle": False,
     # code data sources scored in a sandbox (verl's reward_model.sandbox_fusion)
     "reward.sandbox_fusion": {"url": None, "max_concurrent": 64, "memory_limit_mb": 1024},
+    # multi-turn rollouts with tools (verl's actor_rollout_ref.rollout.multi_turn; rlhf/agent)
+    "rollout.multi_turn": {"enable": False, "max_assistant_turns": None, "max_user_turns": None,
+                           "max_parallel_calls": 1, "max_tool_response_length": 256,
+                           "tool_response_truncate_side": "middle", "tool_config_path": None,
+                           "interaction_config_path": None, "format": "hermes", "tool_timeout_s": 30.0,
+                           "max_tokens_per_turn": None},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

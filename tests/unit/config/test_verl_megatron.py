@@ -150,12 +150,12 @@ def test_transformer_and_optimizer_fields_without_equivalent_are_refused_by_name
 
 
 def test_command_line_wins_over_a_refused_config_file_value(tmp_path):
-    """A config file's multi_turn.enable: true is refused, unless the command line sets it back to false."""
+    """A config file's skip_rollout: true is refused, unless the command line sets it back to false."""
     f = tmp_path / "run.yaml"
-    f.write_text("actor_rollout_ref:\n  rollout:\n    multi_turn:\n      enable: true\n")
-    with pytest.raises(ConfigValidationError, match="multi_turn.enable=True is not supported"):
+    f.write_text("actor_rollout_ref:\n  rollout:\n    skip_rollout: true\n")
+    with pytest.raises(ConfigValidationError, match="skip_rollout=True is not supported"):
         compose_config([], config_file=f)
-    compose_config(["actor_rollout_ref.rollout.multi_turn.enable=False"], config_file=f)
+    compose_config(["actor_rollout_ref.rollout.skip_rollout=False"], config_file=f)
 
 
 def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
@@ -168,10 +168,10 @@ def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
     code, _, err = run_cfg(["--cfg", f"data.train_files={paths['train']}", f"actor_rollout_ref.model.path={model}",
                             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",
                             f"actor_rollout_ref.model.custom_chat_template='{template}'",
-                            "actor_rollout_ref.rollout.multi_turn.enable=True"])
+                            "actor_rollout_ref.rollout.skip_rollout=True"])
     assert code == 2
     lines = problems(err)
-    assert any("multi_turn.enable=True is not supported" in p for p in lines), err
+    assert any("skip_rollout=True is not supported" in p for p in lines), err
     assert any("tensor parallel size tp=3 does not divide num_attention_heads=4" in p for p in lines), err
     [tpl] = [p for p in lines if "custom_chat_template" in p]
     assert f"({len(repr(template))} characters)" in tpl and len(tpl) < 400
@@ -293,3 +293,55 @@ def test_fixture_is_the_extraction_of_the_fetched_verl():
     want = json.loads(FIXTURE.read_text())
     got = extract_examples(str(VERL_MIRROR), want["commit"], recipe_git_dir=str(recipe))
     assert got == want
+
+
+def _mirror_tree(tmp_path: Path, *paths: str) -> Path:
+    """``paths`` of the fetched verl extracted under ``tmp_path`` (verl's root); skips without a fetched copy."""
+    if not VERL_MIRROR.exists():
+        pytest.skip(f"no fetched copy of verl at {VERL_MIRROR}")
+    archive = subprocess.run(["git", "--git-dir", str(VERL_MIRROR), "archive", "HEAD", *paths], capture_output=True)
+    if archive.returncode != 0:
+        pytest.skip(f"{paths} not in the fetched copy")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "x", "-C", str(tmp_path)], input=archive.stdout, check=True)
+    return tmp_path
+
+
+def test_verl_multiturn_gsm8k_example_with_its_config_folder(tmp_path, paths, monkeypatch, wandb_offline):
+    """verl's multi-turn GSM8K Megatron example (examples/sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh)
+    run from verl's root with its own config folder (gsm8k_multiturn_megatron_grpo.yaml over verl/trainer/config)
+    and tool config: composes with the agent loop on, verl's settings in rollout.multi_turn, and the tool config's
+    class (verl.tools.gsm8k_tool.Gsm8kTool) mapped to ours."""
+    from rlhf.agent.config import load_tool_specs, resolve_class
+    from rlhf.agent.tools import Gsm8kTool
+
+    root = _mirror_tree(tmp_path / "verl", "verl/trainer/config", "examples/sglang_multiturn/config")
+    monkeypatch.chdir(root)
+    name = "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh"
+    code, out, err = run_cfg(example_args(name, paths, root / "examples" / "sglang_multiturn" / "config"))
+    assert code == 0, err
+    c = yaml.safe_load(out)
+    mt = c["rollout"]["multi_turn"]
+    assert mt["enable"] is True and mt["max_assistant_turns"] == 5 and mt["format"] == "hermes"
+    assert mt["tool_config_path"] == "examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml"
+    assert c["algorithm"]["adv_estimator"] == "grpo" and c["data"]["max_response_length"] == 1024
+    [spec] = load_tool_specs(mt["tool_config_path"])
+    assert spec.name == "calc_gsm8k_reward" and resolve_class(spec.class_name, "tool") is Gsm8kTool
+
+
+def test_multi_turn_bad_settings_are_refused_at_cfg(tmp_path, paths):
+    """A verl tool class not ported (SandboxFusionTool), an unknown tool-call format and a missing interaction file
+    are named in one error at --cfg, each with the fix."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n    config: {}\n"
+                     "    tool_schema: {type: function, function: {name: code_interpreter}}\n")
+    code, _, err = run_cfg(["--cfg", *_base(paths), "actor_rollout_ref.rollout.multi_turn.enable=True",
+                            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                            "actor_rollout_ref.rollout.multi_turn.format=nonesuch",
+                            f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={tmp_path / 'none.yaml'}"])
+    assert code == 2
+    lines = problems(err)
+    assert any("'verl.tools.sandbox_fusion_tools.SandboxFusionTool' is verl's and has no port here" in p
+               for p in lines), err
+    assert any("format='nonesuch' is not a tool-call format of SGLang's FunctionCallParser" in p for p in lines), err
+    assert any("none.yaml' is not a file" in p for p in lines), err
