@@ -100,10 +100,15 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
         raise PlacementError(f"{trainer_world_size} trainer ranks need {trainer_world_size} GPUs but {nnodes} node(s) "
                              f"x {gpus_per_node} GPUs = {total}")
     if engine_tp > gpus_per_node:
+        same = num_engines * -(-engine_tp // gpus_per_node)  # engines of TP gpus_per_node on the same GPUs
         raise PlacementError(f"an engine with tensor parallel size {engine_tp} does not fit on a node of "
                              f"{gpus_per_node} GPUs, and an engine spanning nodes is not supported yet: set "
-                             f"rollout.tensor_model_parallel_size to {gpus_per_node} or less (SGLang's expert or data "
-                             f"parallelism inside an engine, for a model that needs more, is not passed on yet)")
+                             f"rollout.tensor_model_parallel_size to {gpus_per_node} or less and use the GPUs by data "
+                             f"parallelism across engines instead (rollout.num_engines={same} engines of TP "
+                             f"{gpus_per_node}: each holds the whole model, so its weights must fit {gpus_per_node} "
+                             f"GPUs); expert parallelism inside an engine (SGLang's ep_size, verl's "
+                             f"actor_rollout_ref.rollout.expert_parallel_size), for an MoE model that needs more, "
+                             f"is not passed on yet")
     gpu = lambda g: GPU(g // gpus_per_node, g % gpus_per_node)  # noqa: E731 - global index -> GPU
     first = 0 if mode == "colocated" else trainer_world_size
     need = num_engines * engine_tp

@@ -131,3 +131,17 @@ def test_actor_options_claim_no_ray_gpus_and_pin_the_node():
     assert opts["scheduling_strategy"].node_id == "b" * 56 and opts["scheduling_strategy"].soft is False
     cpu = engine_actor_options(0, env={})
     assert "scheduling_strategy" not in cpu and cpu["runtime_env"]["env_vars"] == {}
+
+
+def test_engine_wider_than_a_node_names_the_data_and_expert_parallel_alternatives():
+    """The refusal of an engine wider than a node names the node's maximum TP and what to do with the GPUs instead:
+    engines of that TP over the same GPUs (data parallel across engines: 2 engines of TP 16 on 8-GPU nodes are
+    4 engines of TP 8), and that expert parallelism inside an engine is not available."""
+    with pytest.raises(PlacementError) as e:
+        plan_placement(nnodes=4, gpus_per_node=8, trainer_world_size=32, num_engines=2, engine_tp=16, mode="colocated")
+    msg = str(e.value)
+    assert "tensor parallel size 16 does not fit on a node of 8 GPUs" in msg
+    assert "rollout.tensor_model_parallel_size to 8 or less" in msg
+    assert "data parallelism across engines instead (rollout.num_engines=4 engines of TP 8" in msg
+    assert "expert parallelism inside an engine (SGLang's ep_size, verl's actor_rollout_ref.rollout." \
+           "expert_parallel_size)" in msg
