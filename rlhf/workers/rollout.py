@@ -204,6 +204,20 @@ class RolloutWorker:
         yield
         self.release()
 
+    @contextmanager
+    def released(self):
+        """Collective.  Colocated engines' weights and KV cache freed inside the block (a checkpoint save: megatron's
+        distributed optimizer all-gathers its state over DP on the GPU, rlhf.memory_plan.planner.save_gather_bytes),
+        resident again with the actor's weights after it (:meth:`ensure_resident`: a weight sync, since SGLang's
+        memory saver keeps no copy of released weights).  Disaggregated engines hold other GPUs: nothing is done.
+        Not resumed when the block raises (the run is ending)."""
+        if not self.colocated:
+            yield
+            return
+        self.release()
+        yield
+        self.ensure_resident()
+
     # ---- generation -----------------------------------------------------------------------------------
     def _generate(self, prompts: List[List[int]], sampling) -> Optional[list]:
         """Rank 0: ``sampling.n`` samples per prompt, prompt-major (None elsewhere); replaced engines are
