@@ -4,7 +4,11 @@ itself, with torch's elastic agent (the launcher of ``torch.distributed.run``, u
 Ranks on this node: the node's GPUs (``trainer.n_gpus_per_node`` when set, else the visible GPUs; with
 ``rollout.mode=disaggregated`` on one node, minus the engines' ``rollout.num_engines x
 rollout.tensor_model_parallel_size``: they take the GPUs after the trainer's), else (CPU) tensor x pipeline
-parallel size / ``trainer.nnodes`` (the smallest job the config runs as).  recipes/_launch/torchrun.sh and
+parallel size / ``trainer.nnodes`` (the smallest job the config runs as).  With verl's pools
+(``rollout.n_gpus_per_node``, its one-step-off recipes' ``actor_rollout_ref.hybrid_engine=False``):
+``trainer.n_gpus_per_node`` is the trainer's pool alone, so that many ranks on each of the ``trainer.nnodes``
+nodes (unset: the visible GPUs less ``rollout.n_gpus_per_node``); rollout-only nodes run no trainer rank (they
+join the Ray cluster only).  recipes/_launch/torchrun.sh and
 slurm_body.sh ask the same (``python -m rlhf.main --print-launch=GPUS ...``).
 
 Nodes: ``trainer.nnodes`` (default 1).  With several nodes, every node runs the same command and the agents
@@ -77,6 +81,17 @@ def local_ranks(cfg, cuda_count: Optional[int] = None) -> int:
     """
     nnodes = cfg.trainer.nnodes or 1
     r, declared = cfg.rollout, cfg.trainer.n_gpus_per_node
+    if r.get("n_gpus_per_node") and r.mode == "disaggregated":  # verl's pools: trainer.* is the trainer's alone
+        if declared:
+            return int(declared)
+        gpus = _cuda_count() if cuda_count is None else cuda_count
+        if gpus and gpus - r.n_gpus_per_node < 1:
+            raise LaunchConfigError(
+                f"rollout.n_gpus_per_node={r.n_gpus_per_node} (verl's rollout pool) takes all of this node's {gpus} "
+                f"GPUs and trainer.n_gpus_per_node is not set; set trainer.n_gpus_per_node=<the trainer's GPUs per "
+                f"node> (verl's trainer pool), e.g. {max(gpus - 1, 1)} with rollout.n_gpus_per_node=1")
+        if gpus:
+            return gpus - r.n_gpus_per_node  # one node shared by both pools: the trainer's GPUs first
     gpus = int(declared) if declared else _cuda_count() if cuda_count is None else cuda_count
     if gpus:
         if r.mode == "disaggregated" and nnodes == 1:

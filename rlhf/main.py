@@ -187,7 +187,8 @@ def _validate(cfg, env: LaunchEnv, run: bool) -> None:
     from rlhf.launcher import _cuda_count, plan_launch
 
     node = plan_launch(cfg, env) if run else None
-    gpus = None if not run or cfg.trainer.n_gpus_per_node else (_cuda_count() or None)
+    pools = bool(cfg.rollout.get("n_gpus_per_node"))  # verl's pools: trainer.n_gpus_per_node is not a node's size
+    gpus = None if not run or (cfg.trainer.n_gpus_per_node and not pools) else (_cuda_count() or None)
     validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True,
                     gpus_per_node=gpus)
 
@@ -303,7 +304,8 @@ def _plan_memory(cfg, gib: str, err) -> int:
     from rlhf.config import validate_config
     from rlhf.memory_plan.cli import plan_memory_report, planned_gpus
 
-    validate_config(cfg, gpus_per_node=planned_gpus(cfg)[0])  # the placement on the GPUs the plan assumes
+    # the placement on the GPUs the plan assumes (verl's pools: trainer.* is not a node's size; checked at the start)
+    validate_config(cfg, gpus_per_node=None if cfg.rollout.get("n_gpus_per_node") else planned_gpus(cfg)[0])
     try:
         code, text = plan_memory_report(cfg, None if gib == "auto" else float(gib))
     except ValueError:

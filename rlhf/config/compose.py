@@ -215,6 +215,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
             e = named
         raise compose_error(e) from None
     _verl_engines(cfg, t)
+    _pool_engines(cfg, t)
     problems = t.problems + problems + check_same(cfg, t.same)
     if problems or unknown or t.unknown:
         from rlhf.config.validate import config_problems
@@ -225,6 +226,19 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     for line in t.notes + ignored_lines(t.ignored) if launch_env().rank == 0 else []:  # what a user should know
         logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)
     return cfg
+
+
+def _pool_engines(cfg: DictConfig, t: Translated) -> None:
+    """verl's rollout pool (``rollout.nnodes x rollout.n_gpus_per_node``, one-step-off recipes) sets
+    ``rollout.num_engines`` (:func:`rlhf.rollout.placement.pool_engines`) unless the command line or config file gives
+    it (a different count is reported by the config check, rlhf.config.validate)."""
+    from rlhf.rollout.placement import pool_engines
+
+    r = cfg.rollout
+    given = any(o.lstrip("+").startswith("rollout.num_engines=") for o in t.overrides)
+    if (r.n_gpus_per_node or 0) >= 1 and not given and r.tensor_model_parallel_size >= 1 and (r.nnodes or 1) >= 1 \
+            and r.n_gpus_per_node % r.tensor_model_parallel_size == 0:
+        cfg.rollout.num_engines = pool_engines(r.nnodes or 1, r.n_gpus_per_node, r.tensor_model_parallel_size)
 
 
 def _verl_engines(cfg: DictConfig, t: Translated) -> None:

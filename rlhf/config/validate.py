@@ -52,35 +52,82 @@ def _response_sized(cfg: DictConfig) -> list[str]:
     return out
 
 
-def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str]]:
-    """The trainer processes: the launcher's, else what the launchers start for the job's GPUs."""
+def _has_pool(cfg: DictConfig) -> bool:
+    """verl's rollout pool is given (``rollout.n_gpus_per_node``): trainer.* is then the trainer's pool alone."""
+    return bool(cfg.rollout.get("n_gpus_per_node"))
+
+
+def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str], Optional[str]]:
+    """(trainer processes, problems, where they came from): the launcher's (source None), else what the launchers
+    start for the job's GPUs, with the keys that say so (for the messages)."""
     gpus, nodes, r = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes or 1, cfg.rollout
     declared = gpus * nodes if gpus and gpus >= 1 and nodes >= 1 else None
     if declared is None:
-        return world_size, []
+        return world_size, [], None
+    keys = f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={gpus}"
+    if _has_pool(cfg):  # verl's pools: trainer.* are the trainer's GPUs alone, the engines have their own
+        return (world_size, [], None) if world_size is not None else (declared, [], f"{keys} (verl's trainer pool)")
     if r.mode != "colocated":
         trainer = trainer_gpus(r.mode, declared, r.num_engines, r.tensor_model_parallel_size)
-        return (world_size if world_size is not None else trainer if trainer >= 1 else None), []
+        if world_size is not None or trainer < 1:
+            return (world_size if world_size is not None else None), [], None
+        return trainer, [], (f"{keys} less the engines' rollout.num_engines={r.num_engines} x "
+                             f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}")
     if cfg.trainer.nnodes is None:
-        return world_size, []
+        return world_size, [], None
     if world_size is not None and world_size != declared:
         return world_size, [f"trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} = {declared} but the job has "
                             f"{world_size} trainer processes; launch {declared} (e.g. torchrun --nproc_per_node={gpus}"
-                            f" --nnodes={nodes}) or set both to null (as launched)."]
-    return declared if world_size is None else world_size, []
+                            f" --nnodes={nodes}) or set both to null (as launched)."], None
+    return (declared, [], keys) if world_size is None else (world_size, [], None)
+
+
+def _pool(cfg: DictConfig) -> list[str]:
+    """verl's rollout pool (``rollout.nnodes`` / ``rollout.n_gpus_per_node``, its one-step-off recipes): disaggregated
+    engines, whole engines per rollout node, and the engine count it implies."""
+    from rlhf.rollout.placement import pool_engines
+
+    r = cfg.rollout
+    if not _has_pool(cfg) or r.n_gpus_per_node < 1 or (r.nnodes or 1) < 1 or r.tensor_model_parallel_size < 1:
+        return []  # no pool, or the fields' own rules report a bad size
+    pool = f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}"
+    out = []
+    if r.mode != "disaggregated":
+        out.append(f"rollout.n_gpus_per_node={r.n_gpus_per_node} gives the engines GPUs of their own (verl's rollout "
+                   f"pool, {pool}) but rollout.mode={r.mode}; set actor_rollout_ref.hybrid_engine=False (or "
+                   f"rollout.mode=disaggregated), as verl's one-step-off recipes do, or drop rollout.nnodes / "
+                   f"rollout.n_gpus_per_node.")
+    tp = r.tensor_model_parallel_size
+    if r.n_gpus_per_node % tp:
+        out.append(f"rollout.n_gpus_per_node={r.n_gpus_per_node} is not a multiple of the engines' tensor parallel "
+                   f"size rollout.tensor_model_parallel_size={tp} (verl: actor_rollout_ref.rollout.tensor_model_parallel_size; each rollout node runs "
+                   f"rollout.n_gpus_per_node / TP engines); set rollout.n_gpus_per_node to a multiple of {tp}.")
+    elif r.num_engines != pool_engines(r.nnodes or 1, r.n_gpus_per_node, tp):
+        out.append(f"rollout.num_engines={r.num_engines} but verl's rollout pool {pool} at engine tensor parallel "
+                   f"size {tp} runs {pool_engines(r.nnodes or 1, r.n_gpus_per_node, tp)} engine(s); drop "
+                   f"rollout.num_engines (the pool sets it) or the pool keys.")
+    return out
 
 
 def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     """Mini batches divide the train batch, and mini batch x rollout.n splits over data parallel (no check of the
     micro batch: the workers shrink it to a divisor of the local batch)."""
-    world_size, out = _world_size(cfg, world_size)
+    world_size, out, source = _world_size(cfg, world_size)
     tp, pp, cp = (cfg.parallel[f"{k}_parallel_size"] for k in ("tensor_model", "pipeline_model", "context"))
     dp: Optional[int] = None
     if world_size is not None and min(tp, pp, cp) >= 1:
         mp, cp_part = tp * pp * cp, f" x parallel.context_parallel_size={cp}" if cp != 1 else ""
-        if world_size % mp:
-            out.append(f"parallel.tensor_model_parallel_size={tp}{cp_part} x parallel.pipeline_model_parallel_size="
-                       f"{pp} = {mp} does not divide the {world_size} trainer processes; launch a multiple of {mp} "
+        layout = f"parallel.tensor_model_parallel_size={tp}{cp_part} x parallel.pipeline_model_parallel_size={pp}"
+        if world_size % mp and source:  # the job's keys say how many: name them, and the nearest value that works
+            nodes, gpus = cfg.trainer.nnodes or 1, cfg.trainer.n_gpus_per_node
+            engines = world_size - gpus * nodes  # 0, or minus the disaggregated engines' GPUs
+            fit = min((g for g in range(1, gpus + 2 * mp + 1) if (g * nodes + engines) >= mp
+                       and (g * nodes + engines) % mp == 0), key=lambda g: (abs(g - gpus), -g), default=None)
+            out.append(f"{layout} = {mp} does not divide the {world_size} trainer GPUs of {source}; set "
+                       f"trainer.n_gpus_per_node={fit} ({(fit or 0) * nodes + engines} trainer GPUs, a multiple of "
+                       f"{mp}) or change the parallel sizes.")
+        elif world_size % mp:
+            out.append(f"{layout} = {mp} does not divide the {world_size} trainer processes; launch a multiple of {mp} "
                        f"processes (e.g. torchrun --nproc_per_node={mp}) or change the parallel sizes.")
         else:
             dp = world_size // mp
@@ -107,6 +154,8 @@ def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Option
     ``gpus_per_node``) x trainer.nnodes (else the nodes the ranks fill); no check without a GPU count, nor for
     disaggregated engines of a job as launched on several nodes (they may run on Ray nodes beyond the trainer's)."""
     r, t = cfg.rollout, cfg.trainer
+    if _has_pool(cfg):  # verl's pools: checked against the node's GPUs when they are known (the start of a run)
+        return _pool_placement(cfg, gpus_per_node)
     declared = t.n_gpus_per_node if t.n_gpus_per_node and t.n_gpus_per_node >= 1 else None
     per_node = declared or gpus_per_node
     if min(r.num_engines, r.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size) < 1 or \
@@ -122,6 +171,25 @@ def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Option
                                 pp=cfg.parallel.pipeline_model_parallel_size,
                                 ep=cfg.parallel.expert_model_parallel_size, gpus_from=src)
     return [why] if why else []
+
+
+def _pool_placement(cfg: DictConfig, gpus_per_node: Optional[int]) -> list[str]:
+    """verl's trainer and rollout pools on nodes of ``gpus_per_node`` GPUs (this machine's, at the start of a run;
+    unknown at ``--cfg``): rlhf.rollout.placement.pool_placement."""
+    from rlhf.rollout.placement import PlacementError, pool_placement
+
+    r, t = cfg.rollout, cfg.trainer
+    if not gpus_per_node or not t.n_gpus_per_node or r.mode != "disaggregated" or _pool(cfg):
+        return []  # no GPUs known or no trainer pool declared; _pool reports the pool's own problems
+    try:
+        pool_placement(gpus_per_node=gpus_per_node, trainer_nnodes=t.nnodes or 1, trainer_per_node=t.n_gpus_per_node,
+                       rollout_nnodes=r.nnodes or 1, rollout_per_node=r.n_gpus_per_node,
+                       engine_tp=r.tensor_model_parallel_size)
+    except PlacementError as e:
+        return [f"verl's pools (trainer.nnodes={t.nnodes or 1} x trainer.n_gpus_per_node={t.n_gpus_per_node}, "
+                f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}) on nodes of "
+                f"{gpus_per_node} GPUs: {e}."]
+    return []
 
 
 def placement_problems(cfg: DictConfig) -> list[str]:
@@ -154,7 +222,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
-            + _algorithm(cfg) + _placement(cfg, world_size, gpus_per_node)
+            + _algorithm(cfg) + _pool(cfg) + _placement(cfg, world_size, gpus_per_node)
             + (preflight_problems(cfg) if check_files else []))
 
 

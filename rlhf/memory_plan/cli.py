@@ -64,7 +64,8 @@ def cuda_gpu_gib() -> float | None:
 
 def planned_gpus(cfg: Any) -> tuple[int, int]:
     """(GPUs per node, nodes) of the job: ``trainer.n_gpus_per_node`` (unset: this machine's CUDA devices,
-    else 8) and ``trainer.nnodes`` (default 1); the disaggregated engines' GPUs included."""
+    else 8) and ``trainer.nnodes`` (default 1); the disaggregated engines' GPUs included, except with verl's pools
+    (``rollout.n_gpus_per_node``: trainer.* is the trainer's pool alone)."""
     per_node = _get(cfg, "trainer.n_gpus_per_node")
     if not per_node:
         try:
@@ -79,8 +80,8 @@ def planned_gpus(cfg: Any) -> tuple[int, int]:
 def engine_gpus(cfg: Any) -> int:
     """GPUs the disaggregated engines take beside the trainer's: ``rollout.num_engines x
     rollout.tensor_model_parallel_size`` (0 colocated; the same rule as rlhf.rollout.placement.engine_gpus)."""
-    if str(_value(_get(cfg, "rollout.mode", "colocated"))) != "disaggregated":
-        return 0
+    if str(_value(_get(cfg, "rollout.mode", "colocated"))) != "disaggregated" or _get(cfg, "rollout.n_gpus_per_node"):
+        return 0  # colocated, or verl's pools: trainer.* counts the trainer's GPUs alone
     return int(_get(cfg, "rollout.num_engines", 1)) * int(_get(cfg, "rollout.tensor_model_parallel_size", 1))
 
 

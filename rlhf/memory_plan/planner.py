@@ -18,6 +18,9 @@ Order of events modelled (colocated rollout, as `rlhf.setup` builds things):
 3. from step 1 on, Adam's moments exist for good, but the engine's share was fixed before them:
    generate and weight sync run with both (the phases that decide the fit).  During the trainer's
    phases the engine is released (SGLang memory saver) and keeps its context and runtime pool.
+4. checkpoint save: megatron's distributed optimizer all-gathers its state over DP onto the GPU
+   (:func:`save_gather_bytes`) with everything resident; the colocated engines are released around it
+   (``PPOTrainer.save_context``), as in the trainer's phases.
 
 Assumptions (each a PlanInput field): one engine rank per GPU; the trainer calls
 `torch.cuda.empty_cache()` before the engine resumes (its cached activation blocks are not held);
@@ -37,7 +40,7 @@ from rlhf.memory_plan.terms import (NCCL_COMM_BYTES, NCCL_PAIR_COMM_BYTES, GiB, 
                                     sync_broadcast_groups)
 
 __all__ = ["GiB", "ModelShape", "Layout", "Role", "Workload", "EngineSetup", "PlanInput", "Item", "Phase",
-           "MemoryPlan", "plan_memory", "format_plan", "communicators"]
+           "MemoryPlan", "plan_memory", "format_plan", "communicators", "save_gather_bytes"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class EngineSetup:
     kv_bytes: int = 2
     colocated: bool = True
     memory_saver: bool = True  # released during the trainer's phases
+    release_for_save: bool = True  # released around a checkpoint save too (the trainer's save_checkpoint hook)
     runtime_bytes: float = 2 * GiB
     sync_bucket_bytes: float = 512 << 20
 
@@ -200,6 +204,7 @@ def _role_static(inp: PlanInput, role: Role, stage: int) -> dict[str, float]:
         out["main params"] = shard * role.main_param_bytes * on_device if inp.params_bytes < 4 else 0.0
         out["adam"] = shard * role.adam_bytes * on_device
         out["_optimizer_params"] = shard
+        out["_dense"], out["_expert"], out["_edp"] = dense, expert, edp
         vocab = padded_vocab(inp.model.vocab_size, inp.divisible_by, lay.tp)
         out["_max_param"] = vocab / lay.tp * inp.model.hidden_size  # the largest tensor: embedding / LM head
     return out
@@ -364,6 +369,7 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
             plan.kv_cache_bytes = plan.engine_static - weights
             plan.kv_cache_tokens = max(plan.kv_cache_bytes, 0) / kv_bytes_per_token(inp.model, eng.tp, eng.kv_bytes)
     _trainer_phases(inp, plan, stage_plans, ctx, engine_released)
+    _save_phase(inp, plan, stage_plans, ctx, engine_hold, engine_released)
     if eng is not None and eng.colocated:
         cached = 0.0
         if not inp.trainer_empty_cache:
@@ -468,6 +474,49 @@ def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_r
 
         worst(f"{role.name} optimizer step", step,
               "install Transformer Engine (FusedAdam) or use the distributed optimizer")
+
+
+def save_gather_bytes(inp: PlanInput, role: Role, static: dict) -> float:
+    """GPU bytes megatron's distributed optimizer receives while a checkpoint save gathers `role`'s state on one rank.
+
+    megatron-core 0.16.1 ``DistributedOptimizer.sharded_state_dict`` in the ``fully_reshardable`` format (our
+    ``parallel.dist_checkpoint.OPTIMIZER_METADATA``; ``distrib_optim_fully_reshardable_mem_efficient`` off) calls
+    ``get_parameter_state_dp_zero(use_gloo_comm=False, return_on_all_ranks=True)``: for each grad buffer (dense,
+    expert) and bucket, and each of ``param``, ``exp_avg``, ``exp_avg_sq`` in turn, every DP rank all-gathers the
+    fp32 shards over DP onto its GPU (``dp`` tensors of the bucket's local numel: the whole bucket) after copying its
+    own shard there (``send_tensor.cuda()``), then moves them to the host before the next key.  With
+    ``overlap_grad_reduce=False`` (parallel.optim.wrap_ddp) a buffer is one bucket, so the peak is the larger buffer's
+    ``4 x N x (1 + 1/dp)`` bytes, N its elements on this rank (the rank's TP x PP shard of those parameters; expert
+    buffers over the expert data-parallel size).  0 without the distributed optimizer or at DP 1 (nothing gathered)."""
+    if not (role.trainable and role.distributed_optimizer and inp.layout.dp > 1):
+        return 0.0
+    dense = 4.0 * static["_dense"] * (1 + 1 / inp.layout.dp)
+    expert = 4.0 * static["_expert"] * (1 + 1 / static["_edp"]) if static["_expert"] and static["_edp"] > 1 else 0.0
+    return max(dense, expert)
+
+
+def _save_phase(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_hold, engine_released) -> None:
+    """"checkpoint save", worst stage: every role's state resident (``BaseTrainer.roles_resident`` loads the
+    offloaded parts back), Adam's moments, and the largest distributed-optimizer gather of one role
+    (:func:`save_gather_bytes`; the roles save one after another).  Colocated engines are released around the save
+    (``PPOTrainer.save_context`` -> ``RolloutWorker.released``): only their context and runtime pool stay, unless
+    ``release_for_save`` is off (then weights + KV cache stay too)."""
+    eng = inp.engine
+    engine = engine_released if eng is not None and eng.colocated and eng.release_for_save else engine_hold
+    knob = ("raise tp or pp (the gather is the rank's TP x PP shard of a role in fp32, over DP), or offload "
+            "the optimizer (<role>.offload.optimizer)")
+    if eng is not None and eng.colocated and not (eng.release_for_save and eng.memory_saver):
+        knob += "; or release the engines around the save (rollout.enable_memory_saver=true)"
+    cands = []
+    for stage, statics, at_start, adam, _ in stage_plans:
+        gathers = [(save_gather_bytes(inp, r, statics[r.name]), r.name) for r in inp.roles]
+        big, who = max(gathers, default=(0.0, ""))
+        loaded = [i for r in inp.roles if r.offload for i in _loaded(r, statics[r.name])]
+        items = ctx(stage) + at_start + adam + engine + loaded
+        if big:
+            items.append(Item(f"{who} distributed-optimizer state gathered over DP (fp32, one state at a time)", big))
+        cands.append(Phase("checkpoint save", items, knob, stage))
+    plan.phases.append(max(cands, key=lambda p: p.peak))
 
 
 def format_plan(plan: MemoryPlan, verbose: bool = False) -> str:

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "engines_start_early",
            "rank_ray_nodes", "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders",
            "ipc_source_ranks", "holder_ranks",
-           "engine_gpus", "trainer_gpus", "job_placement_problem"]
+           "engine_gpus", "trainer_gpus", "job_placement_problem", "pool_engines", "pool_placement", "pool_nodes"]
 
 
 class PlacementError(ValueError):
@@ -108,10 +108,15 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
         raise PlacementError(f"{trainer_world_size} trainer ranks need {trainer_world_size} GPUs but {nnodes} node(s) "
                              f"x {gpus_per_node} GPUs = {total}")
     if engine_tp > gpus_per_node:
+        same = num_engines * -(-engine_tp // gpus_per_node)  # engines of TP gpus_per_node on the same GPUs
         raise PlacementError(f"an engine with tensor parallel size {engine_tp} does not fit on a node of "
                              f"{gpus_per_node} GPUs, and an engine spanning nodes is not supported yet: set "
-                             f"rollout.tensor_model_parallel_size to {gpus_per_node} or less (SGLang's expert or data "
-                             f"parallelism inside an engine, for a model that needs more, is not passed on yet)")
+                             f"rollout.tensor_model_parallel_size to {gpus_per_node} or less and use the GPUs by data "
+                             f"parallelism across engines instead (rollout.num_engines={same} engines of TP "
+                             f"{gpus_per_node}: each holds the whole model, so its weights must fit {gpus_per_node} "
+                             f"GPUs); expert parallelism inside an engine (SGLang's ep_size, verl's "
+                             f"actor_rollout_ref.rollout.expert_parallel_size), for an MoE model that needs more, "
+                             f"is not passed on yet")
     gpu = lambda g: GPU(g // gpus_per_node, g % gpus_per_node)  # noqa: E731 - global index -> GPU
     first = 0 if mode == "colocated" else trainer_world_size
     need = num_engines * engine_tp
@@ -167,6 +172,54 @@ def _check_colocated(gpus_per_node: int, world: int, num_engines: int, engine_tp
                              f"{most or 1}"
                              f"{'' if most else ' and rollout.tensor_model_parallel_size'} or less, or use "
                              f"rollout.mode=disaggregated")
+
+
+def pool_engines(rollout_nnodes: int, rollout_per_node: int, engine_tp: int) -> int:
+    """Engines of verl's rollout pool (``rollout.nnodes x rollout.n_gpus_per_node`` GPUs, one-step-off recipes): one
+    per ``engine_tp`` GPUs of each rollout node (verl's replicas of ``tensor_model_parallel_size``)."""
+    return rollout_nnodes * (rollout_per_node // engine_tp)
+
+
+def pool_placement(*, gpus_per_node: int, trainer_nnodes: int, trainer_per_node: int, rollout_nnodes: int,
+                   rollout_per_node: int, engine_tp: int) -> PlacementPlan:
+    """verl's separate trainer and rollout pools (its one-step-off ``create_resource_pool_manager``:
+    ``[trainer.n_gpus_per_node] * trainer.nnodes`` and ``[rollout.n_gpus_per_node] * rollout.nnodes``) on nodes of
+    ``gpus_per_node`` GPUs, by the rule of verl's one_step_off_policy README: when both pools' GPUs per node fit a
+    node, they share nodes (``max(trainer.nnodes, rollout.nnodes)`` nodes; on node k the trainer's GPUs first, then
+    the engines'), else the rollout pool takes nodes of its own after the trainer's (``trainer.nnodes +
+    rollout.nnodes``).  Trainer rank r on node ``r // trainer_per_node``, GPU ``r % trainer_per_node``; each rollout
+    node runs ``rollout_per_node / engine_tp`` engines.
+
+    Raises:
+        PlacementError: the engine TP does not divide ``rollout_per_node``, or a pool wider than a node.
+    """
+    if min(gpus_per_node, trainer_nnodes, trainer_per_node, rollout_nnodes, rollout_per_node, engine_tp) < 1:
+        raise PlacementError("GPUs per node, both pools' nodes and GPUs per node and the engine TP must be >= 1")
+    if rollout_per_node % engine_tp:
+        raise PlacementError(f"rollout.n_gpus_per_node={rollout_per_node} is not a multiple of the engines' tensor "
+                             f"parallel size {engine_tp} (each rollout node runs rollout.n_gpus_per_node / TP "
+                             f"engines): set rollout.n_gpus_per_node to a multiple of {engine_tp}")
+    for key, n in (("trainer.n_gpus_per_node", trainer_per_node), ("rollout.n_gpus_per_node", rollout_per_node)):
+        if n > gpus_per_node:
+            raise PlacementError(f"{key}={n} is more than a node's {gpus_per_node} GPUs: set {key} to "
+                                 f"{gpus_per_node} or less and use more nodes ({key.split('.')[0]}.nnodes)")
+    shared = trainer_per_node + rollout_per_node <= gpus_per_node
+    trainer = [GPU(r // trainer_per_node, r % trainer_per_node) for r in range(trainer_nnodes * trainer_per_node)]
+    engines = []
+    for k in range(rollout_nnodes):
+        node = k if shared else trainer_nnodes + k
+        first = trainer_per_node if shared and k < trainer_nnodes else 0
+        engines += [[GPU(node, first + j * engine_tp + x) for x in range(engine_tp)]
+                    for j in range(rollout_per_node // engine_tp)]
+    return PlacementPlan(trainer, engines)
+
+
+def pool_nodes(gpus_per_node: int, trainer_nnodes: int, trainer_per_node: int, rollout_nnodes: int,
+               rollout_per_node: int) -> int:
+    """Nodes the two pools need (:func:`pool_placement`): ``max`` of both pools' nodes when they share nodes, else the
+    sum (verl's one_step_off_policy README)."""
+    shared = trainer_per_node + rollout_per_node <= gpus_per_node
+    return max(trainer_nnodes, rollout_nnodes) if shared else trainer_nnodes + rollout_nnodes
 
 
 def engine_gpus(mode: str, num_engines: int, engine_tp: int) -> int:

@@ -219,16 +219,23 @@ class BaseTrainer:
                     stack.enter_context(worker.resident())
             yield
 
+    def save_context(self):
+        """Context manager around a checkpoint save that frees device memory for it (the save all-gathers the
+        distributed optimizer's state over DP on the GPU: rlhf.memory_plan.planner.save_gather_bytes).  Here
+        nothing; PPOTrainer releases its colocated rollout engines."""
+        return contextlib.nullcontext()
+
     def save_checkpoint(self, step: int) -> str:
-        """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint); rank 0
-        logs ``saving checkpoint to <path>`` before and ``saved checkpoint <path> (step N, S s)`` after."""
+        """Collective. ``<default_local_dir>/checkpoints/global_step_<step>`` (rlhf.trainer.checkpoint), inside
+        :meth:`save_context`; rank 0 logs ``saving checkpoint to <path>`` before and ``saved checkpoint <path>
+        (step N, S s)`` after."""
         t, rank0 = self.cfg.trainer, dist.get_rank() == 0
         root = checkpoint_root(t.default_local_dir)
         if rank0:
             logger.info("saving checkpoint to %s", os.path.join(root, f"global_step_{step}"))
         t0 = time.perf_counter()
         state = dict(self.trainer_state(), model=model_summary(self.hf_config))
-        with self.roles_resident():
+        with self.save_context(), self.roles_resident():
             path = save_checkpoint_dir(root, step, self.checkpoint_roles(), state, t.max_ckpt_to_keep,
                                        slim=t.slim_checkpoint)
         if rank0:

@@ -251,6 +251,12 @@ class PPOTrainer(BaseTrainer):
         return metrics
 
     # ---- checkpoint contents and shutdown ---------------------------------------------------------
+    def save_context(self):
+        """Colocated engines released around a checkpoint save, resident again after it
+        (:meth:`rlhf.workers.rollout.RolloutWorker.released`): the save's distributed-optimizer gather gets the
+        memory of their weights and KV cache (the memory plan's "checkpoint save" phase)."""
+        return self.rollout.released()
+
     def checkpoint_roles(self) -> dict:
         roles = super().checkpoint_roles()
         if self.critic is not None:

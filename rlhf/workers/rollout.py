@@ -99,7 +99,9 @@ def start_rollout(cfg, model_path: str):
     ray_nodes = [n for n in ray.nodes() if n.get("Alive")]
     ranks = rank_ray_nodes(rank_nodes(), ray_nodes, ray.get_runtime_context().get_node_id(), world)
     plan = None
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and r.get("n_gpus_per_node") and r.mode == "disaggregated":
+        plan, node_ids = _pool_plan(cfg, world, ranks, ray_nodes)
+    elif torch.cuda.is_available():
         per_node = torch.cuda.device_count()
         nnodes, node_ids = gpu_engine_nodes(ranks, per_node, ray_nodes, r.mode)
         plan = plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=world,
@@ -123,6 +125,31 @@ def start_rollout(cfg, model_path: str):
                              node_ids=node_ids, start=False)
     manager.launch()
     return manager
+
+
+def _pool_plan(cfg, world: int, ranks, ray_nodes):
+    """GPU: (plan, Ray node ids by plan node) of verl's trainer and rollout pools
+    (:func:`rlhf.rollout.placement.pool_placement`): plan node k is the Ray node of trainer ranks ``k x
+    trainer.n_gpus_per_node ...``, then the other Ray nodes with GPUs (rollout-only nodes), by name.
+
+    Raises:
+        PlacementError: the pools do not fit this node's GPUs, or fewer Ray nodes than they need."""
+    from rlhf.rollout.placement import PlacementError, gpu_engine_nodes, pool_nodes, pool_placement
+
+    r, t = cfg.rollout, cfg.trainer
+    per_node, trainer_per_node = torch.cuda.device_count(), t.n_gpus_per_node or world // (t.nnodes or 1)
+    sizes = dict(trainer_nnodes=t.nnodes or 1, trainer_per_node=trainer_per_node, rollout_nnodes=r.nnodes or 1,
+                 rollout_per_node=r.n_gpus_per_node)
+    plan = pool_placement(gpus_per_node=per_node, engine_tp=r.tensor_model_parallel_size, **sizes)
+    _, node_ids = gpu_engine_nodes(ranks, trainer_per_node, ray_nodes, r.mode)
+    need = pool_nodes(per_node, **sizes)
+    if len(node_ids) < need:
+        raise PlacementError(f"verl's pools (trainer.nnodes={sizes['trainer_nnodes']} x trainer.n_gpus_per_node="
+                             f"{trainer_per_node}, rollout.nnodes={sizes['rollout_nnodes']} x rollout.n_gpus_per_node="
+                             f"{r.n_gpus_per_node}) on nodes of {per_node} GPUs need {need} nodes, but the Ray cluster "
+                             f"has {len(node_ids)} with GPUs for them: join the rollout nodes to the Ray cluster "
+                             f"(ray start --address=<head>:6379) before the run starts")
+    return plan, node_ids
 
 
 class RolloutWorker:
@@ -234,6 +261,22 @@ class RolloutWorker:
         self.ensure_resident()
         yield
         self.release()
+
+    @contextmanager
+    def released(self):
+        """Collective.  Colocated engines' weights and KV cache freed inside the block (a checkpoint save: megatron's
+        distributed optimizer all-gathers its state over DP on the GPU, rlhf.memory_plan.planner.save_gather_bytes),
+        resident again with the actor's weights after it (:meth:`ensure_resident`: a weight sync, since SGLang's
+        memory saver keeps no copy of released weights).  Disaggregated engines hold other GPUs: nothing is done.
+        Not resumed when the block raises (the run is ending)."""
+        if not self.colocated:
+            yield
+            return
+        self.release()
+        if self.rank0:
+            logger.info("[rollout] colocated engines released for the checkpoint save (resumed and synced after it)")
+        yield
+        self.ensure_resident()
 
     # ---- generation -----------------------------------------------------------------------------------
     def _generate(self, prompts: List[List[int]], sampling) -> Optional[list]:

@@ -273,6 +273,11 @@ class FakeRollout:
 
         return contextlib.nullcontext()
 
+    def released(self):  # around a checkpoint save: nothing held by this stand-in
+        import contextlib
+
+        return contextlib.nullcontext()
+
 
 class FakeActor:
     """MegatronActor / MegatronCritic stand-in: log-probs / values of zeros, updates recorded by step."""

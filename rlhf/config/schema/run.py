@@ -54,6 +54,11 @@ class RolloutConfig(Checked):
     mode: RolloutMode = RolloutMode.colocated
     tensor_model_parallel_size: int = ge(1, 1)
     num_engines: int = ge(1, 1)
+    # verl's rollout pool (its one-step-off recipes: rollout.nnodes / rollout.n_gpus_per_node beside trainer.nnodes /
+    # trainer.n_gpus_per_node): the disaggregated engines' own GPUs, num_engines = nnodes x n_gpus_per_node / TP,
+    # and trainer.nnodes x trainer.n_gpus_per_node is then the trainer's pool alone (rlhf/rollout/placement.py)
+    n_gpus_per_node: Optional[int] = ge1_or_null(None, "null: the engines' GPUs from rollout.num_engines")
+    nnodes: Optional[int] = ge1_or_null(None, "null: 1 with rollout.n_gpus_per_node")
     n: int = check(1, *_N)  # ppo_trainer.yaml: 4 for GROUP_ESTIMATORS unless a recipe or override sets it
     temperature: float = check(1.0, *_T)
     top_p: float = check(1.0, *_P)

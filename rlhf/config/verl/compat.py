@@ -63,6 +63,12 @@ FUNCTIONS = {
                             "fp64"),
     "load_balancing": _choose({None: None, "aux_loss": None, "none": 0.0}, "the MoE router balances its load with the "
                               "aux loss (aux_loss, or none: model.moe_aux_loss_coef=0)"),
+    # verl's one-step-off recipes: hybrid_engine=False with a rollout pool (rollout.nnodes / rollout.n_gpus_per_node)
+    "hybrid_engine": _choose({True: None, False: "disaggregated"}, "hybrid_engine is true (engines colocated with "
+                             "the trainer, rollout.mode=colocated) or false (engines on GPUs of their own: "
+                             "rollout.mode=disaggregated)"),
+    "pool_nnodes": lambda v, to: [] if not v else [(to, v)],  # verl's 0: no standalone rollout pool
+    "pool_gpus": lambda v, to: [] if v is None or "${" in str(v) else [(to, v)],  # verl's default: trainer's count
     "gradient_checkpointing": _choose({None: None, False: None, True: "full"}, "enable_gradient_checkpointing is true "
                                       "or false (true: parallel.recompute=full)"),
     "lora_a_init": _choose({"xavier": "xavier", "kaiming": "kaiming"}, "the LoRA A init here is xavier or kaiming "

@@ -145,6 +145,7 @@ ADDED_KEYS = {
     "reward.gsm8k": {"method": "strict", "format_score": 0.0},
     # verl's trainer / data keys
     "trainer.n_gpus_per_node": None, "trainer.nnodes": None, "trainer.critic_warmup": 0,
+    "rollout.n_gpus_per_node": None, "rollout.nnodes": None,  # verl's rollout pool (one-step-off recipes)
     "trainer.log_val_generations": 0, "trainer.log_freq": 1,
     "data.filter_overlong_prompts": True, "data.truncation": "error", "data.apply_chat_template": None,
     "data.chat_template_kwargs": {},
@@ -421,7 +422,9 @@ def quickstart_cfg():
                                                                                  "no critic"]),
     ([("trainer.n_gpus_per_node", 4), ("trainer.nnodes", 1)], 2, ["= 4 but the job has 2 trainer processes"]),
     ([("trainer.n_gpus_per_node", 3), ("trainer.nnodes", 1), ("parallel.tensor_model_parallel_size", 2)], None,
-     ["does not divide the 3 trainer processes"]),
+     ["does not divide the 3 trainer GPUs of trainer.nnodes=1 x trainer.n_gpus_per_node=3; set "
+      "trainer.n_gpus_per_node=4 (4 trainer GPUs, a multiple of 2)"]),
+    ([("parallel.tensor_model_parallel_size", 2)], 3, ["does not divide the 3 trainer processes; launch a multiple"]),
     ([("reward.gsm8k.method", 'loose')], None, ["reward.gsm8k.method='loose' is not one of [strict, flexible]"]),
     ([("data.truncation", 'cut')], None, ["data.truncation='cut' is not one of [error, left, right, middle]"]),
     ([("rollout.top_p", 0)], None, ["rollout.top_p"]),

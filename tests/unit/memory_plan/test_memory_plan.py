@@ -143,6 +143,36 @@ def test_small_plan_phases_by_hand():
     assert plan.fits and "fits" in format_plan(plan)
 
 
+def test_checkpoint_save_phase_by_hand():
+    """megatron-core 0.16.1's fully_reshardable save (DistributedOptimizer.get_parameter_state_dp_zero with
+    return_on_all_ranks): per state (param, exp_avg, exp_avg_sq) in turn, the rank's fp32 shard copied to the GPU
+    plus the dp shards all-gathered there (the whole grad buffer): 4 x p x (1 + 1/dp) bytes at dp 2 = 6 p.  The
+    colocated engines are released around the save (their context and runtime pool stay); without that release
+    they keep mem_fraction_static x free (the 7B recipes: test_ppo_7b_save_fits_only_with_the_engines_released)."""
+    plan = plan_memory(small_input())
+    p = 4 * (5120 + 128 + 24576) + 512 * 64 + 64 + 512 * 64  # actor elements per rank, as above
+    weights, grads, main, adam, ref = 2 * p, 4 * p, 4 * p / 2, 8 * p / 2, 2 * p
+    comms_all = (100 << 20) + (50 << 20) + 3 * (40 << 20) + (50 << 20)  # context + every communicator
+    released = (100 << 20) + (1 << 20)
+    gather = 4 * p * (1 + 1 / 2)
+    save = plan.phase("checkpoint save")
+    assert save.peak == comms_all + weights + grads + main + ref + adam + released + gather
+    items = {i.name: i.bytes for i in save.items}
+    assert items["actor distributed-optimizer state gathered over DP (fp32, one state at a time)"] == 6 * p
+    assert save.torch_peak == weights + grads + main + ref + adam + gather
+    held = plan_memory(small_input(engine=EngineSetup(tp=2, num_engines=2, mem_fraction_static=0.5,
+                                                      runtime_bytes=1 << 20, sync_bucket_bytes=1 << 20,
+                                                      release_for_save=False)))
+    engine = (100 << 20) + plan.engine_static + (1 << 20)
+    assert held.phase("checkpoint save").peak == save.peak - released + engine
+    assert "release the engines around the save" in held.phase("checkpoint save").knob
+    # no gather without the distributed optimizer, nor at DP 1
+    plain = plan_memory(small_input(roles=(Role("actor", micro_batch=2, num_micro_batches=2),)))
+    assert not any("gathered" in i.name for i in plain.phase("checkpoint save").items)
+    dp1 = plan_memory(small_input(layout=Layout(tp=2, pp=2, dp=1, sequence_parallel=True)))
+    assert not any("gathered" in i.name for i in dp1.phase("checkpoint save").items)
+
+
 def test_weight_sync_memory_per_gpu():
     """The leader's GPU holds its pool plus a gathered/converted parameter (2 x bucket), every other engine GPU one
     copy of the pool (engine-local handles, every pipeline stage's buckets), and no engine process opens a context
@@ -182,7 +212,7 @@ def test_phase_items_and_item_flags():
     plan = plan_memory(small_input())
     names = [p.name for p in plan.phases]
     assert names == ["build", "engine start", "generate", "weight sync", "actor log-probs", "reference log-probs",
-                     "actor fwd/bwd", "actor optimizer step"]
+                     "actor fwd/bwd", "actor optimizer step", "checkpoint save"]
     assert all(isinstance(i, Item) for p in plan.phases for i in p.items)
     assert plan.peak.name in names
 
@@ -218,6 +248,30 @@ def test_ppo_7b_numbers(recipe_cfgs):
     assert plan.kv_cache_tokens == pytest.approx(613e3, rel=0.01)
 
 
+def test_ppo_7b_save_fits_only_with_the_engines_released(recipe_cfgs):
+    """gsm8k_ppo_qwen2_7b on 8 x 80 GiB (TP4 x DP2, distributed optimizer): the save gathers the actor's TP4 shard
+    (1,904,057,344 elements: the critic's, with a value head for the LM head, is smaller) in fp32 over DP 2:
+    4 x 1.904e9 x 1.5 bytes = 10.64 GiB, on top of everything resident after a step (51.2 GiB: the optimizer step's
+    phase, the engines released: their context and runtime pool) = 61.8 GiB.  Holding the engines' mem_fraction_static share (23.5 GiB) it
+    would need 85.3 GiB."""
+    from dataclasses import replace
+
+    from rlhf.memory_plan.from_config import plan_input_from_config
+
+    inp = plan_input_from_config(recipe_cfgs["gsm8k_ppo_qwen2_7b"], QWEN2_7B, world_size=8)
+    plan = plan_memory(inp)
+    save = plan.phase("checkpoint save")
+    gathered = [i.bytes for i in save.items if "gathered over DP" in i.name]
+    assert gathered == [4 * 1904057344 * 1.5]
+    # the optimizer step's resident state (no Adam temporaries: fused Adam) + the gather
+    assert save.peak == plan.phase("actor optimizer step").peak + gathered[0]
+    assert save.peak / GiB == pytest.approx(61.8, abs=0.05) and plan.fits
+    held = plan_memory(replace(inp, engine=replace(inp.engine, release_for_save=False)))
+    assert held.phase("checkpoint save").peak == save.peak + plan.engine_static  # weights + KV cache kept
+    assert held.phase("checkpoint save").peak / GiB == pytest.approx(85.3, abs=0.05) and not held.fits
+    assert [k.split(":")[0] for k in held.knobs()] == ["checkpoint save"]
+
+
 @pytest.mark.parametrize("recipe", RECIPES[:3])
 def test_rl_recipes_oom_without_memory_saver_or_empty_cache(recipe_cfgs, recipe):
     """Today's engine (no memory saver) keeps its share while the trainer computes: the actor update OOMs (the
@@ -232,7 +286,7 @@ def test_rl_recipes_oom_without_memory_saver_or_empty_cache(recipe_cfgs, recipe)
 def test_dpo_has_no_engine_phases(recipe_cfgs):
     plan = plan_from_config(recipe_cfgs["dpo_qwen2_7b"], QWEN2_7B, world_size=8)
     assert [p.name for p in plan.phases] == ["build", "actor log-probs", "reference log-probs", "actor fwd/bwd",
-                                             "actor optimizer step"]
+                                             "actor optimizer step", "checkpoint save"]
     assert plan.engine_static is None
 
 

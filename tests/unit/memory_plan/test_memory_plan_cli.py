@@ -185,3 +185,22 @@ def test_offload_and_megatron_optimizer_options_in_the_plan(composed):
                   "actor.optim.exp_avg_sq_dtype=bf16"], "generate")
     # (the recipe's distributed optimizer shards them already): 2 + 2 bytes per moment element instead of 4 + 4
     assert bf16["actor adam"] == pytest.approx(base["actor adam"] / 2)
+
+
+def test_production_guide_4x8_checkpoint_save_fits(qwen2_7b_dir, capsys):
+    """The production guide's deployment (docs/verl.md: 4 nodes x 8 GPUs, rollout TP 2: 16 colocated engines) of
+    gsm8k_ppo_qwen2_7b: the checkpoint save gathers the actor's TP4 shard over DP 8, 4 x 1,904,057,344 x 9/8
+    bytes = 7.98 GiB, with the engines released (test_memory_plan.py::test_checkpoint_save_phase_by_hand)."""
+    from rlhf.main import main
+
+    code = main(["recipe=gsm8k_ppo_qwen2_7b", f"model.path={qwen2_7b_dir}", "trainer.nnodes=4",
+                 "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+                 "--plan-memory=80"])
+    out = capsys.readouterr().out
+    assert code == 0 and out.startswith("32 GPUs of 80 GiB") and "DP8" in out, out
+    save = re.search(r"^checkpoint save\s+([\d.]+)\s+[\d.]+\s+ok\s+actor distributed-optimizer state gathered over "
+                     r"DP \(fp32, one state at a time\) ([\d.]+)", out, re.M)
+    assert save, out
+    assert float(save.group(2)) == pytest.approx(4 * 1904057344 * 9 / 8 / GiB, abs=0.05)
+    assert float(save.group(1)) == pytest.approx(44.7, abs=0.05)
+    assert out.rstrip().endswith("fits")

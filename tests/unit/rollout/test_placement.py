@@ -131,3 +131,57 @@ def test_actor_options_claim_no_ray_gpus_and_pin_the_node():
     assert opts["scheduling_strategy"].node_id == "b" * 56 and opts["scheduling_strategy"].soft is False
     cpu = engine_actor_options(0, env={})
     assert "scheduling_strategy" not in cpu and cpu["runtime_env"]["env_vars"] == {}
+
+
+def test_engine_wider_than_a_node_names_the_data_and_expert_parallel_alternatives():
+    """The refusal of an engine wider than a node names the node's maximum TP and what to do with the GPUs instead:
+    engines of that TP over the same GPUs (data parallel across engines: 2 engines of TP 16 on 8-GPU nodes are
+    4 engines of TP 8), and that expert parallelism inside an engine is not available."""
+    with pytest.raises(PlacementError) as e:
+        plan_placement(nnodes=4, gpus_per_node=8, trainer_world_size=32, num_engines=2, engine_tp=16, mode="colocated")
+    msg = str(e.value)
+    assert "tensor parallel size 16 does not fit on a node of 8 GPUs" in msg
+    assert "rollout.tensor_model_parallel_size to 8 or less" in msg
+    assert "data parallelism across engines instead (rollout.num_engines=4 engines of TP 8" in msg
+    assert "expert parallelism inside an engine (SGLang's ep_size, verl's actor_rollout_ref.rollout." \
+           "expert_parallel_size)" in msg
+
+
+def test_verl_pools_share_nodes_when_both_fit_a_node():
+    """verl's one-step-off dapo_7b_math_megatron_4_12.sh: 2 nodes of 8, 6 trainer + 2 rollout GPUs on each, rollout
+    TP 2: the trainer's GPUs first on every node, one engine on GPUs 6-7 of each (verl's README: max(trainer.nnodes,
+    rollout.nnodes) nodes when trainer.n_gpus_per_node + rollout.n_gpus_per_node fit a node)."""
+    from rlhf.rollout.placement import pool_engines, pool_nodes, pool_placement
+
+    sizes = dict(trainer_nnodes=2, trainer_per_node=6, rollout_nnodes=2, rollout_per_node=2)
+    plan = pool_placement(gpus_per_node=8, engine_tp=2, **sizes)
+    assert plan.trainer == [GPU(0, g) for g in range(6)] + [GPU(1, g) for g in range(6)]
+    assert plan.engines == [gpus(0, 6, 7), gpus(1, 6, 7)] and pool_nodes(8, **sizes) == 2
+    assert pool_engines(2, 2, 2) == 2
+
+
+def test_verl_pools_take_nodes_of_their_own_when_they_do_not_share():
+    """dapo_7b_math_fsdp2_64_64.sh's layout, scaled down: 2 trainer nodes x 8 and 2 rollout nodes x 8 at rollout TP 4:
+    the rollout nodes come after the trainer's (trainer.nnodes + rollout.nnodes nodes), 2 engines each."""
+    from rlhf.rollout.placement import pool_nodes, pool_placement
+
+    sizes = dict(trainer_nnodes=2, trainer_per_node=8, rollout_nnodes=2, rollout_per_node=8)
+    plan = pool_placement(gpus_per_node=8, engine_tp=4, **sizes)
+    assert len(plan.trainer) == 16 and plan.trainer[15] == GPU(1, 7)
+    assert plan.engines == [gpus(2, 0, 1, 2, 3), gpus(2, 4, 5, 6, 7), gpus(3, 0, 1, 2, 3), gpus(3, 4, 5, 6, 7)]
+    assert pool_nodes(8, **sizes) == 4
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(rollout_per_node=3, engine_tp=2), r"rollout.n_gpus_per_node=3 is not a multiple of the engines' tensor "
+                                            r"parallel size 2"),
+    (dict(trainer_per_node=9), r"trainer.n_gpus_per_node=9 is more than a node's 8 GPUs: set trainer.n_gpus_per_node "
+                               r"to 8 or less and use more nodes \(trainer.nnodes\)"),
+])
+def test_verl_pool_refusals(kw, match):
+    from rlhf.rollout.placement import pool_placement
+
+    sizes = dict(gpus_per_node=8, trainer_nnodes=1, trainer_per_node=6, rollout_nnodes=1, rollout_per_node=2,
+                 engine_tp=1)
+    with pytest.raises(PlacementError, match=match):
+        pool_placement(**{**sizes, **kw})

@@ -2,6 +2,7 @@
 generate (engines resident) -> release -> train -> resume weights -> sync -> resume KV cache, so validation right
 after a step generates on resident engines and weights are never synced into released memory.  One process
 (world size 1), the engines and the weight bridge replaced by stand-ins (tests/support/fakes.py)."""
+import os
 import socket
 
 import pytest
@@ -269,3 +270,38 @@ def test_reward_is_timed_apart_from_the_generation(worker):
     assert metrics["timing_s/reward"] >= 0.3
     m = ppo_trainer(worker, SlowReward()).train_step(1)
     assert m["timing_s/reward"] >= 0.3 and m["timing_s/gen"] < 0.3  # the fake engines answer at once
+
+
+def test_checkpoint_save_runs_with_the_colocated_engines_released(worker, tmp_path, monkeypatch):
+    """PPOTrainer.save_checkpoint (BaseTrainer's, inside PPOTrainer.save_context) writes the checkpoint while the
+    colocated engines hold no weights or KV cache (megatron's distributed-optimizer save all-gathers over DP on the
+    GPU: the memory plan's "checkpoint save" phase counts no engine memory), then brings them back with the actor's
+    weights (a sync: SGLang's memory saver keeps no copy), so validation after the save generates."""
+    import rlhf.trainer.base as base
+    from rlhf.trainer.ppo_trainer import PPOTrainer
+
+    w, manager = worker
+    w.sync_weights()  # after a step: engines resident, synced
+    manager.log.clear()
+    at_write = []
+    monkeypatch.setattr(base, "save_checkpoint_dir", lambda root, step, roles, state, keep, slim: at_write.append(
+        set(manager.released)) or os.path.join(root, f"global_step_{step}"))
+    monkeypatch.setattr(base, "model_summary", lambda hf_config: {})
+    trainer = object.__new__(PPOTrainer)  # only what save_checkpoint reads
+    trainer.cfg, trainer.hf_config, trainer.rollout = w.cfg, None, w
+    trainer.actor = trainer.critic = trainer.reference = None
+    monkeypatch.setattr(trainer, "trainer_state", lambda: {}, raising=False)
+    monkeypatch.setattr(trainer, "checkpoint_roles", lambda: {}, raising=False)
+    trainer.save_checkpoint(3)
+    assert at_write == [{"kv_cache", "weights"}]
+    assert manager.log == ["release", "resume:weights", "sync", "resume:kv_cache"] and manager.released == set()
+    _, scores, _ = w.generate(batch(1), w.val_sampling, Reward())
+    assert scores == [1.0] * 1
+
+
+def test_released_is_a_no_op_for_disaggregated_engines(world1, tmp_path, monkeypatch):
+    w, manager = make_worker(tmp_path, monkeypatch)
+    w.colocated = False  # disaggregated engines hold GPUs of their own
+    with w.released():
+        assert manager.released == set()
+    assert manager.log == []
