@@ -58,7 +58,7 @@ def _parser():
 def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
     """Split ``argv`` into options and overrides (``recipe=NAME`` / ``algorithm=NAME`` included) with Hydra's parser:
     ``help``, ``cfg`` (a bool), ``config_file`` (``--config`` or ``--config-path``/``--config-name``, None for the
-    base config), ``config_dirs``, and when given ``plan_memory`` / ``print_launch`` and ``hydra`` (the options
+    base config) with ``config_note`` (the line saying which folder and file), ``config_dirs``, and when given ``plan_memory`` / ``print_launch`` and ``hydra`` (the options
     handed on to Hydra: ``--cfg``, ``-m``, ``--config-dir``, ...).
 
     Raises:
@@ -94,6 +94,10 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
         "cfg", "package", "info", "config_dir", "experimental_rerun")]
     opts = {"help": args.help, "cfg": args.cfg is not None, "config_file": _config_file(args),
             "config_dirs": [args.config_dir] if args.config_dir else []}
+    if opts["config_file"] is not None:  # which config folder this run loads: one line, also at --cfg
+        from rlhf.config.config_file import describe_config_file
+
+        opts["config_note"] = describe_config_file(opts["config_file"], args.config_path if args.config_name else None)
     opts.update({k: v for k, v in (("plan_memory", args.plan_memory), ("hydra", hydra)) if v})
     if args.print_launch is not None:
         opts["print_launch"] = int(args.print_launch) if args.print_launch.isdigit() else "auto"
@@ -101,7 +105,8 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
 
 
 def _config_file(args) -> Optional[Path]:
-    """The file of ``--config`` or ``--config-path``/``--config-name`` (verl's), None for none or our base config."""
+    """The file of ``--config`` or ``--config-path``/``--config-name`` (verl's: its base names without a file of
+    theirs are verl's defaults for them, rlhf/config/verl/), None for neither."""
     from rlhf.config import ConfigError
     from rlhf.config.config_file import find_config_file
 
@@ -157,6 +162,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from rlhf.config import ConfigError, compose_config
     from rlhf.config.compose import translate
 
+    if opts.get("config_note"):
+        err(f"{PROG}: {opts['config_note']}")
     hydra, cfg = opts.get("hydra", []), None
     try:
         t = translate(overrides, opts["config_file"])

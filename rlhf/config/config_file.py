@@ -1,7 +1,7 @@
 """A whole config in one YAML file, verl's layout or ours (``--config FILE``, verl's ``--config-path DIR --config-name
 NAME``, ``Trainer(config_file=...)``).  Hydra composes it with its directory as the config tree, so its ``defaults:``
-work as for the program it was written for (verl's groups; ``ppo_trainer`` / ``ppo_megatron_trainer`` add nothing,
-``recipe:`` / ``algorithm:`` are ours); its settings, before the command line's, then go through the verl alias layer
+work as for the program it was written for (verl's groups; ``ppo_trainer`` / ``ppo_megatron_trainer`` add verl's
+defaults for those names, rlhf/config/verl/; ``recipe:`` / ``algorithm:`` are ours); its settings, before the command line's, then go through the verl alias layer
 (``${...}`` kept with verl's keys rewritten, or resolved in the file where they name a key with no equivalent)."""
 from __future__ import annotations
 
@@ -14,32 +14,48 @@ from rlhf.config.errors import ConfigError
 from rlhf.config.keys import is_dict_field, is_optional, schema_node
 from rlhf.config.verl.compat import Item, translate_key
 
-__all__ = ["BASE_NAMES", "find_config_file", "load_config_file"]
+__all__ = ["BASE_NAMES", "VERL_DEFAULTS", "find_config_file", "describe_config_file", "load_config_file"]
 
 #: names a ``defaults:`` list or ``--config-name`` may use for the base config (ours and verl's)
 BASE_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
+#: rlhf/config/verl: verl's defaults for its base names, in verl's keys (ppo_trainer.yaml, ppo_megatron_trainer.yaml)
+VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
 _REFS = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
 
 
-def find_config_file(config_path: Optional[str], config_name: str, module_dir: Optional[Path] = None) -> Optional[Path]:
-    """The file ``--config-path``/``--config-name`` name, or None for a base name (our own config).  ``config_path``
-    is tried relative to the working directory, then (as Hydra does) to ``module_dir`` (rlhf/), so verl's
-    ``--config-path=./config --config-name=ppo_megatron_trainer`` means our base config.
+def find_config_file(config_path: Optional[str], config_name: str, module_dir: Optional[Path] = None) -> Path:
+    """The file ``--config-path``/``--config-name`` name.  ``config_path`` is tried relative to the working
+    directory, then (as Hydra does) to ``module_dir`` (rlhf/); for verl's base names (:data:`BASE_NAMES`) then in a
+    verl checkout (``verl/trainer/<config_path>``, where verl's ``main_ppo`` finds it), else verl's defaults for
+    that name (:data:`VERL_DEFAULTS` ``/<name>.yaml``), so verl's ``--config-path=config
+    --config-name=ppo_megatron_trainer`` gets verl's values (bf16, sequence parallel, ...) anywhere.
 
     Raises:
-        ConfigError: no such file.
+        ConfigError: no such file (a name other than verl's base names).
     """
     name = config_name.removesuffix(".yaml")
     dirs = [Path(config_path or ".")] + ([module_dir / config_path] if config_path and module_dir and not
                                          os.path.isabs(config_path) else [])
+    if name in BASE_NAMES and config_path and not os.path.isabs(config_path):
+        dirs.append(Path("verl") / "trainer" / config_path)  # the working directory is a verl checkout
     for p in (d / f"{name}.yaml" for d in dirs):
         if p.is_file() and (p.resolve().parent != Path(__file__).resolve().parent or name not in BASE_NAMES):
             return p
     if name in BASE_NAMES:
-        return None
+        return VERL_DEFAULTS / f"{name}.yaml"
     raise ConfigError(f"--config-name={config_name}: no such config file (looked for "
                       f"{', '.join(str(d / f'{name}.yaml') for d in dirs)}); give --config-path=<directory of the "
                       f"file> or --config=<file>.")
+
+
+def describe_config_file(path: Path, config_path: Optional[str] = None) -> str:
+    """One line saying which config folder and file a run loaded (``rlhf.main`` prints it, also at ``--cfg``)."""
+    path = Path(path)
+    if path.resolve().parent == VERL_DEFAULTS:
+        looked = f"no {Path(config_path or '.') / path.name} in {Path.cwd()}; " if config_path is not None else ""
+        return (f"config: {looked}verl's defaults for --config-name={path.stem} ({path.resolve()}: verl's values "
+                f"where they differ from ours, e.g. bf16, weight decay 0.01) over rlhf's base config")
+    return f"config: folder {path.resolve().parent}, file {path.name} (over rlhf's base config)"
 
 
 def _dict_leaf(key: str) -> bool:
@@ -94,7 +110,7 @@ def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
         groups = [(g, str(n)) for e in entries if isinstance(e, dict) for g, n in e.items() if g in ("recipe",
                                                                                                    "algorithm")]
         with initialize_config_dir(config_dir=str(path.parent.resolve()), version_base=None):
-            # rlhf/config/verl holds empty ppo_trainer / ppo_megatron_trainer, rlhf/config the algorithm presets
+            # rlhf/config/verl holds verl's defaults for ppo_trainer / ppo_megatron_trainer, rlhf/config the presets
             conf = compose(config_name=path.stem, overrides=["hydra.searchpath=[pkg://rlhf.config.verl,"
                                                              "pkg://rlhf.config]", *(f"~{g}" for g, _ in groups)])
     except Exception as e:  # noqa: BLE001 - Hydra / OmegaConf / YAML errors

@@ -248,11 +248,12 @@ def _nest(lines: list[str]) -> dict:
 
 def test_the_same_keys_in_a_verl_style_yaml(gsm8k, tmp_path, capsys):
     """The example's keys in a verl-style YAML (`defaults: [ppo_megatron_trainer, _self_]`, nested keys),
-    read with --config-path/--config-name or --config, give the command line's config; the command line wins."""
+    read with --config-path/--config-name or --config, give the command line's config under the same base name
+    (verl's defaults for ppo_megatron_trainer); the command line wins."""
     body = {"defaults": ["ppo_megatron_trainer", "_self_"], **_nest(_lines(VERL_GSM8K_PPO, **gsm8k))}
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "my_ppo.yaml").write_text(yaml.safe_dump(body))
-    assert main(["--cfg", *_lines(VERL_GSM8K_PPO, **gsm8k)]) == 0
+    assert main(["--cfg", "--config-name=ppo_megatron_trainer", *_lines(VERL_GSM8K_PPO, **gsm8k)]) == 0
     from_cli = capsys.readouterr().out
     assert main(["--config-path", str(tmp_path / "conf"), "--config-name", "my_ppo", "--cfg"]) == 0
     assert capsys.readouterr().out == from_cli
@@ -561,8 +562,12 @@ def test_hydra_options(tmp_path, capsys):
             parse_args(argv)
     assert main(["--cfg", "hydra", "recipe=quickstart"]) == 0  # Hydra's own config: the run directory, ...
     assert yaml.safe_load(capsys.readouterr().out)["hydra"]["run"]["dir"] == "${trainer.default_local_dir}"
-    # verl's base names are our base config
-    assert parse_args(["--config-path=./config", "--config-name=ppo_trainer"])[0]["config_file"] is None
+    # verl's base names without a file of theirs: verl's defaults for the name (tests/unit/config/
+    # test_verl_config_names.py)
+    from rlhf.config.config_file import VERL_DEFAULTS
+
+    assert parse_args(["--config-path=./config", "--config-name=ppo_trainer"])[0]["config_file"] == \
+        VERL_DEFAULTS / "ppo_trainer.yaml"
 
 
 @pytest.fixture
