@@ -58,7 +58,8 @@ def _parser():
 def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
     """Split ``argv`` into options and overrides (``recipe=NAME`` / ``algorithm=NAME`` included) with Hydra's parser:
     ``help``, ``cfg`` (a bool), ``config_file`` (``--config`` or ``--config-path``/``--config-name``, None for the
-    base config) with ``config_note`` (the line saying which folder and file), ``config_dirs``, and when given ``plan_memory`` / ``print_launch`` and ``hydra`` (the options
+    base config) with ``config_note`` (the line saying which folder and file), ``config_dirs``, and when given
+    ``plan_memory`` / ``print_launch`` and ``hydra`` (the options
     handed on to Hydra: ``--cfg``, ``-m``, ``--config-dir``, ...).
 
     Raises:
@@ -164,7 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     if opts.get("config_note"):
         err(f"{PROG}: {opts['config_note']}")
-    hydra, cfg = opts.get("hydra", []), None
+    hydra, cfg, t = opts.get("hydra", []), None, None
     try:
         t = translate(overrides, opts["config_file"])
         if not (opts["help"] or {"--hydra-help", "--shell-completion"} & set(hydra) or any(
@@ -177,7 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         _plan_memory(cfg, opts["plan_memory"], err)
                 _validate(cfg, env, run=not opts["cfg"])
     except ConfigError as e:
-        err(f"{PROG}: config error\n{e}")
+        from rlhf.config.verl.words import in_user_words
+
+        err(f"{PROG}: config error\n{in_user_words(str(e), t)}")  # verl's keys where the user wrote them
         return EXIT_CONFIG_ERROR
     if opts["cfg"] and env.rank != 0:
         return EXIT_OK  # one rank prints

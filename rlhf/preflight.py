@@ -130,7 +130,19 @@ def _model(key: str, value: Optional[str], layout: Optional[dict] = None, archit
         return [f"{key}={value!r} has no config.json; give a Hugging Face model directory (save_pretrained) or a hub "
                 f"name."]
     config = _config_json(value)  # a hub model only when already downloaded: no network at start-up
-    return [f"{key}={value!r}: {p}." for p in check_model_config(config, layout)] if config and architecture else []
+    return [f"{key}={value!r}: {_layout_keys(p)}." for p in check_model_config(config, layout)] \
+        if config and architecture else []
+
+
+#: the layout's short names in parallel.preflight.check_model's messages -> the config keys that set them
+_LAYOUT_KEYS = {"tp": "parallel.tensor_model_parallel_size", "pp": "parallel.pipeline_model_parallel_size",
+                "vpp": "parallel.virtual_pipeline_model_parallel_size", "ep": "parallel.expert_model_parallel_size"}
+
+
+def _layout_keys(problem: str) -> str:
+    """A model-layout problem with the config key of each value (``tp=3`` -> ``parallel.tensor_model_parallel_size=3``),
+    so the error names what to change (in verl's keys for a verl user: rlhf.config.verl.words)."""
+    return re.sub(r"(?<![\w.])(tp|pp|vpp|ep)=(?=\d)", lambda m: f"{_LAYOUT_KEYS[m[1]]}=", problem)
 
 
 def _init_weights(cfg: Any) -> list[str]:

@@ -219,11 +219,16 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     problems = t.problems + problems + check_same(cfg, t.same)
     if problems or unknown or t.unknown:
         from rlhf.config.validate import config_problems
+        from rlhf.config.verl.words import in_user_words
 
-        raise_all(t.unknown + unknown, problems + config_problems(cfg, check_files=check_files))
+        words = lambda text: in_user_words(text, t)  # noqa: E731 - verl's keys where the user wrote them
+        raise_all([ConfigKeyError(words(u.args[0]), key=u.key, suggestions=list(map(words, u.suggestions)),
+                                  source=u.source) for u in t.unknown + unknown],
+                  [words(p) for p in problems + config_problems(cfg, check_files=check_files)])
     from rlhf.launch_env import launch_env
 
-    for line in t.notes + ignored_lines(t.ignored) if launch_env().rank == 0 else []:  # what a user should know
+    notes = t.notes + ignored_lines(t.ignored) + reward_model_lines(cfg, t)
+    for line in notes if launch_env().rank == 0 else []:  # what a user should know (at --cfg and at start)
         logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)
     return cfg
 
@@ -239,6 +244,21 @@ def _pool_engines(cfg: DictConfig, t: Translated) -> None:
     if (r.n_gpus_per_node or 0) >= 1 and not given and r.tensor_model_parallel_size >= 1 and (r.nnodes or 1) >= 1 \
             and r.n_gpus_per_node % r.tensor_model_parallel_size == 0:
         cfg.rollout.num_engines = pool_engines(r.nnodes or 1, r.n_gpus_per_node, r.tensor_model_parallel_size)
+
+
+def reward_model_lines(cfg: DictConfig, t: Translated) -> list[str]:
+    """One loud line per reward model (``reward.sources`` of type model, verl's ``reward_model.enable``): where it
+    scores and why not on GPUs as verl would serve it, naming verl's GPU settings given for it (no effect here)."""
+    gpu = ("reward_model.rollout.", "reward_model.megatron.", "reward_model.n_gpus_per_node", "reward_model.nnodes",
+           "reward.reward_model.rollout.")
+    gpu_keys = sorted({k for k, _, _ in t.ignored if k.startswith(gpu) and not k.endswith("_target_")})
+    given = (f"; verl would serve it on GPUs ({', '.join(gpu_keys[:4])}{', ...' if len(gpu_keys) > 4 else ''} "
+             f"given: no effect here)") if gpu_keys else "; verl would serve it on GPUs"
+    return [f"REWARD MODEL ON CPU: reward.sources[{i}] (the reward model {s.path}) scores on the CPU, "
+            f"{'in a Ray worker of its own' if s.placement == 'ray' else 'in-process on rank 0'}, not on GPUs: a "
+            f"reward model on GPUs is neither placed nor in the memory plan here{given}.  Expect slow scoring for a "
+            f"large model, or serve it outside this job and score through custom_reward_function.path."
+            for i, s in enumerate(cfg.reward.sources) if s.type == "model"]
 
 
 def _verl_engines(cfg: DictConfig, t: Translated) -> None:

@@ -1,7 +1,8 @@
 """A whole config in one YAML file, verl's layout or ours (``--config FILE``, verl's ``--config-path DIR --config-name
 NAME``, ``Trainer(config_file=...)``).  Hydra composes it with its directory as the config tree, so its ``defaults:``
 work as for the program it was written for (verl's groups; ``ppo_trainer`` / ``ppo_megatron_trainer`` add verl's
-defaults for those names, rlhf/config/verl/; ``recipe:`` / ``algorithm:`` are ours); its settings, before the command line's, then go through the verl alias layer
+defaults for those names, rlhf/config/verl/; ``recipe:`` / ``algorithm:`` are ours); its settings, before the command
+line's, then go through the verl alias layer
 (``${...}`` kept with verl's keys rewritten, or resolved in the file where they name a key with no equivalent)."""
 from __future__ import annotations
 

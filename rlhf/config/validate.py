@@ -218,11 +218,57 @@ def _algorithm(cfg: DictConfig) -> list[str]:
     return out
 
 
+#: sglang.Engine arguments the rollout sets from the config (rlhf/workers/rollout.py: rollout_engine_config), so
+#: rollout.engine_kwargs.sglang refuses them: the key that sets each, or (None, why) where nothing may
+ENGINE_OWNED = {"model_path": "actor_rollout_ref.model.path", "tp_size": "rollout.tensor_model_parallel_size",
+                "dtype": "rollout.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
+                "context_length": "data.max_prompt_length + data.max_response_length", "random_seed": "trainer.seed",
+                "max_total_tokens": "rollout.max_total_tokens", "enable_memory_saver": "rollout.enable_memory_saver",
+                "skip_tokenizer_init": (None, "the weight sync's token-in / token-out mode needs it"),
+                "custom_weight_loader": (None, "the weight sync loads each bucket through its own loader")}
+
+
+def server_args_fields() -> list[str]:
+    """The field names of SGLang's ServerArgs (a msgspec Struct in SGLang 0.5.2x, a dataclass before)."""
+    import dataclasses
+
+    from sglang.srt.server_args import ServerArgs
+
+    if dataclasses.is_dataclass(ServerArgs):
+        return [f.name for f in dataclasses.fields(ServerArgs)]
+    import msgspec
+
+    return [f.name for f in msgspec.structs.fields(ServerArgs)]
+
+
+def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
+    """``rollout.engine_kwargs.sglang``: each key a field of SGLang's ServerArgs (imports sglang, only when set) and
+    not one the rollout sets from the config (:data:`ENGINE_OWNED`)."""
+    given = list(cfg.rollout.engine_kwargs.sglang)
+    if not given:
+        return []
+    import difflib
+
+    fields, out = server_args_fields(), []
+    for k in map(str, given):
+        key, owner = f"rollout.engine_kwargs.sglang.{k}", ENGINE_OWNED.get(k)
+        if isinstance(owner, tuple):
+            out.append(f"{key} cannot be set here ({owner[1]}); drop it.")
+        elif owner:
+            out.append(f"{key} is set from the config here; set {owner} instead.")
+        elif k not in fields:
+            near = difflib.get_close_matches(k, fields, n=3, cutoff=0.6)
+            out.append(f"{key}: {k!r} is not a field of SGLang's ServerArgs (sglang.srt.server_args); "
+                       + (f"did you mean {', '.join(near)}?" if near else "see python -m sglang.launch_server --help."))
+    return out
+
+
 def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
             + _algorithm(cfg) + _pool(cfg) + _placement(cfg, world_size, gpus_per_node)
+            + engine_kwargs_problems(cfg)
             + (preflight_problems(cfg) if check_files else []))
 
 

@@ -32,6 +32,7 @@ from .registry import gsm8k_overrides, load_custom_reward_fn, score_samples
 from .sandbox_code import code_reward_overrides
 from .reward_model import check_scores
 from .timeout import call_with_timeout
+from .validity import SAMPLE_ACC_KEY
 
 __all__ = ["RewardSource", "RewardManager", "build_reward_manager", "check_reward_config", "load_custom_fn",
            "SOURCE_TYPES", "RewardSources", "build_reward_sources"]
@@ -62,17 +63,18 @@ class RewardSource:
         """The registry's rule reward (no custom fn, no model)."""
         return self.fn is None and self.scorer is None
 
-    def evaluate(self, batch: dict, timeout_s: Optional[float], reasons: Optional[List[str]] = None
-                 ) -> Tuple[List[float], List[bool]]:
+    def evaluate(self, batch: dict, timeout_s: Optional[float], reasons: Optional[List[str]] = None,
+                 extras: Optional[list] = None) -> Tuple[List[float], List[bool]]:
         """-> (scores, failed) for `batch` (keys: responses, data_sources, ground_truths, extra_infos,
         prompts); a failed sample's score is NaN.  Never raises for a failing reward; config errors
         (unknown data_source) still raise.  With `reasons` (a list), one short reason per failed sample is
-        appended to it and nothing is logged above DEBUG (the caller summarises); else each failure warns."""
+        appended to it and nothing is logged above DEBUG (the caller summarises); else each failure warns.  With
+        `extras` (B items) a rule / custom fn's dict results are kept there (score_samples)."""
         n = len(batch["responses"])
         if self.scorer is None:
             return score_samples(batch["data_sources"], batch["responses"], batch["ground_truths"],
                                  extra_infos=batch["extra_infos"], timeout_s=timeout_s, reward_fn=self.fn,
-                                 overrides=self.overrides, reasons=reasons)
+                                 overrides=self.overrides, reasons=reasons, extras=extras)
         scores, failed = [math.nan] * n, [True] * n
         step = self.chunk_size or max(1, n)
         for lo in range(0, n, step):
@@ -134,8 +136,13 @@ class RewardManager:
 
     def score(self, responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[Any],
               extra_infos: Optional[Sequence[Any]] = None, prompts: Optional[Sequence[Any]] = None,
-              return_valid: bool = False):
+              return_valid: bool = False, return_acc: bool = False):
         """Scores of one batch (lists of equal length B) -> ([B] floats, metrics); see the class docstring.
+
+        With ``return_acc=True`` the metrics also carry under SAMPLE_ACC_KEY each sample's ``acc`` as verl's reward
+        managers record it (verl/workers/reward_manager/dapo.py): the first rule / custom source's ``acc`` where its
+        fn returns a dict holding one, else that source's score (after any fallback); with only reward models, the
+        total.  DAPO's ``algorithm.filter_groups.metric=acc`` filters groups by it.
 
         With ``return_valid=True`` also a third item, [B] bools: False for a sample that NO source could
         score (every source fell back or gave a non-finite number; such a number is replaced by
@@ -146,12 +153,13 @@ class RewardManager:
                  "ground_truths": list(ground_truths),
                  "extra_infos": list(extra_infos) if extra_infos is not None else [None] * n,
                  "prompts": list(prompts) if prompts is not None else [""] * n}
-        total, valid = [0.0] * n, [False] * n
+        total, valid, acc = [0.0] * n, [False] * n, None
         metrics = {"reward/num_fallbacks": 0.0}
         summary = []
         for src in self.sources:
             reasons: List[str] = []
-            scores, failed = src.evaluate(batch, self.timeout_s, reasons)
+            extras: list = [None] * n
+            scores, failed = src.evaluate(batch, self.timeout_s, reasons, extras=extras)
             idx = [i for i in range(n) if failed[i]]
             if idx:
                 values, scored = self.fallback.scores(batch, idx, self.timeout_s, src.is_rule)
@@ -160,11 +168,16 @@ class RewardManager:
                 summary.append(_fallback_summary(src.name, len(idx), n, reasons, self.fallback.type, sum(scored)))
             valid = [v or not f for v, f in zip(valid, failed)]
             total = [t + src.weight * s for t, s in zip(total, scores)]
+            if acc is None and src.scorer is None:  # verl: the score function's "acc", else its score
+                acc = [float(x["acc"]) if isinstance(x, dict) and "acc" in x else float(s)
+                       for x, s in zip(extras, scores)]
             metrics["reward/num_fallbacks"] += len(idx)
             metrics[f"reward/{src.name}/num_fallbacks"] = float(len(idx))
             if len(self.sources) > 1:
                 metrics[f"reward/{src.name}/mean"] = sum(scores) / max(1, n)
         metrics["reward/num_unscorable"] = float(n - sum(valid))
+        if return_acc:
+            metrics[SAMPLE_ACC_KEY] = acc if acc is not None else list(total)
         if summary:  # one warning per batch, not one per sample
             logger.warning("reward fallbacks: %s (reward/num_fallbacks=%d, reward/num_unscorable=%d)",
                            "; ".join(summary), metrics["reward/num_fallbacks"], metrics["reward/num_unscorable"])

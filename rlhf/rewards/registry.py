@@ -266,7 +266,17 @@ def _accepted_keys(fn: RewardFn) -> Optional[frozenset]:
 def call_reward_fn(
     fn: RewardFn, data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
 ) -> float:
-    """Call ``fn`` with the keyword arguments it accepts and coerce the result to float.
+    """Call ``fn`` with the keyword arguments it accepts and coerce the result to float (:func:`reward_result`'s
+    score)."""
+    return reward_result(fn, data_source, solution_str, ground_truth, extra_info)[0]
+
+
+def reward_result(
+    fn: RewardFn, data_source: str, solution_str: str, ground_truth: Any, extra_info: Optional[dict] = None
+) -> Tuple[float, Optional[dict]]:
+    """(score, the fn's whole dict result or None) of one call: ``fn`` with the keyword arguments it accepts, its
+    ``score`` (or plain number) coerced to float; the dict's other keys are verl's reward extra info (``acc`` of
+    the DAPO math reward, ``pred``).
 
     Raises:
         TypeError: the fn returned something that is not a number or a dict with ``"score"`` (None included).
@@ -277,6 +287,7 @@ def call_reward_fn(
     keys = _accepted_keys(fn)
     kwargs = all_kwargs if keys is None else {k: v for k, v in all_kwargs.items() if k in keys}
     out = fn(**kwargs)
+    info = out if isinstance(out, dict) else None
     if isinstance(out, dict):
         if "score" not in out:
             raise TypeError(f"reward fn {_fn_name(fn)} returned a dict without a 'score' key: keys={sorted(out)}.")
@@ -289,7 +300,7 @@ def call_reward_fn(
         raise TypeError(f"reward fn {_fn_name(fn)} returned {type(out).__name__} {out!r}; expected a number.")
     if not math.isfinite(val):
         raise ValueError(f"reward fn {_fn_name(fn)} returned {val}; rewards must be finite.")
-    return val
+    return val, info
 
 
 def compute_scores(
@@ -343,13 +354,16 @@ def score_samples(
     max_workers: int = 8,
     overrides: Optional[Dict[str, RewardFn]] = None,
     reasons: Optional[List[str]] = None,
+    extras: Optional[List[Optional[dict]]] = None,
 ) -> Tuple[List[float], List[bool]]:
     """:func:`compute_scores` without the fallback: ``(scores, failed)``, (B,) each; ``failed[i]`` when sample
     i's fn raised, timed out, or returned a non-number / NaN / +-inf (its score is then NaN).  `overrides`
     (data_source -> fn) take precedence over the registry.  With `reasons` (a list) every failure appends
     one short reason to it (``"TimeoutError (3s)"``, ``"ValueError: ..."``) and is logged at DEBUG only, for a
     caller that reports a summary (RewardManager: one warning per batch); without it each failure is a
-    warning.  Same arguments and errors as :func:`compute_scores`."""
+    warning.  With `extras` (a list of B items) ``extras[i]`` becomes sample i's whole dict result (verl's reward
+    extra info: ``acc``, ``pred``), None for a plain number or a failure.  Same arguments and errors as
+    :func:`compute_scores`."""
     n = len(responses)
     if len(data_sources) != n or len(ground_truths) != n or (extra_infos is not None and len(extra_infos) != n):
         raise ValueError(
@@ -364,7 +378,10 @@ def score_samples(
     infos = list(extra_infos) if extra_infos is not None else [None] * n
 
     def run(i: int) -> float:
-        return call_reward_fn(fns[i], data_sources[i], responses[i], ground_truths[i], infos[i])
+        score, info = reward_result(fns[i], data_sources[i], responses[i], ground_truths[i], infos[i])
+        if extras is not None:
+            extras[i] = info
+        return score
 
     scores: List[float] = [math.nan] * n
     failed = [True] * n

@@ -28,7 +28,9 @@ import torch
 
 from rlhf.algorithms.dapo import compute_overlong_penalty, filter_groups_by_metric
 
-FILTER_METRICS = ("score", "seq_reward")
+#: score: raw scores; seq_reward: shaped (overlong) rewards; acc: the reward's acc (verl's reward extra info: the DAPO
+#: math reward's correctness, else the score), in ``sample.extra["acc"]`` (rlhf.rewards.validity)
+FILTER_METRICS = ("score", "seq_reward", "acc")
 
 # (samples, raw scores, shaped rewards, reward metrics) of one generation round
 Round = tuple[list, list, list, dict]
@@ -77,13 +79,26 @@ def trainable_groups(num_groups: int, target: int, n: int, mini_batch_groups: li
     return 0
 
 
+def _acc(samples) -> list:
+    """Each sample's reward ``acc`` (``sample.extra["acc"]``).
+
+    Raises:
+        RuntimeError: a sample without it (the reward was not asked for it).
+    """
+    missing = [i for i, x in enumerate(samples) if "acc" not in x.extra]
+    if missing:
+        raise RuntimeError(f"algorithm.filter_groups.metric=acc: {len(missing)} sample(s) carry no reward acc "
+                           f"(the reward must be wrapped by rlhf.rewards.validity.ValidityReward(acc=True))")
+    return [x.extra["acc"] for x in samples]
+
+
 def collect_groups(next_round: Callable[[int], Round], *, target: int, max_rounds: int, metric: str,
                    allowed: Callable[[int], int]) -> Round:
     """Dynamic-sampling loop.  `next_round(i)` draws a new prompt batch, generates and scores it
     (samples carry `prompt_index` within their round).  Groups whose `metric` ("score": raw
-    scores, "seq_reward": shaped rewards) varies are kept, until `target` groups or `max_rounds`
-    rounds (<= 0: no cap); then `allowed(kept)` groups are used (the first ones).  If that is 0,
-    the last round is used unfiltered.  Returned samples get `prompt_index` = group number in the
+    scores, "seq_reward": shaped rewards, "acc": the reward's acc in ``sample.extra``) varies are kept, until
+    `target` groups or `max_rounds` rounds (<= 0: no cap); then `allowed(kept)` groups are used (the first
+    ones).  If that is 0, the last round is used unfiltered.  Returned samples get `prompt_index` = group number in the
     batch (a unique uid per group across rounds).  Metrics add dapo/num_gen_batches and
     dapo/kept_groups (groups trained on), dapo/filtered_groups (varied groups found)."""
     groups: list = []  # (samples, scores, rewards) per kept group
@@ -94,7 +109,7 @@ def collect_groups(next_round: Callable[[int], Round], *, target: int, max_round
         rounds += 1
         for k, v in rm.items():
             sums[k] += v
-        values = scores if metric == "score" else rewards
+        values = scores if metric == "score" else rewards if metric == "seq_reward" else _acc(samples)
         uids = np.array([x.prompt_index for x in samples])
         keep = filter_groups_by_metric(values, uids, keep_singleton_groups=False).tolist()
         by_uid: dict = {}

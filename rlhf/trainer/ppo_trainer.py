@@ -140,8 +140,10 @@ class PPOTrainer(BaseTrainer):
             from rlhf.rewards.manager import build_reward_manager
 
             self.reward = build_reward_manager(reward_cfg)
-            if cfg.reward.exclude_unscorable:  # per-sample validity flags travel with the reward metrics
-                self.reward = ValidityReward(self.reward)
+            fg = cfg.algorithm.filter_groups
+            acc = bool(fg.enable and fg.metric == "acc")  # DAPO keeps groups whose reward "acc" varies
+            if cfg.reward.exclude_unscorable or acc:  # per-sample validity flags / acc travel with the metrics
+                self.reward = ValidityReward(self.reward, valid=cfg.reward.exclude_unscorable, acc=acc)
         self.policy_loss = PPOPolicyLoss(cfg.actor)
         specs = {"actor": self.actor.bundle.spec, **({"critic": self.critic.bundle.spec} if self.critic else {})}
         self.perf = PerfMeter(specs, self.actor.device, dist.get_world_size(),

@@ -76,6 +76,30 @@ def _broadcast(obj, group):
     return box[0]
 
 
+def rollout_engine_config(cfg, model_path: str, device: str) -> dict:
+    """The RolloutManager's ``engine_config`` of ``cfg`` (:func:`rlhf.rollout.engine_args.engine_kwargs`'s
+    arguments): TP, dtype, memory fraction, context length, KV tokens and seed from the config, and
+    ``rollout.engine_kwargs.sglang`` (verl's actor_rollout_ref.rollout.engine_kwargs.sglang.*) as
+    ``engine_overrides``, passed to ``sglang.Engine`` as given (checked against SGLang's ServerArgs at start-up:
+    rlhf.config.validate.engine_kwargs_problems).  ``device``: "cpu" or "cuda"."""
+    from omegaconf import OmegaConf
+
+    from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype, rollout_context_length
+
+    r = cfg.rollout
+    extra = r.get("engine_kwargs", {}).get("sglang", {})
+    return dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, device=device,
+                dtype=resolve_engine_dtype(r.dtype, cfg.model.dtype),
+                mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
+                context_length=rollout_context_length(cfg.data.max_prompt_length, cfg.data.max_response_length),
+                max_total_tokens=r.max_total_tokens or batch_kv_tokens(
+                    cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
+                    r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
+                random_seed=cfg.trainer.seed,
+                engine_overrides=OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra)
+                else dict(extra))
+
+
 def start_rollout(cfg, model_path: str):
     """Ray (the cluster at RAY_ADDRESS, else a local one) and a RolloutManager of ``rollout.num_engines``
     SGLang engines serving ``model_path``, placed per ``rollout.mode`` (rlhf/rollout/placement.py): on GPU by
@@ -87,7 +111,6 @@ def start_rollout(cfg, model_path: str):
 
     from parallel.distributed import compute_device, rank_nodes
     from rlhf.rollout import RolloutManager
-    from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype, rollout_context_length
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
                                         ipc_source_ranks, rank_ray_nodes)
     from rlhf.rollout.ray_cluster import init_ray
@@ -112,15 +135,7 @@ def start_rollout(cfg, model_path: str):
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode, r.num_engines, r.tensor_model_parallel_size)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,
                                                                                     plan), len(ray_nodes))
-    engine_config = dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, device=compute_device().type,
-                         dtype=resolve_engine_dtype(r.dtype, cfg.model.dtype),
-                         mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
-                         context_length=rollout_context_length(cfg.data.max_prompt_length,
-                                                               cfg.data.max_response_length),
-                         max_total_tokens=r.max_total_tokens or batch_kv_tokens(
-                             cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
-                             r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
-                         random_seed=cfg.trainer.seed)
+    engine_config = rollout_engine_config(cfg, model_path, compute_device().type)
     manager = RolloutManager(r.num_engines, engine_config, placement=r.mode, max_restarts=r.max_restarts, plan=plan,
                              node_ids=node_ids, start=False)
     manager.launch()

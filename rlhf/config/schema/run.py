@@ -5,13 +5,14 @@ sources of rlhf/rewards/sources.py), ``trainer`` (steps, logging, checkpoints, t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEstimator, LoggerBackend, ResumeMode,
                                  RolloutDtype, RolloutMode, RolloutName)
 from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, steps_or_never
 
-__all__ = ["RolloutValConfig", "MultiTurnConfig", "RolloutConfig", "KLControlConfig", "FilterGroupsConfig", "DPOConfig",
+__all__ = ["RolloutValConfig", "MultiTurnConfig", "EngineKwargsConfig", "RolloutConfig", "KLControlConfig",
+           "FilterGroupsConfig", "DPOConfig",
            "AlgorithmConfig", "CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
            "RewardFallbackConfig", "RewardConfig", "AlertConfig", "TrainerConfig", "GlobalProfilerConfig",
            "PROFILER_TOOLS"]
@@ -49,6 +50,14 @@ class MultiTurnConfig(Checked):
 
 
 @dataclass
+class EngineKwargsConfig:
+    """Extra engine arguments (verl's rollout.engine_kwargs): ``sglang`` goes to ``sglang.Engine`` (fields of
+    SGLang's ServerArgs, e.g. attention_backend: checked at start-up, rlhf.config.validate).  verl's ``vllm``
+    entries have no effect (the engine here is SGLang; rlhf/config/verl/keys.yaml)."""
+    sglang: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class RolloutConfig(Checked):
     name: RolloutName = RolloutName.sglang
     mode: RolloutMode = RolloutMode.colocated
@@ -82,6 +91,7 @@ class RolloutConfig(Checked):
     weight_update_address: Optional[str] = None
     val_kwargs: RolloutValConfig = field(default_factory=RolloutValConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)
 
 
 @dataclass
@@ -102,11 +112,14 @@ class KLControlConfig(Checked):
 
 
 @dataclass
-class FilterGroupsConfig:
+class FilterGroupsConfig(Checked):
     """DAPO dynamic sampling (rlhf/dapo.py): drop prompt groups whose responses all got the same `metric`, generate
     more prompt batches until data.train_batch_size groups are kept."""
     enable: bool = False
-    metric: str = "score"  # score (reward) | seq_reward (reward + overlong shaping)
+    # score (reward) | seq_reward (reward + overlong shaping) | acc (verl's DAPO recipes: the reward's acc extra
+    # info, e.g. the DAPO math reward's correctness; a reward fn returning a number: its score)
+    metric: str = check("score", lambda v: v in ("score", "seq_reward", "acc"), "must be score, seq_reward or acc "
+                        "(the reward's acc, as verl's DAPO recipes use)")
     max_num_gen_batches: int = 10  # generation rounds per step at most (<= 0: no cap)
 
 

@@ -44,6 +44,11 @@ def _dtype(v: Any, to: str) -> list:
     return [] if v is None else [(to, megatron_dtype_name(v))]  # verl's null: megatron's fp32 default
 
 
+#: the value functions that keep the value's meaning (a dtype name, a schedule): an error may name the verl key for
+#: ours (rlhf.config.verl.words); the others (hybrid_engine -> rollout.mode, pools, betas) change what the value says
+SAME_VALUE_FNS = frozenset({"logger", "warmup_steps", "lora_rank", "dtype", "train_dtype", "rollout_name", "schedule",
+                            "recompute", "router_dtype", "lora_a_init", "pool_nnodes", "pool_gpus"})
+
 #: the value rewrites of ``{fn: NAME, to: KEY}`` rules: ``FUNCTIONS[NAME](value, KEY) -> [(our key, value), ...]``
 FUNCTIONS = {
     "logger": lambda v, to: [(to, [v] if isinstance(v, str) else list(v))],
@@ -181,6 +186,8 @@ class Translated:
     unknown: list = field(default_factory=list)  # a ConfigKeyError per verl-layout key that is not ours either
     origins: dict = field(default_factory=dict)  # override string -> where its setting came from
     speaks_verl: bool = False  # some setting used verl's actor_rollout_ref.* layout
+    typed: dict = field(default_factory=dict)  # our key -> the verl key the user typed for it (errors name it)
+    own: set = field(default_factory=set)  # our keys the user typed as ours (errors keep them)
 
 
 _INTERP_KEY = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
@@ -216,6 +223,7 @@ def _apply(item: Item, rule: dict, head: str, out: Translated, reward_model: dic
         ours = _ours(arg, key, head, rule)
         if _in_schema(ours):
             out.overrides.append(_line(item, ours, value, verbatim=True))
+            out.typed[ours] = key
         else:  # our key's unknown-key error, naming verl's
             err = unknown_key_error(ours, item.source)
             first = f"Unknown config key {key!r} (read as {ours!r}" + (f"; {item.source}" if item.source else "")
@@ -225,8 +233,9 @@ def _apply(item: Item, rule: dict, head: str, out: Translated, reward_model: dic
         out.problems.append(f"{key}: only a single value is supported here{where}.")
     elif action == "fn":
         try:
-            out.overrides += [_line(item, k, v) for k, v in FUNCTIONS[arg](value, _ours(rule.get("to") or key, key,
-                                                                                           head, rule))]
+            made = FUNCTIONS[arg](value, _ours(rule.get("to") or key, key, head, rule))
+            out.overrides += [_line(item, k, v) for k, v in made]
+            out.typed.update({k: key for k, _ in made if k != key and arg in SAME_VALUE_FNS})
         except Unsupported as e:
             out.problems.append(f"{key}={shown} is not supported{where}: {e}.")
         except (TypeError, ValueError) as e:
@@ -279,6 +288,7 @@ def translate_items(items: Sequence[Item]) -> Translated:
         found = None if passthrough else rule_for(key, ours=True) or (None if _in_schema(key) else rule_for(key))
         if found is None:  # ours, or neither ours nor verl's: composing reports it with the nearest keys
             out.overrides.append(_line(item, key, item.value, verbatim=True))
+            out.own.add(key.lstrip("+"))
         else:
             _apply(item, *found, out, reward_model)
         for line in out.overrides[before:]:

@@ -195,6 +195,8 @@ ADDED_KEYS = {
                            "tool_response_truncate_side": "middle", "tool_config_path": None,
                            "interaction_config_path": None, "format": "hermes", "tool_timeout_s": 30.0,
                            "max_tokens_per_turn": None},
+    # verl's rollout.engine_kwargs.sglang: extra sglang.Engine arguments
+    "rollout.engine_kwargs": {"sglang": {}},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {
@@ -282,7 +284,8 @@ def test_algorithm_presets_compose():
     ("actor.clip_ratoi=0.3", "actor.clip_ratoi", "actor.clip_ratio"),
     ("actor.optim.lrr=1e-5", "actor.optim.lrr", "actor.optim.lr"),
     ("trainr.seed=3", "trainr.seed", "trainer"),
-    ("actor_rollout_ref.actor.clip_ratoi=0.3", "actor_rollout_ref.actor.clip_ratoi", "actor.clip_ratio"),  # verl's
+    ("actor_rollout_ref.actor.clip_ratoi=0.3", "actor_rollout_ref.actor.clip_ratoi",
+     "actor_rollout_ref.actor.clip_ratio"),  # verl's key: the nearest keys in verl's words
     ("actor.kl_coef=0.1", "actor.kl_coef", "algorithm.kl_ctrl.kl_coef"),
     ("+trainer.totl_training_steps=3", "trainer.totl_training_steps", "trainer.total_training_steps"),
 ])

@@ -53,9 +53,9 @@ def test_reference_from_other_weights_a_key_prefix_and_a_missing_path_are_refuse
                         f"{A}.dist_checkpointing_prefix=module.", f"{C}.use_dist_checkpointing=True"])
     msg = str(e.value)
     assert f"{R}.dist_checkpointing_path='/ckpt/b' is not supported" in msg
-    assert "set actor.dist_checkpointing_path='/ckpt/b'" in msg
+    assert f"set {A}.dist_checkpointing_path='/ckpt/b'" in msg  # verl's key, as typed
     assert f"{A}.dist_checkpointing_prefix='module.' is not supported" in msg and "prefix" in msg
-    assert "critic.use_dist_checkpointing=true needs critic.dist_checkpointing_path" in msg
+    assert f"{C}.use_dist_checkpointing=true needs {C}.dist_checkpointing_path" in msg
 
 
 def test_cfg_accepts_a_checkpoint_of_the_model(model, tmp_path):

@@ -333,13 +333,15 @@ def test_unsupported_verl_settings_are_named_all_at_once(gsm8k, capsys):
         compose_config([*_lines(VERL_GSM8K_PPO, **gsm8k), *bad])
     e = ei.value
     assert len(e.problems) == len(bad), str(e)
-    assert e.key == "actor_rollout_ref.actor.clip_ratoi" and "actor.clip_ratio" in e.suggestions
+    assert e.key == "actor_rollout_ref.actor.clip_ratoi" and "actor_rollout_ref.actor.clip_ratio" in e.suggestions
     msg = str(e)
-    for s in ["lora_rank=8 is not supported", "LoRA on the critic is not supported",
-              "ulysses_sequence_parallel_size=2 is not supported", "use parallel.sequence_parallel",
-              "rollout.name='hf' is not supported", "use rollout.name=sglang",
-              "ref.megatron.tensor_model_parallel_size=4 is not supported", "parallel.tensor_model_parallel_size=2",
-              "default_hdfs_dir='hdfs://x'", "Did you mean: actor.clip_ratio", "trainer.total_training_steps",
+    for s in ["lora_rank=8 is not supported", "LoRA on the critic is not supported",  # fixes in verl's keys:
+              "ulysses_sequence_parallel_size=2 is not supported",
+              "use actor_rollout_ref.actor.megatron.sequence_parallel",
+              "rollout.name='hf' is not supported", "use actor_rollout_ref.rollout.name=sglang",
+              "ref.megatron.tensor_model_parallel_size=4 is not supported",
+              "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "default_hdfs_dir='hdfs://x'",
+              "Did you mean: actor_rollout_ref.actor.clip_ratio", "trainer.total_training_steps",
               "rollout.mode='hybrid' is not one of [colocated, disaggregated]"]:
         assert s in msg, f"{s!r} not in\n{msg}"
     assert main(["--cfg", *_lines(VERL_GSM8K_PPO, **gsm8k), *bad]) == 2
@@ -379,7 +381,7 @@ def test_current_verl_keys_are_mapped_or_refused_all_at_once():
               "disaggregation.enabled=True is not supported", "qat.enable=True is not supported",
               "skip.rollout.enable=True",
               "'actor_rollout_ref.rollout.temprature' (read as 'rollout.temprature'",
-              "Did you mean: rollout.temperature"]:
+              "Did you mean: actor_rollout_ref.rollout.temperature"]:
         assert s in msg, f"{s!r} not in\n{msg}"
 
 

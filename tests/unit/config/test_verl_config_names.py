@@ -20,7 +20,8 @@ VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
 #: log-prob / critic-forward token budgets, which verl's _generated file shows resolved from its
 #: ${...ppo_max_token_len_per_gpu} interpolation (16384 / 32768) and ours leaves null, meaning the same key
 NOT_CARRIED = {"model.critic_path", "data.val_files", "trainer.n_gpus_per_node", "trainer.nnodes",
-               "rollout.num_engines", "trainer.logger", "trainer.default_local_dir", "actor.log_prob_max_token_len_per_gpu",
+               "rollout.num_engines", "trainer.logger", "trainer.default_local_dir",
+               "actor.log_prob_max_token_len_per_gpu",
                "critic.forward_max_token_len_per_gpu"}
 
 

@@ -4,6 +4,7 @@ file, one error for every problem, and verl's Megatron example commands.  CPU, i
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -73,7 +74,8 @@ def test_verl_config_dir_defaults_do_not_conflict(tree, tmp_path, paths, monkeyp
     assert code == 2
     [line] = [p for p in problems(err) if p.startswith("critic.megatron")]
     assert "critic.megatron.tensor_model_parallel_size=4 is not supported" in line
-    assert "set parallel.tensor_model_parallel_size=4" in line and "or drop critic.megatron" in line
+    assert "set actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4" in line
+    assert "or drop critic.megatron" in line
 
 
 def test_fixture_config_dir_keys_are_verls(tmp_path):
@@ -172,7 +174,8 @@ def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
     assert code == 2
     lines = problems(err)
     assert any("skip_rollout=True is not supported" in p for p in lines), err
-    assert any("tensor parallel size tp=3 does not divide num_attention_heads=4" in p for p in lines), err
+    assert any("tensor parallel size actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3 does not divide "
+               "num_attention_heads=4" in p for p in lines), err
     [tpl] = [p for p in lines if "custom_chat_template" in p]
     assert f"({len(repr(template))} characters)" in tpl and len(tpl) < 400
 
@@ -252,7 +255,8 @@ def _judge(name: str, code: int, err: str, expected) -> None:
     assert code == 2, name
     for part in expected:
         assert any(part in p for p in lines), (part, err)
-    assert all("is not supported" in p or p.startswith("rollout.mode=") for p in lines), err  # or the placement
+    # each names an unsupported feature, or is the placement (in verl's rollout replicas: rlhf.config.verl.words)
+    assert all("is not supported" in p or re.match(r"\d+ rollout replica\(s\) \(\w+\) x ", p) for p in lines), err
 
 
 @pytest.fixture

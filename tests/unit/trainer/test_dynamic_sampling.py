@@ -137,7 +137,7 @@ def test_overlong_shaping_values():
 def test_check_config():
     dapo.check_config(_cfg(fg=True, length=4))
     with pytest.raises(ValueError, match="metric"):
-        dapo.check_config(_cfg(fg=True, metric="acc"))
+        dapo.check_config(_cfg(fg=True, metric="accuracy"))  # acc is verl's (tests/unit/trainer/test_dapo_acc.py)
     with pytest.raises(ValueError, match="rollout.n >= 2"):
         dapo.check_config(_cfg(fg=True, n=1))
     with pytest.raises(ValueError, match="overlong_buffer.len"):
