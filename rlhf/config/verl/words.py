@@ -64,8 +64,10 @@ def _engines(text: str, t: Translated) -> str:
                   lambda m: f"run at most {m[1]} rollout replica(s): {how}", text)
     text = text.replace("lower rollout.num_engines or rollout.tensor_model_parallel_size",
                         "lower rollout.tensor_model_parallel_size or trainer.n_gpus_per_node")
-    return re.sub(r"(lower|raise|set) rollout\.num_engines\b", lambda m: f"{m[1]} the rollout replicas ({how})",
+    text = re.sub(r"(lower|raise|set) rollout\.num_engines\b", lambda m: f"{m[1]} the rollout replicas ({how})",
                   text)
+    text = re.sub(r"rollout\.num_engines=(\d+) engines of TP", r"\1 rollout replicas of TP", text)
+    return re.sub(r"rollout\.num_engines=(\d+)", r"\1 rollout replica(s)", text)
 
 
 def in_user_words(text: str, t: Optional[Translated]) -> str:
