@@ -10,6 +10,7 @@ line, so each script's shell variables and arithmetic expand as they do for a ve
 Megatron example when it starts ``verl.trainer.main_ppo`` with a Megatron config or strategy::
 
     python -m tests.support.verl_examples <verl git dir> <verl-recipe git dir>   # rewrites the fixture
+    python -m tests.support.verl_examples --count   # how many compose in verl's own form (--config-name, --cfg)
 """
 from __future__ import annotations
 
@@ -263,7 +264,43 @@ def write_verl_config_dir(root: Path) -> Path:
     return conf
 
 
-if __name__ == "__main__":
+def count_verl_form(paths: dict) -> tuple[list, dict]:
+    """(names that compose, {name: problem lines}) of every example in verl's own form: its --config-path /
+    --config-name, run with ``--cfg`` from an empty folder (the current directory: the caller's), ``paths`` filled in
+    (train, test, model, ckpt, mcore)."""
+    ok, bad = [], {}
+    for name, ex in examples().items():
+        code, _, err = run_cfg(["--cfg", *ex["options"], *(o.format(**paths) for o in ex["overrides"])])
+        (ok.append(name) if code == 0 else bad.__setitem__(name, problems(err) or err.strip().splitlines()[-1:]))
+    return ok, bad
+
+
+def _count_main() -> None:
+    """``python -m tests.support.verl_examples --count``: :func:`count_verl_form` with one GSM8K-style row,
+    ``tiny://quickstart`` and a metadata-only dist checkpoint, printed."""
+    from tests.support.mcore_checkpoints import write_dcp
+
+    os.environ.setdefault("WANDB_MODE", "offline")
+    tmp = Path(tempfile.mkdtemp())
+    row = {"prompt": "What is 2 + 3?", "data_source": "openai/gsm8k", "answer": "2 + 3 = 5\n#### 5"}
+    for n in ("train", "test"):
+        (tmp / f"{n}.jsonl").write_text(json.dumps(row) + "\n")
+    mcore = write_dcp(tmp / "mcore", {"embedding.word_embeddings.weight": (512, 64)})
+    paths = {"train": str(tmp / "train.jsonl"), "test": str(tmp / "test.jsonl"), "model": "tiny://quickstart",
+             "ckpt": str(tmp / "ckpt"), "mcore": mcore}
+    (tmp / "empty").mkdir()
+    os.chdir(tmp / "empty")
+    ok, bad = count_verl_form(paths)
+    print(f"{len(ok)} of {len(ok) + len(bad)} compose in verl's form")
+    for name in ok:
+        print("  composes", name)
+    for name, lines in bad.items():
+        print("  refused ", name, "|", " || ".join(line[:160] for line in lines[:3]))
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--count"]:
+    _count_main()
+elif __name__ == "__main__":
     verl, recipe = (sys.argv[1:] + ["/work/.mirror/volcengine+verl/repo",
                                     "/work/.mirror/verl-project+verl-recipe/repo"][len(sys.argv) - 1:])[:2]
     out = extract_examples(verl, recipe_git_dir=recipe)
