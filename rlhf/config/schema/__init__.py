@@ -10,6 +10,7 @@ from typing import Any
 
 from rlhf.config.schema.model import (ActorConfig, CriticConfig, DataConfig, ModelConfig, ParallelConfig,
                                       PolicyLossConfig)
+from rlhf.config.schema.distill import DistillConfig, TeacherConfig
 from rlhf.config.schema.run import (AlgorithmConfig, CustomRewardConfig, DPOConfig, FilterGroupsConfig,
                                     GlobalProfilerConfig, Gsm8kRewardConfig, KLControlConfig, OverlongBufferConfig,
                                     RewardConfig, RewardSourceConfig, RolloutConfig, RolloutValConfig, TrainerConfig)
@@ -17,7 +18,8 @@ from rlhf.config.schema.run import (AlgorithmConfig, CustomRewardConfig, DPOConf
 __all__ = ["RLHFConfig", "field_problems", "DataConfig", "ModelConfig", "ParallelConfig", "ActorConfig",
            "PolicyLossConfig", "CriticConfig", "RolloutConfig", "RolloutValConfig", "AlgorithmConfig",
            "KLControlConfig", "FilterGroupsConfig", "DPOConfig", "RewardConfig", "RewardSourceConfig",
-           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig", "GlobalProfilerConfig"]
+           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig", "GlobalProfilerConfig",
+           "DistillConfig", "TeacherConfig"]
 
 
 @dataclass
@@ -32,6 +34,7 @@ class RLHFConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 def field_problems(cfg: Any) -> list[str]:
