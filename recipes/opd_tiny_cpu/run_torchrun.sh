@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# opd_tiny_cpu: on-policy distillation, the unwarmed tiny model (student) from the warmed-up one (teacher), CPU.
+# opd_tiny_cpu: on-policy distillation: the unwarmed tiny model learns from its warmed-up self, CPU, a few minutes.
 #
 # One machine, 1 process: torchrun starts the ranks, each running `python -m rlhf.main recipe=opd_tiny_cpu`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.

@@ -174,7 +174,7 @@ def build_quickstart_model(
     meta = _meta(seed, warmup_steps, warmup_lr, max_operand, num_layers, hidden_size, batch_size, vocab_size, task,
                  answer_noise)
     if not force and _is_complete(out) and _read_meta(out) == meta:
-        logger.info("tiny://quickstart: reusing the warmed-up model in %s", out)
+        logger.info("tiny://quickstart: reusing the model in %s (%d warm-up steps)", out, warmup_steps)
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Several processes (ranks, actor + critic) may resolve the same path at once: one builds,
@@ -183,7 +183,8 @@ def build_quickstart_model(
     # thrash on a busy machine), and one thread makes the result independent of the core count.
     with _file_lock(out.parent / f".{out.name}.lock"), torch.random.fork_rng(devices=[]), _num_threads(1):
         if not force and _is_complete(out) and _read_meta(out) == meta:
-            logger.info("tiny://quickstart: reusing the warmed-up model in %s (built by another process)", out)
+            logger.info("tiny://quickstart: reusing the model in %s (%d warm-up steps; built by another process)", out,
+                        warmup_steps)
             return str(out)
         _build(out, meta, seed=seed, warmup_steps=warmup_steps, warmup_lr=warmup_lr, max_operand=max_operand,
                num_layers=num_layers, hidden_size=hidden_size, batch_size=batch_size, vocab_size=vocab_size,

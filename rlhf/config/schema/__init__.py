@@ -2,7 +2,8 @@
 YAML tree is composed onto these dataclasses in struct mode, so OmegaConf rejects an unknown key, a wrong type, a
 value outside an Enum.  A field's range is declared beside its default (schema/rules.py), a section's rules across its
 fields are its ``rules``; both run when a dataclass is built and on the composed config (:func:`field_problems`).
-model.py: data, model, parallel, actor, critic; run.py: rollout, algorithm, reward, trainer, global_profiler."""
+model.py: data, model, parallel, actor, critic; run.py: rollout, algorithm, reward, trainer, global_profiler;
+distill.py: distill (on-policy distillation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
