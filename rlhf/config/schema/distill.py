@@ -1,7 +1,8 @@
 """Schema section ``distill``: on-policy distillation (rlhf.algorithms.distill, docs/algorithms.md).
 
-verl's core has no on-policy distillation keys (its GKD recipe queries a teacher server for top-k forward-KL
-targets, another objective), so the names are slime's OPD arguments adapted to this tree:
+verl's main branch has no on-policy distillation keys (its GKD recipe queries a teacher server for top-k forward-KL
+targets; the open PR #4897's ``actor_rollout_ref.distillation.*`` adds a KL loss term instead, and is refused with a
+pointer here: rlhf/config/verl/keys.yaml), so the names are slime's OPD arguments adapted to this tree:
 
     slime                      here
     --use-opd                  distill.enable
