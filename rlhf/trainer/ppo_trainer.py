@@ -95,6 +95,7 @@ class PPOTrainer(BaseTrainer):
     """PPO and its critic-free variants (``algorithm.adv_estimator``), DAPO when configured."""
 
     progress_postfix = ("score", "critic/score/mean")
+    teacher = None  # on-policy distillation's teacher (rlhf.workers.teacher), built in __init__ with distill.enable
 
     def check_layout(self) -> None:
         """Virtual pipeline stages: every batch the actor / critic forward or train on splits into a multiple of
