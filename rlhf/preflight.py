@@ -190,6 +190,8 @@ def _files(cfg: Any) -> list[str]:
                                        "account_for_loss_in_pipeline_split")})
     out += _model("model.path", cfg.model.path, layout) + _init_weights(cfg)
     out += _model("model.critic_path", cfg.model.critic_path) if critic_on(cfg) else []
+    d = cfg.get("distill")  # the teacher: a supported family, sharded by the trainer's layout
+    out += _model("distill.teacher.path", d.teacher.path, layout) if d is not None and d.enable else []
     tok = cfg.model.tokenizer_path
     ref = parse_model_ref(tok) if tok and not is_object_ref(tok) else None
     out += [f"model.tokenizer_path={tok!r}: {ref.why}."] if ref and (ref.kind == "invalid" or (

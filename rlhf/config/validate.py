@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from rlhf.algorithms import registry
 from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
+from rlhf.config.distill import distill_problems
 from rlhf.config.errors import ConfigValidationError
 from rlhf.preflight import (SUPPORTED_ARCHITECTURES, check_model_config, critic_on, model_context_length,
                             preflight_problems, surroundings)
@@ -268,7 +269,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
             + _algorithm(cfg) + _pool(cfg) + _placement(cfg, world_size, gpus_per_node)
-            + engine_kwargs_problems(cfg)
+            + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files)
             + (preflight_problems(cfg) if check_files else []))
 
 

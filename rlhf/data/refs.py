@@ -35,7 +35,9 @@ DEFAULT_SPLITS = {"train": ("train",), "val": ("test", "validation")}
 _HUB_DATA = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<config>[\w.-]+))?"
                        r"(?:@(?P<split>[\w.+%:\[\]-]+))?$")
 _HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-TINY_MODELS = ("tiny://quickstart",)
+#: tiny://quickstart: the warmed-up quickstart model; tiny://quickstart-init: the same model before its warm-up
+#: (its initial weights; the on-policy distillation recipe's student)
+TINY_MODELS = ("tiny://quickstart", "tiny://quickstart-init")
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ def parse_model_ref(ref: str) -> ModelRef:
     s = str(ref).strip()
     if s.startswith("tiny://"):
         return ModelRef("tiny", s, exists=s.rstrip("/") in TINY_MODELS,
-                        why="" if s.rstrip("/") in TINY_MODELS else f"the only tiny model is {TINY_MODELS[0]}")
+                        why="" if s.rstrip("/") in TINY_MODELS else f"the tiny models are {' and '.join(TINY_MODELS)}")
     if s.startswith("object://"):
         return ModelRef("object", s)
     if "://" in s:

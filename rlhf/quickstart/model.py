@@ -65,6 +65,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "QUICKSTART_SCHEME",
+    "QUICKSTART_INIT_SCHEME",
     "QUICKSTART_DEFAULTS",
     "META_FILE",
     "build_quickstart_model",
@@ -73,6 +74,9 @@ __all__ = [
 ]
 
 QUICKSTART_SCHEME = "tiny://quickstart"
+#: the quickstart model before its warm-up: the same tokenizer, architecture and initial weights (seed), 0 warm-up
+#: steps, in a directory of its own (``<cache>/tiny_quickstart_init``) so it never replaces the warmed-up one
+QUICKSTART_INIT_SCHEME = "tiny://quickstart-init"
 META_FILE = "warmup_meta.json"
 _META_VERSION = 3  # 2: max_position_embeddings 1024; 3: 32768
 
@@ -170,7 +174,7 @@ def build_quickstart_model(
     meta = _meta(seed, warmup_steps, warmup_lr, max_operand, num_layers, hidden_size, batch_size, vocab_size, task,
                  answer_noise)
     if not force and _is_complete(out) and _read_meta(out) == meta:
-        logger.info("tiny://quickstart: reusing the warmed-up model in %s", out)
+        logger.info("tiny://quickstart: reusing the model in %s (%d warm-up steps)", out, warmup_steps)
         return str(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Several processes (ranks, actor + critic) may resolve the same path at once: one builds,
@@ -179,7 +183,8 @@ def build_quickstart_model(
     # thrash on a busy machine), and one thread makes the result independent of the core count.
     with _file_lock(out.parent / f".{out.name}.lock"), torch.random.fork_rng(devices=[]), _num_threads(1):
         if not force and _is_complete(out) and _read_meta(out) == meta:
-            logger.info("tiny://quickstart: reusing the warmed-up model in %s (built by another process)", out)
+            logger.info("tiny://quickstart: reusing the model in %s (%d warm-up steps; built by another process)", out,
+                        warmup_steps)
             return str(out)
         _build(out, meta, seed=seed, warmup_steps=warmup_steps, warmup_lr=warmup_lr, max_operand=max_operand,
                num_layers=num_layers, hidden_size=hidden_size, batch_size=batch_size, vocab_size=vocab_size,
@@ -265,12 +270,15 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
                 full_meta["stats"]["first_loss"], full_meta["stats"]["final_loss"])
 
 
-def built_quickstart_model(cache_dir: Union[str, os.PathLike], **build_kwargs: Any) -> Optional[str]:
-    """The directory :func:`resolve_model_path` returns for ``tiny://quickstart`` with these ``build_kwargs``
-    (``None`` values: the defaults) when that model is built already; None when it would be built (nothing is
-    built here)."""
+def built_quickstart_model(cache_dir: Union[str, os.PathLike], init: bool = False,
+                           **build_kwargs: Any) -> Optional[str]:
+    """The directory :func:`resolve_model_path` returns for ``tiny://quickstart`` (``init``: for
+    ``tiny://quickstart-init``) with these ``build_kwargs`` (``None`` values: the defaults) when that model is built
+    already; None when it would be built (nothing is built here)."""
     kw = {**QUICKSTART_DEFAULTS, "task": None, **{k: v for k, v in build_kwargs.items() if v is not None}}
-    out = Path(cache_dir) / "tiny_quickstart_model"
+    if init:
+        kw["warmup_steps"] = 0
+    out = Path(cache_dir) / ("tiny_quickstart_init" if init else "tiny_quickstart_model")
     meta = _meta(kw["seed"], kw["warmup_steps"], kw["warmup_lr"], kw["max_operand"], kw["num_layers"],
                  kw["hidden_size"], kw["batch_size"], kw["vocab_size"], kw["task"], kw["answer_noise"])
     return str(out) if _is_complete(out) and _read_meta(out) == meta else None
@@ -278,17 +286,23 @@ def built_quickstart_model(cache_dir: Union[str, os.PathLike], **build_kwargs: A
 
 def resolve_model_path(path: str, cache_dir: Union[str, os.PathLike], **build_kwargs: Any) -> str:
     """``tiny://quickstart`` -> build or reuse the warmed-up model under
-    ``cache_dir/tiny_quickstart_model`` and return that directory; any other string is
+    ``cache_dir/tiny_quickstart_model`` and return that directory; ``tiny://quickstart-init`` -> the same model
+    with no warm-up (its initial weights) under ``cache_dir/tiny_quickstart_init``; any other string is
     returned unchanged. ``build_kwargs`` go to :func:`build_quickstart_model` (e.g.
-    ``warmup_steps``, ``warmup_lr``, ``max_operand``, ``seed``); ``None`` values mean "the
-    default", so config fields can be passed straight through.
+    ``warmup_steps``, ``warmup_lr``, ``max_operand``, ``seed``; ``warmup_steps`` is 0 for the init); ``None``
+    values mean "the default", so config fields can be passed straight through.
 
     Raises:
-        ValueError: another ``tiny://`` name (only ``tiny://quickstart`` exists).
+        ValueError: another ``tiny://`` name.
     """
     if not isinstance(path, str) or not path.startswith("tiny://"):
         return path
-    if path.rstrip("/") != QUICKSTART_SCHEME:
-        raise ValueError(f"resolve_model_path: unknown tiny model {path!r}; the only one is {QUICKSTART_SCHEME!r}.")
+    name = path.rstrip("/")
+    if name not in (QUICKSTART_SCHEME, QUICKSTART_INIT_SCHEME):
+        raise ValueError(f"resolve_model_path: unknown tiny model {path!r}; the tiny models are "
+                         f"{QUICKSTART_SCHEME!r} and {QUICKSTART_INIT_SCHEME!r}.")
     kwargs = {k: v for k, v in build_kwargs.items() if v is not None}
+    if name == QUICKSTART_INIT_SCHEME:
+        kwargs["warmup_steps"] = 0
+        return build_quickstart_model(Path(cache_dir) / "tiny_quickstart_init", **kwargs)
     return build_quickstart_model(Path(cache_dir) / "tiny_quickstart_model", **kwargs)

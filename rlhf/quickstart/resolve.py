@@ -5,7 +5,8 @@ The trainer's build path (``rlhf.workers.build``, the trainers' data set-up) cal
 anything that is not a quickstart URI unchanged, so no other module knows these schemes:
 
 * ``model.path=tiny://quickstart`` -> the warmed-up tiny model (:mod:`rlhf.quickstart.model`),
-  built once under ``<trainer.default_local_dir>/tiny_model``;
+  built once under ``<trainer.default_local_dir>/tiny_model``; ``tiny://quickstart-init`` -> the same model
+  before its warm-up (its initial weights, kept in a directory of its own);
 * ``data.*_files=embedded://arithmetic`` -> parquet files of the arithmetic task
   (:mod:`rlhf.quickstart.arithmetic`) under ``<trainer.default_local_dir>/data``, in the form the
   quickstart model was warmed up on;
@@ -50,9 +51,11 @@ def _rank0_only(fn) -> None:
 
 
 def resolve_model(cfg, path: str | None = None) -> str:
-    """`path` (default ``cfg.model.path``; also ``model.critic_path`` and reward-model paths) as a local path or
-    hub name: ``tiny://quickstart`` is built (or reused) under ``trainer.default_local_dir/tiny_model`` with
-    ``model.warmup_steps / warmup_lr`` and ``data.embedded_max_operand``; any other value is returned unchanged.
+    """`path` (default ``cfg.model.path``; also ``model.critic_path``, ``distill.teacher.path`` and reward-model
+    paths) as a local path or hub name: ``tiny://quickstart`` is built (or reused) under
+    ``trainer.default_local_dir/tiny_model`` with ``model.warmup_steps / warmup_lr`` and
+    ``data.embedded_max_operand``, ``tiny://quickstart-init`` likewise with no warm-up; any other value is returned
+    unchanged.
 
     Raises:
         ValueError: another ``tiny://`` name.
@@ -71,15 +74,17 @@ def resolve_model(cfg, path: str | None = None) -> str:
 def local_model_path(cfg, path: str | None = None) -> str | None:
     """What :func:`resolve_model` (then the trainer's hub download) would give for `path` (default
     ``cfg.model.path``), found without building, downloading or any collective: a local directory as it is,
-    ``tiny://quickstart`` when that model is built already; None otherwise (a hub name, a model to build)."""
+    ``tiny://quickstart`` / ``tiny://quickstart-init`` when that model is built already; None otherwise (a hub name, a model to build)."""
     path = cfg.model.path if path is None else path
     if isinstance(path, str) and path.startswith(TINY_SCHEME):
-        if path.rstrip("/") != TINY_SCHEME + "quickstart":
+        if path.rstrip("/") not in (TINY_SCHEME + "quickstart", TINY_SCHEME + "quickstart-init"):
             return None
-        from .model import built_quickstart_model
+        from .model import QUICKSTART_INIT_SCHEME, built_quickstart_model
 
-        return built_quickstart_model(os.path.join(cfg.trainer.default_local_dir, "tiny_model"),
-                                      warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr,
+        cache = os.path.join(cfg.trainer.default_local_dir, "tiny_model")
+        if path.rstrip("/") == QUICKSTART_INIT_SCHEME:
+            return built_quickstart_model(cache, init=True, max_operand=cfg.data.embedded_max_operand)
+        return built_quickstart_model(cache, warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr,
                                       max_operand=cfg.data.embedded_max_operand)
     return path if isinstance(path, str) and os.path.isdir(path) else None
 

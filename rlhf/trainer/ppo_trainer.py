@@ -9,7 +9,8 @@ REINFORCE++) build no critic.  DAPO's dynamic sampling runs only when ``algorith
 (rlhf.trainer.dynamic_sampling); the loop, checkpoints and export are BaseTrainer's.  Which samples count
 (unscorable rewards: rlhf.rewards.validity; overlong filtering) and the advantages through the estimator
 registry are rlhf.trainer.advantages, ReMax's greedy baselines rlhf.trainer.remax; the policy loss is
-``actor.policy_loss.loss_mode`` from the registry (rlhf.workers.losses).
+``actor.policy_loss.loss_mode`` from the registry (rlhf.workers.losses).  On-policy distillation
+(``distill.enable``): a teacher scores the student's tokens, the reverse KL enters the advantages (rlhf.trainer.distill).
 """
 from __future__ import annotations
 
@@ -38,10 +39,12 @@ from rlhf.workers.batch import (
 from rlhf.workers.build import build_actor, build_critic, build_reference, resolve_reward_paths
 from rlhf.workers.losses import PPOPolicyLoss
 from rlhf.workers.rollout import RolloutWorker
+from rlhf.workers.teacher import build_teacher, resolve_teacher
 from rlhf.workers.worker import padding_metrics
 
 from .advantages import compute_advantages, sample_masks
 from .base import BaseTrainer
+from .distill import apply_distillation
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
 from .metrics import compute_data_metrics, compute_timing_metrics, rollout_metrics, timer
 from .perf import PerfMeter
@@ -92,6 +95,7 @@ class PPOTrainer(BaseTrainer):
     """PPO and its critic-free variants (``algorithm.adv_estimator``), DAPO when configured."""
 
     progress_postfix = ("score", "critic/score/mean")
+    teacher = None  # on-policy distillation's teacher (rlhf.workers.teacher), built in __init__ with distill.enable
 
     def check_layout(self) -> None:
         """Virtual pipeline stages: every batch the actor / critic forward or train on splits into a multiple of
@@ -110,6 +114,8 @@ class PPOTrainer(BaseTrainer):
         check_sampling(cfg)  # no top-p / top-k truncation in training rollouts
         check_reward_config(cfg.reward)  # custom reward files import (ImportError naming the file), before any model
         super().__init__(cfg)
+        # on-policy distillation: the teacher's tokenizer checked against the student's before any model is built
+        teacher_src = resolve_teacher(cfg, self.tokenizer) if cfg.distill.enable else None
         if engines is None:  # CPU / own GPUs: the engines start while the models build
             engines = RolloutWorker.launch(cfg, self.model_path)
         self.progress_desc = algorithm_label(cfg)
@@ -131,6 +137,7 @@ class PPOTrainer(BaseTrainer):
                                          actor=self.actor) \
             if need_ref else None
         self.critic = build_critic(cfg, self.model_path) if use_critic(cfg) else None
+        self.teacher = build_teacher(cfg, *teacher_src, temperature=temperature) if teacher_src else None
         self.rollout = RolloutWorker(cfg, self.model_path, self.actor.bundle, self.tokenizer, manager=engines)
         self.rollout.actor_resident = lambda: self.actor.resident("params")  # offloaded parameters, for each sync
         self.kl_ctrl = algos.get_kl_controller(cfg.algorithm.kl_ctrl)
@@ -190,6 +197,9 @@ class PPOTrainer(BaseTrainer):
         if self.reference is not None:
             with timer(m, "ref"):
                 batch["ref_log_probs"] = self.reference.compute_log_prob(batch)["log_probs"]
+        if self.teacher is not None:  # on-policy distillation: the teacher scores the student's sampled tokens
+            with timer(m, "teacher"):
+                batch["teacher_log_probs"] = self.teacher.compute_log_prob(batch)["log_probs"]
         if self.critic is not None:
             with timer(m, "values"):
                 batch["values"] = self.critic.compute_values(batch)
@@ -204,6 +214,8 @@ class PPOTrainer(BaseTrainer):
         else:
             with timer(m, "adv"):
                 m.update(compute_advantages(batch, uids, cfg.algorithm, self.kl_ctrl))
+        if self.teacher is not None:  # A - distill.kl_coef x (student - teacher log-prob), distill/* metrics
+            m.update(apply_distillation(batch, cfg.distill, train=not no_signal))
         if self.critic is not None and not no_signal:
             with timer(m, "update_critic"):
                 m.update(self.critic.update_critic(batch, step=step))
@@ -224,7 +236,7 @@ class PPOTrainer(BaseTrainer):
         m.update(self.perf.memory(m))  # perf/max_memory_allocated_gb
         if not cfg.algorithm.use_kl_in_reward:
             m.setdefault("actor/reward_kl_penalty", 0.0)
-        m.update(padding_metrics([self.actor, self.reference, self.critic]))  # perf/padding_efficiency
+        m.update(padding_metrics([self.actor, self.reference, self.critic, self.teacher]))  # perf/padding_efficiency
         m["_tokens"] = float(batch["attention_mask"].sum())
         return m
 

@@ -2,7 +2,8 @@
 YAML tree is composed onto these dataclasses in struct mode, so OmegaConf rejects an unknown key, a wrong type, a
 value outside an Enum.  A field's range is declared beside its default (schema/rules.py), a section's rules across its
 fields are its ``rules``; both run when a dataclass is built and on the composed config (:func:`field_problems`).
-model.py: data, model, parallel, actor, critic; run.py: rollout, algorithm, reward, trainer, global_profiler."""
+model.py: data, model, parallel, actor, critic; run.py: rollout, algorithm, reward, trainer, global_profiler;
+distill.py: distill (on-policy distillation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any
 
 from rlhf.config.schema.model import (ActorConfig, CriticConfig, DataConfig, ModelConfig, ParallelConfig,
                                       PolicyLossConfig)
+from rlhf.config.schema.distill import DistillConfig, TeacherConfig
 from rlhf.config.schema.run import (AlgorithmConfig, CustomRewardConfig, DPOConfig, FilterGroupsConfig,
                                     GlobalProfilerConfig, Gsm8kRewardConfig, KLControlConfig, OverlongBufferConfig,
                                     RewardConfig, RewardSourceConfig, RolloutConfig, RolloutValConfig, TrainerConfig)
@@ -17,7 +19,8 @@ from rlhf.config.schema.run import (AlgorithmConfig, CustomRewardConfig, DPOConf
 __all__ = ["RLHFConfig", "field_problems", "DataConfig", "ModelConfig", "ParallelConfig", "ActorConfig",
            "PolicyLossConfig", "CriticConfig", "RolloutConfig", "RolloutValConfig", "AlgorithmConfig",
            "KLControlConfig", "FilterGroupsConfig", "DPOConfig", "RewardConfig", "RewardSourceConfig",
-           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig", "GlobalProfilerConfig"]
+           "CustomRewardConfig", "OverlongBufferConfig", "Gsm8kRewardConfig", "TrainerConfig", "GlobalProfilerConfig",
+           "DistillConfig", "TeacherConfig"]
 
 
 @dataclass
@@ -32,6 +35,7 @@ class RLHFConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
 def field_problems(cfg: Any) -> list[str]:

@@ -73,7 +73,8 @@ class LoRAConfig(Checked):
 
 @dataclass
 class ModelConfig(Checked):
-    path: str = "tiny://quickstart"  # HF dir, hub name, or tiny://quickstart (built + warmed up locally)
+    # HF dir, hub name, or tiny://quickstart (built + warmed up locally; tiny://quickstart-init: before the warm-up)
+    path: str = "tiny://quickstart"
     tokenizer_path: Optional[str] = None
     critic_path: Optional[str] = None  # defaults to `path` (value head freshly initialised)
     make_vocab_size_divisible_by: int = 128

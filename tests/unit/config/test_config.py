@@ -173,6 +173,9 @@ ADDED_KEYS = {
     "model.moe_z_loss_coeff": None, "model.moe_router_dtype": None,
     # verl's global_profiler section (torch.profiler traces of the listed steps)
     "global_profiler": {"tool": None, "steps": None, "save_path": None, "profile_continuous_steps": False},
+    # on-policy distillation (slime's --use-opd / --opd-kl-coef / --opd-teacher-load, rlhf/config/schema/distill.py)
+    "distill": {"enable": False, "kl_coef": 1.0, "task_reward": True, "center": False,
+                "teacher": {"path": None, "log_prob_micro_batch_size_per_gpu": None, "param_offload": False}},
     # LoRA on the actor (rank 0: off)
     "model.lora": {"rank": 0, "alpha": 16.0, "target_modules": "all-linear", "a_init": "xavier"},
     # offload between phases (verl's megatron.*_offload) and megatron-core's own optimizer options
@@ -207,7 +210,7 @@ CHANGED_DEFAULTS = {
 #: recipes captured after ADDED_KEYS were added (their fixtures already hold those keys)
 CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu", "sapo_tiny_cpu", "gpg_tiny_cpu", "gmpo_tiny_cpu",
                   "clip_cov_tiny_cpu", "kl_cov_tiny_cpu", "remax_tiny_cpu", "opo_tiny_cpu", "grpo_passk_tiny_cpu",
-                  "gpu_smoke"}
+                  "gpu_smoke", "opd_tiny_cpu"}
 
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))

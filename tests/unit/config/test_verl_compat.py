@@ -377,7 +377,7 @@ def test_current_verl_keys_are_mapped_or_refused_all_at_once():
         compose_config(bad)
     msg = str(ei.value)
     assert len(ei.value.problems) == len(bad), msg
-    for s in ["distillation.enabled=True is not supported", "on-policy distillation is not supported",
+    for s in ["distillation.enabled=True is not supported", "on-policy distillation here: distill.enable=true",
               "disaggregation.enabled=True is not supported", "qat.enable=True is not supported",
               "skip.rollout.enable=True",
               "'actor_rollout_ref.rollout.temprature' (read as 'rollout.temprature'",

@@ -242,3 +242,34 @@ def test_resolve_model_builds_tiny_only(tmp_path, one_rank, monkeypatch):
     out = resolve_model(_hook_cfg(tmp_path, model="tiny://quickstart"))
     assert out == str(tmp_path / "run" / "tiny_model" / "tiny_quickstart_model")
     assert seen[-1][1] == {"warmup_steps": 7, "max_operand": 5}  # None (warmup_lr) means the default
+
+
+def test_quickstart_init_is_the_model_before_its_warmup(tmp_path, monkeypatch):
+    """tiny://quickstart-init (the on-policy distillation recipe's student): the quickstart build with 0 warm-up
+    steps, in a directory of its own, so resolving it never replaces the warmed-up tiny://quickstart (the teacher)."""
+    from rlhf.data.refs import parse_model_ref
+    from rlhf.quickstart import model as quickstart_model
+    from rlhf.quickstart.model import built_quickstart_model
+
+    assert parse_model_ref("tiny://quickstart-init").exists and not parse_model_ref("tiny://quickstart-x").exists
+    seen = []
+    monkeypatch.setattr(quickstart_model, "build_quickstart_model",
+                        lambda out, **kw: seen.append((out, kw)) or str(out))
+    assert resolve_model_path("tiny://quickstart-init", tmp_path, warmup_steps=300) == str(
+        tmp_path / "tiny_quickstart_init") and seen[-1][1] == {"warmup_steps": 0}
+    assert resolve_model_path("tiny://quickstart", tmp_path, warmup_steps=300) == str(
+        tmp_path / "tiny_quickstart_model") and seen[-1][1] == {"warmup_steps": 300}
+    monkeypatch.undo()
+    out = resolve_model_path("tiny://quickstart-init", tmp_path, max_operand=5)
+    meta = json.loads((Path(out) / META_FILE).read_text())
+    assert meta["warmup_steps"] == 0 and meta["seed"] == QUICKSTART_DEFAULTS["seed"]
+    assert built_quickstart_model(tmp_path, init=True, max_operand=5) == out
+    assert built_quickstart_model(tmp_path, max_operand=5) is None  # the warmed-up one is not there
+    # the initial weights: the same seed's HF init as the warm-up starts from
+    model, tok = _load(out)
+    init = tiny.build_tiny_hf_model("llama_gqa", vocab_size=len(tok), hidden_size=QUICKSTART_DEFAULTS["hidden_size"],
+                                    num_layers=QUICKSTART_DEFAULTS["num_layers"], seed=QUICKSTART_DEFAULTS["seed"],
+                                    init="hf", dtype=torch.float32, bos_token_id=tiny.IM_START_ID,
+                                    eos_token_id=tiny.IM_END_ID, pad_token_id=tiny.PAD_ID,
+                                    max_position_embeddings=model.config.max_position_embeddings)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), init.state_dict().values()))

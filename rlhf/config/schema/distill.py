@@ -1,0 +1,58 @@
+"""Schema section ``distill``: on-policy distillation (rlhf.algorithms.distill, docs/algorithms.md).
+
+verl's main branch has no on-policy distillation keys (its GKD recipe queries a teacher server for top-k forward-KL
+targets; the open PR #4897's ``actor_rollout_ref.distillation.*`` adds a KL loss term instead, and is refused with a
+pointer here: rlhf/config/verl/keys.yaml), so the names are slime's OPD arguments adapted to this tree:
+
+    slime                      here
+    --use-opd                  distill.enable
+    --opd-type megatron        (the only kind here: the teacher is a megatron GPTModel on the trainer ranks)
+    --opd-kl-coef              distill.kl_coef
+    --opd-teacher-load         distill.teacher.path (an HF checkpoint, hub name or tiny://, not a megatron one)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from rlhf.config.schema.rules import Checked, ge, ge1_or_null
+
+__all__ = ["DistillConfig", "TeacherConfig"]
+
+
+@dataclass
+class TeacherConfig(Checked):
+    """The teacher role: a frozen megatron GPTModel built from an HF checkpoint of any supported family (it may be
+    larger than the student), sharded like the trainer (parallel.tensor/pipeline_model_parallel_size: megatron's
+    process groups are one per process); it must share the student's tokenizer (checked at --cfg from the files,
+    and again at start before any model is built)."""
+
+    path: Optional[str] = None  # HF directory, hub name or tiny://quickstart (slime: --opd-teacher-load)
+    # sequences per no-grad forward; null: actor.log_prob_micro_batch_size_per_gpu
+    log_prob_micro_batch_size_per_gpu: Optional[int] = ge1_or_null(None, "null uses the actor's")
+    param_offload: bool = False  # the teacher's parameters off the device outside its forward (like the reference's)
+
+
+@dataclass
+class DistillConfig(Checked):
+    """On-policy distillation: A_hat_t = A_t - kl_coef x (log pi_student(a_t) - log pi_teacher(a_t)) per response
+    token of the student's rollouts (slime's apply_opd_kl_to_advantages); ``distill/`` metrics."""
+
+    enable: bool = False  # slime: --use-opd
+    kl_coef: float = ge(0, 1.0)  # slime: --opd-kl-coef (default 1.0)
+    # true: the estimator's advantages of the task reward plus the distillation term; false: pure distillation (the
+    # task reward is computed and logged as critic/score/* but does not train)
+    task_reward: bool = True
+    # subtract the batch's mean reverse KL from each token's (a constant baseline: unbiased, lower variance; not in
+    # slime / tinker, which start from a competent student: from a far-off one it keeps the update stable)
+    center: bool = False
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+
+    def rules(self, at: str = "") -> list[str]:
+        if self.enable and not self.teacher.path:
+            return [f"{at}enable=true needs {at}teacher.path: the teacher's HF directory, hub name or "
+                    f"tiny://quickstart."]
+        if not self.enable and self.teacher.path:
+            return [f"{at}teacher.path={self.teacher.path!r} is set but {at}enable=false: set {at}enable=true to "
+                    f"distil from it, or drop {at}teacher.path."]
+        return []

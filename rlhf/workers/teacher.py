@@ -1,0 +1,76 @@
+"""The on-policy distillation teacher (``distill.*``, rlhf.algorithms.distill): a frozen megatron GPTModel built from
+an HF checkpoint (any family parallel.convert supports, of any size the trainer's layout shards), scoring the
+student's sampled tokens with the same no-grad forward as the reference (rlhf.workers.actor.MegatronActor, no
+optimizer).  It is sharded like every role of the trainer (``parallel.tensor/pipeline_model_parallel_size``:
+megatron-core's process groups are one per process), so a teacher larger than the student is split over the same
+ranks.  Collective where noted."""
+from __future__ import annotations
+
+import logging
+
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from parallel.models import build_model_chunks
+from rlhf.config.distill import mismatch_message, vocab_mismatch
+from rlhf.config.errors import ConfigValidationError
+
+from .actor import MegatronActor
+from .build import attach_offload, load_hf_config, model_config_kwargs, resolve_model_path
+
+__all__ = ["resolve_teacher", "build_teacher"]
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_teacher(cfg, student_tokenizer):
+    """Collective. ``distill.teacher.path`` as a local directory (tiny://, hub names and local directories resolved
+    like the actor's) and its HF config, after checking that its tokenizer is the student's `student_tokenizer`
+    (the same token -> id map: the teacher scores the student's token ids) and that its embedding holds every id.
+    Call before any model is built.
+
+    Returns:
+        (path, hf_config).
+
+    Raises:
+        ConfigValidationError: the teacher has no loadable tokenizer, its tokenizer differs from the student's, or its
+            vocab_size is smaller than the student's tokenizer (the run exits with code 2, naming the key).
+    """
+    from transformers import AutoTokenizer
+
+    key = cfg.distill.teacher.path
+    path = resolve_model_path(cfg, key)
+    student_ref = cfg.model.tokenizer_path or cfg.model.path
+    try:
+        teacher_tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigValidationError([f"distill.teacher.path={key!r} has no tokenizer that loads ({e}); the teacher "
+                                     f"must share the student's tokenizer: save it there "
+                                     f"(tokenizer.save_pretrained)."]) from None
+    why = vocab_mismatch(student_tokenizer.get_vocab(), teacher_tokenizer.get_vocab())
+    if why:
+        raise ConfigValidationError([mismatch_message(key, student_ref, why)])
+    hf_config = load_hf_config(path)
+    rows = getattr(getattr(hf_config, "text_config", None) or hf_config, "vocab_size", None)
+    if rows is not None and rows < len(student_tokenizer):
+        raise ConfigValidationError([f"distill.teacher.path={key!r}: its vocab_size={rows} (config.json) is smaller "
+                                     f"than the student's tokenizer ({len(student_tokenizer)} tokens); give a teacher "
+                                     f"whose embedding covers the tokenizer."])
+    if dist.get_rank() == 0:
+        logger.info("distill: teacher %s (%s), tokenizer shared with the student", key,
+                    (getattr(hf_config, "architectures", None) or ["?"])[0])
+    return path, hf_config
+
+
+def build_teacher(cfg, path: str, hf_config, *, temperature: float) -> MegatronActor:
+    """Collective. The frozen teacher from the HF weights at `path` (no optimizer, eval mode), computing log-probs
+    with the rollout's `temperature` like the actor and the reference; micro batches of
+    ``distill.teacher.log_prob_micro_batch_size_per_gpu`` (null: the actor's), parameters offloaded between its
+    forwards with ``distill.teacher.param_offload``."""
+    section = OmegaConf.create(OmegaConf.to_container(cfg.actor, resolve=True))
+    mbs = cfg.distill.teacher.log_prob_micro_batch_size_per_gpu
+    if mbs is not None:
+        section.log_prob_micro_batch_size_per_gpu = mbs
+    bundle = build_model_chunks(hf_config, "reference", path, **model_config_kwargs(cfg))
+    teacher = MegatronActor(bundle, None, section, temperature=temperature)
+    return attach_offload(teacher, ["params" if cfg.distill.teacher.param_offload else None], "teacher")

@@ -1,0 +1,94 @@
+"""On-policy distillation's config (``distill.*``, rlhf/config/schema/distill.py, rlhf/config/distill.py): the recipe
+composes at --cfg, a teacher whose tokenizer is not the student's is refused at --cfg (from the files) and at the
+start of a run (rlhf.workers.teacher.resolve_teacher, on the loaded tokenizers) before any model is built, with a
+message naming the key and the fix."""
+from __future__ import annotations
+
+import pytest
+
+from rlhf.config import ConfigValidationError, compose_config, validate_config
+from rlhf.config.distill import files_vocab, vocab_mismatch
+from rlhf.config.validate import config_problems
+from rlhf.main import main
+from rlhf.quickstart.tiny import make_tiny_hf_model, make_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A student and a larger teacher sharing a tokenizer, and a teacher of another tokenizer (another corpus)."""
+    root = tmp_path_factory.mktemp("distill_models")
+    tok = make_tiny_tokenizer(vocab_size=400)
+    other = make_tiny_tokenizer(vocab_size=400, corpus=["completely different words", "zebra quartz jumps"] * 8)
+    student = make_tiny_hf_model(str(root / "student"), vocab_size=512, num_layers=2, tokenizer=tok)
+    teacher = make_tiny_hf_model(str(root / "teacher"), vocab_size=512, num_layers=4, hidden_size=128,
+                                 tokenizer=tok)
+    foreign = make_tiny_hf_model(str(root / "foreign"), vocab_size=512, num_layers=2, tokenizer=other)
+    return {"student": student, "teacher": teacher, "foreign": foreign, "tok": tok, "root": root}
+
+
+def _overrides(models, teacher, tmp_path):
+    return [f"model.path={models['student']}", "distill.enable=true", f"distill.teacher.path={models[teacher]}",
+            f"trainer.default_local_dir={tmp_path}"]
+
+
+def test_recipe_composes_at_cfg(capsys, tmp_path):
+    assert main(["recipe=opd_tiny_cpu", f"trainer.default_local_dir={tmp_path}", "--cfg", "job"]) == 0
+    out = capsys.readouterr().out
+    assert "distill:\n  enable: true\n  kl_coef: 1.0" in out and "path: tiny://quickstart\n" in out
+    assert "path: tiny://quickstart-init" in out  # the student: the quickstart model before its warm-up
+    cfg = compose_config([f"trainer.default_local_dir={tmp_path}"], recipe="opd_tiny_cpu")
+    validate_config(cfg, world_size=1, check_files=True)
+
+
+def test_teacher_of_the_same_tokenizer_passes(models, tmp_path):
+    cfg = compose_config(_overrides(models, "teacher", tmp_path), recipe="grpo_tiny_cpu")
+    assert config_problems(cfg, world_size=1, check_files=True) == []
+
+
+def test_teacher_of_another_vocabulary_is_refused_at_cfg(models, tmp_path, capsys):
+    cfg = compose_config(_overrides(models, "foreign", tmp_path), recipe="grpo_tiny_cpu")
+    problems = [p for p in config_problems(cfg, world_size=1, check_files=True) if p.startswith("distill.")]
+    assert len(problems) == 1
+    p = problems[0]
+    assert p.startswith(f"distill.teacher.path={models['foreign']!r}: the teacher's tokenizer is not the student's")
+    assert "both must use the same tokenizer" in p and f"(the student's: {models['student']!r})" in p
+    # the command line: exit code 2, the message on stderr, before anything is built
+    assert main(["recipe=grpo_tiny_cpu", *_overrides(models, "foreign", tmp_path), "--cfg", "job"]) == 2
+    assert "the teacher's tokenizer is not the student's" in capsys.readouterr().err
+
+
+def test_teacher_of_another_vocabulary_is_refused_at_start(models):
+    """The ranks' own check (a teacher only a hub name away at --cfg is first on disk here), before any model."""
+    from rlhf.workers.teacher import resolve_teacher
+
+    cfg = compose_config([f"model.path={models['student']}", "distill.enable=true",
+                          f"distill.teacher.path={models['foreign']}"])
+    with pytest.raises(ConfigValidationError, match=r"distill.teacher.path=.*foreign.*the teacher's tokenizer is "
+                                                    r"not the student's \(\d+ tokens vs \d+; \d+ of the student's"):
+        resolve_teacher(cfg, models["tok"])
+
+
+def test_vocab_mismatch_names_sizes_and_tokens():
+    assert vocab_mismatch({"a": 0, "b": 1}, {"a": 0, "b": 1}) is None
+    assert vocab_mismatch({"a": 0, "b": 1}, {"a": 0, "b": 2, "c": 1}) == (
+        "the teacher's tokenizer is not the student's (2 tokens vs 3; 1 of the student's tokens have another id or "
+        "none in the teacher's, e.g. 'b': 1 vs 2)")
+    assert "'c' (teacher only)" in vocab_mismatch({"a": 0}, {"a": 0, "c": 1})
+
+
+def test_files_vocab_reads_the_saved_tokenizer(models):
+    assert files_vocab(models["student"]) == models["tok"].get_vocab()
+    assert files_vocab(str(models["root"] / "missing")) is None
+
+
+def test_distill_settings_are_checked(tmp_path):
+    with pytest.raises(ConfigValidationError, match="distill.enable=true needs distill.teacher.path"):
+        validate_config(compose_config(["distill.enable=true"]))
+    with pytest.raises(ConfigValidationError, match="distill.teacher.path='x' is set but distill.enable=false"):
+        validate_config(compose_config(["distill.teacher.path=x"]))
+    with pytest.raises(ConfigValidationError, match=r"distill.kl_coef=-0.5 must be >= 0"):
+        validate_config(compose_config(["distill.enable=true", "distill.teacher.path=tiny://quickstart",
+                                        "distill.kl_coef=-0.5"]))
+    with pytest.raises(ConfigValidationError, match="distill.enable=true with algorithm.name=dpo"):
+        validate_config(compose_config([f"trainer.default_local_dir={tmp_path}", "distill.enable=true",
+                                        "distill.teacher.path=tiny://quickstart"], recipe="dpo_tiny_cpu"))
