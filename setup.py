@@ -25,6 +25,8 @@ INSTALL_REQUIRES = [
     # rule rewards of the MATH / NuminaMath / Geometry3K data sources (rlhf/rewards/math_check.py): Hugging Face's
     # answer-equivalence checker; it pulls latex2sympy2_extended==1.11.0, which runs on omegaconf's antlr 4.9
     "math-verify==0.9.0",
+    # the local code sandbox's HTTP server (rlhf/sandbox/server.py); sglang depends on it too
+    "aiohttp>=3.9",
 ]
 
 setup(
