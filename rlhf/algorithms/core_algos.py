@@ -44,6 +44,8 @@ from rlhf.algorithms.policy_losses import (
     compute_policy_loss_kl_cov,
     compute_policy_loss_sapo,
     compute_policy_loss_vanilla,
+    compute_policy_loss_bypass_mode,
+    compute_policy_loss_reinforce,
 )
 from rlhf.algorithms.registry import (
     ADV_ESTIMATOR_REGISTRY,
@@ -88,6 +90,8 @@ __all__ = [
     "compute_policy_loss_kl_cov",
     "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
+    "compute_policy_loss_bypass_mode",
+    "compute_policy_loss_reinforce",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",

@@ -58,6 +58,7 @@ class PolicyLossMode(str, Enum):
     KL_COV = "kl_cov"
     GEO_MEAN = "geo_mean"
     CISPO = "cispo"
+    BYPASS_MODE = "bypass_mode"  # rollout correction's bypass mode (rlhf.algorithms.policy_losses.bypass)
 
 
 #: ``loss_agg_mode`` values of rlhf.algorithms.agg_loss

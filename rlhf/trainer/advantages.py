@@ -20,7 +20,7 @@ import torch
 
 from rlhf import algorithms as algos
 
-__all__ = ["compute_advantages", "sample_masks"]
+__all__ = ["compute_advantages", "sample_masks", "apply_rollout_correction", "mismatch_metrics"]
 
 
 def sample_masks(batch: dict, samples, cfg) -> dict:
@@ -70,4 +70,43 @@ def compute_advantages(batch: dict, uids: np.ndarray, acfg, kl_ctrl) -> dict:
     batch["advantages"], batch["returns"] = algos.get_adv_estimator_fn(est)(
         token_level_rewards=batch["token_level_rewards"], response_mask=mask, index=uids, config=acfg,
         sample_mask=batch.get("sample_valid"), **extra)
+    return metrics
+
+
+def mismatch_metrics(batch: dict) -> dict:
+    """verl's training-inference mismatch metrics (``training/rollout_probs_diff_*``,
+    ``training/rollout_actor_probs_pearson_corr``; rlhf.algorithms.rollout_corr.calculate_debug_metrics) of the
+    trainer's ``old_log_probs`` against the engine's ``rollout_log_probs`` over the response tokens; {} for a batch
+    without a response token."""
+    from rlhf.algorithms.rollout_corr import calculate_debug_metrics
+
+    mask = batch["response_mask"]
+    if not bool(mask.any()):
+        return {}
+    return calculate_debug_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask)
+
+
+def apply_rollout_correction(batch: dict, rc) -> dict:
+    """verl's compute_rollout_correction_and_add_to_batch (decoupled mode; nothing in ``bypass_mode``, where the
+    loss computes it): from batch["old_log_probs"] and batch["rollout_log_probs"] over batch["response_mask"]
+    [N, R], the truncated IS weights as batch["rollout_is_weights"] [N, R] (when ``rc.rollout_is`` is set) and the
+    rejection (``rc.rollout_rs``) applied to batch["loss_mask"], which the policy and value losses read.  Returns
+    the ``rollout_corr/...`` metrics (IS, rejection, off-policy: always, as verl's trainer logs them whenever the
+    rollout log-probs exist).  verl masks its response_mask before the advantages; here the advantages see the
+    whole response and the losses the kept tokens: the same loss for the outcome-reward estimators (their
+    advantages are the sequence's value on every token), not for GAE's bootstrap across rejected tokens."""
+    from rlhf.algorithms.rollout_corr import compute_rollout_correction_and_rejection_mask
+
+    mask = batch["response_mask"]
+    if rc.bypass_mode or not bool(mask.any()):
+        return {}
+    threshold = rc.rollout_rs_threshold
+    weights, kept, metrics = compute_rollout_correction_and_rejection_mask(
+        batch["old_log_probs"], batch["rollout_log_probs"], mask, rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold, rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+        rollout_rs=rc.rollout_rs, rollout_rs_threshold=threshold)
+    if weights is not None:
+        batch["rollout_is_weights"] = weights
+    if rc.rollout_rs is not None:
+        batch["loss_mask"] = batch["loss_mask"] * kept.to(batch["loss_mask"].dtype)
     return metrics

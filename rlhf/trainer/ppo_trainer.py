@@ -42,7 +42,7 @@ from rlhf.workers.rollout import RolloutWorker
 from rlhf.workers.teacher import build_teacher, resolve_teacher
 from rlhf.workers.worker import padding_metrics
 
-from .advantages import compute_advantages, sample_masks
+from .advantages import apply_rollout_correction, compute_advantages, mismatch_metrics, sample_masks
 from .base import BaseTrainer
 from .distill import apply_distillation
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
@@ -151,7 +151,7 @@ class PPOTrainer(BaseTrainer):
             acc = bool(fg.enable and fg.metric == "acc")  # DAPO keeps groups whose reward "acc" varies
             if cfg.reward.exclude_unscorable or acc:  # per-sample validity flags / acc travel with the metrics
                 self.reward = ValidityReward(self.reward, valid=cfg.reward.exclude_unscorable, acc=acc)
-        self.policy_loss = PPOPolicyLoss(cfg.actor)
+        self.policy_loss = PPOPolicyLoss(cfg.actor, rollout_correction=cfg.algorithm.rollout_correction)
         specs = {"actor": self.actor.bundle.spec, **({"critic": self.critic.bundle.spec} if self.critic else {})}
         self.perf = PerfMeter(specs, self.actor.device, dist.get_world_size(),
                               {"actor": cfg.actor.ppo_epochs, "critic": cfg.critic.ppo_epochs})  # perf/mfu/*, memory
@@ -192,8 +192,12 @@ class PPOTrainer(BaseTrainer):
         m.update(sample_masks(batch, samples, cfg))  # sample_valid, loss_mask (, reward_baselines)
         uids = np.array([x.prompt_index for x in samples])  # one uid per prompt group (GRPO / RLOO baselines)
 
-        with timer(m, "old_log_prob"):
-            batch["old_log_probs"] = self.actor.compute_log_prob(batch)["log_probs"]
+        if cfg.algorithm.rollout_correction.bypass_mode:  # verl's apply_bypass_mode: two policies, no forward
+            batch["old_log_probs"] = batch["rollout_log_probs"]
+        else:
+            with timer(m, "old_log_prob"):
+                batch["old_log_probs"] = self.actor.compute_log_prob(batch)["log_probs"]
+            m.update(mismatch_metrics(batch))  # training/rollout_probs_diff_*, verl's calculate_debug_metrics
         if self.reference is not None:
             with timer(m, "ref"):
                 batch["ref_log_probs"] = self.reference.compute_log_prob(batch)["log_probs"]
@@ -213,6 +217,7 @@ class PPOTrainer(BaseTrainer):
             batch["advantages"] = batch["returns"] = torch.zeros_like(batch["token_level_scores"])
         else:
             with timer(m, "adv"):
+                m.update(apply_rollout_correction(batch, cfg.algorithm.rollout_correction))  # rollout_corr/*
                 m.update(compute_advantages(batch, uids, cfg.algorithm, self.kl_ctrl))
         if self.teacher is not None:  # A - distill.kl_coef x (student - teacher log-prob), distill/* metrics
             m.update(apply_distillation(batch, cfg.distill, train=not no_signal))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from rlhf import algorithms as algos
+from rlhf.algorithms.rollout_corr import compute_rollout_corr_metrics_from_logprobs
 
 from .worker import GLOBAL_INFO_KEY, LOSS_TOKENS_KEY
 
@@ -67,13 +68,25 @@ class PPOPolicyLoss:
     micro_group = 1
     token_means = POLICY_TOKEN_MEANS
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, rollout_correction=None):
+        """`rollout_correction`: the config's ``algorithm.rollout_correction`` (rlhf.algorithms.rollout_corr), for
+        a PPO batch with the engine's ``rollout_log_probs``: each micro batch then also reports the current policy's
+        ``rollout_corr/...`` off-policy metrics against them (verl's actor does), the loss multiplies by the
+        batch's ``rollout_is_weights`` when ``rollout_is`` is set, and ``bypass_mode`` selects verl's bypass_mode
+        loss (the correction computed inside it) whatever ``policy_loss.loss_mode`` says."""
         self.cfg = cfg
         policy_loss = getattr(cfg, "policy_loss", None)
         self.loss_mode = getattr(policy_loss, "loss_mode", None) or "vanilla"
+        rc = self.rollout_correction = rollout_correction
+        self.bypass = bool(rc is not None and rc.bypass_mode)
+        if self.bypass:
+            self.loss_mode = "bypass_mode"
         self.policy_loss_fn = algos.get_policy_loss_fn(self.loss_mode)
+        self.use_is_weights = rc is not None and not self.bypass and rc.rollout_is is not None
         self.keys = ("old_log_probs", "advantages", "response_mask", LOSS_MASK_KEY) + (
-            ("ref_log_probs",) if cfg.use_kl_loss else ())
+            ("ref_log_probs",) if cfg.use_kl_loss else ()) + (
+            ("rollout_log_probs",) if rc is not None and not self.bypass else ()) + (
+            ("rollout_is_weights",) if self.use_is_weights else ())
 
     @staticmethod
     def global_info(full: dict, dp_size: int) -> dict:
@@ -84,9 +97,17 @@ class PPOPolicyLoss:
         cfg, P, mask = self.cfg, prompt_length, mb[LOSS_MASK_KEY]
         info, n_micro = split_scale(mb)
         log_prob, entropy = response_part(outs["log_probs"], mb, P), response_part(outs["entropy"], mb, P)
-        config = algos.ConfigOverlay(cfg, global_batch_info=info)
+        extra = {"policy_loss": {"loss_mode": self.loss_mode, "rollout_correction": self.rollout_correction}} \
+            if self.bypass else {}
+        config = algos.ConfigOverlay(cfg, global_batch_info=info, **extra)
         pg_loss, pg_metrics = self.policy_loss_fn(mb["old_log_probs"], log_prob, mb["advantages"], mask,
-                                                  cfg.loss_agg_mode, config)
+                                                  cfg.loss_agg_mode, config,
+                                                  rollout_is_weights=mb["rollout_is_weights"] if self.use_is_weights
+                                                  else None)
+        if "rollout_log_probs" in self.keys and bool(mask.any()):  # verl's actor: pi_theta against the engine's
+            with torch.no_grad():
+                pg_metrics.update(compute_rollout_corr_metrics_from_logprobs(log_prob.detach(),
+                                                                             mb["rollout_log_probs"], mask))
         agg = dict(info, loss_scale_factor=getattr(cfg, "loss_scale_factor", None))
         entropy_loss = algos.agg_loss(entropy, mask, cfg.loss_agg_mode, **agg)
         loss = pg_loss - cfg.entropy_coeff * entropy_loss

@@ -16,15 +16,17 @@ ValueError.
 
 Families: ppo (vanilla dual-clip PPO with DAPO's decoupled clip-higher ranges, SAPO),
 sequence_level (GSPO, GMPO ``geo_mean``), policy_gradient (GPG, CISPO), covariance
-(Clip-Cov, KL-Cov).  DAPO's token-level pieces are the decoupled ranges of ``vanilla`` and
+(Clip-Cov, KL-Cov), bypass (rollout correction's bypass mode: PPO clip or REINFORCE against the
+engine's log-probs).  DAPO's token-level pieces are the decoupled ranges of ``vanilla`` and
 ``loss_agg_mode="token-mean"`` (rlhf.algorithms.aggregation).
 """
 
+from rlhf.algorithms.policy_losses.bypass import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
 from rlhf.algorithms.policy_losses.covariance import compute_policy_loss_clip_cov, compute_policy_loss_kl_cov
 from rlhf.algorithms.policy_losses.policy_gradient import compute_policy_loss_cispo, compute_policy_loss_gpg
 from rlhf.algorithms.policy_losses.ppo import compute_policy_loss, compute_policy_loss_sapo, compute_policy_loss_vanilla
 from rlhf.algorithms.policy_losses.sequence_level import compute_policy_loss_geo_mean, compute_policy_loss_gspo
 
-__all__ = ["compute_policy_loss", "compute_policy_loss_cispo", "compute_policy_loss_clip_cov",
+__all__ = ["compute_policy_loss", "compute_policy_loss_bypass_mode", "compute_policy_loss_reinforce", "compute_policy_loss_cispo", "compute_policy_loss_clip_cov",
            "compute_policy_loss_geo_mean", "compute_policy_loss_gpg", "compute_policy_loss_gspo",
            "compute_policy_loss_kl_cov", "compute_policy_loss_sapo", "compute_policy_loss_vanilla"]

@@ -9,11 +9,12 @@ from typing import Any, Optional
 
 from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEstimator, LoggerBackend, ResumeMode,
                                  RolloutDtype, RolloutMode, RolloutName)
-from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, steps_or_never
+from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, gt, steps_or_never
 
 __all__ = ["RolloutValConfig", "MultiTurnConfig", "EngineKwargsConfig", "RolloutConfig", "KLControlConfig",
            "FilterGroupsConfig", "DPOConfig",
-           "AlgorithmConfig", "CustomRewardConfig", "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
+           "AlgorithmConfig", "RolloutCorrectionConfig", "CustomRewardConfig", "OverlongBufferConfig",
+           "RewardSourceConfig", "Gsm8kRewardConfig",
            "RewardFallbackConfig", "RewardConfig", "AlertConfig", "TrainerConfig", "GlobalProfilerConfig",
            "PROFILER_TOOLS"]
 _T, _P, _K, _N = SAMPLING  # the checks of temperature, top_p, top_k, n
@@ -131,6 +132,35 @@ class DPOConfig:
     label_smoothing: float = 0.0
 
 
+@dataclass
+class RolloutCorrectionConfig(Checked):
+    """verl's algorithm.rollout_correction (rlhf/algorithms/rollout_corr.py): truncated importance sampling and
+    rejection sampling from the engine's per-token log-probs, or bypass mode (old_log_probs = the engine's)."""
+    rollout_is: Optional[str] = None  # null (off) | token | sequence
+    rollout_is_threshold: float = gt(0, 2.0)  # upper truncation of the IS weights
+    rollout_rs: Optional[str] = None  # null (off) | comma-separated token_k1, seq_sum_k3, ... (rollout_rs.py)
+    rollout_rs_threshold: Optional[str] = None  # one per rollout_rs option (comma separated); k1: "lower_upper"
+    bypass_mode: bool = False  # true: no old-log-prob forward; the loss trains against the engine's log-probs
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+    rollout_is_batch_normalize: bool = False  # IS weights divided by their batch mean
+
+    def rules(self, at: str = "") -> list[str]:
+        out = []
+        if self.rollout_is is not None and self.rollout_is not in ("token", "sequence"):
+            out.append(f"{at}rollout_is={self.rollout_is!r} must be null, token or sequence.")
+        if self.loss_type not in ("ppo_clip", "reinforce"):
+            out.append(f"{at}loss_type={self.loss_type!r} must be ppo_clip or reinforce (bypass mode's loss).")
+        if self.rollout_rs is not None:
+            from rlhf.algorithms.rollout_corr_config import parse_rollout_rs_thresholds, rs_options
+
+            try:
+                parse_rollout_rs_thresholds(rs_options(self.rollout_rs), self.rollout_rs_threshold)
+            except (ValueError, TypeError) as e:
+                out.append(f"{at}rollout_rs={self.rollout_rs!r}, {at}rollout_rs_threshold="
+                           f"{self.rollout_rs_threshold!r}: {e}")
+        return out
+
+
 _UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1] (1.0 for outcome rewards)")
 
 
@@ -150,6 +180,7 @@ class AlgorithmConfig(Checked):
     overlong_filter: bool = False
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
     dpo: DPOConfig = field(default_factory=DPOConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass
