@@ -21,6 +21,9 @@ __all__ = ["BASE_NAMES", "VERL_DEFAULTS", "find_config_file", "describe_config_f
 BASE_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
 #: rlhf/config/verl: verl's defaults for its base names, in verl's keys (ppo_trainer.yaml, ppo_megatron_trainer.yaml)
 VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
+#: verl's one-step off-policy configs (verl/experimental/one_step_off_policy/config): read as a config file, they also
+#: turn on trainer.one_step_off_policy.enable (verl picks that trainer by its entry point, which loads them)
+ONE_STEP_OFF_NAMES = ("one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer")
 _REFS = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
 
 
@@ -121,6 +124,8 @@ def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
     OmegaConf.set_struct(conf, False)
     run_dir = OmegaConf.select(raw, "hydra.run.dir", throw_on_resolution_failure=False)
     items = [Item(g, n, n, source=source) for g, n in groups]
+    if path.stem in ONE_STEP_OFF_NAMES:  # verl's one-step-off trainer reads this config (its entry point's)
+        items.append(Item("trainer.one_step_off_policy.enable", True, "true", source=source))
     items += [Item("hydra.run.dir", run_dir, None, source=source)] if run_dir else []
     _flatten(conf, conf, "", source, items)
     return items

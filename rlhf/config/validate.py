@@ -216,6 +216,9 @@ def _algorithm(cfg: DictConfig) -> list[str]:
         out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} trains only the critic first, but this run has "
                    f"no critic (algorithm.adv_estimator={est}, critic.enable={cfg.critic.enable}); set "
                    f"trainer.critic_warmup=0.")
+    if cfg.trainer.one_step_off_policy.enable and cfg.algorithm.filter_groups.enable:
+        out.append("trainer.one_step_off_policy.enable=true does not combine with algorithm.filter_groups.enable=true "
+                   "(dynamic sampling generates several rounds per step); turn one of them off.")
     return out
 
 

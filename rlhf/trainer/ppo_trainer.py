@@ -46,6 +46,7 @@ from .advantages import apply_rollout_correction, compute_advantages, mismatch_m
 from .base import BaseTrainer
 from .distill import apply_distillation
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
+from .one_step_off import OneStepOff
 from .metrics import compute_data_metrics, compute_timing_metrics, rollout_metrics, timer
 from .perf import PerfMeter
 from .remax import attach_remax_baselines, greedy_sampling
@@ -155,14 +156,21 @@ class PPOTrainer(BaseTrainer):
         specs = {"actor": self.actor.bundle.spec, **({"critic": self.critic.bundle.spec} if self.critic else {})}
         self.perf = PerfMeter(specs, self.actor.device, dist.get_world_size(),
                               {"actor": cfg.actor.ppo_epochs, "critic": cfg.critic.ppo_epochs})  # perf/mfu/*, memory
+        self.one_step_off = OneStepOff(
+            cfg, self.rollout, self.train_loader, lambda step, prompts, started: self.generate_round(
+                step, 0, prompts=prompts, started=started),
+            lambda step: rollout_seed(cfg.trainer.seed, step, 0), self.total_steps) \
+            if cfg.trainer.one_step_off_policy.enable else None
 
-    def generate_round(self, step: int, round_index: int) -> Round:
-        """Draw the next prompt batch, generate ``rollout.n`` responses each, score them and shape the rewards
-        (DAPO overlong buffer, when enabled); every rank gets (samples, scores, rewards, metrics)."""
-        prompts = self.train_loader.next_batch()
+    def generate_round(self, step: int, round_index: int, prompts=None, started=None) -> Round:
+        """Draw the next prompt batch (or take `prompts`, whose generation `started` already: one step off-policy),
+        generate ``rollout.n`` responses each, score them and shape the rewards (DAPO overlong buffer, when
+        enabled); every rank gets (samples, scores, rewards, metrics)."""
+        if prompts is None:
+            prompts = self.train_loader.next_batch()
         seed = rollout_seed(self.cfg.trainer.seed, step, round_index)
         samples, scores, reward_metrics = self.rollout.generate(prompts, self.rollout.train_sampling, self.reward,
-                                                                seed=seed)
+                                                                seed=seed, started=started)
         attach_reward_validity(samples, reward_metrics)  # -> sample.extra, before the metrics are summed
         if self.cfg.algorithm.adv_estimator == "remax":  # the baseline: one greedy response per prompt
             greedy = self.rollout.generate(prompts, greedy_sampling(self.rollout.train_sampling), self.reward)
@@ -176,17 +184,17 @@ class PPOTrainer(BaseTrainer):
     def train_step(self, step: int) -> dict:
         """One PPO iteration on the next batch of prompts; returns the step's metrics."""
         cfg, m = self.cfg, {}
-        with timer(m, "gen"), self.rollout.serving():
-            if cfg.algorithm.filter_groups.enable:  # DAPO: several prompt batches until enough groups vary
-                samples, scores, rewards, gen_metrics = dynamic_sampling(
-                    lambda i: self.generate_round(step, i), cfg, dp_size=dp_info()[1],
-                    has_critic=self.critic is not None)
-            else:
-                samples, scores, rewards, gen_metrics = self.generate_round(step, 0)
+        if self.one_step_off is not None:  # the batch started last step (rlhf.trainer.one_step_off)
+            with timer(m, "gen"):
+                samples, scores, rewards, gen_metrics = self.one_step_off.next_round(step)
+        else:
+            samples, scores, rewards, gen_metrics = self.generate_step(step, m)
         m.update(gen_metrics)
         # verl times the reward apart from the generation: timing_s/gen is the generation alone
         m["timing_s/gen"] = max(m["timing_s/gen"] - m.get("timing_s/reward", 0.0), 0.0)
         batch = build_rollout_batch(samples, self.tokenizer.pad_token_id, cfg.data.max_response_length)
+        if self.one_step_off is not None:  # the weight version each sample was generated from
+            batch["weight_version"] = torch.tensor([s.extra["weight_version"] for s in samples])
         batch["n"] = cfg.rollout.n
         batch["token_level_scores"] = outcome_token_scores(rewards, batch["response_mask"])
         m.update(sample_masks(batch, samples, cfg))  # sample_valid, loss_mask (, reward_baselines)
@@ -227,8 +235,11 @@ class PPOTrainer(BaseTrainer):
         if step > cfg.trainer.critic_warmup and not no_signal:  # the first critic_warmup steps train only the critic
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
-            with timer(m, "update_weights"):  # verl's name for the weight sync into the engines
-                m.update(self.rollout.sync_weights().metrics())  # weight_sync/bytes, weight_sync/buckets, ...
+            if self.one_step_off is not None:  # synced at the next step's start (a batch may be generating now)
+                self.one_step_off.actor_updated()
+            else:
+                with timer(m, "update_weights"):  # verl's name for the weight sync into the engines
+                    m.update(self.rollout.sync_weights().metrics())  # weight_sync/bytes, weight_sync/buckets, ...
         # else the actor did not change; colocated engines that released their weights in serving() get them back
         # from the next generation's RolloutWorker.ensure_resident (the next step's serving(), or validate())
 
@@ -245,11 +256,22 @@ class PPOTrainer(BaseTrainer):
         m["_tokens"] = float(batch["attention_mask"].sum())
         return m
 
+    def generate_step(self, step: int, m: dict) -> Round:
+        """The synchronous generation of step `step` (DAPO's rounds when enabled), timed into `m`."""
+        cfg = self.cfg
+        with timer(m, "gen"), self.rollout.serving():
+            if cfg.algorithm.filter_groups.enable:  # DAPO: several prompt batches until enough groups vary
+                return dynamic_sampling(lambda i: self.generate_round(step, i), cfg, dp_size=dp_info()[1],
+                                        has_critic=self.critic is not None)
+            return self.generate_round(step, 0)
+
     def validate(self) -> dict:
         """Generation with ``rollout.val_kwargs`` on the validation set, in order: ``val/score``, per data source
         ``val/<data_source>/score`` (and pass@k, best@n when ``val_kwargs.n > 1``), and the first
         ``trainer.log_val_generations`` responses as the ``val/generations`` table (rlhf.trainer.val_metrics)."""
         n, show = len(self.val_dataset), self.cfg.trainer.log_val_generations
+        if self.one_step_off is not None:  # the batch in flight done, the current actor in the engines
+            self.one_step_off.quiesce()
         self.rollout.ensure_resident()  # engines hold the actor's weights (a step without sync left them released)
         loader = StatefulPromptLoader(self.val_dataset, min(self.cfg.data.val_batch_size, n), shuffle=False,
                                       drop_last=False, collate_fn=collate_prompts)
@@ -283,12 +305,17 @@ class PPOTrainer(BaseTrainer):
         return roles
 
     def trainer_state(self) -> dict:
-        return {**super().trainer_state(), "kl_ctrl": self.kl_ctrl.state_dict()}
+        state = {**super().trainer_state(), "kl_ctrl": self.kl_ctrl.state_dict()}
+        if self.one_step_off is not None:  # the batch in flight is not saved: its prompts are drawn again on resume
+            state.update(train_loader=self.one_step_off.loader_state(), one_step_off=self.one_step_off.state_dict())
+        return state
 
     def load_trainer_state(self, state: dict) -> None:
         super().load_trainer_state(state)
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.rollout.sync_weights()  # engines start from the HF weights; give them the resumed actor
+        if self.one_step_off is not None:
+            self.one_step_off.load_state_dict(state.get("one_step_off"))
 
     def close(self, finished: bool = False) -> None:
         super().close(finished)

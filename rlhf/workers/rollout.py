@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import time
 from contextlib import contextmanager
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import List, Optional
 
 import torch
@@ -241,6 +242,7 @@ class RolloutWorker:
         # rollout.multi_turn.enable: rank 0 runs the agent loop (rlhf/agent) over the engines
         self.agent = build_agent_loop(cfg, tokenizer) if self.rank0 and cfg.rollout.multi_turn.enable else None
         self.multi_turn = bool(cfg.rollout.multi_turn.enable)
+        self._pool = None  # generate_async's one background thread (rank 0), made on first use
 
     # ---- memory (colocated) ---------------------------------------------------------------------------
     def release(self) -> None:
@@ -294,9 +296,10 @@ class RolloutWorker:
         self.ensure_resident()
 
     # ---- generation -----------------------------------------------------------------------------------
-    def _generate(self, prompts: List[List[int]], sampling) -> Optional[list]:
+    def _generate(self, prompts: List[List[int]], sampling, started: Optional[Future] = None) -> Optional[list]:
         """Rank 0: ``sampling.n`` samples per prompt, prompt-major (None elsewhere); replaced engines are
-        synced (collective) before they generate again."""
+        synced (collective) before they generate again.  ``started`` (rank 0): the first attempt, already running
+        (:meth:`generate_async`); its result or error stands for the first ``manager.generate`` call."""
         from rlhf.rollout import StaleEnginesError
 
         done, todo = [], list(range(len(prompts)))
@@ -304,7 +307,10 @@ class RolloutWorker:
             stale = None
             if self.rank0:
                 try:
-                    done += self._renumber(self.manager.generate([prompts[i] for i in todo], sampling), todo)
+                    first, started = started, None
+                    out = first.result() if first is not None else self.manager.generate([prompts[i] for i in todo],
+                                                                                        sampling)
+                    done += self._renumber(out, todo)
                     todo = []
                 except StaleEnginesError as e:
                     done += self._renumber(e.samples, todo)
@@ -334,18 +340,35 @@ class RolloutWorker:
             s.prompt_index = todo[s.prompt_index]
         return list(samples)
 
-    def generate(self, batch: dict, sampling, reward, seed: int | None = None) -> tuple[list, list, dict]:
+    def generate_async(self, batch: dict, sampling, seed: int | None = None) -> Optional[Future]:
+        """Rank 0: start generating for the prompts of ``batch`` (as :meth:`generate`) in a background thread and
+        return at once: the engines are Ray actors in their own processes, so the trainer computes meanwhile (one
+        step off-policy, rlhf.trainer.one_step_off).  None on other ranks.  Hand the result to :meth:`generate`
+        (``started=``), which finishes the job (engine replacement, failed samples, reward) collectively.  Nothing
+        else may use the engines (generate, sync weights, release) until then.  Not a collective."""
+        if not self.rank0:
+            return None
+        if seed is not None:
+            sampling = dataclasses.replace(sampling, seed=seed)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-async")
+        prompts = [list(p) for p in batch["input_ids_list"]]
+        return self._pool.submit(self.manager.generate, prompts, sampling)
+
+    def generate(self, batch: dict, sampling, reward, seed: int | None = None,
+                 started: Optional[Future] = None) -> tuple[list, list, dict]:
         """Collective.  Rank 0 generates for the prompts of ``batch`` (the trainer's collate: input_ids_list,
         data_source, ground_truth, extra_info, raw_prompt) with ``sampling`` (its seed replaced by ``seed`` when
         given) and scores the decoded responses with ``reward`` (rlhf.rewards.RewardManager; only rank 0's is
         used); every rank receives (samples, scores, reward metrics incl. reward/num_fallbacks and timing_s/reward,
-        the seconds the scoring took)."""
+        the seconds the scoring took).  ``started``: rank 0's :meth:`generate_async` of the same batch, sampling and
+        seed (waited for here)."""
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=seed)
         if self.multi_turn:
             samples, rollout_metrics = self._generate_multi_turn(batch, sampling)
         else:
-            samples = self._generate(batch["input_ids_list"], sampling)
+            samples = self._generate(batch["input_ids_list"], sampling, started)
             samples, rollout_metrics = self._retry_failed(samples, sampling)
         payload = None
         if self.rank0:
@@ -399,6 +422,8 @@ class RolloutWorker:
         """Close the weight bridge and shut the engines down.  ``finished`` (collective; every rank reached the
         run's end): the ranks wait for each other in between, so rank 0 stops the engines only once no rank maps
         their memory or is still in a weight-update group with them.  Not on an error: a rank may never arrive."""
+        if self._pool is not None:  # a generation still running (an error mid-step) is left to the engines' end
+            self._pool.shutdown(wait=False, cancel_futures=True)
         if self.bridge is not None:
             self.bridge.close()
         if finished:

@@ -1,7 +1,47 @@
-"""Compare rlhf.algorithms.rollout_corr with verl's rollout_corr_helper (extracted to /tmp/verlx)."""
-import json, sys, math
+"""Writes fixtures/rollout_corr_verl.json: verl's own rollout-correction functions (rollout_corr_helper.py,
+core_algos.compute_policy_loss_bypass_mode, utils/debug/metrics.calculate_debug_metrics) run on fixed inputs, after
+checking that rlhf.algorithms.rollout_corr gives the same numbers.  verl's files are extracted from a verl git
+directory into a scratch folder with stubs for what they import but do not use (tensordict, DataProto, config
+classes); no verl code is kept in this repository::
+
+    PYTHONPATH=. python tests/support/rollout_corr_verl_fixture.py /work/.mirror/volcengine+verl/repo \
+        tests/support/fixtures/rollout_corr_verl.json
+"""
+import json, os, subprocess, sys, tempfile
 import torch
-sys.path.insert(0, "/tmp/verlx")
+
+STUBS = {
+    "tensordict/__init__.py": "TensorDict = dict\n",
+    "verl/__init__.py": "", "verl/trainer/__init__.py": "", "verl/trainer/ppo/__init__.py": "",
+    "verl/utils/debug/__init__.py": "", "verl/workers/__init__.py": "",
+    "verl/utils/__init__.py": "def as_torch_index(*a, **k): raise NotImplementedError\n"
+                              "def group_mean_std(*a, **k): raise NotImplementedError\n",
+    "verl/utils/import_utils.py": "def deprecated(*a, **k):\n    return lambda f: f\n",
+    "verl/protocol.py": "class DataProto:\n    def __init__(self, batch): self.batch = batch\n"
+                        "    @classmethod\n    def from_dict(cls, tensors): return cls(dict(tensors))\n",
+    "verl/trainer/config/__init__.py": "class AlgoConfig: pass\n",
+    "verl/trainer/config/algorithm.py": "class RolloutCorrectionConfig(dict): pass\n",
+    "verl/workers/config/__init__.py": "class ActorConfig: pass\n",
+    "verl/workers/config/actor.py": "class PolicyLossConfig(dict): pass\n",
+}
+FILES = ["verl/trainer/ppo/rollout_corr_helper.py", "verl/utils/torch_functional.py", "verl/trainer/ppo/core_algos.py",
+         "verl/utils/debug/metrics.py", "verl/utils/device.py"]
+
+
+def extract(git_dir: str) -> str:
+    root = tempfile.mkdtemp(prefix="verl_rollout_corr_")
+    for rel, text in STUBS.items():
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        open(os.path.join(root, rel), "w").write(text)
+    for rel in FILES:
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        text = subprocess.run(["git", "--git-dir", git_dir, "show", f"HEAD:{rel}"], check=True, capture_output=True,
+                              text=True).stdout
+        open(os.path.join(root, rel), "w").write(text)
+    return root
+
+
+sys.path.insert(0, extract(sys.argv[1]))
 import verl.trainer.ppo.rollout_corr_helper as vh
 import verl.trainer.ppo.core_algos as vc
 import verl.utils.debug.metrics as vd
@@ -71,4 +111,4 @@ for rc in [dict(loss_type="ppo_clip", rollout_is="token", rollout_is_threshold=2
         print("bypass ok", rc["loss_type"], agg, l1.item())
 fixture["advantages"] = adv.tolist()
 print("worst rel diff", worst)
-json.dump(fixture, open(sys.argv[1], "w"), indent=None)
+json.dump(fixture, open(sys.argv[2], "w"), indent=None)

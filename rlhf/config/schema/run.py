@@ -13,7 +13,7 @@ from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, 
 
 __all__ = ["RolloutValConfig", "MultiTurnConfig", "EngineKwargsConfig", "RolloutConfig", "KLControlConfig",
            "FilterGroupsConfig", "DPOConfig",
-           "AlgorithmConfig", "RolloutCorrectionConfig", "CustomRewardConfig", "OverlongBufferConfig",
+           "AlgorithmConfig", "RolloutCorrectionConfig", "OneStepOffPolicyConfig", "CustomRewardConfig", "OverlongBufferConfig",
            "RewardSourceConfig", "Gsm8kRewardConfig",
            "RewardFallbackConfig", "RewardConfig", "AlertConfig", "TrainerConfig", "GlobalProfilerConfig",
            "PROFILER_TOOLS"]
@@ -296,6 +296,19 @@ class AlertConfig(Checked):
 
 
 @dataclass
+class OneStepOffPolicyConfig(Checked):
+    """One-step off-policy training (verl's experimental/one_step_off_policy; rlhf/trainer/one_step_off.py): the
+    engines (Ray actors) generate the next batch while the trainer trains on this one; the actor's weights reach
+    the engines at the step boundary.  verl selects it by its entry point / config name (one_step_off_ppo_trainer,
+    which turns this on here); on GPU give the engines their own GPUs (rollout.mode=disaggregated)."""
+    enable: bool = False
+    # 1: batch k+1 is generated during step k's update, from the weights before it (each sample at most one actor
+    # update old, measured per sample as async/staleness); 0: issued after the weight sync (same samples and
+    # numbers as the synchronous trainer, through the same machinery)
+    staleness: int = check(1, lambda v: v in (0, 1), "must be 0 or 1 (one step off at most)")
+
+
+@dataclass
 class TrainerConfig(Checked):
     project_name: str = "rlhf"  # wandb project / mlflow experiment
     experiment_name: str = "run"  # wandb / mlflow run name
@@ -329,6 +342,7 @@ class TrainerConfig(Checked):
     # data-parallel layout against n_gpus_per_node x nnodes and `rlhf launch` starts that many processes
     n_gpus_per_node: Optional[int] = ge1_or_null(None, "null: as launched")
     nnodes: Optional[int] = ge1_or_null(None, "null: as launched")
+    one_step_off_policy: OneStepOffPolicyConfig = field(default_factory=OneStepOffPolicyConfig)
 
     def rules(self, at: str = "") -> list[str]:
         mode, rfp = self.resume_mode, self.resume_from_path
