@@ -200,6 +200,11 @@ ADDED_KEYS = {
                            "max_tokens_per_turn": None},
     # verl's rollout.engine_kwargs.sglang: extra sglang.Engine arguments
     "rollout.engine_kwargs": {"sglang": {}},
+    # issue 40: verl's rollout correction, one-step off-policy
+    "algorithm.rollout_correction": {"rollout_is": None, "rollout_is_threshold": 2.0, "rollout_rs": None,
+                                     "rollout_rs_threshold": None, "bypass_mode": False, "loss_type": "ppo_clip",
+                                     "rollout_is_batch_normalize": False},
+    "trainer.one_step_off_policy": {"enable": False, "staleness": 1},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {
