@@ -5,7 +5,7 @@ each, so that generating the next batch while the trainer trains can save time o
     python benchmarks/async_overlap.py                    # 12 steps each, median over steps 3..12
     python benchmarks/async_overlap.py --steps 8 --last 3 # shorter
 
-Job: ``python -m rlhf.main recipe=quickstart algorithm=grpo`` (tiny model, embedded arithmetic task, one SGLang
+Job: ``python -m rlhf.main recipe=quickstart algorithm=grpo`` (the tiny model, built once for both runs, embedded arithmetic task, one SGLang
 CPU engine under Ray, megatron actor, no critic / reference), ``--steps`` steps, no validation, no checkpoints,
 the same seed; run once synchronously, once with ``trainer.one_step_off_policy.enable=true`` (staleness 1), one
 after the other.  Pinning: a watcher pins every thread of the trainer process to core ``--trainer-core`` and every
@@ -62,7 +62,7 @@ def run_job(name: str, out_dir: str, steps: int, extra: list, a) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=ROOT, RAY_DEDUP_LOGS="0")
     print(f"[{name}] {' '.join(cmd[2:])}", flush=True)
     t0 = time.time()
-    log = open(os.path.join(out_dir + ".log"), "w")
+    log = open(out_dir + ".log", "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     stop = threading.Event()
     watcher = threading.Thread(target=pin_tree, args=(proc.pid, a.trainer_core, a.engine_core, stop), daemon=True)
@@ -93,6 +93,11 @@ def main():
     ap.add_argument("overrides", nargs="*", help="extra config overrides for both runs")
     a = ap.parse_args()
     out = a.out or tempfile.mkdtemp(prefix="async_overlap_")
+    os.makedirs(out, exist_ok=True)
+    from rlhf.quickstart.model import build_quickstart_model
+
+    model = build_quickstart_model(os.path.join(out, "tiny_model"))  # one model for both runs
+    a.overrides = [f"model.path={model}", *a.overrides]
     print(f"load average before: {os.getloadavg()}", flush=True)
     sync = run_job("sync", os.path.join(out, "sync"), a.steps, [], a)
     off = run_job("one_step_off", os.path.join(out, "one_step_off"), a.steps,

@@ -73,8 +73,9 @@ class OneStepOff:
     # ---- what the trainer calls -------------------------------------------------------------------
     def next_round(self, step: int) -> tuple:
         """Collective.  Batch `step` (samples, scores, rewards, metrics), started now when none is in flight; then
-        the weights synced and (staleness 1) batch `step` + 1 started.  The metrics hold the staleness ones and,
-        when a sync ran, ``timing_s/update_weights`` and ``weight_sync/*``."""
+        the weights synced and (staleness 1) batch `step` + 1 started.  The metrics hold the staleness ones,
+        ``timing_s/gen`` (the wait for batch `step`; the trainer leaves out its reward's timing_s/reward) and, when a sync ran, ``timing_s/update_weights``
+        and ``weight_sync/*``."""
         m: dict = {}
         if self.inflight is None:
             self.sync_if_changed(m)
@@ -85,7 +86,8 @@ class OneStepOff:
         if self.rank0:
             log.info("one-step off-policy: step %d trains prompts %s, generated from weight version %d (actor "
                      "version %d)", step, _ids(job.prompts), job.weight_version, self.actor_version)
-        samples, scores, rewards, gen_metrics = self.finish(step, job.prompts, job.started)
+        with timer(m, "gen"):  # the wait for the batch (and its reward), as verl's one-step-off "gen"
+            samples, scores, rewards, gen_metrics = self.finish(step, job.prompts, job.started)
         m.update(gen_metrics)
         self.sync_if_changed(m)
         if self.staleness >= 1 and step < self.total_steps:

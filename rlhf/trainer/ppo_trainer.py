@@ -185,8 +185,7 @@ class PPOTrainer(BaseTrainer):
         """One PPO iteration on the next batch of prompts; returns the step's metrics."""
         cfg, m = self.cfg, {}
         if self.one_step_off is not None:  # the batch started last step (rlhf.trainer.one_step_off)
-            with timer(m, "gen"):
-                samples, scores, rewards, gen_metrics = self.one_step_off.next_round(step)
+            samples, scores, rewards, gen_metrics = self.one_step_off.next_round(step)  # with timing_s/gen
         else:
             samples, scores, rewards, gen_metrics = self.generate_step(step, m)
         m.update(gen_metrics)
