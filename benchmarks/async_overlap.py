@@ -16,9 +16,10 @@ thread of every other process the job starts (Ray, the engine's Ray worker and S
 The LAST line printed is exactly
     async: step_ratio=<async/sync> staleness_max=<n> reward_gap=<sync-async, last steps>
 step_ratio: median ``timing_s/step`` of the one-step-off run over the timed steps (all but the first two: start-up)
-/ the synchronous run's; staleness_max: max ``async/staleness/max`` of the one-step-off run (1 by design);
+/ the synchronous run's (with ``--pairs N``: the median of the N pairs' ratios, the pairs in alternating order); staleness_max: max ``async/staleness/max`` of the one-step-off run (1 by design);
 reward_gap: mean ``critic/score/mean`` over the last ``--last`` steps, synchronous minus one-step-off (the cost of
-training on one-step-old samples, noisy at this size).  The load average before and after is printed too.
+training on one-step-old samples, noisy at this size; averaged over pairs).  The load average before each run and
+after each pair is printed too.
 """
 import argparse
 import os
@@ -87,6 +88,8 @@ def main():
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--skip", type=int, default=2, help="first steps left out of the median (start-up)")
     ap.add_argument("--last", type=int, default=4, help="steps of the reward comparison (the last ones)")
+    ap.add_argument("--pairs", type=int, default=1, help="(sync, one-step-off) pairs, in alternating order; the "
+                    "step ratio is the median of the pairs' ratios (load drifts between runs)")
     ap.add_argument("--trainer-core", type=int, default=0)
     ap.add_argument("--engine-core", type=int, default=1)
     ap.add_argument("--out", default=None, help="run directories (default: a temporary one)")
@@ -96,28 +99,34 @@ def main():
     os.makedirs(out, exist_ok=True)
     from rlhf.quickstart.model import build_quickstart_model
 
-    model = build_quickstart_model(os.path.join(out, "tiny_model"))  # one model for both runs
+    model = build_quickstart_model(os.path.join(out, "tiny_model"))  # one model for all runs
     a.overrides = [f"model.path={model}", *a.overrides]
-    print(f"load average before: {os.getloadavg()}", flush=True)
-    sync = run_job("sync", os.path.join(out, "sync"), a.steps, [], a)
-    off = run_job("one_step_off", os.path.join(out, "one_step_off"), a.steps,
-                  ["trainer.one_step_off_policy.enable=true"], a)
-    print(f"load average after: {os.getloadavg()}", flush=True)
-    timed = range(a.skip + 1, a.steps + 1)
-    t_sync = [sync["timing_s/step"][s] for s in timed]
-    t_off = [off["timing_s/step"][s] for s in timed]
-    for name, series in (("sync", sync), ("one_step_off", off)):
-        phases = {k: median([series[f"timing_s/{k}"][s] for s in timed if s in series.get(f"timing_s/{k}", {})])
-                  for k in ("step", "gen", "old_log_prob", "update_actor", "sync_weights")
-                  if f"timing_s/{k}" in series}
-        print(f"[{name}] median seconds over steps {a.skip + 1}..{a.steps}: "
-              + " ".join(f"{k}={v:.3f}" for k, v in phases.items()), flush=True)
-    last = range(a.steps - a.last + 1, a.steps + 1)
-    reward = {n: sum(s["critic/score/mean"][k] for k in last) / len(last) for n, s in (("sync", sync), ("off", off))}
-    staleness = max(off["async/staleness/max"].values())
-    print(f"[rewards] last {a.last} steps: sync={reward['sync']:.4f} one_step_off={reward['off']:.4f}")
-    print(f"async: step_ratio={median(t_off) / median(t_sync):.3f} staleness_max={staleness:.0f} "
-          f"reward_gap={reward['sync'] - reward['off']:.4f}")
+    timed, last = range(a.skip + 1, a.steps + 1), range(a.steps - a.last + 1, a.steps + 1)
+    ratios, gaps, staleness = [], [], 0.0
+    for pair in range(a.pairs):
+        order = [("sync", []), ("one_step_off", ["trainer.one_step_off_policy.enable=true"])]
+        runs = {}
+        for name, extra in (order if pair % 2 == 0 else order[::-1]):
+            print(f"load average before {name} (pair {pair + 1}): {os.getloadavg()}", flush=True)
+            runs[name] = run_job(name, os.path.join(out, f"{name}_{pair + 1}"), a.steps, extra, a)
+        print(f"load average after pair {pair + 1}: {os.getloadavg()}", flush=True)
+        med = {}
+        for name, series in runs.items():
+            phases = {k: median([series[f"timing_s/{k}"][s] for s in timed if s in series[f"timing_s/{k}"]])
+                      for k in ("step", "gen", "old_log_prob", "update_actor", "sync_weights")
+                      if f"timing_s/{k}" in series}
+            med[name] = phases["step"]
+            print(f"[{name} {pair + 1}] median seconds over steps {a.skip + 1}..{a.steps}: "
+                  + " ".join(f"{k}={v:.3f}" for k, v in phases.items()), flush=True)
+        reward = {n: sum(s["critic/score/mean"][k] for k in last) / len(last) for n, s in runs.items()}
+        print(f"[rewards {pair + 1}] last {a.last} steps: sync={reward['sync']:.4f} "
+              f"one_step_off={reward['one_step_off']:.4f}", flush=True)
+        ratios.append(med["one_step_off"] / med["sync"])
+        gaps.append(reward["sync"] - reward["one_step_off"])
+        staleness = max(staleness, max(runs["one_step_off"]["async/staleness/max"].values()))
+    print(f"pair ratios: {[round(r, 3) for r in ratios]}")
+    print(f"async: step_ratio={median(ratios):.3f} staleness_max={staleness:.0f} "
+          f"reward_gap={sum(gaps) / len(gaps):.4f}")
 
 
 if __name__ == "__main__":
