@@ -113,7 +113,7 @@ def main():
         med = {}
         for name, series in runs.items():
             phases = {k: median([series[f"timing_s/{k}"][s] for s in timed if s in series[f"timing_s/{k}"]])
-                      for k in ("step", "gen", "old_log_prob", "update_actor", "sync_weights")
+                      for k in ("step", "gen", "reward", "old_log_prob", "update_actor", "update_weights")
                       if f"timing_s/{k}" in series}
             med[name] = phases["step"]
             print(f"[{name} {pair + 1}] median seconds over steps {a.skip + 1}..{a.steps}: "

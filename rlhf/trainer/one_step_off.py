@@ -74,8 +74,8 @@ class OneStepOff:
     def next_round(self, step: int) -> tuple:
         """Collective.  Batch `step` (samples, scores, rewards, metrics), started now when none is in flight; then
         the weights synced and (staleness 1) batch `step` + 1 started.  The metrics hold the staleness ones,
-        ``timing_s/gen`` (the wait for batch `step`; the trainer leaves out its reward's timing_s/reward) and, when a sync ran, ``timing_s/update_weights``
-        and ``weight_sync/*``."""
+        ``timing_s/gen`` (the wait for batch `step`; the trainer takes its reward's timing_s/reward out of it) and,
+        when a sync ran, ``timing_s/update_weights`` and ``weight_sync/*``."""
         m: dict = {}
         if self.inflight is None:
             self.sync_if_changed(m)
