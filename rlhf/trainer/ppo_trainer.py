@@ -97,6 +97,7 @@ class PPOTrainer(BaseTrainer):
 
     progress_postfix = ("score", "critic/score/mean")
     teacher = None  # on-policy distillation's teacher (rlhf.workers.teacher), built in __init__ with distill.enable
+    one_step_off = None  # rlhf.trainer.one_step_off.OneStepOff when trainer.one_step_off_policy.enable
 
     def check_layout(self) -> None:
         """Virtual pipeline stages: every batch the actor / critic forward or train on splits into a multiple of
@@ -169,8 +170,9 @@ class PPOTrainer(BaseTrainer):
         if prompts is None:
             prompts = self.train_loader.next_batch()
         seed = rollout_seed(self.cfg.trainer.seed, step, round_index)
+        more = {} if started is None else {"started": started}  # (the synchronous call as before)
         samples, scores, reward_metrics = self.rollout.generate(prompts, self.rollout.train_sampling, self.reward,
-                                                                seed=seed, started=started)
+                                                                seed=seed, **more)
         attach_reward_validity(samples, reward_metrics)  # -> sample.extra, before the metrics are summed
         if self.cfg.algorithm.adv_estimator == "remax":  # the baseline: one greedy response per prompt
             greedy = self.rollout.generate(prompts, greedy_sampling(self.rollout.train_sampling), self.reward)

@@ -75,7 +75,7 @@ def test_staleness_one_overlaps_and_bounds_staleness():
         ("collect", 40, 2), ("sync", 3), ("train", 4)]  # nothing started past the last step
     assert [m["async/staleness/max"] for m in metrics] == [0, 1, 1, 1]
     assert [m["async/weight_version"] for m in metrics] == [0, 1, 2, 3]
-    assert metrics[1]["async/num_stale_samples"] == 2 and "timing_s/sync_weights" in metrics[1]
+    assert metrics[1]["async/num_stale_samples"] == 2 and "timing_s/update_weights" in metrics[1] and "timing_s/gen" in metrics[1]
 
 
 def test_staleness_zero_is_the_synchronous_order():
