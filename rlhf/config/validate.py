@@ -216,6 +216,10 @@ def _algorithm(cfg: DictConfig) -> list[str]:
         out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} trains only the critic first, but this run has "
                    f"no critic (algorithm.adv_estimator={est}, critic.enable={cfg.critic.enable}); set "
                    f"trainer.critic_warmup=0.")
+    if mode == "bypass_mode" and not cfg.algorithm.rollout_correction.bypass_mode:
+        out.append("actor.policy_loss.loss_mode=bypass_mode trains against the engine's log-probs, which the trainer "
+                   "puts in place only with algorithm.rollout_correction.bypass_mode=true; set that instead (it "
+                   "selects this loss).")
     if cfg.trainer.one_step_off_policy.enable and cfg.algorithm.filter_groups.enable:
         out.append("trainer.one_step_off_policy.enable=true does not combine with algorithm.filter_groups.enable=true "
                    "(dynamic sampling generates several rounds per step); turn one of them off.")

@@ -78,9 +78,11 @@ class PPOPolicyLoss:
         policy_loss = getattr(cfg, "policy_loss", None)
         self.loss_mode = getattr(policy_loss, "loss_mode", None) or "vanilla"
         rc = self.rollout_correction = rollout_correction
-        self.bypass = bool(rc is not None and rc.bypass_mode)
-        if self.bypass:
+        self.bypass = bool(rc is not None and rc.bypass_mode) or self.loss_mode == "bypass_mode"
+        if self.bypass:  # (loss_mode=bypass_mode alone: verl's defaults, PPO clip against the batch's old_log_probs)
             self.loss_mode = "bypass_mode"
+            if rc is None:
+                self.rollout_correction = {"loss_type": "ppo_clip"}
         self.policy_loss_fn = algos.get_policy_loss_fn(self.loss_mode)
         self.use_is_weights = rc is not None and not self.bypass and rc.rollout_is is not None
         self.keys = ("old_log_probs", "advantages", "response_mask", LOSS_MASK_KEY) + (

@@ -162,3 +162,6 @@ def test_bad_settings_are_refused_at_cfg():
         validate_config(compose_config(["trainer.one_step_off_policy.enable=true", "algorithm=dapo"]))
     with pytest.raises(ConfigValidationError, match="rollout_correction.rollout_is='tok' must be null, token or"):
         validate_config(compose_config(["algorithm.rollout_correction.rollout_is=tok"]))
+    with pytest.raises(ConfigValidationError, match="loss_mode=bypass_mode trains against the engine's log-probs"):
+        validate_config(compose_config(["actor.policy_loss.loss_mode=bypass_mode"]))
+    validate_config(compose_config(["algorithm.rollout_correction.bypass_mode=true"]))  # the way to select it

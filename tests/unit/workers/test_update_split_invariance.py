@@ -128,6 +128,24 @@ def test_policy_loss_gradient_independent_of_micro_batches_and_dp(monkeypatch, m
             assert metrics[k] == pytest.approx(ref_metrics[k], rel=1e-9, abs=1e-12), (k, dp, micro)
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum"])
+def test_bypass_mode_with_is_weights_and_rejection_independent_of_micro_batches_and_dp(monkeypatch, agg):
+    """Rollout correction's bypass mode (REINFORCE with token IS weights and token_k1 rejection computed inside the
+    loss, per micro batch) gives the same gradient for every split."""
+    rc = [f"algorithm.rollout_correction.{k}" for k in ("bypass_mode=true", "loss_type=reinforce", "rollout_is=token",
+                                                         "rollout_is_threshold=1.05", "rollout_rs=token_k1",
+                                                         "rollout_rs_threshold=0.9_1.1")]
+    cfg = compose_config([*rc, f"actor.loss_agg_mode={agg}", "actor.entropy_coeff=0.01"])
+    loss = PPOPolicyLoss(cfg.actor, rollout_correction=cfg.algorithm.rollout_correction)
+    run = actor_run(loss)
+    ref_grad, ref_metrics = run_split(monkeypatch, *SPLITS[0], run)
+    assert ref_grad.abs().sum() > 0 and 0 < ref_metrics["rollout_corr/rollout_rs_masked_fraction"] < 1
+    for dp, micro in SPLITS[1:]:
+        grad, metrics = run_split(monkeypatch, dp, micro, run)
+        torch.testing.assert_close(grad, ref_grad, msg=f"dp={dp} micro={micro}")
+        assert metrics["actor/pg_loss"] == pytest.approx(ref_metrics["actor/pg_loss"], rel=1e-9, abs=1e-12)
+
+
 def test_policy_loss_metric_is_the_mini_batch_loss(monkeypatch):
     """Token-mean vanilla loss of each mini batch by hand (on-policy: r = exp(table - old)), averaged over the
     two mini batches, equals actor/pg_loss for every split."""
