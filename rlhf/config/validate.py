@@ -220,6 +220,9 @@ def _algorithm(cfg: DictConfig) -> list[str]:
         out.append("actor.policy_loss.loss_mode=bypass_mode trains against the engine's log-probs, which the trainer "
                    "puts in place only with algorithm.rollout_correction.bypass_mode=true; set that instead (it "
                    "selects this loss).")
+    if cfg.trainer.one_step_off_policy.enable and cfg.rollout.multi_turn.enable:
+        out.append("trainer.one_step_off_policy.enable=true does not combine with rollout.multi_turn.enable=true (the "
+                   "agent loop is not started in the background); turn one of them off.")
     if cfg.trainer.one_step_off_policy.enable and cfg.algorithm.filter_groups.enable:
         out.append("trainer.one_step_off_policy.enable=true does not combine with algorithm.filter_groups.enable=true "
                    "(dynamic sampling generates several rounds per step); turn one of them off.")

@@ -14,6 +14,7 @@ registry are rlhf.trainer.advantages, ReMax's greedy baselines rlhf.trainer.rema
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import logging
@@ -296,7 +297,10 @@ class PPOTrainer(BaseTrainer):
     def save_context(self):
         """Colocated engines released around a checkpoint save, resident again after it
         (:meth:`rlhf.workers.rollout.RolloutWorker.released`): the save's distributed-optimizer gather gets the
-        memory of their weights and KV cache (the memory plan's "checkpoint save" phase)."""
+        memory of their weights and KV cache (the memory plan's "checkpoint save" phase).  Not under one-step
+        off-policy: a batch is generating during the save, and engines keep their memory in that mode."""
+        if self.one_step_off is not None:
+            return contextlib.nullcontext()
         return self.rollout.released()
 
     def checkpoint_roles(self) -> dict:

@@ -122,9 +122,8 @@ def test_validation_waits_for_the_batch_in_flight_and_syncs():
 
 
 def test_verls_one_step_off_config_composes(tmp_path):
-    """verl's verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml (its settings; the
-    resource-pool keys rollout.nnodes / rollout.n_gpus_per_node are another branch's) read by name: the mode on,
-    bypass mode on, the engine keys accepted."""
+    """verl's verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml (its settings) read by
+    name: the mode on, bypass mode on, the engine keys and the rollout resource pool accepted."""
     conf = tmp_path / "config"
     conf.mkdir()
     (conf / "one_step_off_ppo_trainer.yaml").write_text(textwrap.dedent("""
@@ -134,6 +133,9 @@ def test_verls_one_step_off_config_composes(tmp_path):
         defaults:
           - ppo_trainer
           - _self_
+        rollout:
+          nnodes: 1
+          n_gpus_per_node: 8
         actor_rollout_ref:
           rollout:
             free_cache_engine: False
@@ -158,6 +160,8 @@ def test_bad_settings_are_refused_at_cfg():
 
     with pytest.raises(ConfigValidationError, match=r"trainer.one_step_off_policy.staleness=2 must be 0 or 1"):
         validate_config(compose_config(["trainer.one_step_off_policy.staleness=2"]))
+    with pytest.raises(ConfigValidationError, match="does not combine with rollout.multi_turn.enable"):
+        validate_config(compose_config(["trainer.one_step_off_policy.enable=true", "rollout.multi_turn.enable=true"]))
     with pytest.raises(ConfigValidationError, match="does not combine with algorithm.filter_groups.enable"):
         validate_config(compose_config(["trainer.one_step_off_policy.enable=true", "algorithm=dapo"]))
     with pytest.raises(ConfigValidationError, match="rollout_correction.rollout_is='tok' must be null, token or"):
