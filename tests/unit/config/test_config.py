@@ -591,7 +591,9 @@ def test_policy_loss_modes_and_estimators_compose_and_validate(quickstart_cfg):
     from rlhf.algorithms.registry import PolicyLossMode
 
     for mode in (m.value for m in PolicyLossMode):
-        cfg = compose_config([f"actor.policy_loss.loss_mode={mode}"], recipe="quickstart")
+        # bypass_mode goes with algorithm.rollout_correction.bypass_mode (refused alone: rlhf.config.validate)
+        extra = ["algorithm.rollout_correction.bypass_mode=true"] if mode == "bypass_mode" else []
+        cfg = compose_config([f"actor.policy_loss.loss_mode={mode}", *extra], recipe="quickstart")
         validate_config(cfg, world_size=1)
     cfg = compose_config(["actor.policy_loss.loss_mode=clip-cov"], recipe="quickstart")
     validate_config(cfg, world_size=1)
