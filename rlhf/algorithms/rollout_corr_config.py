@@ -36,7 +36,8 @@ def rs_options(rollout_rs: str) -> list[str]:
         if not opt:
             continue
         if opt not in SUPPORTED_ROLLOUT_RS_OPTIONS:
-            raise ValueError(f"Invalid rollout_rs option: {opt}. Must be one of {sorted(SUPPORTED_ROLLOUT_RS_OPTIONS)}.")
+            raise ValueError(f"Invalid rollout_rs option: {opt}. "
+                             f"Must be one of {sorted(SUPPORTED_ROLLOUT_RS_OPTIONS)}.")
         if opt not in out:
             out.append(opt)
     if not out:

@@ -27,6 +27,7 @@ from rlhf.algorithms.policy_losses.policy_gradient import compute_policy_loss_ci
 from rlhf.algorithms.policy_losses.ppo import compute_policy_loss, compute_policy_loss_sapo, compute_policy_loss_vanilla
 from rlhf.algorithms.policy_losses.sequence_level import compute_policy_loss_geo_mean, compute_policy_loss_gspo
 
-__all__ = ["compute_policy_loss", "compute_policy_loss_bypass_mode", "compute_policy_loss_reinforce", "compute_policy_loss_cispo", "compute_policy_loss_clip_cov",
+__all__ = ["compute_policy_loss", "compute_policy_loss_bypass_mode", "compute_policy_loss_reinforce",
+           "compute_policy_loss_cispo", "compute_policy_loss_clip_cov",
            "compute_policy_loss_geo_mean", "compute_policy_loss_gpg", "compute_policy_loss_gspo",
            "compute_policy_loss_kl_cov", "compute_policy_loss_sapo", "compute_policy_loss_vanilla"]

@@ -13,8 +13,8 @@ from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, 
 
 __all__ = ["RolloutValConfig", "MultiTurnConfig", "EngineKwargsConfig", "RolloutConfig", "KLControlConfig",
            "FilterGroupsConfig", "DPOConfig",
-           "AlgorithmConfig", "RolloutCorrectionConfig", "OneStepOffPolicyConfig", "CustomRewardConfig", "OverlongBufferConfig",
-           "RewardSourceConfig", "Gsm8kRewardConfig",
+           "AlgorithmConfig", "RolloutCorrectionConfig", "OneStepOffPolicyConfig", "CustomRewardConfig",
+           "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
            "RewardFallbackConfig", "RewardConfig", "AlertConfig", "TrainerConfig", "GlobalProfilerConfig",
            "PROFILER_TOOLS"]
 _T, _P, _K, _N = SAMPLING  # the checks of temperature, top_p, top_k, n
