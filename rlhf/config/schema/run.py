@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEstimator, LoggerBackend, ResumeMode,
                                  RolloutDtype, RolloutMode, RolloutName)
+from rlhf.agent.config import MultiTurnSettings
 from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, gt, steps_or_never
 
 __all__ = ["RolloutValConfig", "MultiTurnConfig", "EngineKwargsConfig", "RolloutConfig", "KLControlConfig",
@@ -29,20 +30,9 @@ class RolloutValConfig(Checked):
 
 
 @dataclass
-class MultiTurnConfig(Checked):
-    """verl's ``actor_rollout_ref.rollout.multi_turn`` (rlhf.agent.config.MultiTurnSettings has the meanings)."""
-
-    enable: bool = False
-    max_assistant_turns: Optional[int] = None
-    max_user_turns: Optional[int] = None
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 256
-    tool_response_truncate_side: str = "middle"
-    tool_config_path: Optional[str] = None
-    interaction_config_path: Optional[str] = None
-    format: str = "hermes"
-    tool_timeout_s: float = 30.0
-    max_tokens_per_turn: Optional[int] = None
+class MultiTurnConfig(MultiTurnSettings, Checked):
+    """verl's ``actor_rollout_ref.rollout.multi_turn``: the fields (and their meanings) of
+    rlhf.agent.config.MultiTurnSettings, checked here."""
 
     def rules(self, at: str = "") -> list[str]:
         from rlhf.agent.config import config_problems
