@@ -17,15 +17,14 @@ from typing import Any, Optional
 
 import torch
 
-from rlhf.algorithms.aggregation import agg_loss
 from rlhf.algorithms.config_access import config_get
-from rlhf.algorithms.masked_ops import masked_mean
-from rlhf.algorithms.policy_losses._inputs import agg_kwargs, apply_weights, as_metrics, prepare
+from rlhf.algorithms.policy_losses.policy_gradient import compute_policy_loss_gpg
 from rlhf.algorithms.policy_losses.ppo import compute_policy_loss_vanilla
 from rlhf.algorithms.registry import PolicyLossMode, register_policy_loss
 from rlhf.algorithms.rollout_corr_config import BYPASS_LOSS_TYPES
 
 Tensor = torch.Tensor
+
 
 def compute_policy_loss_reinforce(rollout_log_prob: Tensor, log_prob: Tensor, advantages: Tensor,
                                   response_mask: Tensor, loss_agg_mode: str = "seq-mean-token-sum", config: Any = None,
@@ -36,10 +35,8 @@ def compute_policy_loss_reinforce(rollout_log_prob: Tensor, log_prob: Tensor, ad
 
     aggregated by ``loss_agg_mode``; ``actor/ppo_kl`` = masked mean of log pi_rollout - log pi_theta.
     All tensors [B, R].  Raises ValueError on a shape mismatch."""
-    x = prepare(rollout_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
-    pg_losses = apply_weights(-x.advantages * x.log_prob, rollout_is_weights, x.valid)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **agg_kwargs(config))
-    return loss, as_metrics(ppo_kl=masked_mean(-x.log_ratio, x.valid))
+    return compute_policy_loss_gpg(rollout_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+                                   rollout_is_weights)  # the same loss as GPG's, with verl's default aggregation
 
 
 @register_policy_loss(PolicyLossMode.BYPASS_MODE)
@@ -50,7 +47,9 @@ def compute_policy_loss_bypass_mode(old_log_prob: Tensor, log_prob: Tensor, adva
     `rollout_is_weights` is ignored (computed inside from the current log-probs, without gradient).
 
     Raises ValueError without ``config.policy_loss.rollout_correction`` or for another ``loss_type``."""
-    from rlhf.algorithms.rollout_corr import compute_rollout_correction_and_rejection_mask
+    from rlhf.algorithms.rollout_corr import (
+        compute_rollout_correction_and_rejection_mask,
+    )
 
     rc = config_get(config, "policy_loss.rollout_correction")
     if rc is None:
