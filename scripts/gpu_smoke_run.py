@@ -9,7 +9,7 @@ import os
 
 #: step metrics every step writes (PPO with a critic), and those only an actor update writes
 EVERY_STEP = ("critic/vf_loss", "critic/score/mean", "timing_s/gen", "timing_s/update_critic")
-ACTOR_STEP = ("actor/pg_loss", "timing_s/update_actor", "timing_s/sync_weights")
+ACTOR_STEP = ("actor/pg_loss", "timing_s/update_actor", "timing_s/update_weights")
 VAL = "val/score"
 
 

@@ -67,7 +67,7 @@ def test_cpu_dry_run_passes_every_check(tmp_path):
     assert 1 not in s.get("actor/pg_loss", {}) and 1 in s["critic/vf_loss"]  # step 1 trained only the critic
     assert 2 in s["actor/pg_loss"]
     assert {1, 2} <= set(s["val/score"])  # validation right after the warm-up step, and after step 2
-    assert 1 not in s.get("timing_s/sync_weights", {})  # the warm-up step syncs nothing; the validation after it does
+    assert 1 not in s.get("timing_s/update_weights", {})  # the warm-up step syncs nothing; the validation after it does
 
 
 def test_two_gpu_command_lines(tmp_path):
