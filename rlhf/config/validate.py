@@ -237,6 +237,15 @@ ENGINE_OWNED = {"model_path": "actor_rollout_ref.model.path", "tp_size": "rollou
                 "max_total_tokens": "rollout.max_total_tokens", "enable_memory_saver": "rollout.enable_memory_saver",
                 "skip_tokenizer_init": (None, "the weight sync's token-in / token-out mode needs it"),
                 "custom_weight_loader": (None, "the weight sync loads each bucket through its own loader")}
+_PLACED = (None, "the placement plan gives each engine its device and GPUs, one engine of "
+                 "rollout.tensor_model_parallel_size GPUs on one node, and the weight sync expects that layout; "
+                 "for more replicas raise the engine count instead")
+ENGINE_OWNED.update({k: _PLACED for k in ("device", "base_gpu_id", "gpu_id_step", "dp_size", "pp_size", "ep_size",
+                                          "nnodes", "node_rank", "dist_init_addr", "enable_dp_attention")})
+ENGINE_OWNED.update({k: (None, "each engine takes free ports of its own; a fixed one collides between engines")
+                     for k in ("port", "nccl_port", "host")})
+ENGINE_OWNED["load_format"] = (None, "the engines start from the model path's weights and the weight sync replaces "
+                                     "them; dummy weights would serve the first generation unsynced")
 
 
 def server_args_fields() -> list[str]:

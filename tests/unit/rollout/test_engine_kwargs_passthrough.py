@@ -55,3 +55,21 @@ def test_unknown_or_owned_server_args_are_refused_by_the_key_typed(data, tmp_pat
                           "rollout.engine_kwargs.sglang.no_such_field=1"])  # our key: named as ours
     with pytest.raises(ConfigValidationError, match=r"rollout\.engine_kwargs\.sglang\.no_such_field: 'no_such_field'"):
         validate_config(cfg)
+
+
+@pytest.mark.parametrize("key,value,why", [
+    ("device", "cuda", "placement plan gives each engine its device"),  # was a TypeError at the engine's start
+    ("base_gpu_id", 0, "placement plan gives each engine its device"),  # would beat the plan: every engine on GPU 0
+    ("dp_size", 2, "placement plan gives each engine its device"),
+    ("port", 30000, "free ports of its own"),
+    ("load_format", "dummy", "dummy weights would serve the first generation unsynced")])
+def test_server_args_the_placement_or_the_sync_own_are_refused(data, tmp_path, key, value, why):
+    """ServerArgs fields that the placement plan, the ports or the weight sync decide pass the name check, yet break
+    the run on GPUs (a duplicate `device` keyword, engines stacked on one GPU, a port collision, an unsynced first
+    generation): refused at --cfg, naming the key as typed."""
+    model = _model_dir(tmp_path / "qwen")
+    cfg = compose_config([f"data.train_files={data}", f"model.path={model}",
+                          f"rollout.engine_kwargs.sglang.{key}={value}"])
+    with pytest.raises(ConfigValidationError, match=rf"rollout\.engine_kwargs\.sglang\.{key} cannot be set here \(.*"
+                                                     rf"{why}"):
+        validate_config(cfg)
