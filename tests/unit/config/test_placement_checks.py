@@ -162,3 +162,20 @@ def test_plan_memory_refuses_colocated_engines_beyond_the_trainers_gpus(builds, 
     assert code == 2 and "on 16 GPUs (trainer.nnodes x GPUs per node (trainer.n_gpus_per_node=null) = 2 x 8)" in err
     assert "do not fit the trainer's 16 GPUs" in err and "rollout.mode=disaggregated" in err
     assert builds == []
+
+def test_one_step_off_with_colocated_engines_is_refused_on_gpus(builds, files, capsys, monkeypatch):
+    """One step off-policy keeps colocated engines resident while the actor trains: on a GPU machine (8 GPUs,
+    patched) the start refuses it before building anything, pointing at verl's pool keys (verl asserts
+    hybrid_engine=False); on CPU it runs (tests/e2e/test_async_rl_e2e.py)."""
+    import rlhf.launcher
+
+    monkeypatch.setattr(rlhf.launcher, "_cuda_count", lambda: 8)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    code = _main([RECIPE, *files, "trainer.one_step_off_policy.enable=true"])
+    err = capsys.readouterr().err
+    assert code == 2 and "one_step_off_policy.enable=true with colocated engines on GPUs" in err, err
+    assert "actor_rollout_ref.hybrid_engine=False with rollout.nnodes / rollout.n_gpus_per_node" in err
+    assert builds == []
+    monkeypatch.setattr(rlhf.launcher, "_cuda_count", lambda: 0)  # a CPU machine: reaches trainer.run
+    assert _main([RECIPE, *files, "trainer.one_step_off_policy.enable=true"]) == 0 and len(builds) == 1
