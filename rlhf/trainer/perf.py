@@ -23,6 +23,7 @@ out and one line says so (verl would report 0).
 from __future__ import annotations
 
 import logging
+import re
 import resource
 import sys
 
@@ -43,7 +44,7 @@ DEVICE_PEAK_FLOPS = {"CPU": 448e9, "GB200": 2.5e15, "B200": 2.25e15, "MI300X": 1
 
 def device_peak_flops(device: torch.device, name: str | None = None) -> float | None:
     """Peak FLOP/s of one `device` from :data:`DEVICE_PEAK_FLOPS`: "CPU" for a CPU device; for a CUDA device the
-    entry whose name is in the device's name (`name`, default torch.cuda.get_device_name(device)); None when none
+    entry whose name is in the device's name, not followed by a digit (`name`, default torch.cuda.get_device_name(device)); None when none
     matches or for another kind of device."""
     device = torch.device(device)
     if device.type == "cpu":
@@ -51,8 +52,8 @@ def device_peak_flops(device: torch.device, name: str | None = None) -> float | 
     if device.type != "cuda":
         return None
     name = name if name is not None else torch.cuda.get_device_name(device)
-    for key in sorted(DEVICE_PEAK_FLOPS, key=len, reverse=True):
-        if key != "CPU" and key in name:
+    for key in sorted(DEVICE_PEAK_FLOPS, key=len, reverse=True):  # not followed by a digit: "A40" is not "A4000"
+        if key != "CPU" and re.search(re.escape(key) + r"(?!\d)", name):
             return DEVICE_PEAK_FLOPS[key]
     return None
 

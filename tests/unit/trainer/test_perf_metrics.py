@@ -56,6 +56,8 @@ def test_device_peaks_follow_verls_table():
     assert device_peak_flops(torch.device("cuda", 0), name="NVIDIA H100 80GB HBM3") == 989e12
     assert device_peak_flops(torch.device("cuda", 0), name="NVIDIA L40S") == 362.05e12  # not L40's
     assert device_peak_flops(torch.device("cuda", 0), name="Mystery GPU") is None
+    assert device_peak_flops(torch.device("cuda", 0), name="NVIDIA A40") == 149.7e12
+    assert device_peak_flops(torch.device("cuda", 0), name="NVIDIA RTX A4000") is None  # was A40's peak
     assert device_peak_flops(torch.device("meta")) is None and PerfMeter({}, "meta", 1, {}).memory({}) == {}
 
 
