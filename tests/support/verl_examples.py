@@ -11,6 +11,7 @@ Megatron example when it starts ``verl.trainer.main_ppo`` with a Megatron config
 
     python -m tests.support.verl_examples <verl git dir> <verl-recipe git dir>   # rewrites the fixture
     python -m tests.support.verl_examples --count   # how many compose in verl's own form (--config-name, --cfg)
+    python -m tests.support.verl_examples --run2    # and of those, how many run 2 steps on CPU (verl_run2.py)
 """
 from __future__ import annotations
 
@@ -275,19 +276,25 @@ def count_verl_form(paths: dict) -> tuple[list, dict]:
     return ok, bad
 
 
-def _count_main() -> None:
-    """``python -m tests.support.verl_examples --count``: :func:`count_verl_form` with one GSM8K-style row,
-    ``tiny://quickstart`` and a metadata-only dist checkpoint, printed."""
+def count_paths(tmp: Path) -> dict:
+    """The paths ``--count`` fills in (train, test, model, ckpt, mcore), written under ``tmp``: one GSM8K-style row,
+    ``tiny://quickstart`` and a metadata-only dist checkpoint."""
     from tests.support.mcore_checkpoints import write_dcp
 
-    os.environ.setdefault("WANDB_MODE", "offline")
-    tmp = Path(tempfile.mkdtemp())
     row = {"prompt": "What is 2 + 3?", "data_source": "openai/gsm8k", "answer": "2 + 3 = 5\n#### 5"}
     for n in ("train", "test"):
         (tmp / f"{n}.jsonl").write_text(json.dumps(row) + "\n")
     mcore = write_dcp(tmp / "mcore", {"embedding.word_embeddings.weight": (512, 64)})
-    paths = {"train": str(tmp / "train.jsonl"), "test": str(tmp / "test.jsonl"), "model": "tiny://quickstart",
-             "ckpt": str(tmp / "ckpt"), "mcore": mcore}
+    return {"train": str(tmp / "train.jsonl"), "test": str(tmp / "test.jsonl"), "model": "tiny://quickstart",
+            "ckpt": str(tmp / "ckpt"), "mcore": mcore}
+
+
+def _count_main() -> None:
+    """``python -m tests.support.verl_examples --count``: :func:`count_verl_form` with one GSM8K-style row,
+    ``tiny://quickstart`` and a metadata-only dist checkpoint, printed."""
+    os.environ.setdefault("WANDB_MODE", "offline")
+    tmp = Path(tempfile.mkdtemp())
+    paths = count_paths(tmp)
     (tmp / "empty").mkdir()
     os.chdir(tmp / "empty")
     ok, bad = count_verl_form(paths)
@@ -300,6 +307,10 @@ def _count_main() -> None:
 
 if __name__ == "__main__" and sys.argv[1:] == ["--count"]:
     _count_main()
+elif __name__ == "__main__" and sys.argv[1:2] == ["--run2"]:
+    from tests.support.verl_run2 import run2_main
+
+    run2_main(sys.argv[2:])
 elif __name__ == "__main__":
     verl, recipe = (sys.argv[1:] + ["/work/.mirror/volcengine+verl/repo",
                                     "/work/.mirror/verl-project+verl-recipe/repo"][len(sys.argv) - 1:])[:2]
