@@ -47,6 +47,9 @@ SCALE_DOWN = [
     "trainer.logger=[console]", "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.default_local_dir={ckpt}",
     "trainer.resume_mode=disable",
 ]
+#: DAPO's overlong buffer (``reward_model.reward_kwargs.overlong_buffer_cfg.len``) where a script sets one: it must
+#: fit within data.max_response_length (32 here)
+OVERLONG_BUFFER = 8
 #: the line a run prints when step 2 is done (rlhf/trainer/loggers.py: console_lines)
 STEP2 = re.compile(r"^.*step 2: (actor|critic|timing_s|perf)/", re.M)
 
@@ -72,6 +75,12 @@ def scale_down(overrides: list[str], paths: dict) -> list[str]:
     out = [s.format(n=n, **paths) for s in SCALE_DOWN]
     if str(_value(overrides, "reward_model.enable")).lower() == "true":
         out.append(f"reward_model.model.path={paths['model']}")
+    offload = "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"
+    if str(_value(overrides, offload)).lower() == "true":  # GPU memory only: refused on CPU (parallel/optim.py)
+        out.append(f"{offload}=False")
+    for key in ("reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward_model.reward_kwargs.max_resp_len"):
+        if _value(overrides, key) is not None:  # DAPO's overlong buffer: its tokens within the response's 32
+            out.append(f"{key}={OVERLONG_BUFFER if key.endswith('.len') else 32}")
     return out
 
 
@@ -89,8 +98,8 @@ def prepare_data(root: Path) -> dict:
 def first_error(log: str) -> str:
     """The first line of a failed run's output that names the error (a config problem, an exception line)."""
     lines = log.splitlines()
-    for pat in (r"^  - ", r"^\w*(Error|Exception)\b.*:", r"^\S*(Error|Exception): ", r"Error|error:"):
-        for line in lines:
+    for pat in (r"^  - ", r"^[\w.]*(Error|Exception): ", r"(Error|error):"):
+        for line in (lines if pat == r"^  - " else reversed(lines)):  # a config problem; else the last exception
             if re.search(pat, line) and "Warning" not in line:
                 return line.strip()[:240]
     return (lines[-1].strip() if lines else "(no output)")[:240]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import yaml
 
 from tests.support.verl_examples import count_paths, examples, run_cfg
-from tests.support.verl_run2 import SCALE_DOWN, scale_down
+from tests.support.verl_run2 import SCALE_DOWN, first_error, scale_down
 
 PATHS = {"train": "/d/train.parquet", "test": "/d/test.parquet", "model": "tiny://quickstart", "ckpt": "/c",
          "mcore": "/m"}
@@ -32,6 +32,15 @@ def test_scale_down_reward_model():
     assert not any(o.startswith("reward_model.") for o in scale_down(["reward_model.enable=False"], PATHS))
 
 
+def test_scale_down_overlong_buffer_fits_the_response():
+    """DAPO's overlong buffer (4096 tokens in verl's scripts) must fit in the 32-token response."""
+    out = scale_down(["+reward_model.reward_kwargs.overlong_buffer_cfg.len=4096",
+                      "+reward_model.reward_kwargs.max_resp_len=8192"], PATHS)
+    assert "reward_model.reward_kwargs.overlong_buffer_cfg.len=8" in out
+    assert "reward_model.reward_kwargs.max_resp_len=32" in out and "data.max_response_length=32" in out
+    assert not any("overlong_buffer" in o or "max_resp_len" in o for o in scale_down([], PATHS))
+
+
 def test_scaled_down_example_composes_to_two_cpu_steps(tmp_path, monkeypatch):
     """verl's GSM8K PPO example (8 GPUs, batch 1024, rollout TP 2) scaled down: one process, batch 4, 2 steps."""
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -47,3 +56,16 @@ def test_scaled_down_example_composes_to_two_cpu_steps(tmp_path, monkeypatch):
     assert cfg["trainer"]["total_training_steps"] == 2 and cfg["trainer"]["n_gpus_per_node"] == 1
     assert cfg["rollout"]["n"] == 1 and cfg["rollout"]["tensor_model_parallel_size"] == 1
     assert cfg["model"]["path"] == "tiny://quickstart" and cfg["actor"]["ppo_mini_batch_size"] == 4
+
+
+def test_scale_down_turns_optimizer_cpu_offload_off_on_cpu():
+    key = "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"
+    assert f"{key}=False" in scale_down([f"+{key}=True"], PATHS)
+    assert not any(o.startswith(key) for o in scale_down([], PATHS))
+
+
+def test_first_error_names_the_exception_not_hydras_banner():
+    log = "Error executing job with overrides: ['a=1']\nTraceback (most recent call last):\n  File x\n" \
+          "ValueError: actor.optim.optimizer_cpu_offload=true needs a CUDA device\n"
+    assert first_error(log) == "ValueError: actor.optim.optimizer_cpu_offload=true needs a CUDA device"
+    assert first_error("Invalid config (1 problem):\n  - data.x=1 is bad\n") == "- data.x=1 is bad"
