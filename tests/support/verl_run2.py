@@ -50,6 +50,10 @@ SCALE_DOWN = [
 #: DAPO's overlong buffer (``reward_model.reward_kwargs.overlong_buffer_cfg.len``) where a script sets one: it must
 #: fit within data.max_response_length (32 here)
 OVERLONG_BUFFER = 8
+#: megatron optimizer options that save GPU memory and need a CUDA device / Transformer Engine (parallel/optim.py
+#: refuses them on CPU, naming the fix): turned off where a script turns them on
+GPU_OPTIMIZER_OPTIONS = tuple(f"actor_rollout_ref.actor.optim.override_optimizer_config.{k}"
+                              for k in ("optimizer_cpu_offload", "use_precision_aware_optimizer"))
 #: the line a run prints when step 2 is done (rlhf/trainer/loggers.py: console_lines)
 STEP2 = re.compile(r"^.*step 2: (actor|critic|timing_s|perf)/", re.M)
 
@@ -75,9 +79,9 @@ def scale_down(overrides: list[str], paths: dict) -> list[str]:
     out = [s.format(n=n, **paths) for s in SCALE_DOWN]
     if str(_value(overrides, "reward_model.enable")).lower() == "true":
         out.append(f"reward_model.model.path={paths['model']}")
-    offload = "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"
-    if str(_value(overrides, offload)).lower() == "true":  # GPU memory only: refused on CPU (parallel/optim.py)
-        out.append(f"{offload}=False")
+    for key in GPU_OPTIMIZER_OPTIONS:  # GPU memory only: refused on CPU (parallel/optim.py)
+        if str(_value(overrides, key)).lower() == "true":
+            out.append(f"{key}=False")
     for key in ("reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward_model.reward_kwargs.max_resp_len"):
         if _value(overrides, key) is not None:  # DAPO's overlong buffer: its tokens within the response's 32
             out.append(f"{key}={OVERLONG_BUFFER if key.endswith('.len') else 32}")

@@ -58,10 +58,11 @@ def test_scaled_down_example_composes_to_two_cpu_steps(tmp_path, monkeypatch):
     assert cfg["model"]["path"] == "tiny://quickstart" and cfg["actor"]["ppo_mini_batch_size"] == 4
 
 
-def test_scale_down_turns_optimizer_cpu_offload_off_on_cpu():
-    key = "actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload"
-    assert f"{key}=False" in scale_down([f"+{key}=True"], PATHS)
-    assert not any(o.startswith(key) for o in scale_down([], PATHS))
+def test_scale_down_turns_gpu_optimizer_options_off_on_cpu():
+    pre = "actor_rollout_ref.actor.optim.override_optimizer_config."
+    out = scale_down([f"+{pre}optimizer_cpu_offload=True", f"+{pre}use_precision_aware_optimizer=True"], PATHS)
+    assert f"{pre}optimizer_cpu_offload=False" in out and f"{pre}use_precision_aware_optimizer=False" in out
+    assert not any(o.startswith(pre) for o in scale_down([f"+{pre}optimizer_cpu_offload=False"], PATHS))
 
 
 def test_first_error_names_the_exception_not_hydras_banner():
