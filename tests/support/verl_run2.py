@@ -4,11 +4,11 @@ fixed overrides of :func:`scale_down` appended to the script's own command line:
 
     python -m tests.support.verl_examples --run2 [--timeout 240] [--only SUBSTRING ...]
 
-Only the commands that compose (``--cfg``, as ``--count`` counts them) are run, one after the other, each under a
-timeout, in a scratch folder under /tmp.  A run counts when it exits 0 and printed step 2's metrics
+Only the commands that compose (``--cfg``, as ``--count`` counts them, on its one-row data) are run, one after the
+other, each under a timeout, in a scratch folder under /tmp.  A run counts when it exits 0 and printed step 2's metrics
 (``step 2: actor/...`` of the console logger).  The data: the shared GSM8K copy (``../shared/data/gsm8k``) through
-:func:`rlhf.data.gsm8k.preprocess_gsm8k` (first 32 / 8 rows) into the scratch folder, or the embedded arithmetic
-task where the copy is absent.
+:func:`rlhf.data.gsm8k.preprocess_gsm8k` (the first 32 rows of each split) into the scratch folder, or the embedded
+arithmetic task where the copy is absent.
 """
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ def scale_down(overrides: list[str], paths: dict) -> list[str]:
 
 
 def prepare_data(root: Path) -> dict:
-    """{train, test} parquet files under ``root``: GSM8K's first 32 / 8 rows through the repo's preprocessing, or
-    the embedded arithmetic task where the shared copy is absent."""
+    """{train, test} parquet files under ``root``: GSM8K's first 32 rows of each split through the repo's
+    preprocessing, or the embedded arithmetic task where the shared copy is absent."""
     if not (GSM8K_DIR / "train.jsonl").is_file():
         return {"train": "embedded://arithmetic", "test": "embedded://arithmetic"}
     from rlhf.data.gsm8k import preprocess_gsm8k
