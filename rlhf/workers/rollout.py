@@ -281,19 +281,20 @@ class RolloutWorker:
 
     @contextmanager
     def released(self):
-        """Collective.  Colocated engines' weights and KV cache freed inside the block (a checkpoint save: megatron's
-        distributed optimizer all-gathers its state over DP on the GPU, rlhf.memory_plan.planner.save_gather_bytes),
-        resident again with the actor's weights after it (:meth:`ensure_resident`: a weight sync, since SGLang's
-        memory saver keeps no copy of released weights).  Disaggregated engines hold other GPUs: nothing is done.
-        Not resumed when the block raises (the run is ending)."""
+        """Collective.  Colocated engines' weights and KV cache freed for the block (a checkpoint save: megatron's
+        distributed optimizer all-gathers its state over DP on the GPU, rlhf.memory_plan.planner.save_gather_bytes)
+        and left released after it: the next :meth:`ensure_resident` (the next step's generation, or validation)
+        resumes them and syncs the actor's weights, since SGLang's memory saver keeps no copy of released weights.
+        Resuming at once would sync twice (now and after the next update) and put a sync between the save and the
+        step's metrics.  Disaggregated engines hold other GPUs: nothing is done."""
         if not self.colocated:
             yield
             return
         self.release()
         if self.rank0:
-            logger.info("[rollout] colocated engines released for the checkpoint save (resumed and synced after it)")
+            logger.info("[rollout] colocated engines released for the checkpoint save (the next generation resumes "
+                        "and syncs them)")
         yield
-        self.ensure_resident()
 
     # ---- generation -----------------------------------------------------------------------------------
     def _generate(self, prompts: List[List[int]], sampling, started: Optional[Future] = None) -> Optional[list]:

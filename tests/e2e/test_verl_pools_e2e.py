@@ -46,7 +46,7 @@ def test_colocated_save_releases_the_engines_and_the_run_resumes(tiny_model, tmp
     args = [*common(tiny_model, tmp_path / "run"), "trainer.save_freq=1"]
     first = run([*args, "trainer.total_training_steps=2"])
     assert first.count("[rollout] colocated engines released for the checkpoint save") == 2, first[-4000:]
-    assert "step 2:" in first  # generated after step 1's save, on engines resumed and synced (read back)
+    assert "step 2:" in first  # generated after step 1's save (the generation resumed and synced the engines)
     second = run([*args, "trainer.total_training_steps=3"])
     assert "at step 2" in second and "step 3:" in second, second[-4000:]
     assert os.path.isdir(tmp_path / "run" / "checkpoints" / "global_step_3")
