@@ -22,3 +22,13 @@ def ray_local():
     yield ray
     if owned:
         ray.shutdown()
+
+
+@pytest.fixture
+def gsm8k_row_file(tmp_path):
+    """A one-row GSM8K-shaped jsonl ("2 + 3?", answer "#### 5") for tests that compose a config around a data file."""
+    import json
+
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps({"prompt": "2 + 3?", "data_source": "openai/gsm8k", "answer": "#### 5"}) + "\n")
+    return str(path)

@@ -3,18 +3,15 @@
 no effect.  CPU, in-process."""
 from __future__ import annotations
 
-import json
 import logging
 
 from tests.support.verl_examples import run_cfg
 from tests.unit.config.test_verl_compat import _model_dir
 
 
-def test_verl_reward_model_on_gpu_settings_get_a_loud_line(tmp_path, caplog):
-    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "2 + 3?", "data_source": "openai/gsm8k",
-                                                      "answer": "#### 5"}) + "\n")
+def test_verl_reward_model_on_gpu_settings_get_a_loud_line(gsm8k_row_file, tmp_path, caplog):
     rm = _model_dir(tmp_path / "rm")
-    base = [f"data.train_files={tmp_path / 'train.jsonl'}", "actor_rollout_ref.model.path=tiny://quickstart"]
+    base = [f"data.train_files={gsm8k_row_file}", "actor_rollout_ref.model.path=tiny://quickstart"]
     with caplog.at_level(logging.WARNING, logger="rlhf.config"):
         code, _, err = run_cfg([*base, "reward_model.enable=True", f"reward_model.model.path={rm}",
                                 "reward_model.rollout.tensor_model_parallel_size=2",

@@ -3,7 +3,6 @@ in verl's keys (no rlhf-only rollout.num_engines advice); a user of our keys rea
 in-process."""
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
@@ -20,19 +19,12 @@ def _standalone(key: str, text: str) -> bool:
     return re.search(rf"(?<![\w.]){re.escape(key)}(?![\w])", text) is not None
 
 
-@pytest.fixture
-def data(tmp_path):
-    (tmp_path / "train.jsonl").write_text(json.dumps({"prompt": "2 + 3?", "data_source": "openai/gsm8k",
-                                                      "answer": "#### 5"}) + "\n")
-    return str(tmp_path / "train.jsonl")
-
-
-def test_each_problem_names_the_verl_key_as_typed(data, tmp_path):
+def test_each_problem_names_the_verl_key_as_typed(gsm8k_row_file, tmp_path):
     """Four real problems of one verl command line (a TP that does not divide the heads, DAPO's overlong buffer
     past the response length, a missing dist checkpoint, a mini batch that does not divide the batch): each line
     names verl's key, and none names ours."""
     model = _model_dir(tmp_path / "qwen")
-    code, _, err = run_cfg([f"data.train_files={data}", f"actor_rollout_ref.model.path={model}",
+    code, _, err = run_cfg([f"data.train_files={gsm8k_row_file}", f"actor_rollout_ref.model.path={model}",
                             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",
                             "reward_model.overlong_buffer.enable=True", "reward_model.overlong_buffer.len=100000",
                             "actor_rollout_ref.actor.megatron.use_dist_checkpointing=True",
@@ -51,23 +43,23 @@ def test_each_problem_names_the_verl_key_as_typed(data, tmp_path):
         assert not _standalone(ours, text), (ours, err)
 
 
-def test_a_user_of_our_keys_reads_ours(data, tmp_path):
+def test_a_user_of_our_keys_reads_ours(gsm8k_row_file, tmp_path):
     """The same problems given in our keys are named in ours; a verl user's own keys of ours stay as typed."""
     model = _model_dir(tmp_path / "qwen")
-    code, _, err = run_cfg([f"data.train_files={data}", f"model.path={model}", "parallel.tensor_model_parallel_size=3",
+    code, _, err = run_cfg([f"data.train_files={gsm8k_row_file}", f"model.path={model}", "parallel.tensor_model_parallel_size=3",
                             "reward.overlong_buffer.enable=True", "reward.overlong_buffer.len=100000"])
     assert code == 2 and "parallel.tensor_model_parallel_size=3" in err and "reward.overlong_buffer.len=100000" in err
     assert "actor_rollout_ref" not in err and "reward_model." not in err
-    code, _, err = run_cfg([f"data.train_files={data}", f"actor_rollout_ref.model.path={model}",
+    code, _, err = run_cfg([f"data.train_files={gsm8k_row_file}", f"actor_rollout_ref.model.path={model}",
                             "parallel.tensor_model_parallel_size=3", "actor_rollout_ref.rollout.temperature=-1"])
     assert code == 2 and "parallel.tensor_model_parallel_size=3" in err
     assert "actor_rollout_ref.rollout.temperature=-1.0 must be >= 0" in err
 
 
-def test_placement_errors_advise_verl_keys_not_rollout_num_engines(data):
+def test_placement_errors_advise_verl_keys_not_rollout_num_engines(gsm8k_row_file):
     """An engine wider than the node, given in verl's keys: the line counts verl's rollout replicas and says which
     verl key to change."""
-    code, _, err = run_cfg([f"data.train_files={data}", "actor_rollout_ref.model.path=tiny://quickstart",
+    code, _, err = run_cfg([f"data.train_files={gsm8k_row_file}", "actor_rollout_ref.model.path=tiny://quickstart",
                             "actor_rollout_ref.rollout.tensor_model_parallel_size=16", "trainer.n_gpus_per_node=8"])
     assert code == 2
     [line] = problems(err)

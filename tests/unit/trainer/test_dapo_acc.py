@@ -3,7 +3,6 @@ exactly when the reward's ``acc`` (verl's reward extra info: the score function'
 verl/workers/reward_manager/dapo.py) varies within it, whatever the scores do.  CPU, fast."""
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -14,10 +13,8 @@ from rlhf.rollout.types import RolloutSample
 from rlhf.trainer import dynamic_sampling as dapo
 
 
-def test_filter_groups_metric_acc_composes_and_passes_the_dapo_checks(tmp_path):
-    (tmp_path / "t.jsonl").write_text(json.dumps({"prompt": "2 + 3?", "data_source": "openai/gsm8k",
-                                                  "answer": "#### 5"}) + "\n")
-    base = [f"data.train_files={tmp_path / 't.jsonl'}", "actor_rollout_ref.model.path=tiny://quickstart",
+def test_filter_groups_metric_acc_composes_and_passes_the_dapo_checks(gsm8k_row_file):
+    base = [f"data.train_files={gsm8k_row_file}", "actor_rollout_ref.model.path=tiny://quickstart",
             "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", "algorithm.filter_groups.enable=True"]
     cfg = compose_config([*base, "algorithm.filter_groups.metric=acc"])
     assert cfg.algorithm.filter_groups.metric == "acc"
