@@ -19,7 +19,7 @@ from parallel.convert.layout import hf_tensors_from_shards
 from parallel.convert.params import param_role, unwrap_model
 from parallel.lora import COLUMN, HF_TO_MEGATRON, LoRASettings, adapted_layers
 
-__all__ = ["peft_adapter_tensors", "save_peft_adapter", "PEFT_PREFIX"]
+__all__ = ["peft_adapter_tensors", "gather_peft_adapter", "peft_config", "save_peft_adapter", "PEFT_PREFIX"]
 
 PEFT_PREFIX = "base_model.model."
 
@@ -66,6 +66,30 @@ def peft_target_modules(targets) -> list[str]:
     return sorted(n for n, m in HF_TO_MEGATRON.items() if m in targets)
 
 
+def peft_config(settings: LoRASettings, base_model: str | None = None) -> dict:
+    """PEFT's ``adapter_config.json`` of the adapters `settings` describe (plain LoRA, no dropout, no bias)."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings.rank, "lora_alpha": settings.alpha,
+            "target_modules": peft_target_modules(settings.targets), "lora_dropout": 0.0, "bias": "none",
+            "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "inference_mode": True,
+            "init_lora_weights": True, "base_model_name_or_path": base_model, "modules_to_save": None}
+
+
+def gather_peft_adapter(model_chunks, spec, dtype: torch.dtype | None = None, group=None) -> dict[str, torch.Tensor]:
+    """Collective over `group` (default: the whole job): every PP stage's adapters, ``{PEFT key: full CPU tensor}``
+    sorted by key (:func:`peft_adapter_tensors`; `dtype` casts them), on every rank.  Data-parallel replicas hold
+    the same adapters; only DP rank 0's travel."""
+    from megatron.core import parallel_state as ps
+
+    local = peft_adapter_tensors(model_chunks, spec)
+    if dtype is not None:
+        local = {k: v.to(dtype) for k, v in local.items()}
+    if ps.get_data_parallel_rank(with_context_parallel=True) != 0 or ps.get_tensor_model_parallel_rank() != 0:
+        local = {}
+    parts = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, local, group=group)
+    return dict(sorted((k, v) for p in parts for k, v in p.items()))
+
+
 def save_peft_adapter(model_chunks, spec, settings: LoRASettings, out_dir: str, base_model: str | None = None,
                       dtype: torch.dtype | None = None) -> None:
     """Collective over the whole job: write `out_dir`/adapter_config.json and adapter_model.safetensors (global
@@ -73,21 +97,12 @@ def save_peft_adapter(model_chunks, spec, settings: LoRASettings, out_dir: str, 
     ``peft.PeftModel.from_pretrained(hf_model, out_dir)`` onto the base HF model.  `dtype` casts the tensors."""
     from safetensors.torch import save_file
 
-    local = peft_adapter_tensors(model_chunks, spec)
-    if dtype is not None:
-        local = {k: v.to(dtype) for k, v in local.items()}
-    parts = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, local)
+    tensors = gather_peft_adapter(model_chunks, spec, dtype)
     if dist.get_rank() == 0:
-        tensors = {k: v for p in parts for k, v in p.items()}
         os.makedirs(out_dir, exist_ok=True)
-        config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": settings.rank, "lora_alpha": settings.alpha,
-                  "target_modules": peft_target_modules(settings.targets), "lora_dropout": 0.0, "bias": "none",
-                  "fan_in_fan_out": False, "use_rslora": False, "use_dora": False, "inference_mode": True,
-                  "init_lora_weights": True, "base_model_name_or_path": base_model, "modules_to_save": None}
         tmp = os.path.join(out_dir, "adapter_model.safetensors.tmp")
-        save_file(dict(sorted(tensors.items())), tmp, metadata={"format": "pt"})
+        save_file(tensors, tmp, metadata={"format": "pt"})
         os.replace(tmp, os.path.join(out_dir, "adapter_model.safetensors"))
         with open(os.path.join(out_dir, "adapter_config.json"), "w") as f:
-            json.dump(config, f, indent=2)
+            json.dump(peft_config(settings, base_model), f, indent=2)
     dist.barrier()

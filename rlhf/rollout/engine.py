@@ -87,6 +87,11 @@ class EngineFleet(Protocol):
                                         load_format: Optional[str] = "flattened_bucket") -> Pending:
         """Start every engine receiving one broadcast bucket on ``group_name``."""
 
+    def load_lora_adapter(self, tensors: Dict[str, Any], config: Dict[str, Any],
+                          engines: Optional[Sequence[int]] = None) -> Pending:
+        """Start loading a LoRA adapter (``{PEFT name: CPU tensor}`` and its PEFT ``adapter_config`` dict) on each
+        engine, in place of the adapter it holds; the engines' generations use it from then on."""
+
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         """Each engine's ``[per TP rank {parameter name: CPU tensor}]`` (the whole model: tests, diagnostics)."""
 
@@ -107,8 +112,8 @@ class EngineFleet(Protocol):
         """Results of a started call, in order (None for an engine that died and was replaced)."""
 
     # ---- memory (colocated)
-    def release_memory_occupation(self) -> None:
-        """Colocated: free the engines' weights and KV cache while the trainer runs."""
+    def release_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Colocated: free the engines' ``tags`` (default weights and KV cache) while the trainer runs."""
 
     def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
         """Colocated: re-allocate ``tags`` (default all) that the engines released.  Resumed ``weights`` are memory

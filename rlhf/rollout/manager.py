@@ -435,6 +435,10 @@ class RolloutManager:
                            list(names), list(dtypes), [list(x) for x in shapes], group_name,
                            flush_cache=flush_cache, load_format=load_format)
 
+    def load_lora_adapter(self, tensors: Dict[str, Any], config: Dict[str, Any],
+                          engines: Optional[Sequence[int]] = None) -> Pending:
+        return self._start(lambda a: a.load_lora_adapter, "load_lora_adapter", tensors, config, engines=engines)
+
     def engine_parameters(self, engines: Optional[Sequence[int]] = None) -> List[Any]:
         return self._run(lambda a: a.engine_parameters, "engine_parameters", engines=engines)
 
@@ -454,10 +458,11 @@ class RolloutManager:
         self._run(lambda a: a.flush_cache, "flush_cache", engines=engines)
 
     # ------------------------------------------------------------------ memory (colocated)
-    def release_memory_occupation(self) -> None:
-        """Colocated: free every engine's weights and KV cache (no-op when disaggregated or released)."""
+    def release_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:
+        """Colocated: free every engine's ``tags`` (default weights and KV cache; no-op when disaggregated or
+        released)."""
         if self.placement == "colocated":
-            self._released = set(MEMORY_TAGS)
+            self._released = set(tags or MEMORY_TAGS)
             self._converge()
 
     def resume_memory_occupation(self, tags: Optional[Sequence[str]] = None) -> None:

@@ -81,7 +81,8 @@ def check_result(result: Any, what: str) -> Any:
         if not result[0]:
             raise EngineCallError(f"{what} failed: {result[1] if len(result) > 1 else ''}")
     elif getattr(result, "success", None) is False:
-        raise EngineCallError(f"{what} failed: {getattr(result, 'message', '')}")
+        msg = getattr(result, "message", None) or getattr(result, "error_message", "")
+        raise EngineCallError(f"{what} failed: {msg}")
     return result
 
 
@@ -115,6 +116,7 @@ class SGLangEngine:
         self._in_update = False
         self._updated = False
         self._released: set = set()  # memory-saver tags this engine has released
+        self.lora_name: Optional[str] = None  # the LoRA adapter every generation uses (load_lora_adapter)
 
     # ------------------------------------------------------------------ state
     def info(self) -> Dict[str, Any]:
@@ -147,8 +149,9 @@ class SGLangEngine:
         n = sampling.n
         index = [(i, j) for i in range(len(prompts)) for j in range(n)]
         params = [sampling.to_sglang(None if sampling.seed is None else sampling.seed + i * n + j) for i, j in index]
+        lora = None if self.lora_name is None else [self.lora_name] * len(index)
         outs = self.engine.generate(input_ids=[prompts[i] for i, _ in index], sampling_params=params,
-                                    return_logprob=True)
+                                    return_logprob=True, lora_path=lora)
         outs = [outs] if isinstance(outs, dict) else outs
         outs = [_INJECTED_ABORT if faults.fires("rollout_request_error") else o for o in outs]  # fault injection
         return [self._sample(o, prompts[i], i, j) for (i, j), o in zip(index, outs)]
@@ -260,6 +263,21 @@ class SGLangEngine:
                                                                  load_format=load_format),
                      "update_weights_from_distributed")
         self._updated = True
+
+    def load_lora_adapter(self, tensors: Dict[str, Any], config: Dict[str, Any]) -> int:
+        """Load a LoRA adapter through SGLang's ``load_lora_adapter_from_tensors`` (``tensors``: ``{PEFT name:
+        CPU tensor}``, ``base_model.model.<module>.lora_A.weight`` [r, in] / ``lora_B.weight`` [out, r] as PEFT
+        writes them; SGLang slices them per TP rank; ``config``: PEFT's adapter_config), unload the previous one;
+        every later :meth:`generate` passes it as ``lora_path``.  Needs an engine started with ``enable_lora``.
+        Returns the new weight version.  Raises EngineCallError when SGLang refuses."""
+        name = f"actor_v{self.weight_version + 1}"
+        check_result(self.engine.load_lora_adapter_from_tensors(name, dict(tensors), dict(config)),
+                     "load_lora_adapter_from_tensors")
+        old, self.lora_name = self.lora_name, name
+        if old is not None:
+            check_result(self.engine.unload_lora_adapter(old), "unload_lora_adapter")
+        self.weight_version += 1
+        return self.weight_version
 
     def engine_parameters(self) -> List[Dict[str, Any]]:
         """Every parameter of every TP rank (engine names; CPU copies, the whole model: tests, diagnostics), through

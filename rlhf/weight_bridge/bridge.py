@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
@@ -66,6 +67,7 @@ class WeightSyncConfig:
     name_map: NameMap | None = None
     group_prefix: str = "weight_sync"
     master_address: str | None = None
+    lora: Any = None  # parallel.lora.LoRASettings: the base weights once, then the adapters alone (_sync_adapters)
 
     def __post_init__(self):
         if self.transport not in ("tensor", "distributed"):
@@ -174,12 +176,49 @@ class WeightBridge:
         self._plan: AgreedPlan | None = None
         self._holder_groups: dict = {}  # member ranks -> broadcast group of a stage's holders
         self._tp_known: dict | None = None  # member ranks -> tensor-parallel group (_tp_groups)
+        self._base_sent = False  # LoRA adapters: every engine holds the base weights
 
     def sync(self, engines: Sequence[int] | None = None) -> SyncStats:
         """Collective: push the current weights into the engines (all, or the listed ones with the tensor
         transport).  Raises WeightBridgeError on every rank when the plan does not match the engines or the sessions
         cannot open (nothing sent), when an engine call or a rank fails (an engine may hold a mix of old and new
-        weights: sync again; the next sync plans afresh), or when check mode finds a mismatch."""
+        weights: sync again; the next sync plans afresh), or when check mode finds a mismatch.  With ``lora``:
+        the (unmerged) base weights when some engine may lack them (the first sync, replaced engines, after an
+        error), then the adapters."""
+        if self.cfg.lora is None:
+            return self._sync(engines)
+        full = None
+        if engines is not None or not self._base_sent:  # the engines' base stays unknown until a full sync ends
+            self._base_sent, full = self._base_sent and engines is not None, self._sync(engines)
+            self._base_sent = self._base_sent or engines is None
+        stats = self._sync_adapters(engines)
+        if full is not None:
+            full.bytes, full.num_tensors = full.bytes + stats.bytes, full.num_tensors + stats.num_tensors
+        return full or stats
+
+    def _sync_adapters(self, engines) -> SyncStats:
+        """Every rank: the adapters in PEFT's layout (parallel.lora_export, gathered from every stage) go to the
+        engines in one SGLang ``load_lora_adapter_from_tensors`` each, through the controller's engine calls: no
+        bucket transport (SGLang loads an adapter whole, and it is a small part of the weights)."""
+        from parallel.lora_export import gather_peft_adapter, peft_config
+
+        t0, error = time.perf_counter(), None
+        tensors = gather_peft_adapter(self.chunks, self.spec)
+        stats = SyncStats(bytes=sum(t.nbytes for t in tensors.values()), num_tensors=len(tensors))
+        if self.topo.is_controller:
+            try:
+                stats.engines, token = self._targets(engines), self.engines.begin_sync()
+                self.engines.wait(self.engines.load_lora_adapter(tensors, peft_config(self.cfg.lora), stats.engines),
+                                  "load_lora_adapter")
+                self.engines.end_sync(token, stats.engines)
+            except Exception as e:  # noqa: BLE001 - every rank raises it
+                error = WeightBridgeError(f"LoRA adapter sync failed: {type(e).__name__}: {e}")
+        if (error := self.topo.broadcast_object(error)) is not None:
+            raise error
+        stats.seconds = stats.deliver_seconds = time.perf_counter() - t0
+        return stats
+
+    def _sync(self, engines: Sequence[int] | None) -> SyncStats:
         t0 = time.perf_counter()
         self.meter.reset_peak()
         s = self._open(engines)  # 1. plan check (or planning) + the engines' sessions: nothing written before
@@ -216,6 +255,8 @@ class WeightBridge:
         self.topo.init_collective()
         try:
             s.entries, s.stats.skipped_buffers = sync_entries(self.chunks, self.spec, self.cfg.name_map, self.topo)
+            if self.cfg.lora is not None:  # the engines add the adapters themselves: the base weights unmerged
+                s.entries = [dataclasses.replace(e, merge=None) for e in s.entries]
             s.tensors_key = hash(tuple((e.chunk_index, e.local_name, tuple(e.tensor.shape), e.tensor.dtype)
                                        for e in s.entries))
         except Exception as e:  # noqa: BLE001

@@ -37,6 +37,8 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from .lora_reference import lora_settings
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["RolloutWorker", "start_rollout", "build_agent_loop", "agent_extra_info"]
@@ -89,6 +91,12 @@ def rollout_engine_config(cfg, model_path: str, device: str) -> dict:
 
     r = cfg.rollout
     extra = r.get("engine_kwargs", {}).get("sglang", {})
+    extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
+    lora = lora_settings(cfg)
+    if lora is not None and not cfg.model.lora.merge:  # the engines take the actor's adapters (WeightBridge)
+        from parallel.lora_export import peft_target_modules
+
+        extra = dict(enable_lora=True, max_lora_rank=lora.rank, lora_target_modules=peft_target_modules(lora.targets), **extra)
     return dict(model_path=model_path, tp_size=r.tensor_model_parallel_size, device=device,
                 dtype=resolve_engine_dtype(r.dtype, cfg.model.dtype),
                 mem_fraction_static=r.mem_fraction_static, enable_memory_saver=r.enable_memory_saver,
@@ -97,8 +105,7 @@ def rollout_engine_config(cfg, model_path: str, device: str) -> dict:
                     cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
                     r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
                 random_seed=cfg.trainer.seed,
-                engine_overrides=OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra)
-                else dict(extra))
+                engine_overrides=extra)
 
 
 def start_rollout(cfg, model_path: str):
@@ -226,7 +233,11 @@ class RolloutWorker:
         dist.barrier(group=self.host_group)
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager, WeightSyncConfig(
             transport="tensor" if r.mode == "colocated" else "distributed", bucket_bytes=r.weight_sync_bucket_mb << 20,
-            check="sample" if r.weight_sync_check else None, master_address=r.weight_update_address))
+            check="sample" if r.weight_sync_check else None, master_address=r.weight_update_address,
+            lora=None if cfg.model.lora.merge else lora_settings(cfg)))
+        # LoRA adapters (model.lora.merge false): the engines keep the frozen base weights between syncs (only
+        # their KV cache is released), each sync sends the adapters alone
+        self.release_tags = ["kv_cache"] if self.bridge.cfg.lora is not None else None
         if r.mode == "colocated":  # the first sync imports SGLang's serializers (seconds): now, while engines start
             import sglang.srt.utils.common  # noqa: F401
         self.max_resyncs = r.max_restarts + 1
@@ -248,8 +259,8 @@ class RolloutWorker:
     def release(self) -> None:
         """Colocated: free the engines' weights and KV cache while the trainer computes."""
         if self.rank0:
-            self.manager.release_memory_occupation()
-        self.weights_released = self.weights_released or self.colocated
+            self.manager.release_memory_occupation(self.release_tags)
+        self.weights_released = self.weights_released or (self.colocated and self.release_tags is None)
         dist.barrier(group=self.host_group)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -48,13 +48,16 @@ class DataConfig(Checked):
 @dataclass
 class LoRAConfig(Checked):
     # LoRA on the actor (parallel.lora): rank 0 = off (full fine-tuning); the update B A is scaled by alpha / rank.
-    # Base weights frozen, the reference is the actor with its adapters off, rollouts get the merged weights.
+    # Base weights frozen, the reference is the actor with its adapters off.
     rank: int = ge(0, 0, "0 switches LoRA off")
     alpha: float = 16.0
     # all-linear, or a list of HF names (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; q/k/v and
     # gate/up together: megatron fuses them) or megatron names (linear_qkv linear_proj linear_fc1 linear_fc2)
     target_modules: Any = "all-linear"
     a_init: str = "xavier"  # init of A: xavier (verl's megatron default) or kaiming (PEFT's); B starts at 0
+    # weight sync (verl's lora.merge, default false like verl's): false = the base weights go to the engines once
+    # and every sync after sends only the adapters (SGLang's LoRA, enable_lora); true = W + alpha/r B A every sync
+    merge: bool = False
 
     def rules(self, at: str = "") -> list[str]:
         if not self.rank:

@@ -181,4 +181,5 @@ def cpu_engine_kwargs(max_total_tokens: int = 2048) -> Dict[str, object]:
         disable_cuda_graph=True,
         skip_server_warmup=True,
         max_total_tokens=int(max_total_tokens),
+        lora_backend="torch_native",  # LoRA adapters (enable_lora): SGLang's other backends are Triton/CUDA kernels
     )

@@ -106,3 +106,5 @@ importlib.import_module(__name__ + "._mla_prefill").install()
 importlib.import_module(__name__ + "._batched_attention").install()
 # One uniform per row instead of one exponential per vocabulary entry when sampling: see _inverse_cdf_sampling.
 importlib.import_module(__name__ + "._inverse_cdf_sampling").install()
+# SGLang's LoRA layers pin host memory, which needs a CUDA driver: see _lora_pinning.
+importlib.import_module(__name__ + "._lora_pinning").install()
