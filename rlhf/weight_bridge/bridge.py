@@ -176,7 +176,7 @@ class WeightBridge:
         self._plan: AgreedPlan | None = None
         self._holder_groups: dict = {}  # member ranks -> broadcast group of a stage's holders
         self._tp_known: dict | None = None  # member ranks -> tensor-parallel group (_tp_groups)
-        self._base_sent = False  # LoRA adapters: every engine holds the base weights
+        self.base_sent = False  # LoRA: every engine holds the base weights (set it when they started from them)
 
     def sync(self, engines: Sequence[int] | None = None) -> SyncStats:
         """Collective: push the current weights into the engines (all, or the listed ones with the tensor
@@ -188,9 +188,9 @@ class WeightBridge:
         if self.cfg.lora is None:
             return self._sync(engines)
         full = None
-        if engines is not None or not self._base_sent:  # the engines' base stays unknown until a full sync ends
-            self._base_sent, full = self._base_sent and engines is not None, self._sync(engines)
-            self._base_sent = self._base_sent or engines is None
+        if engines is not None or not self.base_sent:  # the engines' base stays unknown until a full sync ends
+            self.base_sent = self.base_sent and engines is not None
+            full, self.base_sent = self._sync(engines), self.base_sent or engines is None
         stats = self._sync_adapters(engines)
         if full is not None:
             full.bytes, full.num_tensors = full.bytes + stats.bytes, full.num_tensors + stats.num_tensors

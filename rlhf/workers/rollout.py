@@ -247,6 +247,7 @@ class RolloutWorker:
         # serve model.path's safetensors, which are not the actor's when it started from a megatron dist
         # checkpoint: the first ensure_resident() (before any generation) then syncs
         self.weights_released = bool(cfg.actor.get("use_dist_checkpointing"))
+        self.bridge.base_sent = not self.weights_released  # LoRA's frozen base is model.path's: the engines hold it
         # context manager factory around every sync: the actor's parameters on its device while the bridge reads
         # them (the trainer sets the actor's MegatronWorker.resident when the actor's parameters are offloaded)
         self.actor_resident = contextlib.nullcontext

@@ -35,8 +35,8 @@ class HFSamplingEngines(FakeEngines):
         self.num_restarts, self.released, self.loaded_updates = 0, set(), 0
 
     # ---- the manager's memory calls (nothing to free in process) ----
-    def release_memory_occupation(self):
-        self.released = {"kv_cache", "weights"}
+    def release_memory_occupation(self, tags=None):
+        self.released = set(tags or ["kv_cache", "weights"])
 
     def resume_memory_occupation(self, tags=None):
         self.released -= set(tags or ["kv_cache", "weights"])

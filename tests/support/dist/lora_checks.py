@@ -14,7 +14,8 @@ policy-gradient-like loss (parallel.optim + parallel.forward), then:
   tp2sp_tp_grads_equal_tp1: the same at TP2 with sequence parallelism
   checkpoint_adapters_only: slim dist checkpoint holds only adapters + optimizer state (sizes printed vs full)
   resume_exact: step 3 after loading the step-2 checkpoint into a fresh model equals the uninterrupted step 3 bitwise
-Phase "grpo" (TP2): two GRPO steps of the PPO trainer (recipe grpo_tiny_cpu, model.lora.rank=4, KL loss so a
+Phase "grpo" (TP2): two GRPO steps of the PPO trainer (recipe grpo_tiny_cpu, model.lora.rank=4, lora.merge=true: the
+engines get merged weights; the adapter sync is tests/e2e/test_lora_adapter_sync.py; KL loss so a
 reference is built) with the in-process HF engine double (tests/support/hf_sampling_engine.py) fed by the real
 weight bridge; then the reference is the adapters-off actor, adapters changed, base bitwise unchanged, the
 engine's weights (what the bridge sent) equal the trainer's merged HF export bitwise and the PEFT adapter +
@@ -295,6 +296,7 @@ def run_grpo_phase(path, workdir):
                           f"reward.custom_reward_function.path={reward}", "rollout.temperature=1.0",
                           "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
                           "actor_rollout_ref.model.target_modules=all-linear",
+                          "actor_rollout_ref.model.lora.merge=true",  # merged weights (adapters: lora_sync_e2e)
                           "trainer.val_before_train=false", "trainer.progress_bar=false"], recipe="grpo_tiny_cpu")
     validate_config(cfg, world_size=dist.get_world_size())
     trainer = PPOTrainer(cfg)
