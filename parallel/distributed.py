@@ -181,6 +181,21 @@ def interface_address(name: str) -> str:
         raise ValueError(f"this host has no IPv4 address on interface {name!r}; its interfaces: {names}") from None
 
 
+def resolve_address(spec: str | None, setting: str = "address") -> str:
+    """The address other processes dial for a group this host opens (``setting`` names the option in errors):
+    None -> the IP of the interface that routes outward (``gethostbyname(gethostname())`` gives 127.0.1.1 on stock
+    Ubuntu); ``"iface:<name>"`` -> that interface's address on this host (ValueError naming the setting when it has no
+    IPv4 address); anything else (an IP, a host name) as is."""
+    if not spec:
+        return route_address("10.255.255.255")  # a non-local address: the outward route
+    if spec.startswith("iface:"):
+        try:
+            return interface_address(spec[len("iface:"):])
+        except ValueError as e:
+            raise ValueError(f"{setting}={spec!r}: {e}") from None
+    return spec
+
+
 _RANK_NODES: list[tuple[str, str, str]] | None = None
 
 

@@ -99,6 +99,8 @@ class SGLangEngine:
         whatever ``sglang.Engine`` raises when it cannot start (the actor creation then fails).
     """
 
+    lora_name: Optional[str] = None  # the LoRA adapter every generation uses (load_lora_adapter)
+
     def __init__(self, engine_kwargs: Dict[str, Any], engine_index: int = 0,
                  expected_weights: Optional[Dict[str, Any]] = None):
         t0 = time.time()
@@ -116,7 +118,6 @@ class SGLangEngine:
         self._in_update = False
         self._updated = False
         self._released: set = set()  # memory-saver tags this engine has released
-        self.lora_name: Optional[str] = None  # the LoRA adapter every generation uses (load_lora_adapter)
 
     # ------------------------------------------------------------------ state
     def info(self) -> Dict[str, Any]:

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,7 @@ from parallel.convert import unwrap_model
 from parallel.model_config import HFModelSpec
 from rlhf.rollout.engine import EngineFleet
 from rlhf.rollout.placement import holder_ranks
+from rlhf.rollout.readback import CheckReport, verify
 from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BucketPlan, BufferPool, MemoryMeter, bucket_views
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, broadcast_group, prepare_sharing
@@ -57,7 +58,7 @@ class WeightSyncConfig:
     ``overlap``: produce bucket k+1 while bucket k is delivered; a larger tensor gets a bucket of its own).  check:
     None, ``"sample"`` (first and last layer, every non-layer tensor) or ``"all"``: read the first rows of sent tensors
     back (a mismatch raises WeightBridgeError).  name_map: maps extra megatron names to HF tensors
-    (plan.regex_name_map).  group_prefix, master_address (from_distributed.resolve_address): the distributed
+    (plan.regex_name_map).  group_prefix, master_address (parallel.distributed.resolve_address): the distributed
     transport's groups.  Raises ValueError for an unknown transport or check mode, or bucket_bytes < 1."""
 
     transport: str = "tensor"
@@ -85,15 +86,6 @@ class WeightSyncConfig:
     def buffer_bytes(self) -> int:
         """One bucket buffer's bytes (a bucket's bound)."""
         return max(1, int(self.bucket_bytes) // self.buffers)
-
-
-@dataclass
-class CheckReport:
-    """Sent tensors read back (``"engine<i>:<name>"``): agreed, differed (max abs diff), unverifiable (reason)."""
-
-    verified: list[str] = field(default_factory=list)
-    mismatched: list[tuple[str, float]] = field(default_factory=list)
-    unverifiable: list[tuple[str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -191,21 +183,21 @@ class WeightBridge:
         if engines is not None or not self.base_sent:  # the engines' base stays unknown until a full sync ends
             self.base_sent = self.base_sent and engines is not None
             full, self.base_sent = self._sync(engines), self.base_sent or engines is None
-        stats = self._sync_adapters(engines)
-        if full is not None:
-            full.bytes, full.num_tensors = full.bytes + stats.bytes, full.num_tensors + stats.num_tensors
-        return full or stats
+        return self._sync_adapters(engines, full or SyncStats())
 
-    def _sync_adapters(self, engines) -> SyncStats:
-        """Every rank: the adapters in PEFT's layout (parallel.lora_export, gathered from every stage) go to the
-        engines in one SGLang ``load_lora_adapter_from_tensors`` each, through the controller's engine calls: no
-        bucket transport (SGLang loads an adapter whole, and it is a small part of the weights)."""
-        from parallel.lora_export import gather_peft_adapter, peft_config
+    def _sync_adapters(self, engines, stats: SyncStats) -> SyncStats:
+        """Every rank: the adapters in PEFT's layout (parallel.lora_export) from each stage's leader go to the engines
+        in one SGLang ``load_lora_adapter_from_tensors`` each (the controller's engine calls, no bucket transport:
+        SGLang loads an adapter whole, a small part of the weights); ``stats`` (the base's sync) count them too."""
+        from parallel.lora_export import peft_adapter_tensors, peft_config
 
-        t0, error = time.perf_counter(), None
-        tensors = gather_peft_adapter(self.chunks, self.spec)
-        stats = SyncStats(bytes=sum(t.nbytes for t in tensors.values()), num_tensors=len(tensors))
-        if self.topo.is_controller:
+        t0, error, topo = time.perf_counter(), None, self.topo
+        topo.init_collective()
+        mine = peft_adapter_tensors(self.chunks, self.spec) if topo.active else {}  # collective over TP
+        tensors = {k: v for part in topo.all_gather_object(mine if topo.is_leader else {}) for k, v in part.items()}
+        stats.bytes += sum(t.nbytes for t in tensors.values())
+        stats.num_tensors += len(tensors)
+        if topo.is_controller:
             try:
                 stats.engines, token = self._targets(engines), self.engines.begin_sync()
                 self.engines.wait(self.engines.load_lora_adapter(tensors, peft_config(self.cfg.lora), stats.engines),
@@ -213,9 +205,9 @@ class WeightBridge:
                 self.engines.end_sync(token, stats.engines)
             except Exception as e:  # noqa: BLE001 - every rank raises it
                 error = WeightBridgeError(f"LoRA adapter sync failed: {type(e).__name__}: {e}")
-        if (error := self.topo.broadcast_object(error)) is not None:
+        if (error := topo.broadcast_object(error)) is not None:
             raise error
-        stats.seconds = stats.deliver_seconds = time.perf_counter() - t0
+        stats.seconds += time.perf_counter() - t0
         return stats
 
     def _sync(self, engines: Sequence[int] | None) -> SyncStats:
@@ -520,34 +512,3 @@ def sample_rows(bplan: BucketPlan, buf: torch.Tensor, names: set, rows: int, out
         if name in names:
             part = view.reshape(view.shape[0], -1)[:rows] if view.dim() > 1 else view[:rows]
             out[name] = part.detach().to("cpu", torch.float32).clone()
-
-
-def verify(engines, names: list[str], sent: Mapping[str, torch.Tensor], rows: int) -> CheckReport:
-    """Read ``names`` back from every engine and compare them exactly with ``sent``: SGLang's ``get_weights_by_name``
-    returns the first ``rows`` rows as engine TP rank 0 holds them (rank 0's leading rows of a column-parallel weight,
-    gathered rows of o_proj/down_proj, full norms); what it cannot read back (k/v under KV-head replication, models
-    without the method) is unverifiable."""
-    rep = CheckReport()
-    for name in names:
-        try:
-            got_all = engines.get_weights_by_name(name, truncate_size=rows)
-        except Exception as e:  # noqa: BLE001 - reported, not raised
-            rep.unverifiable.append((name, f"{type(e).__name__}: {e}"))
-            continue
-        for i, got in enumerate(got_all):
-            label, want = f"engine{i}:{name}", sent.get(name)
-            if want is None or got is None:
-                rep.unverifiable.append((label, "not sampled" if want is None else "engine returned None"))
-                continue
-            got = torch.as_tensor(got, dtype=torch.float32)
-            if got.numel() == 0:
-                rep.unverifiable.append((label, "engine returned 0 rows (e.g. k/v under KV-head replication)"))
-                continue
-            got = got.reshape(got.shape[0], -1) if want.dim() > 1 else got.reshape(-1)
-            n = min(got.shape[0], want.shape[0])
-            if got.shape[1:] != want.shape[1:] or n == 0:
-                rep.mismatched.append((label, float("inf")))
-                continue
-            diff = (got[:n] - want[:n]).abs().max().item()
-            (rep.verified.append(label) if diff == 0.0 else rep.mismatched.append((label, diff)))
-    return rep

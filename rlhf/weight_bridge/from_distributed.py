@@ -16,30 +16,16 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from parallel.distributed import free_port, interface_address, route_address
+from parallel.distributed import free_port, resolve_address
 from rlhf.weight_bridge.delivery import Delivery
 from rlhf.weight_bridge.plan import SendPlan, WeightBridgeError
 
-__all__ = ["DistributedGroups", "DistributedDelivery", "resolve_address"]
-
-
-def resolve_address(spec: str | None) -> str:
-    """The address engines dial for a weight-update group (``rollout.weight_update_address``): None -> the IP of
-    the interface that routes outward (``gethostbyname(gethostname())`` gives 127.0.1.1 on stock Ubuntu);
-    ``"iface:<name>"`` -> that interface's address on this rank's host (ValueError naming the setting when it has no
-    IPv4 address); anything else (an IP, a host name) as is."""
-    if not spec:
-        return route_address("10.255.255.255")  # a non-local address: the outward route
-    if spec.startswith("iface:"):
-        try:
-            return interface_address(spec[len("iface:"):])
-        except ValueError as e:
-            raise ValueError(f"rollout.weight_update_address={spec!r}: {e}") from None
-    return spec
+__all__ = ["DistributedGroups", "DistributedDelivery"]
 
 
 class DistributedGroups:
-    """One trainer rank's weight-update groups, kept across syncs (``master_address``: see :func:`resolve_address`)."""
+    """One trainer rank's weight-update groups, kept across syncs (``master_address``: rollout.weight_update_address,
+    parallel.distributed.resolve_address)."""
 
     def __init__(self, topo, engines, prefix: str, backend: str, master_address: str | None, timeout_s: float):
         self.topo, self.engines, self.prefix, self.backend = topo, engines, prefix, backend
@@ -50,7 +36,8 @@ class DistributedGroups:
 
     def report(self) -> dict:
         """What a stage leader adds to its plan report: a rendezvous address and port."""
-        return {"addr": resolve_address(self.master_address), "port": free_port("")}
+        addr = resolve_address(self.master_address, "rollout.weight_update_address")
+        return {"addr": addr, "port": free_port("")}
 
     def setup(self, plan: SendPlan, reports: dict, fingerprint) -> None:
         """Collective: (re)create every stage's group (the engines leave the previous one).  ``reports``: ``{pp_rank:

@@ -107,7 +107,7 @@ def test_engine_turns_the_injected_request_into_an_aborted_sample(monkeypatch):
     from rlhf.rollout.sglang_engine import SGLangEngine
 
     class _Sgl:
-        def generate(self, input_ids, sampling_params, return_logprob):
+        def generate(self, input_ids, sampling_params, return_logprob, lora_path=None):
             return [{"output_ids": [4, 2], "meta_info": {"finish_reason": {"type": "stop"},
                                                          "output_token_logprobs": [(-0.5, 4, None), (-0.25, 2, None)]}}
                     for _ in input_ids]

@@ -5,8 +5,7 @@ import socket
 import pytest
 
 from rlhf.config import compose_config
-from parallel.distributed import interface_address, route_address
-from rlhf.weight_bridge.from_distributed import resolve_address
+from parallel.distributed import interface_address, resolve_address, route_address
 
 
 def test_default_is_an_address_of_one_of_this_hosts_interfaces_not_the_debian_hostname_alias():
