@@ -231,13 +231,14 @@ class RolloutWorker:
         self.host_group = dist.new_group(backend="gloo")
         self.manager = (manager if manager is not None else start_rollout(cfg, model_path)) if self.rank0 else None
         dist.barrier(group=self.host_group)
+        adapters = None if cfg.model.lora.merge else lora_settings(cfg)  # LoRA synced as adapters (bridge.py)
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager, WeightSyncConfig(
             transport="tensor" if r.mode == "colocated" else "distributed", bucket_bytes=r.weight_sync_bucket_mb << 20,
             check="sample" if r.weight_sync_check else None, master_address=r.weight_update_address,
-            lora=None if cfg.model.lora.merge else lora_settings(cfg)))
+            lora=adapters))
         # LoRA adapters (model.lora.merge false): the engines keep the frozen base weights between syncs (only
         # their KV cache is released), each sync sends the adapters alone
-        self.release_tags = ["kv_cache"] if self.bridge.cfg.lora is not None else None
+        self.release_tags = ["kv_cache"] if adapters is not None else None
         if r.mode == "colocated":  # the first sync imports SGLang's serializers (seconds): now, while engines start
             import sglang.srt.utils.common  # noqa: F401
         self.max_resyncs = r.max_restarts + 1

@@ -320,9 +320,9 @@ class FakeRolloutManager:
         self.weights_discarded = False
         self.log: list = []
 
-    def release_memory_occupation(self):
+    def release_memory_occupation(self, tags=None):
         self.log.append("release")
-        self.released = {"kv_cache", "weights"}
+        self.released = set(tags or ["kv_cache", "weights"])
 
     def resume_memory_occupation(self, tags=None):
         self.log.append(f"resume:{','.join(sorted(tags or ['kv_cache', 'weights']))}")
