@@ -23,6 +23,9 @@ Environment of the engine process (:func:`cpu_engine_env`):
   engine's processes: SGLang imports it, guarded, from modules every engine loads, nothing on the CPU path calls it,
   and it held ~86 MiB of the engine pair's memory (PSS of the actor and its scheduler, quickstart model: 1,089 ->
   1,002 MiB).
+* the same stand-in lets SGLang's LoRA run (``enable_lora``: the actor's adapters synced as adapters): its LoRA
+  layers and ``torch_native`` LoRA backend ask for pinned host memory, which needs a CUDA driver; on the CPU engine
+  nothing is pinned (``standin/sgl_kernel/_lora_pinning.py``; same values).
 * ``RLHF_SGLANG_CPU_NOOP_CUDA_SYNC=1`` -- read by the stand-in: ``release_memory_occupation`` /
   ``resume_memory_occupation`` call ``torch.cuda.synchronize`` which raises without a driver; the
   stand-in replaces it with a no-op inside SGLang's processes.
@@ -59,6 +62,8 @@ Engine keyword arguments (:func:`cpu_engine_kwargs`):
 * ``max_total_tokens`` (default 2048 when the caller gives none) -- on CPU SGLang sizes the KV pool from host
   memory; a bounded pool keeps start-up fast and memory small.  The trainer passes ``rollout.max_total_tokens``
   or the batch-sized value of :func:`rlhf.rollout.engine_args.batch_kv_tokens`.
+* ``lora_backend="torch_native"`` -- used only with ``enable_lora``; SGLang's other LoRA backends are Triton / CUDA
+  kernels.
 """
 
 from __future__ import annotations
