@@ -180,9 +180,9 @@ class WeightBridge:
         if self.cfg.lora is None:
             return self._sync(engines)
         full = None
-        if engines is not None or not self.base_sent:  # the engines' base stays unknown until a full sync ends
-            self.base_sent = self.base_sent and engines is not None
-            full, self.base_sent = self._sync(engines), self.base_sent or engines is None
+        if engines is not None or not self.base_sent:  # any engine's base is unknown until a full sync ends
+            had, self.base_sent = self.base_sent, False
+            full, self.base_sent = self._sync(engines), had or engines is None
         return self._sync_adapters(engines, full or SyncStats())
 
     def _sync_adapters(self, engines, stats: SyncStats) -> SyncStats:

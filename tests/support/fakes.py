@@ -162,6 +162,15 @@ class FakeEngines:
                            per_engine=[{"serialized_named_tensors": p} for p in payloads],
                            load_format=load_format, flush_cache=flush_cache)
 
+    def load_lora_adapter(self, tensors, config, engines=None):
+        """Each target engine's ``adapter`` becomes ``(tensors, config)``; ``fail_lora``: the call raises."""
+        if getattr(self, "fail_lora", False):
+            raise RuntimeError("load_lora_adapter_from_tensors failed: refused")
+        for i in range(self.num_engines) if engines is None else engines:
+            self.log.append("load_lora_adapter")
+            self.engines[i].adapter = (dict(tensors), dict(config))
+        return []
+
     def engine_parameters(self, engines=None):
         return [[dict(e.received)] for i, e in enumerate(self.engines) if engines is None or i in engines]
 
