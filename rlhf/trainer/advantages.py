@@ -20,7 +20,11 @@ import torch
 
 from rlhf import algorithms as algos
 
-__all__ = ["compute_advantages", "sample_masks", "apply_rollout_correction", "mismatch_metrics"]
+__all__ = ["compute_advantages", "sample_masks", "apply_rollout_correction", "mismatch_metrics",
+           "RS_RESPONSE_MASK_KEY"]
+
+#: the response mask without the tokens rollout rejection sampling rejected (verl's modified ``response_mask``)
+RS_RESPONSE_MASK_KEY = "rs_response_mask"
 
 
 def sample_masks(batch: dict, samples, cfg) -> dict:
@@ -65,6 +69,8 @@ def compute_advantages(batch: dict, uids: np.ndarray, acfg, kl_ctrl) -> dict:
         batch["token_level_rewards"] = batch["token_level_scores"]
     est = acfg.adv_estimator
     extra = {"values": batch["values"]} if est == "gae" else {}
+    if est == "gae" and RS_RESPONSE_MASK_KEY in batch:  # verl: GAE runs on the response mask with rejection applied
+        mask = batch[RS_RESPONSE_MASK_KEY]
     if est == "remax":
         extra["reward_baselines"] = batch["reward_baselines"]
     batch["advantages"], batch["returns"] = algos.get_adv_estimator_fn(est)(
@@ -92,9 +98,12 @@ def apply_rollout_correction(batch: dict, rc) -> dict:
     [N, R], the truncated IS weights as batch["rollout_is_weights"] [N, R] (when ``rc.rollout_is`` is set) and the
     rejection (``rc.rollout_rs``) applied to batch["loss_mask"], which the policy and value losses read.  Returns
     the ``rollout_corr/...`` metrics (IS, rejection, off-policy: always, as verl's trainer logs them whenever the
-    rollout log-probs exist).  verl masks its response_mask before the advantages; here the advantages see the
-    whole response and the losses the kept tokens: the same loss for the outcome-reward estimators (their
-    advantages are the sequence's value on every token), not for GAE's bootstrap across rejected tokens."""
+    rollout log-probs exist).  verl masks its response_mask before the advantages; here the losses (actor and
+    critic) read the kept tokens from ``loss_mask`` and GAE reads them from batch["rs_response_mask"] [N, R]
+    (compute_advantages): its recursion skips a rejected token like a tool observation (its value and reward
+    never reach a kept token's advantage or return) and the whitening counts only kept tokens, as in verl.  The
+    outcome-reward estimators keep the whole response (their advantages are the sequence's score on every
+    token; verl's sum the rewards unmasked too), so a rejected last token still carries the score."""
     from rlhf.algorithms.rollout_corr import compute_rollout_correction_and_rejection_mask
 
     mask = batch["response_mask"]
@@ -109,4 +118,5 @@ def apply_rollout_correction(batch: dict, rc) -> dict:
         batch["rollout_is_weights"] = weights
     if rc.rollout_rs is not None:
         batch["loss_mask"] = batch["loss_mask"] * kept.to(batch["loss_mask"].dtype)
+        batch[RS_RESPONSE_MASK_KEY] = mask * kept.to(mask.dtype)
     return metrics
