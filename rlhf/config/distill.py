@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-__all__ = ["vocab_mismatch", "files_vocab", "distill_problems", "tokenizer_dir"]
+__all__ = ["vocab_mismatch", "files_vocab", "distill_problems", "tokenizer_dir", "teacher_layout"]
 
 
 def vocab_mismatch(student: Mapping[str, int], teacher: Mapping[str, int]) -> Optional[str]:
@@ -76,10 +76,11 @@ def tokenizer_dir(cfg: Any, path: Optional[str]) -> Optional[str]:
     return None
 
 
-def distill_problems(cfg: Any, check_files: bool = False) -> list[str]:
-    """Problems of ``distill`` with the rest of the config: only the PPO-family trainer distils; with `check_files`
-    the teacher's tokenizer against the student's (``model.tokenizer_path``, else ``model.path``) when both are on
-    disk.  One line each (key, value, why, fix)."""
+def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[int] = None) -> list[str]:
+    """Problems of ``distill`` with the rest of the config: only the PPO-family trainer distils; the teacher's own
+    grid (``distill.teacher.tensor/pipeline_model_parallel_size``) divides the `world_size` trainer ranks (when known)
+    and its data-parallel size the batch; with `check_files` the teacher's tokenizer against the student's
+    (``model.tokenizer_path``, else ``model.path``) when both are on disk.  One line each (key, value, why, fix)."""
     d = cfg.get("distill")
     if d is None or not d.enable:
         return []
@@ -88,6 +89,7 @@ def distill_problems(cfg: Any, check_files: bool = False) -> list[str]:
         out.append("distill.enable=true with algorithm.name=dpo: on-policy distillation scores the student's own "
                    "rollouts, which the DPO trainer does not generate; use a PPO-family algorithm (e.g. "
                    "algorithm.adv_estimator=grpo), or set distill.enable=false.")
+    out += _teacher_layout(cfg, world_size)
     if check_files and d.teacher.path:
         student_ref = cfg.model.tokenizer_path or cfg.model.path
         student, teacher = (files_vocab(tokenizer_dir(cfg, p)) for p in (student_ref, d.teacher.path))
@@ -103,3 +105,29 @@ def mismatch_message(teacher_path: str, student_ref: str, why: str) -> str:
             f"token ids with the teacher, so both must use the same tokenizer (the student's: {student_ref!r}); pick "
             f"a teacher of the student's tokenizer family (e.g. a larger model of the same family), or set "
             f"distill.enable=false.")
+
+
+def teacher_layout(cfg: Any) -> Optional[tuple[int, int]]:
+    """The teacher's own (tp, pp) when ``distill.teacher.tensor/pipeline_model_parallel_size`` differ from the
+    trainer's ``parallel.*`` (null: the trainer's size), else None (the teacher is sharded like the actor)."""
+    t, p = cfg.distill.teacher, cfg.parallel
+    tp = t.get("tensor_model_parallel_size") or p.tensor_model_parallel_size
+    pp = t.get("pipeline_model_parallel_size") or p.pipeline_model_parallel_size
+    return None if (tp, pp) == (p.tensor_model_parallel_size, p.pipeline_model_parallel_size) else (tp, pp)
+
+
+def _teacher_layout(cfg: Any, world_size: Optional[int]) -> list[str]:
+    layout = teacher_layout(cfg)
+    if layout is None or world_size is None or min(layout) < 1:
+        return []  # the fields' own rules report a size below 1
+    tp, pp = layout
+    keys = (f"distill.teacher.tensor_model_parallel_size={tp} x distill.teacher.pipeline_model_parallel_size={pp}"
+            " (null: the parallel.* size)")
+    if world_size % (tp * pp):
+        return [f"{keys} = {tp * pp} does not divide the {world_size} trainer ranks the teacher runs on; choose "
+                f"sizes whose product divides {world_size}, or null for the trainer's."]
+    dp, n = world_size // (tp * pp), cfg.data.train_batch_size * cfg.rollout.n
+    if n % dp:
+        return [f"{keys}: the teacher's data-parallel size {dp} does not divide the batch of data.train_batch_size x "
+                f"rollout.n = {n} sequences it scores; make that a multiple of {dp} or change the teacher's sizes."]
+    return []

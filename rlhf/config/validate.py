@@ -288,7 +288,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
             + _algorithm(cfg) + _pool(cfg) + _placement(cfg, world_size, gpus_per_node)
-            + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files)
+            + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, _world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 
 

@@ -1,9 +1,10 @@
 """The on-policy distillation teacher (``distill.*``, rlhf.algorithms.distill): a frozen megatron GPTModel built from
 an HF checkpoint (any family parallel.convert supports, of any size the trainer's layout shards), scoring the
 student's sampled tokens with the same no-grad forward as the reference (rlhf.workers.actor.MegatronActor, no
-optimizer).  It is sharded like every role of the trainer (``parallel.tensor/pipeline_model_parallel_size``:
-megatron-core's process groups are one per process), so a teacher larger than the student is split over the same
-ranks.  Collective where noted."""
+optimizer).  It is sharded like every role of the trainer (``parallel.tensor/pipeline_model_parallel_size``), or,
+with ``distill.teacher.tensor_model_parallel_size`` / ``pipeline_model_parallel_size``, on a megatron grid of its
+own over the same ranks (parallel.layouts): a teacher larger than the student split wider.  Collective where
+noted."""
 from __future__ import annotations
 
 import logging
@@ -11,14 +12,15 @@ import logging
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from parallel.layouts import ParallelLayout
 from parallel.models import build_model_chunks
-from rlhf.config.distill import mismatch_message, vocab_mismatch
+from rlhf.config.distill import mismatch_message, teacher_layout, vocab_mismatch
 from rlhf.config.errors import ConfigValidationError
 
 from .actor import MegatronActor
 from .build import attach_offload, load_hf_config, model_config_kwargs, resolve_model_path
 
-__all__ = ["resolve_teacher", "build_teacher"]
+__all__ = ["resolve_teacher", "build_teacher", "LayoutTeacher"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,15 +64,46 @@ def resolve_teacher(cfg, student_tokenizer):
     return path, hf_config
 
 
+class LayoutTeacher(MegatronActor):
+    """A teacher on a megatron grid of its own (parallel.layouts.ParallelLayout, `layout`): its forwards run with
+    that grid's process groups in place (collective over them), the trainer's back after each."""
+
+    def __init__(self, bundle, layout, section, *, temperature: float):
+        super().__init__(bundle, None, section, temperature=temperature)
+        self.layout = layout
+
+    def compute_log_prob(self, batch: dict, *, calculate_entropy: bool = False) -> dict:
+        """As MegatronActor.compute_log_prob ([N, R] on every rank), sliced over the teacher's data parallel."""
+        with self.layout:
+            return super().compute_log_prob(batch, calculate_entropy=calculate_entropy)
+
+
 def build_teacher(cfg, path: str, hf_config, *, temperature: float) -> MegatronActor:
     """Collective. The frozen teacher from the HF weights at `path` (no optimizer, eval mode), computing log-probs
     with the rollout's `temperature` like the actor and the reference; micro batches of
     ``distill.teacher.log_prob_micro_batch_size_per_gpu`` (null: the actor's), parameters offloaded between its
-    forwards with ``distill.teacher.param_offload``."""
+    forwards with ``distill.teacher.param_offload``.  With ``distill.teacher.tensor/pipeline_model_parallel_size``
+    other than the trainer's, the teacher lives on a grid of its own over the same ranks (a :class:`LayoutTeacher`;
+    sequence parallel only at TP > 1, the student's uneven pipeline split not applied).  Raises ValueError when its
+    sizes do not divide the world or the teacher's model (before any allocation)."""
     section = OmegaConf.create(OmegaConf.to_container(cfg.actor, resolve=True))
     mbs = cfg.distill.teacher.log_prob_micro_batch_size_per_gpu
     if mbs is not None:
         section.log_prob_micro_batch_size_per_gpu = mbs
-    bundle = build_model_chunks(hf_config, "reference", path, **model_config_kwargs(cfg))
-    teacher = MegatronActor(bundle, None, section, temperature=temperature)
+    kwargs, own = model_config_kwargs(cfg), teacher_layout(cfg)
+    if own is None:
+        bundle = build_model_chunks(hf_config, "reference", path, **kwargs)
+        teacher = MegatronActor(bundle, None, section, temperature=temperature)
+    else:
+        tp, pp = own
+        kwargs.update(sequence_parallel=kwargs["sequence_parallel"] and tp > 1, num_layers_in_first_pipeline_stage=None,
+                      num_layers_in_last_pipeline_stage=None, account_for_embedding_in_pipeline_split=False,
+                      account_for_loss_in_pipeline_split=False)
+        layout = ParallelLayout(tp, pp)
+        with layout:
+            bundle = build_model_chunks(hf_config, "reference", path, **kwargs)
+        teacher = LayoutTeacher(bundle, layout, section, temperature=temperature)
+        if dist.get_rank() == 0:
+            logger.info("distill: the teacher on its own grid %s (the trainer's: tp=%d, pp=%d)", layout,
+                        cfg.parallel.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size)
     return attach_offload(teacher, ["params" if cfg.distill.teacher.param_offload else None], "teacher")

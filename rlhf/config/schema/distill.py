@@ -23,14 +23,19 @@ __all__ = ["DistillConfig", "TeacherConfig"]
 @dataclass
 class TeacherConfig(Checked):
     """The teacher role: a frozen megatron GPTModel built from an HF checkpoint of any supported family (it may be
-    larger than the student), sharded like the trainer (parallel.tensor/pipeline_model_parallel_size: megatron's
-    process groups are one per process); it must share the student's tokenizer (checked at --cfg from the files,
-    and again at start before any model is built)."""
+    larger than the student), sharded like the trainer or on a grid of its own (``tensor_model_parallel_size`` /
+    ``pipeline_model_parallel_size``, over the same ranks); it must share the student's tokenizer (checked at --cfg
+    from the files, and again at start before any model is built)."""
 
     path: Optional[str] = None  # HF directory, hub name or tiny://quickstart (slime: --opd-teacher-load)
     # sequences per no-grad forward; null: actor.log_prob_micro_batch_size_per_gpu
     log_prob_micro_batch_size_per_gpu: Optional[int] = ge1_or_null(None, "null uses the actor's")
     param_offload: bool = False  # the teacher's parameters off the device outside its forward (like the reference's)
+    # the teacher's own megatron grid over the trainer's ranks (verl's teacher: inference.tensor_model_parallel_size;
+    # slime's megatron teacher shares the actor's); null: the trainer's parallel.* size.  A second grid has expert
+    # and context parallel size 1 and no virtual pipeline (parallel.layouts)
+    tensor_model_parallel_size: Optional[int] = ge1_or_null(None, "null uses parallel.tensor_model_parallel_size")
+    pipeline_model_parallel_size: Optional[int] = ge1_or_null(None, "null uses parallel.pipeline_model_parallel_size")
 
 
 @dataclass

@@ -92,3 +92,25 @@ def test_distill_settings_are_checked(tmp_path):
     with pytest.raises(ConfigValidationError, match="distill.enable=true with algorithm.name=dpo"):
         validate_config(compose_config([f"trainer.default_local_dir={tmp_path}", "distill.enable=true",
                                         "distill.teacher.path=tiny://quickstart"], recipe="dpo_tiny_cpu"))
+
+
+def test_teacher_grid_of_its_own_is_checked_against_the_world(tmp_path):
+    from rlhf.config.distill import teacher_layout
+
+    on = ["distill.enable=true", "distill.teacher.path=tiny://quickstart", f"trainer.default_local_dir={tmp_path}",
+          "data.train_batch_size=2", "rollout.n=2", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2"]
+    assert teacher_layout(compose_config(on)) is None  # null sizes: the trainer's grid
+    assert teacher_layout(compose_config(on + ["distill.teacher.tensor_model_parallel_size=1"])) is None
+    cfg = compose_config(on + ["distill.teacher.tensor_model_parallel_size=4"])
+    assert teacher_layout(cfg) == (4, 1)
+    validate_config(cfg, world_size=4)  # tp 4 x pp 1 over 4 ranks: teacher DP 1
+    with pytest.raises(ConfigValidationError, match=r"distill.teacher.tensor_model_parallel_size=4 x "
+                       r"distill.teacher.pipeline_model_parallel_size=1 \(null: the parallel.\* size\) = 4 does not "
+                       r"divide the 2 trainer ranks"):
+        validate_config(cfg, world_size=2)
+    cfg = compose_config(on + ["distill.teacher.pipeline_model_parallel_size=2", "data.train_batch_size=3",
+                               "rollout.n=1", "actor.ppo_mini_batch_size=1", "critic.ppo_mini_batch_size=1"])
+    assert any("the teacher's data-parallel size 2 does not divide the batch of data.train_batch_size x rollout.n "
+               "= 3 sequences" in p for p in config_problems(cfg, world_size=4))
+    with pytest.raises(ConfigValidationError, match=r"distill.teacher.tensor_model_parallel_size=0 must be >= 1"):
+        validate_config(compose_config(on + ["distill.teacher.tensor_model_parallel_size=0"]))
