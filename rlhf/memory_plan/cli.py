@@ -50,6 +50,18 @@ def read_hf_config_json(path: str) -> dict:
                                 f"model.path=<a local HF model directory> (only config.json is read)") from None
 
 
+def teacher_hf_config(cfg: Any) -> dict | None:
+    """``config.json`` of on-policy distillation's teacher (``distill.teacher.path``) when ``distill.enable``, else
+    None.  Raises FileNotFoundError as :func:`read_hf_config_json` (naming distill.teacher.path)."""
+    if not _get(cfg, "distill.enable", False):
+        return None
+    path = str(_get(cfg, "distill.teacher.path", ""))
+    try:
+        return read_hf_config_json(path)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(str(e).replace("model.path=", "distill.teacher.path=", 1)) from None
+
+
 def cuda_gpu_gib() -> float | None:
     """Total memory of this machine's first CUDA device in GiB, None without CUDA."""
     try:
@@ -110,7 +122,7 @@ def plan_memory_report(cfg: Any, gpu_memory_gib: float | None = None, hf_config:
                              f"or use rollout.mode=colocated")
         hf = hf_config if hf_config is not None else read_hf_config_json(str(_get(cfg, "model.path", "")))
         gib = float(gpu_memory_gib or cuda_gpu_gib() or DEFAULT_GPU_GIB)
-        plan = plan_from_config(cfg, hf, world_size=world, gpu_memory_gib=gib)
+        plan = plan_from_config(cfg, hf, world_size=world, gpu_memory_gib=gib, teacher_hf_config=teacher_hf_config(cfg))
     except (FileNotFoundError, ValueError, KeyError) as e:
         return EXIT_DOES_NOT_FIT, f"cannot plan memory: {str(e).strip(chr(39))}"
     head = (f"{world} GPUs of {gib:.0f} GiB (trainer.n_gpus_per_node x trainer.nnodes"
@@ -132,8 +144,9 @@ def check_plan_at_start(cfg: Any, hf_config: Any, world_size: int, cuda: bool | 
         from parallel.kernels import module_available
 
         plan = plan_from_config(cfg, hf_config, world_size=world_size, gpu_memory_gib=gib or DEFAULT_GPU_GIB,
-                                transformer_engine=module_available("transformer_engine"))
-    except (ValueError, KeyError) as e:
+                                transformer_engine=module_available("transformer_engine"),
+                                teacher_hf_config=teacher_hf_config(cfg))
+    except (ValueError, KeyError, FileNotFoundError) as e:
         logger.warning("memory plan: not made (%s)", e)
         return None
     return check_memory_plan(plan, strict=strict)

@@ -56,14 +56,17 @@ def _optimizer_bytes(cfg: Any, o: str, precision: bool) -> dict:
 
 def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_memory_gib: float = 80.0,
                            transformer_engine: bool = True, cuda: bool = True,
-                           engine_memory_saver: bool = True, trainer_empty_cache: bool = True) -> PlanInput:
+                           engine_memory_saver: bool = True, trainer_empty_cache: bool = True,
+                           teacher_hf_config: Any = None) -> PlanInput:
     """PlanInput of the run `cfg` describes on `world_size` GPUs of `gpu_memory_gib` GiB each.
 
     hf_config: the model's config.json dict or transformers config.  transformer_engine: the GPU
     nodes have TE (flash attention, FusedAdam); False plans megatron's local spec and torch Adam.
     engine_memory_saver: SGLang releases its memory during the trainer's phases.  trainer_empty_cache:
-    the trainer empties torch's cache before the engine resumes.
-    Raises ValueError when tp * cp * pp does not divide world_size.
+    the trainer empties torch's cache before the engine resumes.  teacher_hf_config: the config.json of
+    ``distill.teacher.path`` (with ``distill.enable``: the teacher is a role of its own model and grid).
+    Raises ValueError when tp * cp * pp (or the teacher's tp * pp) does not divide world_size, or when distillation
+    is on without teacher_hf_config.
     """
     tp = int(_get(cfg, "parallel.tensor_model_parallel_size", 1))
     pp = int(_get(cfg, "parallel.pipeline_model_parallel_size", 1))
@@ -106,6 +109,8 @@ def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_mem
         roles.append(role("critic"))
     if dpo or _get(cfg, "algorithm.use_kl_in_reward", False) or _get(cfg, "actor.use_kl_loss", False):
         roles.append(role("reference", trainable=False))
+    if _get(cfg, "distill.enable", False) and not dpo:
+        roles.append(_teacher_role(cfg, teacher_hf_config, layout, world_size, n))
     dtype = str(_value(_get(cfg, "model.dtype", "bfloat16")))
     params_bytes = 2 if dtype in ("bfloat16", "float16") else 4
     engine = None
@@ -129,6 +134,28 @@ def plan_input_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_mem
                      flash_attention=transformer_engine, fused_adam=transformer_engine, cuda=cuda,
                      divisible_by=int(_get(cfg, "model.make_vocab_size_divisible_by", 128)),
                      trainer_empty_cache=trainer_empty_cache)
+
+
+def _teacher_role(cfg: Any, hf_config: Any, trainer: Layout, world_size: int, n: int) -> Role:
+    """On-policy distillation's teacher (rlhf.workers.teacher): frozen weights of its own model, on the trainer's
+    grid or its own (``distill.teacher.tensor/pipeline_model_parallel_size``)."""
+    if hf_config is None:
+        raise ValueError(f"distill.enable=true: the plan needs the teacher's config.json (distill.teacher.path="
+                         f"{_get(cfg, 'distill.teacher.path')!r})")
+    t = "distill.teacher."
+    tp = int(_get(cfg, t + "tensor_model_parallel_size") or trainer.tp)
+    pp = int(_get(cfg, t + "pipeline_model_parallel_size") or trainer.pp)
+    own = None
+    if (tp, pp) != (trainer.tp, trainer.pp):
+        if world_size % (tp * pp):
+            raise ValueError(f"distill.teacher: tp={tp} x pp={pp} does not divide world_size={world_size}")
+        own = Layout(tp=tp, pp=pp, dp=world_size // (tp * pp), sequence_parallel=trainer.sequence_parallel and tp > 1)
+    dp = (own or trainer).dp
+    micro = _get(cfg, t + "log_prob_micro_batch_size_per_gpu") or _get(cfg, "actor.log_prob_micro_batch_size_per_gpu",
+                                                                          1)
+    local = max(1, int(_get(cfg, "data.train_batch_size", 1)) * n // dp)
+    return Role(name="teacher", trainable=False, offload=("params",) if _get(cfg, t + "param_offload") else (),
+                micro_batch=max(1, min(int(micro), local)), model=ModelShape.from_hf_config(hf_config), layout=own)
 
 
 def plan_from_config(cfg: Any, hf_config: Any, *, world_size: int, gpu_memory_gib: float = 80.0,

@@ -9,7 +9,7 @@ composed training config (``--plan-memory``).  The byte counts are in `rlhf.memo
 
 Order of events modelled (colocated rollout, as `rlhf.setup` builds things):
 
-1. build: actor / critic / reference weights, megatron DDP's fp32 grad buffers and the optimizer's
+1. build: actor / critic / reference (and on-policy distillation's teacher) weights, megatron DDP's fp32 grad buffers and the optimizer's
    fp32 main parameters (megatron allocates them when the optimizer is built).  Adam's moments do
    not exist yet (torch allocates them at the first step).
 2. engine start: SGLang measures the FREE memory F (after the trainer's models, CUDA contexts
@@ -32,7 +32,7 @@ like Adam's moments).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rlhf.memory_plan.terms import (NCCL_COMM_BYTES, NCCL_PAIR_COMM_BYTES, GiB, ModelShape, in_flight_micro_batches,
                                     kv_bytes_per_token, layer_activations, logits_bytes, model_params, nccl_communicators,
@@ -61,7 +61,10 @@ class Layout:
 
 @dataclass(frozen=True)
 class Role:
-    """One model the trainer holds: actor, critic (value head) or reference (frozen, weights only)."""
+    """One model the trainer holds: actor, critic (value head), reference or the on-policy distillation teacher
+    (frozen, weights only).  A teacher has its own `model` and may have its own `layout` (a megatron grid over the
+    trainer's ranks, rlhf.workers.teacher; its stages need not line up with the trainer's: its worst stage counts
+    on every rank), with `micro_batch` its log-prob micro batch."""
 
     name: str
     trainable: bool = True
@@ -76,6 +79,8 @@ class Role:
     grad_bytes: int = 4  # main_grads_dtype (fp32: grad_reduce_in_fp32)
     main_param_bytes: int = 4  # main_params_dtype
     adam_bytes: int = 8  # exp_avg_dtype + exp_avg_sq_dtype
+    model: ModelShape | None = None  # None: the plan's model
+    layout: Layout | None = None  # None: the trainer's grid
 
     @property
     def value_head(self) -> bool:
@@ -186,8 +191,20 @@ class MemoryPlan:
                 for p in self.phases if p.peak > self.gpu_bytes] + list(self.problems)
 
 
+def _own(inp: PlanInput, role: Role) -> PlanInput:
+    """`inp` with `role`'s own model, grid and log-prob micro batch (the teacher's), else `inp`."""
+    if role.model is None and role.layout is None:
+        return inp
+    return replace(inp, model=role.model or inp.model, layout=role.layout or inp.layout,
+                   workload=replace(inp.workload, log_prob_micro_batch=role.micro_batch))
+
+
 def _role_static(inp: PlanInput, role: Role, stage: int) -> dict[str, float]:
     """weights / grads / main params / Adam moments of `role` on one rank of `stage`."""
+    if role.layout is not None:  # a grid of its own: its largest stage, whatever the trainer's stage of the rank
+        own, plain = _own(inp, role), replace(role, model=None, layout=None)
+        return max((_role_static(own, plain, s) for s in range(role.layout.pp)), key=lambda d: d["weights"])
+    inp = _own(inp, role)
     lay = inp.layout
     layers = stage_layers(inp.model.num_layers, lay.pp, lay.first_stage_layers, lay.last_stage_layers)
     dense_mlp = max(0, min(layers[stage], inp.model.dense_layers - sum(layers[:stage]))) if inp.model.num_experts else 0
@@ -242,6 +259,7 @@ def _acts(inp: PlanInput, micro_batch: int):
 
 def _forward_peak(inp: PlanInput, role: Role, stage: int) -> float:
     """No-grad forward of one log-prob micro batch: the biggest of a layer's intermediates and the logits."""
+    inp, stage = _own(inp, role), stage if role.layout is None else role.layout.pp - 1  # own grid: its worst stage
     micro = inp.workload.log_prob_micro_batch
     layer = _acts(inp, micro).forward_transient
     if stage != inp.layout.pp - 1 or role.value_head:
@@ -439,11 +457,14 @@ def _trainer_phases(inp: PlanInput, plan: MemoryPlan, stage_plans, ctx, engine_r
         plan.phases.append(max(cands, key=lambda p: p.peak))
 
     lp_knob = "lower actor.log_prob_micro_batch_size_per_gpu (the logits of a micro batch dominate), or raise tp"
-    for name in ("actor", "reference"):
+    teacher_knob = ("lower distill.teacher.log_prob_micro_batch_size_per_gpu, raise "
+                    "distill.teacher.tensor_model_parallel_size, or set distill.teacher.param_offload=true")
+    for name in ("actor", "reference", "teacher"):
         if name in roles:
             worst(f"{name} log-probs", lambda st, s, r=roles[name]: [
-                Item(f"forward peak (micro batch {inp.workload.log_prob_micro_batch})", _forward_peak(inp, r, st)),
-                *_loaded(r, s[r.name], ("params",))], lp_knob)
+                Item(f"forward peak (micro batch {_own(inp, r).workload.log_prob_micro_batch})",
+                     _forward_peak(inp, r, st)), *_loaded(r, s[r.name], ("params",))],
+                  teacher_knob if name == "teacher" else lp_knob)
     if "critic" in roles:
         worst("critic values", lambda st, s: [Item(f"forward peak (micro batch {inp.workload.log_prob_micro_batch})",
                                                    _forward_peak(inp, roles["critic"], st)),

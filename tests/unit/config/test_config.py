@@ -205,6 +205,8 @@ ADDED_KEYS = {
                                      "rollout_rs_threshold": None, "bypass_mode": False, "loss_type": "ppo_clip",
                                      "rollout_is_batch_normalize": False},
     "trainer.one_step_off_policy": {"enable": False, "staleness": 1},
+    # the distillation teacher's own grid (null: the trainer's)
+    "distill.teacher.tensor_model_parallel_size": None, "distill.teacher.pipeline_model_parallel_size": None,
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {
@@ -236,7 +238,7 @@ def test_recipe_composes_to_the_captured_config(name):
         if name in CAPTURED_LATER and leaf in node:
             continue
         assert leaf not in node, key
-        node[leaf] = default
+        node[leaf] = copy.deepcopy(default)  # a later key may add to it (distill.teacher.*)
     for key, (was, now) in CHANGED_DEFAULTS.items():
         *parents, leaf = key.split(".")
         node = before

@@ -343,3 +343,53 @@ def test_plan_from_config_reads_the_deepseek_v3_config_json():
     assert plan.kv_cache_bytes > 0, format_plan(plan)
     assert [p.name for p in plan.phases][:3] == ["build", "engine start", "generate"]
     assert plan.kv_cache_tokens == pytest.approx(plan.kv_cache_bytes / (61 * 576 * 2))
+
+
+# on-policy distillation's teacher: 6 layers, h 128, f 512, 8 heads of 16, 2 KV groups, untied, vocab 1000
+TEACHER = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 128, "intermediate_size": 512,
+           "num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
+           "tie_word_embeddings": False}
+STUDENT = {"architectures": ["LlamaForCausalLM"], "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 256,
+           "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8}
+
+
+def _distill_cfg(**teacher):
+    return {"parallel": {"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1},
+            "data": {"max_prompt_length": 16, "max_response_length": 16, "train_batch_size": 8},
+            "algorithm": {"name": "grpo", "adv_estimator": "grpo"}, "rollout": {"n": 2, "num_engines": 4},
+            "model": {"dtype": "bfloat16"}, "distill": {"enable": True, "teacher": {"path": "/t", **teacher}}}
+
+
+def _item(phase, name):
+    return sum(i.bytes for i in phase.items if i.name == name)
+
+
+def test_the_teacher_weights_in_the_plan_by_hand():
+    # tp 2: qkv 128 x (8 + 2*2) * 16 = 24576, proj 128 x 128 = 16384 -> 20480; norms 256; SwiGLU 3 x 128 x 512 / 2
+    layer_tp2 = (24576 + 16384) // 2 + 256 + 3 * 128 * 512 // 2
+    embed_tp2 = 1024 * 128 // 2  # vocab 1000 padded to 128 x tp
+    tp2 = plan_from_config(_distill_cfg(tensor_model_parallel_size=2), STUDENT, world_size=4,
+                           teacher_hf_config=TEACHER)
+    want = 2 * (6 * layer_tp2 + embed_tp2 + 128 + embed_tp2)  # bf16: embedding, final norm, untied head
+    assert _item(tp2.phase("build"), "teacher weights") == want == 2 * 845440
+    plain = dict(_distill_cfg(), distill={"enable": False})  # the same run without distillation
+    assert tp2.phase("build").peak - plan_from_config(plain, STUDENT, world_size=4).phase("build").peak == want
+    # pp 2 on its own grid (the trainer: tp 1, pp 1): 3 layers a stage, the worst (last: norm + head) on every rank
+    layer = 24576 + 16384 + 256 + 3 * 128 * 512
+    pp2 = plan_from_config(_distill_cfg(pipeline_model_parallel_size=2), STUDENT, world_size=4,
+                           teacher_hf_config=TEACHER)
+    assert _item(pp2.phase("build"), "teacher weights") == 2 * (3 * layer + 128 + 1024 * 128)
+    # the trainer's grid (null sizes): the whole teacher on every rank
+    same = plan_from_config(_distill_cfg(), STUDENT, world_size=4, teacher_hf_config=TEACHER)
+    assert _item(same.phase("build"), "teacher weights") == 2 * (6 * layer + 2 * 1024 * 128 + 128)
+    assert "teacher log-probs" in [p.name for p in same.phases] and "teacher" in same.summary
+    # offloaded between its forwards: only its own phase holds it
+    offl = plan_from_config(_distill_cfg(tensor_model_parallel_size=2, param_offload=True), STUDENT, world_size=4,
+                            teacher_hf_config=TEACHER)
+    assert _item(offl.phase("build"), "teacher weights") == 0
+    assert _item(offl.phase("teacher log-probs"), "teacher weights (loaded from host)") == want
+    assert _item(offl.phase("actor log-probs"), "teacher weights (loaded from host)") == 0
+    with pytest.raises(ValueError, match="the teacher's config.json \\(distill.teacher.path='/t'\\)"):
+        plan_from_config(_distill_cfg(), STUDENT, world_size=4)
+    with pytest.raises(ValueError, match="distill.teacher: tp=3 x pp=1 does not divide world_size=4"):
+        plan_from_config(_distill_cfg(tensor_model_parallel_size=3), STUDENT, world_size=4, teacher_hf_config=TEACHER)

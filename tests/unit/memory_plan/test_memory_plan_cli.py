@@ -204,3 +204,27 @@ def test_production_guide_4x8_checkpoint_save_fits(qwen2_7b_dir, capsys):
     assert float(save.group(2)) == pytest.approx(4 * 1904057344 * 9 / 8 / GiB, abs=0.05)
     assert float(save.group(1)) == pytest.approx(44.7, abs=0.05)
     assert out.rstrip().endswith("fits")
+
+
+def test_plan_memory_shows_the_teacher(tmp_path, capsys):
+    """--plan-memory with distillation reads the teacher's config.json too: a teacher on its own TP4 grid is a row of
+    the build phase and a phase of its own; a teacher without a config.json is named."""
+    from rlhf.main import main
+
+    (tmp_path / "student").mkdir()
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "student" / "config.json").write_text(json.dumps(QWEN2_7B))
+    (tmp_path / "teacher" / "config.json").write_text(json.dumps({**QWEN2_7B, "num_hidden_layers": 56}))
+    args = ["recipe=grpo_qwen2_7b", f"model.path={tmp_path / 'student'}", "trainer.n_gpus_per_node=8",
+            "distill.enable=true"]
+    build = lambda text: float(re.search(r"^build\s+([\d.]+)\s", text, re.M).group(1))  # noqa: E731
+    main(args[:-1] + ["--plan-memory=80"])
+    alone = build(capsys.readouterr().out)
+    main(args + [f"distill.teacher.path={tmp_path / 'teacher'}", "distill.teacher.tensor_model_parallel_size=8",
+                 "--plan-memory=80"])
+    out = capsys.readouterr().out
+    assert "roles: actor, reference, teacher" in out and re.search(r"^teacher log-probs ", out, re.M), out
+    # 56 layers of Qwen2-7B's shape at TP8: (56 x 233.06M + 2 x 152064 x 3584) / 8 elements, bf16: 3.29 GiB
+    assert build(out) - alone == pytest.approx(3.29, abs=0.1), out  # the table rounds to 0.1 GiB
+    assert main(args + ["distill.teacher.path=tiny://quickstart", "--plan-memory=80"]) == 2
+    assert "distill.teacher.path='tiny://quickstart' has no config.json" in capsys.readouterr().err
