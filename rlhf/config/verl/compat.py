@@ -276,7 +276,7 @@ def translate_items(items: Sequence[Item]) -> Translated:
     file's value equal to verl's default for a key of keys.yaml ``verl_defaults`` is skipped.  Keys that are neither
     ours nor verl's stay as they are, so composing reports them with the nearest valid keys.  Group choices
     (``recipe=``, ``algorithm=``), ``hydra.*`` and deletions pass through."""
-    out, reward_model = Translated(), {}
+    out, reward_model, setters = Translated(), {}, {}
     last = {item.key: i for i, item in enumerate(items)}
     for i, item in enumerate(items):
         key = item.key
@@ -293,8 +293,34 @@ def translate_items(items: Sequence[Item]) -> Translated:
             _apply(item, *found, out, reward_model)
         for line in out.overrides[before:]:
             out.origins.setdefault(line, item.source)
+            _contradiction(line, item, setters, out)
     _reward_model_source(reward_model, out)
     return out
+
+
+def _contradiction(line: str, item: Item, setters: dict, out: Translated) -> None:
+    """Two keys typed on the command line (a verl key and ours, e.g. actor_rollout_ref.hybrid_engine=False and
+    rollout.mode=colocated) that set one key of ours to different values: a problem naming both.  A command-line
+    setting over a config file's is an override; verl's own files repeat settings under old and new names."""
+    try:
+        ours, value = line.lstrip("+").split("=", 1)[0], _parser().parse_overrides([line])[0].value()
+    except Exception:  # noqa: BLE001 - a sweep: composing reads it
+        return
+    if isinstance(value, str) and "${" in value:
+        return  # an interpolation: the value it names is checked where that is set
+    prev = setters.setdefault(ours, (item, value))
+    typed_here = all(it.source.startswith("command-line") for it in (prev[0], item))
+    if typed_here and prev[0].key != item.key and not _same(prev[1], value):
+        typed = [f"{it.key.lstrip('+')}={it.raw if it.raw is not None else it.value}" for it in (prev[0], item)]
+        out.problems.append(f"{typed[0]} and {typed[1]} contradict each other: they set {ours} to {prev[1]!r} and "
+                            f"{value!r}; drop one of them.")
+
+
+@functools.lru_cache(maxsize=1)
+def _parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
 
 
 def items_from_overrides(overrides: Sequence[str]) -> tuple[list[Item], list[str]]:

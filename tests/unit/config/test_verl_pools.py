@@ -99,3 +99,19 @@ def test_newer_verls_actor_rollout_ref_pool_keys():
     assert (pool.rollout.mode, pool.rollout.nnodes, pool.rollout.n_gpus_per_node, pool.rollout.num_engines) == (
         "disaggregated", 1, 2, 2)
     assert not config_problems(pool)
+
+
+@pytest.mark.parametrize("order", [1, -1])
+def test_colocated_mode_with_hybrid_engine_false_is_refused_naming_both(order, capsys):
+    """rollout.mode=colocated typed beside verl's hybrid_engine=False used to become disaggregated (the later one
+    won, silently): refused at --cfg, either order, naming both keys; settings that agree pass."""
+    from rlhf.main import main
+
+    typed = ["rollout.mode=colocated", HYBRID_OFF][::order]
+    assert main(["recipe=quickstart", *typed, "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert (f"{typed[0]} and {typed[1]} contradict each other: they set rollout.mode to "
+            f"{'colocated' if order == 1 else 'disaggregated'!r}") in err, err
+    assert compose_config([HYBRID_OFF, "rollout.mode=disaggregated"]).rollout.mode == "disaggregated"
+    assert compose_config(["rollout.mode=colocated", "actor_rollout_ref.hybrid_engine=True"]).rollout.mode == \
+        "colocated"
