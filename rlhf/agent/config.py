@@ -37,6 +37,12 @@ VERL_FORMATS = {"hermes": "hermes", "gpt-oss": "gpt-oss", "llama3_json": "llama3
 #: verl's class names -> ours (module path, class); verl's classes absent here are refused with this note
 _TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlhf.agent.tools.Gsm8kTool"}
 _INTERACTIONS = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "rlhf.agent.interactions.Gsm8kInteraction"}
+#: verl's other tool / interaction classes (verl/tools/*.py, verl/interactions/*.py): real names without a port, told
+#: apart from a misspelt name (an unknown class, with the nearest known name)
+_VERL_ONLY = {"tool": [f"verl.tools.{m}" for m in (
+    "geo3k_tool.Geo3kTool", "image_zoom_in_tool.ImageZoomInTool", "mcp_base_tool.MCPBaseTool",
+    "mcp_search_tool.MCPSearchTool", "sandbox_fusion_tools.SandboxFusionTool", "search_tool.SearchTool")],
+    "interaction": ["verl.interactions.weather_interaction.WeatherInteraction"]}
 
 
 @dataclass
@@ -104,15 +110,25 @@ def resolve_class(class_name: str, kind: str) -> type:
     Raises:
         ValueError: verl's class not ported here, or a name that does not import (message names it and the fix).
     """
+    import difflib
+
     table = _TOOLS if kind == "tool" else _INTERACTIONS
     target = table.get(class_name, class_name)
-    if target == class_name and class_name.startswith("verl."):
+    known = [*table, *table.values(), *_VERL_ONLY[kind]]
+    near = difflib.get_close_matches(class_name, known, n=1, cutoff=0.8)
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    if target == class_name and class_name in _VERL_ONLY[kind]:
         raise ValueError(f"{kind} class {class_name!r} is verl's and has no port here (available: "
                          f"{', '.join(sorted(table))}, or a class of your own as module.Class with verl's interface)")
+    if target == class_name and class_name.startswith("verl."):
+        raise ValueError(f"unknown {kind} class {class_name!r}: not one of verl's{hint} (ported here: "
+                         f"{', '.join(sorted(table))})")
     module, _, attr = target.rpartition(".")
     try:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError, ValueError) as e:
+        if near:
+            raise ValueError(f"unknown {kind} class {class_name!r} ({e}){hint}") from e
         raise ValueError(f"{kind} class {class_name!r} does not import ({e}); give module.Class of an installed "
                          f"module") from e
 

@@ -349,3 +349,16 @@ def test_multi_turn_bad_settings_are_refused_at_cfg(tmp_path, paths):
                for p in lines), err
     assert any("format='nonesuch' is not a tool-call format of SGLang's FunctionCallParser" in p for p in lines), err
     assert any("none.yaml' is not a file" in p for p in lines), err
+
+
+def test_misspelt_tool_class_is_named_at_cfg(tmp_path, paths):
+    """A misspelt verl tool class (Gsm8KTool) was refused as one of verl's classes "without a port": it is an unknown
+    class, named with the nearest known one."""
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8KTool\n    config: {}\n"
+                     "    tool_schema: {type: function, function: {name: calc_gsm8k_reward}}\n")
+    code, _, err = run_cfg(["--cfg", *_base(paths), "actor_rollout_ref.rollout.multi_turn.enable=True",
+                            f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}"])
+    assert code == 2
+    assert any("unknown tool class 'verl.tools.gsm8k_tool.Gsm8KTool': not one of verl's; did you mean "
+               "'verl.tools.gsm8k_tool.Gsm8kTool'?" in p for p in problems(err)), err
