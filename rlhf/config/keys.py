@@ -87,7 +87,8 @@ def first_bad_part(parts: Sequence[str]) -> Optional[int]:
 
 
 def nearest_keys(full_key: str, n: int = 3) -> list[str]:
-    """Nearest valid full keys for an unknown ``full_key``: close names at the same level first (difflib), then
+    """Nearest valid full keys for an unknown ``full_key``: close names at the same level first (difflib; with the
+    rest of the key when that is valid under the close name), then
     keys elsewhere in the schema that end the same way (a key moved to another section, or verl's
     ``actor_rollout_ref.actor.clip_ratio`` for our ``actor.clip_ratio``), else a close leaf name anywhere."""
     parts = split_key(full_key)
@@ -96,6 +97,9 @@ def nearest_keys(full_key: str, n: int = 3) -> list[str]:
         return []
     pre = ".".join(parts[:i]) + "." if i else ""
     out = [pre + m for m in difflib.get_close_matches(parts[i], schema_keys(pre[:-1]), n=n, cutoff=0.6)]
+    # a misspelt section with a valid rest (distillation.enable -> distill.enable): the whole key first
+    out = [".".join([m, *parts[i + 1:]]) if first_bad_part(split_key(".".join([m, *parts[i + 1:]]))) is None else m
+           for m in out]
     paths, tail = all_schema_paths(), parts[i:]
     for k in range(len(tail), 0, -1):  # longest matching suffix first
         found = [p for p in paths if p.split(".")[-k:] == tail[-k:]]

@@ -114,3 +114,19 @@ def test_teacher_grid_of_its_own_is_checked_against_the_world(tmp_path):
                "= 3 sequences" in p for p in config_problems(cfg, world_size=4))
     with pytest.raises(ConfigValidationError, match=r"distill.teacher.tensor_model_parallel_size=0 must be >= 1"):
         validate_config(compose_config(on + ["distill.teacher.tensor_model_parallel_size=0"]))
+
+
+@pytest.mark.parametrize("typed,nearest", [("distillation.enable=true", "distill.enable"),
+                                           ("distillation.teacher.path=x", "distill.teacher.path"),
+                                           ("actor_rollout_ref.distillation.enable=true", None)])
+def test_misspelt_distill_keys_get_the_nearest_key(typed, nearest, capsys, tmp_path):
+    """distillation.enable (ours: distill.enable; verl's: distillation.enabled) was swallowed by the rule that lets
+    verl's distillation section pass as "no effect": refused as an unknown key, with the nearest one first."""
+    assert main(["recipe=quickstart", f"trainer.default_local_dir={tmp_path}", typed, "--cfg", "job"]) == 2
+    err = capsys.readouterr().err
+    assert f"Unknown config key {typed.split('=')[0]!r}" in err, err
+    if nearest:
+        assert f"Did you mean: {nearest}" in err, err
+    # verl's own distillation keys still read as "distillation is off"
+    assert main(["recipe=quickstart", f"trainer.default_local_dir={tmp_path}", "distillation.nnodes=1",
+                 "distillation.teacher_models.teacher_model.model_path=x", "--cfg", "job"]) == 0
