@@ -293,7 +293,7 @@ def test_algorithm_presets_compose():
     ("trainer.totl_training_steps=3", "trainer.totl_training_steps", "trainer.total_training_steps"),
     ("actor.clip_ratoi=0.3", "actor.clip_ratoi", "actor.clip_ratio"),
     ("actor.optim.lrr=1e-5", "actor.optim.lrr", "actor.optim.lr"),
-    ("trainr.seed=3", "trainr.seed", "trainer"),
+    ("trainr.seed=3", "trainr.seed", "trainer.seed"),  # the misspelt section with its valid rest
     ("actor_rollout_ref.actor.clip_ratoi=0.3", "actor_rollout_ref.actor.clip_ratoi",
      "actor_rollout_ref.actor.clip_ratio"),  # verl's key: the nearest keys in verl's words
     ("actor.kl_coef=0.1", "actor.kl_coef", "algorithm.kl_ctrl.kl_coef"),
