@@ -12,6 +12,8 @@ The trainer's grid is TP1 x PP1 (data parallel 2); the teacher, a tiny random Qw
   teacher_tp2_log_probs_equal_tp1   per-token log-probs of the same batch equal (<= 1e-5) the TP1 teacher's
   teacher_pp2_log_probs_equal_tp1   the same at PP2
   trainer_grid_restored             after the teacher's forwards: TP1, PP1, DP2 again (and the data-parallel slices)
+  ppo_step_with_a_tp2_teacher_equals_tp1   a PPOTrainer step (GRPO + distillation, the HF engine double) with the
+                                    teacher (another Qwen3) at TP2: distill/* and actor/pg_loss as at TP1
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0.
 """
 import argparse
@@ -40,13 +42,13 @@ def run_check(name, fn):
         print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
 
 
-def make_model(workdir):
+def make_model(workdir, name="teacher_qwen3", seed=11):
     from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
     from tests.support.model_families import make_family_model
 
-    path = os.path.join(workdir, "teacher_qwen3")
+    path = os.path.join(workdir, name)
     if dist.get_rank() == 0:
-        make_family_model(path, "qwen3", num_layers=2, seed=11)
+        make_family_model(path, "qwen3", num_layers=2, seed=seed)
         make_quickstart_tokenizer().save_pretrained(path)  # ids < 400 < vocab 1000
     dist.barrier()
     return path
@@ -62,6 +64,37 @@ def teacher(path, workdir, *extra):
                           "distill.enable=true", f"distill.teacher.path={path}", "data.train_batch_size=2",
                           "rollout.n=2", "data.max_response_length=6", *extra], recipe="quickstart")
     return build_teacher(cfg, path, AutoConfig.from_pretrained(path), temperature=0.7)
+
+
+def trainer_steps(workdir, student, teacher_path):
+    """One PPOTrainer step (GRPO, rollouts from the in-process HF engine double) with the teacher on the trainer's
+    grid, then on its own TP2 grid: the distill/ metrics and the actor's loss equal."""
+    import rlhf.workers.rollout
+    from megatron.core import parallel_state as ps
+
+    from rlhf.config import compose_config
+    from rlhf.trainer.ppo_trainer import PPOTrainer
+    from tests.support.hf_sampling_engine import start_hf_sampling_engine
+
+    rlhf.workers.rollout.start_rollout = start_hf_sampling_engine
+    keys = ("distill/reverse_kl", "distill/teacher_logprob", "distill/student_logprob", "actor/pg_loss")
+    out = []
+    for extra in ([], ["distill.teacher.tensor_model_parallel_size=2"]):
+        ps.destroy_model_parallel()  # the trainer initialises its own grid (and seeds)
+        t = PPOTrainer(compose_config([f"model.path={student}", f"trainer.default_local_dir={workdir}/t{len(out)}",
+                                       "trainer.logger=[]", "algorithm.adv_estimator=grpo", "data.train_batch_size=2",
+                                       "rollout.n=2", "data.max_response_length=6", "actor.ppo_mini_batch_size=2",
+                                       "trainer.val_before_train=false", "trainer.progress_bar=false",
+                                       "distill.enable=true", f"distill.teacher.path={teacher_path}", *extra],
+                                      recipe="quickstart"))
+        try:
+            m = t.train_step(1)
+            out.append([m[k] for k in keys] + [type(t.teacher).__name__])
+        finally:
+            t.close()
+    diffs = [abs(a - b) for a, b in zip(out[0][:-1], out[1][:-1])]
+    ok = max(diffs) <= 1e-5 and out[0][0] > 0.01 and out[1][-1] == "LayoutTeacher"
+    return ok, f"{dict(zip(keys, out[0]))} vs diffs {diffs}, teachers {out[0][-1]}, {out[1][-1]}"
 
 
 def grid():
@@ -115,6 +148,8 @@ def main():
     run_check("teacher_tp2_log_probs_equal_tp1", equal(tp2))
     run_check("teacher_pp2_log_probs_equal_tp1", equal(pp2))
     run_check("trainer_grid_restored", restored)
+    student = make_model(args.workdir, "student_qwen3", seed=12)
+    run_check("ppo_step_with_a_tp2_teacher_equals_tp1", lambda: trainer_steps(args.workdir, student, path))
     destroy_distributed()
 
 
