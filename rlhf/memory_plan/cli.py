@@ -4,7 +4,8 @@
     check_plan_at_start(cfg, hf_config, world_size=8)   # on GPU: one warning with the knobs when it does not fit
 
 The model's shape comes from ``config.json`` alone (a local HF directory, or a hub name already in the
-local HF cache, else that one file is fetched): no weights are read.  The GPU count is
+local HF cache, else that one file is fetched): no weights are read; with ``distill.enable`` the teacher's
+(``distill.teacher.path``) too.  The GPU count is
 ``trainer.n_gpus_per_node x trainer.nnodes`` (default: this machine's CUDA devices, else 8 per node), the
 trainer's those less the disaggregated engines' (``rollout.num_engines x rollout.tensor_model_parallel_size``;
 ``rlhf.main --plan-memory`` first refuses a job whose engines and trainer do not fit those GPUs, through the
