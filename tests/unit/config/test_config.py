@@ -178,6 +178,7 @@ ADDED_KEYS = {
                 "teacher": {"path": None, "log_prob_micro_batch_size_per_gpu": None, "param_offload": False}},
     # LoRA on the actor (rank 0: off)
     "model.lora": {"rank": 0, "alpha": 16.0, "target_modules": "all-linear", "a_init": "xavier"},
+    "model.lora.merge": False,  # LoRA synced as adapters (false) or merged into the base weights
     # offload between phases (verl's megatron.*_offload) and megatron-core's own optimizer options
     "actor.offload": {"params": False, "grads": False, "optimizer": False}, "actor.ref_param_offload": False,
     "critic.offload": {"params": False, "grads": False, "optimizer": False},
