@@ -58,7 +58,8 @@ class ParallelLayout:
         from megatron.core import parallel_state as ps
 
         if not ps.model_parallel_is_initialized():
-            raise RuntimeError("ParallelLayout needs the trainer's grid first (parallel.distributed.init_model_parallel)")
+            raise RuntimeError("ParallelLayout needs the trainer's grid first "
+                               "(parallel.distributed.init_model_parallel)")
         check_parallel_sizes(dist.get_world_size(), tp, pp)
         self.tp, self.pp = tp, pp
         trainer = parallel_state_globals()
