@@ -10,8 +10,8 @@ composed training config (``--plan-memory``).  The byte counts are in `rlhf.memo
 Order of events modelled (colocated rollout, as `rlhf.setup` builds things):
 
 1. build: actor / critic / reference (and on-policy distillation's teacher) weights, megatron DDP's fp32 grad
-   buffers and the optimizer's fp32 main parameters (megatron allocates them when the optimizer is built).  Adam's moments do
-   not exist yet (torch allocates them at the first step).
+   buffers and the optimizer's fp32 main parameters (megatron allocates them when the optimizer is built).  Adam's
+   moments do not exist yet (torch allocates them at the first step).
 2. engine start: SGLang measures the FREE memory F (after the trainer's models, CUDA contexts
    and NCCL buffers) and keeps `mem_fraction_static * F` for its weights + KV cache
    (sglang 0.5.23 `measure_pre_model_load_memory` / `_profile_available_bytes`: KV = F * m - weights).
