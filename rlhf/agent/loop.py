@@ -162,7 +162,7 @@ class AgentLoop:
         schemas = [t.tool_schema for t in self.tools.values()]
         self.parser = ToolCallParser(schemas, settings.parser_name) if schemas else None
         self.renderer = ChatRenderer(tokenizer, schemas, template_kwargs)
-        self._fallback_warned = False
+        self._fallback_warned, self._call_errors_logged = False, set()
 
     # ---- public ------------------------------------------------------------------------------------
     def run(self, generate: Callable, rows: list[dict], sampling: SamplingConfig) -> tuple[list, dict]:
@@ -308,6 +308,10 @@ class AgentLoop:
         self.stats["calls"] += 1
         if call.error is not None:
             self.stats[_KIND[call.error]] += 1
+            if call.error not in self._call_errors_logged:
+                self._call_errors_logged.add(call.error)
+                log.warning("a tool call of the model is bad (%s); the model reads the error (counted in "
+                            "tool_calls/%s; logged once)", call.detail, _KIND[call.error])
             t.tool_rewards.append(0.0)
             return f"Error when executing tool: {call.detail}"
         tool, kwargs, timeout = self.tools[call.name], t.tools_kwargs.get(call.name, {}), self.s.tool_timeout_s
