@@ -173,3 +173,27 @@ def test_bad_calls_are_logged_once_not_per_call(tok, caplog):
     assert m["tool_calls/unknown_tool"] == 6 and m["tool_calls/success_rate"] == 0.0
     assert not [r for r in caplog.records if r.name.startswith("sglang")], caplog.text
     assert [r.name for r in caplog.records if "tool_calls/unknown_tool" in r.getMessage()] == ["rlhf.agent.loop"]
+
+
+def test_tiny_calc_builds_in_its_own_directory(tmp_path):
+    """tiny://calc: the quickstart build with the calc task and its tokenizer (hermes' markers one token each,
+    kept by decoding), cached apart from tiny://quickstart; hf_source finds it for a run's checkpoints."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from rlhf.quickstart.model import built_quickstart_model, resolve_model_path
+    from rlhf.trainer.hf_source import _local_model_dir
+
+    out = resolve_model_path("tiny://calc", tmp_path / "tiny_model", warmup_steps=2, max_operand=99)
+    assert out == str(tmp_path / "tiny_model" / "tiny_calc_model")
+    meta = json.loads((tmp_path / "tiny_model" / "tiny_calc_model" / "warmup_meta.json").read_text())
+    assert meta["task"] == {"style": "calc", "ops": ["*"], "min_operand": 10, "max_operand": 99}
+    assert meta["vocab_size"] == 480 and meta["warmup_steps"] == 2
+    assert built_quickstart_model(tmp_path / "tiny_model", calc=True, warmup_steps=2, max_operand=99) == out
+    assert built_quickstart_model(tmp_path / "tiny_model", warmup_steps=2, max_operand=99) is None
+    assert _local_model_dir("tiny://calc", str(tmp_path)) == out
+    tok = AutoTokenizer.from_pretrained(out)
+    ids = tok(calc_call_text("37*48"), add_special_tokens=False)["input_ids"]
+    assert ids[0] == tok.convert_tokens_to_ids("<tool_call>") and ids[-1] == tok.convert_tokens_to_ids("</tool_call>")
+    assert tok.decode(ids, skip_special_tokens=True) == calc_call_text("37*48")
