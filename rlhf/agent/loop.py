@@ -15,8 +15,8 @@ Limits (verl's): the whole response (model + tool tokens) fits ``max_response_le
 what is left, and ``max_tokens_per_turn``); a tool / user message that does not fit ends the trajectory, which is
 then marked truncated, as is one whose last turn stopped at the length limit; ``max_assistant_turns`` /
 ``max_user_turns`` end it after so many turns.  Bad input from the model or a tool becomes the tool message the
-model reads next plus a counter (module rlhf.agent.parsing; timeouts, exceptions, huge outputs here), never an
-error of the trainer.
+model reads next plus a counter (module rlhf.agent.parsing; timeouts, exceptions, huge outputs, a tool's own
+``metrics["error"]`` here), never an error of the trainer.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ __all__ = ["AgentLoop", "truncate_tool_text", "ERROR_KINDS"]
 log = logging.getLogger(__name__)
 
 #: counters of bad tool calls (``tool_calls/<kind>``)
-ERROR_KINDS = ("parse_errors", "unknown_tool", "invalid_arguments", "timeouts", "exceptions")
+ERROR_KINDS = ("parse_errors", "unknown_tool", "invalid_arguments", "timeouts", "exceptions", "tool_errors")
 _KIND = {"parse_error": "parse_errors", "unknown_tool": "unknown_tool", "invalid_arguments": "invalid_arguments"}
 
 
@@ -162,7 +162,7 @@ class AgentLoop:
         schemas = [t.tool_schema for t in self.tools.values()]
         self.parser = ToolCallParser(schemas, settings.parser_name) if schemas else None
         self.renderer = ChatRenderer(tokenizer, schemas, template_kwargs)
-        self._fallback_warned = False
+        self._fallback_warned, self._call_errors_logged = False, set()
 
     # ---- public ------------------------------------------------------------------------------------
     def run(self, generate: Callable, rows: list[dict], sampling: SamplingConfig) -> tuple[list, dict]:
@@ -308,15 +308,20 @@ class AgentLoop:
         self.stats["calls"] += 1
         if call.error is not None:
             self.stats[_KIND[call.error]] += 1
+            if call.error not in self._call_errors_logged:
+                self._call_errors_logged.add(call.error)
+                log.warning("a tool call of the model is bad (%s); the model reads the error (counted in "
+                            "tool_calls/%s; logged once)", call.detail, _KIND[call.error])
             t.tool_rewards.append(0.0)
             return f"Error when executing tool: {call.detail}"
         tool, kwargs, timeout = self.tools[call.name], t.tools_kwargs.get(call.name, {}), self.s.tool_timeout_s
         instance, t0 = None, time.perf_counter()
         try:
             instance, _ = await asyncio.wait_for(tool.create(create_kwargs=kwargs.get("create_kwargs", {})), timeout)
-            resp, reward, _ = await asyncio.wait_for(
+            resp, reward, tool_metrics = await asyncio.wait_for(
                 tool.execute(instance, call.arguments, **kwargs.get("execute_kwargs", {})), timeout)
             text = "" if resp is None or resp.text is None else str(resp.text)
+            failed = isinstance(tool_metrics, dict) and bool(tool_metrics.get("error"))
         except asyncio.TimeoutError:
             self.stats["timeouts"] += 1
             t.tool_rewards.append(0.0)
@@ -334,7 +339,8 @@ class AgentLoop:
                     await tool.release(instance)
                 except Exception as e:  # noqa: BLE001
                     log.warning("tool %s: release failed: %s", call.name, e)
-        self.stats["ok"] += 1
+        # a tool that answered its own bad input (metrics["error"], e.g. the calculator's "Error: ...") is no success
+        self.stats["tool_errors" if failed else "ok"] += 1
         t.tool_rewards.append(float(reward or 0.0))
         if len(text) > self.s.max_tool_response_length:
             self.stats["truncated_responses"] += 1
@@ -352,7 +358,8 @@ class AgentLoop:
              "tool_calls/mean": st["calls"] / n, "tool_calls/errors": errors,
              "tool_calls/success_rate": st["ok"] / st["calls"] if st["calls"] else 0.0,
              "tool_calls/truncated_responses": st["truncated_responses"],
-             "tool_calls/latency_s/mean": st["latency"] / max(st["ok"] + st["timeouts"] + st["exceptions"], 1),
+             "tool_calls/latency_s/mean": st["latency"] / max(st["ok"] + st["timeouts"] + st["exceptions"]
+                                                              + st["tool_errors"], 1),
              "tool_calls/latency_s/max": st["latency_max"],
              **{f"tool_calls/{k}": st[k] for k in ERROR_KINDS},
              "multi_turn/truncated": float(sum(t.truncated for t in trajs)),

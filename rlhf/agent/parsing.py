@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -24,13 +25,25 @@ class ParsedCall:
     detail: str = ""
 
 
+def _drop(record: logging.LogRecord) -> bool:
+    return False
+
+
 @contextlib.contextmanager
-def _forward_unknown_tools():
+def _forward_unknown_tools(detector: Any):
+    """SGLang's detectors forward calls of unknown tools, and their per-call log lines (an unknown function, a
+    call that does not parse) are dropped: each such call is counted (tool_calls/<kind>) and the agent loop logs
+    the first of each kind."""
     old = os.environ.get("SGLANG_FORWARD_UNKNOWN_TOOLS")
     os.environ["SGLANG_FORWARD_UNKNOWN_TOOLS"] = "1"
+    loggers = {logging.getLogger(c.__module__) for c in type(detector).__mro__ if c.__module__.startswith("sglang.")}
+    for lg in loggers:
+        lg.addFilter(_drop)
     try:
         yield
     finally:
+        for lg in loggers:
+            lg.removeFilter(_drop)
         if old is None:
             os.environ.pop("SGLANG_FORWARD_UNKNOWN_TOOLS", None)
         else:
@@ -63,7 +76,7 @@ class ToolCallParser:
         """``(normal text, calls)`` of one decoded model turn; no call when it holds none."""
         if not self.names or not self.parser.has_tool_call(text):
             return text, []
-        with _forward_unknown_tools():
+        with _forward_unknown_tools(self.parser.detector):
             normal, items = self.parser.parse_non_stream(text)
         if not items:  # SGLang's detectors give up on the whole turn when one call's JSON does not parse
             return normal, [ParsedCall(None, None, "parse_error",

@@ -36,8 +36,9 @@ _HUB_DATA = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<config>[\w
                        r"(?:@(?P<split>[\w.+%:\[\]-]+))?$")
 _HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: tiny://quickstart: the warmed-up quickstart model; tiny://quickstart-init: the same model before its warm-up
-#: (its initial weights; the on-policy distillation recipe's student)
-TINY_MODELS = ("tiny://quickstart", "tiny://quickstart-init")
+#: (its initial weights; the on-policy distillation recipe's student); tiny://calc: warmed up on calculator tool calls
+#: (rlhf.quickstart.calc; recipe calc_tool_tiny_cpu)
+TINY_MODELS = ("tiny://quickstart", "tiny://quickstart-init", "tiny://calc")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "QUICKSTART_SCHEME",
     "QUICKSTART_INIT_SCHEME",
+    "CALC_SCHEME",
     "QUICKSTART_DEFAULTS",
     "META_FILE",
     "build_quickstart_model",
@@ -77,6 +78,8 @@ QUICKSTART_SCHEME = "tiny://quickstart"
 #: the quickstart model before its warm-up: the same tokenizer, architecture and initial weights (seed), 0 warm-up
 #: steps, in a directory of its own (``<cache>/tiny_quickstart_init``) so it never replaces the warmed-up one
 QUICKSTART_INIT_SCHEME = "tiny://quickstart-init"
+#: the quickstart-sized model warmed up on the calculator tool task (rlhf.quickstart.calc), ``<cache>/tiny_calc_model``
+CALC_SCHEME = "tiny://calc"
 META_FILE = "warmup_meta.json"
 _META_VERSION = 3  # 2: max_position_embeddings 1024; 3: 32768
 
@@ -222,7 +225,8 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
     from .tiny import IM_END_ID, IM_START_ID, PAD_ID, build_tiny_hf_model
 
     t0 = time.time()
-    tok = make_quickstart_tokenizer(vocab_size)
+    calc = (task or {}).get("style") == "calc"
+    tok = make_quickstart_tokenizer(vocab_size, calc=calc)
     assert tok.pad_token_id == PAD_ID and tok.eos_token_id == IM_END_ID
     model = build_tiny_hf_model(
         "llama_gqa", vocab_size=len(tok), hidden_size=hidden_size, num_layers=num_layers, seed=seed,
@@ -230,11 +234,18 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
         max_position_embeddings=QUICKSTART_MAX_POSITION_EMBEDDINGS)
 
     task_kw = quickstart_task_kwargs(max_operand, task)
-    rows = make_arithmetic_dataset(max(1, warmup_steps * batch_size), seed=seed + _WARMUP_DATA_SEED_OFFSET,
-                                   split="warmup", **task_kw)
-    if answer_noise > 0:
-        rows = corrupt_answers(rows, answer_noise, seed=seed + _WARMUP_DATA_SEED_OFFSET)
-    examples = [encode_example(tok, r["prompt"], r["solution"]) for r in rows]
+    if calc:  # tiny://calc: multi-turn tool-call demonstrations (rlhf.quickstart.calc)
+        from .calc import calc_warmup_examples, make_calc_dataset
+
+        rows = make_calc_dataset(max(1, warmup_steps * batch_size), seed=seed + _WARMUP_DATA_SEED_OFFSET,
+                                 split="warmup", **task_kw)
+        examples = calc_warmup_examples(tok, rows, answer_noise, seed=seed + _WARMUP_DATA_SEED_OFFSET)
+    else:
+        rows = make_arithmetic_dataset(max(1, warmup_steps * batch_size), seed=seed + _WARMUP_DATA_SEED_OFFSET,
+                                       split="warmup", **task_kw)
+        if answer_noise > 0:
+            rows = corrupt_answers(rows, answer_noise, seed=seed + _WARMUP_DATA_SEED_OFFSET)
+        examples = [encode_example(tok, r["prompt"], r["solution"]) for r in rows]
 
     losses = sft_warmup(model, examples, PAD_ID, steps=warmup_steps, lr=warmup_lr, batch_size=batch_size, seed=seed,
                         log_every=log_every)
@@ -270,15 +281,22 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
                 full_meta["stats"]["first_loss"], full_meta["stats"]["final_loss"])
 
 
-def built_quickstart_model(cache_dir: Union[str, os.PathLike], init: bool = False,
+def _calc_kwargs() -> Dict[str, Any]:
+    from .calc import CALC_BUILD
+
+    return dict(CALC_BUILD)
+
+
+def built_quickstart_model(cache_dir: Union[str, os.PathLike], init: bool = False, calc: bool = False,
                            **build_kwargs: Any) -> Optional[str]:
     """The directory :func:`resolve_model_path` returns for ``tiny://quickstart`` (``init``: for
-    ``tiny://quickstart-init``) with these ``build_kwargs`` (``None`` values: the defaults) when that model is built
-    already; None when it would be built (nothing is built here)."""
-    kw = {**QUICKSTART_DEFAULTS, "task": None, **{k: v for k, v in build_kwargs.items() if v is not None}}
+    ``tiny://quickstart-init``; ``calc``: for ``tiny://calc``) with these ``build_kwargs`` (``None`` values: the
+    defaults) when that model is built already; None when it would be built (nothing is built here)."""
+    kw = {**QUICKSTART_DEFAULTS, "task": None, **(_calc_kwargs() if calc else {}),
+          **{k: v for k, v in build_kwargs.items() if v is not None}}
     if init:
         kw["warmup_steps"] = 0
-    out = Path(cache_dir) / ("tiny_quickstart_init" if init else "tiny_quickstart_model")
+    out = Path(cache_dir) / ("tiny_quickstart_init" if init else "tiny_calc_model" if calc else "tiny_quickstart_model")
     meta = _meta(kw["seed"], kw["warmup_steps"], kw["warmup_lr"], kw["max_operand"], kw["num_layers"],
                  kw["hidden_size"], kw["batch_size"], kw["vocab_size"], kw["task"], kw["answer_noise"])
     return str(out) if _is_complete(out) and _read_meta(out) == meta else None
@@ -287,8 +305,9 @@ def built_quickstart_model(cache_dir: Union[str, os.PathLike], init: bool = Fals
 def resolve_model_path(path: str, cache_dir: Union[str, os.PathLike], **build_kwargs: Any) -> str:
     """``tiny://quickstart`` -> build or reuse the warmed-up model under
     ``cache_dir/tiny_quickstart_model`` and return that directory; ``tiny://quickstart-init`` -> the same model
-    with no warm-up (its initial weights) under ``cache_dir/tiny_quickstart_init``; any other string is
-    returned unchanged. ``build_kwargs`` go to :func:`build_quickstart_model` (e.g.
+    with no warm-up (its initial weights) under ``cache_dir/tiny_quickstart_init``; ``tiny://calc`` -> the same
+    architecture warmed up on the calculator tool task (rlhf.quickstart.calc) under ``cache_dir/tiny_calc_model``;
+    any other string is returned unchanged. ``build_kwargs`` go to :func:`build_quickstart_model` (e.g.
     ``warmup_steps``, ``warmup_lr``, ``max_operand``, ``seed``; ``warmup_steps`` is 0 for the init); ``None``
     values mean "the default", so config fields can be passed straight through.
 
@@ -298,10 +317,12 @@ def resolve_model_path(path: str, cache_dir: Union[str, os.PathLike], **build_kw
     if not isinstance(path, str) or not path.startswith("tiny://"):
         return path
     name = path.rstrip("/")
-    if name not in (QUICKSTART_SCHEME, QUICKSTART_INIT_SCHEME):
+    if name not in (QUICKSTART_SCHEME, QUICKSTART_INIT_SCHEME, CALC_SCHEME):
         raise ValueError(f"resolve_model_path: unknown tiny model {path!r}; the tiny models are "
-                         f"{QUICKSTART_SCHEME!r} and {QUICKSTART_INIT_SCHEME!r}.")
+                         f"{QUICKSTART_SCHEME!r}, {QUICKSTART_INIT_SCHEME!r} and {CALC_SCHEME!r}.")
     kwargs = {k: v for k, v in build_kwargs.items() if v is not None}
+    if name == CALC_SCHEME:
+        return build_quickstart_model(Path(cache_dir) / "tiny_calc_model", **{**_calc_kwargs(), **kwargs})
     if name == QUICKSTART_INIT_SCHEME:
         kwargs["warmup_steps"] = 0
         return build_quickstart_model(Path(cache_dir) / "tiny_quickstart_init", **kwargs)

@@ -10,6 +10,8 @@ anything that is not a quickstart URI unchanged, so no other module knows these 
 * ``data.*_files=embedded://arithmetic`` -> parquet files of the arithmetic task
   (:mod:`rlhf.quickstart.arithmetic`) under ``<trainer.default_local_dir>/data``, in the form the
   quickstart model was warmed up on;
+* ``model.path=tiny://calc`` / ``data.*_files=embedded://calc``: the same for the calculator tool task
+  (:mod:`rlhf.quickstart.calc`; the model under ``tiny_model/tiny_calc_model``, the data under ``data/calc``);
 * with ``algorithm.name=dpo``, ``embedded://preference`` (or ``embedded://arithmetic``) -> parquet
   files of preference pairs on that task.
 
@@ -77,15 +79,15 @@ def local_model_path(cfg, path: str | None = None) -> str | None:
     ``tiny://quickstart`` / ``tiny://quickstart-init`` when that model is built already; None otherwise (a hub name, a model to build)."""
     path = cfg.model.path if path is None else path
     if isinstance(path, str) and path.startswith(TINY_SCHEME):
-        if path.rstrip("/") not in (TINY_SCHEME + "quickstart", TINY_SCHEME + "quickstart-init"):
+        if path.rstrip("/") not in (TINY_SCHEME + "quickstart", TINY_SCHEME + "quickstart-init", TINY_SCHEME + "calc"):
             return None
-        from .model import QUICKSTART_INIT_SCHEME, built_quickstart_model
+        from .model import CALC_SCHEME, QUICKSTART_INIT_SCHEME, built_quickstart_model
 
         cache = os.path.join(cfg.trainer.default_local_dir, "tiny_model")
         if path.rstrip("/") == QUICKSTART_INIT_SCHEME:
             return built_quickstart_model(cache, init=True, max_operand=cfg.data.embedded_max_operand)
-        return built_quickstart_model(cache, warmup_steps=cfg.model.warmup_steps, warmup_lr=cfg.model.warmup_lr,
-                                      max_operand=cfg.data.embedded_max_operand)
+        return built_quickstart_model(cache, calc=path.rstrip("/") == CALC_SCHEME, warmup_steps=cfg.model.warmup_steps,
+                                      warmup_lr=cfg.model.warmup_lr, max_operand=cfg.data.embedded_max_operand)
     return path if isinstance(path, str) and os.path.isdir(path) else None
 
 
@@ -121,9 +123,19 @@ def resolve_data(cfg, split: str) -> Any:
 
             rows = make_synthetic_preference_dataset(n, seed=d.seed + (split != "train"), **task_kwargs)
             write_preference_parquet(rows, path)
+    elif files == "embedded://calc":  # the calculator tool task (rlhf.quickstart.calc), for tiny://calc
+        out = os.path.join(out, "calc")
+        path = os.path.join(out, "train.parquet" if split == "train" else "test.parquet")
+
+        def write():
+            from .calc import CALC_TASK, write_calc_parquet
+
+            write_calc_parquet(out, d.embedded_num_train, d.embedded_num_val, seed=d.seed,
+                               **quickstart_task_kwargs(d.embedded_max_operand, CALC_TASK))
     else:
         if files != "embedded://arithmetic":
-            raise ValueError(f"data files {files!r}: the embedded task is 'embedded://arithmetic'")
+            raise ValueError(f"data files {files!r}: the embedded tasks are 'embedded://arithmetic' and "
+                             f"'embedded://calc'")
         path = os.path.join(out, "train.parquet" if split == "train" else "test.parquet")
 
         def write():

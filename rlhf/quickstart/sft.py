@@ -49,11 +49,15 @@ def corrupt_answers(rows: Sequence[Dict[str, Any]], fraction: float, seed: int =
     return out
 
 
-def batch_tensors(examples: Sequence[Tuple[List[int], List[int]]], pad_id: int):
+def batch_tensors(examples: Sequence[Tuple[List[int], ...]], pad_id: int):
     """Right-padded ``input_ids``, ``attention_mask`` and ``labels`` [B, L] (-100 outside the response)
-    of ``(prompt_ids, response_ids)`` examples; L = the longest prompt + response."""
-    ids, mask = pad_sequences([p + r for p, r in examples], pad_id, side="right")
-    labels, _ = pad_sequences([[-100] * len(p) + r for p, r in examples], -100, side="right")
+    of ``(prompt_ids, response_ids)`` examples; L = the longest prompt + response.  An example
+    ``(prompt_ids, response_ids, loss_mask)`` (a multi-turn one) also has -100 where ``loss_mask`` is 0
+    (tool / user tokens)."""
+    ids, mask = pad_sequences([ex[0] + ex[1] for ex in examples], pad_id, side="right")
+    labels, _ = pad_sequences([[-100] * len(ex[0]) + ([t if m else -100 for t, m in zip(ex[1], ex[2])]
+                                                      if len(ex) > 2 else list(ex[1])) for ex in examples],
+                              -100, side="right")
     return ids, mask, labels
 
 

@@ -23,13 +23,21 @@ def _task_corpus() -> List[str]:
     return out
 
 
-def make_quickstart_tokenizer(vocab_size: int = QUICKSTART_VOCAB_SIZE):
+def make_quickstart_tokenizer(vocab_size: int = QUICKSTART_VOCAB_SIZE, calc: bool = False):
     """The quickstart tokenizer: :func:`rlhf.quickstart.tiny.make_tiny_tokenizer` (ChatML
     template, EOS ``<|im_end|>``, pad ``<|pad|>``) trained on the default corpus plus the
-    embedded task's sentences."""
+    embedded task's sentences.  ``calc`` (``tiny://calc``): also on the calculator task's calls and tool
+    messages (rlhf.quickstart.calc), with hermes' ``<tool_call>`` / ``</tool_call>`` added as tokens (not
+    special: decoding keeps them, as Qwen2.5's tokenizer does)."""
     from .tiny import DEFAULT_CORPUS, make_tiny_tokenizer
 
-    return make_tiny_tokenizer(vocab_size=vocab_size, corpus=list(DEFAULT_CORPUS) + _task_corpus())
+    if not calc:
+        return make_tiny_tokenizer(vocab_size=vocab_size, corpus=list(DEFAULT_CORPUS) + _task_corpus())
+    from .calc import TOOL_CALL_TOKENS, calc_corpus
+
+    tok = make_tiny_tokenizer(vocab_size=vocab_size, corpus=list(DEFAULT_CORPUS) + _task_corpus() + calc_corpus())
+    tok.add_tokens(list(TOOL_CALL_TOKENS))
+    return tok
 
 
 def prompt_ids(tokenizer: Any, prompt: Union[str, List[Dict[str, str]]]) -> List[int]:

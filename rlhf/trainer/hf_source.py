@@ -35,7 +35,8 @@ def _local_model_dir(ref: str, run_dir: str) -> Optional[str]:
     from rlhf.data.refs import cached_hub_file, parse_model_ref
 
     if ref.startswith("tiny://"):
-        path = os.path.join(run_dir, "tiny_model", "tiny_quickstart_model")
+        path = os.path.join(run_dir, "tiny_model",
+                            "tiny_calc_model" if ref.rstrip("/") == "tiny://calc" else "tiny_quickstart_model")
         return path if os.path.isfile(os.path.join(path, "config.json")) else None
     parsed = parse_model_ref(ref)
     if parsed.kind == "local":
