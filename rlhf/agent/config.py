@@ -16,7 +16,8 @@
           config: {}
 
 A class name that is not one of verl's mapped here is imported as ``module.Class`` (a user's own class with verl's
-interface); verl's classes not ported yet (SandboxFusionTool, SearchTool, ...) are refused by name.
+interface); verl's classes not ported (MCP tools, ...) are refused by name.  A tool class may check its ``config:``
+at ``--cfg`` with a classmethod ``config_problems(config) -> [message]``.
 """
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ TRUNCATE_SIDES = ("left", "middle", "right")
 VERL_FORMATS = {"hermes": "hermes", "gpt-oss": "gpt-oss", "llama3_json": "llama3", "qwen25": "qwen25"}
 
 #: verl's class names -> ours (module path, class); verl's classes absent here are refused with this note
-_TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlhf.agent.tools.Gsm8kTool"}
+_TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlhf.agent.tools.Gsm8kTool",
+          "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "rlhf.agent.sandbox_tool.SandboxFusionTool",
+          "verl.tools.search_tool.SearchTool": "rlhf.agent.search.SearchTool"}
 _INTERACTIONS = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "rlhf.agent.interactions.Gsm8kInteraction"}
 #: verl's other tool / interaction classes (verl/tools/*.py, verl/interactions/*.py): real names without a port, told
 #: apart from a misspelt name (an unknown class, with the nearest known name)
@@ -199,7 +202,9 @@ def config_problems(mt: Any, at: str = "rollout.multi_turn.") -> list[str]:
         if path:
             try:
                 for spec in load(path):
-                    resolve_class(spec.class_name, kind)
+                    cls = resolve_class(spec.class_name, kind)
+                    check = getattr(cls, "config_problems", None)
+                    out += [f"{at}{key}={path!r}: {p}." for p in (check(spec.config) if check else [])]
             except ValueError as e:
                 out.append(f"{at}{key}={path!r}: {e}.")
     return out

@@ -18,7 +18,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-__all__ = ["compute_score", "check_correctness", "code_reward_overrides", "VERL_SANDBOX_DATA_SOURCES"]
+__all__ = ["compute_score", "check_correctness", "run_single_case", "code_reward_overrides", "VERL_SANDBOX_DATA_SOURCES"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +160,14 @@ def _one_case(i: int, stdin_data: Any, expected: Any, url: str, generation: str,
                 compile_stderr=cr.get("stderr"))
     result, meta["status"] = _classify(resp, expected)
     return result, meta
+
+
+def run_single_case(url: str, code: str, timeout: float, memory_limit_mb: int = 1024,
+                    language: str = "python") -> Tuple[Any, dict]:
+    """verl's ``_process_single_case(0, None, None, url, code, timeout, memory_limit_mb, language)`` (how verl's
+    SandboxFusionTool runs a call): (result, metadata with ``run_status``, ``stdout``, ``stderr``,
+    ``api_request_error``).  Never raises for a failed request: it is in ``api_request_error``."""
+    return _one_case(0, None, None, url, code, timeout, memory_limit_mb, language, None, None)
 
 
 def check_correctness(url: str, in_outs: Optional[dict], generation: str, timeout: float = 10,
