@@ -53,7 +53,10 @@ setup(
         # the tests read wandb (offline) and mlflow (local file store) runs back: ~25 MB of wheels, <1 min
         # benchmarks/vs_trl.py: the same GRPO run through Hugging Face TRL's GRPOTrainer
         "bench": ["trl==1.16.0"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "wandb>=0.19", "mlflow-skinny>=2.16"],
+        # the search tool's local BM25 retrieval (rlhf/agent/search.py: retrieval_service_url: local, rlhf
+        # retrieval serve); numpy + scipy only
+        "agent": ["bm25s==0.3.16"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "wandb>=0.19", "mlflow-skinny>=2.16", "bm25s==0.3.16"],
     },
     entry_points={"console_scripts": ["rlhf=rlhf.cli:main"]},
 )

@@ -5,6 +5,7 @@
     rlhf launch ... --slurm          # print the sbatch command of the algorithm's GPU recipe instead
     rlhf launch ... --dry_run        # print the torchrun command without running it
     rlhf sandbox serve --host 127.0.0.1 --port 8080   # a local SandboxFusion-compatible code sandbox
+    rlhf retrieval serve --corpus corpus.jsonl --port 8000   # BM25 behind verl's search tool's /retrieve
     rlhf launch --algorithm ppo --model_name_or_path M --reward_model_name_or_path R --dataset_name D \\
         --per_device_train_batch_size 4 --gradient_accumulation_steps 8 --num_rollout_samples 128 \\
         --output_dir O --logging_steps 10 --save_steps 100          # the trl-style flags
@@ -80,6 +81,11 @@ def _parser() -> argparse.ArgumentParser:
     from rlhf.sandbox.server import add_serve_args
 
     add_serve_args(sb.add_parser("serve", help="serve POST /run_code until interrupted (rlhf/sandbox/)"))
+    rt = sub.add_parser("retrieval", help="local BM25 retrieval (verl's search tool's /retrieve)").add_subparsers(
+        dest="retrieval_command", required=True)
+    from rlhf.agent.search import add_serve_args as add_retrieval_args
+
+    add_retrieval_args(rt.add_parser("serve", help="serve POST /retrieve until interrupted (rlhf/agent/search.py)"))
     return p
 
 
@@ -210,6 +216,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return serve_from_args(args)
+    if args.command == "retrieval":
+        from rlhf.agent.search import serve_from_args as serve_retrieval
+
+        return serve_retrieval(args)
     try:
         cmd, env = launch_commands(args)
     except (ConfigError, ValueError, TypeError) as e:
