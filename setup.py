@@ -38,7 +38,7 @@ setup(
     packages=find_namespace_packages(include=["rlhf", "rlhf.*", "parallel", "parallel.*", "recipes", "recipes.*"]),
     package_data={"rlhf": ["config/**/*.yaml", "rollout/sglang_cpu/standin/**/*.py"], "": ["*.yaml"],
                   # each recipe's config and launch scripts (recipe=NAME finds them in an installed package too)
-                  "recipes": ["*/*.yaml", "*/*.sh", "*/*.sbatch", "*/*.py", "*/*.md", "*.md"]},
+                  "recipes": ["*/*.yaml", "*/tool_config/*.yaml", "*/*.sh", "*/*.sbatch", "*/*.py", "*/*.md", "*.md"]},
     include_package_data=True,
     install_requires=INSTALL_REQUIRES,
     extras_require={

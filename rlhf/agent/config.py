@@ -29,7 +29,7 @@ from typing import Any, Optional
 import yaml
 
 __all__ = ["MultiTurnSettings", "ToolSpec", "InteractionSpec", "load_tool_specs", "load_interaction_specs",
-           "resolve_class", "config_problems", "TRUNCATE_SIDES", "VERL_FORMATS"]
+           "resolve_class", "config_problems", "resolve_config_file", "TRUNCATE_SIDES", "VERL_FORMATS"]
 
 TRUNCATE_SIDES = ("left", "middle", "right")
 #: verl's ``multi_turn.format`` names -> SGLang's FunctionCallParser names (others are passed through)
@@ -136,10 +136,22 @@ def resolve_class(class_name: str, kind: str) -> type:
                          f"module") from e
 
 
-def _load(path: str, key: str) -> list:
+def resolve_config_file(path: str) -> Path:
+    """``path`` as given, else (relative and absent from the CWD) under the repository root, as data files are
+    found (rlhf.data.files), so a recipe's ``recipes/<name>/tool_config.yaml`` works from any CWD."""
     p = Path(path).expanduser()
+    if not p.is_file() and not p.is_absolute():
+        q = Path(__file__).resolve().parents[2] / p
+        if q.is_file():
+            return q
+    return p
+
+
+def _load(path: str, key: str) -> list:
+    p = resolve_config_file(path)
     if not p.is_file():
-        raise ValueError(f"{path!r} is not a file (relative paths are read from {Path.cwd()})")
+        raise ValueError(f"{path!r} is not a file (relative paths are read from {Path.cwd()} and the repository "
+                         f"root {Path(__file__).resolve().parents[2]})")
     data = yaml.safe_load(p.read_text()) or {}
     items = data.get(key) if isinstance(data, dict) else None
     if not isinstance(items, list):

@@ -46,6 +46,7 @@ def test_wheel_has_parallel_and_every_recipe(tmp_path):
     zipfile.ZipFile(wheel).extractall(target)
     names = zipfile.ZipFile(wheel).namelist()
     assert any(n.startswith("parallel/") for n in names) and any(n.startswith("recipes/_base/") for n in names)
+    assert "recipes/gsm8k_multiturn_qwen2_5_3b/tool_config/gsm8k_tool_config.yaml" in names  # a recipe's tool config
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", PROBE, str(target)], cwd=str(tmp_path), capture_output=True,
                        text=True, timeout=300, env=env)

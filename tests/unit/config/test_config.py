@@ -218,7 +218,7 @@ CHANGED_DEFAULTS = {
 #: recipes captured after ADDED_KEYS were added (their fixtures already hold those keys)
 CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu", "sapo_tiny_cpu", "gpg_tiny_cpu", "gmpo_tiny_cpu",
                   "clip_cov_tiny_cpu", "kl_cov_tiny_cpu", "remax_tiny_cpu", "opo_tiny_cpu", "grpo_passk_tiny_cpu",
-                  "gpu_smoke", "opd_tiny_cpu", "calc_tool_tiny_cpu"}
+                  "gpu_smoke", "opd_tiny_cpu", "calc_tool_tiny_cpu", "gsm8k_multiturn_qwen2_5_3b"}
 
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))

@@ -18,6 +18,9 @@ STATED = re.compile(r"Stated GPUs: (\d+) x (\d+) GiB")
 #: a Qwen3-30B-A3B-shaped config.json (the public config's shape, no weights) and the layout its README plan uses
 QWEN3_30B_A3B = json.load(open(os.path.join(ROOT, "tests", "support", "fixtures", "qwen3_30b_a3b", "config.json")))
 MOE_LAYOUT = ["parallel.expert_model_parallel_size=8"]
+#: GPU recipe -> the config.json its README's plan reads (Qwen2-7B's unless named here)
+QWEN2_5_3B = json.load(open(os.path.join(ROOT, "tests", "support", "fixtures", "qwen2_5_3b", "config.json")))
+HF_CONFIGS = {"gsm8k_multiturn_qwen2_5_3b": QWEN2_5_3B}
 
 
 def offload_overrides(cfg) -> list[str]:
@@ -123,9 +126,10 @@ def test_every_gpu_recipe_fits_its_stated_gpus_and_its_readme_shows_the_plan(com
         m = STATED.search(text)
         assert m, f"{path}: no 'Stated GPUs: N x G GiB' line"
         gpus, gib = int(m.group(1)), int(m.group(2))
-        plan = plan_from_config(composed[r], QWEN2_7B, world_size=gpus, gpu_memory_gib=gib)
+        hf = HF_CONFIGS.get(r, QWEN2_7B)
+        plan = plan_from_config(composed[r], hf, world_size=gpus, gpu_memory_gib=gib)
         assert plan.fits, f"{r} on {gpus} x {gib} GiB:\n" + "\n".join(plan.knobs())
-        code, table = plan_memory_report(composed[r], gib, hf_config=QWEN2_7B, world_size=gpus)
+        code, table = plan_memory_report(composed[r], gib, hf_config=hf, world_size=gpus)
         assert code == 0 and table in text, f"{path}: the plan block is stale; regenerate it:\n{table}"
         assert plan.peak.peak < (gib - 5) * GiB  # 5 GiB of headroom for what the plan does not model
 
@@ -142,11 +146,11 @@ def test_readmes_show_what_offload_buys(composed):
         text = open(os.path.join(ROOT, "recipes", r, "README.md"), encoding="utf-8").read()
         over = offload_overrides(composed[r])
         assert f"recipe={r} trainer.n_gpus_per_node=8 {' '.join(over)} --plan-memory=80" in text, r
-        off = compose_config(over, recipe=r)
-        code, table = plan_memory_report(off, 80, hf_config=QWEN2_7B, world_size=8)
+        off, hf = compose_config(over, recipe=r), HF_CONFIGS.get(r, QWEN2_7B)
+        code, table = plan_memory_report(off, 80, hf_config=hf, world_size=8)
         assert code == 0 and table in text, f"{r}: the offload plan block is stale; regenerate it:\n{table}"
-        plain = plan_from_config(composed[r], QWEN2_7B, world_size=8, gpu_memory_gib=80)
-        lean = plan_from_config(off, QWEN2_7B, world_size=8, gpu_memory_gib=80)
+        plain = plan_from_config(composed[r], hf, world_size=8, gpu_memory_gib=80)
+        lean = plan_from_config(off, hf, world_size=8, gpu_memory_gib=80)
         if plain.engine_free_at_start:  # (DPO has no engine)
             assert lean.engine_free_at_start > plain.engine_free_at_start and lean.kv_cache_bytes > plain.kv_cache_bytes
             assert not [i for i in lean.phase("generate").items if i.name.startswith(("actor", "critic", "reference"))]
