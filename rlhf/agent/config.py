@@ -16,7 +16,8 @@
           config: {}
 
 A class name that is not one of verl's mapped here is imported as ``module.Class`` (a user's own class with verl's
-interface); verl's classes not ported (MCP tools, ...) are refused by name.  A tool class may check its ``config:``
+interface); verl's classes not ported (Geo3kTool, ...) are refused by name, and MCP tools with the reason
+(:data:`MCP_REFUSAL`).  A tool class may check its ``config:``
 at ``--cfg`` with a classmethod ``config_problems(config) -> [message]``.
 """
 from __future__ import annotations
@@ -159,10 +160,22 @@ def _load(path: str, key: str) -> list:
     return items
 
 
+#: why verl's MCP tools (config ``type: mcp``) are refused
+MCP_REFUSAL = ("verl's MCP tools (type: mcp, e.g. verl.tools.mcp_search_tool.MCPSearchTool) are not supported: "
+               "they take their schemas from MCP servers at run time (mcp.mcp_servers_config_path, remote SSE "
+               "servers such as Tavily's, with auth tokens), which the trainer does not connect to. Use "
+               "verl.tools.search_tool.SearchTool with retrieval_service_url: local and a corpus_path (local BM25), "
+               "or give a class of your own (module.Class with verl's BaseTool interface) that calls your server")
+
+
 def load_tool_specs(path: str) -> list[ToolSpec]:
-    """The tools of verl's tool config file ``path``.  Raises ValueError naming the file and the bad entry."""
+    """The tools of verl's tool config file ``path``.  Raises ValueError naming the file and the bad entry (an
+    MCP tool: :data:`MCP_REFUSAL`)."""
     out = []
     for i, item in enumerate(_load(path, "tools")):
+        if isinstance(item, dict) and ((item.get("config") or {}).get("type") == "mcp" or "mcp" in item or
+                                       ".mcp_" in str(item.get("class_name", ""))):
+            raise ValueError(f"{path!r}: tools[{i}] ({item.get('class_name')}): {MCP_REFUSAL}")
         schema = item.get("tool_schema") if isinstance(item, dict) else None
         if not isinstance(schema, dict) or not isinstance(schema.get("function"), dict) or \
                 not schema["function"].get("name") or "class_name" not in item:
