@@ -204,3 +204,10 @@ def test_verls_mcp_tool_config_is_refused_at_cfg_with_the_reason(tmp_path, capsy
     assert code == 2, err
     assert "tools[0] (verl.tools.mcp_search_tool.MCPSearchTool): verl's MCP tools (type: mcp" in err
     assert "which the trainer does not connect to" in err and "retrieval_service_url: local" in err
+
+
+def test_retrieval_serve_refuses_a_bad_corpus(tmp_path, capsys):
+    from rlhf.cli import main
+
+    assert main(["retrieval", "serve", "--corpus", str(tmp_path / "missing.jsonl")]) == 2
+    assert "missing.jsonl' is not a file" in capsys.readouterr().err

@@ -334,18 +334,18 @@ def test_verl_multiturn_gsm8k_example_with_its_config_folder(tmp_path, paths, mo
 
 
 def test_multi_turn_bad_settings_are_refused_at_cfg(tmp_path, paths):
-    """A verl tool class not ported (SandboxFusionTool), an unknown tool-call format and a missing interaction file
+    """A verl tool class not ported (Geo3kTool), an unknown tool-call format and a missing interaction file
     are named in one error at --cfg, each with the fix."""
     tools = tmp_path / "tools.yaml"
-    tools.write_text("tools:\n  - class_name: verl.tools.sandbox_fusion_tools.SandboxFusionTool\n    config: {}\n"
-                     "    tool_schema: {type: function, function: {name: code_interpreter}}\n")
+    tools.write_text("tools:\n  - class_name: verl.tools.geo3k_tool.Geo3kTool\n    config: {}\n"
+                     "    tool_schema: {type: function, function: {name: calc_geo3k_reward}}\n")
     code, _, err = run_cfg(["--cfg", *_base(paths), "actor_rollout_ref.rollout.multi_turn.enable=True",
                             f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
                             "actor_rollout_ref.rollout.multi_turn.format=nonesuch",
                             f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={tmp_path / 'none.yaml'}"])
     assert code == 2
     lines = problems(err)
-    assert any("'verl.tools.sandbox_fusion_tools.SandboxFusionTool' is verl's and has no port here" in p
+    assert any("'verl.tools.geo3k_tool.Geo3kTool' is verl's and has no port here" in p
                for p in lines), err
     assert any("format='nonesuch' is not a tool-call format of SGLang's FunctionCallParser" in p for p in lines), err
     assert any("none.yaml' is not a file" in p for p in lines), err
