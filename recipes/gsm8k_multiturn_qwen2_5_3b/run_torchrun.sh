@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gsm8k_multiturn_qwen2_5_3b: multi-turn GRPO with the GSM8K tool, Qwen2.5-3B-Instruct, 8 GPUs (TP2 x DP4), 8 SGLang engines.
+# gsm8k_multiturn_qwen2_5_3b: multi-turn GRPO with the GSM8K tool, Qwen2.5-3B-Instruct, 8 GPUs (TP2 x DP4), 8 engines.
 #
 # One machine, 8 GPUs: torchrun starts the ranks, each running `python -m rlhf.main recipe=gsm8k_multiturn_qwen2_5_3b`
 # (shared body: recipes/_launch/torchrun.sh).  Extra arguments are config overrides (key=value), e.g.
