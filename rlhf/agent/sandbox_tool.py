@@ -18,7 +18,8 @@ Answers, as verl's ``execute_code``: a run that finished (any return code) -> ``
 not (time limit, runtime error status) -> ``"no stdout here"``.  Differences from verl, each safer: an unset URL
 starts the local sandbox instead of raising; a call's ``timeout`` is capped at ``default_timeout`` (verl takes any
 value the model writes); a sandbox that cannot be reached raises (the agent loop turns it into the model's
-"Error when executing tool" message and ``tool_calls/exceptions``) where verl answers an empty message.
+"Error when executing tool" message and ``tool_calls/exceptions``) where verl answers an empty message, and so
+does a SandboxError answer (e.g. a language the local sandbox does not run), where verl answers "no stdout here".
 """
 from __future__ import annotations
 
@@ -127,6 +128,9 @@ class SandboxFusionTool(BaseTool):
         if meta.get("api_request_error"):
             raise RuntimeError(f"the sandbox at {self.sandbox_fusion_url} did not run the code: "
                                f"{meta['api_request_error']}")
+        if meta.get("api_status") == "SandboxError":  # the sandbox failed, not the code (verl: "no stdout here")
+            raise RuntimeError(f"the sandbox at {self.sandbox_fusion_url} could not run the code: "
+                               f"{(meta.get('api_response') or {}).get('message')}")
         status = meta.get("run_status")
         if status == "Finished":
             text = (meta.get("stdout") or "") + (meta.get("stderr") or "")

@@ -70,11 +70,12 @@ def tools(tool_config):
     return build_tools(load_tool_specs(tool_config))
 
 
-def _run(tok, tools, code: str, **kw):
+def _run(tok, tools, code: str, limit: int = 2000, **kw):
     """One trajectory whose first turn calls code_interpreter with ``code``; the tool message's text and metrics."""
     call = tool_call("code_interpreter", json.dumps({"code": code, **kw}))
     fleet = ScriptedFleet(tok, lambda turn, p: call if turn == 0 else "done")
-    agent = AgentLoop(MultiTurnSettings(enable=True, max_tool_response_length=2000), tok, 2000, tools=tools)
+    agent = AgentLoop(MultiTurnSettings(enable=True, max_tool_response_length=limit, tool_response_truncate_side="left"),
+                      tok, 2000, tools=tools)
     [s], m = agent.run(fleet.generate, [{"raw_prompt": "Compute.", "extra_info": {}}],
                        SamplingConfig(max_new_tokens=1))
     a, b = s.extra["model_spans"][0][1], s.extra["model_spans"][1][0]
@@ -104,6 +105,15 @@ def test_stderr_follows_stdout_and_a_timeout_is_verls_message(tok, tools):
     # a call's timeout above default_timeout (3 s) is capped; the endless loop is killed at 1 s
     text, m = _run(tok, tools, "while True:\n    pass", timeout=1)
     assert text == NO_STDOUT and m["tool_calls/latency_s/max"] < 2.9
+
+
+def test_huge_output_is_cut_and_a_bad_language_is_a_message(tok, tools):
+    text, m = _run(tok, tools, "print('ab' * 500000)", limit=30)
+    assert text == "ab" * 15 + "...(truncated)" and m["tool_calls/truncated_responses"] == 1
+    text, m = _run(tok, tools, "class A {}", language="java")  # a SandboxFusion language this sandbox does not run
+    assert text.startswith("Error when executing tool: RuntimeError: the sandbox at ") and "could not run the code: " \
+        "language 'java' is not supported by the local sandbox" in text, text
+    assert m["tool_calls/exceptions"] == 1
 
 
 def test_unreachable_sandbox_is_a_message_and_a_counter(tok):
