@@ -54,9 +54,11 @@ setup(
         # benchmarks/vs_trl.py: the same GRPO run through Hugging Face TRL's GRPOTrainer
         "bench": ["trl==1.16.0"],
         # the search tool's local BM25 retrieval (rlhf/agent/search.py: retrieval_service_url: local, rlhf
-        # retrieval serve); numpy + scipy only
-        "agent": ["bm25s==0.3.16"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "wandb>=0.19", "mlflow-skinny>=2.16", "bm25s==0.3.16"],
+        # retrieval serve; numpy + scipy only) and verl's MCP tools over local stdio servers (rlhf/agent/mcp_tool.py;
+        # the MCP Python SDK, 4 small wheels beside what sglang brings)
+        "agent": ["bm25s==0.3.16", "mcp==2.3.0"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "wandb>=0.19", "mlflow-skinny>=2.16", "bm25s==0.3.16",
+                 "mcp==2.3.0"],
     },
     entry_points={"console_scripts": ["rlhf=rlhf.cli:main"]},
 )

@@ -2,7 +2,8 @@
 rollout engines (:mod:`rlhf.agent.loop`), verl's tool and interaction config files and classes
 (:mod:`rlhf.agent.config`, :mod:`rlhf.agent.tools`, :mod:`rlhf.agent.interactions`), verl's SandboxFusionTool on
 the local code sandbox (:mod:`rlhf.agent.sandbox_tool`) and SearchTool on a local BM25 retrieval
-(:mod:`rlhf.agent.search`, also ``rlhf retrieval serve``), tool-call parsing with SGLang's
+(:mod:`rlhf.agent.search`, also ``rlhf retrieval serve``), verl's MCP tools on local stdio MCP servers
+(:mod:`rlhf.agent.mcp_tool`), tool-call parsing with SGLang's
 FunctionCallParser (:mod:`rlhf.agent.parsing`) and the chat template's incremental rendering
 (:mod:`rlhf.agent.render`).
 

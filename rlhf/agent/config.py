@@ -16,8 +16,8 @@
           config: {}
 
 A class name that is not one of verl's mapped here is imported as ``module.Class`` (a user's own class with verl's
-interface); verl's classes not ported (Geo3kTool, ...) are refused by name, and MCP tools with the reason
-(:data:`MCP_REFUSAL`).  A tool class may check its ``config:``
+interface); verl's classes not ported (Geo3kTool, ...) are refused by name.  MCP entries (``config.type: mcp``,
+verl's MCPBaseTool / MCPSearchTool) take their tools from local MCP servers (rlhf.agent.mcp_tool).  A tool class may check its ``config:``
 at ``--cfg`` with a classmethod ``config_problems(config) -> [message]``.
 """
 from __future__ import annotations
@@ -39,7 +39,9 @@ VERL_FORMATS = {"hermes": "hermes", "gpt-oss": "gpt-oss", "llama3_json": "llama3
 #: verl's class names -> ours (module path, class); verl's classes absent here are refused with this note
 _TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlhf.agent.tools.Gsm8kTool",
           "verl.tools.sandbox_fusion_tools.SandboxFusionTool": "rlhf.agent.sandbox_tool.SandboxFusionTool",
-          "verl.tools.search_tool.SearchTool": "rlhf.agent.search.SearchTool"}
+          "verl.tools.search_tool.SearchTool": "rlhf.agent.search.SearchTool",
+          "verl.tools.mcp_base_tool.MCPBaseTool": "rlhf.agent.mcp_tool.MCPTool",
+          "verl.tools.mcp_search_tool.MCPSearchTool": "rlhf.agent.mcp_tool.MCPTool"}
 _INTERACTIONS = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "rlhf.agent.interactions.Gsm8kInteraction"}
 #: verl's other tool / interaction classes (verl/tools/*.py, verl/interactions/*.py): real names without a port, told
 #: apart from a misspelt name (an unknown class, with the nearest known name)
@@ -94,11 +96,12 @@ class MultiTurnSettings:
 class ToolSpec:
     class_name: str
     config: dict
-    tool_schema: dict
+    tool_schema: Optional[dict]
+    mcp: Optional[dict] = None  # an MCP entry (its whole item): its tools come from its servers
 
     @property
-    def name(self) -> str:
-        return self.tool_schema["function"]["name"]
+    def name(self) -> Optional[str]:
+        return None if self.tool_schema is None else self.tool_schema["function"]["name"]
 
 
 @dataclass
@@ -160,28 +163,20 @@ def _load(path: str, key: str) -> list:
     return items
 
 
-#: why verl's MCP tools (config ``type: mcp``) are refused
-MCP_REFUSAL = ("verl's MCP tools (type: mcp, e.g. verl.tools.mcp_search_tool.MCPSearchTool) are not supported: "
-               "they take their schemas from MCP servers at run time (mcp.mcp_servers_config_path, remote SSE "
-               "servers such as Tavily's, with auth tokens), which the trainer does not connect to. Use "
-               "verl.tools.search_tool.SearchTool with retrieval_service_url: local and a corpus_path (local BM25), "
-               "or give a class of your own (module.Class with verl's BaseTool interface) that calls your server")
-
-
 def load_tool_specs(path: str) -> list[ToolSpec]:
-    """The tools of verl's tool config file ``path``.  Raises ValueError naming the file and the bad entry (an
-    MCP tool: :data:`MCP_REFUSAL`)."""
+    """The tools of verl's tool config file ``path``; an MCP entry (``config.type: mcp``) is one spec whose tools
+    come from its servers when built (rlhf.agent.mcp_tool).  Raises ValueError naming the file and the bad entry."""
     out = []
     for i, item in enumerate(_load(path, "tools")):
-        if isinstance(item, dict) and ((item.get("config") or {}).get("type") == "mcp" or "mcp" in item or
-                                       ".mcp_" in str(item.get("class_name", ""))):
-            raise ValueError(f"{path!r}: tools[{i}] ({item.get('class_name')}): {MCP_REFUSAL}")
+        if isinstance(item, dict) and "class_name" in item and (item.get("config") or {}).get("type") == "mcp":
+            out.append(ToolSpec(str(item["class_name"]), dict(item.get("config") or {}), None, dict(item)))
+            continue
         schema = item.get("tool_schema") if isinstance(item, dict) else None
         if not isinstance(schema, dict) or not isinstance(schema.get("function"), dict) or \
                 not schema["function"].get("name") or "class_name" not in item:
             raise ValueError(f"{path!r}: tools[{i}] needs class_name and tool_schema.function.name (verl's layout)")
         out.append(ToolSpec(str(item["class_name"]), dict(item.get("config") or {}), schema))
-    names = [s.name for s in out]
+    names = [s.name for s in out if s.mcp is None]
     if len(set(names)) != len(names):
         raise ValueError(f"{path!r}: tool names repeat: {names}")
     return out
@@ -228,8 +223,14 @@ def config_problems(mt: Any, at: str = "rollout.multi_turn.") -> list[str]:
             try:
                 for spec in load(path):
                     cls = resolve_class(spec.class_name, kind)
-                    check = getattr(cls, "config_problems", None)
-                    out += [f"{at}{key}={path!r}: {p}." for p in (check(spec.config) if check else [])]
+                    if getattr(spec, "mcp", None) is not None:
+                        from rlhf.agent.mcp_tool import mcp_config_problems
+
+                        problems = mcp_config_problems(spec.mcp)
+                    else:
+                        check = getattr(cls, "config_problems", None)
+                        problems = check(spec.config) if check else []
+                    out += [f"{at}{key}={path!r}: {p}." for p in problems]
             except ValueError as e:
                 out.append(f"{at}{key}={path!r}: {e}.")
     return out

@@ -82,4 +82,16 @@ class Gsm8kTool(BaseTool):
 
 def build_tools(specs: list[ToolSpec]) -> dict[str, BaseTool]:
     """``{function name: tool}`` of the config file's tools (verl's class names mapped: rlhf.agent.config)."""
-    return {s.name: resolve_class(s.class_name, "tool")(s.config, s.tool_schema) for s in specs}
+    out: dict[str, BaseTool] = {}
+    for s in specs:
+        if s.mcp is not None:  # verl's MCP entry: the tools its servers offer
+            from rlhf.agent.mcp_tool import mcp_tools
+
+            new = mcp_tools(s.mcp)
+        else:
+            new = {s.name: resolve_class(s.class_name, "tool")(s.config, s.tool_schema)}
+        clash = sorted(set(new) & set(out))
+        if clash:
+            raise ValueError(f"tool names repeat: {clash}")
+        out.update(new)
+    return out

@@ -175,37 +175,6 @@ def test_bad_corpus_line_is_named(tmp_path):
         BM25Index(str(path))
 
 
-#: verl's examples/sglang_multiturn/config/tool_config/mcp_tool_config.yaml, verbatim
-VERL_MCP_CONFIG = """\
-tools:
-  - class_name: verl.tools.mcp_search_tool.MCPSearchTool
-    config:
-      rate_limit: 120
-      timeout: 120
-      type: mcp
-    mcp:
-      mcp_servers_config_path: ./mcp_server.json
-      # optional
-      tool_selected_list: 
-        - tavily_search_tool
-"""
-
-
-def test_verls_mcp_tool_config_is_refused_at_cfg_with_the_reason(tmp_path, capsys, monkeypatch):
-    from rlhf.main import main
-
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(k, raising=False)
-    path = tmp_path / "mcp_tool_config.yaml"
-    path.write_text(VERL_MCP_CONFIG)
-    code = main(["recipe=quickstart", "actor_rollout_ref.rollout.multi_turn.enable=true",
-                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={path}", "--cfg", "job"])
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert "tools[0] (verl.tools.mcp_search_tool.MCPSearchTool): verl's MCP tools (type: mcp" in err
-    assert "which the trainer does not connect to" in err and "retrieval_service_url: local" in err
-
-
 def test_retrieval_serve_refuses_a_bad_corpus(tmp_path, capsys):
     from rlhf.cli import main
 
