@@ -5,7 +5,8 @@ verl's search tool config (examples/sglang_multiturn/config/tool_config/search_t
 
     config:
       retrieval_service_url: local                # in this process: BM25 (bm25s) over corpus_path
-      corpus_path: data/corpus.jsonl              # one {"id": ..., "contents": "\"Title\"\\nText"} a line (search-R1)
+      corpus_path: data/corpus.jsonl              # one {"id": ..., "contents": "\"Title\"\\nText"} a line (search-R1);
+                                                  # relative: from the CWD, else the repository root
       topk: 3
       timeout: 30
       bm25_k1: 0.9                                # Lucene's BM25 parameters; defaults: pyserini's (verl's BM25
@@ -30,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
+from rlhf.agent.config import resolve_config_file
 from rlhf.agent.tools import BaseTool, ToolResponse
 
 __all__ = ["BM25Index", "SearchTool", "bm25_index", "format_results", "LOCAL"]
@@ -145,8 +147,8 @@ class SearchTool(BaseTool):
         self.topk, self.timeout = int(c.get("topk", 3)), float(c.get("timeout", 30))
         self._workers = threading.BoundedSemaphore(int(c.get("num_workers", 120)))
         self._instances: dict[str, dict] = {}
-        self.index = bm25_index(c["corpus_path"], float(c.get("bm25_k1", 0.9)), float(c.get("bm25_b", 0.4))) \
-            if self.retrieval_service_url == LOCAL else None
+        self.index = bm25_index(str(resolve_config_file(str(c["corpus_path"]))), float(c.get("bm25_k1", 0.9)),
+                                float(c.get("bm25_b", 0.4))) if self.retrieval_service_url == LOCAL else None
 
     @classmethod
     def config_problems(cls, config: dict) -> list[str]:
@@ -155,7 +157,7 @@ class SearchTool(BaseTool):
         url = config.get("retrieval_service_url")
         if url == LOCAL:
             corpus = config.get("corpus_path")
-            if not corpus or not Path(str(corpus)).expanduser().is_file():
+            if not corpus or not resolve_config_file(str(corpus)).is_file():
                 out.append(f"SearchTool config retrieval_service_url=local needs corpus_path, a jsonl file of "
                            f"{{id, contents}} (got corpus_path={corpus!r}; relative paths are read from {Path.cwd()})")
             try:
