@@ -45,9 +45,7 @@ _TOOLS = {"verl.tools.gsm8k_tool.Gsm8kTool": "rlhf.agent.tools.Gsm8kTool",
 _INTERACTIONS = {"verl.interactions.gsm8k_interaction.Gsm8kInteraction": "rlhf.agent.interactions.Gsm8kInteraction"}
 #: verl's other tool / interaction classes (verl/tools/*.py, verl/interactions/*.py): real names without a port, told
 #: apart from a misspelt name (an unknown class, with the nearest known name)
-_VERL_ONLY = {"tool": [f"verl.tools.{m}" for m in (
-    "geo3k_tool.Geo3kTool", "image_zoom_in_tool.ImageZoomInTool", "mcp_base_tool.MCPBaseTool",
-    "mcp_search_tool.MCPSearchTool", "sandbox_fusion_tools.SandboxFusionTool", "search_tool.SearchTool")],
+_VERL_ONLY = {"tool": [f"verl.tools.{m}" for m in ("geo3k_tool.Geo3kTool", "image_zoom_in_tool.ImageZoomInTool")],
     "interaction": ["verl.interactions.weather_interaction.WeatherInteraction"]}
 
 

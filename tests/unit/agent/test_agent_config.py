@@ -4,6 +4,9 @@ tests/unit/config/test_verl_megatron.py::test_misspelt_tool_class_is_named_at_cf
 import pytest
 
 from rlhf.agent.config import resolve_class
+from rlhf.agent.mcp_tool import MCPTool
+from rlhf.agent.sandbox_tool import SandboxFusionTool
+from rlhf.agent.search import SearchTool
 from rlhf.agent.tools import Gsm8kTool
 
 
@@ -22,8 +25,11 @@ def test_misspelt_tool_class_is_unknown_with_the_nearest_name(typed, nearest):
 
 def test_real_names_resolve_or_say_they_have_no_port():
     assert resolve_class("verl.tools.gsm8k_tool.Gsm8kTool", "tool") is Gsm8kTool
-    with pytest.raises(ValueError, match="'verl.tools.search_tool.SearchTool' is verl's and has no port here"):
-        resolve_class("verl.tools.search_tool.SearchTool", "tool")
+    assert resolve_class("verl.tools.search_tool.SearchTool", "tool") is SearchTool
+    assert resolve_class("verl.tools.sandbox_fusion_tools.SandboxFusionTool", "tool") is SandboxFusionTool
+    assert resolve_class("verl.tools.mcp_search_tool.MCPSearchTool", "tool") is MCPTool
+    with pytest.raises(ValueError, match="'verl.tools.geo3k_tool.Geo3kTool' is verl's and has no port here"):
+        resolve_class("verl.tools.geo3k_tool.Geo3kTool", "tool")
     with pytest.raises(ValueError, match="unknown interaction class 'verl.interactions.gsm8k_interaction.Gsm8k"
                        "Interacton': not one of verl's; did you mean 'verl.interactions.gsm8k_interaction."
                        "Gsm8kInteraction'"):
