@@ -36,7 +36,7 @@ CALC_MAX_OPERAND = 99
 #: vocabulary (the calls' JSON and the tool's error message merge into fewer tokens)
 CALC_BUILD: Dict[str, Any] = {"task": CALC_TASK, "vocab_size": 480}
 CALC_TOOL_NAME = "calc"
-#: the OpenAI function schema of the calculator (as in recipes/calc_tool_tiny_cpu/calc_tool_config.yaml)
+#: the OpenAI function schema of the calculator (as in recipes/calc_tool_tiny_cpu/tool_config/calc_tool_config.yaml)
 CALC_TOOL_SCHEMA: Dict[str, Any] = {
     "type": "function",
     "function": {"name": CALC_TOOL_NAME,

@@ -25,7 +25,7 @@ RECIPES = {
                                                   "grpo_passk", "opd")},
     "gsm8k_ppo_qwen2_7b": (8, "gpu"), "grpo_qwen2_7b": (8, "gpu"),
     "dapo_qwen2_7b": (8, "gpu"), "dpo_qwen2_7b": (8, "gpu"), "gpu_smoke": (1, "gpu"),
-    "gsm8k_multiturn_qwen2_5_3b": (8, "gpu"),
+    "gsm8k_multiturn_qwen2_5_3b": (8, "gpu"), "calc_tool_tiny_cpu": (1, "cpu"),
 }
 SCRIPTS = sorted((REPO / "recipes").glob("*/run_*"))
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "NPROC", "OMP_NUM_THREADS",

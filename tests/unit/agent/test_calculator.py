@@ -18,7 +18,7 @@ from rlhf.rollout.sampling import SamplingConfig
 from rlhf.rollout.types import RolloutSample
 from tests.support.paths import REPO
 
-RECIPE_TOOLS = REPO / "recipes" / "calc_tool_tiny_cpu" / "calc_tool_config.yaml"
+RECIPE_TOOLS = REPO / "recipes" / "calc_tool_tiny_cpu" / "tool_config" / "calc_tool_config.yaml"
 
 
 @pytest.mark.parametrize("expr, value", [("37*48", 1776), ("7/2", 3.5), ("2**10", 1024), ("-(3+4)*2", -14),
