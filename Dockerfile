@@ -1,4 +1,4 @@
-# GPU image for training on clusters: CUDA 13 + Python 3.11 + this package with the [gpu] extra
+# GPU image for training on clusters: CUDA 13 + Python 3.11 + this package with the [gpu] and [agent] extras
 # (Transformer Engine for CUDA 13) and its pinned stack (torch 2.14.1 cu130, megatron-core, SGLang, Ray, Hydra).
 # Every Python pin comes from setup.py; tests/unit/test_docker_requirements.py resolves the same set on CPU machines.
 #
@@ -39,14 +39,14 @@ ENV NVTE_FRAMEWORK=pytorch \
     MAX_JOBS=8
 RUN mkdir -p rlhf && touch rlhf/__init__.py \
     && pip install . \
-    && pip install --no-build-isolation '.[gpu]' \
+    && pip install --no-build-isolation '.[gpu,agent]' \
     && pip uninstall -y rlhf-megatron-sglang \
     && rm -rf rlhf build *.egg-info
 
 # 2) The package itself (editable, so recipes and configs can be edited in a derived image); every
 #    dependency is already there.  A conflict fails the build.
 COPY . .
-RUN pip install --no-build-isolation --no-deps -e '.[gpu]' \
+RUN pip install --no-build-isolation --no-deps -e '.[gpu,agent]' \
     && pip check \
     && python -c "import os, torch; c = os.environ.get('CUDA_VERSION', '?'); \
 assert torch.version.cuda.split('.')[0] == c.split('.')[0], f'torch is CUDA {torch.version.cuda}, the image CUDA {c}'"

@@ -32,9 +32,10 @@ def setup_requirements() -> tuple[list[str], dict[str, list[str]]]:
 
 
 def image_requirements() -> list[str]:
-    """What the Dockerfile installs: setup.py's requirements plus its [gpu] extra."""
+    """What the Dockerfile installs: setup.py's requirements plus its [gpu] and [agent] extras (the agent loop's
+    search and MCP tools run in the image too)."""
     install, extras = setup_requirements()
-    return [*install, *extras["gpu"]]
+    return [*install, *extras["gpu"], *extras["agent"]]
 
 
 def _cuda_major_of_base_image() -> str:
@@ -47,8 +48,8 @@ def test_dockerfile_installs_setup_pins_strictly():
     text = DOCKERFILE
     assert text.count("\nFROM ") + text.startswith("FROM ") >= 1 and "ENTRYPOINT" not in text
     assert "python3.11" in text and "WORKDIR" in text
-    assert "pip install ." in text and "pip install --no-build-isolation '.[gpu]'" in text
-    assert "--no-build-isolation --no-deps -e '.[gpu]'" in text
+    assert "pip install ." in text and "pip install --no-build-isolation '.[gpu,agent]'" in text
+    assert "--no-build-isolation --no-deps -e '.[gpu,agent]'" in text
     # no version pins of its own (they would drift from setup.py) and no way for a conflict to pass
     assert not re.search(r"pip install[^\n]*(==|>=)", text), "pin versions in setup.py, not in the Dockerfile"
     assert "pip check" in text and not re.search(r"pip check[^\n]*\|\|", text)
@@ -82,7 +83,7 @@ def test_transformer_engine_matches_the_image_cuda_and_megatron():
 
 @pytest.mark.slow
 def test_image_requirements_resolve(tmp_path):
-    """pip resolves the image's requirement set (Python 3.11, setup.py pins + the [gpu] extra) against the
+    """pip resolves the image's requirement set (Python 3.11, setup.py pins + the [gpu] and [agent] extras) against the
     package index.  Everything but Transformer Engine is already installed here at the pinned versions
     (checked first), so pip resolves Transformer Engine and its dependencies with the rest fixed; set
     RLHF_RESOLVE_FROM_SCRATCH=1 to resolve all ~230 packages from the index (~5 min)."""
