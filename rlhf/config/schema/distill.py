@@ -1,55 +1,42 @@
-"""Schema section ``distill``: on-policy distillation (rlhf.algorithms.distill, docs/algorithms.md).
-
-verl's main branch has no on-policy distillation keys (its GKD recipe queries a teacher server for top-k forward-KL
-targets; the open PR #4897's ``actor_rollout_ref.distillation.*`` adds a KL loss term instead, and is refused with a
-pointer here: rlhf/config/verl/keys.yaml), so the names are slime's OPD arguments adapted to this tree:
-
-    slime                      here
-    --use-opd                  distill.enable
-    --opd-type megatron        (the only kind here: the teacher is a megatron GPTModel on the trainer ranks)
-    --opd-kl-coef              distill.kl_coef
-    --opd-teacher-load         distill.teacher.path (an HF checkpoint, hub name or tiny://, not a megatron one)
+"""Schema section ``distill``: on-policy distillation (rlhf.algorithms.distill, docs/algorithms.md).  verl's main
+branch has no such keys (its PR #4897's ``actor_rollout_ref.distillation.*`` is refused with a pointer here:
+rlhf/config/verl/keys.yaml), so the names are slime's OPD arguments: --use-opd = distill.enable, --opd-kl-coef =
+distill.kl_coef, --opd-teacher-load = distill.teacher.path (an HF checkpoint, hub name or tiny://); --opd-type megatron
+is the only kind here (the teacher is a megatron GPTModel on the trainer ranks).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rlhf.config.schema.rules import Checked, ge, ge1_or_null
-
-__all__ = ["DistillConfig", "TeacherConfig"]
+from rlhf.config.schema.rules import Checked, ge
 
 
 @dataclass
 class TeacherConfig(Checked):
-    """The teacher role: a frozen megatron GPTModel built from an HF checkpoint of any supported family (it may be
-    larger than the student), sharded like the trainer or on a grid of its own (``tensor_model_parallel_size`` /
-    ``pipeline_model_parallel_size``, over the same ranks); it must share the student's tokenizer (checked at --cfg
+    """The teacher: a frozen megatron GPTModel from an HF checkpoint (may be larger than the student), sharded like
+    the trainer or on a grid of its own (over the same ranks); it must share the student's tokenizer (checked at --cfg
     from the files, and again at start before any model is built)."""
-
     path: Optional[str] = None  # HF directory, hub name or tiny://quickstart (slime: --opd-teacher-load)
     # sequences per no-grad forward; null: actor.log_prob_micro_batch_size_per_gpu
-    log_prob_micro_batch_size_per_gpu: Optional[int] = ge1_or_null(None, "null uses the actor's")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = ge(1, None, "null uses the actor's", null=True)
     param_offload: bool = False  # the teacher's parameters off the device outside its forward (like the reference's)
     # the teacher's own megatron grid over the trainer's ranks (verl's teacher: inference.tensor_model_parallel_size;
     # slime's megatron teacher shares the actor's); null: the trainer's parallel.* size.  A second grid has expert
     # and context parallel size 1 and no virtual pipeline (parallel.layouts)
-    tensor_model_parallel_size: Optional[int] = ge1_or_null(None, "null uses parallel.tensor_model_parallel_size")
-    pipeline_model_parallel_size: Optional[int] = ge1_or_null(None, "null uses parallel.pipeline_model_parallel_size")
+    tensor_model_parallel_size: Optional[int] = ge(1, None, "null uses parallel.tensor_model_parallel_size", True)
+    pipeline_model_parallel_size: Optional[int] = ge(1, None, "null uses parallel.pipeline_model_parallel_size", True)
 
 
 @dataclass
 class DistillConfig(Checked):
     """On-policy distillation: A_hat_t = A_t - kl_coef x (log pi_student(a_t) - log pi_teacher(a_t)) per response
     token of the student's rollouts (slime's apply_opd_kl_to_advantages); ``distill/`` metrics."""
-
     enable: bool = False  # slime: --use-opd
     kl_coef: float = ge(0, 1.0)  # slime: --opd-kl-coef (default 1.0)
-    # true: the estimator's advantages of the task reward plus the distillation term; false: pure distillation (the
-    # task reward is computed and logged as critic/score/* but does not train)
+    # true: the task reward's advantages plus the distillation term; false: pure distillation (the reward is logged)
     task_reward: bool = True
-    # subtract the batch's mean reverse KL from each token's (a constant baseline: unbiased, lower variance; not in
-    # slime / tinker, which start from a competent student: from a far-off one it keeps the update stable)
+    # subtract the batch's mean reverse KL from each token's (a constant baseline: unbiased, lower variance)
     center: bool = False
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
 

@@ -7,10 +7,7 @@ from typing import Any, Optional
 
 from parallel.optim_config import OptimConfig
 from rlhf.config.choices import KLEstimator, LossAggMode, ModelDtype, Recompute, Truncation
-from rlhf.config.schema.rules import Checked, check, ge, ge1_or_null, gt, gt0_or_null
-
-__all__ = ["DataConfig", "LoRAConfig", "ModelConfig", "ParallelConfig", "PolicyLossConfig", "OffloadConfig",
-           "ActorConfig", "CriticConfig"]
+from rlhf.config.schema.rules import Checked, check, ge, gt
 
 
 @dataclass
@@ -24,9 +21,9 @@ class DataConfig(Checked):
     max_response_length: int = ge(1, 32)
     train_batch_size: int = ge(1, 8)  # prompts per PPO step (each gets rollout.n responses)
     val_batch_size: int = ge(1, 32)
-    max_train_samples: Optional[int] = ge1_or_null(None, "use null for all samples")
+    max_train_samples: Optional[int] = ge(1, None, "use null for all samples", null=True)
     # null: the whole validation set (verl); recipes may cap it
-    max_val_samples: Optional[int] = ge1_or_null(None, "use null for all samples")
+    max_val_samples: Optional[int] = ge(1, None, "use null for all samples", null=True)
     shuffle: bool = True
     seed: int = 1
     # prompts longer than max_prompt_length: dropped (true), else handled by `truncation`
@@ -47,12 +44,11 @@ class DataConfig(Checked):
 
 @dataclass
 class LoRAConfig(Checked):
-    # LoRA on the actor (parallel.lora): rank 0 = off (full fine-tuning); the update B A is scaled by alpha / rank.
-    # Base weights frozen, the reference is the actor with its adapters off.
+    # LoRA on the actor (parallel.lora): rank 0 = off; the update B A is scaled by alpha / rank; base weights frozen,
+    # the reference is the actor with its adapters off
     rank: int = ge(0, 0, "0 switches LoRA off")
     alpha: float = 16.0
-    # all-linear, or a list of HF names (q_proj k_proj v_proj o_proj gate_proj up_proj down_proj; q/k/v and
-    # gate/up together: megatron fuses them) or megatron names (linear_qkv linear_proj linear_fc1 linear_fc2)
+    # all-linear, or a list of HF names (q/k/v and gate/up together) or megatron names (linear_qkv, linear_fc1, ...)
     target_modules: Any = "all-linear"
     a_init: str = "xavier"  # init of A: xavier (verl's megatron default) or kaiming (PEFT's); B starts at 0
     # weight sync (verl's lora.merge, default false like verl's): false = the base weights go to the engines once
@@ -82,13 +78,11 @@ class ModelConfig(Checked):
     critic_path: Optional[str] = None  # defaults to `path` (value head freshly initialised)
     make_vocab_size_divisible_by: int = 128
     dtype: ModelDtype = ModelDtype.float32
-    # MoE models: the router load-balancing (aux) loss coefficient; null: config.json's router_aux_loss_coef,
-    # 0: off.  Logged as moe/load_balancing_loss (unweighted) with moe/tokens_per_expert_min/max.
+    # MoE: the router's aux (load-balancing) loss coefficient; null: config.json's router_aux_loss_coef, 0: off
     moe_aux_loss_coef: Optional[float] = None
-    # MoE models: the router z-loss coefficient (ST-MoE, Zoph et al. 2022: mean squared logsumexp of the router
-    # logits); null: off
+    # MoE: the router z-loss coefficient (ST-MoE, Zoph et al. 2022); null: off
     moe_z_loss_coeff: Optional[float] = check(None, lambda v: v >= 0, "must be >= 0 (or null: off)", null=True)
-    # MoE models: the dtype of the router's softmax / top-k (fp32 or fp64); null: the model dtype
+    # MoE: the dtype of the router's softmax / top-k; null: the model dtype
     moe_router_dtype: Optional[str] = check(None, lambda v: v in ("fp32", "fp64"), "must be fp32, fp64 or null (the "
                                             "model dtype)", null=True)
     # tiny://quickstart only: supervised warm-up so PPO starts with some signal
@@ -107,18 +101,14 @@ class ParallelConfig(Checked):
     virtual_pipeline_model_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
     recompute: Optional[Recompute] = None
-    # MoE models (Qwen3-MoE, Mixtral): experts split over this many ranks (EP x TP x PP x DP; divides the
-    # data-parallel x tensor-parallel ranks and the expert count)
+    # MoE: experts split over this many ranks (divides the data-parallel x tensor-parallel ranks and the experts)
     expert_model_parallel_size: int = ge(1, 1)
-    # context parallelism: each rank holds 1/cp of every sequence (megatron's load-balanced split; GPU with
-    # Transformer Engine only); dp = world / (tp * cp * pp)
+    # each rank holds 1/cp of every sequence (GPU with Transformer Engine only); dp = world / (tp * cp * pp)
     context_parallel_size: int = ge(1, 1)
-    # uneven pipelines (e.g. 30 layers at PP4: 6 + 8 + 8 + 8): layers of the first / last stage, the rest
-    # split evenly over the middle stages; null = an even split
-    num_layers_in_first_pipeline_stage: Optional[int] = ge1_or_null(None, "null splits the layers evenly")
-    num_layers_in_last_pipeline_stage: Optional[int] = ge1_or_null(None, "null splits the layers evenly")
-    # count the embedding / the loss as one layer each when splitting the layers over the stages (the first /
-    # last stage then holds one transformer layer less); not with num_layers_in_first/last_pipeline_stage
+    # uneven pipelines (30 layers at PP4: 6 + 8 + 8 + 8): layers of the first / last stage; null: an even split
+    num_layers_in_first_pipeline_stage: Optional[int] = ge(1, None, "null splits the layers evenly", null=True)
+    num_layers_in_last_pipeline_stage: Optional[int] = ge(1, None, "null splits the layers evenly", null=True)
+    # count the embedding / the loss as one layer each when splitting the layers over the stages
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
 
@@ -136,11 +126,8 @@ class ParallelConfig(Checked):
 
 @dataclass
 class OffloadConfig(Checked):
-    """What of a role leaves its device while other phases run (generation, the other roles' passes) and comes
-    back before the role uses it (parallel.offload; verl's ``<role>.megatron.param_offload`` / ``grad_offload``
-    / ``optimizer_offload``).  Results are bitwise those without offload; each switch costs two host<->device
-    copies of its part per use.  ``--plan-memory`` shows what each saves."""
-
+    """What of a role leaves its device while other phases run (parallel.offload; verl's ``<role>.megatron.
+    param_offload`` / ``grad_offload`` / ``optimizer_offload``); bitwise the same results.  ``--plan-memory``."""
     params: bool = False  # the model parameters (megatron DDP's param buffers)
     grads: bool = False  # the gradient buffers (main_grad) and the optimizer's gradients
     optimizer: bool = False  # the optimizer's main parameters (when not the model's) and its state (Adam moments)
@@ -159,9 +146,7 @@ _FRACTION = (lambda v: 0 < v <= 1, "must be in (0, 1] (a fraction of the respons
 @dataclass
 class PolicyLossConfig(Checked):
     """The actor's policy loss (rlhf.algorithms.get_policy_loss_fn; docs/algorithms.md)."""
-
-    # a name in rlhf.algorithms.POLICY_LOSS_REGISTRY: vanilla (PPO clip), gspo, sapo, gpg, clip_cov, kl_cov,
-    # geo_mean (GMPO), cispo (checked by rlhf.config.validate)
+    # a name in rlhf.algorithms.POLICY_LOSS_REGISTRY (vanilla, gspo, sapo, ...; checked by rlhf.config.validate)
     loss_mode: str = "vanilla"
     clip_cov_ratio: float = check(0.0002, *_FRACTION)  # clip_cov: fraction of tokens whose gradient is cut
     clip_cov_lb: float = 1.0  # clip_cov: covariance window [lb, ub] the cut tokens are drawn from
@@ -184,9 +169,8 @@ class ActorConfig(_PPORole):
     ppo_mini_batch_size: int = ge(1, 8)  # prompts per optimizer step (x rollout.n sequences)
     ppo_micro_batch_size_per_gpu: int = ge(1, 4)  # sequences per forward/backward micro batch
     ppo_epochs: int = ge(1, 1)
-    # verl's: every pass over the batch visits its rows in a fresh permutation (seeded by the step), so a mini batch
-    # mixes the responses of many prompts; false: one epoch in order (a mini batch is whole prompt groups), several
-    # epochs each in a permutation
+    # verl's: every pass visits the rows in a fresh permutation (seeded by the step); false: one epoch in order
+    # (a mini batch is whole prompt groups), several epochs each in a permutation
     shuffle: bool = False
     clip_ratio: float = check(0.2, lambda v: v > 0, "must be > 0 (PPO uses 0.2)")
     clip_ratio_low: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)  # DAPO decoupled clip
@@ -196,27 +180,23 @@ class ActorConfig(_PPORole):
     tau_pos: float = gt(0, 1.0, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: soft gate, positive advantages
     tau_neg: float = gt(0, 1.05, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: ... negative advantages
     loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
-    # loss_agg_mode=seq-mean-token-sum-norm: the constant C the token sums are divided by (Dr.GRPO); null: the
-    # response length data.max_response_length
-    loss_scale_factor: Optional[float] = gt0_or_null(None, "null uses the response length")
+    # seq-mean-token-sum-norm: the constant the token sums are divided by (Dr.GRPO); null: max_response_length
+    loss_scale_factor: Optional[float] = gt(0, None, "null uses the response length", null=True)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = ge(0, 0.001)
     kl_loss_type: KLEstimator = KLEstimator.low_var_kl
     log_prob_micro_batch_size_per_gpu: int = ge(1, 8)
-    # dynamic batching (verl's): micro batches of at most ppo_max_token_len_per_gpu tokens (rows x the longest
-    # row) instead of ppo_micro_batch_size_per_gpu rows, rows of similar length together, each micro batch cut
-    # to its longest row.  megatron's packed THD path needs Transformer Engine; without it (CPU, local spec) this
-    # compacted-rows fallback runs and is counted in perf/packing_fallback_micro_batches (docs/dynamic_batching.md)
+    # dynamic batching (verl's): micro batches of at most ppo_max_token_len_per_gpu tokens instead of
+    # ppo_micro_batch_size_per_gpu rows (docs/dynamic_batching.md)
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = ge(1, 16384)
     # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
-    log_prob_max_token_len_per_gpu: Optional[int] = gt0_or_null(None, "null uses ppo_max_token_len_per_gpu")
+    log_prob_max_token_len_per_gpu: Optional[int] = gt(0, None, "null uses ppo_max_token_len_per_gpu", null=True)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     ref_param_offload: bool = False  # the reference's parameters off the device outside its log-prob forward
-    # initial weights of the actor and the reference from a megatron-core dist checkpoint (any TP/PP layout;
-    # parallel.init_checkpoint) instead of model.path's safetensors; config.json and the tokenizer still come
-    # from model.path (verl's actor.megatron.use_dist_checkpointing / dist_checkpointing_path)
+    # the actor's and reference's initial weights from a megatron-core dist checkpoint (parallel.init_checkpoint),
+    # config.json and the tokenizer from model.path
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: Optional[str] = None
 
@@ -234,9 +214,8 @@ class CriticConfig(_PPORole):
     # dynamic batching, as actor.use_dynamic_bsz: token budgets of the value update and of the no-grad value forward
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = ge(1, 32768)
-    forward_max_token_len_per_gpu: Optional[int] = gt0_or_null(None, "null uses ppo_max_token_len_per_gpu")
+    forward_max_token_len_per_gpu: Optional[int] = gt(0, None, "null uses ppo_max_token_len_per_gpu", null=True)
     offload: OffloadConfig = field(default_factory=OffloadConfig)
-    # the critic's initial weights from a megatron-core dist checkpoint (its LM head is not used: the value head
-    # starts fresh); config.json from model.critic_path (default model.path)
+    # the critic's initial weights from a megatron-core dist checkpoint (the value head starts fresh)
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: Optional[str] = None

@@ -10,15 +10,14 @@ from typing import Any, Optional
 from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEstimator, LoggerBackend, ResumeMode,
                                  RolloutDtype, RolloutMode, RolloutName)
 from rlhf.agent.config import MultiTurnSettings
-from rlhf.config.schema.rules import SAMPLING, Checked, check, ge, ge1_or_null, gt, steps_or_never
+from rlhf.config.schema.rules import Checked, check, ge, gt
 
-__all__ = ["RolloutValConfig", "MultiTurnConfig", "EngineKwargsConfig", "RolloutConfig", "KLControlConfig",
-           "FilterGroupsConfig", "DPOConfig",
-           "AlgorithmConfig", "RolloutCorrectionConfig", "OneStepOffPolicyConfig", "CustomRewardConfig",
-           "OverlongBufferConfig", "RewardSourceConfig", "Gsm8kRewardConfig",
-           "RewardFallbackConfig", "RewardConfig", "AlertConfig", "TrainerConfig", "GlobalProfilerConfig",
-           "PROFILER_TOOLS"]
-_T, _P, _K, _N = SAMPLING  # the checks of temperature, top_p, top_k, n
+# the checks of temperature, top_p, top_k, n (rollout, rollout.val_kwargs), a [0, 1] factor, a step interval
+_T, _P = (lambda v: v >= 0, "must be >= 0; 0 is greedy"), (lambda v: 0 < v <= 1, "must be in (0, 1] (1.0 disables "
+                                                                                  "nucleus sampling)")
+_K, _N = (lambda v: v == -1 or v >= 1, "must be -1 (disabled) or >= 1"), (lambda v: v >= 1, "must be >= 1")
+_UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1] (1.0 for outcome rewards)")
+_STEPS = (lambda v: v == -1 or v >= 1, "must be -1 (never) or a number of steps >= 1")
 
 
 @dataclass
@@ -31,8 +30,7 @@ class RolloutValConfig(Checked):
 
 @dataclass
 class MultiTurnConfig(MultiTurnSettings, Checked):
-    """verl's ``actor_rollout_ref.rollout.multi_turn``: the fields (and their meanings) of
-    rlhf.agent.config.MultiTurnSettings, checked here."""
+    """verl's ``actor_rollout_ref.rollout.multi_turn``: the fields of rlhf.agent.config.MultiTurnSettings."""
 
     def rules(self, at: str = "") -> list[str]:
         from rlhf.agent.config import config_problems
@@ -42,9 +40,8 @@ class MultiTurnConfig(MultiTurnSettings, Checked):
 
 @dataclass
 class EngineKwargsConfig:
-    """Extra engine arguments (verl's rollout.engine_kwargs): ``sglang`` goes to ``sglang.Engine`` (fields of
-    SGLang's ServerArgs, e.g. attention_backend: checked at start-up, rlhf.config.validate).  verl's ``vllm``
-    entries have no effect (the engine here is SGLang; rlhf/config/verl/keys.yaml)."""
+    """verl's rollout.engine_kwargs: ``sglang`` goes to ``sglang.Engine`` (fields of SGLang's ServerArgs, checked by
+    rlhf.config.validate); verl's ``vllm`` entries have no effect (rlhf/config/verl/keys.yaml)."""
     sglang: dict[str, Any] = field(default_factory=dict)
 
 
@@ -54,11 +51,10 @@ class RolloutConfig(Checked):
     mode: RolloutMode = RolloutMode.colocated
     tensor_model_parallel_size: int = ge(1, 1)
     num_engines: int = ge(1, 1)
-    # verl's rollout pool (its one-step-off recipes: rollout.nnodes / rollout.n_gpus_per_node beside trainer.nnodes /
-    # trainer.n_gpus_per_node): the disaggregated engines' own GPUs, num_engines = nnodes x n_gpus_per_node / TP,
-    # and trainer.nnodes x trainer.n_gpus_per_node is then the trainer's pool alone (rlhf/rollout/placement.py)
-    n_gpus_per_node: Optional[int] = ge1_or_null(None, "null: the engines' GPUs from rollout.num_engines")
-    nnodes: Optional[int] = ge1_or_null(None, "null: 1 with rollout.n_gpus_per_node")
+    # verl's rollout pool (one-step-off recipes): the disaggregated engines' own GPUs, num_engines = nnodes x
+    # n_gpus_per_node / TP; trainer.nnodes x trainer.n_gpus_per_node is then the trainer's alone (rollout/placement.py)
+    n_gpus_per_node: Optional[int] = ge(1, None, "null: the engines' GPUs from rollout.num_engines", null=True)
+    nnodes: Optional[int] = ge(1, None, "null: 1 with rollout.n_gpus_per_node", null=True)
     n: int = check(1, *_N)  # ppo_trainer.yaml: 4 for GROUP_ESTIMATORS unless a recipe or override sets it
     temperature: float = check(1.0, *_T)
     top_p: float = check(1.0, *_P)
@@ -66,19 +62,17 @@ class RolloutConfig(Checked):
     # also settable as verl's rollout.gpu_memory_utilization
     mem_fraction_static: float = check(0.5, lambda v: 0 < v < 1, "must be in (0, 1) (fraction of device memory for "
                                        "SGLang's weights + KV cache; ~0.5 when colocated with the trainer)")
-    # SGLang's memory saver: colocated engines free their weights and KV cache while the trainer computes
-    # (release / resume).  null: on with CUDA; ignored on CPU (the CPU engine has no memory saver)
+    # SGLang's memory saver: colocated engines free weights and KV cache while the trainer computes; null: on with
+    # CUDA (the CPU engine has none)
     enable_memory_saver: Optional[bool] = None
     dtype: RolloutDtype = RolloutDtype.auto  # auto: model.dtype (rlhf.rollout.engine_args.resolve_engine_dtype)
-    # KV-cache tokens of each engine (an upper bound: SGLang keeps less if its memory profile says so); null:
-    # sized to the batch an engine serves (rlhf.rollout.engine_args.batch_kv_tokens)
-    max_total_tokens: Optional[int] = ge1_or_null(None, "null sizes the KV cache to the rollout batch")
+    # KV-cache tokens of each engine at most; null: sized to its batch (rlhf.rollout.engine_args.batch_kv_tokens)
+    max_total_tokens: Optional[int] = ge(1, None, "null sizes the KV cache to the rollout batch", null=True)
     max_restarts: int = ge(0, 2)
     weight_sync_bucket_mb: int = ge(1, 512)
     weight_sync_check: bool = False
-    # disaggregated weight sync: the address the engines dial to join each stage leader's weight-update group.
-    # null: the IP of the leader's outward interface; "iface:<name>" (e.g. iface:ib0): that interface's IPv4 on
-    # each leader; an IP or host name: used as is (one trainer node).  Set it on multi-homed hosts.
+    # disaggregated weight sync: the address engines dial to join a stage leader's group.  null: the IP of the
+    # leader's outward interface; "iface:<name>" (e.g. iface:ib0): that interface's IPv4; an IP or host name as is
     weight_update_address: Optional[str] = None
     val_kwargs: RolloutValConfig = field(default_factory=RolloutValConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
@@ -91,9 +85,7 @@ class KLControlConfig(Checked):
 
     type: KLControlType = KLControlType.fixed
     kl_coef: float = ge(0, 0.001)
-    # adaptive: target KL in nats per WHOLE response (the sum over its tokens, averaged over responses), as in
-    # Ziegler et al. 2019 (arXiv:1909.08593) sec. 2.2; not per token.  kl_coef is multiplied by
-    # 1 + clip(KL / target_kl - 1, -0.2, 0.2) x responses / horizon after each step.
+    # adaptive: target KL in nats per whole response (not per token; Ziegler et al. 2019, arXiv:1909.08593 sec. 2.2)
     target_kl: float = 0.1
     horizon: int = 10000  # adaptive: responses over which the coefficient adapts
 
@@ -107,8 +99,7 @@ class FilterGroupsConfig(Checked):
     """DAPO dynamic sampling (rlhf/dapo.py): drop prompt groups whose responses all got the same `metric`, generate
     more prompt batches until data.train_batch_size groups are kept."""
     enable: bool = False
-    # score (reward) | seq_reward (reward + overlong shaping) | acc (verl's DAPO recipes: the reward's acc extra
-    # info, e.g. the DAPO math reward's correctness; a reward fn returning a number: its score)
+    # score (reward) | seq_reward (reward + overlong shaping) | acc (the reward's acc extra info, else its score)
     metric: str = check("score", lambda v: v in ("score", "seq_reward", "acc"), "must be score, seq_reward or acc "
                         "(the reward's acc, as verl's DAPO recipes use)")
     max_num_gen_batches: int = 10  # generation rounds per step at most (<= 0: no cap)
@@ -151,14 +142,10 @@ class RolloutCorrectionConfig(Checked):
         return out
 
 
-_UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1] (1.0 for outcome rewards)")
-
-
 @dataclass
 class AlgorithmConfig(Checked):
     name: AlgorithmName = AlgorithmName.ppo
-    # a name in rlhf.algorithms' registry (checked by rlhf.config.validate); remax also generates one greedy
-    # response per prompt as its baseline
+    # a name in rlhf.algorithms' registry (checked by rlhf.config.validate)
     adv_estimator: str = "gae"
     gamma: float = check(1.0, *_UNIT)
     lam: float = check(1.0, *_UNIT)
@@ -193,16 +180,14 @@ class RewardSourceConfig:
     """One entry of reward.sources (rlhf/rewards/sources.py); the score is sum(weight x source)."""
     type: str = "rule"  # rule (registry by data_source) | model (HF sequence classifier) | custom (.py)
     weight: float = 1.0
-    # model: HF dir / hub name / tiny://...; custom: python file, or object://reward/<id> (an in-process callable
-    # given to rlhf.Trainer, rlhf.config.objects)
+    # model: HF dir / hub name / tiny://...; custom: python file, or object://reward/<id> (rlhf.config.objects)
     path: Optional[str] = None
     name: str = "compute_score"  # custom: function name
     placement: str = "ray"  # model: ray (its own Ray worker) | local (in-process on rank 0); on the CPU either way
     num_gpus: float = 0.0  # model, placement=ray: GPUs of the worker; > 0 is refused (not placed nor planned)
     micro_batch_size: int = 16  # model: sequences per forward
     max_length: int = 2048  # model: prompt + response tokens (truncated from the left)
-    # model, placement=ray: seconds to wait for the worker to load the model before the first batch (the run
-    # stops with an error naming this key past it; null: no limit)
+    # model, placement=ray: seconds to wait for the worker to load the model (null: no limit)
     start_timeout_s: Optional[float] = 600.0
 
 
@@ -215,9 +200,8 @@ class Gsm8kRewardConfig(Checked):
 
 @dataclass
 class RewardFallbackConfig(Checked):
-    """What a sample gets from a source that failed on it (rlhf/rewards/fallback.py): rule = the data source's
-    rule reward (else static); static = fallback_score + keyword_score x [any keyword in the response]
-    - length_penalty x characters past max_chars; constant = fallback_score."""
+    """What a sample gets from a source that failed on it (rlhf/rewards/fallback.py): rule (else static), static
+    (fallback_score + keyword_score x [a keyword in it] - length_penalty x chars past max_chars) or constant."""
     type: str = check("rule", lambda v: v in ("rule", "static", "constant"), "must be rule (the data source's rule "
                       "reward), static or constant")
     keywords: list[str] = field(default_factory=list)
@@ -228,10 +212,8 @@ class RewardFallbackConfig(Checked):
 
 @dataclass
 class SandboxFusionConfig(Checked):
-    """Code data sources (codecontests, apps, codeforces, taco) scored by running the response's program on the
-    test cases in a SandboxFusion service (verl's reward_model.sandbox_fusion; rlhf/rewards/sandbox_code.py)."""
-    # null: code data sources are refused; "local": a local sandbox (rlhf/sandbox/) started by the trainer;
-    # http(s)://HOST:PORT/run_code: a SandboxFusion service (or `rlhf sandbox serve`)
+    """Code data sources scored by running the response on the test cases in a SandboxFusion service (verl's
+    reward_model.sandbox_fusion; rlhf/rewards/sandbox_code.py).  url null: refused; local: rlhf/sandbox/."""
     url: Optional[str] = check(None, lambda v: v == "local" or str(v).startswith(("http://", "https://")),
                                "must be null, local, or the http(s):// URL of a SandboxFusion /run_code", null=True)
     max_concurrent: int = ge(1, 64)  # requests in flight to the sandbox
@@ -245,8 +227,7 @@ class RewardConfig(Checked):
     timeout_s: Optional[float] = check(3.0, lambda v: v > 0, "must be > 0, or null for no timeout", null=True)
     fallback_score: float = 0.0
     fallback: RewardFallbackConfig = field(default_factory=RewardFallbackConfig)
-    # true: a sample no source (and no rule fallback) could score is left out of its group's baseline and of the
-    # loss (counted in reward/num_unscorable); false: it counts with its fallback score
+    # true: a sample no source could score is left out of its group's baseline and the loss (reward/num_unscorable)
     exclude_unscorable: bool = True
     # empty: the rule reward of each data_source (or custom_reward_function when set)
     sources: list[RewardSourceConfig] = field(default_factory=list)
@@ -259,16 +240,11 @@ class RewardConfig(Checked):
                  f"reward runs the program on each test case (up to 10 s each, verl's limit), far past this limit "
                  f"per sample; set {at}timeout_s=120 (or null for none)."]
                 if self.sandbox_fusion.url and self.timeout_s is not None and self.timeout_s < 30 else [])
-        return slow + [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in the memory "
-                f"plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the worker a GPU they "
-                f"use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs outside this job and score "
-                f"with "
-                f"a custom source (type=custom) that calls it." for i, s in enumerate(self.sources or [])
-                if s.type == "model" and s.num_gpus and s.num_gpus > 0]
-
-
-#: global_profiler.tool values (null: torch)
-PROFILER_TOOLS = ("torch", "nsys")
+        return slow + [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in "
+                       f"the memory plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the "
+                       f"worker a GPU they use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs "
+                       f"outside this job and score with a custom source (type=custom) that calls it."
+                       for i, s in enumerate(self.sources or []) if s.type == "model" and s.num_gpus and s.num_gpus > 0]
 
 
 @dataclass
@@ -288,13 +264,9 @@ class AlertConfig(Checked):
 @dataclass
 class OneStepOffPolicyConfig(Checked):
     """One-step off-policy training (verl's experimental/one_step_off_policy; rlhf/trainer/one_step_off.py): the
-    engines (Ray actors) generate the next batch while the trainer trains on this one; the actor's weights reach
-    the engines at the step boundary.  verl selects it by its entry point / config name (one_step_off_ppo_trainer,
-    which turns this on here); on GPU give the engines their own GPUs (rollout.mode=disaggregated)."""
+    engines generate the next batch while the trainer trains on this one (verl: one_step_off_ppo_trainer)."""
     enable: bool = False
-    # 1: batch k+1 is generated during step k's update, from the weights before it (each sample at most one actor
-    # update old, measured per sample as async/staleness); 0: issued after the weight sync (same samples and
-    # numbers as the synchronous trainer, through the same machinery)
+    # 1: batch k+1 is generated during step k's update, from the weights before it; 0: after the weight sync
     staleness: int = check(1, lambda v: v in (0, 1), "must be 0 or 1 (one step off at most)")
 
 
@@ -302,36 +274,33 @@ class OneStepOffPolicyConfig(Checked):
 class TrainerConfig(Checked):
     project_name: str = "rlhf"  # wandb project / mlflow experiment
     experiment_name: str = "run"  # wandb / mlflow run name
-    # checkpoints, TensorBoard, HF export; the run directory (.hydra/) unless hydra.run.dir is given, which sets it
+    # checkpoints, TensorBoard, HF export, .hydra/ (hydra.run.dir sets it)
     default_local_dir: str = "outputs/run"
     total_epochs: int = ge(1, 1)
-    total_training_steps: Optional[int] = ge1_or_null(None, "null trains for {at}total_epochs")
+    total_training_steps: Optional[int] = ge(1, None, "null trains for {at}total_epochs", null=True)
     # console, tensorboard, wandb, mlflow: a list, or one name
     logger: list[LoggerBackend] = field(default_factory=lambda: [LoggerBackend.console, LoggerBackend.tensorboard])
     log_freq: int = ge(1, 1)  # write the step metrics to the loggers every this many steps
     log_val_generations: int = ge(0, 0)  # validation samples (prompt, response, score) logged as a table
-    save_freq: int = steps_or_never(-1)
-    test_freq: int = steps_or_never(-1)
+    save_freq: int = check(-1, *_STEPS)
+    test_freq: int = check(-1, *_STEPS)
     val_before_train: bool = True
     critic_warmup: int = ge(0, 0)  # first steps that train only the critic (the actor is not updated)
     # auto: the latest checkpoint under default_local_dir, or resume_from_path when given; resume_path: resume_from_path
     resume_mode: ResumeMode = ResumeMode.auto
     # a checkpoint (<run>/checkpoints/global_step_N), or a checkpoints directory / run directory (its latest)
     resume_from_path: Optional[str] = None
-    max_ckpt_to_keep: Optional[int] = ge1_or_null(2, "null keeps all")
-    # true: checkpoints hold what resuming needs only (no recomputable fp32 copy of fp32 weights, no frozen weights);
-    # false: full saves.  Either resumes bitwise.
+    max_ckpt_to_keep: Optional[int] = ge(1, 2, "null keeps all", null=True)
+    # true: checkpoints hold only what resuming needs (no frozen weights); either resumes bitwise
     slim_checkpoint: bool = True
     export_hf_at_end: bool = True
     seed: int = 1
     progress_bar: bool = True
-    # warning lines with the step when a metric crosses a threshold (rlhf/trainer/alerts.py), counted in
-    # alerts/num_fired: [{metric: actor/entropy, below: 0.05}, {metric: actor/kl, above: 1.0}]
+    # warnings when a step metric crosses a threshold (rlhf/trainer/alerts.py): [{metric: actor/kl, above: 1.0}]
     alerts: list[AlertConfig] = field(default_factory=list)
-    # the job's size (verl's keys): null = as launched (torchrun / Slurm); when set, `--cfg` checks the
-    # data-parallel layout against n_gpus_per_node x nnodes and `rlhf launch` starts that many processes
-    n_gpus_per_node: Optional[int] = ge1_or_null(None, "null: as launched")
-    nnodes: Optional[int] = ge1_or_null(None, "null: as launched")
+    # the job's size (verl's keys): null = as launched; when set, checked and used by `rlhf launch`
+    n_gpus_per_node: Optional[int] = ge(1, None, "null: as launched", null=True)
+    nnodes: Optional[int] = ge(1, None, "null: as launched", null=True)
     one_step_off_policy: OneStepOffPolicyConfig = field(default_factory=OneStepOffPolicyConfig)
 
     def rules(self, at: str = "") -> list[str]:
@@ -348,12 +317,10 @@ class TrainerConfig(Checked):
 class GlobalProfilerConfig(Checked):
     """verl's ``global_profiler``: torch.profiler traces (or an nsys capture range) of the listed training steps
     (rlhf/trainer/profiling.py)."""
-    # null or torch: torch.profiler traces; nsys: cudaProfilerStart/Stop + NVTX ranges
-    tool: Optional[str] = check(None, lambda v: v in PROFILER_TOOLS, "is not supported here; use torch (trace files) "
+    tool: Optional[str] = check(None, lambda v: v in ("torch", "nsys"), "is not supported here; use torch (trace files) "
                                 "or nsys, or null", null=True)
     steps: Optional[list[int]] = None  # training steps to profile, e.g. [1, 5, 10]; null: none
     save_path: Optional[str] = None  # traces' directory; null: <trainer.default_local_dir>/profile
-    # verl's: one trace over consecutive listed steps (not supported)
     profile_continuous_steps: bool = check(False, lambda v: not v, "is not supported: each listed step gets its own "
                                            "trace; set it to false")
 
