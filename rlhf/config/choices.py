@@ -1,20 +1,16 @@
 """The config's fixed choices as Enums (OmegaConf checks a value against an Enum field's members while composing;
-each Enum's docstring is the hint after the allowed values), and the message for a value that is not one of them.
-The members are ``StrEnum``s named by their values: they read and pickle as plain strings."""
+each Enum's docstring is the hint after the allowed values), and the message for a value that is not one of them."""
 from __future__ import annotations
 
 from enum import Enum, StrEnum
 from typing import Any, Optional, Sequence, Union
 
-# The algorithms' name lists are defined once, in rlhf.algorithms.registry (torch-free: composing and
-# validating a config import no torch); GROUP_ESTIMATORS is re-exported for rlhf.config.
+# the algorithms' names, defined once in rlhf.algorithms.registry (torch-free); GROUP_ESTIMATORS re-exported
 from rlhf.algorithms.registry import GROUP_ESTIMATORS, KL_CTRL_TYPES, KL_PENALTY_TYPES, LOSS_AGG_MODES  # noqa: F401
 
 
-
 class Choice(StrEnum):
-    """Base of the choices: a member is its value as a string, and pickles as a plain ``str`` (a process
-    that receives ``cfg.rollout.dtype``, e.g. a Ray actor, needs no import of rlhf.config)."""
+    """A member is its value as a string and pickles as a plain ``str`` (a Ray actor needs no rlhf.config)."""
 
     def __reduce_ex__(self, protocol: Any) -> tuple:
         return str, (self.value,)

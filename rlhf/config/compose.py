@@ -1,11 +1,7 @@
 """compose_config: the training config composed by Hydra's compose API from this package's tree, every problem
 reported together (the Python API's way in; ``rlhf.main`` runs it before handing the overrides to ``@hydra.main``).
-
-    schema defaults (schema/) < ppo_trainer.yaml < recipes/<NAME>/<NAME>.yaml < algorithm/<NAME>.yaml < key=value
-
 verl's keys are translated first (:func:`translate`), every override is applied to the schema by OmegaConf (unknown
-keys, types, choices), then Hydra composes; any working directory, no torch.
-"""
+keys, types, choices), then Hydra composes; any working directory, no torch."""
 from __future__ import annotations
 
 import copy
@@ -20,11 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlhf.config.choices import GROUP_ESTIMATORS
 from rlhf.config.errors import ConfigError, ConfigKeyError, raise_all
 from rlhf.config.keys import compose_error, omegaconf_error, schema
-from rlhf.config.verl.compat import Translated, check_same, ignored_lines, items_from_overrides, translate_items
-
-__all__ = ["compose_config", "translate", "check_overrides", "register_configs", "list_recipes", "list_algorithms",
-           "list_options", "recipe_files", "CONFIG_DIR", "SCHEMA_NAME", "BASE_CONFIG_NAME", "RECIPE_GROUP",
-           "ALGORITHM_GROUP"]
+from rlhf.config.verl.compat import Translated, after_compose, items_from_overrides, translate_items
 
 SCHEMA_NAME = "ppo_trainer_schema"  # the schema in Hydra's ConfigStore, first of ppo_trainer.yaml's defaults
 BASE_CONFIG_NAME = "ppo_trainer"  # the primary config, rlhf/config/ppo_trainer.yaml
@@ -59,9 +51,9 @@ def recipe_files() -> dict[str, Path]:
             and (d / f"{d.name}.yaml").is_file()} if RECIPES_DIR.is_dir() else {}
 
 
-def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]]) -> list[str]:
-    """The options of a config group: the built-in ones and ``<dir>/<group>/*.yaml`` of the extra directories
-    (plain paths, ``file://`` or ``pkg://``), sorted."""
+def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
+    """The options of a config group, sorted: the built-in ones and ``<dir>/<group>/*.yaml`` of the extra
+    directories ``search_paths`` (plain paths, ``file://`` or ``pkg://``)."""
     import importlib.util
 
     dirs = [CONFIG_DIR]
@@ -73,23 +65,19 @@ def list_options(group: str, search_paths: Iterable[Union[str, os.PathLike]]) ->
 
 
 def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the recipes (built-in, and ``recipe/<name>.yaml`` of the extra directories ``search_paths``)."""
+    """Names of the recipes (:func:`list_options`)."""
     return list_options(RECIPE_GROUP, search_paths)
 
 
 def list_algorithms(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
-    """Names of the algorithm presets (``algorithm/<name>.yaml``), as :func:`list_recipes`."""
+    """Names of the algorithm presets (:func:`list_options`)."""
     return list_options(ALGORITHM_GROUP, search_paths)
 
 
 def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.PathLike]] = None) -> Translated:
     """The preprocessing step: the config file's settings, then ``overrides``, in our keys (verl's translated,
     :mod:`rlhf.config.verl.compat`); ``hydra.run.dir=DIR`` also sets ``trainer.default_local_dir=DIR`` unless that
-    is given too; ``+recipe=`` / ``+algorithm=`` are group choices.
-
-    Raises:
-        ConfigError: the config file cannot be read.
-    """
+    is given too; ``+recipe=`` / ``+algorithm=`` are group choices.  Raises ConfigError: an unreadable config file."""
     from rlhf.config.config_file import load_config_file
 
     register_configs()  # the recipes, for a `recipe: NAME` entry of a file the config file includes
@@ -106,10 +94,7 @@ def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) ->
     """Each override applied to a copy of the schema in struct mode, so OmegaConf checks its key, type and choices:
     (group choices ``{"recipe": [...], "algorithm": [...]}``, a line per bad value, the lines to leave out when
     composing, a ConfigKeyError per unknown key).  ``sources``: where a line came from (default the command line).
-
-    Raises:
-        ConfigError: an override Hydra cannot parse, a package override (``key@pkg``), a deleted schema key.
-    """
+    Raises ConfigError: an override Hydra cannot parse, a package override (``key@pkg``), a deleted schema key."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
@@ -148,30 +133,23 @@ def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) ->
 
 
 def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, *,
-                   search_paths: Sequence[Union[str, os.PathLike]] = (), resolve: bool = True,
+                   search_paths: Sequence[Union[str, os.PathLike]] = (),
                    config_file: Optional[Union[str, os.PathLike]] = None, check_files: bool = False) -> DictConfig:
-    """Compose the training config: schema defaults < ``ppo_trainer.yaml`` < recipe < algorithm preset < config file
-    < ``overrides``.
+    """The training config (a DictConfig in struct mode typed by :class:`rlhf.config.schema.RLHFConfig`, ``${...}``
+    resolved): schema defaults < ``ppo_trainer.yaml`` < recipe < algorithm preset < config file < ``overrides``.
 
     Args:
-        overrides: Hydra overrides (``["trainer.total_training_steps=5", "algorithm=grpo"]``), verl's keys too; may
-            hold ``recipe=NAME`` instead of ``recipe``.
-        recipe: the recipe ``recipes/<name>/<name>.yaml`` (None: the overrides' ``recipe=``, else none).
-        search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``), e.g. with your own
-            ``recipe/my_run.yaml``.
-        resolve: resolve ``${...}`` interpolations in place (every rank then sees plain values).
+        overrides: Hydra overrides (``["trainer.total_training_steps=5", "algorithm=grpo"]``), verl's keys too.
+        recipe: ``recipes/<name>/<name>.yaml`` (None: the overrides' ``recipe=``, else none).
+        search_paths: extra config directories (plain paths, ``file://`` or ``pkg://``), e.g. with ``recipe/X.yaml``.
         config_file: a YAML file of settings, verl's layout or ours (:mod:`rlhf.config.config_file`).
         check_files: when the config has problems, name those of its files too (:func:`rlhf.config.validate.
             config_problems`), so one error holds them all; a config without problems is returned unchecked.
 
-    Returns:
-        The composed DictConfig in struct mode, typed by :class:`rlhf.config.schema.RLHFConfig`.
-
     Raises:
-        ConfigKeyError: a key not in the schema (override, config file or recipe file), an unknown recipe or preset;
-            it names the key, its source and the nearest valid keys (other problems in ``problems``).
-        ConfigValidationError: bad values (types, choices, ranges, rules across sections, unsupported verl
-            settings), all of them, or a bad interpolation.
+        ConfigKeyError: a key not in the schema, an unknown recipe or preset (the key, its source, the nearest valid
+            keys; other problems in ``problems``).
+        ConfigValidationError: bad values (types, choices, ranges, rules, unsupported verl settings), all of them.
         ConfigError: any other composition problem (malformed override, conflicting recipes).
     """
     from hydra import compose, initialize_config_module
@@ -207,16 +185,15 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     finally:
         restore_gh_from_backup(backup)
     try:
-        OmegaConf.resolve(cfg) if resolve else None
+        OmegaConf.resolve(cfg)
     except OmegaConfBaseException:
         try:  # the same error again, this time naming the key that holds the interpolation
             OmegaConf.to_container(cfg, resolve=True)
         except OmegaConfBaseException as named:
             e = named
         raise compose_error(e) from None
-    _verl_engines(cfg, t)
-    _pool_engines(cfg, t)
-    problems = t.problems + problems + check_same(cfg, t.same)
+    verl_problems, notes = after_compose(cfg, t)
+    problems = t.problems + problems + verl_problems
     if problems or unknown or t.unknown:
         from rlhf.config.validate import config_problems
         from rlhf.config.verl.words import in_user_words
@@ -227,54 +204,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
                   [words(p) for p in problems + config_problems(cfg, check_files=check_files)])
     from rlhf.launch_env import launch_env
 
-    notes = t.notes + ignored_lines(t.ignored) + reward_model_lines(cfg, t)
     for line in notes if launch_env().rank == 0 else []:  # what a user should know (at --cfg and at start)
         logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)
     return cfg
 
-
-def _pool_engines(cfg: DictConfig, t: Translated) -> None:
-    """verl's rollout pool (``rollout.nnodes x rollout.n_gpus_per_node``, one-step-off recipes) sets
-    ``rollout.num_engines`` (:func:`rlhf.rollout.placement.pool_engines`) unless the command line or config file gives
-    it (a different count is reported by the config check, rlhf.config.validate)."""
-    from rlhf.rollout.placement import pool_engines
-
-    r = cfg.rollout
-    given = any(o.lstrip("+").startswith("rollout.num_engines=") for o in t.overrides)
-    if (r.n_gpus_per_node or 0) >= 1 and not given and r.tensor_model_parallel_size >= 1 and (r.nnodes or 1) >= 1 \
-            and r.n_gpus_per_node % r.tensor_model_parallel_size == 0:
-        cfg.rollout.num_engines = pool_engines(r.nnodes or 1, r.n_gpus_per_node, r.tensor_model_parallel_size)
-
-
-def reward_model_lines(cfg: DictConfig, t: Translated) -> list[str]:
-    """One loud line per reward model (``reward.sources`` of type model, verl's ``reward_model.enable``): where it
-    scores and why not on GPUs as verl would serve it, naming verl's GPU settings given for it (no effect here)."""
-    gpu = ("reward_model.rollout.", "reward_model.megatron.", "reward_model.n_gpus_per_node", "reward_model.nnodes",
-           "reward.reward_model.rollout.")
-    gpu_keys = sorted({k for k, _, _ in t.ignored if k.startswith(gpu) and not k.endswith("_target_")})
-    given = (f"; verl would serve it on GPUs ({', '.join(gpu_keys[:4])}{', ...' if len(gpu_keys) > 4 else ''} "
-             f"given: no effect here)") if gpu_keys else "; verl would serve it on GPUs"
-    return [f"REWARD MODEL ON CPU: reward.sources[{i}] (the reward model {s.path}) scores on the CPU, "
-            f"{'in a Ray worker of its own' if s.placement == 'ray' else 'in-process on rank 0'}, not on GPUs: a "
-            f"reward model on GPUs is neither placed nor in the memory plan here{given}.  Expect slow scoring for a "
-            f"large model, or serve it outside this job and score through custom_reward_function.path."
-            for i, s in enumerate(cfg.reward.sources) if s.type == "model"]
-
-
-def _verl_engines(cfg: DictConfig, t: Translated) -> None:
-    """A verl config's ``rollout.num_engines``: verl's replica count (:func:`~rlhf.config.verl.compat.
-    verl_engine_count`), or the most engines below it that this job places (colocated engines span nodes only where
-    the weight sync allows it: rlhf/rollout/placement.py), with a warning naming both counts."""
-    from rlhf.config.validate import placement_problems
-    from rlhf.config.verl.compat import verl_engine_count
-
-    engines = verl_engine_count(cfg, t)
-    for n in [*range(engines or 0, 0, -1), engines] if engines else []:  # none places: the check names verl's count
-        cfg.rollout.num_engines = n
-        if not placement_problems(cfg):
-            break
-    if engines and cfg.rollout.num_engines != engines:
-        logging.getLogger("rlhf.config").warning(
-            "rlhf.config: verl would run %d rollout replicas here; this job places %d colocated engine(s) of TP %d "
-            "(set rollout.num_engines to choose, or rollout.mode=disaggregated)", engines, cfg.rollout.num_engines,
-            cfg.rollout.tensor_model_parallel_size)

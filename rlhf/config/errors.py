@@ -3,17 +3,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["ConfigError", "ConfigKeyError", "ConfigValidationError", "raise_all"]
-
 
 class ConfigError(ValueError):
     """Any problem with the training config found at start-up (`rlhf.main` prints it and exits 2)."""
 
 
 class ConfigKeyError(ConfigError):
-    """A config key (or recipe / algorithm preset name) that does not exist: ``key`` as given, ``suggestions`` (the
-    nearest valid keys or names, best first), ``source`` (where it came from), ``problems`` (every problem found with
-    it, unknown keys first, one line each)."""
+    """A key (or recipe / preset name) that does not exist: ``key`` as given, ``suggestions`` (the nearest valid
+    names, best first), ``source`` (where it came from), ``problems`` (every problem found with it, one line each)."""
 
     def __init__(self, message: str, key: str = "", suggestions: Sequence[str] = (), source: str = "",
                  problems: Sequence[str] = ()):
@@ -27,24 +24,18 @@ class ConfigValidationError(ConfigError):
 
     def __init__(self, problems: Sequence[str]):
         self.problems = list(problems)
-        super().__init__(_header(self.problems))
-
-
-def _header(problems: Sequence[str]) -> str:
-    lines = "\n".join(f"  - {p}" for p in problems)
-    return f"Invalid config ({len(problems)} problem{'s' * (len(problems) != 1)}):\n{lines}"
+        super().__init__(f"Invalid config ({len(problems)} problem{'s' * (len(problems) != 1)}):\n"
+                         + "\n".join(f"  - {p}" for p in problems))
 
 
 def raise_all(unknown: Sequence[ConfigKeyError], problems: Sequence[str]) -> None:
     """Raise every problem at once: one unknown key alone as itself; unknown keys with other problems as one
-    :class:`ConfigKeyError` (``key`` / ``suggestions`` of the first unknown key, ``problems`` all of them); only
-    bad values as :class:`ConfigValidationError`.  Returns when there is nothing to raise."""
+    :class:`ConfigKeyError` (``key`` / ``suggestions`` of the first unknown key); only bad values as
+    :class:`ConfigValidationError`.  Returns when there is nothing to raise."""
     if len(unknown) == 1 and not problems:
         raise unknown[0]
-    if problems and not unknown:
-        raise ConfigValidationError(problems)
     if unknown:
-        lines = [" ".join(u.args[0].splitlines()[:2]) for u in unknown] + list(problems)
-        first = unknown[0]
-        raise ConfigKeyError(_header(lines), key=first.key, suggestions=first.suggestions, source=first.source,
-                             problems=lines)
+        lines, first = [" ".join(u.args[0].splitlines()[:2]) for u in unknown] + list(problems), unknown[0]
+        raise ConfigKeyError(str(ConfigValidationError(lines)), first.key, first.suggestions, first.source, lines)
+    if problems:
+        raise ConfigValidationError(problems)

@@ -1,6 +1,5 @@
 """Keys of the structured schema, the nearest-key hints of an unknown key, and what Hydra / OmegaConf raise worded
-as our short messages (the one place that reads their exceptions: OmegaConf's carry the key and the schema node,
-Hydra's name the file or the override in their text)."""
+as our short messages (the one place that reads their exceptions)."""
 from __future__ import annotations
 
 import difflib
@@ -12,14 +11,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlhf.config.errors import ConfigError, ConfigKeyError, ConfigValidationError
 
-__all__ = ["schema", "schema_node", "schema_keys", "all_schema_paths", "split_key", "first_bad_part", "is_dict_field",
-           "is_optional", "nearest_keys", "unknown_key_error", "omegaconf_error", "compose_error"]
-
 
 @functools.lru_cache(maxsize=1)
 def schema() -> Any:
-    """The schema with its defaults (:class:`~rlhf.config.schema.RLHFConfig`) as a DictConfig, built once; do not
-    modify."""
+    """The schema with its defaults (:class:`~rlhf.config.schema.RLHFConfig`) as a DictConfig, built once."""
     from rlhf.config.schema import RLHFConfig
 
     return OmegaConf.structured(RLHFConfig)
@@ -41,17 +36,12 @@ def is_optional(key: str) -> bool:
     """True when the schema field ``key`` accepts null (unknown keys and keys inside dict fields: True)."""
     *parent, leaf = split_key(key)
     node = schema_node(parent)
-    if node is None or OmegaConf.get_type(node) is dict or leaf not in node:
-        return True
-    return node._get_node(leaf)._is_optional()
+    return node is None or OmegaConf.get_type(node) is dict or leaf not in node or node._get_node(leaf)._is_optional()
 
 
 def schema_keys(prefix: str = "") -> list[str]:
-    """Keys of the schema directly under ``prefix`` (``""`` = top level, ``"actor.optim"``), in order.
-
-    Raises:
-        ConfigKeyError: ``prefix`` is not a section of the schema.
-    """
+    """Keys of the schema directly under ``prefix`` (``""`` = top level, ``"actor.optim"``), in order.  Raises
+    ConfigKeyError: ``prefix`` is not a section of the schema."""
     node = schema_node([p for p in prefix.split(".") if p])
     if node is None:
         raise unknown_key_error(prefix, source="schema_keys()")
@@ -106,7 +96,7 @@ def nearest_keys(full_key: str, n: int = 3) -> list[str]:
         if found:
             out += found
             break
-    if len(out) == 0:
+    if not out:
         leaves = {p.rsplit(".", 1)[-1] for p in paths}
         for m in difflib.get_close_matches(tail[-1], sorted(leaves), n=n, cutoff=0.75):
             out += [p for p in paths if p.rsplit(".", 1)[-1] == m]
@@ -127,10 +117,8 @@ def unknown_key_error(full_key: str, source: str = "") -> ConfigKeyError:
     lines = [head, (f"Section {prefix!r}" if prefix else "The top level") + f" has no key {parts[i]!r}."
              + (f" Did you mean: {', '.join(suggestions)}?" if suggestions else ""),
              (f"Valid keys in {prefix!r}: " if prefix else "Valid top-level keys: ") + ", ".join(schema_keys(prefix))]
-    if is_resume_option(parts[-1]):  # trainer.ckpt_path, resume_from_checkpoint, load_dir, ...
-        lines.append(RESUME_HINT[0].upper() + RESUME_HINT[1:] + ".")
+    lines += [RESUME_HINT[0].upper() + RESUME_HINT[1:] + "."] * is_resume_option(parts[-1])  # trainer.ckpt_path, ...
     return ConfigKeyError("\n".join(lines), key=full_key, suggestions=suggestions, source=source)
-
 
 
 def _chain(e: Optional[BaseException]) -> list[BaseException]:
@@ -183,16 +171,12 @@ def compose_error(e: BaseException, overrides: Sequence[str] = ()) -> ConfigErro
     else Hydra's first line and the cause's."""
     from hydra.errors import MissingConfigException
 
-    words = {"recipe": ("recipe", "recipes"), "algorithm": ("algorithm preset", "algorithm presets")}
-    if isinstance(e, MissingConfigException) and e.missing_cfg_file:
-        group, _, name = e.missing_cfg_file.partition("/")
-        if group in words:
-            avail = list(e.options or [])
-            close = difflib.get_close_matches(name, avail, n=3, cutoff=0.5)
-            return ConfigKeyError(f"Unknown {words[group][0]} {name!r}." + (f" Did you mean: {', '.join(close)}?"
-                                                                            if close else "")
-                                  + f"\nAvailable {words[group][1]}: {', '.join(avail) or '(none)'}",
-                                  key=name, suggestions=close, source=f"{group}=")
+    group, _, name = (getattr(e, "missing_cfg_file", None) or "").partition("/")
+    if isinstance(e, MissingConfigException) and group in ("recipe", "algorithm"):
+        what, avail = "recipe" if group == "recipe" else "algorithm preset", list(e.options or [])
+        close = difflib.get_close_matches(name, avail, n=3, cutoff=0.5)
+        return ConfigKeyError(f"Unknown {what} {name!r}." + (f" Did you mean: {', '.join(close)}?" if close else "")
+                              + f"\nAvailable {what}s: {', '.join(avail) or '(none)'}", name, close, f"{group}=")
     text, source = str(e), ""
     if m := re.search(r"In '([^']+)'", text):
         source = f"in {m.group(1)}.yaml"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -345,28 +346,62 @@ def items_from_overrides(overrides: Sequence[str]) -> tuple[list[Item], list[str
     return items, passthrough
 
 
-def check_same(cfg: Any, same: Sequence[tuple]) -> list[str]:
-    """The ``same`` constraints (the reference's / critic's layout equals the actor's) that ``cfg`` breaks."""
+
+def after_compose(cfg: Any, t: Translated) -> tuple[list[str], list[str]]:
+    """What the translation leaves for the composed config: ``rollout.num_engines`` where no setting gives it (verl's
+    rollout pool, :func:`_engine_count`), the ``same`` constraints it breaks (the reference's / critic's layout is the
+    actor's) and the lines to tell the user (substitutions, settings without effect, reward models on the CPU)."""
     from omegaconf import OmegaConf
 
-    return [f"{verl_key}={value!r} is not supported" + (f" ({source})" if source else "") + f": the reference model "
-            f"and the critic use the actor's layout, {ours}={OmegaConf.select(cfg, ours)!r}; set {ours}={value!r} "
-            f"(actor_rollout_ref.actor.megatron.*) or drop {verl_key}."
-            for ours, value, verl_key, source in same if not _same(OmegaConf.select(cfg, ours), value)]
+    if not any(o.lstrip("+").startswith("rollout.num_engines=") for o in t.overrides):
+        _engine_count(cfg, t)
+    problems = [f"{verl_key}={value!r} is not supported" + (f" ({source})" if source else "") + f": the reference "
+                f"model and the critic use the actor's layout, {ours}={OmegaConf.select(cfg, ours)!r}; set "
+                f"{ours}={value!r} (actor_rollout_ref.actor.megatron.*) or drop {verl_key}."
+                for ours, value, verl_key, source in t.same if not _same(OmegaConf.select(cfg, ours), value)]
+    return problems, t.notes + ignored_lines(t.ignored) + _reward_model_lines(cfg, t)
 
 
-def verl_engine_count(cfg: Any, translated: Translated) -> Optional[int]:
-    """The rollout engines a verl config means where it leaves ``rollout.num_engines`` to us: verl's hybrid engine
-    runs one replica per ``rollout.tensor_model_parallel_size`` GPUs of the job (``trainer.nnodes x
-    trainer.n_gpus_per_node``, colocated), our default is one engine.  None (keep ours) unless the settings speak
-    verl without setting ``rollout.num_engines``, the composed count is one, the mode colocated and
-    ``trainer.n_gpus_per_node`` given.  E.g. 2 nodes x 8 GPUs at rollout TP 4: 4 engines."""
-    r, t = cfg.rollout, cfg.trainer
-    if not translated.speaks_verl or any(o.lstrip("+").startswith("rollout.num_engines=") for o in
-                                         translated.overrides) or r.mode != "colocated" or r.num_engines != 1:
-        return None
-    return max(1, (t.nnodes or 1) * t.n_gpus_per_node // r.tensor_model_parallel_size) if t.n_gpus_per_node else None
+def _engine_count(cfg: Any, t: Translated) -> None:
+    """verl's rollout pool (``rollout.nnodes x rollout.n_gpus_per_node``, one-step-off recipes) sets the engine count
+    (:func:`rlhf.rollout.placement.pool_engines`); else settings in verl's layout for a colocated job of
+    ``trainer.n_gpus_per_node`` GPUs get verl's replica count (one per ``rollout.tensor_model_parallel_size`` GPUs of
+    ``trainer.nnodes x trainer.n_gpus_per_node``: 2 nodes x 8 GPUs at TP 4 run 4), or the most engines below it that
+    this job places (rlhf/rollout/placement.py), with a warning naming both counts."""
+    from rlhf.config.validate import placement_problems
+    from rlhf.rollout.placement import pool_engines
 
+    r, tr = cfg.rollout, cfg.trainer
+    tp, nodes = r.tensor_model_parallel_size, r.nnodes or 1
+    if (r.n_gpus_per_node or 0) >= 1 and tp >= 1 and nodes >= 1 and r.n_gpus_per_node % tp == 0:
+        r.num_engines = pool_engines(nodes, r.n_gpus_per_node, tp)  # a different count: rlhf.config.validate
+        return
+    if not t.speaks_verl or r.mode != "colocated" or r.num_engines != 1 or not tr.n_gpus_per_node or tp < 1:
+        return
+    engines = max(1, (tr.nnodes or 1) * tr.n_gpus_per_node // tp)
+    for n in [*range(engines, 0, -1), engines]:  # none places: the check names verl's count
+        r.num_engines = n
+        if not placement_problems(cfg):
+            break
+    if r.num_engines != engines:
+        logging.getLogger("rlhf.config").warning(
+            "rlhf.config: verl would run %d rollout replicas here; this job places %d colocated engine(s) of TP %d "
+            "(set rollout.num_engines to choose, or rollout.mode=disaggregated)", engines, r.num_engines, tp)
+
+
+def _reward_model_lines(cfg: Any, t: Translated) -> list[str]:
+    """One loud line per reward model (``reward.sources`` of type model, verl's ``reward_model.enable``): where it
+    scores and why not on GPUs as verl would serve it, naming verl's GPU settings given for it (no effect here)."""
+    gpu = ("reward_model.rollout.", "reward_model.megatron.", "reward_model.n_gpus_per_node", "reward_model.nnodes",
+           "reward.reward_model.rollout.")
+    gpu_keys = sorted({k for k, _, _ in t.ignored if k.startswith(gpu) and not k.endswith("_target_")})
+    given = (f"; verl would serve it on GPUs ({', '.join(gpu_keys[:4])}{', ...' if len(gpu_keys) > 4 else ''} "
+             f"given: no effect here)") if gpu_keys else "; verl would serve it on GPUs"
+    return [f"REWARD MODEL ON CPU: reward.sources[{i}] (the reward model {s.path}) scores on the CPU, "
+            f"{'in a Ray worker of its own' if s.placement == 'ray' else 'in-process on rank 0'}, not on GPUs: a "
+            f"reward model on GPUs is neither placed nor in the memory plan here{given}.  Expect slow scoring for a "
+            f"large model, or serve it outside this job and score through custom_reward_function.path."
+            for i, s in enumerate(cfg.reward.sources) if s.type == "model"]
 
 def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
     """Warning lines naming the verl settings accepted without effect, so none passes silently: command-line keys
