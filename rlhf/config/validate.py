@@ -13,13 +13,10 @@ from rlhf.algorithms import registry
 from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
 from rlhf.config.distill import distill_problems
 from rlhf.config.errors import ConfigValidationError
-from rlhf.preflight import (SUPPORTED_ARCHITECTURES, check_model_config, critic_on, model_context_length,
-                            preflight_problems, surroundings)
 from rlhf.config.schema import field_problems
-from rlhf.rollout.placement import job_placement_problem, trainer_gpus
-
-__all__ = ["validate_config", "config_problems", "placement_problems", "token_budget_problem", "check_model_config",
-           "model_context_length", "SUPPORTED_ARCHITECTURES"]
+from rlhf.preflight import (SUPPORTED_ARCHITECTURES, check_model_config, critic_on, model_context_length,  # noqa: F401
+                            preflight_problems, surroundings)
+from rlhf.rollout.placement import PlacementError, job_placement_problem, pool_engines, pool_placement, trainer_gpus
 
 
 def token_budget_problem(what: str, max_tokens: Optional[int], max_prompt_length: int,
@@ -35,12 +32,11 @@ def token_budget_problem(what: str, max_tokens: Optional[int], max_prompt_length
 
 
 def _response_sized(cfg: DictConfig) -> list[str]:
-    """Settings sized against the lengths that the ranks would refuse after the launch: the dynamic-batching token
-    budgets (one whole prompt + response each) and DAPO's overlong buffer (tokens before the response limit)."""
-    p, r = cfg.data.max_prompt_length, cfg.data.max_response_length
-    out = []
-    for role, forward in [("actor", "log_prob_max_token_len_per_gpu")] + [("critic", "forward_max_token_len_per_gpu")
-                                                                         ] * critic_on(cfg):
+    """The dynamic-batching token budgets (one whole prompt + response each) and DAPO's overlong buffer (tokens
+    before the response limit), which the ranks would refuse after the launch."""
+    p, r, out = cfg.data.max_prompt_length, cfg.data.max_response_length, []
+    critic = [("critic", "forward_max_token_len_per_gpu")] * critic_on(cfg)
+    for role, forward in [("actor", "log_prob_max_token_len_per_gpu"), *critic]:
         for key in ("ppo_max_token_len_per_gpu", forward) if cfg[role].use_dynamic_bsz else ():
             if key == "ppo_max_token_len_per_gpu" or cfg[role][key] is not None:  # null: the update's budget
                 problem = token_budget_problem(f"{role}.{key}", cfg[role][key], p, r)
@@ -53,25 +49,20 @@ def _response_sized(cfg: DictConfig) -> list[str]:
     return out
 
 
-def _has_pool(cfg: DictConfig) -> bool:
-    """verl's rollout pool is given (``rollout.n_gpus_per_node``): trainer.* is then the trainer's pool alone."""
-    return bool(cfg.rollout.get("n_gpus_per_node"))
-
-
 def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str], Optional[str]]:
     """(trainer processes, problems, where they came from): the launcher's (source None), else what the launchers
     start for the job's GPUs, with the keys that say so (for the messages)."""
     gpus, nodes, r = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes or 1, cfg.rollout
     declared = gpus * nodes if gpus and gpus >= 1 and nodes >= 1 else None
-    if declared is None:
+    if declared is None or (world_size is not None and r.get("n_gpus_per_node")):
         return world_size, [], None
     keys = f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={gpus}"
-    if _has_pool(cfg):  # verl's pools: trainer.* are the trainer's GPUs alone, the engines have their own
-        return (world_size, [], None) if world_size is not None else (declared, [], f"{keys} (verl's trainer pool)")
+    if r.get("n_gpus_per_node"):  # verl's pools: trainer.* are the trainer's GPUs alone, the engines have their own
+        return declared, [], f"{keys} (verl's trainer pool)"
     if r.mode != "colocated":
         trainer = trainer_gpus(r.mode, declared, r.num_engines, r.tensor_model_parallel_size)
         if world_size is not None or trainer < 1:
-            return (world_size if world_size is not None else None), [], None
+            return world_size, [], None
         return trainer, [], (f"{keys} less the engines' rollout.num_engines={r.num_engines} x "
                              f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}")
     if cfg.trainer.nnodes is None:
@@ -86,23 +77,21 @@ def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[in
 def _pool(cfg: DictConfig) -> list[str]:
     """verl's rollout pool (``rollout.nnodes`` / ``rollout.n_gpus_per_node``, its one-step-off recipes): disaggregated
     engines, whole engines per rollout node, and the engine count it implies."""
-    from rlhf.rollout.placement import pool_engines
-
     r = cfg.rollout
-    if not _has_pool(cfg) or r.n_gpus_per_node < 1 or (r.nnodes or 1) < 1 or r.tensor_model_parallel_size < 1:
+    if not r.get("n_gpus_per_node") or min(r.n_gpus_per_node, r.nnodes or 1, r.tensor_model_parallel_size) < 1:
         return []  # no pool, or the fields' own rules report a bad size
-    pool = f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}"
-    out = []
+    pool, tp, out = f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}", \
+        r.tensor_model_parallel_size, []
     if r.mode != "disaggregated":
         out.append(f"rollout.n_gpus_per_node={r.n_gpus_per_node} gives the engines GPUs of their own (verl's rollout "
                    f"pool, {pool}) but rollout.mode={r.mode}; set actor_rollout_ref.hybrid_engine=False (or "
                    f"rollout.mode=disaggregated), as verl's one-step-off recipes do, or drop rollout.nnodes / "
                    f"rollout.n_gpus_per_node.")
-    tp = r.tensor_model_parallel_size
     if r.n_gpus_per_node % tp:
         out.append(f"rollout.n_gpus_per_node={r.n_gpus_per_node} is not a multiple of the engines' tensor parallel "
-                   f"size rollout.tensor_model_parallel_size={tp} (verl: actor_rollout_ref.rollout.tensor_model_parallel_size; each rollout node runs "
-                   f"rollout.n_gpus_per_node / TP engines); set rollout.n_gpus_per_node to a multiple of {tp}.")
+                   f"size rollout.tensor_model_parallel_size={tp} (verl: actor_rollout_ref.rollout.tensor_model_"
+                   f"parallel_size; each rollout node runs rollout.n_gpus_per_node / TP engines); set "
+                   f"rollout.n_gpus_per_node to a multiple of {tp}.")
     elif r.num_engines != pool_engines(r.nnodes or 1, r.n_gpus_per_node, tp):
         out.append(f"rollout.num_engines={r.num_engines} but verl's rollout pool {pool} at engine tensor parallel "
                    f"size {tp} runs {pool_engines(r.nnodes or 1, r.n_gpus_per_node, tp)} engine(s); drop "
@@ -150,13 +139,25 @@ def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     return out
 
 
-def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Optional[int]) -> list[str]:
+def placement_problems(cfg: DictConfig, world_size: Optional[int] = None,
+                       gpus_per_node: Optional[int] = None) -> list[str]:
     """The engines and trainer ranks fit the job's GPUs (rlhf/rollout/placement.py): trainer.n_gpus_per_node (else
     ``gpus_per_node``) x trainer.nnodes (else the nodes the ranks fill); no check without a GPU count, nor for
-    disaggregated engines of a job as launched on several nodes (they may run on Ray nodes beyond the trainer's)."""
+    disaggregated engines of a job as launched on several nodes (they may run on Ray nodes beyond the trainer's).
+    verl's trainer and rollout pools: checked on nodes of ``gpus_per_node`` GPUs (known at the start of a run)."""
     r, t = cfg.rollout, cfg.trainer
-    if _has_pool(cfg):  # verl's pools: checked against the node's GPUs when they are known (the start of a run)
-        return _pool_placement(cfg, gpus_per_node)
+    if r.get("n_gpus_per_node"):
+        if not gpus_per_node or not t.n_gpus_per_node or r.mode != "disaggregated" or _pool(cfg):
+            return []  # no GPUs known or no trainer pool declared; _pool reports the pool's own problems
+        try:
+            pool_placement(gpus_per_node=gpus_per_node, trainer_nnodes=t.nnodes or 1,
+                           trainer_per_node=t.n_gpus_per_node, rollout_nnodes=r.nnodes or 1,
+                           rollout_per_node=r.n_gpus_per_node, engine_tp=r.tensor_model_parallel_size)
+        except PlacementError as e:
+            return [f"verl's pools (trainer.nnodes={t.nnodes or 1} x trainer.n_gpus_per_node={t.n_gpus_per_node}, "
+                    f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}) on nodes of "
+                    f"{gpus_per_node} GPUs: {e}."]
+        return []
     declared = t.n_gpus_per_node if t.n_gpus_per_node and t.n_gpus_per_node >= 1 else None
     per_node = declared or gpus_per_node
     if min(r.num_engines, r.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size) < 1 or \
@@ -172,30 +173,6 @@ def _placement(cfg: DictConfig, world_size: Optional[int], gpus_per_node: Option
                                 pp=cfg.parallel.pipeline_model_parallel_size,
                                 ep=cfg.parallel.expert_model_parallel_size, gpus_from=src)
     return [why] if why else []
-
-
-def _pool_placement(cfg: DictConfig, gpus_per_node: Optional[int]) -> list[str]:
-    """verl's trainer and rollout pools on nodes of ``gpus_per_node`` GPUs (this machine's, at the start of a run;
-    unknown at ``--cfg``): rlhf.rollout.placement.pool_placement."""
-    from rlhf.rollout.placement import PlacementError, pool_placement
-
-    r, t = cfg.rollout, cfg.trainer
-    if not gpus_per_node or not t.n_gpus_per_node or r.mode != "disaggregated" or _pool(cfg):
-        return []  # no GPUs known or no trainer pool declared; _pool reports the pool's own problems
-    try:
-        pool_placement(gpus_per_node=gpus_per_node, trainer_nnodes=t.nnodes or 1, trainer_per_node=t.n_gpus_per_node,
-                       rollout_nnodes=r.nnodes or 1, rollout_per_node=r.n_gpus_per_node,
-                       engine_tp=r.tensor_model_parallel_size)
-    except PlacementError as e:
-        return [f"verl's pools (trainer.nnodes={t.nnodes or 1} x trainer.n_gpus_per_node={t.n_gpus_per_node}, "
-                f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}) on nodes of "
-                f"{gpus_per_node} GPUs: {e}."]
-    return []
-
-
-def placement_problems(cfg: DictConfig) -> list[str]:
-    """The placement problems of ``cfg`` as composed (the GPUs it declares, the launcher unknown)."""
-    return _placement(cfg, None, None)
 
 
 def _algorithm(cfg: DictConfig) -> list[str]:
@@ -220,57 +197,53 @@ def _algorithm(cfg: DictConfig) -> list[str]:
         out.append("actor.policy_loss.loss_mode=bypass_mode trains against the engine's log-probs, which the trainer "
                    "puts in place only with algorithm.rollout_correction.bypass_mode=true; set that instead (it "
                    "selects this loss).")
-    if cfg.trainer.one_step_off_policy.enable and cfg.rollout.multi_turn.enable:
-        out.append("trainer.one_step_off_policy.enable=true does not combine with rollout.multi_turn.enable=true (the "
-                   "agent loop is not started in the background); turn one of them off.")
-    if cfg.trainer.one_step_off_policy.enable and cfg.algorithm.filter_groups.enable:
-        out.append("trainer.one_step_off_policy.enable=true does not combine with algorithm.filter_groups.enable=true "
-                   "(dynamic sampling generates several rounds per step); turn one of them off.")
+    for other, why in ((cfg.rollout.multi_turn.enable, "rollout.multi_turn.enable=true (the agent loop is not started "
+                        "in the background)"), (cfg.algorithm.filter_groups.enable, "algorithm.filter_groups.enable="
+                                                "true (dynamic sampling generates several rounds per step)")):
+        if cfg.trainer.one_step_off_policy.enable and other:
+            out.append(f"trainer.one_step_off_policy.enable=true does not combine with {why}; turn one of them off.")
     return out
 
 
 #: sglang.Engine arguments the rollout sets from the config (rlhf/workers/rollout.py: rollout_engine_config), so
-#: rollout.engine_kwargs.sglang refuses them: the key that sets each, or (None, why) where nothing may
-ENGINE_OWNED = {"model_path": "actor_rollout_ref.model.path", "tp_size": "rollout.tensor_model_parallel_size",
-                "dtype": "rollout.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
-                "context_length": "data.max_prompt_length + data.max_response_length", "random_seed": "trainer.seed",
-                "max_total_tokens": "rollout.max_total_tokens", "enable_memory_saver": "rollout.enable_memory_saver",
-                "skip_tokenizer_init": (None, "the weight sync's token-in / token-out mode needs it"),
-                "custom_weight_loader": (None, "the weight sync loads each bucket through its own loader")}
-_PLACED = (None, "the placement plan gives each engine its device and GPUs, one engine of "
-                 "rollout.tensor_model_parallel_size GPUs on one node, and the weight sync expects that layout; "
-                 "for more replicas raise the engine count instead")
-ENGINE_OWNED.update({k: _PLACED for k in ("device", "base_gpu_id", "gpu_id_step", "dp_size", "pp_size", "ep_size",
-                                          "nnodes", "node_rank", "dist_init_addr", "enable_dp_attention")})
-ENGINE_OWNED.update({k: (None, "each engine takes free ports of its own; a fixed one collides between engines")
-                     for k in ("port", "nccl_port", "host")})
-ENGINE_OWNED["load_format"] = (None, "the engines start from the model path's weights and the weight sync replaces "
-                                     "them; dummy weights would serve the first generation unsynced")
-
-
-def server_args_fields() -> list[str]:
-    """The field names of SGLang's ServerArgs (a msgspec Struct in SGLang 0.5.2x, a dataclass before)."""
-    import dataclasses
-
-    from sglang.srt.server_args import ServerArgs
-
-    if dataclasses.is_dataclass(ServerArgs):
-        return [f.name for f in dataclasses.fields(ServerArgs)]
-    import msgspec
-
-    return [f.name for f in msgspec.structs.fields(ServerArgs)]
+#: rollout.engine_kwargs.sglang refuses them: the key that sets each, or why nothing may
+_PLACED = ("the placement plan gives each engine its device and GPUs, one engine of rollout.tensor_model_parallel_size "
+           "GPUs on one node, and the weight sync expects that layout; for more replicas raise the engine count "
+           "instead")
+ENGINE_OWNED = {
+    "model_path": "actor_rollout_ref.model.path", "tp_size": "rollout.tensor_model_parallel_size",
+    "dtype": "rollout.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
+    "context_length": "data.max_prompt_length + data.max_response_length", "random_seed": "trainer.seed",
+    "max_total_tokens": "rollout.max_total_tokens", "enable_memory_saver": "rollout.enable_memory_saver",
+    "skip_tokenizer_init": (None, "the weight sync's token-in / token-out mode needs it"),
+    "custom_weight_loader": (None, "the weight sync loads each bucket through its own loader"),
+    "load_format": (None, "the engines start from the model path's weights and the weight sync replaces them; dummy "
+                          "weights would serve the first generation unsynced"),
+    **{k: (None, _PLACED) for k in ("device", "base_gpu_id", "gpu_id_step", "dp_size", "pp_size", "ep_size", "nnodes",
+                                    "node_rank", "dist_init_addr", "enable_dp_attention")},
+    **{k: (None, "each engine takes free ports of its own; a fixed one collides between engines")
+       for k in ("port", "nccl_port", "host")}}
 
 
 def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
     """``rollout.engine_kwargs.sglang``: each key a field of SGLang's ServerArgs (imports sglang, only when set) and
     not one the rollout sets from the config (:data:`ENGINE_OWNED`)."""
-    given = list(cfg.rollout.engine_kwargs.sglang)
+    given = [str(k) for k in cfg.rollout.engine_kwargs.sglang]
     if not given:
         return []
+    import dataclasses
     import difflib
 
-    fields, out = server_args_fields(), []
-    for k in map(str, given):
+    from sglang.srt.server_args import ServerArgs
+
+    if dataclasses.is_dataclass(ServerArgs):
+        fields = [f.name for f in dataclasses.fields(ServerArgs)]
+    else:  # a msgspec Struct in SGLang 0.5.2x
+        import msgspec
+
+        fields = [f.name for f in msgspec.structs.fields(ServerArgs)]
+    out = []
+    for k in given:
         key, owner = f"rollout.engine_kwargs.sglang.{k}", ENGINE_OWNED.get(k)
         if isinstance(owner, tuple):
             out.append(f"{key} cannot be set here ({owner[1]}); drop it.")
@@ -287,7 +260,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
-            + _algorithm(cfg) + _pool(cfg) + _placement(cfg, world_size, gpus_per_node)
+            + _algorithm(cfg) + _pool(cfg) + placement_problems(cfg, world_size, gpus_per_node)
             + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, _world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 
@@ -299,15 +272,12 @@ def validate_config(cfg: DictConfig, world_size: Optional[int] = None, check_fil
 
     Args:
         cfg: a config from :func:`rlhf.config.compose_config`.
-        world_size: the trainer processes (torchrun / Slurm tasks) when known, for the data-parallel checks; None:
-            ``trainer.n_gpus_per_node x trainer.nnodes`` (nnodes default 1) when set, less the disaggregated engines'
-            GPUs.
-        check_files: also check the data and model references (local paths exist, a model's config.json is of a
-            supported architecture; hub names only against the local HF cache), the checkpoint to resume from, the
-            logger backends and the data's lengths: ``rlhf.main``, ``rlhf launch`` and ``rlhf.Trainer`` turn it on,
-            so all this runs before any download.
-        gpus_per_node: this machine's GPUs, for the placement check when trainer.n_gpus_per_node is null
-            (``rlhf.main`` passes it at the start of a run).
+        world_size: the trainer processes (torchrun / Slurm tasks) when known; None: ``trainer.n_gpus_per_node x
+            trainer.nnodes`` (nnodes default 1) when set, less the disaggregated engines' GPUs.
+        check_files: also check the data and model references (local paths, a model's architecture; hub names only
+            in the local HF cache), the checkpoint to resume from, the logger backends and the data's lengths, all
+            before any download (``rlhf.main``, ``rlhf launch`` and ``rlhf.Trainer`` turn it on).
+        gpus_per_node: this machine's GPUs, for the placement check when trainer.n_gpus_per_node is null.
 
     Raises:
         ConfigValidationError: one line per problem, naming the key, its value and the fix.
