@@ -31,7 +31,8 @@ RolloutDtype = _choices("RolloutDtype", "auto float32 bfloat16 float16",
                         "auto follows model.dtype (the engines run in the actor's training dtype)")
 AlgorithmName = _choices("AlgorithmName", "ppo dpo", "ppo (also for the critic-free estimators grpo, rloo, ...) "
                          "or dpo")
-KLControlType = _choices("KLControlType", " ".join(KL_CTRL_TYPES), "fixed keeps kl_coef, adaptive steers it to target_kl")
+KLControlType = _choices("KLControlType", " ".join(KL_CTRL_TYPES), "fixed keeps kl_coef, adaptive steers it to "
+                         "target_kl")
 ResumeMode = _choices("ResumeMode", "auto disable resume_path", "auto resumes from the latest checkpoint in "
                       "trainer.default_local_dir, disable starts fresh, resume_path loads trainer.resume_from_path")
 LoggerBackend = _choices("LoggerBackend", "console tensorboard wandb mlflow",

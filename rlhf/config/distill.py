@@ -1,20 +1,14 @@
 """The checks of on-policy distillation (``distill.*``, rlhf.algorithms.distill) that cross sections or need files:
-the trainer it runs in, and that the teacher shares the student's tokenizer (the teacher scores the student's token
-ids, so both must map every token to the same id).  No torch.
-
-The tokenizer check runs twice: at ``--cfg`` / the start of a run from the files when both tokenizers are on disk
-(:func:`files_vocab`: tokenizer.json, else vocab.json + added_tokens.json), and on the trainer ranks on the loaded
-tokenizers before any model is built (rlhf.workers.teacher).  The config.json ``vocab_size`` (embedding rows) may
-differ: a family pads its embedding differently per size (Qwen2.5-0.5B 151936, Qwen2.5-7B 152064) over one
-tokenizer.
+the trainer it runs in, and that the teacher shares the student's tokenizer (it scores the student's token ids).  The
+tokenizer check runs at ``--cfg`` / the start of a run from the files when both are on disk (:func:`files_vocab`),
+and on the trainer ranks on the loaded tokenizers before any model is built (rlhf.workers.teacher).  The config.json
+``vocab_size`` (embedding rows) may differ: a family pads its embedding per size over one tokenizer.  No torch.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any, Mapping, Optional
-
-__all__ = ["vocab_mismatch", "files_vocab", "distill_problems", "tokenizer_dir", "teacher_layout"]
 
 
 def vocab_mismatch(student: Mapping[str, int], teacher: Mapping[str, int]) -> Optional[str]:
@@ -31,49 +25,37 @@ def vocab_mismatch(student: Mapping[str, int], teacher: Mapping[str, int]) -> Op
 
 
 def files_vocab(model_dir: Optional[str]) -> Optional[dict]:
-    """The token -> id map of the tokenizer saved in `model_dir` (tokenizer.json: its model's vocab plus the added
-    tokens; else vocab.json plus added_tokens.json), or None when there is none readable (sentencepiece only, no
-    directory)."""
-    if not model_dir or not Path(model_dir).is_dir():
-        return None
-    d = Path(model_dir)
+    """The token -> id map of the tokenizer saved in `model_dir` (tokenizer.json, read by HF ``tokenizers``, added
+    tokens included; else vocab.json plus added_tokens.json), or None when there is none readable."""
+    d = Path(model_dir or "")
     try:
-        if (d / "tokenizer.json").is_file():
-            tok = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
-            vocab = tok.get("model", {}).get("vocab")
-            if isinstance(vocab, list):  # Unigram: [[piece, score], ...] in id order
-                vocab = {piece[0]: i for i, piece in enumerate(vocab)}
-            if not isinstance(vocab, dict):
-                return None
-            out = dict(vocab)
-            out.update({a["content"]: a["id"] for a in tok.get("added_tokens") or []})
-            return out
-        if (d / "vocab.json").is_file():
-            out = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
-            if (d / "added_tokens.json").is_file():
-                out.update(json.loads((d / "added_tokens.json").read_text(encoding="utf-8")))
-            return out
-    except (OSError, ValueError, KeyError, TypeError):
+        if model_dir and (d / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            return Tokenizer.from_file(str(d / "tokenizer.json")).get_vocab(with_added_tokens=True)
+        if model_dir and (d / "vocab.json").is_file():
+            extra = d / "added_tokens.json"
+            return {**json.loads((d / "vocab.json").read_text(encoding="utf-8")),
+                    **(json.loads(extra.read_text(encoding="utf-8")) if extra.is_file() else {})}
+    except Exception:  # noqa: BLE001 - unreadable (tokenizers raises its own Exception type): no check from files
         return None
     return None
 
 
 def tokenizer_dir(cfg: Any, path: Optional[str]) -> Optional[str]:
-    """The local directory holding the tokenizer of model reference `path` without building or downloading: a
-    local directory, a built tiny:// model, a hub model's snapshot in the local cache; else None."""
+    """The local directory of model reference `path`'s tokenizer (a local directory, a built tiny:// model, a hub
+    model's snapshot in the local cache), without building or downloading; else None."""
     if not path:
         return None
     from rlhf.data.refs import cached_hub_file, parse_model_ref
     from rlhf.quickstart.resolve import local_model_path
 
-    local = local_model_path(cfg, path)
-    if local:
+    if local := local_model_path(cfg, path):
         return local
     ref = parse_model_ref(path)
-    if ref.kind == "hub":
-        found = cached_hub_file(ref.path, "tokenizer.json") or cached_hub_file(ref.path, "vocab.json")
-        return str(found.parent) if found else None
-    return None
+    found = ref.kind == "hub" and (cached_hub_file(ref.path, "tokenizer.json") or cached_hub_file(ref.path,
+                                                                                                  "vocab.json"))
+    return str(found.parent) if found else None
 
 
 def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[int] = None) -> list[str]:
@@ -81,10 +63,9 @@ def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[i
     grid (``distill.teacher.tensor/pipeline_model_parallel_size``) divides the `world_size` trainer ranks (when known)
     and its data-parallel size the batch; with `check_files` the teacher's tokenizer against the student's
     (``model.tokenizer_path``, else ``model.path``) when both are on disk.  One line each (key, value, why, fix)."""
-    d = cfg.get("distill")
+    d, out = cfg.get("distill"), []
     if d is None or not d.enable:
         return []
-    out = []
     if str(cfg.algorithm.name) == "dpo":
         out.append("distill.enable=true with algorithm.name=dpo: on-policy distillation scores the student's own "
                    "rollouts, which the DPO trainer does not generate; use a PPO-family algorithm (e.g. "

@@ -5,8 +5,6 @@ import os
 import re
 from typing import Any
 
-__all__ = ["format_value"]
-
 
 def format_value(v: Any) -> str:
     """A Python value as a Hydra override value (strings quoted, so any path is taken literally)."""
@@ -21,15 +19,12 @@ def format_value(v: Any) -> str:
     if isinstance(v, dict):
         return "{" + ",".join(f"{k}:{format_value(x)}" for k, x in v.items()) + "}"
     s = os.fspath(v) if isinstance(v, os.PathLike) else str(v)
-    if re.fullmatch(r"[A-Za-z0-9_./:@+-]+", s) and _parses_as(s, s):
-        return s  # plain token (paths, hub names): no quotes, shell friendly
+    if re.fullmatch(r"[A-Za-z0-9_./:@+-]+", s):  # a plain token (paths, hub names) that Hydra reads back as is
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        try:
+            if OverridesParser.create().parse_overrides([f"k={s}"])[0].value() == s:
+                return s
+        except Exception:  # noqa: BLE001 - quoted below
+            pass
     return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _parses_as(raw: str, expected: str) -> bool:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    try:
-        return OverridesParser.create().parse_overrides([f"k={raw}"])[0].value() == expected
-    except Exception:  # noqa: BLE001
-        return False

@@ -1,11 +1,7 @@
 """``<trainer.default_local_dir>/config.yaml``: the composed config of a run, written at its start by
 ``python -m rlhf.main`` and ``rlhf.Trainer.run`` (global rank 0), so the run's outputs say what was trained
 (``scripts/convert_checkpoint.py mcore-to-hf --ckpt`` reads the model reference from it)."""
-from __future__ import annotations
-
 import os
-
-__all__ = ["RUN_CONFIG", "write_run_config"]
 
 RUN_CONFIG = "config.yaml"
 
@@ -14,9 +10,8 @@ def write_run_config(cfg) -> str:
     """Write the composed config to ``<trainer.default_local_dir>/config.yaml`` (tmp + rename); returns the path."""
     from omegaconf import OmegaConf
 
-    out = cfg.trainer.default_local_dir
-    os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, RUN_CONFIG)
+    os.makedirs(cfg.trainer.default_local_dir, exist_ok=True)
+    path = os.path.join(cfg.trainer.default_local_dir, RUN_CONFIG)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
     os.replace(path + ".tmp", path)
