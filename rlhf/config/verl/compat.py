@@ -16,20 +16,9 @@ from typing import Any, Optional, Sequence
 from rlhf.config.errors import ConfigKeyError
 from rlhf.config.keys import first_bad_part, is_dict_field, split_key, unknown_key_error
 
-__all__ = ["Item", "Translated", "Unsupported", "FUNCTIONS", "rule_for", "translate_key", "translate_items",
-           "items_from_overrides", "check_same", "verl_engine_count", "ignored_lines", "is_verl_default"]
-
 
 class Unsupported(ValueError):
     """A verl value with no equivalent here; the message says why and what to use instead."""
-
-
-def _choose(allowed: dict, why: str):  # a value function: ``allowed[value]`` (None: nothing), else Unsupported
-    def fn(v: Any, to: str) -> list:
-        if v not in allowed:
-            raise Unsupported(why)
-        return [] if allowed[v] is None else [(to, allowed[v])]
-    return fn
 
 
 def _train_dtype(v: Any, to: str) -> list:
@@ -45,10 +34,12 @@ def _dtype(v: Any, to: str) -> list:
     return [] if v is None else [(to, megatron_dtype_name(v))]  # verl's null: megatron's fp32 default
 
 
-#: the value functions that keep the value's meaning (a dtype name, a schedule): an error may name the verl key for
-#: ours (rlhf.config.verl.words); the others (hybrid_engine -> rollout.mode, pools, betas) change what the value says
-SAME_VALUE_FNS = frozenset({"logger", "warmup_steps", "lora_rank", "dtype", "train_dtype", "rollout_name", "schedule",
-                            "recompute", "router_dtype", "lora_a_init", "pool_nnodes", "pool_gpus"})
+def keeps_value(rule: dict) -> bool:
+    """Whether a value rule keeps the value's meaning (a dtype name; a ``choose`` that maps a value to itself), so an
+    error may name the verl key for ours (rlhf.config.verl.words); others (betas, pools) change what it says."""
+    return rule.get("fn") in ("logger", "warmup_steps", "lora_rank", "dtype", "train_dtype", "pool_nnodes",
+                              "pool_gpus") or any(k == v for k, v in (rule.get("choose") or {}).items() if k is not None)
+
 
 #: the value rewrites of ``{fn: NAME, to: KEY}`` rules: ``FUNCTIONS[NAME](value, KEY) -> [(our key, value), ...]``
 FUNCTIONS = {
@@ -59,26 +50,8 @@ FUNCTIONS = {
     "lora_rank": lambda v, to: [(to, v)] if v else [],  # verl's megatron lora.rank 0 (its default) keeps lora_rank
     "dtype": _dtype,
     "train_dtype": _train_dtype,
-    "rollout_name": _choose({"sglang": "sglang", "vllm": "sglang"}, "the rollout engine here is SGLang; use "
-                            "rollout.name=sglang (vllm is read as sglang)"),
-    "schedule": _choose({None: None, "constant": "constant", "cosine": "cosine", "linear": "linear"},
-                        "schedules here are constant, linear and cosine (<role>.optim.lr_decay_style)"),
-    "recompute": _choose({None: None, "full": "full", "selective": "selective"},
-                         "parallel.recompute is null, full or selective"),
-    "router_dtype": _choose({None: None, "fp32": "fp32", "fp64": "fp64"}, "model.moe_router_dtype is null, fp32 or "
-                            "fp64"),
-    "load_balancing": _choose({None: None, "aux_loss": None, "none": 0.0}, "the MoE router balances its load with the "
-                              "aux loss (aux_loss, or none: model.moe_aux_loss_coef=0)"),
-    # verl's one-step-off recipes: hybrid_engine=False with a rollout pool (rollout.nnodes / rollout.n_gpus_per_node)
-    "hybrid_engine": _choose({True: None, False: "disaggregated"}, "hybrid_engine is true (engines colocated with "
-                             "the trainer, rollout.mode=colocated) or false (engines on GPUs of their own: "
-                             "rollout.mode=disaggregated)"),
     "pool_nnodes": lambda v, to: [] if not v else [(to, v)],  # verl's 0: no standalone rollout pool
     "pool_gpus": lambda v, to: [] if v is None or "${" in str(v) else [(to, v)],  # verl's default: trainer's count
-    "gradient_checkpointing": _choose({None: None, False: None, True: "full"}, "enable_gradient_checkpointing is true "
-                                      "or false (true: parallel.recompute=full)"),
-    "lora_a_init": _choose({"xavier": "xavier", "kaiming": "kaiming"}, "the LoRA A init here is xavier or kaiming "
-                           "(B starts at zero)"),
 }
 
 
@@ -87,6 +60,14 @@ def _expand(pattern: str) -> list[str]:
     m = re.search(r"\{([^{}]*)\}", pattern)
     return [x for alt in m.group(1).split(",") for x in _expand(pattern[:m.start()] + alt + pattern[m.end():])] \
         if m else [pattern]
+
+
+def _fill(x: Any, names: dict) -> Any:
+    """A template's rules with its ``$names`` filled in."""
+    if isinstance(x, dict):
+        return {_fill(k, names): _fill(v, names) for k, v in x.items()}
+    return Template(x).safe_substitute(names) if isinstance(x, str) else [_fill(v, names) for v in x] \
+        if isinstance(x, list) else x
 
 
 @functools.lru_cache(maxsize=1)
@@ -100,9 +81,8 @@ def _table() -> tuple[dict, list, dict, dict]:
     flat = {}
     for key, spec in sorted(doc["verl"].items(), key=lambda kv: "use" not in norm(kv[1])):  # templates first
         if "use" in norm(spec):
-            text = Template(json.dumps(doc["templates"][spec["use"]])).safe_substitute(spec)
-            flat.update({f"{at}.{s}": sub for k, sub in json.loads(text).items() for at in _expand(key)
-                         for s in _expand(k)})
+            flat.update({f"{at}.{s}": sub for k, sub in _fill(doc["templates"][spec["use"]], spec).items()
+                         for at in _expand(key) for s in _expand(k)})
         else:
             flat.update({k: spec for k in _expand(key)})
     patterns = []
@@ -230,13 +210,16 @@ def _apply(item: Item, rule: dict, head: str, out: Translated, reward_model: dic
             first = f"Unknown config key {key!r} (read as {ours!r}" + (f"; {item.source}" if item.source else "")
             out.unknown.append(ConfigKeyError("\n".join([first + ").", *str(err).splitlines()[1:]]), key=key,
                                               suggestions=err.suggestions, source=item.source))
-    elif action == "fn" and not item.parsed:
+    elif action in ("fn", "choose") and not item.parsed:
         out.problems.append(f"{key}: only a single value is supported here{where}.")
-    elif action == "fn":
+    elif action in ("fn", "choose"):
         try:
-            made = FUNCTIONS[arg](value, _ours(rule.get("to") or key, key, head, rule))
+            to = _ours(rule.get("to") or key, key, head, rule)
+            if action == "choose" and value not in arg:
+                raise Unsupported(rule["why"])
+            made = FUNCTIONS[arg](value, to) if action == "fn" else [(to, arg[value])] * (arg[value] is not None)
             out.overrides += [_line(item, k, v) for k, v in made]
-            out.typed.update({k: key for k, _ in made if k != key and arg in SAME_VALUE_FNS})
+            out.typed.update({k: key for k, _ in made if k != key and keeps_value(rule)})
         except Unsupported as e:
             out.problems.append(f"{key}={shown} is not supported{where}: {e}.")
         except (TypeError, ValueError) as e:

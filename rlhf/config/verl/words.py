@@ -10,7 +10,7 @@ import functools
 import re
 from typing import Optional
 
-from rlhf.config.verl.compat import SAME_VALUE_FNS, Translated, _ours, _table, translate_key
+from rlhf.config.verl.compat import Translated, _ours, _table, keeps_value, translate_key
 
 __all__ = ["in_user_words", "verl_key_for"]
 
@@ -27,7 +27,7 @@ def _reverse() -> tuple[dict, list]:
     exact, patterns, _, _ = _table()
     renames: dict = {}
     for key, rule in exact.items():
-        if "map" in rule or (rule.get("fn") in SAME_VALUE_FNS and rule.get("to")):
+        if "map" in rule or (keeps_value(rule) and rule.get("to")):
             ours = _ours(rule.get("map") or rule["to"], key, key, rule)
             if schema_node(ours.split(".")) is None:  # a leaf, not a section (betas -> actor.optim)
                 renames.setdefault(ours, []).append(key)
