@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlhf.config.choices import GROUP_ESTIMATORS
 from rlhf.config.errors import ConfigError, ConfigKeyError, raise_all
 from rlhf.config.keys import compose_error, omegaconf_error, schema
-from rlhf.config.verl.compat import Translated, after_compose, items_from_overrides, translate_items
+from rlhf.config.verl.compat import after_compose, translate
 
 SCHEMA_NAME = "ppo_trainer_schema"  # the schema in Hydra's ConfigStore, first of ppo_trainer.yaml's defaults
 BASE_CONFIG_NAME = "ppo_trainer"  # the primary config, rlhf/config/ppo_trainer.yaml
@@ -72,22 +72,6 @@ def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[s
 def list_algorithms(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
     """Names of the algorithm presets (:func:`list_options`)."""
     return list_options(ALGORITHM_GROUP, search_paths)
-
-
-def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.PathLike]] = None) -> Translated:
-    """The preprocessing step: the config file's settings, then ``overrides``, in our keys (verl's translated,
-    :mod:`rlhf.config.verl.compat`); ``hydra.run.dir=DIR`` also sets ``trainer.default_local_dir=DIR`` unless that
-    is given too; ``+recipe=`` / ``+algorithm=`` are group choices.  Raises ConfigError: an unreadable config file."""
-    from rlhf.config.config_file import load_config_file
-
-    register_configs()  # the recipes, for a `recipe: NAME` entry of a file the config file includes
-    cli_items, passthrough = items_from_overrides(overrides)
-    t = translate_items((load_config_file(config_file) if config_file is not None else []) + cli_items)
-    t.overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o for o in t.overrides + passthrough]
-    keys = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in t.overrides if "=" in o}
-    if "hydra.run.dir" in keys and "trainer.default_local_dir" not in keys:
-        t.overrides.append(f"trainer.default_local_dir={keys['hydra.run.dir']}")
-    return t
 
 
 def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) -> tuple[dict, list, list, list]:

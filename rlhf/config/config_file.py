@@ -1,21 +1,17 @@
 """A whole config in one YAML file, verl's layout or ours (``--config FILE``, verl's ``--config-path DIR --config-name
 NAME``, ``Trainer(config_file=...)``).  Hydra composes it with its directory as the config tree, so its ``defaults:``
-work as for the program it was written for (verl's groups; ``ppo_trainer`` / ``ppo_megatron_trainer`` add verl's
-defaults for those names, rlhf/config/verl/; ``recipe:`` / ``algorithm:`` are ours); its settings, before the command
-line's, then go through the verl alias layer
-(``${...}`` kept with verl's keys rewritten, or resolved in the file where they name a key with no equivalent)."""
+work as for the program it was written for (verl's groups; ``ppo_trainer`` / ``ppo_megatron_trainer``: verl's
+defaults, rlhf/config/verl/; ``recipe:`` / ``algorithm:`` are ours); its settings, before the command line's, then go
+through the verl translation (``${...}`` kept with verl's keys rewritten, or resolved where they have no equivalent)."""
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from rlhf.config.errors import ConfigError
 from rlhf.config.keys import is_dict_field, is_optional, schema_node
-from rlhf.config.verl.compat import Item, translate_key
-
-__all__ = ["BASE_NAMES", "VERL_DEFAULTS", "find_config_file", "describe_config_file", "load_config_file"]
+from rlhf.config.verl.compat import INTERP_KEYS, Item, translate_key
 
 #: names a ``defaults:`` list or ``--config-name`` may use for the base config (ours and verl's)
 BASE_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
@@ -24,19 +20,14 @@ VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
 #: verl's one-step off-policy configs (verl/experimental/one_step_off_policy/config): read as a config file, they also
 #: turn on trainer.one_step_off_policy.enable (verl picks that trainer by its entry point, which loads them)
 ONE_STEP_OFF_NAMES = ("one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer")
-_REFS = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
 
 
 def find_config_file(config_path: Optional[str], config_name: str, module_dir: Optional[Path] = None) -> Path:
-    """The file ``--config-path``/``--config-name`` name.  ``config_path`` is tried relative to the working
-    directory, then (as Hydra does) to ``module_dir`` (rlhf/); for verl's base names (:data:`BASE_NAMES`) then in a
-    verl checkout (``verl/trainer/<config_path>``, where verl's ``main_ppo`` finds it), else verl's defaults for
-    that name (:data:`VERL_DEFAULTS` ``/<name>.yaml``), so verl's ``--config-path=config
-    --config-name=ppo_megatron_trainer`` gets verl's values (bf16, sequence parallel, ...) anywhere.
-
-    Raises:
-        ConfigError: no such file (a name other than verl's base names).
-    """
+    """The file ``--config-path``/``--config-name`` name: ``config_path`` relative to the working directory, then
+    (as Hydra does) to ``module_dir`` (rlhf/); for verl's base names (:data:`BASE_NAMES`) then in a verl checkout
+    (``verl/trainer/<config_path>``), else verl's defaults for that name (:data:`VERL_DEFAULTS`), so verl's
+    ``--config-path=config --config-name=ppo_megatron_trainer`` gets verl's values anywhere.  Raises ConfigError:
+    no such file (a name other than verl's base names)."""
     name = config_name.removesuffix(".yaml")
     dirs = [Path(config_path or ".")] + ([module_dir / config_path] if config_path and module_dir and not
                                          os.path.isabs(config_path) else [])
@@ -81,7 +72,7 @@ def _flatten(conf: Any, node: Any, prefix: str, source: str, out: list[Item]) ->
             continue
         value = OmegaConf.to_container(child, resolve=False) if OmegaConf.is_config(child) else child._value()
         if isinstance(value, str) and "${" in value and ("${." in value or ":." in value or not all(
-                translate_key(r) for r in _REFS.findall(value))):
+                translate_key(r) for r in INTERP_KEYS.findall(value))):
             try:
                 got = OmegaConf.select(conf, key, throw_on_resolution_failure=True)
                 value = OmegaConf.to_container(got, resolve=True) if OmegaConf.is_config(got) else got
@@ -94,17 +85,16 @@ def _flatten(conf: Any, node: Any, prefix: str, source: str, out: list[Item]) ->
 
 
 def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
-    """The settings of the YAML file ``path`` as items, lowest precedence first (the recipes must be registered:
-    :func:`rlhf.config.compose.register_configs`).
-
-    Raises:
-        ConfigError: Hydra cannot compose the file (unreadable, not a mapping, a defaults entry it cannot find).
-    """
+    """The settings of the YAML file ``path`` as items, lowest precedence first.  Raises ConfigError: Hydra cannot
+    compose the file."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
 
+    from rlhf.config.compose import register_configs
+
+    register_configs()  # the recipes, for a `recipe: NAME` entry of a file the config file includes
     path, backup, source = Path(path), get_gh_backup(), f"config file {path}"
     GlobalHydra.instance().clear()
     try:

@@ -114,12 +114,6 @@ def rule_for(key: str, ours: bool = False) -> Optional[tuple[dict, str]]:
     return None
 
 
-def is_verl_default(key: str, value: Any) -> bool:
-    """True when a config file's ``key: value`` is verl's own default for a key that here must agree with another
-    setting (keys.yaml ``verl_defaults``): it reads as "not set"."""
-    return any(value == v and type(value) is type(v) for v in _table()[3].get(key, ()))
-
-
 @functools.lru_cache(maxsize=8192)
 def _in_schema(key: str) -> bool:
     return first_bad_part(split_key(key)) is None
@@ -158,7 +152,7 @@ class Item:
 
 @dataclass
 class Translated:
-    """What :func:`translate_items` made of the items."""
+    """What :func:`translate` made of the settings."""
     overrides: list = field(default_factory=list)  # override strings in our keys
     problems: list = field(default_factory=list)  # unsupported settings, one line each
     same: list = field(default_factory=list)  # (our key, value, verl key, source): must be equal after composing
@@ -171,7 +165,8 @@ class Translated:
     own: set = field(default_factory=set)  # our keys the user typed as ours (errors keep them)
 
 
-_INTERP_KEY = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
+#: the dotted keys named in a ``${...}`` interpolation
+INTERP_KEYS = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
 
 
 def _line(item: Item, key: str, value: Any = None, verbatim: bool = False) -> str:
@@ -180,7 +175,7 @@ def _line(item: Item, key: str, value: Any = None, verbatim: bool = False) -> st
     from rlhf.config.overrides import format_value
 
     if isinstance(value, str) and "${" in value:
-        value = _INTERP_KEY.sub(lambda m: translate_key(m.group(1)) or m.group(1), value)
+        value = INTERP_KEYS.sub(lambda m: translate_key(m.group(1)) or m.group(1), value)
     parent = key.rsplit(".", 1)[0] if "." in key else ""
     prefix = ("++" if item.prefix == "+" and key != item.key else item.prefix) if item.prefix else (
         "++" if (isinstance(value, dict) and is_dict_field(key)) or (parent and is_dict_field(parent)) else "")
@@ -253,35 +248,6 @@ def _reward_model_source(reward_model: dict, out: Translated) -> None:
     out.overrides.append(_line(item, "reward.sources", [source]))
 
 
-def translate_items(items: Sequence[Item]) -> Translated:
-    """Rewrite ``items`` (verl's keys or ours) into override strings of our schema.
-
-    A key given more than once counts at its last occurrence (the command line wins over a config file); a config
-    file's value equal to verl's default for a key of keys.yaml ``verl_defaults`` is skipped.  Keys that are neither
-    ours nor verl's stay as they are, so composing reports them with the nearest valid keys.  Group choices
-    (``recipe=``, ``algorithm=``), ``hydra.*`` and deletions pass through."""
-    out, reward_model, setters = Translated(), {}, {}
-    last = {item.key: i for i, item in enumerate(items)}
-    for i, item in enumerate(items):
-        key = item.key
-        if last[key] != i or (item.source.startswith("config file") and is_verl_default(key, item.value)):
-            continue  # given again later, or verl's default (not chosen by the user): our setting stays
-        before = len(out.overrides)
-        out.speaks_verl |= key.lstrip("+").startswith("actor_rollout_ref.")
-        passthrough = key in ("recipe", "algorithm") or key.split(".")[0] == "hydra"
-        found = None if passthrough else rule_for(key, ours=True) or (None if _in_schema(key) else rule_for(key))
-        if found is None:  # ours, or neither ours nor verl's: composing reports it with the nearest keys
-            out.overrides.append(_line(item, key, item.value, verbatim=True))
-            out.own.add(key.lstrip("+"))
-        else:
-            _apply(item, *found, out, reward_model)
-        for line in out.overrides[before:]:
-            out.origins.setdefault(line, item.source)
-            _contradiction(line, item, setters, out)
-    _reward_model_source(reward_model, out)
-    return out
-
-
 def _contradiction(line: str, item: Item, setters: dict, out: Translated) -> None:
     """Two keys typed on the command line (a verl key and ours, e.g. actor_rollout_ref.hybrid_engine=False and
     rollout.mode=colocated) that set one key of ours to different values: a problem naming both.  A command-line
@@ -307,14 +273,22 @@ def _parser():
     return OverridesParser.create()
 
 
-def items_from_overrides(overrides: Sequence[str]) -> tuple[list[Item], list[str]]:
-    """Override strings as items; deletions (``~key``), package overrides and lines Hydra cannot parse are returned
-    apart (composing gets them unchanged and reports them)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+def translate(overrides: Sequence[str], config_file: Any = None) -> Translated:
+    """The preprocessing step: the config file's settings (:func:`rlhf.config.config_file.load_config_file`), then
+    ``overrides``, as override strings of our schema.
+
+    A key given more than once counts at its last occurrence (the command line wins over a config file); a config
+    file's value equal to verl's default for a key of keys.yaml ``verl_defaults`` is skipped (it reads as "not set").
+    Keys that are neither ours nor verl's stay as they are, so composing reports them with the nearest valid keys.
+    Group choices (``recipe=``, ``+algorithm=``), ``hydra.*``, deletions, package overrides and lines Hydra cannot
+    parse pass through; ``hydra.run.dir=DIR`` also sets ``trainer.default_local_dir=DIR`` unless that is given too.
+    Raises ConfigError: an unreadable config file."""
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
 
-    items, passthrough, parser = [], [], OverridesParser.create()
+    from rlhf.config.config_file import load_config_file
+
+    items, passthrough, parser = load_config_file(config_file) if config_file is not None else [], [], _parser()
     for line in overrides:
         try:
             ov = parser.parse_overrides([line])[0]
@@ -326,8 +300,31 @@ def items_from_overrides(overrides: Sequence[str]) -> tuple[list[Item], list[str
         raw, single = line.split("=", 1)[1] if "=" in line else "", ov.value_type == ValueType.ELEMENT
         items.append(Item(ov.key_or_group, ov.value() if single else raw, raw, "++" if line.startswith("++") else
                           "+" * line.startswith("+"), f"command-line override {line!r}", single))
-    return items, passthrough
-
+    out, reward_model, defaults, setters = Translated(), {}, _table()[3], {}
+    last = {item.key: i for i, item in enumerate(items)}
+    for i, item in enumerate(items):
+        key = item.key
+        if last[key] != i or (item.source.startswith("config file") and any(
+                item.value == v and type(item.value) is type(v) for v in defaults.get(key, ()))):
+            continue  # given again later, or verl's default (not chosen by the user): our setting stays
+        before = len(out.overrides)
+        out.speaks_verl |= key.lstrip("+").startswith("actor_rollout_ref.")
+        passthrough_key = key in ("recipe", "algorithm") or key.split(".")[0] == "hydra"
+        found = None if passthrough_key else rule_for(key, ours=True) or (None if _in_schema(key) else rule_for(key))
+        if found is None:  # ours, or neither ours nor verl's: composing reports it with the nearest keys
+            out.overrides.append(_line(item, key, item.value, verbatim=True))
+            out.own.add(key.lstrip("+"))
+        else:
+            _apply(item, *found, out, reward_model)
+        for line in out.overrides[before:]:
+            out.origins.setdefault(line, item.source)
+            _contradiction(line, item, setters, out)
+    _reward_model_source(reward_model, out)
+    out.overrides = [o[1:] if o.startswith(("+recipe=", "+algorithm=")) else o for o in out.overrides + passthrough]
+    keys = {o.split("=", 1)[0].lstrip("+"): o.split("=", 1)[1] for o in out.overrides if "=" in o}
+    if "hydra.run.dir" in keys and "trainer.default_local_dir" not in keys:
+        out.overrides.append(f"trainer.default_local_dir={keys['hydra.run.dir']}")
+    return out
 
 
 def after_compose(cfg: Any, t: Translated) -> tuple[list[str], list[str]]:
