@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from parallel.layouts import ParallelLayout
 from parallel.models import build_model_chunks
-from rlhf.config.distill import mismatch_message, teacher_layout, vocab_mismatch
+from rlhf.config.validate import mismatch_message, teacher_layout, vocab_mismatch
 from rlhf.config.errors import ConfigValidationError
 
 from .actor import MegatronActor

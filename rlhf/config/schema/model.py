@@ -133,13 +133,6 @@ class OffloadConfig(Checked):
     optimizer: bool = False  # the optimizer's main parameters (when not the model's) and its state (Adam moments)
 
 
-class _PPORole(Checked):
-    def rules(self, at: str = "") -> list[str]:
-        return [f"{at}use_dist_checkpointing=true needs {at}dist_checkpointing_path: a megatron-core dist checkpoint "
-                f"directory (scripts/convert_checkpoint.py hf-to-mcore writes one)."] if \
-            self.use_dist_checkpointing and not self.dist_checkpointing_path else []
-
-
 _FRACTION = (lambda v: 0 < v <= 1, "must be in (0, 1] (a fraction of the response tokens; verl uses 0.0002)")
 
 
@@ -160,11 +153,9 @@ class PolicyLossConfig(Checked):
             lb is not None and ub is not None and lb > ub else []
 
 
-_CLIP = "must be > 0, or null to use {at}clip_ratio"
-
-
 @dataclass
-class ActorConfig(_PPORole):
+class PPORoleConfig(Checked):
+    """The fields the actor and the critic share (verl's names)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_mini_batch_size: int = ge(1, 8)  # prompts per optimizer step (x rollout.n sequences)
     ppo_micro_batch_size_per_gpu: int = ge(1, 4)  # sequences per forward/backward micro batch
@@ -172,6 +163,28 @@ class ActorConfig(_PPORole):
     # verl's: every pass visits the rows in a fresh permutation (seeded by the step); false: one epoch in order
     # (a mini batch is whole prompt groups), several epochs each in a permutation
     shuffle: bool = False
+    loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
+    # dynamic batching (verl's): micro batches of at most ppo_max_token_len_per_gpu tokens instead of
+    # ppo_micro_batch_size_per_gpu rows (docs/dynamic_batching.md)
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = ge(1, 16384)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    # initial weights from a megatron-core dist checkpoint (parallel.init_checkpoint; the critic's value head starts
+    # fresh), config.json and the tokenizer from model.path
+    use_dist_checkpointing: bool = False
+    dist_checkpointing_path: Optional[str] = None
+
+    def rules(self, at: str = "") -> list[str]:
+        return [f"{at}use_dist_checkpointing=true needs {at}dist_checkpointing_path: a megatron-core dist checkpoint "
+                f"directory (scripts/convert_checkpoint.py hf-to-mcore writes one)."] if \
+            self.use_dist_checkpointing and not self.dist_checkpointing_path else []
+
+
+_CLIP = "must be > 0, or null to use {at}clip_ratio"
+
+
+@dataclass
+class ActorConfig(PPORoleConfig):
     clip_ratio: float = check(0.2, lambda v: v > 0, "must be > 0 (PPO uses 0.2)")
     clip_ratio_low: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)  # DAPO decoupled clip
     clip_ratio_high: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)
@@ -179,7 +192,6 @@ class ActorConfig(_PPORole):
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     tau_pos: float = gt(0, 1.0, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: soft gate, positive advantages
     tau_neg: float = gt(0, 1.05, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: ... negative advantages
-    loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
     # seq-mean-token-sum-norm: the constant the token sums are divided by (Dr.GRPO); null: max_response_length
     loss_scale_factor: Optional[float] = gt(0, None, "null uses the response length", null=True)
     entropy_coeff: float = 0.0
@@ -187,35 +199,16 @@ class ActorConfig(_PPORole):
     kl_loss_coef: float = ge(0, 0.001)
     kl_loss_type: KLEstimator = KLEstimator.low_var_kl
     log_prob_micro_batch_size_per_gpu: int = ge(1, 8)
-    # dynamic batching (verl's): micro batches of at most ppo_max_token_len_per_gpu tokens instead of
-    # ppo_micro_batch_size_per_gpu rows (docs/dynamic_batching.md)
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = ge(1, 16384)
     # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
     log_prob_max_token_len_per_gpu: Optional[int] = gt(0, None, "null uses ppo_max_token_len_per_gpu", null=True)
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
     ref_param_offload: bool = False  # the reference's parameters off the device outside its log-prob forward
-    # the actor's and reference's initial weights from a megatron-core dist checkpoint (parallel.init_checkpoint),
-    # config.json and the tokenizer from model.path
-    use_dist_checkpointing: bool = False
-    dist_checkpointing_path: Optional[str] = None
 
 
 @dataclass
-class CriticConfig(_PPORole):
+class CriticConfig(PPORoleConfig):
     enable: Optional[bool] = None  # None: on when algorithm.adv_estimator == gae
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_mini_batch_size: int = ge(1, 8)
-    ppo_micro_batch_size_per_gpu: int = ge(1, 4)
-    ppo_epochs: int = ge(1, 1)
-    shuffle: bool = False  # as actor.shuffle
-    cliprange_value: float = check(0.5, lambda v: v > 0, "must be > 0 (verl uses 0.5)")
-    loss_agg_mode: LossAggMode = LossAggMode["token-mean"]
-    # dynamic batching, as actor.use_dynamic_bsz: token budgets of the value update and of the no-grad value forward
-    use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = ge(1, 32768)
+    cliprange_value: float = check(0.5, lambda v: v > 0, "must be > 0 (verl uses 0.5)")
+    # the value forward's token budget (dynamic batching); null: ppo_max_token_len_per_gpu
     forward_max_token_len_per_gpu: Optional[int] = gt(0, None, "null uses ppo_max_token_len_per_gpu", null=True)
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
-    # the critic's initial weights from a megatron-core dist checkpoint (the value head starts fresh)
-    use_dist_checkpointing: bool = False
-    dist_checkpointing_path: Optional[str] = None

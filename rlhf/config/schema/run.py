@@ -117,29 +117,26 @@ class DPOConfig:
 class RolloutCorrectionConfig(Checked):
     """verl's algorithm.rollout_correction (rlhf/algorithms/rollout_corr.py): truncated importance sampling and
     rejection sampling from the engine's per-token log-probs, or bypass mode (old_log_probs = the engine's)."""
-    rollout_is: Optional[str] = None  # null (off) | token | sequence
+    rollout_is: Optional[str] = check(None, lambda v: v in ("token", "sequence"), "must be null, token or sequence",
+                                      null=True)  # null: off
     rollout_is_threshold: float = gt(0, 2.0)  # upper truncation of the IS weights
     rollout_rs: Optional[str] = None  # null (off) | comma-separated token_k1, seq_sum_k3, ... (rollout_rs.py)
     rollout_rs_threshold: Optional[str] = None  # one per rollout_rs option (comma separated); k1: "lower_upper"
     bypass_mode: bool = False  # true: no old-log-prob forward; the loss trains against the engine's log-probs
-    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip | reinforce
+    loss_type: str = check("ppo_clip", lambda v: v in ("ppo_clip", "reinforce"), "must be ppo_clip or reinforce "
+                           "(bypass mode's loss)")
     rollout_is_batch_normalize: bool = False  # IS weights divided by their batch mean
 
     def rules(self, at: str = "") -> list[str]:
-        out = []
-        if self.rollout_is is not None and self.rollout_is not in ("token", "sequence"):
-            out.append(f"{at}rollout_is={self.rollout_is!r} must be null, token or sequence.")
-        if self.loss_type not in ("ppo_clip", "reinforce"):
-            out.append(f"{at}loss_type={self.loss_type!r} must be ppo_clip or reinforce (bypass mode's loss).")
-        if self.rollout_rs is not None:
-            from rlhf.algorithms.rollout_corr_config import parse_rollout_rs_thresholds, rs_options
+        if self.rollout_rs is None:
+            return []
+        from rlhf.algorithms.rollout_corr_config import parse_rollout_rs_thresholds, rs_options
 
-            try:
-                parse_rollout_rs_thresholds(rs_options(self.rollout_rs), self.rollout_rs_threshold)
-            except (ValueError, TypeError) as e:
-                out.append(f"{at}rollout_rs={self.rollout_rs!r}, {at}rollout_rs_threshold="
-                           f"{self.rollout_rs_threshold!r}: {e}")
-        return out
+        try:
+            parse_rollout_rs_thresholds(rs_options(self.rollout_rs), self.rollout_rs_threshold)
+        except (ValueError, TypeError) as e:
+            return [f"{at}rollout_rs={self.rollout_rs!r}, {at}rollout_rs_threshold={self.rollout_rs_threshold!r}: {e}"]
+        return []
 
 
 @dataclass
@@ -317,8 +314,8 @@ class TrainerConfig(Checked):
 class GlobalProfilerConfig(Checked):
     """verl's ``global_profiler``: torch.profiler traces (or an nsys capture range) of the listed training steps
     (rlhf/trainer/profiling.py)."""
-    tool: Optional[str] = check(None, lambda v: v in ("torch", "nsys"), "is not supported here; use torch (trace files) "
-                                "or nsys, or null", null=True)
+    tool: Optional[str] = check(None, lambda v: v in ("torch", "nsys"), "is not supported here; use torch (trace "
+                                "files) or nsys, or null", null=True)
     steps: Optional[list[int]] = None  # training steps to profile, e.g. [1, 5, 10]; null: none
     save_path: Optional[str] = None  # traces' directory; null: <trainer.default_local_dir>/profile
     profile_continuous_steps: bool = check(False, lambda v: not v, "is not supported: each listed step gets its own "

@@ -34,13 +34,6 @@ def _dtype(v: Any, to: str) -> list:
     return [] if v is None else [(to, megatron_dtype_name(v))]  # verl's null: megatron's fp32 default
 
 
-def keeps_value(rule: dict) -> bool:
-    """Whether a value rule keeps the value's meaning (a dtype name; a ``choose`` that maps a value to itself), so an
-    error may name the verl key for ours (rlhf.config.verl.words); others (betas, pools) change what it says."""
-    return rule.get("fn") in ("logger", "warmup_steps", "lora_rank", "dtype", "train_dtype", "pool_nnodes",
-                              "pool_gpus") or any(k == v for k, v in (rule.get("choose") or {}).items() if k is not None)
-
-
 #: the value rewrites of ``{fn: NAME, to: KEY}`` rules: ``FUNCTIONS[NAME](value, KEY) -> [(our key, value), ...]``
 FUNCTIONS = {
     "logger": lambda v, to: [(to, [v] if isinstance(v, str) else list(v))],
@@ -53,6 +46,13 @@ FUNCTIONS = {
     "pool_nnodes": lambda v, to: [] if not v else [(to, v)],  # verl's 0: no standalone rollout pool
     "pool_gpus": lambda v, to: [] if v is None or "${" in str(v) else [(to, v)],  # verl's default: trainer's count
 }
+
+
+def keeps_value(rule: dict) -> bool:
+    """Whether a value rule keeps the value's meaning (a dtype name; a ``choose`` that maps a value to itself), so an
+    error may name the verl key for ours (rlhf.config.verl.words); betas and samples change what it says."""
+    return rule.get("fn") in set(FUNCTIONS) - {"betas", "samples"} or any(
+        k == v for k, v in (rule.get("choose") or {}).items() if k is not None)
 
 
 def _expand(pattern: str) -> list[str]:

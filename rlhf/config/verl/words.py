@@ -1,9 +1,8 @@
-"""Config errors in the user's words: where the user wrote verl's keys, every problem line names the key as the user
-typed it (``actor_rollout_ref.actor.megatron.tensor_model_parallel_size``, not our
-``parallel.tensor_model_parallel_size``) and its fix in verl's keys, our rollout engine count
-(``rollout.num_engines``, which verl has not) worded as verl's rollout replicas.  :func:`in_user_words` rewrites a message; the keys the user typed come from the translation
-(:attr:`~rlhf.config.verl.compat.Translated.typed`), the other keys of ours from keys.yaml read backwards (a verl key
-that translates back to the same key of ours)."""
+"""Config errors in the user's words: where the user wrote verl's keys, every problem line names the key as typed
+(``actor_rollout_ref.actor.megatron.tensor_model_parallel_size``, not ``parallel.tensor_model_parallel_size``) and
+its fix in verl's keys, our engine count (``rollout.num_engines``, which verl has not) as verl's rollout replicas.
+The keys typed come from the translation (:attr:`~rlhf.config.verl.compat.Translated.typed`), the other keys of ours
+from keys.yaml read backwards (a verl key that translates back to the same key of ours)."""
 from __future__ import annotations
 
 import functools
@@ -11,8 +10,6 @@ import re
 from typing import Optional
 
 from rlhf.config.verl.compat import Translated, _ours, _table, keeps_value, translate_key
-
-__all__ = ["in_user_words", "verl_key_for"]
 
 _KEY = re.compile(r"(?<![\w.\-/'])([A-Za-z_]\w*(?:\.\w+)+)(?![\w(])")
 _ENGINES = "rollout.num_engines"

@@ -1,4 +1,4 @@
-"""On-policy distillation's config (``distill.*``, rlhf/config/schema/distill.py, rlhf/config/distill.py): the recipe
+"""On-policy distillation's config (``distill.*``, rlhf/config/schema/distill.py, rlhf/config/validate.py): the recipe
 composes at --cfg, a teacher whose tokenizer is not the student's is refused at --cfg (from the files) and at the
 start of a run (rlhf.workers.teacher.resolve_teacher, on the loaded tokenizers) before any model is built, with a
 message naming the key and the fix."""
@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlhf.config import ConfigValidationError, compose_config, validate_config
-from rlhf.config.distill import files_vocab, vocab_mismatch
-from rlhf.config.validate import config_problems
+from rlhf.config.validate import config_problems, files_vocab, vocab_mismatch
 from rlhf.main import main
 from rlhf.quickstart.tiny import make_tiny_hf_model, make_tiny_tokenizer
 
@@ -95,7 +94,7 @@ def test_distill_settings_are_checked(tmp_path):
 
 
 def test_teacher_grid_of_its_own_is_checked_against_the_world(tmp_path):
-    from rlhf.config.distill import teacher_layout
+    from rlhf.config.validate import teacher_layout
 
     on = ["distill.enable=true", "distill.teacher.path=tiny://quickstart", f"trainer.default_local_dir={tmp_path}",
           "data.train_batch_size=2", "rollout.n=2", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2"]
