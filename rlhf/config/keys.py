@@ -91,15 +91,11 @@ def nearest_keys(full_key: str, n: int = 3) -> list[str]:
     out = [".".join([m, *parts[i + 1:]]) if first_bad_part(split_key(".".join([m, *parts[i + 1:]]))) is None else m
            for m in out]
     paths, tail = all_schema_paths(), parts[i:]
-    for k in range(len(tail), 0, -1):  # longest matching suffix first
-        found = [p for p in paths if p.split(".")[-k:] == tail[-k:]]
-        if found:
-            out += found
-            break
-    if not out:
-        leaves = {p.rsplit(".", 1)[-1] for p in paths}
-        for m in difflib.get_close_matches(tail[-1], sorted(leaves), n=n, cutoff=0.75):
-            out += [p for p in paths if p.rsplit(".", 1)[-1] == m]
+    out += next((found for k in range(len(tail), 0, -1)  # the longest matching suffix
+                 if (found := [p for p in paths if p.split(".")[-k:] == tail[-k:]])), [])
+    leaves = sorted({p.rsplit(".", 1)[-1] for p in paths})
+    out = out or [p for m in difflib.get_close_matches(tail[-1], leaves, n=n, cutoff=0.75) for p in paths
+                  if p.rsplit(".", 1)[-1] == m]
     return list(dict.fromkeys(out))[:n]
 
 

@@ -336,18 +336,11 @@ def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
     given = [str(k) for k in cfg.rollout.engine_kwargs.sglang]
     if not given:
         return []
-    import dataclasses
     import difflib
 
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.server_args import ServerArgs  # a msgspec Struct in SGLang 0.5.2x, a dataclass before
 
-    if dataclasses.is_dataclass(ServerArgs):
-        fields = [f.name for f in dataclasses.fields(ServerArgs)]
-    else:  # a msgspec Struct in SGLang 0.5.2x
-        import msgspec
-
-        fields = [f.name for f in msgspec.structs.fields(ServerArgs)]
-    out = []
+    fields, out = list(getattr(ServerArgs, "__struct_fields__", None) or ServerArgs.__dataclass_fields__), []
     for k in given:
         key, owner = f"rollout.engine_kwargs.sglang.{k}", ENGINE_OWNED.get(k)
         if isinstance(owner, tuple):
