@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlhf.config.choices import GROUP_ESTIMATORS
 from rlhf.config.errors import ConfigError, ConfigKeyError, raise_all
 from rlhf.config.keys import compose_error, omegaconf_error, schema
-from rlhf.config.verl.compat import after_compose, translate
+from rlhf.config.verl import compat
 
 SCHEMA_NAME = "ppo_trainer_schema"  # the schema in Hydra's ConfigStore, first of ppo_trainer.yaml's defaults
 BASE_CONFIG_NAME = "ppo_trainer"  # the primary config, rlhf/config/ppo_trainer.yaml
@@ -72,6 +72,16 @@ def list_recipes(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[s
 def list_algorithms(search_paths: Iterable[Union[str, os.PathLike]] = ()) -> list[str]:
     """Names of the algorithm presets (:func:`list_options`)."""
     return list_options(ALGORITHM_GROUP, search_paths)
+
+
+def translate(overrides: Sequence[str], config_file: Optional[Union[str, os.PathLike]] = None) -> compat.Translated:
+    """The config file's settings (:mod:`rlhf.config.config_file`; the recipes registered first: it may name one),
+    then ``overrides``, through the verl translation (:func:`rlhf.config.verl.compat.translate`).  Raises
+    ConfigError: an unreadable config file."""
+    from rlhf.config.config_file import load_config_file
+
+    register_configs()
+    return compat.translate(overrides, load_config_file(config_file) if config_file is not None else ())
 
 
 def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) -> tuple[dict, list, list, list]:
@@ -176,7 +186,7 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
         except OmegaConfBaseException as named:
             e = named
         raise compose_error(e) from None
-    verl_problems, notes = after_compose(cfg, t)
+    verl_problems, notes = compat.after_compose(cfg, t)
     problems = t.problems + problems + verl_problems
     if problems or unknown or t.unknown:
         from rlhf.config.validate import config_problems

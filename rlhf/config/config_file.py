@@ -85,16 +85,13 @@ def _flatten(conf: Any, node: Any, prefix: str, source: str, out: list[Item]) ->
 
 
 def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
-    """The settings of the YAML file ``path`` as items, lowest precedence first.  Raises ConfigError: Hydra cannot
-    compose the file."""
+    """The settings of the YAML file ``path`` as items, lowest precedence first (the recipes registered: a file may
+    name one).  Raises ConfigError: Hydra cannot compose the file."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.initialize import get_gh_backup, restore_gh_from_backup
     from omegaconf import OmegaConf
 
-    from rlhf.config.compose import register_configs
-
-    register_configs()  # the recipes, for a `recipe: NAME` entry of a file the config file includes
     path, backup, source = Path(path), get_gh_backup(), f"config file {path}"
     GlobalHydra.instance().clear()
     try:

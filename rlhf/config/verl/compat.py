@@ -273,22 +273,19 @@ def _parser():
     return OverridesParser.create()
 
 
-def translate(overrides: Sequence[str], config_file: Any = None) -> Translated:
-    """The preprocessing step: the config file's settings (:func:`rlhf.config.config_file.load_config_file`), then
+def translate(overrides: Sequence[str], file_items: Sequence[Item] = ()) -> Translated:
+    """The preprocessing step: a config file's settings (``file_items``, :mod:`rlhf.config.config_file`), then
     ``overrides``, as override strings of our schema.
 
     A key given more than once counts at its last occurrence (the command line wins over a config file); a config
     file's value equal to verl's default for a key of keys.yaml ``verl_defaults`` is skipped (it reads as "not set").
     Keys that are neither ours nor verl's stay as they are, so composing reports them with the nearest valid keys.
     Group choices (``recipe=``, ``+algorithm=``), ``hydra.*``, deletions, package overrides and lines Hydra cannot
-    parse pass through; ``hydra.run.dir=DIR`` also sets ``trainer.default_local_dir=DIR`` unless that is given too.
-    Raises ConfigError: an unreadable config file."""
+    parse pass through; ``hydra.run.dir=DIR`` also sets ``trainer.default_local_dir=DIR`` unless that is given too."""
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
 
-    from rlhf.config.config_file import load_config_file
-
-    items, passthrough, parser = load_config_file(config_file) if config_file is not None else [], [], _parser()
+    items, passthrough, parser = list(file_items), [], _parser()
     for line in overrides:
         try:
             ov = parser.parse_overrides([line])[0]
