@@ -380,6 +380,7 @@ def _reward_model_lines(cfg: Any, t: Translated) -> list[str]:
             f"large model, or serve it outside this job and score through custom_reward_function.path."
             for i, s in enumerate(cfg.reward.sources) if s.type == "model"]
 
+
 def ignored_lines(ignored: Sequence[tuple]) -> list[str]:
     """Warning lines naming the verl settings accepted without effect, so none passes silently: command-line keys
     with the reason; a config file's keys in one line per file, by section, deeper keys as ``name.*`` (a verl
