@@ -22,7 +22,7 @@ __all__ = ["LOADER", "bucket_header", "load_bucket", "keep_mapped", "load"]
 LOADER = "rlhf.rollout.engine_loader.load"
 
 _HELD: dict = {}  # data_ptr -> mapped shared-memory storage of a trainer's bucket buffer, kept across syncs
-_USED: set = set()  # data_ptrs loaded from since the last bucket of a sync
+_USED: dict = {}  # the same, of the buckets loaded since the last bucket of a sync
 
 
 def keep_mapped(t: torch.Tensor, last: bool) -> None:
@@ -32,11 +32,10 @@ def keep_mapped(t: torch.Tensor, last: bool) -> None:
     pin the sender's memory; GPU buffers are freed after each sync)."""
     st = t.untyped_storage()
     if t.device.type == "cpu" and st.is_shared():
-        _HELD[st.data_ptr()] = st
-        _USED.add(st.data_ptr())
-    if last:
-        for key in [k for k in _HELD if k not in _USED]:
-            del _HELD[key]
+        _USED[st.data_ptr()] = st
+    if last:  # keep exactly this sync's
+        _HELD.clear()
+        _HELD.update(_USED)
         _USED.clear()
 
 

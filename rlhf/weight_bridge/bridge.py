@@ -40,8 +40,8 @@ from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BucketPlan, Buffe
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, broadcast_group, prepare_sharing
 from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
-from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build_send_plan, normalize_expected,
-                                     plan_local_tensors, sync_entries)
+from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build_send_plan, plan_local_tensors,
+                                     sync_entries)
 from rlhf.weight_bridge.topology import MegatronTopology
 
 __all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats", "CheckReport", "sample_rows", "verify"]
@@ -140,10 +140,6 @@ class _Sync:
     times: dict = field(default_factory=lambda: {"produce": 0.0, "receive": 0.0, "deliver": 0.0})
 
 
-def _drain(it) -> None:
-    collections.deque(it, maxlen=0)
-
-
 class WeightBridge:
     """Construct on EVERY trainer rank with the same arguments except ``engines`` (an
     :class:`rlhf.rollout.engine.EngineFleet`), which only the controller (global rank 0) passes.  ``model_chunks``:
@@ -225,7 +221,7 @@ class WeightBridge:
         error = self._commit(s, error)  # 4. close the sessions, mark the reached engines fresh
         stats.finish_seconds = time.perf_counter() - t_commit
         try:  # every rank learns whether any rank failed (messages and samples travel only then, or in check mode)
-            failed = names or self.topo.any_rank(error is not None)
+            failed = names or any(c[0] for c in self.topo.all_gather_codes([int(error is not None)]))
             outcome = self.topo.all_gather_object((error, samples if names else None)) if failed else []
         finally:  # every rank is past end_weight_update: the engines dropped every handle
             self._free_pool()
@@ -236,8 +232,7 @@ class WeightBridge:
         if names:
             self._check(plan, outcome, stats)
         stats.engines, stats.peak_extra_bytes = list(s.targets), self.meter.peak
-        stats.produce_seconds, stats.receive_seconds, stats.deliver_seconds = (s.times[k] for k in
-                                                                               ("produce", "receive", "deliver"))
+        stats.produce_seconds, stats.receive_seconds, stats.deliver_seconds = s.times.values()
         stats.seconds = time.perf_counter() - t0
         return stats
 
@@ -314,10 +309,7 @@ class WeightBridge:
         """This rank's part of gather -> convert -> bucket -> send (every bucket, also after an error); its error."""
         topo, plan, serving = self.topo, s.plan.send, s.plan.serving
         try:
-            if topo.expert_peer:  # EP > 1: TP-gather, convert and EP-gather its routed experts
-                _drain(hf_stream(s.entries, topo, self.spec, self.meter))
-                return None
-            stage = plan.stage(topo.pp_rank) if topo.active else None
+            stage = plan.stage(topo.pp_rank) if topo.active or topo.expert_peer else None
             # with holders no producer thread: every rank issues its TP gathers and the holders' broadcasts from one
             # thread, in one global order (from_tensor.py)
             holding = any(sv.group is not None for sv in serving.values())
@@ -327,9 +319,8 @@ class WeightBridge:
             if self.cfg.transport == "distributed":  # the engines answer each bucket before the next is asked
                 d, in_flight = DistributedDelivery(topo, self.engines, record, s.times, self.dist, s.token), 0
             else:
-                d = TensorDelivery(topo, self.engines, record, s.times, s.targets, s.plan.engine_tp, s.token, serving,
-                                   pool)
-                in_flight = self.cfg.buffers - 1
+                d, in_flight = (TensorDelivery(topo, self.engines, record, s.times, s.targets, s.plan.engine_tp,
+                                               s.token, serving, pool), self.cfg.buffers - 1)
             if topo.is_controller:
                 error = d.run_controller(plan, own, pool, in_flight)
                 s.targets = getattr(d, "targets", s.targets)  # without the engines replaced meanwhile
@@ -343,9 +334,9 @@ class WeightBridge:
                     error = d.run_leader(plan, st, own, pool)
                 elif st is stage and holds:  # a TP peer of the leader holding engine ranks' entries
                     holder().run(st.buckets, s.entries, self.spec, topo.tp_size,
-                                 lambda e: _drain(hf_stream([e], topo, self.spec, self.meter)))
-                elif st is stage:  # a TP peer: its part in the leader's gathers
-                    _drain(hf_stream(s.entries, topo, self.spec, self.meter))
+                                 lambda e: collections.deque(hf_stream([e], topo, self.spec, self.meter), maxlen=0))
+                elif st is stage:  # a TP peer (an expert peer: EP > 1): its part in the leader's (EP) gathers
+                    collections.deque(hf_stream(s.entries, topo, self.spec, self.meter), maxlen=0)
                 elif holds:  # a rank of another stage or data-parallel replica on an engine rank's device
                     holder().run(st.buckets)
             return error
@@ -381,10 +372,8 @@ class WeightBridge:
                 if errors:
                     raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
                 verdict = self._verdict(reports)
-                if open_sessions_too and not s.sessions_open:
-                    err = self._open_sessions(s)
-                    if err is not None:
-                        raise err
+                if open_sessions_too and not s.sessions_open and (err := self._open_sessions(s)) is not None:
+                    raise err
             except Exception as e:  # noqa: BLE001 - every rank must learn about it
                 verdict = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{type(e).__name__}: {e}")
         verdict = topo.broadcast_object(verdict)
@@ -411,9 +400,8 @@ class WeightBridge:
     def _verdict(self, reports: list) -> dict:
         """Controller: the validated plan, each stage's holders (colocated, EP 1), the groups' rendezvous (if new)."""
         cfg, fp = self.cfg, self.engines.fingerprint()
-        expected = normalize_expected(self.engines.expected_weights())
-        plan = build_send_plan(reports, self.topo.controller, expected, self.spec, bucket_bytes=cfg.buffer_bytes,
-                               check=cfg.check)
+        plan = build_send_plan(reports, self.topo.controller, self.engines.expected_weights(), self.spec,
+                               bucket_bytes=cfg.buffer_bytes, check=cfg.check)
         groups = None
         if cfg.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}

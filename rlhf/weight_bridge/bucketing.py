@@ -49,30 +49,25 @@ class BucketPlan:
         return [m.name for m in self.metas]
 
 
-def keep_together_group(name: str) -> str | None:
-    """The group of tensors `name` must share a bucket with (:data:`KEEP_TOGETHER`), or None."""
-    m = KEEP_TOGETHER.match(name)
-    return m.group(1) if m else None
-
-
 def plan_buckets(metas: Iterable[TensorMeta], bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[BucketPlan]:
     """Greedily split `metas` (in order) into buckets of at most `bucket_bytes` bytes.  A larger tensor gets a bucket
-    of its own; a run of one :func:`keep_together_group` is never split (a new bucket when it does not fit, alone when
+    of its own; a run of one :data:`KEEP_TOGETHER` group is never split (a new bucket when it does not fit, alone when
     larger); a new bucket also starts where the next offset would not be a multiple of the tensor's element size.
     Raises ValueError for bucket_bytes < 1 or a duplicate name."""
     if bucket_bytes < 1:
         raise ValueError(f"bucket_bytes={bucket_bytes} must be >= 1")
     runs: list[list[TensorMeta]] = []  # consecutive tensors of one keep-together group, else one tensor each
-    seen: set[str] = set()
+    seen, last = set(), None
     for m in metas:
         if m.name in seen:
             raise ValueError(f"tensor {m.name!r} appears twice in the send plan")
         seen.add(m.name)
-        group = keep_together_group(m.name)
-        if group is not None and runs and keep_together_group(runs[-1][-1].name) == group:
+        group = match.group(1) if (match := KEEP_TOGETHER.match(m.name)) else None
+        if group is not None and group == last:
             runs[-1].append(m)
         else:
             runs.append([m])
+        last = group
     buckets, cur = [], BucketPlan(0)
     for run in runs:
         size = sum(m.nbytes for m in run)
@@ -109,8 +104,7 @@ class MemoryMeter:
             self.peak = max(self.peak, self.current)
 
     def free(self, nbytes: int) -> None:
-        with self._lock:
-            self.current -= int(nbytes)
+        self.alloc(-nbytes)
 
     def reset_peak(self) -> None:
         with self._lock:
@@ -151,19 +145,14 @@ class BufferPool:
 
     def release(self, slot: int | None) -> None:
         """Give a buffer back (None: a bucket that owns no pool buffer)."""
-        if slot is None:
-            return
-        over = self._oversize.pop(slot, None)
-        if over is not None:
-            self.meter.free(over.numel())
-        self._free.put(slot)
+        if slot is not None:
+            self.meter.free(self._oversize.pop(slot).numel() if slot in self._oversize else 0)
+            self._free.put(slot)
 
     def close(self) -> None:
         """Drop the buffers (their memory returns once no view is referenced)."""
-        for i, b in enumerate(self._buffers):
-            if b is not None:
-                self.meter.free(b.numel())
-                self._buffers[i] = None
+        self.meter.free(sum(b.numel() for b in self._buffers if b is not None))
+        self._buffers = [None] * len(self._buffers)
 
 
 def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
@@ -187,6 +176,7 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
         return t, len(item) > 2 and bool(item[2])
 
     for plan in plans:
+        pending = None
         if len(plan.metas) == 1 and plan.nbytes > pool.max_bytes:
             t, owned = take(plan.metas[0], plan)
             if owned or t.dtype != plan.metas[0].dtype:  # its own converted copy is the bucket
@@ -196,8 +186,6 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
                 del buf
                 continue
             pending = [t]
-        else:
-            pending = None
         slot, buf = pool.acquire(plan.nbytes)
         try:
             for meta, (_name, view) in zip(plan.metas, bucket_views(buf, plan)):

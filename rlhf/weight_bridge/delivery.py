@@ -20,37 +20,22 @@ from typing import Callable, Iterator
 
 from rlhf import faults
 
-__all__ = ["Delivery"]
-
 
 class Delivery:
-    """One sync's delivery on this rank (a transport defines start, move, lead, wait).  ``record(bucket, buffer)``
-    (or None) sees each produced buffer; ``times``: ``receive`` / ``deliver`` seconds; ``error``: the first one."""
+    """One sync's delivery on this rank.  ``record(bucket, buffer)`` (or None) sees each produced buffer; ``times``:
+    ``receive`` / ``deliver`` seconds; ``error``: the first one.  A transport defines, for the controller,
+    ``start(plan, stage, bplan)`` (start the bucket on the engines; returns the decision sent to the participants,
+    falsy: none), ``move(plan, stage, bplan, buf, go)`` (move the data, ``buf`` when it leads the stage; returns what
+    ``wait`` takes), ``wait(call)`` (the engines' answer), and for a leader other than the controller
+    ``lead(stage, bplan, buf, go)`` (move its bucket after the controller's ``go``)."""
 
     def __init__(self, topo, engines, record: Callable | None, times: dict):
         self.topo, self.engines, self.record, self.times = topo, engines, record, times
         self.error: str | None = None
 
-    # ---- the transport's part ------------------------------------------------------------------------
     def participants(self, stage) -> list[int]:
         """Controller: the ranks told each decision of ``stage``: its leader when that is another rank."""
         return [stage.leader] if stage.leader != self.topo.rank else []
-
-    def start(self, plan, stage, bplan):
-        """Controller: start the bucket on the engines; the decision sent to the participants (falsy: none)."""
-        raise NotImplementedError
-
-    def move(self, plan, stage, bplan, buf, go):
-        """Controller: move the data (``buf``: when this rank leads the stage); returns what :meth:`wait` takes."""
-        raise NotImplementedError
-
-    def lead(self, stage, bplan, buf, go) -> None:
-        """A leader other than the controller: move its bucket after the controller's ``go``."""
-        raise NotImplementedError
-
-    def wait(self, call) -> None:
-        """Controller: the engines' answer to a started bucket."""
-        raise NotImplementedError
 
     def stage_done(self, stage) -> None:
         """Controller: the engines answered the stage's last bucket."""

@@ -1,10 +1,8 @@
 """The HF tensor stream of a stage: TP gather -> convert -> (name, full HF tensor), and buckets of it.  Only the
-stage leader yields; it holds one parameter's gathered shards and converted copy at a time.
-
-A production error on the leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of the
-embedding, a stream out of plan) does not end its part in the collectives its TP and EP peers issue: it goes on
-gathering without converting and yields the error in place of each tensor and of each later bucket, one bucket at a
-time (holders take a bucket's broadcast after its gathers); the delivery reports it and moves nothing more.
+stage leader yields; it holds one parameter's gathered shards and converted copy at a time.  A production error on
+the leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of the embedding, a stream out of
+plan) does not end its part in its TP and EP peers' collectives: it goes on gathering without converting and yields
+the error in place of each later tensor and bucket; the delivery reports it and moves nothing more.
 """
 from __future__ import annotations
 
@@ -82,8 +80,7 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
         outs = _convert(e, shards, spec, state)
         del shards
         if state.error is not None:
-            for name, err in outs:
-                yield name, err, False
+            yield from ((name, err, False) for name, err in outs)
             continue
         converted = 0 if dim is None else sum(t.nbytes for _, t in outs)
         meter.alloc(gathered + converted)  # the high-water mark: both alive while converting
@@ -156,8 +153,7 @@ def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan],
     """This stage's buckets ``(plan, pool slot, flat uint8 buffer)`` on the leader (the consumer releases each slot);
     with ``overlap`` a thread fills bucket k+1 while bucket k is delivered; ``times["produce"]``: the waits (s).
     After a production error ``(plan, None, the error)`` per bucket, each after the gathers of its tensors."""
-    it = _produce(entries, buckets, topo, spec, pool, meter)
-    it = threaded(it) if overlap else it
+    it = (threaded if overlap else iter)(_produce(entries, buckets, topo, spec, pool, meter))
     while True:
         t0 = time.perf_counter()
         x = next(it, None)

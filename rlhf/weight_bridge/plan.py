@@ -93,12 +93,9 @@ def plan_local_tensors(entries: Sequence[LocalTensor], spec: HFModelSpec, tp: in
         meta = torch.empty(tuple(e.tensor.shape), dtype=e.tensor.dtype, device="meta")
         shards = [meta] if GATHER_DIM[e.role.kind] is None else [meta] * tp
         converted = hf_tensors_from_shards(e.role, shards, spec)
-        if ep > 1 and e.role.is_expert:
-            for r in range(ep):
-                names = param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names
-                out += [(name, tuple(t.shape), e.tensor.dtype) for name, (_, t) in zip(names, converted)]
-            continue
-        out += [(name, tuple(t.shape), e.tensor.dtype) for name, t in converted]
+        names = ([param_role(e.local_name, e.chunk, spec, ep_rank=r).hf_names for r in range(ep)]
+                 if ep > 1 and e.role.is_expert else [[name for name, _ in converted]])
+        out += [(name, tuple(t.shape), e.tensor.dtype) for ns in names for name, (_, t) in zip(ns, converted)]
     return out
 
 
@@ -154,9 +151,8 @@ def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFM
     """Controller: the stage leaders' reports (``{"pp_rank", "rank", "tensors", ...}``; None from other ranks) ->
     the validated SendPlan, tensors in the engine's dtype of each weight (else their own).  Raises WeightBridgeError
     for two leaders of a stage, a stage 0 not led by the controller, or any mismatch with ``expected`` (all listed)."""
-    reports = [r for r in reports if r is not None]
     by_stage = {}
-    for r in reports:
+    for r in filter(None, reports):
         if r["pp_rank"] in by_stage:
             raise WeightBridgeError(f"two leaders for pipeline stage {r['pp_rank']}")
         by_stage[r["pp_rank"]] = r
@@ -171,7 +167,6 @@ def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFM
     stages = []
     for p in sorted(by_stage):
         r = by_stage[p]
-        metas = [TensorMeta(name, tuple(shape), expected[name][1] or src)
-                 for name, shape, src in r["tensors"]]
+        metas = [TensorMeta(name, tuple(shape), expected[name][1] or src) for name, shape, src in r["tensors"]]
         stages.append(StagePlan(p, r["rank"], metas, plan_buckets(metas, bucket_bytes)))
     return SendPlan(stages, _check_names([m.name for s in stages for m in s.metas], check))

@@ -85,10 +85,6 @@ class MegatronTopology:
         dist.all_gather(out, t, group=self._ctrl)
         return [x.tolist() for x in out]
 
-    def any_rank(self, flag: bool) -> bool:
-        """True on every rank when ``flag`` is set on any (one :meth:`all_gather_codes`)."""
-        return any(c[0] for c in self.all_gather_codes([int(bool(flag))]))
-
     def send_object(self, obj, dst: int) -> None:
         dist.send_object_list([obj], dst=dst, group=self._ctrl)
 

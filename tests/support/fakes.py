@@ -214,10 +214,6 @@ class SimulatedTPTopology:
         self.code_collectives += 1
         return [list(codes)]
 
-    def any_rank(self, flag):
-        self.code_collectives += 1
-        return bool(flag)
-
 
 def push_weights(engines, named: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int = 1 << 30,
                  flush: bool = True) -> int:
