@@ -48,7 +48,6 @@ __all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats", "CheckReport", "samp
 
 _NOT_OPENED, _OPENED, _OPEN_FAILED = 0, 1, 2  # the controller's session code in a sync's first exchange
 _CHECK_ROWS = 4  # check mode: rows read back per tensor
-_GROUP_TIMEOUT_S = 1800.0  # the distributed transport's weight-update groups
 
 
 @dataclass
@@ -157,8 +156,7 @@ class WeightBridge:
         self.engines = engines
         self.device = next((p.device for c in self.chunks for p in unwrap_model(c).parameters()), torch.device("cpu"))
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        self.dist = DistributedGroups(self.topo, engines, self.cfg.group_prefix, backend, self.cfg.master_address,
-                                      _GROUP_TIMEOUT_S)
+        self.dist = DistributedGroups(self.topo, engines, self.cfg.group_prefix, backend, self.cfg.master_address)
         self.meter = MemoryMeter()
         self._pool: BufferPool | None = None
         self._plan: AgreedPlan | None = None
@@ -310,8 +308,7 @@ class WeightBridge:
         topo, plan, serving = self.topo, s.plan.send, s.plan.serving
         try:
             stage = plan.stage(topo.pp_rank) if topo.active or topo.expert_peer else None
-            # with holders no producer thread: every rank issues its TP gathers and the holders' broadcasts from one
-            # thread, in one global order (from_tensor.py)
+            # with holders no producer thread: every rank's TP gathers and broadcasts in one order (from_tensor.py)
             holding = any(sv.group is not None for sv in serving.values())
             pool = self._buffers(plan) if topo.is_leader or holding else None
             own = functools.partial(stage_buckets, s.entries, stage.buckets if stage else [], topo, self.spec, pool,
@@ -379,12 +376,12 @@ class WeightBridge:
         verdict = topo.broadcast_object(verdict)
         if isinstance(verdict, BaseException):
             raise verdict
-        if verdict["groups"] is not None:
-            self.dist.setup(verdict["plan"], verdict["groups"], verdict["fingerprint"])
-        serving = self._serving(verdict["plan"], verdict["holders"])
+        plan, groups, fingerprint, engine_tp, holders = verdict
+        if groups is not None:
+            self.dist.setup(plan, groups, fingerprint)
         s.stats.replanned = True
-        self._plan = AgreedPlan(verdict["plan"], serving, s.tensors_key, verdict["tp_size"],
-                                verdict["fingerprint"] if topo.is_controller else None)
+        self._plan = AgreedPlan(plan, self._serving(plan, holders), s.tensors_key, engine_tp,
+                                fingerprint if topo.is_controller else None)
         return self._plan
 
     def _report(self, entries) -> dict | None:
@@ -397,8 +394,9 @@ class WeightBridge:
             rep["group"] = self.dist.report()
         return rep
 
-    def _verdict(self, reports: list) -> dict:
-        """Controller: the validated plan, each stage's holders (colocated, EP 1), the groups' rendezvous (if new)."""
+    def _verdict(self, reports: list) -> tuple:
+        """Controller: ``(validated plan, groups' rendezvous (if new), engines' fingerprint, engine TP size, each
+        stage's holders (colocated, EP 1))``."""
         cfg, fp = self.cfg, self.engines.fingerprint()
         plan = build_send_plan(reports, self.topo.controller, self.engines.expected_weights(), self.spec,
                                bucket_bytes=cfg.buffer_bytes, check=cfg.check)
@@ -411,8 +409,7 @@ class WeightBridge:
                 held = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, stage.leader)
                 if any(r != stage.leader for r in held.values()):
                     holders[stage.pp_rank] = held
-        return {"plan": plan, "groups": groups, "fingerprint": fp, "tp_size": self.engines.tp_size,
-                "holders": holders or None}
+        return plan, groups, fp, self.engines.tp_size, holders or None
 
     def _serving(self, plan: SendPlan, holders: dict | None) -> dict[int, StageServing]:
         """Every rank: ``{pp_rank: StageServing}`` (collective once per new member set, in stage order)."""

@@ -1,13 +1,15 @@
 """The per-bucket protocol of one sync, the same for both transports.  Only the controller talks to the engines.
 
 1. the stage's leader produces the bucket; a leader other than the controller reports None or its first error;
-2. the controller decides (:meth:`Delivery.start`): nothing after any error, else the transport starts the bucket
-   on its engines; the decision goes to the stage's leader and holders, so nothing is serialized or broadcast that
-   no engine takes (an IPC handle never opened keeps its block in torch's limbo; an engine waiting for a broadcast
-   nobody sends holds the group until its timeout);
-3. on a go the data moves (:meth:`Delivery.move` on the controller, :meth:`Delivery.lead` on another leader);
-4. the controller waits for the engines (its own stage keeps up to ``in_flight`` buckets loading while the next is
-   produced), then acks a leader other than itself, which reuses its buffer only after the ack.
+2. the controller decides (the transport's ``start(plan, stage, bplan)``, falsy: no go): nothing after any error,
+   else the bucket starts on the engines; the decision goes to the stage's leader and holders (``participants``), so
+   nothing is serialized or broadcast that no engine takes (an IPC handle never opened keeps its block in torch's
+   limbo; an engine waiting for a broadcast nobody sends holds the group until its timeout);
+3. on a go the data moves: ``move(plan, stage, bplan, buf, go)`` on the controller (``buf`` when it leads the stage),
+   ``lead(stage, bplan, buf, go)`` on another leader;
+4. the controller waits for the engines (``wait(call)`` on what ``move`` returned; its own stage keeps up to
+   ``in_flight`` buckets loading while the next is produced), then acks a leader other than itself, which reuses its
+   buffer only after the ack.
 
 Every rank goes through every bucket of its part, also after an error (the TP peers' gathers go on), so no rank
 waits for a message that never comes.  A collective that itself fails is not covered.
@@ -22,12 +24,9 @@ from rlhf import faults
 
 
 class Delivery:
-    """One sync's delivery on this rank.  ``record(bucket, buffer)`` (or None) sees each produced buffer; ``times``:
-    ``receive`` / ``deliver`` seconds; ``error``: the first one.  A transport defines, for the controller,
-    ``start(plan, stage, bplan)`` (start the bucket on the engines; returns the decision sent to the participants,
-    falsy: none), ``move(plan, stage, bplan, buf, go)`` (move the data, ``buf`` when it leads the stage; returns what
-    ``wait`` takes), ``wait(call)`` (the engines' answer), and for a leader other than the controller
-    ``lead(stage, bplan, buf, go)`` (move its bucket after the controller's ``go``)."""
+    """One sync's delivery on this rank; a transport defines ``start``, ``move``, ``lead`` and ``wait`` (module
+    docstring).  ``record(bucket, buffer)`` (or None) sees each produced buffer; ``times``: ``receive`` / ``deliver``
+    seconds; ``error``: the first one."""
 
     def __init__(self, topo, engines, record: Callable | None, times: dict):
         self.topo, self.engines, self.record, self.times = topo, engines, record, times

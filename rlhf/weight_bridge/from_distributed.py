@@ -27,7 +27,7 @@ class DistributedGroups:
     """One trainer rank's weight-update groups, kept across syncs (``master_address``: rollout.weight_update_address,
     parallel.distributed.resolve_address)."""
 
-    def __init__(self, topo, engines, prefix: str, backend: str, master_address: str | None, timeout_s: float):
+    def __init__(self, topo, engines, prefix: str, backend: str, master_address: str | None, timeout_s=1800.0):
         self.topo, self.engines, self.prefix, self.backend = topo, engines, prefix, backend
         self.master_address, self.timeout_s = master_address, timeout_s
         self.pg = None  # this leader's group

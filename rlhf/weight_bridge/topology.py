@@ -30,7 +30,6 @@ class MegatronTopology:
         self.controller = 0
         self.is_controller = self.rank == self.controller
         self.tp_group = ps.get_tensor_model_parallel_group()
-        self.tp_src = ps.get_tensor_model_parallel_src_rank()
         self.ep_size = ps.get_expert_model_parallel_world_size()
         self.ep_rank = ps.get_expert_model_parallel_rank() if self.ep_size > 1 else 0
         self.ep_group = ps.get_expert_model_parallel_group() if self.ep_size > 1 else None
@@ -56,7 +55,7 @@ class MegatronTopology:
             return [entry.values().contiguous()]
         t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
         out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
-        dist.gather(t, gather_list=out, dst=self.tp_src, group=self.tp_group)
+        dist.gather(t, gather_list=out, dst=dist.get_global_rank(self.tp_group, 0), group=self.tp_group)
         if out is None:  # a TP peer waits for its gather (NCCL only enqueues it, its input, e.g. a merged LoRA
             torch.get_device_module(t.device).synchronize(t.device)  # weight, alive until done); a no-op on CPU
         return out
