@@ -82,7 +82,6 @@ def load(model, named_tensors) -> None:
             raise ValueError(f"{LOADER}: bucket with {len(payloads)} payloads, engine TP rank {rank} has none")
         load_bucket(model, payloads[rank], last=bool(head.get("last")))
     elif op == "dump":
-        torch.save({n: p.detach().cpu().clone() for n, p in model.named_parameters()},
-                   f"{head['out']}.rank{rank}.pt")
+        torch.save({n: p.detach().cpu().clone() for n, p in model.named_parameters()}, f"{head['out']}.rank{rank}.pt")
     else:
         raise ValueError(f"{LOADER}: unknown operation {op!r} (use 'bucket' or 'dump')")

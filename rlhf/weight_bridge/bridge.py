@@ -307,7 +307,7 @@ class WeightBridge:
         """This rank's part of gather -> convert -> bucket -> send (every bucket, also after an error); its error."""
         topo, plan, serving = self.topo, s.plan.send, s.plan.serving
         try:
-            stage = plan.stage(topo.pp_rank) if topo.active or topo.expert_peer else None
+            stage = {st.pp_rank: st for st in plan.stages}[topo.pp_rank] if topo.active or topo.expert_peer else None
             # with holders no producer thread: every rank's TP gathers and broadcasts in one order (from_tensor.py)
             holding = any(sv.group is not None for sv in serving.values())
             pool = self._buffers(plan) if topo.is_leader or holding else None
@@ -326,16 +326,16 @@ class WeightBridge:
             for st in plan.stages:  # every other rank: its part in each stage, in stage order
                 sv = serving[st.pp_rank]
                 holds = self.cfg.transport == "tensor" and topo.rank in sv.participants(topo.controller)
-                holder = functools.partial(BucketHolder, topo, sv, s.plan.engine_tp, pool, self.cfg.buffers)
                 if st is stage and topo.is_leader:
                     error = d.run_leader(plan, st, own, pool)
                 elif st is stage and holds:  # a TP peer of the leader holding engine ranks' entries
-                    holder().run(st.buckets, s.entries, self.spec, topo.tp_size,
-                                 lambda e: collections.deque(hf_stream([e], topo, self.spec, self.meter), maxlen=0))
+                    BucketHolder(topo, sv, s.plan.engine_tp, pool, self.cfg.buffers).run(
+                        st.buckets, s.entries, self.spec, topo.tp_size,
+                        lambda e: collections.deque(hf_stream([e], topo, self.spec, self.meter), maxlen=0))
                 elif st is stage:  # a TP peer (an expert peer: EP > 1): its part in the leader's (EP) gathers
                     collections.deque(hf_stream(s.entries, topo, self.spec, self.meter), maxlen=0)
                 elif holds:  # a rank of another stage or data-parallel replica on an engine rank's device
-                    holder().run(st.buckets)
+                    BucketHolder(topo, sv, s.plan.engine_tp, pool, self.cfg.buffers).run(st.buckets)
             return error
         except Exception as e:  # noqa: BLE001 - reported so every rank raises the same error
             return f"rank {topo.rank}: {type(e).__name__}: {e}"
@@ -457,9 +457,8 @@ class WeightBridge:
 
     def _free_pool(self) -> None:
         """Device buffers go back after each sync (CPU ones are kept: the engines keep their mappings, keep_mapped)."""
-        if self.device.type != "cpu" and self._pool is not None:
+        if self.device.type != "cpu" and self._pool is not None:  # a closed pool allocates again when next used
             self._pool.close()
-            self._pool = None
             if self.device.type == "cuda":
                 torch.cuda.ipc_collect()  # blocks shared through CUDA IPC wait in torch's limbo until collected
 
@@ -480,7 +479,6 @@ class WeightBridge:
         self._plan = None
         if self._pool is not None:
             self._pool.close()
-            self._pool = None
         self.dist.close()
 
 

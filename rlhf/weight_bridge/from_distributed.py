@@ -36,8 +36,7 @@ class DistributedGroups:
 
     def report(self) -> dict:
         """What a stage leader adds to its plan report: a rendezvous address and port."""
-        addr = resolve_address(self.master_address, "rollout.weight_update_address")
-        return {"addr": addr, "port": free_port("")}
+        return {"addr": resolve_address(self.master_address, "rollout.weight_update_address"), "port": free_port("")}
 
     def setup(self, plan: SendPlan, reports: dict, fingerprint) -> None:
         """Collective: (re)create every stage's group (the engines leave the previous one).  ``reports``: ``{pp_rank:

@@ -187,10 +187,9 @@ class BucketHolder:
         """Every bucket in order, each right after this rank's part (``gather(entry)``, a TP peer of the leader) in the
         TP gathers of the ``entries`` it holds tensors of; the copies go back when the stage's last one was answered."""
         try:
-            counts = entry_tensor_counts(entries, spec, tp) if gather is not None else []
             ends = list(itertools.accumulate(len(b.metas) for b in buckets))  # HF tensors through bucket k
             done = k = 0
-            for e, c in zip(entries, counts):
+            for e, c in zip(entries, entry_tensor_counts(entries, spec, tp)):
                 gather(e)
                 done += c
                 while k < len(buckets) and ends[k] <= done:

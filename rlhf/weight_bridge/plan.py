@@ -32,9 +32,8 @@ def normalize_expected(expected: Mapping) -> dict[str, tuple[tuple[int, ...], to
 
 
 def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tuple, Any]]], expected: Mapping,
-                              tie_word_embeddings: bool, engine: str = "engine",
-                              allow_missing: Callable[[str], bool] | None = None) -> list[str]:
-    """Check ``stage_tensors`` ``{pp_rank: [(HF name, shape, dtype), ...]}`` against the engine's ``expected``
+                              tie_word_embeddings: bool, allow_missing: Callable | None = None) -> list[str]:
+    """Check ``stage_tensors`` ``{pp_rank: [(HF name, shape, dtype), ...]}`` against the rollout engines' ``expected``
     ``{HF name: (shape, dtype)}``; ``lm_head.weight`` may stay unsent with ``tie_word_embeddings``, and so may the
     names ``allow_missing`` accepts.  Returns one line per problem (none: everything matches): a name the engine does
     not have (with the closest expected names), a shape differing from the engine's, a name sent by two stages, an
@@ -50,16 +49,16 @@ def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tu
             owner.setdefault(name, pp_rank)
             if name not in exp:
                 close = difflib.get_close_matches(name, list(exp), n=3, cutoff=0.6)
-                problems.append(f"weight {name!r} (shape {shape}, pipeline stage {pp_rank}) is not a weight of "
-                                f"{engine} (SGLang would silently ignore it); closest expected names: {close}")
+                problems.append(f"weight {name!r} (shape {shape}, pipeline stage {pp_rank}) is not a weight of the "
+                                f"rollout engines (SGLang would silently ignore it); closest expected names: {close}")
             elif exp[name][0] != shape:
-                problems.append(f"weight {name!r}: the bridge would send shape {shape} but {engine} expects "
+                problems.append(f"weight {name!r}: the bridge would send shape {shape} but the rollout engines expects "
                                 f"{exp[name][0]} (SGLang would crash on it)")
     for name, (shape, _dt) in exp.items():
         tied = name == "lm_head.weight" and tie_word_embeddings
         if name not in owner and not tied and not (allow_missing and allow_missing(name)):
-            problems.append(f"{engine} expects weight {name!r} (shape {shape}) but no trainer tensor maps to it: "
-                            f"it would keep stale values")
+            problems.append(f"the rollout engines expects weight {name!r} (shape {shape}) but no trainer tensor "
+                            f"maps to it: it would keep stale values")
     return problems
 
 
@@ -131,10 +130,6 @@ class SendPlan:
     def is_last(self, stage: StagePlan, bucket: BucketPlan) -> bool:
         return stage is self.stages[-1] and bucket is stage.buckets[-1]
 
-    def stage(self, pp_rank: int) -> StagePlan:
-        """The stage of pipeline rank ``pp_rank``."""
-        return next(s for s in self.stages if s.pp_rank == pp_rank)
-
 
 def _check_names(names: list[str], check: str | None) -> list[str]:
     if check == "all":
@@ -160,7 +155,7 @@ def build_send_plan(reports: list, controller: int, expected: Mapping, spec: HFM
         raise WeightBridgeError(f"global rank {controller} must lead pipeline stage 0 (tp rank 0, dp rank 0); "
                                 f"megatron's rank order puts it there by default")
     problems = validate_against_expected({p: r["tensors"] for p, r in by_stage.items()}, expected,
-                                         spec.tie_word_embeddings, "the rollout engines")
+                                         spec.tie_word_embeddings)
     if problems:
         more = f" (+{len(problems) - 20} more)" if len(problems) > 20 else ""
         raise WeightBridgeError("weight sync refused before sending anything:\n  " + "\n  ".join(problems[:20]) + more)
