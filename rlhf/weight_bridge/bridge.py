@@ -308,8 +308,7 @@ class WeightBridge:
         topo, plan, serving = self.topo, s.plan.send, s.plan.serving
         try:
             stage = {st.pp_rank: st for st in plan.stages}[topo.pp_rank] if topo.active or topo.expert_peer else None
-            # with holders no producer thread: every rank's TP gathers and broadcasts in one order (from_tensor.py)
-            holding = any(sv.group is not None for sv in serving.values())
+            holding = any(sv.group is not None for sv in serving.values())  # then no producer thread (from_tensor)
             pool = self._buffers(plan) if topo.is_leader or holding else None
             own = functools.partial(stage_buckets, s.entries, stage.buckets if stage else [], topo, self.spec, pool,
                                     self.meter, self.cfg.overlap and not holding, s.times)
@@ -386,13 +385,12 @@ class WeightBridge:
 
     def _report(self, entries) -> dict | None:
         """A stage leader's report: the HF tensors its entries convert to (and its group's rendezvous)."""
-        if not self.topo.is_leader:
+        topo = self.topo
+        if not topo.is_leader:
             return None
-        tensors = plan_local_tensors(entries, self.spec, self.topo.tp_size, self.topo.ep_size)
-        rep = {"pp_rank": self.topo.pp_rank, "rank": self.topo.rank, "tensors": tensors}
-        if self.cfg.transport == "distributed":
-            rep["group"] = self.dist.report()
-        return rep
+        group = self.dist.report() if self.cfg.transport == "distributed" else None
+        return {"pp_rank": topo.pp_rank, "rank": topo.rank, "group": group,
+                "tensors": plan_local_tensors(entries, self.spec, topo.tp_size, topo.ep_size)}
 
     def _verdict(self, reports: list) -> tuple:
         """Controller: ``(validated plan, groups' rendezvous (if new), engines' fingerprint, engine TP size, each

@@ -39,7 +39,6 @@ class Delivery:
     def stage_done(self, stage) -> None:
         """Controller: the engines answered the stage's last bucket."""
 
-    # ---- the protocol --------------------------------------------------------------------------------
     def fail(self, e: BaseException | str) -> None:  # keeps the first error
         self.error = self.error or (e if isinstance(e, str) else f"rank {self.topo.rank}: {type(e).__name__}: {e}")
 

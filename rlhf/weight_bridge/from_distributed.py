@@ -99,8 +99,7 @@ class DistributedDelivery(Delivery):
 
     def __init__(self, topo, engines, record, times: dict, groups: DistributedGroups, token=None):
         super().__init__(topo, engines, record, times)
-        self.groups, self.token = groups, token
-        self._requested = None
+        self.groups, self.token, self._requested = groups, token, None
 
     def start(self, plan, stage, bplan) -> bool:
         gone = self.engines.replaced_since(self.token) if self.token is not None else []

@@ -174,8 +174,7 @@ class BucketHolder:
     then on a go the broadcast into one of ``count`` copies from ``pool`` and this rank's entries to the controller."""
 
     def __init__(self, topo, serving: StageServing, tp: int, pool: BufferPool, count: int):
-        self.topo, self.serving, self.tp = topo, serving, tp
-        self.copies = _Copies(pool, count)
+        self.topo, self.serving, self.tp, self.copies = topo, serving, tp, _Copies(pool, count)
 
     def step(self, bplan: BucketPlan) -> None:
         engines = self.topo.recv_object(self.topo.controller)

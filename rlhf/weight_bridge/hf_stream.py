@@ -164,7 +164,7 @@ def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan],
 
 
 def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPool, meter: MemoryMeter):
-    state, taken = Production(), [0]
+    state, taken, end = Production(), [0], 0
 
     def counted():
         for x in hf_stream(entries, topo, spec, meter, state):
@@ -173,7 +173,6 @@ def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPoo
 
     stream = counted()
     filled = fill_buckets(stream, buckets, pool)
-    end = 0
     for bplan in buckets:
         end += len(bplan.metas)
         if state.error is None:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from parallel import devices
+from rlhf.weight_bridge.plan import WeightBridgeError
 
 __all__ = ["MegatronTopology"]
 
@@ -18,8 +19,6 @@ class MegatronTopology:
 
     def __init__(self):
         from megatron.core import parallel_state as ps
-
-        from rlhf.weight_bridge.plan import WeightBridgeError
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.tp_size = ps.get_tensor_model_parallel_world_size()
