@@ -147,13 +147,12 @@ class WeightBridge:
 
     def __init__(self, model_chunks, spec: HFModelSpec, engines: EngineFleet | None = None,
                  config: WeightSyncConfig | None = None, *, topology=None):
-        self.chunks, self.spec = list(model_chunks), spec
+        self.chunks, self.spec, self.engines = list(model_chunks), spec, engines
         self.cfg = config if config is not None else WeightSyncConfig()
         self.topo = topology if topology is not None else MegatronTopology()
         if self.topo.is_controller != (engines is not None):
             raise ValueError(f"the engines' handle goes to global rank {self.topo.controller} and only there "
                              f"(rank {self.topo.rank} got {'one' if engines is not None else 'none'})")
-        self.engines = engines
         self.device = next((p.device for c in self.chunks for p in unwrap_model(c).parameters()), torch.device("cpu"))
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         self.dist = DistributedGroups(self.topo, engines, self.cfg.group_prefix, backend, self.cfg.master_address)
@@ -455,8 +454,9 @@ class WeightBridge:
 
     def _free_pool(self) -> None:
         """Device buffers go back after each sync (CPU ones are kept: the engines keep their mappings, keep_mapped)."""
-        if self.device.type != "cpu" and self._pool is not None:  # a closed pool allocates again when next used
+        if self.device.type != "cpu" and self._pool is not None:
             self._pool.close()
+            self._pool = None
             if self.device.type == "cuda":
                 torch.cuda.ipc_collect()  # blocks shared through CUDA IPC wait in torch's limbo until collected
 
@@ -477,6 +477,7 @@ class WeightBridge:
         self._plan = None
         if self._pool is not None:
             self._pool.close()
+            self._pool = None
         self.dist.close()
 
 

@@ -57,11 +57,10 @@ def broadcast_group(members: tuple[int, ...], world: int, existing: dict):
     """The group of one stage's leader and holders (``members``): the world group, a group of ``existing`` (``{member
     ranks: group}``: megatron's TP groups) with these members, else a new one (collective).  Sharing saves an NCCL
     communicator per member (~0.5-0.7 GiB, NVIDIA/nccl#964); during a sync it carries nothing else."""
-    if tuple(members) == tuple(range(world)):
+    members = tuple(members)
+    if members == tuple(range(world)):
         return dist.group.WORLD
-    if tuple(members) in existing:
-        return existing[tuple(members)]
-    return dist.new_group(ranks=list(members))
+    return existing[members] if members in existing else dist.new_group(ranks=list(members))
 
 
 def entry_tensor_counts(entries: Sequence[LocalTensor], spec, tp: int) -> list[int]:

@@ -154,13 +154,12 @@ def stage_buckets(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan],
     with ``overlap`` a thread fills bucket k+1 while bucket k is delivered; ``times["produce"]``: the waits (s).
     After a production error ``(plan, None, the error)`` per bucket, each after the gathers of its tensors."""
     it = (threaded if overlap else iter)(_produce(entries, buckets, topo, spec, pool, meter))
-    while True:
-        t0 = time.perf_counter()
-        x = next(it, None)
+    t0 = time.perf_counter()
+    for x in it:
         times["produce"] += time.perf_counter() - t0
-        if x is None:
-            return
         yield x
+        t0 = time.perf_counter()
+    times["produce"] += time.perf_counter() - t0
 
 
 def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPool, meter: MemoryMeter):

@@ -26,8 +26,7 @@ class MegatronTopology:
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.active = ps.get_data_parallel_rank(with_context_parallel=True) == 0
         self.is_leader = self.active and self.tp_rank == 0
-        self.controller = 0
-        self.is_controller = self.rank == self.controller
+        self.controller, self.is_controller = 0, self.rank == 0
         self.tp_group = ps.get_tensor_model_parallel_group()
         self.ep_size = ps.get_expert_model_parallel_world_size()
         self.ep_rank = ps.get_expert_model_parallel_rank() if self.ep_size > 1 else 0
