@@ -201,7 +201,8 @@ def _validate(cfg, env: LaunchEnv, run: bool) -> None:
     gpus = None if not run or (cfg.trainer.n_gpus_per_node and not pools) else (_cuda_count() or None)
     validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True,
                     gpus_per_node=gpus)
-    if run and cfg.trainer.one_step_off_policy.enable and cfg.rollout.mode == "colocated" and _cuda_count():
+    if run and (cfg.trainer.one_step_off_policy.enable or cfg.async_training.enable) and \
+            cfg.rollout.mode == "colocated" and _cuda_count():
         from rlhf.config import ConfigValidationError
 
         raise ConfigValidationError([ONE_STEP_OFF_ON_SHARED_GPUS])
@@ -209,7 +210,8 @@ def _validate(cfg, env: LaunchEnv, run: bool) -> None:
 
 #: one step off-policy keeps colocated engines resident while the actor trains: fine on CPU, not planned on GPUs
 ONE_STEP_OFF_ON_SHARED_GPUS = (
-    "trainer.one_step_off_policy.enable=true with colocated engines on GPUs: the engines would keep their weights "
+    "trainer.one_step_off_policy.enable=true (or async_training.enable=true) with colocated engines on GPUs: the "
+    "engines would keep their weights "
     "and KV cache on the trainer's GPUs while the actor trains (nothing is released between steps), which the "
     "memory plan does not count; verl's one-step-off trainer refuses it too (hybrid_engine must be False). Give the "
     "rollout GPUs of its own: actor_rollout_ref.hybrid_engine=False with rollout.nnodes / rollout.n_gpus_per_node "
