@@ -152,10 +152,11 @@ class FullyAsync:
         next :meth:`next_round` resumes it."""
         self._sync(metrics if metrics is not None else {}, resume=False)
 
-    def loader_state(self) -> dict:
-        """The prompt loader's position, consistent with :meth:`state_dict`'s pending rows (rank 0)."""
+    def checkpoint_state(self) -> tuple:
+        """(the prompt loader's position, :meth:`state_dict`), taken together under the rollouter's lock (a draw in
+        between would save rows twice)."""
         with self.cond:
-            return self.loader.state_dict()
+            return self.loader.state_dict(), self.state_dict()
 
     def state_dict(self) -> dict:
         """``actor_version``, ``consumed`` and ``pending``: the rows drawn and not yet trained, in draw order."""

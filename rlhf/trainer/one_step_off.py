@@ -112,6 +112,10 @@ class OneStepOff:
         """The prompt loader's state for a checkpoint: before the batch in flight was drawn."""
         return self.inflight.loader_state if self.inflight is not None else self.loader.state_dict()
 
+    def checkpoint_state(self) -> tuple:
+        """(the prompt loader's state before the batch in flight, :meth:`state_dict`)."""
+        return self.loader_state(), self.state_dict()
+
     def state_dict(self) -> dict:
         return {"actor_version": self.actor_version}
 

@@ -319,7 +319,8 @@ class PPOTrainer(BaseTrainer):
         state = {**super().trainer_state(), "kl_ctrl": self.kl_ctrl.state_dict()}
         if self.off_policy is not None:  # the batches in flight are not saved: their prompts are generated again
             key = "one_step_off" if isinstance(self.off_policy, OneStepOff) else "fully_async"
-            state.update(train_loader=self.off_policy.loader_state(), **{key: self.off_policy.state_dict()})
+            loader_state, own = self.off_policy.checkpoint_state()
+            state.update(train_loader=loader_state, **{key: own})
         return state
 
     def load_trainer_state(self, state: dict) -> None:

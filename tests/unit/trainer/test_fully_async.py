@@ -163,7 +163,7 @@ def test_checkpoint_mid_stream_then_resume_trains_every_prompt_exactly_once():
     rollout.manager.wait_for_sync = False
     try:
         first = _train(p, 3)
-        state, loader_state = p.state_dict(), p.loader_state()  # the checkpoint after step 3
+        loader_state, state = p.checkpoint_state()  # the checkpoint after step 3
         more = _train(p, 1, first=4)  # step 4 trained, then "killed": lost with the process
     finally:
         p.close()
