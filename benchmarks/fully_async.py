@@ -41,7 +41,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--last", type=int, default=8, help="steps of the reward comparison (the last ones)")
-    ap.add_argument("--pairs", type=int, default=1, help="(sync, fully async) pairs, seeds trainer.seed=1, 2, ...")
+    ap.add_argument("--pairs", type=int, default=1, help="(sync, fully async) pairs, seeds trainer.seed=--seed, +1, ...")
+    ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--trainer-core", type=int, default=0)
     ap.add_argument("--engine-core", type=int, default=1)
     ap.add_argument("--out", default=None, help="run directories (default: a temporary one)")
@@ -56,7 +57,7 @@ def main():
     last, timed = range(a.steps - a.last + 1, a.steps + 1), range(3, a.steps + 1)
     rewards, stale, partial, ratios = {"sync": [], "fully_async": []}, 0.0, [], []
     for pair in range(a.pairs):
-        a.overrides = [*base, f"trainer.seed={pair + 1}"]
+        a.overrides = [*base, f"trainer.seed={a.seed + pair}"]
         runs = {name: run_job(name, os.path.join(out, f"{name}_{pair + 1}"), a.steps, extra, a)
                 for name, extra in (("sync", []), ("fully_async", FULLY_ASYNC))}
         for name, s in runs.items():
