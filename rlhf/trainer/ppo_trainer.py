@@ -133,9 +133,14 @@ class PPOTrainer(BaseTrainer):
         self.train_loader = StatefulPromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,
                                                  drop_last=True, collate_fn=collate_prompts)
         self.total_steps = self.steps_for(self.train_loader)
-        self.fill_lr_decay_steps("actor", self.total_steps - cfg.trainer.critic_warmup, cfg.actor.ppo_epochs)
+        step_batch = None  # fully async: each step trains require_batches x ppo_mini_batch_size prompts
+        if cfg.async_training.enable:
+            step_batch = cfg.async_training.require_batches * cfg.actor.ppo_mini_batch_size
+            self.total_steps = cfg.trainer.total_training_steps or len(train) // step_batch * cfg.trainer.total_epochs
+        self.fill_lr_decay_steps("actor", self.total_steps - cfg.trainer.critic_warmup, cfg.actor.ppo_epochs,
+                                 step_batch)
         if critic_enabled(cfg):
-            self.fill_lr_decay_steps("critic", self.total_steps, cfg.critic.ppo_epochs)
+            self.fill_lr_decay_steps("critic", self.total_steps, cfg.critic.ppo_epochs, step_batch)
         temperature = log_prob_temperature(cfg)
         self.actor = build_actor(cfg, self.hf_config, self.model_path, temperature=temperature)
         need_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
