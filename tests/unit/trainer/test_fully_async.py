@@ -247,3 +247,20 @@ def test_combinations_that_cannot_work_are_refused_at_cfg(extra, expected):
         validate_config(compose_config(["async_training.enable=true", *extra]))
     validate_config(compose_config(["async_training.enable=true", "algorithm.rollout_correction.rollout_is=token",
                                     "async_training.compute_prox_log_prob=true"]))
+
+
+def test_validation_pauses_the_rollouter_and_syncs_the_current_actor():
+    p, rollout = _pipeline(["async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=4"])
+    rollout.manager.wait_for_sync = False
+    try:
+        _train(p, 1)
+        assert rollout.syncs == []  # 1 update of 4 before a sync
+        p.quiesce()
+        assert rollout.syncs == [1] and p.paused and p.engine_version == 1
+        calls = len(rollout.manager.calls)
+        samples, _, _, m = p.next_round(2)  # resumes the rollouter
+        assert p.thread.is_alive() and m["fully_async/count/current_param_version"] == 1.0
+        p.quiesce()
+        assert rollout.syncs == [1] and len(rollout.manager.calls) >= calls  # nothing changed: no sync
+    finally:
+        p.close()
