@@ -46,19 +46,19 @@ def main():
     ap.add_argument("--trainer-core", type=int, default=0)
     ap.add_argument("--engine-core", type=int, default=1)
     ap.add_argument("--out", default=None, help="run directories (default: a temporary one)")
-    ap.add_argument("overrides", nargs="*", help="extra config overrides for both runs")
+    ap.add_argument("overrides", nargs="*", help="extra config overrides for both runs (after the fully async ones)")
     a = ap.parse_args()
     out = a.out or tempfile.mkdtemp(prefix="fully_async_")
     os.makedirs(out, exist_ok=True)
     from rlhf.quickstart.model import build_quickstart_model
 
     model = build_quickstart_model(os.path.join(out, "tiny_model"))
-    base = [f"model.path={model}", *a.overrides]
+    base, user = [f"model.path={model}"], list(a.overrides)  # the user's overrides last: they win in both runs
     last, timed = range(a.steps - a.last + 1, a.steps + 1), range(3, a.steps + 1)
     rewards, stale, partial, ratios = {"sync": [], "fully_async": []}, 0.0, [], []
     for pair in range(a.pairs):
         a.overrides = [*base, f"trainer.seed={a.seed + pair}"]
-        runs = {name: run_job(name, os.path.join(out, f"{name}_{pair + 1}"), a.steps, extra, a)
+        runs = {name: run_job(name, os.path.join(out, f"{name}_{pair + 1}"), a.steps, [*extra, *user], a)
                 for name, extra in (("sync", []), ("fully_async", FULLY_ASYNC))}
         for name, s in runs.items():
             rewards[name].append(sum(s["critic/score/mean"][k] for k in last) / len(last))
