@@ -222,7 +222,7 @@ class FullyAsync:
         """Collective.  Pause the rollouter (rank 0: at the end of its generate call in flight), push the actor's
         weights when they changed, reset the admission budget, resume unless `resume` is false."""
         if self.rank0 and self.thread is not None:
-            with self.cond:
+            with timer(m, "pause_rollouter"), self.cond:  # timing_s/pause_rollouter: the wait for the chunk in flight
                 self.pause_wanted = True
                 self.cond.notify_all()
                 while not self.paused and self.error is None and self.thread.is_alive():
