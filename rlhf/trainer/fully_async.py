@@ -173,7 +173,8 @@ class FullyAsync:
         self.actor_version = self.engine_version = int(state.get("actor_version", 0))
         self.consumed = int(state.get("consumed", 0))
         self.waiting = deque(state.get("pending", []))
-        self.cap = admission_cap(self.a, self.B // self.a.require_batches, len(self.waiting))
+        # the pending rows are generated again from the resumed weights: nothing is carried, a whole window to admit
+        self.cap, self.admitted = admission_cap(self.a, self.B // self.a.require_batches, 0), 0
         if self.rank0 and self.waiting:
             log.info("fully async: resumed with pending prompts %s", [r["index"] for r in self.waiting])
 
@@ -232,7 +233,7 @@ class FullyAsync:
                 m.update(self.rollout.sync_weights().metrics())
             self.engine_version = self.actor_version
             with self.cond:
-                carried = len(self.active) + len(self.finished) + len(self.waiting)
+                carried = len(self.active) + len(self.finished)  # admitted, not trained (waiting rows are not)
                 self.cap, self.admitted = admission_cap(self.a, self.B // self.a.require_batches, carried), 0
         if resume:
             with self.cond:

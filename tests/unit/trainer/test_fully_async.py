@@ -16,19 +16,21 @@ MAX_LEN = 8
 
 
 class Loader:
-    """Prompt batches of 2 rows; row k's prompt is [k + 1] and its response length (to the stop token) 1 + k % 8."""
+    """Prompt batches of `size` rows; row k's prompt is [k + 1] and its response length (to the stop token)
+    1 + k % 8."""
 
-    def __init__(self, drawn=0):
-        self.drawn = drawn
+    def __init__(self, drawn=0, size=2):
+        self.drawn, self.size = drawn, size
 
     def state_dict(self):
         return {"drawn": self.drawn}
 
     def next_batch(self):
-        rows = [self.drawn, self.drawn + 1]
-        self.drawn += 2
-        return {"input_ids_list": [[k + 1] for k in rows], "index": rows, "data_source": ["d"] * 2,
-                "ground_truth": ["g"] * 2, "extra_info": [{}] * 2, "raw_prompt": [None] * 2}
+        rows = list(range(self.drawn, self.drawn + self.size))
+        self.drawn += self.size
+        n = self.size
+        return {"input_ids_list": [[k + 1] for k in rows], "index": rows, "data_source": ["d"] * n,
+                "ground_truth": ["g"] * n, "extra_info": [{}] * n, "raw_prompt": [None] * n}
 
 
 class Engines:
@@ -287,3 +289,45 @@ def test_verls_own_fully_async_config_files_compose(name, tmp_path):
     assert a.enable and (a.staleness_threshold, a.trigger_parameter_sync_step, a.require_batches) == (0.1, 4, 1)
     assert a.partial_rollout and a.use_rollout_log_probs and not a.compute_prox_log_prob
     assert cfg.rollout.mode == "disaggregated"
+
+
+def _finishes(p, step, timeout=20.0):
+    """next_round(step) in a thread: whether it returned within `timeout` s (a rollouter that cannot admit hangs)."""
+    import threading
+
+    done = []
+    t = threading.Thread(target=lambda: done.append(p.next_round(step)), daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(done)
+
+
+def test_rows_drawn_but_not_admitted_do_not_use_up_the_admission_budget():
+    """Loader batches larger than a step's prompts (data.train_batch_size 6, B = 2) at staleness 0: the 4 rows drawn
+    and waiting are not carried over a sync (they were never admitted), else the budget went negative and the
+    rollouter stopped for good (the trainer waited forever)."""
+    p, rollout = _pipeline(["async_training.staleness_threshold=0", "async_training.trigger_parameter_sync_step=1"],
+                           total=6, loader=Loader(size=6))
+    rollout.manager.wait_for_sync = False
+    try:
+        for step in range(1, 4):
+            assert _finishes(p, step), step
+            p.actor_updated({})
+    finally:
+        p.close()
+
+
+def test_a_resume_with_a_full_window_of_pending_rows_admits_them():
+    """The checkpoint held as many pending rows as a window admits ((1 + 1) x 1 x 2 = 4): the resumed rollouter
+    generates them again (they are not carried in flight), it does not wait for budget that never comes."""
+    p, rollout = _pipeline(["async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1"],
+                           total=8, loader=Loader(drawn=10))
+    rollout.manager.wait_for_sync = False
+    rows = Loader(drawn=6, size=4).next_batch()
+    p.load_state_dict({"actor_version": 3, "consumed": 6,
+                       "pending": [{k: rows[k][i] for k in rows} for i in range(4)]})
+    try:
+        assert _finishes(p, 4)
+        assert _finishes(p, 5)
+    finally:
+        p.close()
