@@ -282,7 +282,7 @@ class AsyncTrainingConfig(Checked):
     # a sync pauses the requests in flight at their next chunk of partial_rollout_chunk_tokens tokens; they continue
     # on the new weights (each token keeps its log-prob and weight version); false: the sync waits for them
     partial_rollout: bool = True
-    partial_rollout_chunk_tokens: Optional[int] = ge1_or_null(None, "null: data.max_response_length / 4")
+    partial_rollout_chunk_tokens: Optional[int] = ge(1, None, "null: data.max_response_length / 4", null=True)
     # true: old_log_probs are the engine's (no trainer forward) unless compute_prox_log_prob
     use_rollout_log_probs: bool = True
     compute_prox_log_prob: bool = False  # true: old_log_probs from the trainer (rollout IS against the engine's)
