@@ -201,17 +201,21 @@ def _validate(cfg, env: LaunchEnv, run: bool) -> None:
     gpus = None if not run or (cfg.trainer.n_gpus_per_node and not pools) else (_cuda_count() or None)
     validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True,
                     gpus_per_node=gpus)
-    if run and cfg.trainer.one_step_off_policy.enable and cfg.rollout.mode == "colocated" and _cuda_count():
+    if run and (cfg.trainer.one_step_off_policy.enable or cfg.async_training.enable) and \
+            cfg.rollout.mode == "colocated" and _cuda_count():
         from rlhf.config import ConfigValidationError
 
-        raise ConfigValidationError([ONE_STEP_OFF_ON_SHARED_GPUS])
+        key = "trainer.one_step_off_policy" if cfg.trainer.one_step_off_policy.enable else "async_training"
+        raise ConfigValidationError([ONE_STEP_OFF_ON_SHARED_GPUS.format(key=key)])
 
 
-#: one step off-policy keeps colocated engines resident while the actor trains: fine on CPU, not planned on GPUs
+#: one step off-policy and fully async keep colocated engines resident while the actor trains: fine on CPU, not
+#: planned on GPUs ({key}: the mode's key)
 ONE_STEP_OFF_ON_SHARED_GPUS = (
-    "trainer.one_step_off_policy.enable=true with colocated engines on GPUs: the engines would keep their weights "
+    "{key}.enable=true with colocated engines on GPUs: the engines would keep their weights "
     "and KV cache on the trainer's GPUs while the actor trains (nothing is released between steps), which the "
-    "memory plan does not count; verl's one-step-off trainer refuses it too (hybrid_engine must be False). Give the "
+    "memory plan does not count; verl's one-step-off and fully async trainers refuse it too (hybrid_engine must be "
+    "False). Give the "
     "rollout GPUs of its own: actor_rollout_ref.hybrid_engine=False with rollout.nnodes / rollout.n_gpus_per_node "
     "(verl's pool keys), or rollout.mode=disaggregated.")
 

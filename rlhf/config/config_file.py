@@ -20,6 +20,8 @@ VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
 #: verl's one-step off-policy configs (verl/experimental/one_step_off_policy/config): read as a config file, they also
 #: turn on trainer.one_step_off_policy.enable (verl picks that trainer by its entry point, which loads them)
 ONE_STEP_OFF_NAMES = ("one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer")
+#: verl's fully async configs (verl/experimental/fully_async_policy/config): they turn on async_training.enable
+FULLY_ASYNC_NAMES = ("fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer")
 
 
 def find_config_file(config_path: Optional[str], config_name: str, module_dir: Optional[Path] = None) -> Path:
@@ -113,6 +115,8 @@ def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
     items = [Item(g, n, n, source=source) for g, n in groups]
     if path.stem in ONE_STEP_OFF_NAMES:  # verl's one-step-off trainer reads this config (its entry point's)
         items.append(Item("trainer.one_step_off_policy.enable", True, "true", source=source))
+    if path.stem in FULLY_ASYNC_NAMES:  # verl's fully async trainer reads this config (its entry point's)
+        items.append(Item("async_training.enable", True, "true", source=source))
     items += [Item("hydra.run.dir", run_dir, None, source=source)] if run_dir else []
     _flatten(conf, conf, "", source, items)
     return items

@@ -204,6 +204,25 @@ def _algorithm(cfg: DictConfig) -> list[str]:
                                                 "true (dynamic sampling generates several rounds per step)")):
         if cfg.trainer.one_step_off_policy.enable and other:
             out.append(f"trainer.one_step_off_policy.enable=true does not combine with {why}; turn one of them off.")
+    return out + _fully_async(cfg)
+
+
+def _fully_async(cfg: DictConfig) -> list[str]:
+    """async_training (rlhf/trainer/fully_async.py): what the rollouter cannot run beside the trainer."""
+    a, rc = cfg.async_training, cfg.algorithm.rollout_correction
+    if not a.enable:
+        return []
+    other = {"trainer.one_step_off_policy.enable=true": cfg.trainer.one_step_off_policy.enable,
+             "rollout.multi_turn.enable=true": cfg.rollout.multi_turn.enable,
+             "algorithm.filter_groups.enable=true": cfg.algorithm.filter_groups.enable,
+             "algorithm.adv_estimator=remax": cfg.algorithm.adv_estimator == "remax"}
+    out = [f"async_training.enable=true (fully async) does not combine with {k} (the rollouter streams single "
+           f"rounds of prompts and owns the engines); turn one of them off." for k, v in other.items() if v]
+    if rc.rollout_is and a.use_rollout_log_probs and not a.compute_prox_log_prob and not rc.bypass_mode:
+        out.append(f"algorithm.rollout_correction.rollout_is={rc.rollout_is} with async_training.use_rollout_log_probs="
+                   "true and compute_prox_log_prob=false: old_log_probs would be the engine's own, so every IS weight "
+                   "is 1; set async_training.compute_prox_log_prob=true (the trainer's log-probs, verl's advice for "
+                   "rollout IS) or algorithm.rollout_correction.bypass_mode=true.")
     return out
 
 

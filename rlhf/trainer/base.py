@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import time
+from typing import Optional
 
 import torch.distributed as dist
 
@@ -118,15 +119,17 @@ class BaseTrainer:
         """``trainer.total_training_steps``, or ``total_epochs`` passes over `loader`."""
         return self.cfg.trainer.total_training_steps or len(loader) * self.cfg.trainer.total_epochs
 
-    def fill_lr_decay_steps(self, role: str, updates: int, epochs: int) -> None:
+    def fill_lr_decay_steps(self, role: str, updates: int, epochs: int, batch: Optional[int] = None) -> None:
         """verl's default (verl/utils/megatron/optimizer.py get_megatron_optimizer_param_scheduler): a decaying
         ``<role>.optim.lr_decay_style`` with ``lr_decay_steps`` null decays over the whole run.  The schedule here
         counts optimizer steps, so that is `updates` x mini batches per update (data.train_batch_size /
-        <role>.ppo_mini_batch_size) x `epochs`; a note on rank 0 says so.  Set before the role is built."""
+        <role>.ppo_mini_batch_size; `batch` prompts per step when given: fully async) x `epochs`; a note on rank 0 says
+        so.  Set before the role is built."""
         optim = self.cfg[role].optim
         if optim.lr_decay_steps is not None or str(optim.lr_decay_style) == "constant":
             return
-        steps = max(updates, 1) * max(self.cfg.data.train_batch_size // self.cfg[role].ppo_mini_batch_size, 1) * epochs
+        steps = max(updates, 1) * max((batch or self.cfg.data.train_batch_size) // self.cfg[role].ppo_mini_batch_size,
+                                      1) * epochs
         optim.lr_decay_steps = steps
         if dist.get_rank() == 0:
             logger.info("%s.optim.lr_decay_steps=null with lr_decay_style=%s: decaying over the run's %d optimizer "

@@ -36,7 +36,7 @@ from .metrics import timer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["OneStepOff", "InFlight"]
+__all__ = ["OneStepOff", "InFlight", "staleness_metrics"]
 
 
 def _ids(prompts: dict) -> list:
@@ -97,7 +97,7 @@ class OneStepOff:
         m.update(self.staleness_metrics([job.weight_version] * len(samples)))
         return samples, scores, rewards, m
 
-    def actor_updated(self) -> None:
+    def actor_updated(self, m: Optional[dict] = None) -> None:
         """The actor's weights changed (no sync now: a batch may be generating; the next step syncs them)."""
         self.actor_version += 1
 
@@ -111,6 +111,10 @@ class OneStepOff:
     def loader_state(self) -> dict:
         """The prompt loader's state for a checkpoint: before the batch in flight was drawn."""
         return self.inflight.loader_state if self.inflight is not None else self.loader.state_dict()
+
+    def checkpoint_state(self) -> tuple:
+        """(the prompt loader's state before the batch in flight, :meth:`state_dict`)."""
+        return self.loader_state(), self.state_dict()
 
     def state_dict(self) -> dict:
         return {"actor_version": self.actor_version}
@@ -140,11 +144,16 @@ class OneStepOff:
         return InFlight(step, prompts, started, self.engine_version, loader_state)
 
     def staleness_metrics(self, versions: list) -> dict:
-        """``async/staleness/{mean,max,min}`` (actor version now minus each sample's), ``async/num_stale_samples``
-        (staleness >= 1) and ``async/weight_version`` (the actor's, before this step's update)."""
-        st = torch.tensor([self.actor_version - v for v in versions], dtype=torch.float32)
-        if st.numel() == 0:
-            st = torch.zeros(1)
-        return {"async/staleness/mean": st.mean().item(), "async/staleness/max": st.max().item(),
-                "async/staleness/min": st.min().item(), "async/num_stale_samples": float((st >= 1).sum()),
-                "async/weight_version": float(self.actor_version)}
+        return staleness_metrics(self.actor_version, versions)
+
+
+def staleness_metrics(actor_version: int, versions: list) -> dict:
+    """``async/staleness/{mean,max,min}`` (`actor_version` minus each sample's weight version),
+    ``async/num_stale_samples`` (staleness >= 1) and ``async/weight_version`` (the actor's, before this step's
+    update)."""
+    st = torch.tensor([actor_version - v for v in versions], dtype=torch.float32)
+    if st.numel() == 0:
+        st = torch.zeros(1)
+    return {"async/staleness/mean": st.mean().item(), "async/staleness/max": st.max().item(),
+            "async/staleness/min": st.min().item(), "async/num_stale_samples": float((st >= 1).sum()),
+            "async/weight_version": float(actor_version)}

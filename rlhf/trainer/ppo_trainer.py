@@ -47,6 +47,7 @@ from .advantages import apply_rollout_correction, compute_advantages, mismatch_m
 from .base import BaseTrainer
 from .distill import apply_distillation
 from .dynamic_sampling import Round, check_config, dynamic_sampling, overlong_shaping
+from .fully_async import FullyAsync
 from .one_step_off import OneStepOff
 from .metrics import compute_data_metrics, compute_timing_metrics, rollout_metrics, timer
 from .perf import PerfMeter
@@ -98,7 +99,9 @@ class PPOTrainer(BaseTrainer):
 
     progress_postfix = ("score", "critic/score/mean")
     teacher = None  # on-policy distillation's teacher (rlhf.workers.teacher), built in __init__ with distill.enable
-    one_step_off = None  # rlhf.trainer.one_step_off.OneStepOff when trainer.one_step_off_policy.enable
+    # rlhf.trainer.one_step_off.OneStepOff (trainer.one_step_off_policy.enable) or rlhf.trainer.fully_async.FullyAsync
+    # (async_training.enable): the generation runs beside the training
+    off_policy = None
 
     def check_layout(self) -> None:
         """Virtual pipeline stages: every batch the actor / critic forward or train on splits into a multiple of
@@ -130,9 +133,14 @@ class PPOTrainer(BaseTrainer):
         self.train_loader = StatefulPromptLoader(train, d.train_batch_size, shuffle=d.shuffle, seed=d.seed,
                                                  drop_last=True, collate_fn=collate_prompts)
         self.total_steps = self.steps_for(self.train_loader)
-        self.fill_lr_decay_steps("actor", self.total_steps - cfg.trainer.critic_warmup, cfg.actor.ppo_epochs)
+        step_batch = None  # fully async: each step trains require_batches x ppo_mini_batch_size prompts
+        if cfg.async_training.enable:
+            step_batch = cfg.async_training.require_batches * cfg.actor.ppo_mini_batch_size
+            self.total_steps = cfg.trainer.total_training_steps or len(train) // step_batch * cfg.trainer.total_epochs
+        self.fill_lr_decay_steps("actor", self.total_steps - cfg.trainer.critic_warmup, cfg.actor.ppo_epochs,
+                                 step_batch)
         if critic_enabled(cfg):
-            self.fill_lr_decay_steps("critic", self.total_steps, cfg.critic.ppo_epochs)
+            self.fill_lr_decay_steps("critic", self.total_steps, cfg.critic.ppo_epochs, step_batch)
         temperature = log_prob_temperature(cfg)
         self.actor = build_actor(cfg, self.hf_config, self.model_path, temperature=temperature)
         need_ref = cfg.algorithm.use_kl_in_reward or cfg.actor.use_kl_loss
@@ -158,11 +166,12 @@ class PPOTrainer(BaseTrainer):
         specs = {"actor": self.actor.bundle.spec, **({"critic": self.critic.bundle.spec} if self.critic else {})}
         self.perf = PerfMeter(specs, self.actor.device, dist.get_world_size(),
                               {"actor": cfg.actor.ppo_epochs, "critic": cfg.critic.ppo_epochs})  # perf/mfu/*, memory
-        self.one_step_off = OneStepOff(
+        pipeline = OneStepOff if cfg.trainer.one_step_off_policy.enable else FullyAsync \
+            if cfg.async_training.enable else None
+        self.off_policy = pipeline(
             cfg, self.rollout, self.train_loader, lambda step, prompts, started: self.generate_round(
                 step, 0, prompts=prompts, started=started),
-            lambda step: rollout_seed(cfg.trainer.seed, step, 0), self.total_steps) \
-            if cfg.trainer.one_step_off_policy.enable else None
+            lambda step: rollout_seed(cfg.trainer.seed, step, 0), self.total_steps) if pipeline else None
 
     def generate_round(self, step: int, round_index: int, prompts=None, started=None) -> Round:
         """Draw the next prompt batch (or take `prompts`, whose generation `started` already: one step off-policy),
@@ -187,22 +196,24 @@ class PPOTrainer(BaseTrainer):
     def train_step(self, step: int) -> dict:
         """One PPO iteration on the next batch of prompts; returns the step's metrics."""
         cfg, m = self.cfg, {}
-        if self.one_step_off is not None:  # the batch started last step (rlhf.trainer.one_step_off)
-            samples, scores, rewards, gen_metrics = self.one_step_off.next_round(step)  # with timing_s/gen
+        if self.off_policy is not None:  # generated beside the training (rlhf.trainer.one_step_off, fully_async)
+            samples, scores, rewards, gen_metrics = self.off_policy.next_round(step)  # with timing_s/gen
         else:
             samples, scores, rewards, gen_metrics = self.generate_step(step, m)
         m.update(gen_metrics)
         # verl times the reward apart from the generation: timing_s/gen is the generation alone
         m["timing_s/gen"] = max(m["timing_s/gen"] - m.get("timing_s/reward", 0.0), 0.0)
         batch = build_rollout_batch(samples, self.tokenizer.pad_token_id, cfg.data.max_response_length)
-        if self.one_step_off is not None:  # the weight version each sample was generated from
+        if self.off_policy is not None:  # the weight version each sample was generated from
             batch["weight_version"] = torch.tensor([s.extra["weight_version"] for s in samples])
         batch["n"] = cfg.rollout.n
         batch["token_level_scores"] = outcome_token_scores(rewards, batch["response_mask"])
         m.update(sample_masks(batch, samples, cfg))  # sample_valid, loss_mask (, reward_baselines)
         uids = np.array([x.prompt_index for x in samples])  # one uid per prompt group (GRPO / RLOO baselines)
 
-        if cfg.algorithm.rollout_correction.bypass_mode:  # verl's apply_bypass_mode: two policies, no forward
+        a = cfg.async_training  # verl's fully-async use_rollout_log_probs: the engine's log-probs are old_log_probs
+        if cfg.algorithm.rollout_correction.bypass_mode or (
+                a.enable and a.use_rollout_log_probs and not a.compute_prox_log_prob):  # (verl's apply_bypass_mode)
             batch["old_log_probs"] = batch["rollout_log_probs"]
         else:
             with timer(m, "old_log_prob"):
@@ -237,8 +248,8 @@ class PPOTrainer(BaseTrainer):
         if step > cfg.trainer.critic_warmup and not no_signal:  # the first critic_warmup steps train only the critic
             with timer(m, "update_actor"):
                 m.update(self.actor.update_policy(batch, self.policy_loss, step=step))
-            if self.one_step_off is not None:  # synced at the next step's start (a batch may be generating now)
-                self.one_step_off.actor_updated()
+            if self.off_policy is not None:  # synced when the pipeline says (a batch may be generating now)
+                self.off_policy.actor_updated(m)
             else:
                 with timer(m, "update_weights"):  # verl's name for the weight sync into the engines
                     m.update(self.rollout.sync_weights().metrics())  # weight_sync/bytes, weight_sync/buckets, ...
@@ -272,8 +283,8 @@ class PPOTrainer(BaseTrainer):
         ``val/<data_source>/score`` (and pass@k, best@n when ``val_kwargs.n > 1``), and the first
         ``trainer.log_val_generations`` responses as the ``val/generations`` table (rlhf.trainer.val_metrics)."""
         n, show = len(self.val_dataset), self.cfg.trainer.log_val_generations
-        if self.one_step_off is not None:  # the batch in flight done, the current actor in the engines
-            self.one_step_off.quiesce()
+        if self.off_policy is not None:  # the batch in flight done, the current actor in the engines
+            self.off_policy.quiesce()
         self.rollout.ensure_resident()  # engines hold the actor's weights (a step without sync left them released)
         loader = StatefulPromptLoader(self.val_dataset, min(self.cfg.data.val_batch_size, n), shuffle=False,
                                       drop_last=False, collate_fn=collate_prompts)
@@ -299,7 +310,7 @@ class PPOTrainer(BaseTrainer):
         (:meth:`rlhf.workers.rollout.RolloutWorker.released`): the save's distributed-optimizer gather gets the
         memory of their weights and KV cache (the memory plan's "checkpoint save" phase).  Not under one-step
         off-policy: a batch is generating during the save, and engines keep their memory in that mode."""
-        if self.one_step_off is not None:
+        if self.off_policy is not None:
             return contextlib.nullcontext()
         return self.rollout.released()
 
@@ -311,18 +322,23 @@ class PPOTrainer(BaseTrainer):
 
     def trainer_state(self) -> dict:
         state = {**super().trainer_state(), "kl_ctrl": self.kl_ctrl.state_dict()}
-        if self.one_step_off is not None:  # the batch in flight is not saved: its prompts are drawn again on resume
-            state.update(train_loader=self.one_step_off.loader_state(), one_step_off=self.one_step_off.state_dict())
+        if self.off_policy is not None:  # the batches in flight are not saved: their prompts are generated again
+            key = "one_step_off" if isinstance(self.off_policy, OneStepOff) else "fully_async"
+            loader_state, own = self.off_policy.checkpoint_state()
+            state.update(train_loader=loader_state, **{key: own})
         return state
 
     def load_trainer_state(self, state: dict) -> None:
         super().load_trainer_state(state)
         self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.rollout.sync_weights()  # engines start from the HF weights; give them the resumed actor
-        if self.one_step_off is not None:
-            self.one_step_off.load_state_dict(state.get("one_step_off"))
+        if self.off_policy is not None:
+            key = "one_step_off" if isinstance(self.off_policy, OneStepOff) else "fully_async"
+            self.off_policy.load_state_dict(state.get(key))
 
     def close(self, finished: bool = False) -> None:
+        if isinstance(self.off_policy, FullyAsync):  # its rollouter thread, before the engines stop
+            self.off_policy.close()
         super().close(finished)
         if self.reward is not None:
             self.reward.close()

@@ -5,6 +5,7 @@ megatron actor + critic, the tiny quickstart model built once here):
   (IS weights, off-policy diagnostics) and the training-inference mismatch metrics (``training/rollout_probs_diff_*``);
 * one-step off-policy with ``staleness: 0`` (generation started through the background thread, collected, weights
   synced at the step boundary) reproduces the synchronous trainer's metrics exactly;
+* fully async (``async_training.*``): killed mid-stream and resumed, no prompt trained twice or lost;
 * one-step off-policy with ``staleness: 1``, validation while a batch is in flight, killed (SIGKILL, the whole process
   group) at the start of step 4 with batch 4 in flight, then resumed: batch 4's prompts are drawn again and
   generated from the resumed weights; every step trains a different prompt batch (none twice, none lost); the
@@ -84,3 +85,30 @@ def test_one_step_off_killed_with_a_batch_in_flight_resumes_without_losing_it(ti
     s = run_series(str(out))
     assert s["async/staleness/max"][2] == 1.0 and s["async/staleness/max"][3] == 1.0
     assert s["async/staleness/max"][4] == 0.0 and "val/score" in s and 2 in s["val/score"]
+
+
+def test_fully_async_killed_mid_stream_resumes_without_training_a_prompt_twice_or_losing_one(tiny_model, tmp_path):
+    """Fully async (async_training.*, partial rollout in chunks of 4 tokens, staleness_threshold 1): killed (SIGKILL)
+    at the start of step 4 with prompts queued and generating, resumed: the prompts drawn and not trained at the
+    step-3 checkpoint are generated again first; 6 steps x 4 prompts train 24 different prompts."""
+    out = tmp_path / "fully_async"
+    args = [*COMMON, "algorithm=grpo", f"model.path={tiny_model}", f"trainer.default_local_dir={out}",
+            "trainer.total_training_steps=6", "trainer.save_freq=1", "trainer.test_freq=-1", "data.train_batch_size=4",
+            "async_training.enable=true", "async_training.require_batches=1", "async_training.staleness_threshold=1",
+            "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout_chunk_tokens=4"]
+    killed = _run(args, env={"RLHF_FAULT": "step_start@4", "RLHF_FAULT_RANK": "0"}, expect_rc=-9)
+    assert "FAULT step_start hit 4" in killed
+    trained = re.findall(r"fully async: step (\d+) trains prompts \[([^\]]*)\]", killed)
+    assert [s for s, _ in trained] == ["1", "2", "3"]
+    pending = re.findall(r"fully async: checkpoint keeps pending prompts \[([^\]]*)\]", killed)[-1]
+    resumed = _run(args)
+    assert "resumed from" in resumed
+    assert f"fully async: resumed with pending prompts [{pending}]" in resumed
+    again = re.findall(r"fully async: step (\d+) trains prompts \[([^\]]*)\]", resumed)
+    assert [s for s, _ in again] == ["4", "5", "6"]
+    ids = [int(i) for _, p in trained + again for i in p.split(",")]
+    assert len(ids) == 24 and len(set(ids)) == 24  # none trained twice
+    later = {int(i) for _, p in again for i in p.split(",")}
+    assert {int(i) for i in pending.split(",")} <= later  # none lost: every pending prompt trained after the resume
+    s = run_series(str(out))
+    assert max(s["async/staleness/max"].values()) <= 3.0 and set(s["async/staleness/max"]) == set(range(1, 7))

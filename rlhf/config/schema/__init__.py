@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from rlhf.config.schema.distill import DistillConfig
 from rlhf.config.schema.model import ActorConfig, CriticConfig, DataConfig, ModelConfig, ParallelConfig
 from rlhf.config.schema.rules import field_problems
-from rlhf.config.schema.run import (AlgorithmConfig, GlobalProfilerConfig, RewardConfig, RewardSourceConfig,
-                                    RolloutConfig, TrainerConfig)
+from rlhf.config.schema.run import (AlgorithmConfig, AsyncTrainingConfig, GlobalProfilerConfig, RewardConfig,
+                                    RewardSourceConfig, RolloutConfig, TrainerConfig)
 
 __all__ = ["RLHFConfig", "field_problems", "RolloutConfig", "RewardConfig", "RewardSourceConfig", "TrainerConfig"]
 
@@ -30,3 +30,4 @@ class RLHFConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     global_profiler: GlobalProfilerConfig = field(default_factory=GlobalProfilerConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)  # verl's, top level

@@ -268,6 +268,27 @@ class OneStepOffPolicyConfig(Checked):
 
 
 @dataclass
+class AsyncTrainingConfig(Checked):
+    """Fully asynchronous training (verl's experimental/fully_async_policy ``async_training``; rlhf/trainer/
+    fully_async.py): a rollouter streams prompt groups into a bounded queue while the trainer consumes
+    ``require_batches x actor.ppo_mini_batch_size`` of them per step.  verl selects it by its entry point / config name
+    (fully_async_ppo_trainer, which turns ``enable`` on here); on GPU give the engines their own GPUs."""
+    enable: bool = False
+    # at most (1 + this) x trigger_parameter_sync_step x require_batches x ppo_mini_batch_size groups are generated
+    # between two weight syncs, minus those left over from the last one (0: on-policy)
+    staleness_threshold: float = ge(0.0, 0.1)
+    trigger_parameter_sync_step: int = ge(1, 4)  # trainer steps between two weight syncs into the engines
+    require_batches: int = ge(1, 1)  # ppo mini batches per trainer step
+    # a sync pauses the requests in flight at their next chunk of partial_rollout_chunk_tokens tokens; they continue
+    # on the new weights (each token keeps its log-prob and weight version); false: the sync waits for them
+    partial_rollout: bool = True
+    partial_rollout_chunk_tokens: Optional[int] = ge(1, None, "null: data.max_response_length / 4", null=True)
+    # true: old_log_probs are the engine's (no trainer forward) unless compute_prox_log_prob
+    use_rollout_log_probs: bool = True
+    compute_prox_log_prob: bool = False  # true: old_log_probs from the trainer (rollout IS against the engine's)
+
+
+@dataclass
 class TrainerConfig(Checked):
     project_name: str = "rlhf"  # wandb project / mlflow experiment
     experiment_name: str = "run"  # wandb / mlflow run name

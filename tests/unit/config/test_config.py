@@ -208,6 +208,10 @@ ADDED_KEYS = {
     "trainer.one_step_off_policy": {"enable": False, "staleness": 1},
     # the distillation teacher's own grid (null: the trainer's)
     "distill.teacher.tensor_model_parallel_size": None, "distill.teacher.pipeline_model_parallel_size": None,
+    # issue 40: verl's fully async (async_training, top level)
+    "async_training": {"enable": False, "staleness_threshold": 0.1, "trigger_parameter_sync_step": 4,
+                       "require_batches": 1, "partial_rollout": True, "partial_rollout_chunk_tokens": None,
+                       "use_rollout_log_probs": True, "compute_prox_log_prob": False},
 }
 # defaults changed since the capture: key -> (captured value, new value); a recipe's own setting is kept
 CHANGED_DEFAULTS = {

@@ -163,7 +163,8 @@ def test_plan_memory_refuses_colocated_engines_beyond_the_trainers_gpus(builds, 
     assert "do not fit the trainer's 16 GPUs" in err and "rollout.mode=disaggregated" in err
     assert builds == []
 
-def test_one_step_off_with_colocated_engines_is_refused_on_gpus(builds, files, capsys, monkeypatch):
+@pytest.mark.parametrize("mode", ["trainer.one_step_off_policy", "async_training"])
+def test_one_step_off_with_colocated_engines_is_refused_on_gpus(mode, builds, files, capsys, monkeypatch):
     """One step off-policy keeps colocated engines resident while the actor trains: on a GPU machine (8 GPUs,
     patched) the start refuses it before building anything, pointing at verl's pool keys (verl asserts
     hybrid_engine=False); on CPU it runs (tests/e2e/test_async_rl_e2e.py)."""
@@ -172,10 +173,10 @@ def test_one_step_off_with_colocated_engines_is_refused_on_gpus(builds, files, c
     monkeypatch.setattr(rlhf.launcher, "_cuda_count", lambda: 8)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "8")
-    code = _main([RECIPE, *files, "trainer.one_step_off_policy.enable=true"])
+    code = _main([RECIPE, *files, f"{mode}.enable=true"])
     err = capsys.readouterr().err
-    assert code == 2 and "one_step_off_policy.enable=true with colocated engines on GPUs" in err, err
+    assert code == 2 and f"{mode}.enable=true with colocated engines on GPUs" in err, err
     assert "actor_rollout_ref.hybrid_engine=False with rollout.nnodes / rollout.n_gpus_per_node" in err
     assert builds == []
     monkeypatch.setattr(rlhf.launcher, "_cuda_count", lambda: 0)  # a CPU machine: reaches trainer.run
-    assert _main([RECIPE, *files, "trainer.one_step_off_policy.enable=true"]) == 0 and len(builds) == 1
+    assert _main([RECIPE, *files, f"{mode}.enable=true"]) == 0 and len(builds) == 1

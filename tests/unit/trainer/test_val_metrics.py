@@ -69,7 +69,7 @@ def test_validate_logs_per_source_scores_pass_at_k_and_generations_to_tensorboar
     # batch 1: prompts 0, 1 (gsm8k); batch 2: prompt 2 (math) -- the loader keeps the dataset's order
     rollout = FakeRollout([(_samples(2, 2), [1.0, 0.0, 0.0, 0.0], {}), (_samples(1, 2), [1.0, 1.0], {})])
     trainer = SimpleNamespace(cfg=cfg, val_dataset=val, rollout=rollout, reward="r", tokenizer=_Tok(),
-                              one_step_off=None)
+                              off_policy=None)
     m = PPOTrainer.validate(trainer)
     assert [c[1] for c in rollout.calls] == ["val", "val"]
     table = m["val/generations"]
