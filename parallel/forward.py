@@ -196,6 +196,8 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
             routing.set_replay(model, left_align(mb["routed_experts"], mb["_shifts"]))
         local = split_for_context_parallel({"ids": mb["_aligned_ids"], "pos": mb["_aligned_pos"]})
         output = model(local["ids"], local["pos"], None)
+        if replay:
+            routing.after_forward(model)
         return output, partial(loss_func, mb)
 
     n_chunks = len(model_chunks)

@@ -19,7 +19,9 @@ Inside the model a router sees the micro batch's tokens as ``[s, b]`` flattened 
 the same shard.  Each pipeline stage replays its own layers (global index ``layer_number - 1``), each virtual
 chunk its own; expert parallelism needs nothing more (routers run on all local tokens before the dispatch).
 
-Not supported: context parallelism (tokens are split in 2*cp load-balanced chunks; raised at the call).
+Under full recompute the backward's recomputed routers replay too (megatron's REPLAY_BACKWARD queue, see
+:meth:`RoutingReplay.after_forward`).  Not supported: context parallelism (tokens are split in 2*cp load-balanced
+chunks; raised at the call).
 """
 from __future__ import annotations
 
@@ -89,7 +91,6 @@ class RoutingReplay:
         self.num_layers, self.topk = cfg.num_layers, cfg.moe_router_topk
         self.sequence_parallel = bool(cfg.sequence_parallel)
         self._chunk_routers = {id(unwrap_model(c)): _routers(c) for c in model_chunks}
-        self._by_id = {id(c): id(unwrap_model(c)) for c in model_chunks}
         for rs in self._chunk_routers.values():
             for _, r in rs:
                 if r.router_replay is None:
@@ -142,8 +143,27 @@ class RoutingReplay:
             tp, r = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
             seq = seq[r * S // tp:(r + 1) * S // tp]
         flat = seq.reshape(-1, seq.shape[2], seq.shape[3])  # [tokens, L, k]
-        for layer, router in self._chunk_routers[self._by_id.get(id(chunk), id(chunk))]:
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        for layer, router in self._chunk_routers[self._key(chunk)]:
+            router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
             router.router_replay.set_target_indices(flat[:, layer].long().contiguous())
+
+    def after_forward(self, chunk) -> None:
+        """After a replayed micro batch's forward on `chunk`: its routers switch to megatron's REPLAY_BACKWARD, so a
+        full recompute in the backward takes each micro batch's routing from RouterReplay's queue in forward order
+        (the order the pipeline schedules run the backwards in; verl's megatron_actor does the same).  The next
+        :meth:`set_replay` switches them back."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        for _, router in self._chunk_routers[self._key(chunk)]:
+            router.router_replay.set_router_replay_action(RouterReplayAction.REPLAY_BACKWARD)
+
+    @staticmethod
+    def _key(chunk) -> int:
+        from parallel.convert import unwrap_model
+
+        return id(unwrap_model(chunk))  # the same GPTModel whether the schedule gets it DDP-wrapped or not
 
     def end(self) -> None:
         """Clear megatron's replay state (targets and action) after a forward_backward call."""

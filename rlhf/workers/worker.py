@@ -264,15 +264,15 @@ class MegatronWorker:
         return self.bundle.spec.vocab_size
 
     @_needs("params")
-    def forward(self, batch: dict, **forward_kwargs) -> dict:
+    def forward(self, batch: dict, *, extra_keys: Sequence[str] = (), **forward_kwargs) -> dict:
         """No-grad forward of this rank's data-parallel slice of `batch` (MODEL_KEYS) in micro batches
         of at most `forward_micro_batch_size`; returns the local [N / dp, P + R] outputs of
         parallel.forward.forward_backward (`log_probs` / `entropy` / `values`).  Under virtual pipeline
         stages the number of micro batches is a multiple of the pipeline size (megatron's interleaved
         schedule): a slice that does not split so is padded with copies of its last row, whose outputs
-        are dropped."""
+        are dropped.  `extra_keys`: batch tensors the model needs besides MODEL_KEYS (``routed_experts``)."""
         rank, size, _ = dp_info()
-        local = {k: dp_slice(batch[k], rank, size) for k in MODEL_KEYS}
+        local = {k: dp_slice(batch[k], rank, size) for k in (*MODEL_KEYS, *extra_keys)}
         n, multiple = local["input_ids"].shape[0], pipeline_micro_batch_multiple()
         if self.forward_max_tokens:
             self._refuse_dynamic_under_vpp(multiple)

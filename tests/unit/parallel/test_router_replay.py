@@ -133,3 +133,38 @@ def test_odd_length_padding_and_no_moe_errors(moe):
         assert torch.equal(rep["routed_experts"], out["routed_experts"])
     finally:
         rr.close()
+
+
+def test_full_recompute_replays_in_the_backward_too(moe, tmp_path):
+    """Under full recompute the backward's recomputed routers take each micro batch's routing from megatron's
+    REPLAY_BACKWARD queue: the gradients equal those of the same replayed pass without recompute."""
+    from transformers import AutoConfig
+
+    from parallel.distributed import set_seed
+    from parallel.forward import forward_backward
+    from parallel.models import build_model_chunks
+    from parallel.router_replay import RoutingReplay
+    from tests.support.model_families import make_family_model
+
+    path = str(tmp_path / "m")
+    make_family_model(path, "qwen3_moe", num_layers=2)
+    batch = _batch(seed=4)
+    g = torch.Generator().manual_seed(2)
+    G = torch.rand(3, 10, 2, 8, generator=g).argsort(-1)[..., :2]
+    grads = {}
+    for recompute in (None, "full"):
+        set_seed(0)
+        b = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path, moe_enable_routing_replay=True,
+                               recompute=recompute)
+        rr = RoutingReplay(b.chunks)
+        try:
+            forward_backward(b.chunks, {**batch, "routed_experts": G}, kind="log_probs", vocab_size=b.spec.vocab_size,
+                             micro_batch_size=1, forward_only=False, routing=rr,
+                             loss_fn=lambda outs, mb: (-outs["log_probs"].sum(), {}))
+        finally:
+            rr.close()
+        grads[recompute] = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else p.grad).clone()
+                            for n, p in b.chunks[0].named_parameters() if "router" in n or "experts" in n}
+    assert grads[None].keys() == grads["full"].keys() and grads[None]
+    worst = max((grads[None][n] - grads["full"][n]).abs().max().item() for n in grads[None])
+    assert worst <= 1e-6, worst
