@@ -3,7 +3,7 @@ unsharded run (2 gloo processes; launched by tests/e2e/test_router_replay_dist.p
 
     torchrun --nproc_per_node=2 tests/support/dist/router_replay_checks.py --workdir DIR
 
-A tiny Qwen3-MoE and a DeepSeek-V3 (first layer dense, grouped sigmoid routing); per layout: the recorded routing
+A tiny Qwen3-MoE, a Mixtral and a DeepSeek-V3 (first layer dense, grouped sigmoid routing); per layout: the recorded routing
 equals the unsharded model's, a given random routing is replayed exactly (recorded back token by token, layer by
 layer) and gives the unsharded model's log-probs under the same replay (<= 1e-5).  Prints `CHECK <name> PASS|FAIL
 <detail>` on rank 0.
@@ -22,7 +22,7 @@ import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 
-FAMILIES = ["qwen3_moe", "deepseek_v3"]
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3"]
 LAYOUTS = [(1, 1, 2), (1, 2, 1), (2, 1, 1)]  # (tp, pp, ep)
 
 

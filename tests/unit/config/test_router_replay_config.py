@@ -71,9 +71,9 @@ def test_verl_r3_example_composes_on_a_qwen3_30b_a3b_config(paths, monkeypatch):
     (["actor.router_replay.mode=R3"], "actor.router_replay.mode=R3 replays the engines' routing, which they return "
                                       "only with rollout.enable_rollout_routing_replay=true"),
     (["actor.router_replay.mode=R2", "actor.use_dynamic_bsz=true"],
-     "actor.router_replay.mode=R2 does not combine with actor.use_dynamic_bsz=true"),
+     "actor.router_replay.mode=R2 with actor.use_dynamic_bsz=true is not supported"),
     (["rollout.enable_rollout_routing_replay=true", "rollout.multi_turn.enable=true"],
-     "rollout.enable_rollout_routing_replay=true does not combine with rollout.multi_turn.enable=true"),
+     "rollout.enable_rollout_routing_replay=true with rollout.multi_turn.enable=true is not supported"),
 ])
 def test_what_replay_needs_is_checked(overrides, expected):
     with pytest.raises(ConfigValidationError) as e:
