@@ -136,8 +136,9 @@ def test_odd_length_padding_and_no_moe_errors(moe):
 
 
 def test_full_recompute_replays_in_the_backward_too(moe, tmp_path):
-    """Under full recompute the backward's recomputed routers take each micro batch's routing from megatron's
-    REPLAY_BACKWARD queue: the gradients equal those of the same replayed pass without recompute."""
+    """Under full recompute the backward's recomputed routers replay too (megatron's REPLAY_BACKWARD queue): the
+    gradients equal those of the same replayed pass without recompute.  (Without a pipeline each backward follows
+    its own forward; the queue's order under 1F1B is checked at PP2 in tests/support/dist/router_replay_checks.py.)"""
     from transformers import AutoConfig
 
     from parallel.distributed import set_seed
