@@ -27,7 +27,7 @@ from parallel.forward import forward_backward
 from parallel.optim import optimizer_step, zero_grads
 
 from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batch_indices, pipeline_micro_batch_multiple
-from .dynamic_batch import PaddingCounter, compact_rows, expand_rows, partition_by_token_budget
+from .dynamic_batch import PaddingCounter, compact_rows, expand_routing, expand_rows, partition_by_token_budget
 
 __all__ = ["MegatronWorker", "gather_metrics", "summarize_metrics", "reduce_metrics", "step_metrics", "GLOBAL_INFO_KEY",
            "LOSS_TOKENS_KEY", "MICRO_SHARE_KEY", "padding_metrics", "role_entry"]
@@ -248,6 +248,11 @@ class MegatronWorker:
             self.padding.add(mb["attention_mask"], mb["input_ids"].numel(), fallback=True)
             res = forward_backward(self.chunks, mb, micro_batch_size=len(rows), **forward_kwargs)
             for k, v in res.items():
+                if k == "routed_experts":  # MoE routing replay: [rows, L, layers, k]
+                    if k not in out:
+                        out[k] = v.new_zeros(local["input_ids"].shape[0], S, *v.shape[2:])
+                    out[k][idx.to(v.device)] = expand_routing(v, index, S)
+                    continue
                 if k not in out:
                     out[k] = v.new_zeros(local["input_ids"].shape[0], S)
                 out[k][idx.to(v.device)] = expand_rows(v, index, S)

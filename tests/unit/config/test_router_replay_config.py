@@ -1,7 +1,7 @@
 """MoE routing replay's config (verl's ``actor_rollout_ref.actor.router_replay.mode`` and
 ``actor_rollout_ref.rollout.enable_rollout_routing_replay``): verl's keys map onto ours, verl's R3 example composes
 under --cfg on a local HF config shaped like Qwen3-30B-A3B, and what R2 / R3 need or do not combine with is refused
-at --cfg naming the key and the fix (exit code 2)."""
+at --cfg naming the key and the fix (exit code 2).  verl's R2 example (dynamic batching) is refused only for DeepEP."""
 from __future__ import annotations
 
 import json
@@ -70,8 +70,8 @@ def test_verl_r3_example_composes_on_a_qwen3_30b_a3b_config(paths, monkeypatch):
 @pytest.mark.parametrize("overrides, expected", [
     (["actor.router_replay.mode=R3"], "actor.router_replay.mode=R3 replays the engines' routing, which they return "
                                       "only with rollout.enable_rollout_routing_replay=true"),
-    (["actor.router_replay.mode=R2", "actor.use_dynamic_bsz=true"],
-     "actor.router_replay.mode=R2 with actor.use_dynamic_bsz=true is not supported"),
+    (["actor.router_replay.mode=R2", "parallel.context_parallel_size=2"],
+     "actor.router_replay.mode=R2 with parallel.context_parallel_size=2 is not supported"),
     (["rollout.enable_rollout_routing_replay=true", "rollout.multi_turn.enable=true"],
      "rollout.enable_rollout_routing_replay=true with rollout.multi_turn.enable=true is not supported"),
 ])
@@ -93,6 +93,13 @@ def test_bad_mode_and_verl_spelling_at_cfg(capsys, tmp_path):
                             "actor_rollout_ref.actor.router_replay.record_file=/tmp/x",
                             f"trainer.default_local_dir={tmp_path}"])
     assert code == 2 and "record_file" in err
+
+
+def test_verl_r2_example_is_refused_only_for_deepep(paths, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code, _, err = run_cfg(["--cfg", "job", *example_args("router_replay/run_qwen30_a3b_megatron_vllm.sh", paths)[1:]])
+    assert code == 2 and problems(err)
+    assert all("deepep" in p.lower() or "flex" in p for p in problems(err)), err
 
 
 def test_recipe_composes_at_cfg(capsys, tmp_path):

@@ -223,8 +223,7 @@ OUTCOMES = {
     "router_replay/run_qwen30_a3b_megatron_sglang.sh": ["moe_enable_deepep=True is not supported",
                                                         "moe_token_dispatcher_type='flex' is not supported"],
     "router_replay/run_qwen30_a3b_megatron_vllm.sh": ["moe_enable_deepep=True is not supported",
-                                                      "router_replay.mode=R2 with "
-                                                      "actor_rollout_ref.actor.use_dynamic_bsz=true is not supported"],
+                                                      "moe_token_dispatcher_type='flex' is not supported"],
     "sglang_multiturn/geo3k/run_qwen2.5-3b_megatron_geo3k_multiturn.sh": None,  # its config dir: multi-turn
     "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": None,
     "tuning/32b/qwen2_32B_grpo_8_h20_megatron_vllm.sh": None,

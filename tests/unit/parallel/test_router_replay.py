@@ -169,3 +169,35 @@ def test_full_recompute_replays_in_the_backward_too(moe, tmp_path):
     assert grads[None].keys() == grads["full"].keys() and grads[None]
     worst = max((grads[None][n] - grads["full"][n]).abs().max().item() for n in grads[None])
     assert worst <= 1e-6, worst
+
+
+def test_actor_routing_under_dynamic_batching_equals_padded(moe):
+    """MegatronActor.compute_log_prob with routing (R2 records, R3 replays the batch's): with dynamic batching (rows
+    compacted into token-budget micro batches, rlhf.workers.dynamic_batch) the recorded routing, the replay and the
+    log-probs equal the padded micro batches' (real tokens), and moe/routing_agreement is 1.0 under R3."""
+    from rlhf.config import compose_config
+    from rlhf.workers.actor import MegatronActor
+
+    batch = _batch(seed=6)
+    batch["responses"] = batch["input_ids"][:, -4:]
+    mask = batch["attention_mask"].bool()
+    padded_cfg = compose_config(["actor.log_prob_micro_batch_size_per_gpu=3"]).actor
+    dyn_cfg = compose_config(["actor.use_dynamic_bsz=true", "actor.log_prob_max_token_len_per_gpu=20"]).actor
+    out = {}
+    for name, cfg in (("padded", padded_cfg), ("dynamic", dyn_cfg)):
+        actor = MegatronActor(moe, None, cfg, router_replay="R2")
+        try:
+            r2 = actor.compute_log_prob(batch)
+            actor.router_replay = "R3"
+            g = torch.Generator().manual_seed(3)
+            G = torch.rand(3, 10, 2, 8, generator=g).argsort(-1)[..., :2]
+            r3 = actor.compute_log_prob({**batch, "routed_experts": G, "routed_experts_mask": mask})
+        finally:
+            actor.routing.close()
+        out[name] = (r2, r3)
+    (p2, p3), (d2, d3) = out["padded"], out["dynamic"]
+    assert torch.equal(d2["routed_experts"][mask], p2["routed_experts"][mask])
+    assert (d2["log_probs"] - p2["log_probs"]).abs().max().item() <= 1e-5
+    assert d3["metrics"] == p3["metrics"] == {"moe/routing_agreement": 1.0}
+    assert (d3["log_probs"] - p3["log_probs"]).abs().max().item() <= 1e-5
+    assert (d3["log_probs"] - d2["log_probs"]).abs().max().item() > 1e-3  # the replay changed them
