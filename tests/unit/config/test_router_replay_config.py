@@ -26,16 +26,12 @@ QWEN3_30B_A3B = {
 
 
 @pytest.fixture
-def paths(tmp_path):
-    row = {"prompt": "What is 2 + 3?", "data_source": "openai/gsm8k", "question": "What is 2 + 3?",
-           "answer": "2 + 3 = 5\n#### 5"}
-    for name in ("train", "test"):
-        (tmp_path / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+def paths(tmp_path, gsm8k_row_file):
     model = tmp_path / "Qwen3-30B-A3B"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
-    return {"train": str(tmp_path / "train.jsonl"), "test": str(tmp_path / "test.jsonl"), "model": str(model),
-            "ckpt": str(tmp_path / "ckpt"), "mcore": str(tmp_path / "mcore")}
+    return {"train": gsm8k_row_file, "test": gsm8k_row_file, "model": str(model), "ckpt": str(tmp_path / "ckpt"),
+            "mcore": str(tmp_path / "mcore")}
 
 
 def test_verl_keys_map_onto_ours():
