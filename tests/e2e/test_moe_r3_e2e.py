@@ -4,7 +4,7 @@ Qwen3-MoE tiny://quickstart-moe, GRPO), one trainer and one engine for three mod
 * step 1, R3: the engine returns every token's routed experts, the old-log-prob and update forwards replay them:
   ``moe/routing_agreement`` is 1.0 and the trainer's log-probs equal the engine's (|diff| <= 1e-5 per token mean);
 * step 2, R2: the update replays the old-log-prob forward's routing (the update refuses a batch without it);
-* step 3, disabled: nothing is replayed and the engine's routing still gives the metric (in [0, 1]).
+* step 3, disabled: nothing is replayed and the engine's routing still gives the metric: >= 0.99 (both fp32).
 
 The R3-vs-none numbers over more steps: benchmarks/moe_r3.py (benchmarks/runs/2026-12-06-moe-r3.md).
 """
@@ -61,4 +61,6 @@ def test_r3_r2_and_disabled_through_the_trainer(tmp_path):
     assert r3["actor/rollout_log_prob_diff"] <= 1e-5
     assert "moe/routing_agreement" not in r2 or 0.0 <= r2["moe/routing_agreement"] <= 1.0
     assert math.isfinite(r2["actor/pg_loss"])
-    assert 0.0 <= off["moe/routing_agreement"] <= 1.0 and math.isfinite(off["actor/pg_loss"])
+    # engine and trainer both fp32: without replay they still route alike, which pins the alignment of the engine's
+    # routing with the batch's tokens (one position off, ~1 in 28 pairs of 2 experts of 8 would agree)
+    assert off["moe/routing_agreement"] >= 0.99 and math.isfinite(off["actor/pg_loss"])
