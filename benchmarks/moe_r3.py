@@ -56,8 +56,8 @@ def main():
 
     model = build_quickstart_model(os.path.join(out, "tiny_model"), kind="qwen3_moe")  # one model for both runs
     overrides = [f"model.path={model}", *a.overrides]
-    runs = {name: run_job(name, os.path.join(out, name), a.steps, extra, overrides)
-            for name, extra in (("R3", ["actor.router_replay.mode=R3"]), ("none", ["actor.router_replay.mode=disabled"]))}
+    modes = (("R3", ["actor.router_replay.mode=R3"]), ("none", ["actor.router_replay.mode=disabled"]))
+    runs = {name: run_job(name, os.path.join(out, name), a.steps, extra, overrides) for name, extra in modes}
     print(f"{'step':>4} | {'agreement R3':>12} {'none':>8} | {'log-prob gap R3':>15} {'none':>10} | "
           f"{'max prob diff R3':>16} {'none':>10}")
     for step in range(1, a.steps + 1):

@@ -11,7 +11,8 @@ gate weights stay differentiable while the expert choice is fixed).  verl's two 
 * ``R3``: the rollout engine's routing (SGLang's ``return_routed_experts``) is replayed in the old-log-prob and the
   update forwards, so the trainer computes log-probs through the experts that produced the tokens.
 
-Layout.  Routing travels with a batch as ``routed_experts`` [B, S, L, k] int64, aligned with ``input_ids`` [B, S]
+Layout.  Routing travels with a batch as ``routed_experts`` [B, S, L, k] (:data:`ROUTING_DTYPE` int16: a quarter of
+int64's host memory, up to 32767 experts; any integer dtype is accepted), aligned with ``input_ids`` [B, S]
 (token t's experts in global layer l; L = the model's ``num_layers``; dense layers and padding hold any valid
 indices), the same left-padded prompt / right-padded response layout as every batch tensor (parallel.forward).
 Inside the model a router sees the micro batch's tokens as ``[s, b]`` flattened sequence-major (token index
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from parallel import devices
 
 MODES = ("disabled", "R2", "R3")
+ROUTING_DTYPE = torch.int16  # expert indices as a batch holds them
 
 
 def _routers(chunk):
@@ -48,9 +50,10 @@ def _routers(chunk):
 
 
 def filler(shape: tuple, topk: int, device=None) -> torch.Tensor:
-    """[*shape, k] int64 holding experts 0..k-1 per token: a valid routing for tokens whose routing matters to
-    nothing (padding, the last response token, which no engine forward saw and whose output no log-prob uses)."""
-    return torch.arange(topk, device=device).expand(*shape, topk).clone()
+    """[*shape, k] :data:`ROUTING_DTYPE` holding experts 0..k-1 per token: a valid routing for tokens whose routing
+    matters to nothing (padding, the last response token, which no engine forward saw and whose output no log-prob
+    uses)."""
+    return torch.arange(topk, device=device, dtype=ROUTING_DTYPE).expand(*shape, topk).clone()
 
 
 def pad_routing(routed: torch.Tensor, pad: int) -> torch.Tensor:
@@ -173,8 +176,8 @@ class RoutingReplay:
         self.recording = False
 
     def recorded(self, shifts: list[torch.Tensor], S: int) -> torch.Tensor:
-        """What the routers chose in the last recorded call, as [B, S, L, k] int64 in the caller's layout on every
-        rank of the model (collective over the TP group under sequence parallelism and over the PP group); -1 for
+        """What the routers chose in the last recorded call, as [B, S, L, k] :data:`ROUTING_DTYPE` in the caller's
+        layout on every rank of the model (collective over the TP group under sequence parallelism and over the PP group); -1 for
         layers without a router.  `shifts`: each micro batch's leading-pad counts [b] (parallel.forward), in order;
         `S`: the caller's (unpadded) length."""
         from megatron.core import parallel_state as ps
@@ -209,7 +212,7 @@ class RoutingReplay:
             t = devices.to_group_device(out + 1, group)
             dist.all_reduce(t, group=group)
             out = t.to(device) - 1
-        return out
+        return out.to(ROUTING_DTYPE)
 
     def close(self) -> None:
         """Remove the recording hooks."""

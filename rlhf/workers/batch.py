@@ -85,7 +85,7 @@ def build_rollout_batch(samples, pad_token_id: int, max_response_length: int) ->
 def routed_experts_batch(samples, prompt_length: int, S: int) -> dict:
     """The engines' routing of each sample (``extra["routed_experts"]``: [tokens, L, k] for the prompt's tokens and
     the response's but the last, rlhf.rollout.sglang_engine.decode_routed_experts) in the batch layout:
-    ``routed_experts`` [N, S, L, k] int64 aligned with ``input_ids`` (parallel.router_replay; experts 0..k-1 where
+    ``routed_experts`` [N, S, L, k] int16 aligned with ``input_ids`` (parallel.router_replay; experts 0..k-1 where
     the engine reported nothing) and ``routed_experts_mask`` [N, S] bool (where it did).
     Raises ValueError when a sample's routing is longer than its tokens."""
     from parallel.router_replay import filler
@@ -103,7 +103,7 @@ def routed_experts_batch(samples, prompt_length: int, S: int) -> dict:
         if len(r) > len(s.prompt_ids) + len(s.response_ids):
             raise ValueError(f"sample {i}: routing of {len(r)} tokens for {len(s.prompt_ids)} prompt + "
                              f"{len(s.response_ids)} response tokens")
-        out[i, start:start + n] = torch.as_tensor(r[:n], dtype=torch.long)
+        out[i, start:start + n] = torch.as_tensor(r[:n]).to(out.dtype)
         mask[i, start:start + n] = True
     return {"routed_experts": out, "routed_experts_mask": mask}
 

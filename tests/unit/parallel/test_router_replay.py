@@ -83,7 +83,7 @@ def test_replay_uses_exactly_the_given_experts_and_own_routing_changes_nothing(m
         mask = batch["attention_mask"].bool()
         own = _fb(moe, batch, rr, record_routing=True)
         R = own["routed_experts"]
-        assert R.shape == (3, 10, 2, 2) and R.dtype == torch.long
+        assert R.shape == (3, 10, 2, 2) and R.dtype == torch.int16
         assert ((R >= 0) & (R < 8)).all()
         # replaying the model's own routing: identical log-probs (same experts, same gate weights)
         again = _fb(moe, {**batch, "routed_experts": R}, rr, record_routing=True)

@@ -25,12 +25,12 @@ def test_routing_aligned_with_input_ids():
     s1, r1 = _sample([5], [8, 9, 10], base=3)
     batch = build_rollout_batch([s0, s1], pad_token_id=0, max_response_length=4)
     re, mask = batch["routed_experts"], batch["routed_experts_mask"]
-    assert re.shape == (2, 7, 2, 2) and re.dtype == torch.long and mask.shape == (2, 7)
+    assert re.shape == (2, 7, 2, 2) and re.dtype == torch.int16 and mask.shape == (2, 7)
     # row 0: prompt at columns 0..2, response 3..4; routing of tokens 5 6 7 8 -> columns 0..3
-    assert torch.equal(re[0, 0:4], torch.as_tensor(r0, dtype=torch.long))
+    assert torch.equal(re[0, 0:4], torch.as_tensor(r0, dtype=torch.int16))
     assert mask[0].tolist() == [True, True, True, True, False, False, False]
     # row 1: prompt at column 2 (left-padded), response 3..5; routing of 5 8 9 -> columns 2..4
-    assert torch.equal(re[1, 2:5], torch.as_tensor(r1, dtype=torch.long))
+    assert torch.equal(re[1, 2:5], torch.as_tensor(r1, dtype=torch.int16))
     assert mask[1].tolist() == [False, False, True, True, True, False, False]
     # elsewhere a valid filler routing: experts 0..k-1
     assert (re[1, :2] == torch.tensor([0, 1])).all() and (re[0, 4:] == torch.tensor([0, 1])).all()
