@@ -178,8 +178,8 @@ class RoutingReplay:
     def recorded(self, shifts: list[torch.Tensor], S: int) -> torch.Tensor:
         """What the routers chose in the last recorded call, as [B, S, L, k] :data:`ROUTING_DTYPE` in the caller's
         layout on every rank of the model (collective over the TP group under sequence parallelism and over the PP
-        group); -1 for layers without a router.  `shifts`: each micro batch's leading-pad counts [b] (parallel.forward), in order;
-        `S`: the caller's (unpadded) length."""
+        group); -1 for layers without a router.  `shifts`: each micro batch's leading-pad counts [b]
+        (parallel.forward), in order; `S`: the caller's (unpadded) length."""
         from megatron.core import parallel_state as ps
 
         from parallel.forward import left_align
