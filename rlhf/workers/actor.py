@@ -26,6 +26,9 @@ class MegatronActor(MegatronWorker):
     holds the engines' routing (``rollout.enable_rollout_routing_replay``) the old-log-prob forward reports
     ``moe/routing_agreement``."""
 
+    routing = None  # parallel.router_replay.RoutingReplay of a model built for routing replay
+    router_replay = "disabled"
+
     def __init__(self, bundle, state, cfg, *, temperature: float = 1.0, router_replay: str = "disabled"):
         forward_budget, self.update_budget = token_budgets(cfg, "log_prob_max_token_len_per_gpu")
         super().__init__(bundle, state, forward_micro_batch_size=cfg.log_prob_micro_batch_size_per_gpu,
