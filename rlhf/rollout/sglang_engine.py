@@ -125,6 +125,7 @@ class SGLangEngine:
     """
 
     lora_name: Optional[str] = None  # the LoRA adapter every generation uses (load_lora_adapter)
+    _routing_shape = None  # (layers, top-k) when the engine returns each token's routed experts (R3)
 
     def __init__(self, engine_kwargs: Dict[str, Any], engine_index: int = 0,
                  expected_weights: Optional[Dict[str, Any]] = None):
