@@ -113,7 +113,8 @@ def _token_outputs(output: torch.Tensor, mb: dict, kind: str, vocab_size: int, t
 
 def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", vocab_size: int | None = None,
                      micro_batch_size: int = 1, temperature: float = 1.0, calculate_entropy: bool = False,
-                     loss_fn: Callable | None = None, forward_only: bool = True, seq_length_multiple: int = 1):
+                     loss_fn: Callable | None = None, forward_only: bool = True, seq_length_multiple: int = 1,
+                     routing=None, record_routing: bool = False):
     """Run `batch` through the model with megatron-core's pipeline schedule.
 
     Args:
@@ -128,6 +129,10 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
             parallelism is already cut off), on the compute device.
         seq_length_multiple: pad S to a multiple of this; under sequence parallelism S is padded to
             a multiple of tp as well (automatically, read from the model's config).
+        routing: a parallel.router_replay.RoutingReplay of these chunks (MoE routing replay): when the batch
+            holds ``routed_experts`` [B, S, L, k] the routers replay them; with `record_routing` (forward_only
+            without loss_fn) the result also holds ``routed_experts`` [B, S, L, k] int64, the experts the
+            routers used (parallel.router_replay).
     Returns:
         forward_only without loss_fn: dict of [B, S] float32 tensors (`log_probs`, `entropy` or
         `values`) on EVERY rank (broadcast from the last pipeline stage).
@@ -153,9 +158,14 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
     out_device = input_ids.device
     B, S = input_ids.shape
     pad = (-S) % seq_length_multiple
+    replay = routing is not None and batch.get("routed_experts") is not None
     if pad:
         for k in _PADDED_KEYS:
             batch[k] = torch.nn.functional.pad(batch[k], (0, pad), value=0)
+        if replay:
+            from parallel.router_replay import pad_routing
+
+            batch["routed_experts"] = pad_routing(batch["routed_experts"], pad)
         S += pad
     mask = batch["attention_mask"].bool()
     if not bool(mask.any(1).all()):
@@ -182,16 +192,27 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
     def forward_step(data_iterator, model):
         mb = next(data_iterator)
         mb = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in mb.items()}
+        if replay:
+            routing.set_replay(model, left_align(mb["routed_experts"], mb["_shifts"]))
         local = split_for_context_parallel({"ids": mb["_aligned_ids"], "pos": mb["_aligned_pos"]})
         output = model(local["ids"], local["pos"], None)
+        if replay:
+            routing.after_forward(model)
         return output, partial(loss_func, mb)
 
     n_chunks = len(model_chunks)
     iterators = [iter(micro_batches) for _ in range(n_chunks)]
-    metrics = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iterators if n_chunks > 1 else iterators[0],
-        model=model_chunks, num_microbatches=len(micro_batches), seq_length=S,
-        micro_batch_size=micro_batch_size, forward_only=forward_only)
+    record = routing is not None and record_routing and forward_only and loss_fn is None
+    if routing is not None:
+        routing.begin(replay=replay, record=record)
+    try:
+        metrics = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iterators if n_chunks > 1 else iterators[0],
+            model=model_chunks, num_microbatches=len(micro_batches), seq_length=S,
+            micro_batch_size=micro_batch_size, forward_only=forward_only)
+    finally:
+        if routing is not None:
+            routing.end()
     if loss_fn is not None:
         return [{k: (v.to(out_device) if torch.is_tensor(v) else v) for k, v in m.items()} for m in metrics]
     # gather the token outputs from the last pipeline stage onto every rank
@@ -209,4 +230,6 @@ def forward_backward(model_chunks, batch: dict, *, kind: str = "log_probs", voca
             t = devices.to_group_device(t, pp_group)
             dist.broadcast(t, src=ps.get_pipeline_model_parallel_last_rank(), group=pp_group)
         result[name] = (t[:, : S - pad] if pad else t).to(out_device)
+    if record:
+        result["routed_experts"] = routing.recorded([mb["_shifts"] for mb in micro_batches], S - pad).to(out_device)
     return result

@@ -329,6 +329,27 @@ def _teacher_layout(cfg: Any, world_size: Optional[int]) -> list[str]:
     return []
 
 
+def _routing_replay(cfg: DictConfig) -> list[str]:
+    """MoE routing replay (parallel.router_replay): what R2 / R3 need and what they do not combine with."""
+    mode = cfg.actor.router_replay.mode
+    engines = bool(cfg.rollout.enable_rollout_routing_replay)
+    out = []
+    if mode == "R3" and not engines:
+        out.append("actor.router_replay.mode=R3 replays the engines' routing, which they return only with "
+                   "rollout.enable_rollout_routing_replay=true (verl: actor_rollout_ref.rollout."
+                   "enable_rollout_routing_replay=True); set it, or use mode R2.")
+    if mode == "disabled" and not engines:
+        return out
+    what = f"actor.router_replay.mode={mode}" if mode != "disabled" else "rollout.enable_rollout_routing_replay=true"
+    if cfg.parallel.context_parallel_size > 1:
+        out.append(f"{what} with parallel.context_parallel_size={cfg.parallel.context_parallel_size} is not supported"
+                   f" (the routing is not split into context-parallel chunks); set context_parallel_size=1.")
+    if engines and cfg.rollout.multi_turn.enable:
+        out.append("rollout.enable_rollout_routing_replay=true with rollout.multi_turn.enable=true is not supported "
+                   "(a multi-turn response spans several engine requests); turn one of them off.")
+    return out
+
+
 #: sglang.Engine arguments the rollout sets from the config (rlhf/workers/rollout.py: rollout_engine_config), so
 #: rollout.engine_kwargs.sglang refuses them: the key that sets each, or why nothing may
 _PLACED = ("the placement plan gives each engine its device and GPUs, one engine of rollout.tensor_model_parallel_size "
@@ -377,7 +398,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
-            + _algorithm(cfg) + _pool(cfg) + placement_problems(cfg, world_size, gpus_per_node)
+            + _algorithm(cfg) + _routing_replay(cfg) + _pool(cfg) + placement_problems(cfg, world_size, gpus_per_node)
             + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, _world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 

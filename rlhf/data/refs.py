@@ -37,8 +37,9 @@ _HUB_DATA = re.compile(r"^(?P<name>[A-Za-z0-9][\w.-]*/[\w.-]+)(?::(?P<config>[\w
 _HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: tiny://quickstart: the warmed-up quickstart model; tiny://quickstart-init: the same model before its warm-up
 #: (its initial weights; the on-policy distillation recipe's student); tiny://calc: warmed up on calculator tool calls
-#: (rlhf.quickstart.calc; recipe calc_tool_tiny_cpu)
-TINY_MODELS = ("tiny://quickstart", "tiny://quickstart-init", "tiny://calc")
+#: (rlhf.quickstart.calc; recipe calc_tool_tiny_cpu); tiny://quickstart-moe: the same on a tiny Qwen3-MoE (recipe
+#: moe_r3_tiny_cpu)
+TINY_MODELS = ("tiny://quickstart", "tiny://quickstart-init", "tiny://calc", "tiny://quickstart-moe")
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def parse_model_ref(ref: str) -> ModelRef:
     s = str(ref).strip()
     if s.startswith("tiny://"):
         return ModelRef("tiny", s, exists=s.rstrip("/") in TINY_MODELS,
-                        why="" if s.rstrip("/") in TINY_MODELS else f"the tiny models are {' and '.join(TINY_MODELS)}")
+                        why="" if s.rstrip("/") in TINY_MODELS else f"the tiny models are {', '.join(TINY_MODELS)}")
     if s.startswith("object://"):
         return ModelRef("object", s)
     if "://" in s:

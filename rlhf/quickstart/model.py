@@ -67,6 +67,7 @@ __all__ = [
     "QUICKSTART_SCHEME",
     "QUICKSTART_INIT_SCHEME",
     "CALC_SCHEME",
+    "QUICKSTART_MOE_SCHEME",
     "QUICKSTART_DEFAULTS",
     "META_FILE",
     "build_quickstart_model",
@@ -80,6 +81,9 @@ QUICKSTART_SCHEME = "tiny://quickstart"
 QUICKSTART_INIT_SCHEME = "tiny://quickstart-init"
 #: the quickstart-sized model warmed up on the calculator tool task (rlhf.quickstart.calc), ``<cache>/tiny_calc_model``
 CALC_SCHEME = "tiny://calc"
+#: the same recipe on a tiny Qwen3-MoE (rlhf.quickstart.tiny.TINY_CONFIGS["qwen3_moe"]: 8 experts, top-2), built and
+#: warmed up the same way in ``<cache>/tiny_quickstart_moe`` (recipe moe_r3_tiny_cpu: MoE routing replay)
+QUICKSTART_MOE_SCHEME = "tiny://quickstart-moe"
 META_FILE = "warmup_meta.json"
 _META_VERSION = 3  # 2: max_position_embeddings 1024; 3: 32768
 
@@ -100,8 +104,8 @@ _WARMUP_DATA_SEED_OFFSET = 7919  # warm-up problems come from their own RNG stre
 
 
 def _meta(seed, warmup_steps, warmup_lr, max_operand, num_layers, hidden_size, batch_size, vocab_size,
-          task, answer_noise) -> Dict[str, Any]:
-    return {
+          task, answer_noise, kind="llama_gqa") -> Dict[str, Any]:
+    return {**({} if kind == "llama_gqa" else {"kind": kind}),
         "version": _META_VERSION,
         "seed": int(seed),
         "warmup_steps": int(warmup_steps),
@@ -145,6 +149,7 @@ def build_quickstart_model(
     answer_noise: float = QUICKSTART_DEFAULTS["answer_noise"],
     force: bool = False,
     log_every: int = 0,
+    kind: str = "llama_gqa",
 ) -> str:
     """Build (or reuse) the warmed-up tiny quickstart model in ``out_dir``; returns ``str(out_dir)``.
 
@@ -165,6 +170,7 @@ def build_quickstart_model(
             dataset must then use ``quickstart_task_kwargs(max_operand, task)``).
         force: rebuild even if a matching cache exists.
         log_every: log the warm-up loss every this many steps (0 = start/end only).
+        kind: the architecture, a key of rlhf.quickstart.tiny.TINY_CONFIGS ("qwen3_moe": tiny://quickstart-moe).
 
     Raises:
         ValueError: negative ``warmup_steps`` or non-positive sizes / lr.
@@ -175,7 +181,7 @@ def build_quickstart_model(
             f"batch_size={batch_size}, num_layers={num_layers}, hidden_size={hidden_size}.")
     out = Path(out_dir)
     meta = _meta(seed, warmup_steps, warmup_lr, max_operand, num_layers, hidden_size, batch_size, vocab_size, task,
-                 answer_noise)
+                 answer_noise, kind)
     if not force and _is_complete(out) and _read_meta(out) == meta:
         logger.info("tiny://quickstart: reusing the model in %s (%d warm-up steps)", out, warmup_steps)
         return str(out)
@@ -191,7 +197,7 @@ def build_quickstart_model(
             return str(out)
         _build(out, meta, seed=seed, warmup_steps=warmup_steps, warmup_lr=warmup_lr, max_operand=max_operand,
                num_layers=num_layers, hidden_size=hidden_size, batch_size=batch_size, vocab_size=vocab_size,
-               task=task, answer_noise=answer_noise, log_every=log_every)
+               task=task, answer_noise=answer_noise, log_every=log_every, kind=kind)
     return str(out)
 
 
@@ -221,7 +227,7 @@ def _file_lock(path: Path):
 
 
 def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, max_operand, num_layers, hidden_size,
-           batch_size, vocab_size, task, answer_noise, log_every) -> None:
+           batch_size, vocab_size, task, answer_noise, log_every, kind="llama_gqa") -> None:
     from .tiny import IM_END_ID, IM_START_ID, PAD_ID, build_tiny_hf_model
 
     t0 = time.time()
@@ -229,7 +235,7 @@ def _build(out: Path, meta: Dict[str, Any], *, seed, warmup_steps, warmup_lr, ma
     tok = make_quickstart_tokenizer(vocab_size, calc=calc)
     assert tok.pad_token_id == PAD_ID and tok.eos_token_id == IM_END_ID
     model = build_tiny_hf_model(
-        "llama_gqa", vocab_size=len(tok), hidden_size=hidden_size, num_layers=num_layers, seed=seed,
+        kind, vocab_size=len(tok), hidden_size=hidden_size, num_layers=num_layers, seed=seed,
         init="hf", dtype=torch.float32, bos_token_id=IM_START_ID, eos_token_id=IM_END_ID, pad_token_id=PAD_ID,
         max_position_embeddings=QUICKSTART_MAX_POSITION_EMBEDDINGS)
 
@@ -317,12 +323,15 @@ def resolve_model_path(path: str, cache_dir: Union[str, os.PathLike], **build_kw
     if not isinstance(path, str) or not path.startswith("tiny://"):
         return path
     name = path.rstrip("/")
-    if name not in (QUICKSTART_SCHEME, QUICKSTART_INIT_SCHEME, CALC_SCHEME):
+    if name not in (QUICKSTART_SCHEME, QUICKSTART_INIT_SCHEME, CALC_SCHEME, QUICKSTART_MOE_SCHEME):
         raise ValueError(f"resolve_model_path: unknown tiny model {path!r}; the tiny models are "
-                         f"{QUICKSTART_SCHEME!r}, {QUICKSTART_INIT_SCHEME!r} and {CALC_SCHEME!r}.")
+                         f"{QUICKSTART_SCHEME!r}, {QUICKSTART_INIT_SCHEME!r}, {CALC_SCHEME!r} and "
+                         f"{QUICKSTART_MOE_SCHEME!r}.")
     kwargs = {k: v for k, v in build_kwargs.items() if v is not None}
     if name == CALC_SCHEME:
         return build_quickstart_model(Path(cache_dir) / "tiny_calc_model", **{**_calc_kwargs(), **kwargs})
+    if name == QUICKSTART_MOE_SCHEME:
+        return build_quickstart_model(Path(cache_dir) / "tiny_quickstart_moe", kind="qwen3_moe", **kwargs)
     if name == QUICKSTART_INIT_SCHEME:
         kwargs["warmup_steps"] = 0
         return build_quickstart_model(Path(cache_dir) / "tiny_quickstart_init", **kwargs)

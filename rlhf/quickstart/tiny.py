@@ -145,6 +145,12 @@ TINY_CONFIGS = {
     # square MLP (intermediate == hidden), rope theta not the default
     "llama_square": ("LlamaConfig", dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
                                          rope_theta=500000.0, tie_word_embeddings=False)),
+    # Qwen3-MoE (Qwen3-30B-A3B's routing: softmax top-k renormalised, every layer sparse), 8 experts top-2,
+    # q/k norm; the MoE quickstart model (tiny://quickstart-moe)
+    "qwen3_moe": ("Qwen3MoeConfig", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
+                                         num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                                         decoder_sparse_step=1, mlp_only_layers=[], router_aux_loss_coef=0.001,
+                                         tie_word_embeddings=False)),
 }
 
 _INITS = ("random", "hf")

@@ -15,6 +15,7 @@ CPU settings (env vars, stand-in ``sgl_kernel``) reach the actor through its ``r
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -71,6 +72,30 @@ class EngineCallError(RuntimeError):
     """SGLang refused or failed a request on a live engine (the message says which and why)."""
 
 
+def routing_shape(model_path: str) -> tuple:
+    """(layers, experts per token) of the MoE model at `model_path` (its config.json: ``num_hidden_layers``,
+    ``num_experts_per_tok``), the shape of SGLang's returned routing (its RoutedExpertsCapturer)."""
+    with open(os.path.join(model_path, "config.json")) as f:
+        c = json.load(f)
+    c = c.get("text_config", c)
+    return int(c["num_hidden_layers"]), int(c["num_experts_per_tok"])
+
+
+def decode_routed_experts(value: Any, shape: tuple):
+    """SGLang's ``meta_info["routed_experts"]`` (base64 of int32 [tokens, layers, top-k], or that array) as a numpy
+    int32 array [tokens, layers, top-k]: one row per token the engine ran, the prompt's and the response's but
+    the last response token (never fed back).  Raises EngineCallError for a size that does not split so."""
+    import numpy as np
+    import pybase64
+
+    raw = value if not isinstance(value, str) else np.frombuffer(pybase64.b64decode(value.encode()), dtype=np.int32)
+    arr = np.asarray(raw, dtype=np.int32).reshape(-1)
+    per_token = shape[0] * shape[1]
+    if arr.size % per_token:
+        raise EngineCallError(f"routed_experts: {arr.size} values are not tokens x {shape[0]} layers x {shape[1]}")
+    return arr.reshape(-1, *shape)
+
+
 def check_result(result: Any, what: str) -> Any:
     """Raise EngineCallError when an SGLang control call reports failure.
 
@@ -100,6 +125,7 @@ class SGLangEngine:
     """
 
     lora_name: Optional[str] = None  # the LoRA adapter every generation uses (load_lora_adapter)
+    _routing_shape = None  # (layers, top-k) when the engine returns each token's routed experts (R3)
 
     def __init__(self, engine_kwargs: Dict[str, Any], engine_index: int = 0,
                  expected_weights: Optional[Dict[str, Any]] = None):
@@ -118,6 +144,9 @@ class SGLangEngine:
         self._in_update = False
         self._updated = False
         self._released: set = set()  # memory-saver tags this engine has released
+        # MoE routing replay (R3): SGLang returns each token's routed experts; (layers, top-k) to shape them
+        self._routing_shape = routing_shape(engine_kwargs["model_path"]) \
+            if engine_kwargs.get("enable_return_routed_experts") else None
 
     # ------------------------------------------------------------------ state
     def info(self) -> Dict[str, Any]:
@@ -152,7 +181,8 @@ class SGLangEngine:
         params = [sampling.to_sglang(None if sampling.seed is None else sampling.seed + i * n + j) for i, j in index]
         lora = None if self.lora_name is None else [self.lora_name] * len(index)
         outs = self.engine.generate(input_ids=[prompts[i] for i, _ in index], sampling_params=params,
-                                    return_logprob=True, lora_path=lora)
+                                    return_logprob=True, lora_path=lora,
+                                    **({"return_routed_experts": True} if self._routing_shape else {}))
         outs = [outs] if isinstance(outs, dict) else outs
         outs = [_INJECTED_ABORT if faults.fires("rollout_request_error") else o for o in outs]  # fault injection
         return [self._sample(o, prompts[i], i, j) for (i, j), o in zip(index, outs)]
@@ -167,9 +197,12 @@ class SGLangEngine:
         fr = meta.get("finish_reason") or {}
         ftype = fr.get("type") if isinstance(fr, dict) else str(fr)
         reason = {"stop": FINISH_STOP, "length": FINISH_LENGTH}.get(ftype, FINISH_ABORT)
+        extra = {"finish_detail": fr}
+        if self._routing_shape and meta.get("routed_experts") is not None:
+            extra["routed_experts"] = decode_routed_experts(meta["routed_experts"], self._routing_shape)
         return RolloutSample(prompt_ids=prompt, response_ids=ids, response_log_probs=[float(t[0]) for t in lps],
                              finish_reason=reason, prompt_index=i, sample_index=j,
-                             weight_version=self.weight_version, extra={"finish_detail": fr})
+                             weight_version=self.weight_version, extra=extra)
 
     # ------------------------------------------------------------------ weights
     def begin_weight_update(self) -> None:

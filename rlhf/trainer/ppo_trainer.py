@@ -217,7 +217,11 @@ class PPOTrainer(BaseTrainer):
             batch["old_log_probs"] = batch["rollout_log_probs"]
         else:
             with timer(m, "old_log_prob"):
-                batch["old_log_probs"] = self.actor.compute_log_prob(batch)["log_probs"]
+                out = self.actor.compute_log_prob(batch)
+                batch["old_log_probs"] = out["log_probs"]
+                if "routed_experts" in out:  # MoE routing replay R2: the update replays this forward's routing
+                    batch["routed_experts"] = out["routed_experts"]
+                m.update(out.get("metrics", {}))  # moe/routing_agreement
             m.update(mismatch_metrics(batch))  # training/rollout_probs_diff_*, verl's calculate_debug_metrics
         if self.reference is not None:
             with timer(m, "ref"):

@@ -77,7 +77,35 @@ def build_rollout_batch(samples, pad_token_id: int, max_response_length: int) ->
                 raise ValueError(f"sample {k}: response_mask of {len(mask)} entries for {len(s.response_ids)} "
                                  f"response tokens")
             batch["response_mask"][k, :len(mask)] = torch.tensor(mask, dtype=batch["response_mask"].dtype)
+    if any(s.extra and s.extra.get("routed_experts") is not None for s in samples):
+        batch.update(routed_experts_batch(samples, batch["prompt_length"], batch["input_ids"].shape[1]))
     return batch
+
+
+def routed_experts_batch(samples, prompt_length: int, S: int) -> dict:
+    """The engines' routing of each sample (``extra["routed_experts"]``: [tokens, L, k] for the prompt's tokens and
+    the response's but the last, rlhf.rollout.sglang_engine.decode_routed_experts) in the batch layout:
+    ``routed_experts`` [N, S, L, k] int16 aligned with ``input_ids`` (parallel.router_replay; experts 0..k-1 where
+    the engine reported nothing) and ``routed_experts_mask`` [N, S] bool (where it did).
+    Raises ValueError when a sample's routing is longer than its tokens."""
+    from parallel.router_replay import filler
+
+    first = next(s.extra["routed_experts"] for s in samples if s.extra and s.extra.get("routed_experts") is not None)
+    L, k = first.shape[1:]
+    out = filler((len(samples), S, L), k)
+    mask = torch.zeros(len(samples), S, dtype=torch.bool)
+    for i, s in enumerate(samples):
+        r = s.extra.get("routed_experts") if s.extra else None
+        if r is None:
+            continue
+        start = prompt_length - len(s.prompt_ids)
+        n = min(len(r), S - start)
+        if len(r) > len(s.prompt_ids) + len(s.response_ids):
+            raise ValueError(f"sample {i}: routing of {len(r)} tokens for {len(s.prompt_ids)} prompt + "
+                             f"{len(s.response_ids)} response tokens")
+        out[i, start:start + n] = torch.as_tensor(r[:n]).to(out.dtype)
+        mask[i, start:start + n] = True
+    return {"routed_experts": out, "routed_experts_mask": mask}
 
 
 def build_pair_batch(pairs: Sequence[dict], pad_token_id: int, max_response_length: int) -> dict:

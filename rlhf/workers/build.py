@@ -101,11 +101,27 @@ def model_config_kwargs(cfg) -> dict:
                 moe_router_dtype=cfg.model.moe_router_dtype)
 
 
-def _chunks(cfg, hf_config, role: str, path: str, section):
+def routing_replay_on(cfg, hf_config) -> bool:
+    """Whether the actor records / replays MoE routing (parallel.router_replay): ``actor.router_replay.mode`` R2 or
+    R3, or the engines return their routing (``rollout.enable_rollout_routing_replay``: `moe/routing_agreement`).
+    Raises ValueError for a model without MoE layers then (before any model is built)."""
+    from parallel.model_config import hf_model_spec
+
+    mode = cfg.actor.get("router_replay", {}).get("mode", "disabled")
+    on = mode != "disabled" or bool(cfg.rollout.get("enable_rollout_routing_replay"))
+    if on and not hf_model_spec(hf_config).is_moe:
+        raise ValueError(f"actor.router_replay.mode={mode} / rollout.enable_rollout_routing_replay="
+                         f"{cfg.rollout.get('enable_rollout_routing_replay')}: routing replay is for MoE models, and "
+                         f"{cfg.model.path} ({hf_config.architectures[0]}) has no MoE layer; set "
+                         f"actor.router_replay.mode=disabled and rollout.enable_rollout_routing_replay=false")
+    return on
+
+
+def _chunks(cfg, hf_config, role: str, path: str, section, **extra):
     """Collective. The role's model chunks with their initial weights: the HF safetensors at `path`, or with
     ``<section>.use_dist_checkpointing`` the megatron dist checkpoint ``<section>.dist_checkpointing_path`` (any
-    layout; its padded vocabulary kept: parallel.init_checkpoint)."""
-    kwargs = model_config_kwargs(cfg)
+    layout; its padded vocabulary kept: parallel.init_checkpoint).  `extra`: more TransformerConfig settings."""
+    kwargs = {**model_config_kwargs(cfg), **extra}
     if not section.get("use_dist_checkpointing"):
         return build_model_chunks(hf_config, role, path, **kwargs)
     from parallel.init_checkpoint import load_model_weights, vocab_multiple
@@ -162,14 +178,17 @@ def build_actor(cfg, hf_config, model_path: str, *, temperature: float) -> Megat
     optimizer trains; ``actor.lora`` holds their settings (None without LoRA).
     Raises ValueError for a dynamic-batching token budget below the longest sequence, before building."""
     check_dynamic_batching(cfg, "actor")
-    bundle = _chunks(cfg, hf_config, "actor", model_path, cfg.actor)
+    replay = routing_replay_on(cfg, hf_config)
+    bundle = _chunks(cfg, hf_config, "actor", model_path, cfg.actor,
+                     **({"moe_enable_routing_replay": True} if replay else {}))
     settings = lora_settings(cfg)
     if settings is not None:
         from parallel.lora import apply_lora
 
         apply_lora(bundle.chunks, settings)
     actor = MegatronActor(bundle, build_train_state(bundle.chunks, bundle.config, optim_config(cfg.actor.optim)),
-                          cfg.actor, temperature=temperature)
+                          cfg.actor, temperature=temperature,
+                          router_replay=cfg.actor.get("router_replay", {}).get("mode", "disabled"))
     actor.lora = settings
     return attach_offload(actor, offload_parts(cfg.actor), "actor")
 

@@ -88,8 +88,9 @@ def compact_rows(rows: dict) -> tuple[dict, torch.Tensor]:
     """Left-align a micro batch's rows and cut them to the longest real sequence.
 
     Args:
-        rows: MODEL_KEYS tensors [b, S] in the batch layout (one contiguous real span per row) and any
-            other [b, ...] tensors, which are kept as they are.
+        rows: MODEL_KEYS tensors [b, S] in the batch layout (one contiguous real span per row), optionally
+            ``routed_experts`` [b, S, layers, k] (compacted like them), and any other [b, ...] tensors, which are kept
+            as they are.
     Returns:
         (micro batch with MODEL_KEYS [b, L], L = the longest row's real tokens; other keys unchanged,
         index [b, L] int64: the [b, S] column of each compact column, S for padding (see :func:`expand_rows`)).
@@ -101,6 +102,9 @@ def compact_rows(rows: dict) -> tuple[dict, torch.Tensor]:
     out = dict(rows)
     for k in MODEL_KEYS:
         out[k] = rows[k].gather(1, order)
+    if rows.get("routed_experts") is not None:  # MoE routing replay: [b, S, layers, k], compacted the same way
+        r = rows["routed_experts"]
+        out["routed_experts"] = r.gather(1, order.view(*order.shape, 1, 1).expand(-1, -1, *r.shape[2:]))
     valid = out["attention_mask"].bool()
     index = torch.where(valid, order, torch.full_like(order, S))
     return out, index
@@ -112,6 +116,17 @@ def expand_rows(t: torch.Tensor, index: torch.Tensor, width: int) -> torch.Tenso
     b, L = index.shape
     full = t[:, :L].new_zeros(b, width + 1)
     return full.scatter(1, index.to(t.device), t[:, :L])[:, :width]
+
+
+def expand_routing(t: torch.Tensor, index: torch.Tensor, width: int) -> torch.Tensor:
+    """Routing [b, L, layers, k] of a compacted micro batch -> [b, width, layers, k] in the batch layout, experts
+    0..k-1 on padding (parallel.router_replay.filler: a valid routing no log-prob uses)."""
+    from parallel.router_replay import filler
+
+    b, L = index.shape
+    full = filler((b, width + 1, t.shape[2]), t.shape[3], t.device).to(t.dtype)
+    idx = index.to(t.device).view(b, L, 1, 1).expand(-1, -1, *t.shape[2:])
+    return full.scatter(1, idx, t[:, :L])[:, :width]
 
 
 def check_token_budget(what: str, max_tokens: int | None, max_prompt_length: int, max_response_length: int) -> None:

@@ -105,6 +105,8 @@ def rollout_engine_config(cfg, model_path: str, device: str) -> dict:
                     cfg.data.train_batch_size, r.n, cfg.data.max_prompt_length, cfg.data.max_response_length,
                     r.num_engines, val_prompts=cfg.data.val_batch_size, val_n=r.val_kwargs.n),
                 random_seed=cfg.trainer.seed,
+                # MoE routing replay R3: each token's routed experts with every response (SGLang's capture)
+                **({"enable_return_routed_experts": True} if r.get("enable_rollout_routing_replay") else {}),
                 engine_overrides=extra)
 
 

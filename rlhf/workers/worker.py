@@ -27,7 +27,7 @@ from parallel.forward import forward_backward
 from parallel.optim import optimizer_step, zero_grads
 
 from .batch import MODEL_KEYS, dp_info, dp_slice, micro_batch_size, mini_batch_indices, pipeline_micro_batch_multiple
-from .dynamic_batch import PaddingCounter, compact_rows, expand_rows, partition_by_token_budget
+from .dynamic_batch import PaddingCounter, compact_rows, expand_routing, expand_rows, partition_by_token_budget
 
 __all__ = ["MegatronWorker", "gather_metrics", "summarize_metrics", "reduce_metrics", "step_metrics", "GLOBAL_INFO_KEY",
            "LOSS_TOKENS_KEY", "MICRO_SHARE_KEY", "padding_metrics", "role_entry"]
@@ -248,6 +248,11 @@ class MegatronWorker:
             self.padding.add(mb["attention_mask"], mb["input_ids"].numel(), fallback=True)
             res = forward_backward(self.chunks, mb, micro_batch_size=len(rows), **forward_kwargs)
             for k, v in res.items():
+                if k == "routed_experts":  # MoE routing replay: [rows, L, layers, k]
+                    if k not in out:
+                        out[k] = v.new_zeros(local["input_ids"].shape[0], S, *v.shape[2:])
+                    out[k][idx.to(v.device)] = expand_routing(v, index, S)
+                    continue
                 if k not in out:
                     out[k] = v.new_zeros(local["input_ids"].shape[0], S)
                 out[k][idx.to(v.device)] = expand_rows(v, index, S)
@@ -264,15 +269,15 @@ class MegatronWorker:
         return self.bundle.spec.vocab_size
 
     @_needs("params")
-    def forward(self, batch: dict, **forward_kwargs) -> dict:
+    def forward(self, batch: dict, *, extra_keys: Sequence[str] = (), **forward_kwargs) -> dict:
         """No-grad forward of this rank's data-parallel slice of `batch` (MODEL_KEYS) in micro batches
         of at most `forward_micro_batch_size`; returns the local [N / dp, P + R] outputs of
         parallel.forward.forward_backward (`log_probs` / `entropy` / `values`).  Under virtual pipeline
         stages the number of micro batches is a multiple of the pipeline size (megatron's interleaved
         schedule): a slice that does not split so is padded with copies of its last row, whose outputs
-        are dropped."""
+        are dropped.  `extra_keys`: batch tensors the model needs besides MODEL_KEYS (``routed_experts``)."""
         rank, size, _ = dp_info()
-        local = {k: dp_slice(batch[k], rank, size) for k in MODEL_KEYS}
+        local = {k: dp_slice(batch[k], rank, size) for k in (*MODEL_KEYS, *extra_keys)}
         n, multiple = local["input_ids"].shape[0], pipeline_micro_batch_multiple()
         if self.forward_max_tokens:
             self._refuse_dynamic_under_vpp(multiple)

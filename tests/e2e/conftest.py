@@ -28,7 +28,8 @@ RUNNER = os.path.join(DIST_SCRIPTS, "run_scripts.py")
 GROUPS = {
     2: [("test_optim_safety_dist", "optim_safety_checks.py", 900), ("test_pipeline_vpp", "vpp_checks.py", 900),
         ("test_init_checkpoint_dist", "init_checkpoint_checks.py", 900),
-        ("test_teacher_layout_dist", "teacher_layout_checks.py", 300), ("test_lora_dist", "lora_checks.py", 1500),
+        ("test_teacher_layout_dist", "teacher_layout_checks.py", 300),
+        ("test_router_replay_dist", "router_replay_checks.py", 600), ("test_lora_dist", "lora_checks.py", 1500),
         ("test_device_discipline", "device_checks.py", 900), ("test_weight_bridge_e2e", "bridge_e2e.py", 1200)],
     4: [("test_foundation_dist", "foundation_checks.py", 900), ("test_model_families_dist", "family_checks.py", 1500),
         ("test_bridge_holders_dist", "holder_checks.py", 600)],

@@ -22,7 +22,7 @@ RECIPES = {
     "rloo_tiny_cpu": (1, "cpu"), "reinforce_pp_tiny_cpu": (1, "cpu"), "dapo_tiny_cpu": (1, "cpu"),
     "dpo_tiny_cpu": (1, "cpu"), "gspo_tiny_cpu": (1, "cpu"), "cispo_tiny_cpu": (1, "cpu"),
     **{f"{name}_tiny_cpu": (1, "cpu") for name in ("sapo", "gpg", "gmpo", "clip_cov", "kl_cov", "remax", "opo",
-                                                  "grpo_passk", "opd")},
+                                                  "grpo_passk", "opd", "moe_r3")},
     "gsm8k_ppo_qwen2_7b": (8, "gpu"), "grpo_qwen2_7b": (8, "gpu"),
     "dapo_qwen2_7b": (8, "gpu"), "dpo_qwen2_7b": (8, "gpu"), "gpu_smoke": (1, "gpu"),
     "gsm8k_multiturn_qwen2_5_3b": (8, "gpu"), "calc_tool_tiny_cpu": (1, "cpu"),

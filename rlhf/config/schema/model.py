@@ -184,6 +184,15 @@ _CLIP = "must be > 0, or null to use {at}clip_ratio"
 
 
 @dataclass
+class RouterReplayConfig(Checked):
+    """MoE routing replay (verl's ``actor.router_replay``; parallel.router_replay): ``disabled``; ``R2``: the update
+    replays the routing of the old-log-prob forward; ``R3``: the old-log-prob and update forwards replay the
+    engines' routing (needs ``rollout.enable_rollout_routing_replay=true``)."""
+
+    mode: str = check("disabled", lambda v: v in ("disabled", "R2", "R3"), "must be disabled, R2 or R3 (verl's)")
+
+
+@dataclass
 class ActorConfig(PPORoleConfig):
     clip_ratio: float = check(0.2, lambda v: v > 0, "must be > 0 (PPO uses 0.2)")
     clip_ratio_low: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)  # DAPO decoupled clip
@@ -202,6 +211,7 @@ class ActorConfig(PPORoleConfig):
     # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
     log_prob_max_token_len_per_gpu: Optional[int] = gt(0, None, "null uses ppo_max_token_len_per_gpu", null=True)
     ref_param_offload: bool = False  # the reference's parameters off the device outside its log-prob forward
+    router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
 
 
 @dataclass

@@ -74,6 +74,10 @@ class RolloutConfig(Checked):
     # disaggregated weight sync: the address engines dial to join a stage leader's group.  null: the IP of the
     # leader's outward interface; "iface:<name>" (e.g. iface:ib0): that interface's IPv4; an IP or host name as is
     weight_update_address: Optional[str] = None
+    # MoE routing replay R3 (verl's): the engines return each token's routed experts (SGLang's
+    # return_routed_experts); the actor replays them with actor.router_replay.mode=R3 and reports
+    # moe/routing_agreement either way
+    enable_rollout_routing_replay: bool = False
     val_kwargs: RolloutValConfig = field(default_factory=RolloutValConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     engine_kwargs: EngineKwargsConfig = field(default_factory=EngineKwargsConfig)

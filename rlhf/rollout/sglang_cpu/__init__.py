@@ -19,6 +19,9 @@ Environment of the engine process (:func:`cpu_engine_env`):
   (``standin/sgl_kernel/_inverse_cdf_sampling.py`` draws one uniform per request, same distribution).  A
   grpo_tiny_cpu round went from 0.29 to 0.16 s and a 40M-Llama round (32k vocabulary, 64 x 64 tokens) from
   15.0 to 6.7 s (benchmarks/engine_ab.py, old and new stand-in side by side, load ~10).
+* the same stand-in lets SGLang's routed-experts capture (``enable_return_routed_experts``, MoE routing replay
+  R3) start: its host buffer is allocated pinned with ``cudaHostRegister``, which fails in a CPU engine's forked
+  scheduler; a plain CPU tensor takes its place (``standin/sgl_kernel/_routed_experts_host_cache.py``).
 * ``standin/flashinfer`` -- an import of flashinfer (CUDA kernels, pulling in cutlass) raises ImportError in the
   engine's processes: SGLang imports it, guarded, from modules every engine loads, nothing on the CPU path calls it,
   and it held ~86 MiB of the engine pair's memory (PSS of the actor and its scheduler, quickstart model: 1,089 ->

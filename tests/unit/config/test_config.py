@@ -186,6 +186,8 @@ ADDED_KEYS = {
         "optimizer_cpu_offload": False, "optimizer_offload_fraction": 0.0, "use_precision_aware_optimizer": False,
         "main_grads_dtype": "fp32", "main_params_dtype": "fp32", "exp_avg_dtype": "fp32",
         "exp_avg_sq_dtype": "fp32"}.items()},
+    # MoE routing replay (verl's actor.router_replay.mode, rollout.enable_rollout_routing_replay)
+    "actor.router_replay": {"mode": "disabled"}, "rollout.enable_rollout_routing_replay": False,
     # initial weights from a megatron dist checkpoint (verl's megatron.use_dist_checkpointing)
     **{f"{role}.{k}": v for role in ("actor", "critic") for k, v in {
         "use_dist_checkpointing": False, "dist_checkpointing_path": None}.items()},
@@ -222,7 +224,8 @@ CHANGED_DEFAULTS = {
 #: recipes captured after ADDED_KEYS were added (their fixtures already hold those keys)
 CAPTURED_LATER = {"gspo_tiny_cpu", "cispo_tiny_cpu", "sapo_tiny_cpu", "gpg_tiny_cpu", "gmpo_tiny_cpu",
                   "clip_cov_tiny_cpu", "kl_cov_tiny_cpu", "remax_tiny_cpu", "opo_tiny_cpu", "grpo_passk_tiny_cpu",
-                  "gpu_smoke", "opd_tiny_cpu", "calc_tool_tiny_cpu", "gsm8k_multiturn_qwen2_5_3b"}
+                  "gpu_smoke", "opd_tiny_cpu", "calc_tool_tiny_cpu", "gsm8k_multiturn_qwen2_5_3b",
+                  "moe_r3_tiny_cpu"}
 
 
 @pytest.mark.parametrize("name", [None] + sorted(p.stem for p in FIXTURES.glob("*.yaml") if p.stem != "_base"))

@@ -219,9 +219,11 @@ OUTCOMES = {
     "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": ["trust_remote_code=True is not supported"],
     "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": None,  # dist checkpoints for actor, reference, critic
     "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": None,
-    "router_replay/run_qwen30_a3b_megatron_sglang.sh": ["router_replay.mode='R3' is not supported",
-                                                        "MoE router replay (the engine's expert routing"],
-    "router_replay/run_qwen30_a3b_megatron_vllm.sh": ["router_replay.mode='R2' is not supported"],
+    # routing replay is taken (tests/unit/config/test_router_replay_config.py); DeepEP and the placement are not
+    "router_replay/run_qwen30_a3b_megatron_sglang.sh": ["moe_enable_deepep=True is not supported",
+                                                        "moe_token_dispatcher_type='flex' is not supported"],
+    "router_replay/run_qwen30_a3b_megatron_vllm.sh": ["moe_enable_deepep=True is not supported",
+                                                      "moe_token_dispatcher_type='flex' is not supported"],
     "sglang_multiturn/geo3k/run_qwen2.5-3b_megatron_geo3k_multiturn.sh": None,  # its config dir: multi-turn
     "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": None,
     "tuning/32b/qwen2_32B_grpo_8_h20_megatron_vllm.sh": None,

@@ -108,3 +108,6 @@ importlib.import_module(__name__ + "._batched_attention").install()
 importlib.import_module(__name__ + "._inverse_cdf_sampling").install()
 # SGLang's LoRA layers pin host memory, which needs a CUDA driver: see _lora_pinning.
 importlib.import_module(__name__ + "._lora_pinning").install()
+# SGLang's routed-experts capture (MoE routing replay R3) pins its host buffer with CUDA: see
+# _routed_experts_host_cache.
+importlib.import_module(__name__ + "._routed_experts_host_cache").install()

@@ -1,0 +1,106 @@
+"""MoE routing replay's config (verl's ``actor_rollout_ref.actor.router_replay.mode`` and
+``actor_rollout_ref.rollout.enable_rollout_routing_replay``): verl's keys map onto ours, verl's R3 example composes
+under --cfg on a local HF config shaped like Qwen3-30B-A3B, and what R2 / R3 need or do not combine with is refused
+at --cfg naming the key and the fix (exit code 2).  verl's R2 example (dynamic batching) is refused only for DeepEP."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlhf.config import ConfigValidationError, compose_config, validate_config
+from rlhf.main import main
+from tests.support.verl_examples import example_args, problems, run_cfg
+
+R3_EXAMPLE = "router_replay/run_qwen30_a3b_megatron_sglang.sh"
+
+#: Qwen3-30B-A3B's config.json (its published sizes): 48 layers, 128 experts top-8, GQA 32 / 4 heads of 128
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "tie_word_embeddings": False, "router_aux_loss_coef": 0.001, "torch_dtype": "bfloat16",
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu", "attention_bias": False,
+}
+
+
+@pytest.fixture
+def paths(tmp_path, gsm8k_row_file):
+    model = tmp_path / "Qwen3-30B-A3B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    return {"train": gsm8k_row_file, "test": gsm8k_row_file, "model": str(model), "ckpt": str(tmp_path / "ckpt"),
+            "mcore": str(tmp_path / "mcore")}
+
+
+def test_verl_keys_map_onto_ours():
+    cfg = compose_config(["actor_rollout_ref.actor.router_replay.mode=R3",
+                          "actor_rollout_ref.rollout.enable_rollout_routing_replay=True"])
+    assert cfg.actor.router_replay.mode == "R3" and cfg.rollout.enable_rollout_routing_replay is True
+    assert compose_config(["actor_rollout_ref.actor.router_replay.mode=R2"]).actor.router_replay.mode == "R2"
+    default = compose_config([])
+    assert default.actor.router_replay.mode == "disabled" and default.rollout.enable_rollout_routing_replay is False
+
+
+def test_verl_r3_example_composes_on_a_qwen3_30b_a3b_config(paths, monkeypatch):
+    """verl's R3 example on a config.json of Qwen3-30B-A3B's sizes: its routing-replay keys are taken; what is still
+    refused is two other features (DeepEP's flex dispatcher, colocated engines whose pipeline-stage leaders span
+    nodes); without its two DeepEP lines and with its engines in a pool of their own (verl's hybrid_engine=False +
+    rollout.nnodes / n_gpus_per_node) it composes, R3 on, at PP6 x EP8."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    args = example_args(R3_EXAMPLE, paths)[1:]
+    code, _, err = run_cfg(["--cfg", "job", *args])
+    assert code == 2
+    assert all("deepep" in p.lower() or "flex" in p or "CUDA IPC" in p for p in problems(err)), err
+    assert not any("router_replay" in p or "routing_replay" in p for p in problems(err)), err
+    args = [a for a in args if "moe_enable_deepep" not in a and "moe_token_dispatcher_type" not in a]
+    code, out, err = run_cfg(["--cfg", "job", *args, "actor_rollout_ref.hybrid_engine=False",
+                              "actor_rollout_ref.rollout.nnodes=1", "actor_rollout_ref.rollout.n_gpus_per_node=8"])
+    assert code == 0, err
+    assert "router_replay:\n    mode: R3" in out and "enable_rollout_routing_replay: true" in out
+    assert "expert_model_parallel_size: 8" in out and "pipeline_model_parallel_size: 6" in out
+    assert paths["model"] in out
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["actor.router_replay.mode=R3"], "actor.router_replay.mode=R3 replays the engines' routing, which they return "
+                                      "only with rollout.enable_rollout_routing_replay=true"),
+    (["actor.router_replay.mode=R2", "parallel.context_parallel_size=2"],
+     "actor.router_replay.mode=R2 with parallel.context_parallel_size=2 is not supported"),
+    (["rollout.enable_rollout_routing_replay=true", "rollout.multi_turn.enable=true"],
+     "rollout.enable_rollout_routing_replay=true with rollout.multi_turn.enable=true is not supported"),
+])
+def test_what_replay_needs_is_checked(overrides, expected):
+    with pytest.raises(ConfigValidationError) as e:
+        validate_config(compose_config(overrides), world_size=1)
+    assert expected in str(e.value)
+
+
+def test_bad_mode_and_verl_spelling_at_cfg(capsys, tmp_path):
+    assert main(["--cfg", "job", "actor_rollout_ref.actor.router_replay.mode=R4",
+                 f"trainer.default_local_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "R4" in err and "must be disabled, R2 or R3" in err
+    code, _, err = run_cfg(["job", "actor_rollout_ref.actor.router_replay.mode=R3",
+                            f"trainer.default_local_dir={tmp_path}"])
+    assert code == 2 and any("enable_rollout_routing_replay" in p for p in problems(err))
+    code, _, err = run_cfg(["job", "actor_rollout_ref.actor.router_replay.mode=R2",
+                            "actor_rollout_ref.actor.router_replay.record_file=/tmp/x",
+                            f"trainer.default_local_dir={tmp_path}"])
+    assert code == 2 and "record_file" in err
+
+
+def test_verl_r2_example_is_refused_only_for_deepep(paths, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    code, _, err = run_cfg(["--cfg", "job", *example_args("router_replay/run_qwen30_a3b_megatron_vllm.sh", paths)[1:]])
+    assert code == 2 and problems(err)
+    assert all("deepep" in p.lower() or "flex" in p for p in problems(err)), err
+
+
+def test_recipe_composes_at_cfg(capsys, tmp_path):
+    assert main(["recipe=moe_r3_tiny_cpu", f"trainer.default_local_dir={tmp_path}", "--cfg", "job"]) == 0
+    out = capsys.readouterr().out
+    assert "path: tiny://quickstart-moe" in out and "router_replay:\n    mode: R3" in out
+    cfg = compose_config([f"trainer.default_local_dir={tmp_path}"], recipe="moe_r3_tiny_cpu")
+    validate_config(cfg, world_size=1)
