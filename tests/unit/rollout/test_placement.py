@@ -174,7 +174,7 @@ def test_verl_pools_take_nodes_of_their_own_when_they_do_not_share():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(rollout_per_node=3, engine_tp=2), r"rollout.n_gpus_per_node=3 is not a multiple of the engines' tensor "
-                                            r"parallel size 2"),
+                                            r"parallel size rollout.tensor_model_parallel_size=2"),
     (dict(trainer_per_node=9), r"trainer.n_gpus_per_node=9 is more than a node's 8 GPUs: set trainer.n_gpus_per_node "
                                r"to 8 or less and use more nodes \(trainer.nnodes\)"),
 ])
