@@ -172,7 +172,7 @@ INTERP_KEYS = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
 def _line(item: Item, key: str, value: Any = None, verbatim: bool = False) -> str:
     """The override setting our ``key``: ``++`` (add or replace) where ``key=`` / ``+key=`` would be refused (a
     dict-valued field or a key inside one, verl's ``+key`` for a key we have); verl keys in ``${...}`` rewritten."""
-    from rlhf.config.overrides import format_value
+    from rlhf.config.objects import format_value
 
     if isinstance(value, str) and "${" in value:
         value = INTERP_KEYS.sub(lambda m: translate_key(m.group(1)) or m.group(1), value)
