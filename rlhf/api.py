@@ -32,7 +32,7 @@ from typing import Any, Optional, Sequence
 from rlhf.config.compose import list_algorithms
 from rlhf.config.keys import all_schema_paths, nearest_keys
 from rlhf.config.objects import is_object_ref, register_object
-from rlhf.config.overrides import format_value
+from rlhf.config.objects import format_value
 
 __all__ = ["Trainer", "ALGORITHMS", "build_overrides", "format_value"]
 
@@ -232,7 +232,7 @@ class Trainer:
         from rlhf.logging_setup import setup_logging
         from rlhf.trainer import run
 
-        from rlhf.config.run_config import write_run_config
+        from rlhf.config.objects import write_run_config
 
         setup_logging(launch_env().rank, force=False)  # an application's own logging config is kept
         if launch_env().rank == 0:

@@ -296,7 +296,7 @@ def _job(cfg, argv: list[str], config_dirs: list[str], env: LaunchEnv) -> None:
         return
     try:
         from rlhf import trainer
-        from rlhf.config.run_config import write_run_config
+        from rlhf.config.objects import write_run_config
     except ModuleNotFoundError as e:
         if e.name != "rlhf.trainer":
             raise

@@ -6,7 +6,7 @@
     compose.py         compose_config: verl translation (verl/: keys.yaml applied by compat.py; config_file.py:
                        --config FILE), then Hydra's compose API; all problems reported together (errors.py, keys.py)
     validate.py        validate_config: the rules across sections, and the run's surroundings (rlhf/preflight.py)
-    overrides.py       Python values as overrides; objects.py: in-process objects (object://...)
+    objects.py         Python values as overrides, in-process objects (object://...), the run's config.yaml
 
     cfg = compose_config(["algorithm=grpo", "trainer.total_training_steps=5"], recipe="quickstart")
     validate_config(cfg, world_size=1, check_files=True)

@@ -18,7 +18,7 @@ from rlhf.config.errors import ConfigValidationError
 from rlhf.config.schema import field_problems
 from rlhf.preflight import (SUPPORTED_ARCHITECTURES, check_model_config, critic_on, model_context_length,  # noqa: F401
                             preflight_problems, surroundings)
-from rlhf.rollout.placement import PlacementError, job_placement_problem, pool_engines, pool_placement, trainer_gpus
+from rlhf.rollout.placement import job_placement_problem, pool_problems, trainer_gpus
 
 
 def token_budget_problem(what: str, max_tokens: Optional[int], max_prompt_length: int,
@@ -76,31 +76,6 @@ def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[in
     return (declared, [], keys) if world_size is None else (world_size, [], None)
 
 
-def _pool(cfg: DictConfig) -> list[str]:
-    """verl's rollout pool (``rollout.nnodes`` / ``rollout.n_gpus_per_node``, its one-step-off recipes): disaggregated
-    engines, whole engines per rollout node, and the engine count it implies."""
-    r = cfg.rollout
-    if not r.get("n_gpus_per_node") or min(r.n_gpus_per_node, r.nnodes or 1, r.tensor_model_parallel_size) < 1:
-        return []  # no pool, or the fields' own rules report a bad size
-    pool, tp, out = f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}", \
-        r.tensor_model_parallel_size, []
-    if r.mode != "disaggregated":
-        out.append(f"rollout.n_gpus_per_node={r.n_gpus_per_node} gives the engines GPUs of their own (verl's rollout "
-                   f"pool, {pool}) but rollout.mode={r.mode}; set actor_rollout_ref.hybrid_engine=False (or "
-                   f"rollout.mode=disaggregated), as verl's one-step-off recipes do, or drop rollout.nnodes / "
-                   f"rollout.n_gpus_per_node.")
-    if r.n_gpus_per_node % tp:
-        out.append(f"rollout.n_gpus_per_node={r.n_gpus_per_node} is not a multiple of the engines' tensor parallel "
-                   f"size rollout.tensor_model_parallel_size={tp} (verl: actor_rollout_ref.rollout.tensor_model_"
-                   f"parallel_size; each rollout node runs rollout.n_gpus_per_node / TP engines); set "
-                   f"rollout.n_gpus_per_node to a multiple of {tp}.")
-    elif r.num_engines != pool_engines(r.nnodes or 1, r.n_gpus_per_node, tp):
-        out.append(f"rollout.num_engines={r.num_engines} but verl's rollout pool {pool} at engine tensor parallel "
-                   f"size {tp} runs {pool_engines(r.nnodes or 1, r.n_gpus_per_node, tp)} engine(s); drop "
-                   f"rollout.num_engines (the pool sets it) or the pool keys.")
-    return out
-
-
 def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     """Mini batches divide the train batch, and mini batch x rollout.n splits over data parallel (no check of the
     micro batch: the workers shrink it to a divisor of the local batch)."""
@@ -146,20 +121,14 @@ def placement_problems(cfg: DictConfig, world_size: Optional[int] = None,
     """The engines and trainer ranks fit the job's GPUs (rlhf/rollout/placement.py): trainer.n_gpus_per_node (else
     ``gpus_per_node``) x trainer.nnodes (else the nodes the ranks fill); no check without a GPU count, nor for
     disaggregated engines of a job as launched on several nodes (they may run on Ray nodes beyond the trainer's).
-    verl's trainer and rollout pools: checked on nodes of ``gpus_per_node`` GPUs (known at the start of a run)."""
+    verl's trainer and rollout pools: :func:`~rlhf.rollout.placement.pool_problems`, on nodes of ``gpus_per_node``
+    GPUs (known at the start of a run)."""
     r, t = cfg.rollout, cfg.trainer
-    if r.get("n_gpus_per_node"):
-        if not gpus_per_node or not t.n_gpus_per_node or r.mode != "disaggregated" or _pool(cfg):
-            return []  # no GPUs known or no trainer pool declared; _pool reports the pool's own problems
-        try:
-            pool_placement(gpus_per_node=gpus_per_node, trainer_nnodes=t.nnodes or 1,
-                           trainer_per_node=t.n_gpus_per_node, rollout_nnodes=r.nnodes or 1,
-                           rollout_per_node=r.n_gpus_per_node, engine_tp=r.tensor_model_parallel_size)
-        except PlacementError as e:
-            return [f"verl's pools (trainer.nnodes={t.nnodes or 1} x trainer.n_gpus_per_node={t.n_gpus_per_node}, "
-                    f"rollout.nnodes={r.nnodes or 1} x rollout.n_gpus_per_node={r.n_gpus_per_node}) on nodes of "
-                    f"{gpus_per_node} GPUs: {e}."]
-        return []
+    if r.get("n_gpus_per_node"):  # the fields' own rules report a size below 1
+        return [] if min(r.n_gpus_per_node, r.nnodes or 1, r.tensor_model_parallel_size) < 1 else pool_problems(
+            mode=r.mode, num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, rollout_nnodes=r.nnodes or 1,
+            rollout_per_node=r.n_gpus_per_node, trainer_nnodes=t.nnodes or 1, trainer_per_node=t.n_gpus_per_node,
+            gpus_per_node=gpus_per_node)
     declared = t.n_gpus_per_node if t.n_gpus_per_node and t.n_gpus_per_node >= 1 else None
     per_node = declared or gpus_per_node
     if min(r.num_engines, r.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size) < 1 or \
@@ -398,7 +367,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
-            + _algorithm(cfg) + _routing_replay(cfg) + _pool(cfg) + placement_problems(cfg, world_size, gpus_per_node)
+            + _algorithm(cfg) + _routing_replay(cfg) + placement_problems(cfg, world_size, gpus_per_node)
             + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, _world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 

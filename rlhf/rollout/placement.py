@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "engines_start_early",
            "rank_ray_nodes", "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders",
            "ipc_source_ranks", "holder_ranks",
-           "engine_gpus", "trainer_gpus", "job_placement_problem", "pool_engines", "pool_placement", "pool_nodes"]
+           "engine_gpus", "trainer_gpus", "job_placement_problem", "pool_engines", "pool_problems", "pool_placement",
+           "pool_nodes"]
 
 
 class PlacementError(ValueError):
@@ -180,6 +181,36 @@ def pool_engines(rollout_nnodes: int, rollout_per_node: int, engine_tp: int) -> 
     return rollout_nnodes * (rollout_per_node // engine_tp)
 
 
+def pool_problems(*, mode: str, num_engines: int, engine_tp: int, rollout_nnodes: int, rollout_per_node: int,
+                  trainer_nnodes: int = 1, trainer_per_node: Optional[int] = None,
+                  gpus_per_node: Optional[int] = None) -> List[str]:
+    """Why verl's rollout pool does not place, one line each with the fix: disaggregated engines, whole engines per
+    rollout node, ``num_engines`` the pool's (:func:`pool_engines`); with ``gpus_per_node``, each pool in a node."""
+    pool, tp, out = f"rollout.nnodes={rollout_nnodes} x rollout.n_gpus_per_node={rollout_per_node}", engine_tp, []
+    if mode != "disaggregated":
+        out.append(f"rollout.n_gpus_per_node={rollout_per_node} gives the engines GPUs of their own (verl's rollout "
+                   f"pool, {pool}) but rollout.mode={mode}; set actor_rollout_ref.hybrid_engine=False (or "
+                   f"rollout.mode=disaggregated), as verl's one-step-off recipes do, or drop rollout.nnodes / "
+                   f"rollout.n_gpus_per_node.")
+    if rollout_per_node % tp:
+        out.append(f"rollout.n_gpus_per_node={rollout_per_node} is not a multiple of the engines' tensor parallel "
+                   f"size rollout.tensor_model_parallel_size={tp} (verl: actor_rollout_ref.rollout.tensor_model_"
+                   f"parallel_size; each rollout node runs rollout.n_gpus_per_node / TP engines); set "
+                   f"rollout.n_gpus_per_node to a multiple of {tp}.")
+    elif num_engines != pool_engines(rollout_nnodes, rollout_per_node, tp):
+        out.append(f"rollout.num_engines={num_engines} but verl's rollout pool {pool} at engine tensor parallel "
+                   f"size {tp} runs {pool_engines(rollout_nnodes, rollout_per_node, tp)} engine(s); drop "
+                   f"rollout.num_engines (the pool sets it) or the pool keys.")
+    if out or not gpus_per_node or not trainer_per_node:
+        return out
+    for key, n in (("trainer.n_gpus_per_node", trainer_per_node), ("rollout.n_gpus_per_node", rollout_per_node)):
+        if n > gpus_per_node:
+            return [f"verl's pools (trainer.nnodes={trainer_nnodes} x trainer.n_gpus_per_node={trainer_per_node}, "
+                    f"{pool}) on nodes of {gpus_per_node} GPUs: {key}={n} is more than a node's {gpus_per_node} "
+                    f"GPUs: set {key} to {gpus_per_node} or less and use more nodes ({key.split('.')[0]}.nnodes)."]
+    return []
+
+
 def pool_placement(*, gpus_per_node: int, trainer_nnodes: int, trainer_per_node: int, rollout_nnodes: int,
                    rollout_per_node: int, engine_tp: int) -> PlacementPlan:
     """verl's separate trainer and rollout pools (its one-step-off ``create_resource_pool_manager``:
@@ -191,18 +222,16 @@ def pool_placement(*, gpus_per_node: int, trainer_nnodes: int, trainer_per_node:
     node runs ``rollout_per_node / engine_tp`` engines.
 
     Raises:
-        PlacementError: the engine TP does not divide ``rollout_per_node``, or a pool wider than a node.
+        PlacementError: the first of :func:`pool_problems` (the engine TP does not divide ``rollout_per_node``, a
+            pool wider than a node), or a size below 1.
     """
     if min(gpus_per_node, trainer_nnodes, trainer_per_node, rollout_nnodes, rollout_per_node, engine_tp) < 1:
         raise PlacementError("GPUs per node, both pools' nodes and GPUs per node and the engine TP must be >= 1")
-    if rollout_per_node % engine_tp:
-        raise PlacementError(f"rollout.n_gpus_per_node={rollout_per_node} is not a multiple of the engines' tensor "
-                             f"parallel size {engine_tp} (each rollout node runs rollout.n_gpus_per_node / TP "
-                             f"engines): set rollout.n_gpus_per_node to a multiple of {engine_tp}")
-    for key, n in (("trainer.n_gpus_per_node", trainer_per_node), ("rollout.n_gpus_per_node", rollout_per_node)):
-        if n > gpus_per_node:
-            raise PlacementError(f"{key}={n} is more than a node's {gpus_per_node} GPUs: set {key} to "
-                                 f"{gpus_per_node} or less and use more nodes ({key.split('.')[0]}.nnodes)")
+    for problem in pool_problems(mode="disaggregated", num_engines=pool_engines(rollout_nnodes, rollout_per_node,
+                                 engine_tp), engine_tp=engine_tp, rollout_nnodes=rollout_nnodes, rollout_per_node=
+                                 rollout_per_node, trainer_nnodes=trainer_nnodes, trainer_per_node=trainer_per_node,
+                                 gpus_per_node=gpus_per_node):
+        raise PlacementError(problem.rstrip("."))
     shared = trainer_per_node + rollout_per_node <= gpus_per_node
     trainer = [GPU(r // trainer_per_node, r % trainer_per_node) for r in range(trainer_nnodes * trainer_per_node)]
     engines = []

@@ -2,7 +2,7 @@
 tokenizer, found from the run directory.
 
     <run>/config.yaml                          the run's composed config (written at start by rlhf.main /
-                                               rlhf.Trainer.run: rlhf.config.run_config)
+                                               rlhf.Trainer.run: rlhf.config.objects)
     <run>/checkpoints/global_step_<k>/actor/   the actor's weights (dist_checkpointing, any TP/PP layout)
 
 ``scripts/convert_checkpoint.py mcore-to-hf --ckpt <run>/checkpoints/global_step_<k>`` calls
@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from rlhf.config.run_config import RUN_CONFIG
+from rlhf.config.objects import RUN_CONFIG
 
 __all__ = ["CheckpointSource", "checkpoint_hf_source"]
 

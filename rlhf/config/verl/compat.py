@@ -38,13 +38,9 @@ def _dtype(v: Any, to: str) -> list:
 FUNCTIONS = {
     "logger": lambda v, to: [(to, [v] if isinstance(v, str) else list(v))],
     "betas": lambda v, to: [(f"{to}.adam_beta{i + 1}", b) for i, b in enumerate(list(v)[:2])],
-    "warmup_steps": lambda v, to: [] if v is None or v == -1 else [(to, v)],  # verl: -1 = from the ratio
     "samples": lambda v, to: [(to, None if v is None or v < 0 else v)],
-    "lora_rank": lambda v, to: [(to, v)] if v else [],  # verl's megatron lora.rank 0 (its default) keeps lora_rank
     "dtype": _dtype,
     "train_dtype": _train_dtype,
-    "pool_nnodes": lambda v, to: [] if not v else [(to, v)],  # verl's 0: no standalone rollout pool
-    "pool_gpus": lambda v, to: [] if v is None or "${" in str(v) else [(to, v)],  # verl's default: trainer's count
 }
 
 
@@ -172,7 +168,7 @@ INTERP_KEYS = re.compile(r"(?<=[{:,\s])([A-Za-z_]\w*(?:\.\w+)+)(?=\s*[},])")
 def _line(item: Item, key: str, value: Any = None, verbatim: bool = False) -> str:
     """The override setting our ``key``: ``++`` (add or replace) where ``key=`` / ``+key=`` would be refused (a
     dict-valued field or a key inside one, verl's ``+key`` for a key we have); verl keys in ``${...}`` rewritten."""
-    from rlhf.config.overrides import format_value
+    from rlhf.config.objects import format_value
 
     if isinstance(value, str) and "${" in value:
         value = INTERP_KEYS.sub(lambda m: translate_key(m.group(1)) or m.group(1), value)
@@ -195,6 +191,8 @@ def _apply(item: Item, rule: dict, head: str, out: Translated, reward_model: dic
     where, shown = f" ({src})" if src else "", repr(value) if len(repr(value)) <= 60 else \
         f"{repr(value)[:60]}... ({len(repr(value))} characters)"  # a chat template is thousands
     interpolated = isinstance(value, str) and "${" in value
+    if any(_same(value, u) or (interpolated and u == "${...}") for u in rule.get("unset", ())):
+        return  # verl's "not set": our setting stays
     if action in ("map", "prefix"):
         ours = _ours(arg, key, head, rule)
         if _in_schema(ours):

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 import rlhf
 from rlhf.config import (ConfigError, ConfigKeyError, ConfigValidationError, compose_config, list_recipes,
                          schema_keys, validate_config)
-from rlhf.config.overrides import format_value
+from rlhf.config.objects import format_value
 from rlhf.config.schema import RLHFConfig
 from rlhf.main import main, parse_args
 

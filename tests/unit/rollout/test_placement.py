@@ -174,7 +174,7 @@ def test_verl_pools_take_nodes_of_their_own_when_they_do_not_share():
 
 @pytest.mark.parametrize("kw,match", [
     (dict(rollout_per_node=3, engine_tp=2), r"rollout.n_gpus_per_node=3 is not a multiple of the engines' tensor "
-                                            r"parallel size 2"),
+                                            r"parallel size rollout.tensor_model_parallel_size=2"),
     (dict(trainer_per_node=9), r"trainer.n_gpus_per_node=9 is more than a node's 8 GPUs: set trainer.n_gpus_per_node "
                                r"to 8 or less and use more nodes \(trainer.nnodes\)"),
 ])
@@ -185,3 +185,22 @@ def test_verl_pool_refusals(kw, match):
                  engine_tp=1)
     with pytest.raises(PlacementError, match=match):
         pool_placement(**{**sizes, **kw})
+
+
+def test_pool_problems_lists_every_problem_of_verls_rollout_pool():
+    """One line per problem, all at once (the config check's): colocated engines with a pool, a TP that does not
+    divide the rollout node's GPUs; a fitting pool has none, and a pool wider than the node is named with the node."""
+    from rlhf.rollout.placement import pool_problems
+
+    sizes = dict(trainer_nnodes=1, trainer_per_node=6, rollout_nnodes=1)
+    assert pool_problems(mode="disaggregated", num_engines=1, engine_tp=2, rollout_per_node=2, gpus_per_node=8,
+                         **sizes) == []
+    bad = pool_problems(mode="colocated", num_engines=1, engine_tp=2, rollout_per_node=3, **sizes)
+    assert len(bad) == 2 and "but rollout.mode=colocated" in bad[0] and "is not a multiple" in bad[1]
+    assert pool_problems(mode="disaggregated", num_engines=3, engine_tp=1, rollout_per_node=2, **sizes) == [
+        "rollout.num_engines=3 but verl's rollout pool rollout.nnodes=1 x rollout.n_gpus_per_node=2 at engine tensor "
+        "parallel size 1 runs 2 engine(s); drop rollout.num_engines (the pool sets it) or the pool keys."]
+    wide = pool_problems(mode="disaggregated", num_engines=1, engine_tp=2, rollout_per_node=2, gpus_per_node=4, **sizes)
+    assert wide == ["verl's pools (trainer.nnodes=1 x trainer.n_gpus_per_node=6, rollout.nnodes=1 x "
+                    "rollout.n_gpus_per_node=2) on nodes of 4 GPUs: trainer.n_gpus_per_node=6 is more than a node's 4 "
+                    "GPUs: set trainer.n_gpus_per_node to 4 or less and use more nodes (trainer.nnodes)."]

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from rlhf.config import compose_config
-from rlhf.config.run_config import write_run_config
+from rlhf.config.objects import write_run_config
 from rlhf.trainer.hf_source import checkpoint_hf_source
 
 from tests.support.paths import ROOT
