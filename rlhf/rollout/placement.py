@@ -126,9 +126,11 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
     elif first + need > total:
         raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit the "
                              f"{total - trainer_world_size} GPUs left after the trainer's {trainer_world_size} "
-                             f"(disaggregated): lower rollout.num_engines or rollout.tensor_model_parallel_size, or "
-                             f"start fewer trainer ranks (at most {total - need}: the launchers leave the engines' "
-                             f"GPUs free, recipes/_launch/torchrun.sh), or use rollout.mode=colocated")
+                             f"(disaggregated): lower rollout.num_engines or rollout.tensor_model_parallel_size, "
+                             + (f"or start fewer trainer ranks (at most {total - need}: the launchers leave the "
+                                f"engines' GPUs free, recipes/_launch/torchrun.sh), " if total > need else
+                                f"since the engines alone need all {total} GPUs or more, ")
+                             + "or use rollout.mode=colocated")
     engines = []
     for i in range(num_engines):
         gpus = [gpu(first + i * engine_tp + k) for k in range(engine_tp)]

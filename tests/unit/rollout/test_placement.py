@@ -204,3 +204,13 @@ def test_pool_problems_lists_every_problem_of_verls_rollout_pool():
     assert wide == ["verl's pools (trainer.nnodes=1 x trainer.n_gpus_per_node=6, rollout.nnodes=1 x "
                     "rollout.n_gpus_per_node=2) on nodes of 4 GPUs: trainer.n_gpus_per_node=6 is more than a node's 4 "
                     "GPUs: set trainer.n_gpus_per_node to 4 or less and use more nodes (trainer.nnodes)."]
+
+
+def test_disaggregated_engines_needing_every_gpu_advise_no_negative_rank_count():
+    """8 engines of TP1 on 4 GPUs with 2 trainer ranks: the message said "start fewer trainer ranks (at most -4"."""
+    with pytest.raises(PlacementError) as e:
+        plan_placement(nnodes=1, gpus_per_node=4, trainer_world_size=2, num_engines=8, engine_tp=1,
+                       mode="disaggregated")
+    msg = str(e.value)
+    assert "8 engine(s) x TP 1 = 8 GPUs do not fit the 2 GPUs left after the trainer's 2" in msg
+    assert "at most -" not in msg and "since the engines alone need all 4 GPUs or more, or use rollout.mode" in msg
