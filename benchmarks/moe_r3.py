@@ -4,7 +4,7 @@ engine's) and the trainer-engine log-prob gap ``actor/rollout_log_prob_diff`` (m
 rollout_log_probs| over response tokens; also ``training/rollout_probs_diff_max``).
 
     python benchmarks/moe_r3.py                          # 5 steps each
-    python benchmarks/moe_r3.py --steps 3 rollout.dtype=bfloat16   # extra overrides for both runs
+    python benchmarks/moe_r3.py --steps 5 rollout.dtype=float32    # extra overrides for both runs (the recipe: bf16)
 
 Both runs: ``python -m rlhf.main recipe=moe_r3_tiny_cpu`` with the same seed and model (tiny://quickstart-moe, built
 once), the engines returning their routing (``rollout.enable_rollout_routing_replay=true``); "R3" replays it in the

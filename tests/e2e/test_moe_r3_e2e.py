@@ -44,7 +44,8 @@ finally:
 
 def test_r3_r2_and_disabled_through_the_trainer(tmp_path):
     overrides = [f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=[console]",
-                 "trainer.progress_bar=false", "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4"]
+                 "trainer.progress_bar=false", "data.train_batch_size=8", "rollout.n=4", "actor.ppo_mini_batch_size=4",
+                 "rollout.dtype=float32"]  # both fp32 (the recipe's engine is bf16): the 1e-5 and 0.99 bounds
     script = tmp_path / "driver.py"
     script.write_text(textwrap.dedent(DRIVER))
     env = dict(os.environ, PYTHONPATH=ROOT)
