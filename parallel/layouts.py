@@ -30,6 +30,9 @@ from .distributed import check_parallel_sizes
 __all__ = ["ParallelLayout", "parallel_state_globals"]
 
 _GLOBAL_NAME = re.compile(r"_[A-Z0-9_]+")
+#: the gloo groups megatron-core's destroy_model_parallel destroys (the rest it only forgets)
+_GLOO_GROUPS = ("_DATA_PARALLEL_GROUP_GLOO", "_DATA_PARALLEL_GROUP_WITH_CP_GLOO", "_EXPERT_DATA_PARALLEL_GROUP_GLOO",
+                "_INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP_GLOO")
 
 
 def parallel_state_globals() -> dict:
@@ -65,9 +68,14 @@ class ParallelLayout:
         trainer = parallel_state_globals()
         self._saved: list[dict] = []
         try:
-            ps.destroy_model_parallel()  # sets the globals to None (the groups live on in `trainer`)
+            # destroy_model_parallel sets the globals to None (the groups live on in `trainer`), but it also
+            # destroys the gloo groups it finds (megatron-core 0.16 parallel_state.destroy_model_parallel):
+            # hide them, or the trainer's optimizer would keep handles to destroyed groups
+            _put({k: None for k in _GLOO_GROUPS})
+            ps.destroy_model_parallel()
             ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
             self._state = parallel_state_globals()
+            self._state["_GLOBAL_MEMORY_BUFFER"] = trainer["_GLOBAL_MEMORY_BUFFER"]  # one buffer for both grids
         finally:
             _put(trainer)
 
