@@ -192,6 +192,11 @@ def _fully_async(cfg: DictConfig) -> list[str]:
                    "true and compute_prox_log_prob=false: old_log_probs would be the engine's own, so every IS weight "
                    "is 1; set async_training.compute_prox_log_prob=true (the trainer's log-probs, verl's advice for "
                    "rollout IS) or algorithm.rollout_correction.bypass_mode=true.")
+    if a.partial_rollout and cfg.rollout.enable_rollout_routing_replay:
+        out.append("async_training.partial_rollout=true with rollout.enable_rollout_routing_replay=true: a request "
+                   "continued after a weight sync is prefilled again, so the engine returns the new weights' routing "
+                   "for the tokens the old ones sampled; set async_training.partial_rollout=false (requests finish on "
+                   "the weights they started on).")
     return out
 
 

@@ -88,7 +88,7 @@ def decode_routed_experts(value: Any, shape: tuple):
     import numpy as np
     import pybase64
 
-    raw = value if not isinstance(value, str) else np.frombuffer(pybase64.b64decode(value.encode()), dtype=np.int32)
+    raw = value if not isinstance(value, str) else np.frombuffer(bytearray(pybase64.b64decode(value.encode())), dtype=np.int32)  # writable: torch takes it
     arr = np.asarray(raw, dtype=np.int32).reshape(-1)
     per_token = shape[0] * shape[1]
     if arr.size % per_token:

@@ -70,6 +70,9 @@ def test_verl_r3_example_composes_on_a_qwen3_30b_a3b_config(paths, monkeypatch):
      "actor.router_replay.mode=R2 with parallel.context_parallel_size=2 is not supported"),
     (["rollout.enable_rollout_routing_replay=true", "rollout.multi_turn.enable=true"],
      "rollout.enable_rollout_routing_replay=true with rollout.multi_turn.enable=true is not supported"),
+    (["rollout.enable_rollout_routing_replay=true", "async_training.enable=true", "async_training.partial_rollout=true"],
+     "async_training.partial_rollout=true with rollout.enable_rollout_routing_replay=true: a request continued after "
+     "a weight sync is prefilled again"),
 ])
 def test_what_replay_needs_is_checked(overrides, expected):
     with pytest.raises(ConfigValidationError) as e:

@@ -52,3 +52,15 @@ def test_decode_sglang_base64_int32():
     assert out.shape == (3, 4, 2) and out[2, 3, 1] == 23
     with pytest.raises(EngineCallError, match="not tokens x 5 layers x 2"):
         decode_routed_experts(pybase64.b64encode(a.tobytes()).decode(), (5, 2))
+
+
+def test_decoded_routing_is_writable_so_torch_takes_it_without_a_warning():
+    """SGLang's base64 routing decoded by np.frombuffer was read-only: torch.as_tensor warned on every R3 sample."""
+    import warnings
+
+    value = pybase64.b64encode(np.arange(12, dtype=np.int32).tobytes()).decode()
+    arr = decode_routed_experts(value, (2, 2))
+    assert arr.flags.writeable and arr.shape == (3, 2, 2) and arr[2, 1, 1] == 11
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.as_tensor(arr[:2]).sum().item() == sum(range(8))
