@@ -91,3 +91,20 @@ def test_run_on_cpu_is_refused_before_any_model_in_verl_words(monkeypatch, capsy
                     f"(https://github.com/deepseek-ai/DeepEP, the 'deep_ep' package) on the GPU nodes, or drop "
                     f"{TC[1:]}.moe_enable_deepep and set {TC[1:]}.moe_token_dispatcher_type=alltoall."), line
     assert main(["--cfg", "job", *argv]) == 0 and len(started) == 1  # --cfg: checked, then handed to Hydra to print
+
+
+def test_role_build_refuses_deepep_on_cpu_before_the_model(monkeypatch):
+    """Runs not started by rlhf.main (rlhf.api.Trainer) meet the same check where a role's model is built: ValueError
+    on this CPU rank before build_model_chunks; alltoall goes on to build."""
+    from rlhf.workers import build
+
+    built = []
+    monkeypatch.setattr(build, "build_model_chunks", lambda *a, **k: built.append(k) or "chunks")
+    monkeypatch.setattr("parallel.distributed.compute_device", lambda: __import__("torch").device("cpu"))
+    c = compose_config(["model.moe_token_dispatcher_type=flex", "parallel.expert_model_parallel_size=2"])
+    with pytest.raises(ValueError, match=r"model.moe_token_dispatcher_type=flex runs DeepEP's fused all-to-all, CUDA "
+                                         r"kernels only, but this run's device is cpu"):
+        build._chunks(c, None, "actor", "/nowhere", c.actor)
+    assert built == []
+    assert build._chunks(compose_config([]), None, "actor", "/nowhere", c.actor) == "chunks"
+    assert built[0]["moe_token_dispatcher_type"] == "alltoall" and built[0]["moe_enable_deepep"] is False
