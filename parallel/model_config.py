@@ -150,7 +150,8 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
                                account_for_embedding_in_pipeline_split: bool = False,
                                account_for_loss_in_pipeline_split: bool = False,
                                moe_z_loss_coeff: float | None = None, moe_router_dtype: str | None = None,
-                               cp: int = 1, **overrides):
+                               cp: int = 1, moe_token_dispatcher_type: str = "alltoall",
+                               moe_enable_deepep: bool = False, **overrides):
     """Build a megatron-core TransformerConfig matching the HF model numerics.
 
     Dropout is 0 (RLHF needs deterministic log-probs).  The fusions (masked softmax, SwiGLU, RoPE,
@@ -163,7 +164,9 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
     (Switch-Transformer aux loss, Fedus et al. 2021, eq. 4); None takes the HF config's
     `router_aux_loss_coef`, 0 turns the loss off.  `moe_z_loss_coeff`: the router z-loss coefficient
     (None: off); `moe_router_dtype`: "fp32" / "fp64" routing precision (None: the model dtype); both
-    only for MoE models.  `account_for_embedding/loss_in_pipeline_split`: see validate_parallel_layout.  MoE routing follows the HF model: softmax
+    only for MoE models.  `moe_token_dispatcher_type` / `moe_enable_deepep`: "alltoall", or "flex" (DeepEP, CUDA
+    only: check_token_dispatcher in parallel.preflight refuses it on CPU or without deep_ep) for MoE models.
+    `account_for_embedding/loss_in_pipeline_split`: see validate_parallel_layout.  MoE routing follows the HF model: softmax
     over the top-k logits when `norm_topk_prob` (Mixtral, Qwen3-MoE releases), else top-k of the
     softmax over all experts.  MoE with tp > 1 turns sequence parallelism on (megatron-core
     refuses MoE x TP without it).  A family's `spec.extra["megatron"]` fields come after these
@@ -210,7 +213,8 @@ def transformer_config_from_hf(hf_config, tp: int = 1, pp: int = 1, vpp: int | N
                   moe_router_topk=spec.moe_topk, moe_router_pre_softmax=not spec.moe_norm_topk_prob,
                   moe_router_score_function="softmax", moe_aux_loss_coeff=coeff,
                   moe_router_load_balancing_type="aux_loss" if coeff > 0 else "none",
-                  moe_token_dispatcher_type="alltoall", moe_grouped_gemm=False,
+                  moe_token_dispatcher_type=moe_token_dispatcher_type, moe_enable_deepep=moe_enable_deepep,
+                  moe_grouped_gemm=False,
                   expert_model_parallel_size=ep, moe_z_loss_coeff=moe_z_loss_coeff, moe_router_dtype=moe_router_dtype)
     if recompute == "full":
         kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)

@@ -54,3 +54,30 @@ def check_model(path_or_name: str, tp: int = 1, pp: int = 1, vpp: int | None = N
                              account_for_embedding_in_pipeline_split=account_for_embedding_in_pipeline_split,
                              account_for_loss_in_pipeline_split=account_for_loss_in_pipeline_split)
     return spec
+
+
+#: the module megatron-core's flex dispatcher imports its DeepEP kernels from (transformer/moe/fused_a2a.py)
+DEEP_EP_MODULE = "deep_ep"
+
+
+def check_token_dispatcher(dispatcher_type: str, enable_deepep: bool, device: str,
+                           keys: tuple[str, str] = ("model.moe_token_dispatcher_type", "model.moe_enable_deepep"),
+                           deep_ep_module: str = DEEP_EP_MODULE) -> list[str]:
+    """Why the MoE token dispatcher cannot run on ``device`` (``"cuda"``, ``"cpu"``, ...): [] for alltoall, else one
+    line naming `keys` (the dispatcher's and DeepEP's) and the fix.  megatron-core 0.16.1's flex dispatcher
+    (transformer/moe/token_dispatcher.py, _DeepepManager) runs DeepEP's CUDA kernels, imported from the
+    ``deep_ep`` package (transformer/moe/fused_a2a.py: ``from deep_ep import Buffer``); without it megatron raises
+    ImportError only when the model is built.  Call before any model is built."""
+    if dispatcher_type != "flex" and not enable_deepep:
+        return []
+    what = f"{keys[0]}={dispatcher_type}" + (f" with {keys[1]}=true" if enable_deepep else "")
+    fix = (f"install DeepEP (https://github.com/deepseek-ai/DeepEP, the '{deep_ep_module}' package) on the GPU "
+           f"nodes, or drop {keys[1]} and set {keys[0]}=alltoall")
+    if device != "cuda":
+        return [f"{what} runs DeepEP's fused all-to-all, CUDA kernels only, but this run's device is {device}: {fix}."]
+    import importlib.util
+
+    if importlib.util.find_spec(deep_ep_module) is None:
+        return [f"{what} runs DeepEP's fused all-to-all, but the '{deep_ep_module}' package is not importable here: "
+                f"{fix}."]
+    return []

@@ -201,6 +201,14 @@ def _validate(cfg, env: LaunchEnv, run: bool) -> None:
     gpus = None if not run or (cfg.trainer.n_gpus_per_node and not pools) else (_cuda_count() or None)
     validate_config(cfg, world_size=node.world_size if node else env.world_size, check_files=True,
                     gpus_per_node=gpus)
+    if run and (cfg.model.moe_token_dispatcher_type == "flex" or cfg.model.moe_enable_deepep):
+        from parallel.preflight import check_token_dispatcher
+        from rlhf.config import ConfigValidationError
+
+        problems = check_token_dispatcher(cfg.model.moe_token_dispatcher_type, cfg.model.moe_enable_deepep,
+                                          "cuda" if _cuda_count() else "cpu")
+        if problems:  # DeepEP: CUDA and the deep_ep package, before any model is built
+            raise ConfigValidationError(problems)
     if run and (cfg.trainer.one_step_off_policy.enable or cfg.async_training.enable) and \
             cfg.rollout.mode == "colocated" and _cuda_count():
         from rlhf.config import ConfigValidationError

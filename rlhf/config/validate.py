@@ -324,6 +324,23 @@ def _routing_replay(cfg: DictConfig) -> list[str]:
     return out
 
 
+def _token_dispatcher(cfg: DictConfig) -> list[str]:
+    """MoE token dispatcher (model.moe_token_dispatcher_type / moe_enable_deepep): what megatron-core 0.16.1 refuses
+    when the model is built (transformer_config.py: DeepEP only with flex; token_dispatcher.py
+    MoEFlexTokenDispatcher: TP x EP > 1).  CUDA and the deep_ep package are checked at start
+    (parallel.preflight.check_token_dispatcher)."""
+    m, p, out = cfg.model, cfg.parallel, []
+    if m.moe_enable_deepep and m.moe_token_dispatcher_type != "flex":
+        out.append(f"model.moe_enable_deepep=true needs model.moe_token_dispatcher_type=flex (megatron's DeepEP "
+                   f"backend is only supported with the flex dispatcher), not {m.moe_token_dispatcher_type!r}; set "
+                   f"it to flex, or drop moe_enable_deepep.")
+    if m.moe_token_dispatcher_type == "flex" and p.tensor_model_parallel_size * p.expert_model_parallel_size < 2:
+        out.append("model.moe_token_dispatcher_type=flex exchanges tokens over the TP x EP ranks and needs more than "
+                   "one (megatron-core: 'Flex token dispatcher requires TPxEP > 1'); set parallel."
+                   "expert_model_parallel_size > 1, or use alltoall.")
+    return out
+
+
 #: sglang.Engine arguments the rollout sets from the config (rlhf/workers/rollout.py: rollout_engine_config), so
 #: rollout.engine_kwargs.sglang refuses them: the key that sets each, or why nothing may
 _PLACED = ("the placement plan gives each engine its device and GPUs, one engine of rollout.tensor_model_parallel_size "
@@ -372,7 +389,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
-            + _algorithm(cfg) + _routing_replay(cfg) + placement_problems(cfg, world_size, gpus_per_node)
+            + _algorithm(cfg) + _routing_replay(cfg) + _token_dispatcher(cfg) + placement_problems(cfg, world_size, gpus_per_node)
             + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, _world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 

@@ -160,9 +160,13 @@ def _check_colocated(gpus_per_node: int, world: int, num_engines: int, engine_tp
     off = [r for r in leaders if r // gpus_per_node != 0]
     if off:
         raise PlacementError(f"colocated: the weight sync hands every engine CUDA IPC handles of the pipeline stage "
-                             f"leaders' memory with expert parallelism (trainer ranks {list(leaders)}), and CUDA IPC "
-                             f"works only within a node, but rank(s) {off} are not on rank 0's node of "
-                             f"{gpus_per_node} GPUs: use rollout.mode=disaggregated, or fewer pipeline stages / "
+                             f"leaders' memory with expert parallelism (parallel.expert_model_parallel_size > 1; "
+                             f"the {len(leaders)} stages of parallel.pipeline_model_parallel_size lead at trainer "
+                             f"ranks {list(leaders)}), and CUDA IPC works only within a node, but rank(s) {off} are "
+                             f"not on rank 0's node of {gpus_per_node} GPUs (stage leaders on several nodes with "
+                             f"colocated engines are not supported yet): give the engines GPUs of their own, "
+                             f"actor_rollout_ref.hybrid_engine=False with rollout.nnodes and rollout.n_gpus_per_node "
+                             f"(verl's rollout pool; or rollout.mode=disaggregated), or use fewer pipeline stages / "
                              f"trainer ranks so that every stage leader is on the first node")
     if need > local:
         most = local // engine_tp

@@ -98,7 +98,9 @@ def model_config_kwargs(cfg) -> dict:
                 account_for_embedding_in_pipeline_split=p.account_for_embedding_in_pipeline_split,
                 account_for_loss_in_pipeline_split=p.account_for_loss_in_pipeline_split,
                 moe_aux_loss_coeff=cfg.model.moe_aux_loss_coef, moe_z_loss_coeff=cfg.model.moe_z_loss_coeff,
-                moe_router_dtype=cfg.model.moe_router_dtype)
+                moe_router_dtype=cfg.model.moe_router_dtype,
+                moe_token_dispatcher_type=cfg.model.get("moe_token_dispatcher_type", "alltoall"),
+                moe_enable_deepep=bool(cfg.model.get("moe_enable_deepep", False)))
 
 
 def routing_replay_on(cfg, hf_config) -> bool:
@@ -122,6 +124,13 @@ def _chunks(cfg, hf_config, role: str, path: str, section, **extra):
     ``<section>.use_dist_checkpointing`` the megatron dist checkpoint ``<section>.dist_checkpointing_path`` (any
     layout; its padded vocabulary kept: parallel.init_checkpoint).  `extra`: more TransformerConfig settings."""
     kwargs = {**model_config_kwargs(cfg), **extra}
+    from parallel.distributed import compute_device
+    from parallel.preflight import check_token_dispatcher
+
+    problems = check_token_dispatcher(kwargs["moe_token_dispatcher_type"], kwargs["moe_enable_deepep"],
+                                      compute_device().type)
+    if problems:  # also for runs not started by rlhf.main (rlhf.api.Trainer): before the model is built
+        raise ValueError(problems[0])
     if not section.get("use_dist_checkpointing"):
         return build_model_chunks(hf_config, role, path, **kwargs)
     from parallel.init_checkpoint import load_model_weights, vocab_multiple

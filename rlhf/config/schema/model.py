@@ -85,6 +85,12 @@ class ModelConfig(Checked):
     # MoE: the dtype of the router's softmax / top-k; null: the model dtype
     moe_router_dtype: Optional[str] = check(None, lambda v: v in ("fp32", "fp64"), "must be fp32, fp64 or null (the "
                                             "model dtype)", null=True)
+    # MoE: how experts exchange tokens: alltoall (megatron's all-to-all), or flex (megatron's fused dispatch /
+    # combine over the TP x EP ranks, backend DeepEP: CUDA and the deep_ep package, checked at start)
+    moe_token_dispatcher_type: str = check("alltoall", lambda v: v in ("alltoall", "flex"), "must be alltoall or "
+                                           "flex (DeepEP)")
+    # MoE: megatron's DeepEP switch (verl's override_transformer_config.moe_enable_deepep); needs flex
+    moe_enable_deepep: bool = False
     # tiny://quickstart only: supervised warm-up so PPO starts with some signal
     warmup_steps: int = 300
     warmup_lr: float = 3e-3

@@ -171,6 +171,7 @@ ADDED_KEYS = {
     # verl's override_transformer_config fields: pipeline split with embedding / loss, router z-loss and dtype
     "parallel.account_for_embedding_in_pipeline_split": False, "parallel.account_for_loss_in_pipeline_split": False,
     "model.moe_z_loss_coeff": None, "model.moe_router_dtype": None,
+    "model.moe_token_dispatcher_type": "alltoall", "model.moe_enable_deepep": False,  # DeepEP (flex dispatcher)
     # verl's global_profiler section (torch.profiler traces of the listed steps)
     "global_profiler": {"tool": None, "steps": None, "save_path": None, "profile_continuous_steps": False},
     # on-policy distillation (slime's --use-opd / --opd-kl-coef / --opd-teacher-load, rlhf/config/schema/distill.py)

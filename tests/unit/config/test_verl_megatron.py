@@ -134,14 +134,12 @@ def test_transformer_config_fields_reach_megatron(caplog):
 def test_transformer_and_optimizer_fields_without_equivalent_are_refused_by_name():
     """Every other field is refused as not supported, naming it: never "Unknown config key" nor "no effect"."""
     with pytest.raises(ConfigValidationError) as e:
-        compose_config([f"{TC}.moe_enable_deepep=True", f"{TC}.dsa_indexer_loss_coeff=0.0",
-                        f"{TC}.moe_token_dispatcher_type=flex",
+        compose_config([f"{TC}.dsa_indexer_loss_coeff=0.0", f"{TC}.moe_token_dispatcher_type=allgather",
                         "+actor_rollout_ref.actor.optim.override_optimizer_config.sgd_momentum=0.8",
                         "+actor_rollout_ref.actor.optim.override_optimizer_config.adam_eps=1e-6"])
     msg = str(e.value)
-    for part in ("moe_enable_deepep=True is not supported", "DeepEP",
+    for part in ("moe_token_dispatcher_type='allgather' is not supported", "alltoall or flex (DeepEP",
                  "dsa_indexer_loss_coeff=0.0 is not supported", "TransformerConfig field has no setting here",
-                 "moe_token_dispatcher_type='flex' is not supported",
                  "sgd_momentum=0.8 is not supported", "OptimizerConfig field has no setting here"):
         assert part in msg, part
     assert "Unknown config key" not in msg and "adam_eps=" not in msg
@@ -185,9 +183,7 @@ def test_one_error_holds_key_and_model_layout_problems(tmp_path, paths):
 OUTCOMES = {
     "gpg_trainer/run_qwen2-7b_math_megatron.sh": None,
     "grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": ["tensor parallel size 32 does not fit on a node"],
-    "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": ["moe_enable_deepep=True is not supported",
-                                                            "moe_token_dispatcher_type='flex' is not supported",
-                                                            "tensor parallel size 32 does not fit on a node"],
+    "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": ["tensor parallel size 32 does not fit on a node"],
     "grpo_trainer/run_deepseek7b_llm_math_megatron.sh": None,
     "grpo_trainer/run_moonlight16b_math_megatron.sh": ["trust_remote_code=True is not supported",
                                                        "CUDA IPC works only within a node"],
@@ -198,14 +194,12 @@ OUTCOMES = {
     "grpo_trainer/run_qwen2-7b_sgl_megatron.sh": None,
     "grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": None,
     "grpo_trainer/run_qwen2_5_vl-7b-megatron.sh": None,  # megatron dist checkpoints (actor, reference)
-    "grpo_trainer/run_qwen3-235b_megatron_96gb.sh": ["moe_enable_deepep=True is not supported",
-                                                     "CUDA IPC works only within a node"],
-    "grpo_trainer/run_qwen3_vl-235b-megatron.sh": ["moe_enable_deepep=True is not supported",
-                                                   "tensor parallel size 16 does not fit on a node"],
-    "grpo_trainer/run_qwen3_vl-30b-megatron.sh": ["moe_enable_deepep=True is not supported"],
-    "grpo_trainer/run_qwen3_vl-8b-megatron.sh": ["moe_enable_deepep=True is not supported"],
+    "grpo_trainer/run_qwen3-235b_megatron_96gb.sh": ["CUDA IPC works only within a node"],
+    "grpo_trainer/run_qwen3_vl-235b-megatron.sh": ["tensor parallel size 16 does not fit on a node"],
+    "grpo_trainer/run_qwen3_vl-30b-megatron.sh": None,  # DeepEP (checked at start: CUDA, deep_ep)
+    "grpo_trainer/run_qwen3_vl-8b-megatron.sh": None,
     "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": ["override_config.model_config.max_position_embeddings=10240 is "
-                                                       "not supported", "moe_enable_deepep=True is not supported"],
+                                                       "not supported"],
     "grpo_trainer/run_qwen3moe-30b_megatron_lora.sh": None,  # LoRA, context parallelism, offload
     "gspo_trainer/run_qwen30b_gspo.sh": None,
     "gspo_trainer/test_gspo_qwen30b_a3b_ep.sh": ["rollout.data_parallel_size=4 is not supported",
@@ -219,11 +213,9 @@ OUTCOMES = {
     "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": ["trust_remote_code=True is not supported"],
     "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": None,  # dist checkpoints for actor, reference, critic
     "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": None,
-    # routing replay is taken (tests/unit/config/test_router_replay_config.py); DeepEP and the placement are not
-    "router_replay/run_qwen30_a3b_megatron_sglang.sh": ["moe_enable_deepep=True is not supported",
-                                                        "moe_token_dispatcher_type='flex' is not supported"],
-    "router_replay/run_qwen30_a3b_megatron_vllm.sh": ["moe_enable_deepep=True is not supported",
-                                                      "moe_token_dispatcher_type='flex' is not supported"],
+    # routing replay and DeepEP are taken (tests/unit/config/test_router_replay_config.py); the placement is not
+    "router_replay/run_qwen30_a3b_megatron_sglang.sh": ["CUDA IPC works only within a node"],
+    "router_replay/run_qwen30_a3b_megatron_vllm.sh": None,
     "sglang_multiturn/geo3k/run_qwen2.5-3b_megatron_geo3k_multiturn.sh": None,  # its config dir: multi-turn
     "sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": None,
     "tuning/32b/qwen2_32B_grpo_8_h20_megatron_vllm.sh": None,
