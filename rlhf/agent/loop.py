@@ -172,8 +172,10 @@ class AgentLoop:
         fleet's ``generate(prompt_ids_list, sampling) -> [RolloutSample]`` (called from one worker thread).
 
         Returns (samples prompt-major, each with ``extra["response_mask"]`` (1 on model tokens), ``num_turns``,
-        ``tool_rewards``, ``turn_scores``, ``model_spans``; metrics).  Raises what the engines raise other than
-        a replaced engine (those trajectories end, counted in ``multi_turn/aborted``)."""
+        ``tool_rewards``, ``turn_scores``, ``model_spans``, ``token_weight_versions`` (the weight version of each
+        response token: a model token's from ``generate``'s ``extra["token_weight_versions"]`` or its sample's
+        ``weight_version``, a tool / user token's that of the model token before it); metrics).  Raises what the
+        engines raise other than a replaced engine (those trajectories end, counted in ``multi_turn/aborted``)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:

@@ -31,6 +31,7 @@ actor.ppo_mini_batch_size`` finished groups (``rollout.n`` samples each), in the
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -116,8 +117,12 @@ class FullyAsync:
         self.error: Optional[BaseException] = None
         self.thread: Optional[threading.Thread] = None
         self.calls = 0
-        # rollout.multi_turn: rank 0's agent loop (rlhf.agent.loop.AgentLoop) generates the groups
-        self.agent = getattr(rollout, "agent", None) if cfg.rollout.multi_turn.enable else None
+        # rollout.multi_turn: rank 0's agent loop (rlhf.agent.loop.AgentLoop) generates the groups; a shallow copy
+        # (same tools), so that validation's agent run, while the rollouter is paused mid-round, has its own counters
+        agent = getattr(rollout, "agent", None) if cfg.rollout.multi_turn.enable else None
+        self.agent = copy.copy(agent) if agent is not None else None
+        if self.agent is not None:
+            self.agent.renderer = copy.copy(agent.renderer)  # (its fallback counter)
 
     # ---- what the trainer calls -------------------------------------------------------------------
     def next_round(self, step: int) -> tuple:
