@@ -317,7 +317,6 @@ class FullyAsync:
                 self.finished.append(g)
             self.cond.notify_all()
 
-
     # ---- multi-turn: the agent loop in the rollouter -------------------------------------------------
     def _run_agent(self, groups: list) -> bool:
         """The agent loop's ``rollout.n`` trajectories for each of ``groups`` (their prompts rendered by its chat
