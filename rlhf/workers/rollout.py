@@ -37,6 +37,8 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from rlhf.rollout.types import FINISH_ABORT, FINISH_LENGTH
+
 from .lora_reference import lora_settings
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,20 @@ def agent_extra_info(sample) -> dict:
     e = sample.extra
     return {"num_turns": e.get("num_turns"), "tool_rewards": list(e.get("tool_rewards", [])),
             "turn_scores": list(e.get("turn_scores", [])), "rollout_reward_scores": {}}
+
+
+def _trajectory_metrics(samples: list) -> dict:
+    """The agent loop's metrics that its samples hold (rlhf.agent.loop.AgentLoop._metrics' definitions):
+    ``num_turns/{mean,max,min}``, ``tool_calls/mean`` (one tool reward per call), ``multi_turn/{truncated,aborted,
+    tool_reward/mean}``; for the trajectories that fully async's rollouter generated."""
+    n = max(len(samples), 1)
+    turns = [float(x.extra.get("num_turns", 0)) for x in samples] or [0.0]
+    rewards = [list(x.extra.get("tool_rewards", [])) for x in samples]
+    return {"num_turns/mean": sum(turns) / n, "num_turns/max": max(turns), "num_turns/min": min(turns),
+            "tool_calls/mean": sum(len(r) for r in rewards) / n,
+            "multi_turn/truncated": float(sum(x.finish_reason == FINISH_LENGTH for x in samples)),
+            "multi_turn/aborted": float(sum(x.finish_reason == FINISH_ABORT for x in samples)),
+            "multi_turn/tool_reward/mean": sum(sum(r) for r in rewards) / n}
 
 
 def _broadcast(obj, group):
@@ -415,9 +431,7 @@ class RolloutWorker:
             if not self.rank0:  # (the engines are the rollouter's: no re-sync here)
                 return None, {}
             samples = started.result()
-            turns = [float(x.extra.get("num_turns", 0)) for x in samples] or [0.0]
-            return samples, {"num_turns/mean": sum(turns) / len(turns), "num_turns/max": max(turns),
-                             "num_turns/min": min(turns)}
+            return samples, _trajectory_metrics(samples)
         if self.rank0:
             rows = [{"raw_prompt": batch["raw_prompt"][i], "extra_info": batch["extra_info"][i],
                      "ground_truth": batch["ground_truth"][i]} for i in range(len(batch["raw_prompt"]))]

@@ -320,8 +320,8 @@ def test_fully_async_multi_turn_scores_the_rollouters_trajectories_as_they_are(w
     from rlhf.rollout.types import RolloutSample
 
     w, manager = make_worker(tmp_path, monkeypatch, ["async_training.enable=true", "rollout.multi_turn.enable=true"])
-    done = [RolloutSample([1, 2, 3], [5, 6, 7], [-0.1, 0.0, -0.2], "stop", i, j, 0,
-                          extra={"response_mask": [1, 0, 1], "num_turns": 2 + i, "tool_rewards": [0.5],
+    done = [RolloutSample([1, 2, 3], [5, 6, 7], [-0.1, 0.0, -0.2], "length" if i + j == 2 else "stop", i, j, 0,
+                          extra={"response_mask": [1, 0, 1], "num_turns": 2 + i, "tool_rewards": [0.5] * (1 + i),
                                  "turn_scores": [], "token_weight_versions": [0, 0, 1]})
             for i in range(2) for j in range(2)]
     seen = []
@@ -337,3 +337,5 @@ def test_fully_async_multi_turn_scores_the_rollouters_trajectories_as_they_are(w
     assert samples == done and scores == [1.0] * 4 and "generate" not in manager.log
     assert [e["num_turns"] for e in seen] == [2, 2, 3, 3] and seen[0]["tool_rewards"] == [0.5]
     assert (m["num_turns/mean"], m["num_turns/max"], m["num_turns/min"]) == (2.5, 3.0, 2.0)
+    assert (m["tool_calls/mean"], m["multi_turn/tool_reward/mean"]) == (1.5, 0.75)  # (1 + 1 + 2 + 2) / 4, x 0.5
+    assert (m["multi_turn/truncated"], m["multi_turn/aborted"]) == (1.0, 0.0)
