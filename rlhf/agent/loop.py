@@ -73,6 +73,7 @@ class _Trajectory:
     response_ids: list = field(default_factory=list)
     mask: list = field(default_factory=list)
     logps: list = field(default_factory=list)
+    versions: list = field(default_factory=list)  # weight version per response token (tool tokens: the last turn's)
     spans: list = field(default_factory=list)  # [start, end) of each model turn in response_ids
     assistant_turns: int = 0
     user_turns: int = 0
@@ -171,8 +172,10 @@ class AgentLoop:
         fleet's ``generate(prompt_ids_list, sampling) -> [RolloutSample]`` (called from one worker thread).
 
         Returns (samples prompt-major, each with ``extra["response_mask"]`` (1 on model tokens), ``num_turns``,
-        ``tool_rewards``, ``turn_scores``, ``model_spans``; metrics).  Raises what the engines raise other than
-        a replaced engine (those trajectories end, counted in ``multi_turn/aborted``)."""
+        ``tool_rewards``, ``turn_scores``, ``model_spans``, ``token_weight_versions`` (the weight version of each
+        response token: a model token's from ``generate``'s ``extra["token_weight_versions"]`` or its sample's
+        ``weight_version``, a tool / user token's that of the model token before it); metrics).  Raises what the
+        engines raise other than a replaced engine (those trajectories end, counted in ``multi_turn/aborted``)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -197,7 +200,8 @@ class AgentLoop:
                                  t.prompt_index, t.sample_index, t.weight_version,
                                  extra={"response_mask": t.mask, "num_turns": t.assistant_turns + t.user_turns + 1,
                                         "tool_rewards": t.tool_rewards, "turn_scores": t.turn_scores,
-                                        "model_spans": t.spans}) for t in trajs]
+                                        "model_spans": t.spans, "token_weight_versions": t.versions})
+                   for t in trajs]
         return samples, self._metrics(trajs, batcher.waves)
 
     def _fallback(self, what: str) -> None:
@@ -234,10 +238,13 @@ class AgentLoop:
             t.interaction, t.interaction_kwargs = self.interactions[kw["name"]], kw
         return t
 
-    def _append(self, t: _Trajectory, ids: list, logps: Optional[list]) -> None:
+    def _append(self, t: _Trajectory, ids: list, logps: Optional[list], versions: Optional[list] = None) -> None:
+        """Model tokens (``logps`` given): mask 1, their log-probs and weight versions (``versions``); tool / user
+        tokens: mask 0, log-prob 0, the weight version of the model token before them."""
         t.response_ids += ids
         t.mask += [1 if logps is not None else 0] * len(ids)
         t.logps += list(logps) if logps is not None else [0.0] * len(ids)
+        t.versions += list(versions) if versions is not None else [t.versions[-1] if t.versions else 0] * len(ids)
 
     async def _trajectory(self, t: _Trajectory, batcher: _Batcher) -> None:
         s = self.s
@@ -257,10 +264,14 @@ class AgentLoop:
                     t.finish = FINISH_ABORT
                     return
                 start = len(t.response_ids)
-                self._append(t, list(out.response_ids), list(out.response_log_probs))
+                # a turn generated in chunks across a weight sync (rlhf.trainer.fully_async) has a version per token
+                versions = (out.extra or {}).get("token_weight_versions") or [out.weight_version] * len(
+                    out.response_ids)
+                self._append(t, list(out.response_ids), list(out.response_log_probs), versions)
                 t.spans.append((start, len(t.response_ids)))
                 t.assistant_turns += 1
-                t.weight_version = out.weight_version
+                if t.assistant_turns == 1:  # the version of the trajectory's first token (its staleness)
+                    t.weight_version = versions[0] if versions else out.weight_version
                 if out.finish_reason != FINISH_STOP:
                     t.finish, t.truncated = out.finish_reason, out.finish_reason == FINISH_LENGTH
                     return

@@ -182,7 +182,6 @@ def _fully_async(cfg: DictConfig) -> list[str]:
     if not a.enable:
         return []
     other = {"trainer.one_step_off_policy.enable=true": cfg.trainer.one_step_off_policy.enable,
-             "rollout.multi_turn.enable=true": cfg.rollout.multi_turn.enable,
              "algorithm.filter_groups.enable=true": cfg.algorithm.filter_groups.enable,
              "algorithm.adv_estimator=remax": cfg.algorithm.adv_estimator == "remax"}
     out = [f"async_training.enable=true (fully async) does not combine with {k} (the rollouter streams single "

@@ -15,6 +15,12 @@ actor.ppo_mini_batch_size`` finished groups (``rollout.n`` samples each), in the
   unfinished requests continue from prompt + response so far on the new weights.  Every token keeps the engine's
   log-prob and the weight version it was sampled with (``sample.extra["token_weight_versions"]``); without
   ``partial_rollout`` a request is one chunk (a sync waits for the requests in flight, as verl's mode c).
+* Multi-turn (``rollout.multi_turn``): the rollouter runs the agent loop (rlhf.agent.loop) for the groups it
+  admitted (new groups are admitted when those trajectories are done); every engine call of the loop goes through
+  :meth:`FullyAsync._agent_generate`.  With ``partial_rollout`` a sync pauses the trajectories at their next engine
+  call (a turn, or a chunk of one) and they continue on the new weights, so a trajectory's turns may span weight
+  versions (each model token keeps its log-prob and version; tool / user tokens: response_mask 0, the version of
+  the model token before them); without it the trajectories in flight finish before the sync (drained).
 * Staleness per sample: actor version at training minus the version its first token was sampled with:
   ``async/staleness/{mean,max,min}``, ``async/num_stale_samples``, ``async/weight_version``; verl's
   ``fully_async/partial/{total_partial_num,partial_ratio,max_partial_span}`` (samples whose tokens span several
@@ -25,6 +31,7 @@ actor.ppo_mini_batch_size`` finished groups (``rollout.n`` samples each), in the
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import threading
@@ -110,6 +117,12 @@ class FullyAsync:
         self.error: Optional[BaseException] = None
         self.thread: Optional[threading.Thread] = None
         self.calls = 0
+        # rollout.multi_turn: rank 0's agent loop (rlhf.agent.loop.AgentLoop) generates the groups; a shallow copy
+        # (same tools), so that validation's agent run, while the rollouter is paused mid-round, has its own counters
+        agent = getattr(rollout, "agent", None) if cfg.rollout.multi_turn.enable else None
+        self.agent = copy.copy(agent) if agent is not None else None
+        if self.agent is not None:
+            self.agent.renderer = copy.copy(agent.renderer)  # (its fallback counter)
 
     # ---- what the trainer calls -------------------------------------------------------------------
     def next_round(self, step: int) -> tuple:
@@ -254,7 +267,11 @@ class FullyAsync:
                         return
                     todo = [(g, r) for g in self.active for r in g.requests if r.finish_reason is None]
                     version = self.engine_version
-                self._generate_chunk(todo, version)
+                if self.agent is not None:
+                    if self._run_agent(list(self.active)):
+                        return
+                else:
+                    self._generate_chunk(todo, version)
         except BaseException as e:  # noqa: BLE001 - handed to the trainer, which raises it
             log.exception("fully async: the rollouter failed")
             with self.cond:
@@ -299,6 +316,77 @@ class FullyAsync:
                 self.active.remove(g)
                 self.finished.append(g)
             self.cond.notify_all()
+
+    # ---- multi-turn: the agent loop in the rollouter -------------------------------------------------
+    def _run_agent(self, groups: list) -> bool:
+        """The agent loop's ``rollout.n`` trajectories for each of ``groups`` (their prompts rendered by its chat
+        template); done groups go to the queue.  True when :meth:`close` stopped it meanwhile."""
+        rows = [{"raw_prompt": g.row["raw_prompt"], "extra_info": g.row["extra_info"],
+                 "ground_truth": g.row["ground_truth"]} for g in groups]
+        sampling = dataclasses.replace(self.rollout.train_sampling, n=self.n)
+        try:
+            samples, _ = self.agent.run(self._agent_generate, rows, sampling)
+        except _Stopped:
+            return True
+        with self.cond:
+            for s in samples:
+                versions = list(s.extra["token_weight_versions"])
+                groups[s.prompt_index].requests[s.sample_index] = Request(
+                    list(s.prompt_ids), list(s.response_ids), list(s.response_log_probs), versions, s.finish_reason,
+                    {k: v for k, v in s.extra.items() if k != "token_weight_versions"})
+                self.generated += 1
+            for g in groups:
+                self.active.remove(g)
+                self.finished.append(g)
+            self.cond.notify_all()
+        return False
+
+    def _agent_generate(self, prompts: list, sampling) -> list:
+        """The fleet's ``generate(prompt_ids_list, sampling) -> [RolloutSample]`` for the agent loop (one request
+        per prompt, ``sampling.n`` = 1).  With ``partial_rollout`` each call is paused while a sync is wanted (the
+        trajectories wait at this turn boundary) and generates in chunks of ``partial_rollout_chunk_tokens`` with the
+        same pause between chunks; each sample's ``extra["token_weight_versions"]``: the version of every token.
+        Raises _Stopped after :meth:`close`, RuntimeError when engines were replaced (as the non-agent rollouter)."""
+        from rlhf.rollout.manager import StaleEnginesError
+
+        want = sampling.max_new_tokens
+        reqs = [Request(prompt_ids=list(p)) for p in prompts]
+        while True:
+            todo = [r for r in reqs if r.finish_reason is None]
+            if not todo:
+                break
+            with self.cond:
+                while self.a.partial_rollout and self.pause_wanted and not self.stop:
+                    self.paused = True
+                    self.cond.notify_all()
+                    self.cond.wait(timeout=1.0)
+                self.paused = False
+                if self.stop:
+                    raise _Stopped()
+                version = self.engine_version
+            budget = min(self.chunk, min(want - len(r.response_ids) for r in todo))
+            chunk = dataclasses.replace(sampling, n=1, max_new_tokens=max(budget, 1), seed=self.seed_of(self.calls))
+            self.calls += 1
+            try:
+                outs = self.rollout.manager.generate([r.prompt_ids + r.response_ids for r in todo], chunk)
+            except StaleEnginesError as e:
+                raise RuntimeError("fully async: rollout engines were replaced during a multi-turn rollout") from e
+            for r, out in zip(todo, outs):
+                r.response_ids += list(out.response_ids)
+                r.log_probs += list(out.response_log_probs)
+                r.versions += [version] * len(out.response_ids)
+                r.extra.update(out.extra)
+                if out.finish_reason != FINISH_LENGTH or len(r.response_ids) >= want:
+                    r.finish_reason = out.finish_reason
+        return [RolloutSample(prompt_ids=r.prompt_ids, response_ids=r.response_ids, response_log_probs=r.log_probs,
+                              finish_reason=r.finish_reason, prompt_index=i, sample_index=0,
+                              weight_version=r.versions[0] if r.versions else version,
+                              extra={**r.extra, "token_weight_versions": list(r.versions)})
+                for i, r in enumerate(reqs)]
+
+
+class _Stopped(Exception):
+    """The rollouter was closed while the agent loop waited for the engines."""
 
 
 def _bcast(obj, group):

@@ -37,6 +37,8 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
+from rlhf.rollout.types import FINISH_ABORT, FINISH_LENGTH
+
 from .lora_reference import lora_settings
 
 logger = logging.getLogger(__name__)
@@ -70,6 +72,20 @@ def agent_extra_info(sample) -> dict:
     e = sample.extra
     return {"num_turns": e.get("num_turns"), "tool_rewards": list(e.get("tool_rewards", [])),
             "turn_scores": list(e.get("turn_scores", [])), "rollout_reward_scores": {}}
+
+
+def _trajectory_metrics(samples: list) -> dict:
+    """The agent loop's metrics that its samples hold (rlhf.agent.loop.AgentLoop._metrics' definitions):
+    ``num_turns/{mean,max,min}``, ``tool_calls/mean`` (one tool reward per call), ``multi_turn/{truncated,aborted,
+    tool_reward/mean}``; for the trajectories that fully async's rollouter generated."""
+    n = max(len(samples), 1)
+    turns = [float(x.extra.get("num_turns", 0)) for x in samples] or [0.0]
+    rewards = [list(x.extra.get("tool_rewards", [])) for x in samples]
+    return {"num_turns/mean": sum(turns) / n, "num_turns/max": max(turns), "num_turns/min": min(turns),
+            "tool_calls/mean": sum(len(r) for r in rewards) / n,
+            "multi_turn/truncated": float(sum(x.finish_reason == FINISH_LENGTH for x in samples)),
+            "multi_turn/aborted": float(sum(x.finish_reason == FINISH_ABORT for x in samples)),
+            "multi_turn/tool_reward/mean": sum(sum(r) for r in rewards) / n}
 
 
 def _broadcast(obj, group):
@@ -257,6 +273,7 @@ class RolloutWorker:
         # rollout.multi_turn.enable: rank 0 runs the agent loop (rlhf/agent) over the engines
         self.agent = build_agent_loop(cfg, tokenizer) if self.rank0 and cfg.rollout.multi_turn.enable else None
         self.multi_turn = bool(cfg.rollout.multi_turn.enable)
+        self.fully_async = bool(cfg.async_training.enable)  # its rollouter may hand in finished trajectories
         self._pool = None  # generate_async's one background thread (rank 0), made on first use
 
     # ---- memory (colocated) ---------------------------------------------------------------------------
@@ -382,7 +399,7 @@ class RolloutWorker:
         if seed is not None:
             sampling = dataclasses.replace(sampling, seed=seed)
         if self.multi_turn:
-            samples, rollout_metrics = self._generate_multi_turn(batch, sampling)
+            samples, rollout_metrics = self._generate_multi_turn(batch, sampling, started)
         else:
             samples = self._generate(batch["input_ids_list"], sampling, started)
             samples, rollout_metrics = self._retry_failed(samples, sampling)
@@ -403,11 +420,18 @@ class RolloutWorker:
             payload = (samples, scores, reward_metrics)
         return _broadcast(payload, self.host_group)
 
-    def _generate_multi_turn(self, batch: dict, sampling) -> tuple[Optional[list], dict]:
+    def _generate_multi_turn(self, batch: dict, sampling, started: Optional[Future] = None) -> tuple[Optional[list],
+                                                                                                  dict]:
         """Collective.  Rank 0 runs the agent loop (rlhf.agent.loop) for the prompts of ``batch``; engines replaced
         meanwhile (their trajectories end, multi_turn/aborted) are synced before the next generation.  Returns
-        (rank 0's samples, its turn and tool metrics); None and {} elsewhere."""
+        (rank 0's samples, its turn and tool metrics); None and {} elsewhere.  ``started`` (rank 0): the
+        trajectories already generated (rlhf.trainer.fully_async runs the agent loop itself): taken as they are."""
         samples, metrics = (None, {})
+        if self.fully_async and _broadcast(started is not None if self.rank0 else None, self.host_group):
+            if not self.rank0:  # (the engines are the rollouter's: no re-sync here)
+                return None, {}
+            samples = started.result()
+            return samples, _trajectory_metrics(samples)
         if self.rank0:
             rows = [{"raw_prompt": batch["raw_prompt"][i], "extra_info": batch["extra_info"][i],
                      "ground_truth": batch["ground_truth"][i]} for i in range(len(batch["raw_prompt"]))]

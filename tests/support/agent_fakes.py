@@ -62,3 +62,31 @@ class SlowTool(BaseTool):
 class HugeTool(BaseTool):
     async def execute(self, instance_id, parameters, **kwargs):
         return ToolResponse(text="".join(chr(ord("a") + k % 26) for k in range(5000))), 0.0, {}
+
+
+class VersionedFleet(ScriptedFleet):
+    """:class:`ScriptedFleet` whose weights have a version (``version``, bumped by the test's weight sync) and that
+    continues a turn cut at ``max_new_tokens`` (a chunk of partial rollout: the prompt ends with the turn so far):
+    token t of a turn has log-prob ``-(version + t / 100)`` and the sample the version.  ``before(prompt, turn)``:
+    called first for each request (a test's hook to hold the engine).  ``calls``: (turn, tokens, version)."""
+
+    def __init__(self, tokenizer, script, before=None):
+        super().__init__(tokenizer, script)
+        self.version, self.before = 0, before or (lambda prompt, turn: None)
+
+    def generate(self, prompts, sampling):
+        self.waves.append(len(prompts))
+        out = []
+        for i, p in enumerate(prompts):
+            p, turn = list(p), self.turn(list(p))
+            self.before(p, turn)
+            a, k = self.assistant, len(self.assistant)
+            start = max(j + k for j in range(len(p) - k + 1) if p[j:j + k] == a)
+            done = len(p) - start  # tokens of this turn generated before (an earlier chunk)
+            full = self.char_ids(self.script(turn, p)) + [self.eos]
+            ids = full[done:done + sampling.max_new_tokens]
+            reason = "stop" if done + len(ids) == len(full) else "length"
+            lps = [-(self.version + (done + t) / 100) for t in range(len(ids))]
+            self.calls.append((turn, ids, self.version))
+            out.append(RolloutSample(p, ids, lps, reason, i, 0, weight_version=self.version))
+        return out

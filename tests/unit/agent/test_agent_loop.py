@@ -73,6 +73,9 @@ def test_trained_tokens_are_the_engines_over_three_turns(tok):
     assert m["num_turns/mean"] == 6 and m["num_turns/min"] == m["num_turns/max"] == 6
     assert m["tool_calls/mean"] == 2 and m["tool_calls/success_rate"] == 1.0 and m["tool_calls/errors"] == 0
     assert m["tool_calls/latency_s/max"] >= 0 and m["multi_turn/truncated"] == 0
+    from rlhf.workers.rollout import _trajectory_metrics  # (fully async: the same metrics from the samples alone)
+
+    assert _trajectory_metrics(samples) == {k: m[k] for k in _trajectory_metrics(samples)}
 
     batch = build_rollout_batch(samples, tok.pad_token_id, 400)
     s = samples[0]

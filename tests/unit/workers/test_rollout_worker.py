@@ -28,7 +28,7 @@ def worker(world1, tmp_path, monkeypatch):
     return make_worker(tmp_path, monkeypatch)
 
 
-def make_worker(tmp_path, monkeypatch):
+def make_worker(tmp_path, monkeypatch, extra=()):
     from tests.support.tiny_models import make_tiny_hf_model
     from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
@@ -40,7 +40,8 @@ def make_worker(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ws, "WeightBridge", lambda chunks, spec, engines, config: RecordingBridge(engines))
     cfg = compose_config(["rollout.n=2", "rollout.mode=colocated", "rollout.weight_sync_bucket_mb=1",
-                          "rollout.weight_sync_check=false", "rollout.max_restarts=1", "data.max_response_length=4"])
+                          "rollout.weight_sync_check=false", "rollout.max_restarts=1", "data.max_response_length=4",
+                          *extra])
     bundle = type("Bundle", (), {"chunks": [], "spec": None})()
     return rollout_mod.RolloutWorker(cfg, str(tmp_path), bundle, tok), manager
 
@@ -309,3 +310,32 @@ def test_released_is_a_no_op_for_disaggregated_engines(world1, tmp_path, monkeyp
     with w.released():
         assert manager.released == set()
     assert manager.log == []
+
+
+def test_fully_async_multi_turn_scores_the_rollouters_trajectories_as_they_are(world1, tmp_path, monkeypatch):
+    """Fully async with multi-turn: the rollouter ran the agent loop (rlhf.trainer.fully_async); generate() with its
+    finished trajectories (``started``) scores them without generating again, the tool fields in extra_info."""
+    from concurrent.futures import Future
+
+    from rlhf.rollout.types import RolloutSample
+
+    w, manager = make_worker(tmp_path, monkeypatch, ["async_training.enable=true", "rollout.multi_turn.enable=true"])
+    done = [RolloutSample([1, 2, 3], [5, 6, 7], [-0.1, 0.0, -0.2], "length" if i + j == 2 else "stop", i, j, 0,
+                          extra={"response_mask": [1, 0, 1], "num_turns": 2 + i, "tool_rewards": [0.5] * (1 + i),
+                                 "turn_scores": [], "token_weight_versions": [0, 0, 1]})
+            for i in range(2) for j in range(2)]
+    seen = []
+
+    class Seen(Reward):
+        def score(self, texts, sources, truths, extra_infos=None, prompts=None):
+            seen.extend(extra_infos)
+            return super().score(texts, sources, truths, extra_infos, prompts)
+
+    started = Future()
+    started.set_result(done)
+    samples, scores, m = w.generate(batch(2), w.train_sampling, Seen(), started=started)
+    assert samples == done and scores == [1.0] * 4 and "generate" not in manager.log
+    assert [e["num_turns"] for e in seen] == [2, 2, 3, 3] and seen[0]["tool_rewards"] == [0.5]
+    assert (m["num_turns/mean"], m["num_turns/max"], m["num_turns/min"]) == (2.5, 3.0, 2.0)
+    assert (m["tool_calls/mean"], m["multi_turn/tool_reward/mean"]) == (1.5, 0.75)  # (1 + 1 + 2 + 2) / 4, x 0.5
+    assert (m["multi_turn/truncated"], m["multi_turn/aborted"]) == (1.0, 0.0)
