@@ -169,14 +169,25 @@ class WeightBridge:
         cannot open (nothing sent), when an engine call or a rank fails (an engine may hold a mix of old and new
         weights: sync again; the next sync plans afresh), or when check mode finds a mismatch.  With ``lora``:
         the (unmerged) base weights when some engine may lack them (the first sync, replaced engines, after an
-        error), then the adapters."""
+        error), then the adapters.  A sync of all engines sends the base first to the engines replaced since their
+        last sync (:meth:`_replaced_engines`): they serve ``model.path``'s base, and the adapters' sync marks them
+        fresh."""
         if self.cfg.lora is None:
             return self._sync(engines)
         full = None
-        if engines is not None or not self.base_sent:  # any engine's base is unknown until a full sync ends
+        # any engine's base is unknown until a full sync ends; else only a replaced engine may lack it
+        base_to = engines if engines is not None or not self.base_sent else self._replaced_engines()
+        if base_to is None or base_to:
             had, self.base_sent = self.base_sent, False
-            full, self.base_sent = self._sync(engines), had or engines is None
+            full, self.base_sent = self._sync(base_to), had or base_to is None
         return self._sync_adapters(engines, full or SyncStats())
+
+    def _replaced_engines(self) -> list[int]:
+        """Collective (one object broadcast): the controller's engines replaced (restarted) since the last sync that
+        reached them (``stale_engines``), on every rank.  Every sync that marks an engine fresh sent it the base
+        first, so these are the engines that may lack the current base."""
+        self.topo.init_collective()
+        return list(self.topo.broadcast_object(self.engines.stale_engines() if self.topo.is_controller else None))
 
     def _sync_adapters(self, engines, stats: SyncStats) -> SyncStats:
         """Every rank: the adapters in PEFT's layout (parallel.lora_export) from each stage's leader go to the engines

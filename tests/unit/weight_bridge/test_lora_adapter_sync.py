@@ -25,6 +25,7 @@ def bridge(monkeypatch):
 
     def full(targets):
         b.full_syncs.append(targets)
+        engines.log.append(("base", targets))
         if getattr(b, "fail_full", False):
             raise WeightBridgeError("weight sync failed: injected")
         return SyncStats(bytes=FULL_BYTES, num_tensors=3, engines=[0, 1] if targets is None else list(targets))
@@ -71,3 +72,21 @@ def test_a_failed_base_sync_sends_the_base_again_and_a_refused_adapter_raises(br
     with pytest.raises(WeightBridgeError, match="LoRA adapter sync failed: RuntimeError: load_lora_adapter_from"):
         b.sync()
     assert b.base_sent  # the base is intact: the next sync sends the adapters only
+
+
+def test_a_plain_sync_sends_the_base_first_to_an_engine_replaced_since(bridge):
+    """An engine replaced after a crash serves model.path's base (not the actor's when it started from a megatron
+    checkpoint): a sync of all engines (RolloutWorker.sync_weights) sends it the base before the adapters; a
+    plain adapter sync would mark it fresh (end_sync) and the stale-engine re-sync would never see it."""
+    b, engines = bridge
+    b.base_sent = True
+    b.sync()
+    engines.engines[1].adapter, engines.restarts[1] = None, engines.restarts[1] + 1  # as the manager's restart
+    engines.stale.add(1)
+    engines.log.clear()
+    stats = b.sync()
+    assert b.full_syncs == [[1]], "the replaced engine must receive the base"
+    assert engines.log == [("base", [1]), "load_lora_adapter", "load_lora_adapter"]  # base first, then adapters
+    assert stats.bytes == FULL_BYTES + ADAPTER_BYTES and stats.engines == [0, 1] and b.base_sent
+    assert engines.stale_engines() == [] and engines.engines[1].adapter is not None
+    assert b.sync().bytes == ADAPTER_BYTES and b.full_syncs == [[1]]  # the base went: adapters only again
