@@ -25,6 +25,12 @@ actor.ppo_mini_batch_size`` finished groups (``rollout.n`` samples each), in the
   ``async/staleness/{mean,max,min}``, ``async/num_stale_samples``, ``async/weight_version``; verl's
   ``fully_async/partial/{total_partial_num,partial_ratio,max_partial_span}`` (samples whose tokens span several
   versions) and ``fully_async/count/{total_generated_samples,stale_samples_processed,current_param_version}``.
+* Engine deaths: when no fresh engine is left (the only one died, or all did: ``StaleEnginesError``), the
+  rollouter keeps the samples that finished, pauses and hands the replaced engines to the trainer, which syncs them
+  at its next safe point (:meth:`FullyAsync.next_round`, the main thread of every rank: the rollouter thread never
+  issues a collective) -- with the actor's weights when they are still the engines' version, else with a full weight
+  sync -- then the rollouter continues the unfinished requests.  Counted in ``fully_async/count/engine_resyncs``,
+  logged once.
 * Checkpoints (drained): the prompts drawn and not yet trained (queued, generating, or waiting) are saved with the
   prompt loader's position after the last draw; a resumed run generates them first, afresh from the resumed
   weights, so no prompt is trained twice or lost.
@@ -114,6 +120,8 @@ class FullyAsync:
         self.generated = 0  # samples generated (fully_async/count/total_generated_samples)
         self.stale_processed = 0
         self.pause_wanted = self.paused = self.stop = False
+        self.resync_wanted = False  # the rollouter found no fresh engine: replaced engines wait for a sync
+        self.engine_resyncs = 0  # times the rollouter handed replaced engines back for a sync
         self.error: Optional[BaseException] = None
         self.thread: Optional[threading.Thread] = None
         self.calls = 0
@@ -131,10 +139,15 @@ class FullyAsync:
         m: dict = {}
         self._start_or_resume()
         with timer(m, "gen"):
-            batch, started = self._take() if self.rank0 else (None, None)
-            batch = _bcast(batch, self.rollout.host_group)
+            while True:  # None: the rollouter handed replaced engines back; every rank re-syncs them, then waits on
+                batch, started = self._take() if self.rank0 else (None, None)
+                if (batch := _bcast(batch, self.rollout.host_group)) is not None:
+                    break
+                self._resync_replaced(m)
             samples, scores, rewards, gen_metrics = self.finish(step, batch, started)
         m.update(gen_metrics)
+        generated, resyncs = _bcast((self.generated, self.engine_resyncs) if self.rank0 else None,
+                                    self.rollout.host_group)
         first = [s.extra["weight_version"] for s in samples]
         last = [max(s.extra["token_weight_versions"] or [v]) for s, v in zip(samples, first)]
         m.update(staleness_metrics(self.actor_version, first))
@@ -146,8 +159,8 @@ class FullyAsync:
                   "fully_async/partial/max_partial_span": float(max(spans, default=0)),
                   "fully_async/count/stale_samples_processed": float(self.stale_processed),
                   "fully_async/count/current_param_version": float(self.engine_version),
-                  "fully_async/count/total_generated_samples": float(_bcast(self.generated if self.rank0 else 0,
-                                                                            self.rollout.host_group))})
+                  "fully_async/count/engine_resyncs": float(resyncs),
+                  "fully_async/count/total_generated_samples": float(generated)})
         if self.rank0:
             log.info("fully async: step %d trains prompts %s (first-token weight versions %s, actor version %d)",
                      step, batch["index"], sorted(set(first)), self.actor_version)
@@ -212,12 +225,15 @@ class FullyAsync:
 
     def _take(self) -> tuple:
         """Rank 0: wait for B finished groups; their prompt batch (the loader's columns) and a done Future of their
-        samples (``prompt_index``: the group's place in the batch)."""
+        samples (``prompt_index``: the group's place in the batch).  (None, None) when the rollouter waits for
+        replaced engines to be synced first (:meth:`_resync_replaced`)."""
         with self.cond:
-            while len(self.finished) < self.B and self.error is None:
+            while len(self.finished) < self.B and self.error is None and not self.resync_wanted:
                 self.cond.wait(timeout=1.0)
             if self.error is not None:
                 raise RuntimeError("fully async: the rollouter failed") from self.error
+            if self.resync_wanted:
+                return None, None
             groups = [self.finished.popleft() for _ in range(self.B)]
             self.consumed += len(groups)
             self.cond.notify_all()
@@ -248,17 +264,30 @@ class FullyAsync:
             with self.cond:
                 carried = len(self.active) + len(self.finished)  # admitted, not trained (waiting rows are not)
                 self.cap, self.admitted = admission_cap(self.a, self.B // self.a.require_batches, carried), 0
+                self.resync_wanted = False  # sync_weights re-synced replaced engines too
         if resume:
             with self.cond:
                 self.pause_wanted = False
                 self.cond.notify_all()
+
+    def _resync_replaced(self, m: dict) -> None:
+        """Collective, the trainer's main thread (the rollouter waits, paused): the engines replaced after a crash
+        get the actor's weights -- those alone when the actor is still the engines' version, else every engine (a
+        weight sync, the version moves on: the engines serve one version) -- then the rollouter continues."""
+        if self.engine_version != self.actor_version:
+            self._sync(m)
+        else:  # (its time counts in timing_s/gen)
+            self.rollout.resync_replaced()
+        with self.cond:
+            self.resync_wanted = False
+            self.cond.notify_all()
 
     # ---- the rollouter (rank 0's thread) ----------------------------------------------------------
     def _run(self) -> None:
         try:
             while True:
                 with self.cond:
-                    while not self.stop and (self.pause_wanted or not self._admit()):
+                    while not self.stop and (self.pause_wanted or self.resync_wanted or not self._admit()):
                         self.paused = True
                         self.cond.notify_all()
                         self.cond.wait(timeout=1.0)
@@ -295,15 +324,25 @@ class FullyAsync:
 
     def _generate_chunk(self, todo: list, version: int) -> None:
         """One generate call: each unfinished request continues for up to ``chunk`` tokens from prompt + response
-        so far (n = 1 each, its own seed); finished groups go to the queue."""
+        so far (n = 1 each, its own seed); finished groups go to the queue.  No fresh engine left
+        (StaleEnginesError): the samples that finished count, the others continue after the trainer's re-sync."""
+        from rlhf.rollout import StaleEnginesError  # (the manager module imports the engine's)
+
         sampling = self.rollout.train_sampling
         prompts = [r.prompt_ids + r.response_ids for _, r in todo]
         budget = min(self.chunk, min(self.max_len - len(r.response_ids) for _, r in todo))
         sampling = dataclasses.replace(sampling, n=1, max_new_tokens=max(budget, 1), seed=self.seed_of(self.calls))
         self.calls += 1
-        outs = self.rollout.manager.generate(prompts, sampling)
+        try:
+            outs, stale = self.rollout.manager.generate(prompts, sampling), None
+        except StaleEnginesError as e:  # prompt_index: the request's place in todo (n = 1)
+            outs, stale = [None] * len(todo), e.engines
+            for out in e.samples:
+                outs[out.prompt_index] = out
         with self.cond:
             for (g, r), out in zip(todo, outs):
+                if out is None:
+                    continue
                 r.response_ids += list(out.response_ids)
                 r.log_probs += list(out.response_log_probs)
                 r.versions += [version] * len(out.response_ids)
@@ -315,6 +354,12 @@ class FullyAsync:
             for g in [g for g in self.active if g.done]:
                 self.active.remove(g)
                 self.finished.append(g)
+            if stale:
+                self.resync_wanted, self.engine_resyncs = True, self.engine_resyncs + 1
+                if self.engine_resyncs == 1:
+                    log.warning("fully async: rollout engine(s) %s replaced after a crash, no fresh engine left: the "
+                                "rollouter pauses until the trainer syncs them (counted in "
+                                "fully_async/count/engine_resyncs; logged once)", stale)
             self.cond.notify_all()
 
     # ---- multi-turn: the agent loop in the rollouter -------------------------------------------------

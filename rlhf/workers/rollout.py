@@ -436,11 +436,18 @@ class RolloutWorker:
             rows = [{"raw_prompt": batch["raw_prompt"][i], "extra_info": batch["extra_info"][i],
                      "ground_truth": batch["ground_truth"][i]} for i in range(len(batch["raw_prompt"]))]
             samples, metrics = self.agent.run(self.manager.generate, rows, sampling)
+        self.resync_replaced()
+        return samples, metrics
+
+    def resync_replaced(self) -> list:
+        """Collective.  Push the actor's weights into the engines replaced (restarted after a crash) since the last
+        sync that reached them -- they serve the checkpoint they started from -- and return their indices (every
+        rank; empty: nothing sent).  Call it between generations, on every rank's main thread."""
         stale = _broadcast(self.manager.stale_engines() if self.rank0 else None, self.host_group)
         if stale:
             with self.actor_resident():
                 self.last_sync = self.bridge.sync(engines=stale)
-        return samples, metrics
+        return stale
 
     # ---- weights --------------------------------------------------------------------------------------
     def sync_weights(self):

@@ -331,3 +331,104 @@ def test_a_resume_with_a_full_window_of_pending_rows_admits_them():
         assert _finishes(p, 5)
     finally:
         p.close()
+
+
+class CrashingEngines(Engines):
+    """The one-engine fleet dies under generate call ``crash_at`` after the first half of its prompts finished, as
+    RolloutManager reports it (StaleEnginesError: the samples done, the prompts left); the replacement serves the
+    checkpoint it started from (version -1) and, like the manager, is never used while stale.  ``events``: what
+    happened in order."""
+
+    def __init__(self, ref, crash_at):
+        super().__init__(ref)
+        self.crash_at, self.stale, self.events, self.served, self.crashed = crash_at, set(), [], 0, False
+        self.wait_for_sync = False
+
+    def stale_engines(self):
+        return sorted(self.stale)
+
+    def generate(self, prompts, sampling):
+        from rlhf.rollout import StaleEnginesError
+
+        if self.stale:  # the manager never generates on a stale engine
+            self.events.append("refused")
+            raise StaleEnginesError(sorted(self.stale), [], list(range(len(prompts))))
+        out = super().generate(prompts, sampling)
+        self.served += 1
+        self.events.append(("generate", self.version))
+        if not self.crashed and self.crash_at(self.served, self.ref[0]):
+            half, self.crashed = len(out) // 2, True
+            self.synced_version, self.version, self.stale = self.version, -1, {0}
+            self.events.append("crash")
+            raise StaleEnginesError([0], out[:half], list(range(half, len(prompts))))
+        return out
+
+
+class ResyncRollout(Rollout):
+    """The RolloutWorker double whose syncs also re-sync replaced engines (sync_weights' stale loop)."""
+
+    def __init__(self, ref, crash_at):
+        super().__init__(ref)
+        self.manager = CrashingEngines(ref, crash_at)
+
+    def sync_weights(self):
+        self.manager.version = self.manager.ref[0].actor_version  # the engines now serve the actor's version
+        self.syncs.append(self.manager.version)
+        self.manager.stale.clear()
+        self.manager.events.append(("sync", self.manager.version))
+        return SimpleNamespace(metrics=lambda: {"weight_sync/bytes": 1.0})
+
+    def resync_replaced(self):
+        stale = self.manager.stale_engines()
+        if stale:  # the actor's weights are the engines' version (the fully async pipeline only asks then)
+            self.manager.version, self.manager.stale = self.manager.synced_version, set()
+            self.manager.events.append(("resync", self.manager.version))
+        return stale
+
+
+def _ahead(p):
+    """Wait (a slow engine) until the trainer updated the actor past the engines' version (step 1 trained)."""
+    with p.cond:
+        return p.cond.wait_for(lambda: p.actor_version != p.engine_version, timeout=20.0)
+
+
+@pytest.mark.parametrize("trigger,crash_at", [
+    (1, lambda calls, p: calls == 3),  # the actor is the engines' version: the replaced engine alone is synced
+    (2, lambda calls, p: calls == 3 and _ahead(p)),  # the actor moved on: a weight sync of every engine
+])
+def test_an_engine_crash_mid_stream_is_resynced_and_the_run_goes_on(trigger, crash_at, caplog):
+    """The only engine dies mid-stream (its generate call half done): the rollouter keeps the finished samples,
+    hands the replaced engine to the trainer, which syncs it at a safe point (its main thread, a collective) before
+    it serves again; the run goes on, every prompt trained once, each token's log-prob the engine's at the version
+    recorded for it (no token from the replacement's checkpoint weights)."""
+    cfg = compose_config(["async_training.enable=true", f"data.max_response_length={MAX_LEN}", "rollout.n=2",
+                          "actor.ppo_mini_batch_size=2", "async_training.staleness_threshold=1",
+                          f"async_training.trigger_parameter_sync_step={trigger}",
+                          "async_training.partial_rollout_chunk_tokens=2"])
+    ref = [None]
+    rollout = ResyncRollout(ref, crash_at)
+
+    def finish(step, batch, started):
+        samples = started.result()
+        return samples, [1.0] * len(samples), [1.0] * len(samples), {}
+
+    p = FullyAsync(cfg, rollout, Loader(), finish, lambda k: 1000 + k, 6)
+    ref[0] = p
+    try:
+        with caplog.at_level("WARNING", logger="rlhf.trainer.fully_async"):
+            steps = _train(p, 6)
+    finally:
+        p.close()
+    events = rollout.manager.events
+    assert "crash" in events
+    after = [e for e in events[events.index("crash") + 1:] if e != "refused"]
+    assert after[0] == ("resync" if trigger == 1 else "sync", events[events.index("crash") - 1][1] + trigger - 1)
+    assert all(e[1] >= 0 for e in events if isinstance(e, tuple) and e[0] == "generate")
+    for _, m, samples in steps:
+        for s in samples:
+            k, versions = s.prompt_ids[0] - 1, s.extra["token_weight_versions"]
+            assert s.response_ids == list(range(100, 101 + k % MAX_LEN)) and s.finish_reason == "stop"
+            assert s.response_log_probs == pytest.approx([-(v + t / 100) for t, v in enumerate(versions)])
+    assert sorted(k for _, _, s in steps for k in _indices(s)) == list(range(12))  # none lost, none twice
+    assert steps[-1][1]["fully_async/count/engine_resyncs"] == 1.0
+    assert sum("replaced" in r.getMessage() for r in caplog.records) == 1  # logged once
