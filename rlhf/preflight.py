@@ -17,10 +17,10 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from rlhf.data.refs import cached_hub_file, parse_data_ref, parse_model_ref
+from rlhf.data.refs import TINY_MOE_MODELS, cached_hub_file, parse_data_ref, parse_model_ref
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "check_model_config", "model_context_length", "critic_on", "surroundings",
-           "preflight_problems", "hub_data_problems", "wandb_credentials", "hub_cached_dataset", "hub_unreachable"]
+           "preflight_problems", "routing_replay_problems", "hub_data_problems", "wandb_credentials", "hub_cached_dataset", "hub_unreachable"]
 
 #: architectures the megatron model builder maps (parallel.model_config.SUPPORTED_ARCHITECTURES, which imports
 #: torch; tests/unit/config/test_config.py keeps the two equal)
@@ -168,6 +168,43 @@ def _init_weights(cfg: Any) -> list[str]:
     return out
 
 
+def routing_replay_problems(cfg: Any) -> list[str]:
+    """MoE routing replay (``actor.router_replay.mode`` R2 / R3 or ``rollout.enable_rollout_routing_replay``) on a
+    ``model.path`` without MoE layers, from its config.json (a tiny model by name); [] when replay is off, the model
+    has MoE layers, or its config cannot be read (model.path's own check says so).  The build refuses it too
+    (rlhf.workers.build.routing_replay_on), after the engines launched."""
+    mode = cfg.actor.get("router_replay", {}).get("mode", "disabled")
+    engines = bool(cfg.rollout.get("enable_rollout_routing_replay"))
+    path = cfg.model.path
+    if (mode == "disabled" and not engines) or not path:
+        return []
+    if str(path).startswith("tiny://"):
+        moe, arch = str(path).rstrip("/") in TINY_MOE_MODELS, "a dense tiny model"
+    else:
+        from parallel.model_config import hf_model_spec
+        from parallel.preflight import load_hf_config
+
+        config = _config_json(path)
+        try:
+            hf = load_hf_config(str(config.parent)) if config and config.is_file() else None
+            moe, arch = (hf_model_spec(hf).is_moe, (hf.architectures or ["?"])[0]) if hf is not None else (True, "")
+        except (ValueError, OSError):
+            return []
+    if moe:
+        return []
+    return [routing_replay_message(mode, engines, path, arch)]
+
+
+def routing_replay_message(mode: str, engines: bool, path: Any, arch: str) -> str:
+    """The problem line of routing replay on a model without MoE layers: the keys set and their fix."""
+    what = [f"actor.router_replay.mode={mode}"] * (mode != "disabled") + \
+        ["rollout.enable_rollout_routing_replay=true"] * engines
+    fix = ["actor.router_replay.mode=disabled"] * (mode != "disabled") + \
+        ["rollout.enable_rollout_routing_replay=false"] * engines
+    return (f"{' with '.join(what)}: routing replay is for MoE models, and model.path={str(path)!r} ({arch}) has no "
+            f"MoE layer; set {' and '.join(fix)}, or give a MoE model.")
+
+
 def _files(cfg: Any) -> list[str]:
     """The data and model references, the megatron checkpoints to start from and the checkpoint to resume from."""
     from rlhf.config.objects import is_object_ref
@@ -188,7 +225,8 @@ def _files(cfg: Any) -> list[str]:
                   **{k: p[k] for k in ("num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
                                        "account_for_embedding_in_pipeline_split",
                                        "account_for_loss_in_pipeline_split")})
-    out += _model("model.path", cfg.model.path, layout) + _init_weights(cfg)
+    model = _model("model.path", cfg.model.path, layout)
+    out += model + _init_weights(cfg) + ([] if model else routing_replay_problems(cfg))
     out += _model("model.critic_path", cfg.model.critic_path) if critic_on(cfg) else []
     d = cfg.get("distill")  # the teacher: a supported family, sharded by the trainer's layout
     out += _model("distill.teacher.path", d.teacher.path, layout) if d is not None and d.enable else []

@@ -106,16 +106,18 @@ def model_config_kwargs(cfg) -> dict:
 def routing_replay_on(cfg, hf_config) -> bool:
     """Whether the actor records / replays MoE routing (parallel.router_replay): ``actor.router_replay.mode`` R2 or
     R3, or the engines return their routing (``rollout.enable_rollout_routing_replay``: `moe/routing_agreement`).
-    Raises ValueError for a model without MoE layers then (before any model is built)."""
+    Raises ConfigValidationError (rlhf.main: exit 2) for a model without MoE layers then, before any model is built;
+    ``--cfg`` with check_files refuses it already (rlhf.preflight.routing_replay_problems)."""
     from parallel.model_config import hf_model_spec
+    from rlhf.config.errors import ConfigValidationError
+    from rlhf.preflight import routing_replay_message
 
     mode = cfg.actor.get("router_replay", {}).get("mode", "disabled")
-    on = mode != "disabled" or bool(cfg.rollout.get("enable_rollout_routing_replay"))
+    engines = bool(cfg.rollout.get("enable_rollout_routing_replay"))
+    on = mode != "disabled" or engines
     if on and not hf_model_spec(hf_config).is_moe:
-        raise ValueError(f"actor.router_replay.mode={mode} / rollout.enable_rollout_routing_replay="
-                         f"{cfg.rollout.get('enable_rollout_routing_replay')}: routing replay is for MoE models, and "
-                         f"{cfg.model.path} ({hf_config.architectures[0]}) has no MoE layer; set "
-                         f"actor.router_replay.mode=disabled and rollout.enable_rollout_routing_replay=false")
+        arch = (getattr(hf_config, "architectures", None) or ["?"])[0]
+        raise ConfigValidationError([routing_replay_message(mode, engines, cfg.model.path, arch)])
     return on
 
 

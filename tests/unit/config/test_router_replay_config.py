@@ -119,3 +119,52 @@ def test_recipe_composes_at_cfg(capsys, tmp_path):
     assert "path: tiny://quickstart-moe" in out and "router_replay:\n    mode: R3" in out
     cfg = compose_config([f"trainer.default_local_dir={tmp_path}"], recipe="moe_r3_tiny_cpu")
     validate_config(cfg, world_size=1)
+
+
+#: a dense Qwen3 config.json (Qwen3-30B-A3B's attention, no experts)
+QWEN3_DENSE = {k: v for k, v in QWEN3_30B_A3B.items() if k not in (
+    "moe_intermediate_size", "num_experts", "num_experts_per_tok", "norm_topk_prob", "decoder_sparse_step",
+    "mlp_only_layers", "router_aux_loss_coef")} | {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                                                    "num_hidden_layers": 4}
+
+
+@pytest.mark.parametrize("verl", [True, False])
+def test_replay_on_a_dense_model_is_refused_at_cfg(tmp_path, verl):
+    """Routing replay on a model without MoE layers: refused at --cfg from its config.json (exit 2), naming the key
+    as typed (verl's where the user wrote verl's) and the fix -- not after the engines launched (workers/build.py)."""
+    model = tmp_path / "Qwen3-dense"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN3_DENSE))
+    pre = "actor_rollout_ref." if verl else ""
+    code, _, err = run_cfg(["job", f"{pre}model.path={model}", f"{pre}actor.router_replay.mode=R3",
+                            f"{pre}rollout.enable_rollout_routing_replay={'True' if verl else 'true'}",
+                            f"trainer.default_local_dir={tmp_path / 'ckpt'}"])
+    assert code == 2, err
+    lines = [p for p in problems(err) if "MoE" in p]
+    assert len(lines) == 1, err
+    assert f"{pre}actor.router_replay.mode=R3" in lines[0] and "Qwen3ForCausalLM" in lines[0], lines
+    assert f"set {pre}actor.router_replay.mode=disabled" in lines[0], lines
+    assert f"{pre}rollout.enable_rollout_routing_replay=false" in lines[0], lines
+    code, _, err = run_cfg(["job", f"{pre}model.path={model}", f"{pre}actor.router_replay.mode=disabled",
+                            f"trainer.default_local_dir={tmp_path / 'ckpt'}"])
+    assert code == 0, err  # replay off: the dense model is fine
+
+
+def test_replay_on_the_dense_tiny_model_is_refused_and_on_the_moe_one_taken(tmp_path):
+    code, _, err = run_cfg(["job", "recipe=quickstart", "actor.router_replay.mode=R2",
+                            f"trainer.default_local_dir={tmp_path}"])
+    assert code == 2 and any("tiny://quickstart" in p and "no MoE layer" in p for p in problems(err)), err
+    code, _, err = run_cfg(["job", "recipe=moe_r3_tiny_cpu", f"trainer.default_local_dir={tmp_path}"])
+    assert code == 0, err
+
+
+def test_the_build_time_check_is_a_config_error():
+    """A caller without check_files (rlhf.workers.build.routing_replay_on): a ConfigError (rlhf.main: exit 2)."""
+    from rlhf.config import ConfigError
+    from rlhf.workers.build import routing_replay_on
+    from transformers import Qwen3Config
+
+    cfg = compose_config(["actor.router_replay.mode=R2"])
+    with pytest.raises(ConfigError, match="no MoE layer"):
+        routing_replay_on(cfg, Qwen3Config(**{k: v for k, v in QWEN3_DENSE.items() if k != "architectures"},
+                                           architectures=["Qwen3ForCausalLM"]))
