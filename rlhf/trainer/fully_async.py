@@ -355,12 +355,18 @@ class FullyAsync:
                 self.active.remove(g)
                 self.finished.append(g)
             if stale:
-                self.resync_wanted, self.engine_resyncs = True, self.engine_resyncs + 1
-                if self.engine_resyncs == 1:
-                    log.warning("fully async: rollout engine(s) %s replaced after a crash, no fresh engine left: the "
-                                "rollouter pauses until the trainer syncs them (counted in "
-                                "fully_async/count/engine_resyncs; logged once)", stale)
+                self._hand_back(stale)
             self.cond.notify_all()
+
+    def _hand_back(self, engines: list) -> None:
+        """Under the lock: no fresh engine left; the rollouter waits until the trainer re-synced ``engines``
+        (:meth:`_resync_replaced`).  Counted, logged once."""
+        self.resync_wanted, self.engine_resyncs = True, self.engine_resyncs + 1
+        if self.engine_resyncs == 1:
+            log.warning("fully async: rollout engine(s) %s replaced after a crash, no fresh engine left: the rollouter "
+                        "pauses until the trainer syncs them (counted in fully_async/count/engine_resyncs; logged "
+                        "once)", engines)
+        self.cond.notify_all()
 
     # ---- multi-turn: the agent loop in the rollouter -------------------------------------------------
     def _run_agent(self, groups: list) -> bool:
@@ -391,7 +397,8 @@ class FullyAsync:
         per prompt, ``sampling.n`` = 1).  With ``partial_rollout`` each call is paused while a sync is wanted (the
         trajectories wait at this turn boundary) and generates in chunks of ``partial_rollout_chunk_tokens`` with the
         same pause between chunks; each sample's ``extra["token_weight_versions"]``: the version of every token.
-        Raises _Stopped after :meth:`close`, RuntimeError when engines were replaced (as the non-agent rollouter)."""
+        No fresh engine left (StaleEnginesError): the finished requests count, the others wait here for the trainer's
+        re-sync (:meth:`_hand_back`) and continue.  Raises _Stopped after :meth:`close`."""
         from rlhf.rollout.manager import StaleEnginesError
 
         want = sampling.max_new_tokens
@@ -401,7 +408,7 @@ class FullyAsync:
             if not todo:
                 break
             with self.cond:
-                while self.a.partial_rollout and self.pause_wanted and not self.stop:
+                while ((self.a.partial_rollout and self.pause_wanted) or self.resync_wanted) and not self.stop:
                     self.paused = True
                     self.cond.notify_all()
                     self.cond.wait(timeout=1.0)
@@ -414,9 +421,15 @@ class FullyAsync:
             self.calls += 1
             try:
                 outs = self.rollout.manager.generate([r.prompt_ids + r.response_ids for r in todo], chunk)
-            except StaleEnginesError as e:
-                raise RuntimeError("fully async: rollout engines were replaced during a multi-turn rollout") from e
+            except StaleEnginesError as e:  # prompt_index: the request's place in todo (n = 1)
+                outs = [None] * len(todo)
+                for out in e.samples:
+                    outs[out.prompt_index] = out
+                with self.cond:
+                    self._hand_back(e.engines)
             for r, out in zip(todo, outs):
+                if out is None:
+                    continue
                 r.response_ids += list(out.response_ids)
                 r.log_probs += list(out.response_log_probs)
                 r.versions += [version] * len(out.response_ids)

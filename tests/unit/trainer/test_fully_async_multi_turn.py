@@ -172,3 +172,50 @@ def test_fully_async_with_multi_turn_composes_at_cfg():
     with pytest.raises(ConfigValidationError, match=r"one_step_off_policy\.enable=true does not combine with "
                                                     r"rollout\.multi_turn\.enable=true"):
         validate_config(compose_config(["trainer.one_step_off_policy.enable=true", "rollout.multi_turn.enable=true"]))
+
+
+def test_an_engine_crash_mid_trajectory_is_resynced_and_the_trajectory_goes_on(tok):
+    """The only engine dies under the trajectory's second turn (StaleEnginesError, nothing finished): the rollouter
+    waits at that turn, the trainer's main thread re-syncs the replaced engine, then the turn is generated again
+    and the trajectory finishes -- no token from the replacement's checkpoint weights (version -1)."""
+    from rlhf.rollout import StaleEnginesError
+
+    cfg = compose_config(["async_training.enable=true", "rollout.multi_turn.enable=true",
+                          f"data.max_response_length={MAX_LEN}", "rollout.n=1", "actor.ppo_mini_batch_size=1",
+                          "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout=false"])
+    events = []
+
+    def before(prompt, turn):
+        if turn == 1 and "crash" not in events:
+            events.append("crash")
+            rollout.manager.version, rollout.stale = -1, [0]  # the replacement serves its checkpoint
+            raise StaleEnginesError([0], [], [0])
+        assert not rollout.stale, "a replaced engine generated before its re-sync"
+
+    rollout = Rollout(tok, before)
+    rollout.stale = []
+
+    def resync_replaced():
+        stale, rollout.stale = rollout.stale, []
+        if stale:
+            rollout.manager.version = 0
+            events.append("resync")
+        return stale
+
+    rollout.resync_replaced = resync_replaced
+
+    def finish(step, batch, started):
+        samples = started.result()
+        return samples, [1.0] * len(samples), [1.0] * len(samples), {}
+
+    p = FullyAsync(cfg, rollout, Loader(), finish, lambda k: 1000 + k, total_steps=1)
+    try:
+        [s], m = (lambda r: (r[0], r[3]))(p.next_round(1))
+    finally:
+        p.close()
+    assert events == ["crash", "resync"] and m["fully_async/count/engine_resyncs"] == 1.0
+    assert s.finish_reason == "stop" and len(s.extra["model_spans"]) == 3
+    versions, lps = s.extra["token_weight_versions"], s.response_log_probs
+    assert set(versions) == {0}
+    for a, b in s.extra["model_spans"]:
+        assert lps[a:b] == pytest.approx([-(versions[a + t] + t / 100) for t in range(b - a)])
