@@ -29,8 +29,8 @@ actor.ppo_mini_batch_size`` finished groups (``rollout.n`` samples each), in the
   rollouter keeps the samples that finished, pauses and hands the replaced engines to the trainer, which syncs them
   at its next safe point (:meth:`FullyAsync.next_round`, the main thread of every rank: the rollouter thread never
   issues a collective) -- with the actor's weights when they are still the engines' version, else with a full weight
-  sync -- then the rollouter continues the unfinished requests.  Counted in ``fully_async/count/engine_resyncs``,
-  logged once.
+  sync -- then the rollouter continues the unfinished requests (multi-turn: the trajectories wait at their engine
+  call).  Counted in ``fully_async/count/engine_resyncs``, logged once.
 * Checkpoints (drained): the prompts drawn and not yet trained (queued, generating, or waiting) are saved with the
   prompt loader's position after the last draw; a resumed run generates them first, afresh from the resumed
   weights, so no prompt is trained twice or lost.
