@@ -17,7 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from rlhf.data.refs import TINY_MOE_MODELS, cached_hub_file, parse_data_ref, parse_model_ref
+from rlhf.data.refs import cached_hub_file, parse_data_ref, parse_model_ref
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "check_model_config", "model_context_length", "critic_on", "surroundings",
            "preflight_problems", "routing_replay_problems", "hub_data_problems", "wandb_credentials", "hub_cached_dataset", "hub_unreachable"]
@@ -170,29 +170,26 @@ def _init_weights(cfg: Any) -> list[str]:
 
 def routing_replay_problems(cfg: Any) -> list[str]:
     """MoE routing replay (``actor.router_replay.mode`` R2 / R3 or ``rollout.enable_rollout_routing_replay``) on a
-    ``model.path`` without MoE layers, from its config.json (a tiny model by name); [] when replay is off, the model
-    has MoE layers, or its config cannot be read (model.path's own check says so).  The build refuses it too
-    (rlhf.workers.build.routing_replay_on), after the engines launched."""
+    ``model.path`` without MoE layers, from its config.json; [] when replay is off, the model has MoE layers, or its
+    config.json is not at hand (a hub model not downloaded, a tiny model, whose config.json is made at run time) or
+    cannot be read (model.path's own check says so).  The build refuses it too (rlhf.workers.build.routing_replay_on,
+    a ConfigValidationError: exit 2), after the engines launched."""
     mode = cfg.actor.get("router_replay", {}).get("mode", "disabled")
     engines = bool(cfg.rollout.get("enable_rollout_routing_replay"))
     path = cfg.model.path
-    if (mode == "disabled" and not engines) or not path:
+    if (mode == "disabled" and not engines) or not path or str(path).startswith("tiny://"):
         return []
-    if str(path).startswith("tiny://"):
-        moe, arch = str(path).rstrip("/") in TINY_MOE_MODELS, "a dense tiny model"
-    else:
-        from parallel.model_config import hf_model_spec
-        from parallel.preflight import load_hf_config
+    from parallel.model_config import hf_model_spec
+    from parallel.preflight import load_hf_config
 
-        config = _config_json(path)
-        try:
-            hf = load_hf_config(str(config.parent)) if config and config.is_file() else None
-            moe, arch = (hf_model_spec(hf).is_moe, (hf.architectures or ["?"])[0]) if hf is not None else (True, "")
-        except (ValueError, OSError):
+    config = _config_json(path)
+    try:
+        hf = load_hf_config(str(config.parent)) if config and config.is_file() else None
+        if hf is None or hf_model_spec(hf).is_moe:
             return []
-    if moe:
+    except (ValueError, OSError):
         return []
-    return [routing_replay_message(mode, engines, path, arch)]
+    return [routing_replay_message(mode, engines, path, (hf.architectures or ["?"])[0])]
 
 
 def routing_replay_message(mode: str, engines: bool, path: Any, arch: str) -> str:

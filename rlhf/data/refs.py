@@ -40,7 +40,6 @@ _HUB_MODEL = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 #: (rlhf.quickstart.calc; recipe calc_tool_tiny_cpu); tiny://quickstart-moe: the same on a tiny Qwen3-MoE (recipe
 #: moe_r3_tiny_cpu)
 TINY_MODELS = ("tiny://quickstart", "tiny://quickstart-init", "tiny://calc", "tiny://quickstart-moe")
-TINY_MOE_MODELS = ("tiny://quickstart-moe",)  # the tiny models with MoE layers
 
 
 @dataclass(frozen=True)

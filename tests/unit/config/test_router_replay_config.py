@@ -150,14 +150,6 @@ def test_replay_on_a_dense_model_is_refused_at_cfg(tmp_path, verl):
     assert code == 0, err  # replay off: the dense model is fine
 
 
-def test_replay_on_the_dense_tiny_model_is_refused_and_on_the_moe_one_taken(tmp_path):
-    code, _, err = run_cfg(["job", "recipe=quickstart", "actor.router_replay.mode=R2",
-                            f"trainer.default_local_dir={tmp_path}"])
-    assert code == 2 and any("tiny://quickstart" in p and "no MoE layer" in p for p in problems(err)), err
-    code, _, err = run_cfg(["job", "recipe=moe_r3_tiny_cpu", f"trainer.default_local_dir={tmp_path}"])
-    assert code == 0, err
-
-
 def test_the_build_time_check_is_a_config_error():
     """A caller without check_files (rlhf.workers.build.routing_replay_on): a ConfigError (rlhf.main: exit 2)."""
     from rlhf.config import ConfigError
