@@ -1,6 +1,7 @@
 """Launch torchrun scripts and trainer runs from pytest; parse the scripts' `CHECK name PASS|FAIL detail` lines."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -92,3 +93,23 @@ def run_group(cmd: list[str], timeout: float = 900, env: dict | None = None) -> 
         rc = finish_group(start_group(cmd, log, env), timeout)
         log.seek(0)
         return rc, log.read()
+
+
+@contextlib.contextmanager
+def one_rank_grid(store_dir):
+    """In this pytest process: a gloo process group of one rank (file store in `store_dir`) with megatron's TP1 x PP1
+    grid, torn down on exit (parallel.distributed.destroy_distributed).  Skips the test when a process group exists
+    already (another in-process module's)."""
+    import pytest
+    import torch.distributed as dist
+
+    from parallel.distributed import destroy_distributed, init_model_parallel
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialised in this pytest process")
+    dist.init_process_group("gloo", init_method=f"file://{store_dir / 'store'}", rank=0, world_size=1)
+    try:
+        init_model_parallel(1, 1)
+        yield
+    finally:
+        destroy_distributed()

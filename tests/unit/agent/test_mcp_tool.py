@@ -7,7 +7,6 @@ import json
 import sys
 
 import pytest
-import yaml
 
 from rlhf.agent.config import MultiTurnSettings, config_problems, load_tool_specs
 from rlhf.agent.loop import AgentLoop

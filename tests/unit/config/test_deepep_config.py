@@ -35,8 +35,8 @@ def test_verl_keys_reach_the_transformer_config():
                                                        if k != "make_vocab_size_divisible_by"})
     assert (default.moe_token_dispatcher_type, default.moe_enable_deepep) == ("alltoall", False)
     # the reference / critic sections take the actor's (verl's scripts set them on the actor only)
-    assert compose_config([*DEEPEP, f"+actor_rollout_ref.ref.megatron.override_transformer_config."
-                                    f"moe_token_dispatcher_type=alltoall"]).model.moe_token_dispatcher_type == "flex"
+    assert compose_config([*DEEPEP, "+actor_rollout_ref.ref.megatron.override_transformer_config."
+                                    "moe_token_dispatcher_type=alltoall"]).model.moe_token_dispatcher_type == "flex"
 
 
 @pytest.mark.parametrize("overrides, expected", [

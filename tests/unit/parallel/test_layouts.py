@@ -9,17 +9,10 @@ import torch
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
-    import torch.distributed as dist
+    from tests.support.dist_utils import one_rank_grid
 
-    from parallel.distributed import destroy_distributed, init_model_parallel
-
-    store = tmp_path_factory.mktemp("store") / "s"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        init_model_parallel(1, 1)
+    with one_rank_grid(tmp_path_factory.mktemp("pg")):
         yield
-    finally:
-        destroy_distributed()
 
 
 def test_second_grid_keeps_the_trainers_gloo_groups_alive(grid):

@@ -14,24 +14,16 @@ from parallel.offload import PARTS, RoleOffload, role_tensors
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    import torch.distributed as dist
     from transformers import AutoConfig
 
-    from parallel.distributed import destroy_distributed, init_model_parallel
     from rlhf.quickstart.tiny import make_tiny_hf_model
+    from tests.support.dist_utils import one_rank_grid
 
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this pytest process")
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        init_model_parallel(1, 1)
+    with one_rank_grid(tmp_path_factory.mktemp("pg")):
         path = tmp_path_factory.mktemp("tiny")
         make_tiny_hf_model(path, kind="llama_gqa", vocab_size=256, hidden_size=32, num_layers=2,
                            max_position_embeddings=256)
         yield str(path), AutoConfig.from_pretrained(path)
-    finally:
-        destroy_distributed()
 
 
 def _cfg(**over):

@@ -34,26 +34,19 @@ def test_filler_and_pad_are_valid_distinct_experts():
 
 @pytest.fixture(scope="module")
 def moe(tmp_path_factory):
-    import torch.distributed as dist
     from transformers import AutoConfig
 
-    from parallel.distributed import destroy_distributed, init_model_parallel, set_seed
+    from parallel.distributed import set_seed
     from parallel.models import build_model_chunks
+    from tests.support.dist_utils import one_rank_grid
     from tests.support.model_families import make_family_model
 
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this pytest process")
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        init_model_parallel(1, 1)
+    with one_rank_grid(tmp_path_factory.mktemp("pg")):
         path = str(tmp_path_factory.mktemp("qwen3_moe"))
         make_family_model(path, "qwen3_moe", num_layers=2)
         set_seed(0)
         bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path, moe_enable_routing_replay=True)
         yield bundle
-    finally:
-        destroy_distributed()
 
 
 def _batch(seed=0, B=3, S=10, vocab=1000):

@@ -110,20 +110,14 @@ def test_gsm8k_tiny_padding_efficiency(monkeypatch, gsm8k_steps):
 # ------------------------------------------------------------------ a real tiny megatron model, one process
 @pytest.fixture(scope="module")
 def tiny_actor(tmp_path_factory, gsm8k_steps):
-    import torch.distributed as dist
-
-    from parallel.distributed import destroy_distributed, init_model_parallel, set_seed
+    from parallel.distributed import set_seed
     from parallel.models import build_model_chunks
     from parallel.optim import OptimConfig, build_train_state
     from rlhf.quickstart.tiny import make_tiny_hf_model
+    from tests.support.dist_utils import one_rank_grid
     from transformers import AutoConfig
 
-    if dist.is_initialized():
-        pytest.skip("a process group is already initialised in this pytest process")
-    store = tmp_path_factory.mktemp("pg") / "store"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    try:
-        init_model_parallel(1, 1)
+    with one_rank_grid(tmp_path_factory.mktemp("pg")):
         set_seed(0)
         path = tmp_path_factory.mktemp("tiny")
         make_tiny_hf_model(path, kind="llama_gqa", vocab_size=400, hidden_size=32, num_layers=2,
@@ -131,15 +125,13 @@ def tiny_actor(tmp_path_factory, gsm8k_steps):
         bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", str(path))
         state = build_train_state(bundle.chunks, bundle.config, OptimConfig(lr=0.0, clip_grad=1e9))
         yield bundle, state
-    finally:
-        destroy_distributed()
 
 
 def _actor(bundle, state, budget):
     from rlhf.config import compose_config
     from rlhf.workers.actor import MegatronActor
 
-    dynamic = [f"actor.use_dynamic_bsz=true", f"actor.ppo_max_token_len_per_gpu={budget}"] if budget else []
+    dynamic = ["actor.use_dynamic_bsz=true", f"actor.ppo_max_token_len_per_gpu={budget}"] if budget else []
     cfg = compose_config(["actor.ppo_mini_batch_size=4", "actor.ppo_micro_batch_size_per_gpu=8",
                           "actor.log_prob_micro_batch_size_per_gpu=8", "actor.entropy_coeff=0.01", *dynamic]).actor
     return MegatronActor(bundle, state, cfg)
