@@ -44,6 +44,16 @@ def test_verl_keys_map_onto_ours():
     assert default.actor.router_replay.mode == "disabled" and default.rollout.enable_rollout_routing_replay is False
 
 
+def test_verl_reference_router_replay_is_named_as_without_effect(caplog):
+    """verl's ``actor_rollout_ref.ref.router_replay.mode``: verl's compute_ref_log_prob sets no RouterReplay action,
+    so the reference routes on its own there as here; the key is accepted and the warning says why."""
+    with caplog.at_level("WARNING", logger="rlhf.config"):
+        cfg = compose_config(["actor_rollout_ref.ref.router_replay.mode=R3"])
+    assert cfg.actor.router_replay.mode == "disabled"
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert "actor_rollout_ref.ref.router_replay.mode (the reference routes on its own, as verl's" in msg, msg
+
+
 def test_verl_r3_example_composes_on_a_qwen3_30b_a3b_config(paths, monkeypatch):
     """verl's R3 example on a config.json of Qwen3-30B-A3B's sizes: its routing-replay and DeepEP keys are taken
     (DeepEP's CUDA / deep_ep check comes at start); what is still refused is one other feature, colocated engines

@@ -1,6 +1,7 @@
 """MoE routing replay (parallel/router_replay.py) on a real tiny Qwen3-MoE megatron model, one gloo process (TP1):
 replayed routing equals the given indices token by token, replaying the model's own routing changes no log-prob,
-replaying other experts changes them, and the agreement metric against hand-counted pairs.  EP2 and PP2 run in
+replaying other experts changes them, and the agreement metric against hand-counted pairs; the reference and the
+critic route on their own under R3 (as verl's), the LoRA reference replays through the actor's forward.  EP2 and PP2 run in
 tests/support/dist/router_replay_checks.py (tests/e2e/test_router_replay_dist.py)."""
 from __future__ import annotations
 
@@ -33,20 +34,29 @@ def test_filler_and_pad_are_valid_distinct_experts():
 
 
 @pytest.fixture(scope="module")
-def moe(tmp_path_factory):
-    from transformers import AutoConfig
-
+def moe_path(tmp_path_factory):
+    """A tiny Qwen3-MoE HF directory (2 layers, 8 experts, top-2), with the module's one-rank megatron grid up (and
+    parallel.distributed.set_seed's CPU patches applied, as a trainer does before building)."""
     from parallel.distributed import set_seed
-    from parallel.models import build_model_chunks
     from tests.support.dist_utils import one_rank_grid
     from tests.support.model_families import make_family_model
 
     with one_rank_grid(tmp_path_factory.mktemp("pg")):
+        set_seed(0)
         path = str(tmp_path_factory.mktemp("qwen3_moe"))
         make_family_model(path, "qwen3_moe", num_layers=2)
-        set_seed(0)
-        bundle = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path, moe_enable_routing_replay=True)
-        yield bundle
+        yield path
+
+
+@pytest.fixture(scope="module")
+def moe(moe_path):
+    from transformers import AutoConfig
+
+    from parallel.distributed import set_seed
+    from parallel.models import build_model_chunks
+
+    set_seed(0)
+    return build_model_chunks(AutoConfig.from_pretrained(moe_path), "actor", moe_path, moe_enable_routing_replay=True)
 
 
 def _batch(seed=0, B=3, S=10, vocab=1000):
@@ -194,3 +204,88 @@ def test_actor_routing_under_dynamic_batching_equals_padded(moe):
     assert d3["metrics"] == p3["metrics"] == {"moe/routing_agreement": 1.0}
     assert (d3["log_probs"] - p3["log_probs"]).abs().max().item() <= 1e-5
     assert (d3["log_probs"] - d2["log_probs"]).abs().max().item() > 1e-3  # the replay changed them
+
+
+def _replay_cfg(*extra):
+    from rlhf.config import compose_config
+
+    return compose_config(["actor.router_replay.mode=R3", "rollout.enable_rollout_routing_replay=true",
+                           "model.dtype=float32", "actor.log_prob_micro_batch_size_per_gpu=3", *extra])
+
+
+def _r3_batch(seed=7):
+    """A batch with `responses`, the response layout the workers need, and engine routing G [3, 10, 2, 2] that
+    differs from the model's own."""
+    batch = _batch(seed=seed)
+    batch["responses"] = batch["input_ids"][:, -4:]
+    batch["prompt_length"] = 6
+    batch["response_mask"] = batch["attention_mask"][:, -4:]
+    g = torch.Generator().manual_seed(seed)
+    batch["routed_experts"] = torch.rand(3, 10, 2, 8, generator=g).argsort(-1)[..., :2].to(torch.int16)
+    batch["routed_experts_mask"] = batch["attention_mask"].bool()
+    return batch
+
+
+def test_reference_and_critic_route_on_their_own_under_r3_as_verl(moe, moe_path):
+    """verl replays routing only in the actor's forwards: compute_ref_log_prob (verl/workers/megatron_workers.py)
+    sets no RouterReplay action, so a separate reference routes on its own under R2 and R3; its critic has no
+    routing replay.  Here: build_reference / build_critic under R3 build no replay, the reference's log-probs equal
+    the unreplayed forward of the same weights exactly and differ from the actor's replayed ones; the critic's values
+    do not depend on the batch's routing."""
+    from transformers import AutoConfig
+
+    from rlhf.workers.actor import MegatronActor
+    from rlhf.workers.build import build_critic, build_reference
+
+    cfg, batch = _replay_cfg(), _r3_batch()
+    hf = AutoConfig.from_pretrained(moe_path)
+    ref = build_reference(cfg, hf, moe_path, temperature=1.0)
+    assert ref.routing is None and not getattr(ref.bundle.config, "moe_enable_routing_replay", False)
+    got = ref.compute_log_prob(batch)
+    assert set(got) == {"log_probs"}  # no routing, no moe/routing_agreement
+    actor = MegatronActor(moe, None, cfg.actor, router_replay="R3")  # the same HF weights, built for replay
+    try:
+        replayed = actor.compute_log_prob(batch)
+        actor.router_replay = "disabled"
+        own = actor.compute_log_prob(batch)
+    finally:
+        actor.routing.close()
+    assert replayed["metrics"] == {"moe/routing_agreement": 1.0}
+    assert own["metrics"]["moe/routing_agreement"] < 1.0  # the engine routing differs from the model's
+    assert torch.equal(got["log_probs"], own["log_probs"])
+    assert (got["log_probs"] - replayed["log_probs"]).abs().max().item() > 1e-3
+
+    critic = build_critic(cfg, moe_path)
+    assert not getattr(critic.bundle.config, "moe_enable_routing_replay", False)
+    other = {**batch, "routed_experts": torch.flip(batch["routed_experts"], [0])}
+    assert torch.equal(critic.compute_values(batch), critic.compute_values(other))
+
+
+def test_lora_reference_replays_the_engine_routing_under_r3_as_verl(moe_path):
+    """With LoRA the reference is the actor with its adapters off (verl: compute_ref_log_prob -> compute_log_prob
+    with is_lora, which sets REPLAY_FORWARD under R3 and RECORD under R2).  At step 0 (B = 0) its log-probs under R3
+    equal the actor's replayed ones exactly and differ from the unreplayed forward; under R2 it records, so its
+    log-probs are the unreplayed ones."""
+    from transformers import AutoConfig
+
+    from rlhf.workers.build import build_actor, build_reference
+    from rlhf.workers.lora_reference import AdapterOffReference
+
+    cfg, batch = _replay_cfg("model.lora.rank=2", "model.lora.target_modules=[linear_qkv,linear_proj]"), _r3_batch(seed=8)
+    hf = AutoConfig.from_pretrained(moe_path)
+    actor = build_actor(cfg, hf, moe_path, temperature=1.0)
+    try:
+        ref = build_reference(cfg, hf, moe_path, temperature=1.0, actor=actor)
+        assert isinstance(ref, AdapterOffReference)
+        replayed = actor.compute_log_prob(batch)["log_probs"]
+        got = ref.compute_log_prob(batch)
+        assert torch.equal(got["log_probs"], replayed)
+        assert got["metrics"] == {"moe/routing_agreement": 1.0}
+        actor.router_replay = "R2"
+        r2 = ref.compute_log_prob(batch)["log_probs"]
+        actor.router_replay = "disabled"
+        own = ref.compute_log_prob(batch)["log_probs"]
+        assert torch.equal(r2, own)
+        assert (got["log_probs"] - own).abs().max().item() > 1e-3
+    finally:
+        actor.routing.close()
