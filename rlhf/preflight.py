@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional
 from rlhf.data.refs import cached_hub_file, parse_data_ref, parse_model_ref
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "check_model_config", "model_context_length", "critic_on", "surroundings",
-           "preflight_problems", "routing_replay_problems", "hub_data_problems", "wandb_credentials", "hub_cached_dataset", "hub_unreachable"]
+           "preflight_problems", "routing_replay_problems", "hf_config_at_hand", "model_is_moe", "hub_data_problems",
+           "wandb_credentials", "hub_cached_dataset", "hub_unreachable"]
 
 #: architectures the megatron model builder maps (parallel.model_config.SUPPORTED_ARCHITECTURES, which imports
 #: torch; tests/unit/config/test_config.py keeps the two equal)
@@ -177,19 +178,38 @@ def routing_replay_problems(cfg: Any) -> list[str]:
     mode = cfg.actor.get("router_replay", {}).get("mode", "disabled")
     engines = bool(cfg.rollout.get("enable_rollout_routing_replay"))
     path = cfg.model.path
-    if (mode == "disabled" and not engines) or not path or str(path).startswith("tiny://"):
+    if mode == "disabled" and not engines:
         return []
-    from parallel.model_config import hf_model_spec
+    hf = hf_config_at_hand(path)
+    if hf is None or model_is_moe(hf):
+        return []
+    return [routing_replay_message(mode, engines, path, (hf.architectures or ["?"])[0])]
+
+
+def hf_config_at_hand(path: Any) -> Optional[Any]:
+    """The HF config (transformers PretrainedConfig) of a model reference from its config.json, when a local
+    directory or an already downloaded hub model holds one that loads; None otherwise: a tiny model (its config.json
+    is made at run time), a hub model not downloaded, an unreadable file (the path's own check says so)."""
+    if not path or str(path).startswith("tiny://"):
+        return None
     from parallel.preflight import load_hf_config
 
     config = _config_json(path)
     try:
-        hf = load_hf_config(str(config.parent)) if config and config.is_file() else None
-        if hf is None or hf_model_spec(hf).is_moe:
-            return []
+        return load_hf_config(str(config.parent)) if config and config.is_file() else None
     except (ValueError, OSError):
-        return []
-    return [routing_replay_message(mode, engines, path, (hf.architectures or ["?"])[0])]
+        return None
+
+
+def model_is_moe(hf: Any) -> bool:
+    """Whether the HF config `hf` has MoE layers (parallel.model_config.hf_model_spec); True for a family not
+    supported here (the model's own check refuses it, and no second refusal should stand beside it)."""
+    from parallel.model_config import hf_model_spec
+
+    try:
+        return hf_model_spec(hf).is_moe
+    except ValueError:
+        return True
 
 
 def routing_replay_message(mode: str, engines: bool, path: Any, arch: str) -> str:

@@ -259,6 +259,12 @@ def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[i
                    "rollouts, which the DPO trainer does not generate; use a PPO-family algorithm (e.g. "
                    "algorithm.adv_estimator=grpo), or set distill.enable=false.")
     out += _teacher_layout(cfg, world_size)
+    if check_files and d.teacher.path and teacher_dispatcher_refused(cfg):
+        from rlhf.preflight import hf_config_at_hand, model_is_moe
+
+        hf = hf_config_at_hand(d.teacher.path)  # a dense teacher has no dispatcher; unknown here: checked at build
+        if hf is not None and model_is_moe(hf):
+            out.append(teacher_dispatcher_message(cfg))
     if check_files and d.teacher.path:
         student_ref = cfg.model.tokenizer_path or cfg.model.path
         student, teacher = (files_vocab(tokenizer_dir(cfg, p)) for p in (student_ref, d.teacher.path))
@@ -283,6 +289,28 @@ def teacher_layout(cfg: Any) -> Optional[tuple[int, int]]:
     tp = t.get("tensor_model_parallel_size") or p.tensor_model_parallel_size
     pp = t.get("pipeline_model_parallel_size") or p.pipeline_model_parallel_size
     return None if (tp, pp) == (p.tensor_model_parallel_size, p.pipeline_model_parallel_size) else (tp, pp)
+
+
+def teacher_dispatcher_refused(cfg: Any) -> bool:
+    """Whether a MoE teacher on a grid of its own (:func:`teacher_layout`; expert parallel size 1 there,
+    parallel.layouts) would run megatron-core's flex dispatcher at TP x EP = 1, which it refuses when the model is
+    built (megatron-core 0.16.1 token_dispatcher.py MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP >
+    1'; its TP is the expert tensor parallel size, the teacher's TP)."""
+    layout = teacher_layout(cfg)
+    return layout is not None and layout[0] < 2 and cfg.model.get("moe_token_dispatcher_type") == "flex"
+
+
+def teacher_dispatcher_message(cfg: Any) -> str:
+    """The one-line refusal of :func:`teacher_dispatcher_refused`, naming the keys and the fixes."""
+    t, p = cfg.distill.teacher, cfg.parallel
+    tp = t.tensor_model_parallel_size
+    tp = tp if tp is not None else f"null (parallel.tensor_model_parallel_size={p.tensor_model_parallel_size})"
+    return (f"model.moe_token_dispatcher_type=flex with the MoE teacher distill.teacher.path={t.path!r} on a grid of "
+            f"its own (distill.teacher.tensor_model_parallel_size={tp}, distill.teacher.pipeline_model_parallel_size="
+            f"{t.pipeline_model_parallel_size}): that grid has expert parallel size 1, so TP x EP = 1 there, and "
+            f"megatron-core's flex dispatcher needs more than one ('Flex token dispatcher requires TPxEP > 1'); set "
+            f"distill.teacher.tensor_model_parallel_size > 1, or both distill.teacher sizes to null (the teacher "
+            f"sharded like the actor, with its expert parallelism), or model.moe_token_dispatcher_type=alltoall.")
 
 
 def _teacher_layout(cfg: Any, world_size: Optional[int]) -> list[str]:

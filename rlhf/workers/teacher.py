@@ -13,8 +13,10 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from parallel.layouts import ParallelLayout
+from parallel.model_config import hf_model_spec
 from parallel.models import build_model_chunks
-from rlhf.config.validate import mismatch_message, teacher_layout, vocab_mismatch
+from rlhf.config.validate import (mismatch_message, teacher_dispatcher_message, teacher_dispatcher_refused,
+                                  teacher_layout, vocab_mismatch)
 from rlhf.config.errors import ConfigValidationError
 
 from .actor import MegatronActor
@@ -85,7 +87,9 @@ def build_teacher(cfg, path: str, hf_config, *, temperature: float) -> MegatronA
     forwards with ``distill.teacher.param_offload``.  With ``distill.teacher.tensor/pipeline_model_parallel_size``
     other than the trainer's, the teacher lives on a grid of its own over the same ranks (a :class:`LayoutTeacher`;
     sequence parallel only at TP > 1, the student's uneven pipeline split not applied).  Raises ValueError when its
-    sizes do not divide the world or the teacher's model (before any allocation)."""
+    sizes do not divide the world or the teacher's model (before any allocation), ConfigValidationError (rlhf.main:
+    exit 2) for a MoE teacher on a grid of its own at TP 1 with model.moe_token_dispatcher_type=flex (megatron's flex
+    dispatcher needs TP x EP > 1; rlhf.config.validate.teacher_dispatcher_message)."""
     section = OmegaConf.create(OmegaConf.to_container(cfg.actor, resolve=True))
     mbs = cfg.distill.teacher.log_prob_micro_batch_size_per_gpu
     if mbs is not None:
@@ -96,6 +100,8 @@ def build_teacher(cfg, path: str, hf_config, *, temperature: float) -> MegatronA
         teacher = MegatronActor(bundle, None, section, temperature=temperature)
     else:
         tp, pp = own
+        if teacher_dispatcher_refused(cfg) and hf_model_spec(hf_config).is_moe:  # --cfg checks it from config.json
+            raise ConfigValidationError([teacher_dispatcher_message(cfg)])
         kwargs.update(sequence_parallel=kwargs["sequence_parallel"] and tp > 1, num_layers_in_first_pipeline_stage=None,
                       num_layers_in_last_pipeline_stage=None, account_for_embedding_in_pipeline_split=False,
                       account_for_loss_in_pipeline_split=False)

@@ -129,3 +129,48 @@ def test_misspelt_distill_keys_get_the_nearest_key(typed, nearest, capsys, tmp_p
     # verl's own distillation keys still read as "distillation is off"
     assert main(["recipe=quickstart", f"trainer.default_local_dir={tmp_path}", "distillation.nnodes=1",
                  "distillation.teacher_models.teacher_model.model_path=x", "--cfg", "job"]) == 0
+
+
+def test_moe_teacher_on_its_own_grid_with_the_flex_dispatcher_is_refused_at_cfg(tmp_path):
+    """megatron-core's flex dispatcher asserts TP x EP > 1 when a MoE layer is built; a teacher on a grid of its own
+    has expert parallel size 1 (parallel.layouts), so at teacher TP 1 a MoE teacher is refused at --cfg (from its
+    config.json), naming the teacher's keys and the fixes (exit 2); a dense teacher, teacher TP 2, or the teacher on
+    the trainer's grid (with its EP 2) pass."""
+    import json
+
+    from rlhf.config.validate import distill_problems
+    from tests.support.verl_examples import problems, run_cfg
+    from tests.unit.config.test_router_replay_config import QWEN3_30B_A3B, QWEN3_DENSE
+
+    for name, config in (("moe", QWEN3_30B_A3B), ("dense", QWEN3_DENSE)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    base = ["distill.enable=true", f"trainer.default_local_dir={tmp_path / 'out'}", "model.moe_token_dispatcher_type=flex",
+            "parallel.expert_model_parallel_size=2", "data.train_batch_size=2", "rollout.n=2",
+            "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2"]
+    moe = base + [f"distill.teacher.path={tmp_path / 'moe'}"]
+    own = ["distill.teacher.pipeline_model_parallel_size=2"]
+    want = (f"model.moe_token_dispatcher_type=flex with the MoE teacher distill.teacher.path='{tmp_path / 'moe'}' on a "
+            "grid of its own (distill.teacher.tensor_model_parallel_size=null (parallel.tensor_model_parallel_size=1), "
+            "distill.teacher.pipeline_model_parallel_size=2): that grid has expert parallel size 1, so TP x EP = 1 "
+            "there, and megatron-core's flex dispatcher needs more than one ('Flex token dispatcher requires TPxEP > "
+            "1'); set distill.teacher.tensor_model_parallel_size > 1, or both distill.teacher sizes to null (the "
+            "teacher sharded like the actor, with its expert parallelism), or model.moe_token_dispatcher_type=alltoall.")
+    assert distill_problems(compose_config(moe + own), check_files=True, world_size=2) == [want]
+    for fine in (moe,  # the trainer's grid: EP 2
+                 moe + ["distill.teacher.tensor_model_parallel_size=2"],  # TP 2 x EP 1
+                 moe + own + ["model.moe_token_dispatcher_type=alltoall"],
+                 base + [f"distill.teacher.path={tmp_path / 'dense'}"] + own):  # no MoE layer, no dispatcher
+        assert distill_problems(compose_config(fine), check_files=True, world_size=2) == [], fine
+    code, _, err = run_cfg(["job", *moe, *own])
+    assert code == 2 and want in problems(err), err
+    # a teacher whose config.json is not at hand at --cfg (tiny://, a hub model not downloaded): refused at build, on
+    # the loaded config, before its grid or any model exists
+    from transformers import AutoConfig
+
+    from rlhf.workers.teacher import build_teacher
+
+    with pytest.raises(ConfigValidationError) as e:
+        build_teacher(compose_config(moe + own), str(tmp_path / "moe"), AutoConfig.from_pretrained(tmp_path / "moe"),
+                      temperature=1.0)
+    assert e.value.problems == [want]
