@@ -39,29 +39,18 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from tests.support.dist.checks import RESULTS, report_rank0 as report  # noqa: E402 (rank 0 decides)
 
 MODELS = {"A": "qwen2_tied", "B": "llama_gqa"}
 ENGINE_TP = {"A": 1, "B": 2}
 PROMPTS = [[1, 57, 112, 9, 300], [1, 7, 7, 250, 31, 18, 44], [1, 399, 5]]
 MAX_NEW = 8
-RESULTS = []
 PATHS = {}  # key -> the checkpoint its engine started from (main)
 
 
 def log(msg):
     if dist.get_rank() == 0:
         print(f"[bridge_e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def report(name, ok, detail=""):
-    """Rank 0 decides; everyone learns the verdict."""
-    box = [(bool(ok), str(detail))]
-    dist.broadcast_object_list(box, src=0)
-    ok, detail = box[0]
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".replace("\n", " "), flush=True)
-    RESULTS.append((name, ok))
-    return ok
 
 
 def make_models(workdir):

@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 import time
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -32,6 +31,7 @@ import torch.distributed as dist  # noqa: E402
 import rlhf.workers.rollout  # noqa: E402
 from tests.support.fake_accelerator import DeviceError, FakeAccelerator, OnAccel  # noqa: E402
 from tests.support.hf_sampling_engine import start_hf_sampling_engine  # noqa: E402
+from tests.support.dist.checks import run_check  # noqa: E402
 
 rlhf.workers.rollout.start_rollout = start_hf_sampling_engine
 T0 = time.time()
@@ -40,25 +40,6 @@ T0 = time.time()
 def log(msg):
     if dist.get_rank() == 0:
         print(f"[device_checks {time.time() - T0:6.1f}s] {msg}", flush=True)
-
-
-def report(name, ok, detail=""):
-    """Every rank's verdict; rank 0 prints the AND of them."""
-    verdicts = [None] * dist.get_world_size()
-    dist.all_gather_object(verdicts, (bool(ok), str(detail)))
-    ok = all(v[0] for v in verdicts)
-    detail = "; ".join(f"rank {r}: {d}" for r, (_, d) in enumerate(verdicts) if d)
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".replace("\n", " "), flush=True)
-
-
-def run_check(name, fn):
-    """`fn()` -> (ok, detail); an exception is a FAIL with its message (every rank must reach report)."""
-    try:
-        ok, detail = fn()
-    except Exception as e:  # noqa: BLE001
-        ok, detail = False, f"{type(e).__name__}: {e} | {traceback.format_exc(limit=-3)}"
-    report(name, ok, detail)
 
 
 def trainer(model, workdir, overrides):

@@ -12,7 +12,6 @@ import argparse
 import os
 import shutil
 import sys
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -22,34 +21,16 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from tests.support.dist.checks import run_check, summary  # noqa: E402
 
 DENSE = ["llama3", "llama3_custom", "qwen2_5", "qwen3"]
 MOE = ["qwen3_moe", "mixtral", "deepseek_v3"]
 # (tp, pp, ep, num_layers_in_first_pipeline_stage)
 LAYOUTS = [(1, 1, 1, None), (2, 1, 1, None), (1, 2, 1, None), (1, 1, 2, None), (2, 1, 2, None), (1, 2, 1, 1)]
-RESULTS = []
 
 
 def layout_name(tp, pp, ep, first):
     return f"tp{tp}pp{pp}" + (f"ep{ep}" if ep > 1 else "") + (f"_first{first}" if first else "")
-
-
-def report(name, ok, detail=""):
-    flag = torch.tensor([1.0 if ok else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    ok = bool(flag.item())
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
-    RESULTS.append((name, ok))
-
-
-def run_check(name, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # one failing check must not hide the others
-        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-        traceback.print_exc()
-    report(name, ok, detail)
 
 
 def init_parallel(tp, pp, ep):
@@ -300,9 +281,7 @@ def main():
         set_seed(99)
         run_check("dist_checkpoint_qwen3_moe_tp2ep2_save_pp2_load",
                   lambda: dcp_load_check("qwen3_moe", paths["qwen3_moe"], ckpt))
-    n_fail = sum(not ok for _, ok in RESULTS)
-    if dist.get_rank() == 0:
-        print(f"SUMMARY {len(RESULTS) - n_fail} passed, {n_fail} failed", flush=True)
+    summary()
     dist.barrier()
     dist.destroy_process_group()
 

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import sys
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -21,28 +20,10 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from tests.support.dist.checks import run_check, summary  # noqa: E402
 
 KINDS = ["llama_gqa", "llama_mha", "qwen2_tied", "llama_square"]
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2)]
-RESULTS = []
-
-
-def report(name, ok, detail=""):
-    flag = torch.tensor([1.0 if ok else 0.0], device=DEVICE)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    ok = bool(flag.item())
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
-    RESULTS.append((name, ok))
-
-
-def run_check(name, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # a failure on one check must not hide the others
-        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-        traceback.print_exc()
-    report(name, ok, detail)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -472,9 +453,7 @@ def main():
         return False, "no error raised"
 
     run_check("missing_tensor_error_names_it", missing_tensor_check)
-    n_fail = sum(not ok for _, ok in RESULTS)
-    if dist.get_rank() == 0:
-        print(f"SUMMARY {len(RESULTS) - n_fail} passed, {n_fail} failed", flush=True)
+    summary()
     dist.barrier()
     dist.destroy_process_group()
 

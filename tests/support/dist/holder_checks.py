@@ -43,6 +43,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from tests.support.dist.checks import report_rank0 as report  # noqa: E402 (rank 0 decides)
 
 #: (trainer tp, trainer pp, engines, engine tp): world 4
 LAYOUTS = [
@@ -62,16 +63,6 @@ LOAD_DELAY_S = 0.03  # the engines' loading of a bucket starts this long after t
 
 def layout_name(tp, pp, n, etp):
     return f"tp{tp}pp{pp}_{n}x{etp}"
-
-
-def report(name, ok, detail=""):
-    """Rank 0 decides (it holds the engines); everyone learns the verdict."""
-    box = [bool(ok)]
-    dist.broadcast_object_list(box, src=0)
-    ok = box[0]
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".replace("\n", " "), flush=True)
-    return ok
 
 
 class Fleet:

@@ -30,7 +30,6 @@ Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0.
 import argparse
 import os
 import sys
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -41,29 +40,11 @@ import torch.distributed as dist  # noqa: E402
 
 import rlhf.workers.rollout  # noqa: E402
 from tests.support.hf_sampling_engine import start_hf_sampling_engine  # noqa: E402
+from tests.support.dist.checks import run_check  # noqa: E402
 
 rlhf.workers.rollout.start_rollout = start_hf_sampling_engine
 STEP_METRICS = ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "critic/score/mean",
                 "actor/rollout_log_prob_diff")
-
-
-def report(name, ok, detail=""):
-    """Every rank's verdict; rank 0 prints the AND of them."""
-    verdicts = [None] * dist.get_world_size()
-    dist.all_gather_object(verdicts, (bool(ok), str(detail)))
-    ok = all(v[0] for v in verdicts)
-    detail = "; ".join(dict.fromkeys(d for _, d in verdicts if d))
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".replace("\n", " "), flush=True)
-
-
-def run_check(name, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # noqa: BLE001 - one failing check must not hide the others
-        traceback.print_exc()
-        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-    report(name, ok, detail)
 
 
 def make_model(workdir, kind, seed=5, name=None):

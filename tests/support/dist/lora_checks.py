@@ -36,17 +36,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from tests.support.dist.checks import report_rank0 as report  # noqa: E402 (rank 0 decides)
 
 RANK, ALPHA = 4, 8.0
-
-
-def report(name, ok, detail=""):
-    box = [(bool(ok), str(detail))]
-    dist.broadcast_object_list(box, src=0)
-    ok, detail = box[0]
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}".replace("\n", " "), flush=True)
-    return ok
 
 
 def batch(vocab, seed):

@@ -19,7 +19,6 @@ start and the megatron import cost ~10 s per process on 2 cores).
 import argparse
 import os
 import sys
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -29,24 +28,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from tests.support.dist.checks import run_check  # noqa: E402
 
 OPT = dict(lr=1e-3, adam_eps=1e-4, clip_grad=1.0, lr_warmup_steps=2)
-
-
-def report(name, ok, detail=""):
-    flag = torch.tensor([1.0 if ok else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if flag.item() else 'FAIL'} {detail}", flush=True)
-
-
-def run_check(name, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # one failing check must not hide the others
-        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-        traceback.print_exc()
-    report(name, ok, detail)
 
 
 def build(path, distopt, load_weights=True, freeze_embedding=False, seed=1234):

@@ -11,7 +11,6 @@ layer) and gives the unsharded model's log-probs under the same replay (<= 1e-5)
 import argparse
 import os
 import sys
-import traceback
 import warnings
 
 warnings.filterwarnings("ignore")
@@ -21,36 +20,16 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
+from tests.support.dist.checks import run_check  # noqa: E402
+from tests.support.dist.family_checks import padded_batch  # noqa: E402
 
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3"]
 LAYOUTS = [(1, 1, 2), (1, 2, 1), (2, 1, 1)]  # (tp, pp, ep)
 
 
-def report(name, ok, detail=""):
-    flag = torch.tensor([1.0 if ok else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    ok = bool(flag.item())
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
-
-
-def run_check(name, fn):
-    try:
-        ok, detail = fn()
-    except Exception as e:  # one failing check must not hide the others
-        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-        traceback.print_exc()
-    report(name, ok, detail)
-
-
-def batch(seed=0, B=4, S=12, vocab=1000):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(4, vocab, (B, S), generator=g)
-    am = torch.ones_like(ids)
-    am[0, :4] = 0
-    am[2, -3:] = 0
-    ids = torch.where(am.bool(), ids, torch.full_like(ids, 3))
-    return dict(input_ids=ids, attention_mask=am, position_ids=(am.cumsum(1) - 1).clamp(min=0))
+def batch():
+    """family_checks' padded batch of 4 rows (a left-padded prompt, a right-padded response)."""
+    return padded_batch(B=4)
 
 
 def given_routing(L, E, k, seed=5, B=4, S=12):

@@ -26,20 +26,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 
 import torch.distributed as dist  # noqa: E402
 
-
-
-def run_check(name, fn):
-    """Every rank's verdict of `fn` () -> (ok, detail); rank 0 prints the AND of them."""
-    try:
-        ok, detail = fn()
-    except Exception as e:  # noqa: BLE001 - one failing check must not hide the others
-        ok, detail = False, f"{type(e).__name__}: {e}".replace("\n", " ")[:400]
-    verdicts = [None] * dist.get_world_size()
-    dist.all_gather_object(verdicts, (bool(ok), str(detail)))
-    if dist.get_rank() == 0:
-        ok = all(v[0] for v in verdicts)
-        detail = "; ".join(dict.fromkeys(d for _, d in verdicts if d))
-        print(f"CHECK {name} {'PASS' if ok else 'FAIL'} {detail}", flush=True)
+from tests.support.dist.checks import run_check  # noqa: E402
 
 
 def make_model(workdir, name="teacher_qwen3", seed=11):

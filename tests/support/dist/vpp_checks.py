@@ -24,13 +24,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
-
-
-def report(name, ok, detail=""):
-    flag = torch.tensor([1.0 if ok else 0.0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    if dist.get_rank() == 0:
-        print(f"CHECK {name} {'PASS' if bool(flag.item()) else 'FAIL'} {detail}", flush=True)
+from tests.support.dist.checks import report  # noqa: E402
 
 
 def batch_of(rows, seed):
