@@ -11,7 +11,8 @@ would run it, except that:
   (the group is shared; sub-groups are destroyed as asked);
 * megatron-core's model-parallel state is reset before each script (each script initialises its own grid);
 * the rank-to-node table of ``parallel.distributed.init_distributed`` is restored before each script (a
-  script's ``destroy_distributed()`` clears it).
+  script's ``destroy_distributed()`` clears it);
+* the check results of tests/support/dist/checks.py (``RESULTS``) are cleared before each script.
 
 Rank 0 prints ``SCRIPT <name> BEGIN`` / ``SCRIPT <name> END`` around each script.  A script that raises, or exits
 non-zero, ends the launch with its exit code (the other ranks are then stopped by torchrun), so the CHECK lines
@@ -51,6 +52,7 @@ def main() -> int:
     from megatron.core import parallel_state as ps
 
     import parallel.distributed as pd
+    from tests.support.dist import checks
 
     pd.init_distributed()
     rank_nodes = pd._RANK_NODES
@@ -68,6 +70,7 @@ def main() -> int:
             if ps.model_parallel_is_initialized():
                 ps.destroy_model_parallel()
             pd._RANK_NODES = rank_nodes
+            checks.RESULTS.clear()  # each script's SUMMARY counts its own checks
             dist.barrier()
             if rank0:
                 print(f"SCRIPT {name} BEGIN", flush=True)
