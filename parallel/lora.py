@@ -22,7 +22,19 @@ B zero, so the adapted model starts equal to the base one.
 
 Megatron's TE spec fuses the input norm into ``linear_qkv`` / ``linear_fc1`` (TELayerNormColumnParallelLinear:
 the layer sees the un-normed input); the hook then applies that norm itself (RMSNorm or LayerNorm from the
-layer's own ``layer_norm_weight``/``layer_norm_bias``) before A.  Routed MoE experts are not adapted.
+layer's own ``layer_norm_weight``/``layer_norm_bias``) before A.
+
+MoE (Qwen3-MoE, Mixtral, DeepSeek-V3): the same target names adapt each routed expert's ``linear_fc1`` /
+``linear_fc2`` (megatron's SequentialMLP, ``mlp.experts.local_experts.<i>``, the only experts module
+parallel.models builds) and the shared experts' (``mlp.shared_experts``, a dense TP MLP), as PEFT's module-name
+match selects ``experts.<e>.gate_proj`` etc. on HF Qwen3-MoE; the router is not adapted.  Each rank holds the
+adapters of its local experts (EP), keyed by the global expert index.  Expert linears run with explicit expert
+communication (the token dispatcher gathers tokens over the expert-TP group and reduces fc2's partial outputs), so
+the expert adapters need no forward collective: column (fc1): A replicated over expert TP, B sharded like W;
+row (fc2): A sharded like W, B replicated (its partial ``B A_r x_r`` summed by the dispatcher with the base
+output).  The replicated tensor's gradient is then partial over the expert-TP ranks and is all-reduced there
+(megatron's copy_to_tensor_model_parallel_region on the parameter).  The grouped-GEMM experts module
+(TEGroupedMLP, ``moe_grouped_gemm``) is refused: apply_lora raises naming the fix.
 
 The module imports no megatron at import time (the config validates target_modules with it).
 
@@ -49,7 +61,10 @@ MEGATRON_TARGETS = {"linear_qkv": COLUMN, "linear_fc1": COLUMN, "linear_proj": R
 HF_TO_MEGATRON = {"q_proj": "linear_qkv", "k_proj": "linear_qkv", "v_proj": "linear_qkv", "o_proj": "linear_proj",
                   "gate_proj": "linear_fc1", "up_proj": "linear_fc1", "down_proj": "linear_fc2"}
 _FUSED = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_fc1": ("gate_proj", "up_proj")}
-_PATH = re.compile(r"^decoder\.layers\.(\d+)\.(self_attention\.(linear_qkv|linear_proj)|mlp\.(linear_fc1|linear_fc2))$")
+_PATH = re.compile(r"^decoder\.layers\.(\d+)\.(self_attention\.(linear_qkv|linear_proj)"
+                   r"|mlp\.(?:shared_experts\.)?(linear_fc1|linear_fc2))$")
+#: a routed expert's linear in megatron's SequentialMLP: layer, local expert index, name
+_EXPERT_PATH = re.compile(r"^decoder\.layers\.(\d+)\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc1|linear_fc2)$")
 A_INITS = ("xavier", "kaiming")
 
 
@@ -111,10 +126,13 @@ def _init_a(shape: tuple[int, int], how: str, key: str, seed: int) -> torch.Tens
 class LoRAAdapter(torch.nn.Module):
     """The adapter of one base layer: ``a`` [r, in_local], ``b`` [out_local, r] (local TP shards, see the
     module docstring for which is sharded); `kind` COLUMN or ROW; `key` its global name
-    (``layers.<global layer index>.<path>``, its checkpoint key)."""
+    (``layers.<global layer index>.<path>``, its checkpoint key).  A routed expert's adapter has `expert_groups`
+    (expert-TP group, expert-DP group): tp_rank / tp_size are then the expert-TP ones, the forward has no
+    collective, the replicated tensor's gradient is summed over expert TP, and the parameters carry the base
+    weight's ``allreduce`` flag (False under EP: megatron's DDP reduces them over expert DP)."""
 
     def __init__(self, base, kind: str, key: str, settings: LoRASettings, tp_rank: int, tp_size: int,
-                 sequence_parallel: bool, device, dtype):
+                 sequence_parallel: bool, device, dtype, expert_groups: tuple | None = None):
         super().__init__()
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 
@@ -129,17 +147,28 @@ class LoRAAdapter(torch.nn.Module):
         sharded, replicated = (self.b, self.a) if kind == COLUMN else (self.a, self.b)
         set_tensor_model_parallel_attributes(sharded, True, 0 if kind == COLUMN else 1, 1)
         set_tensor_model_parallel_attributes(replicated, False, -1, 1)
-        if sequence_parallel and tp_size > 1:
+        if sequence_parallel and tp_size > 1 and expert_groups is None:
             replicated.sequence_parallel = True  # partial over sequence slices: finalize_model_grads sums it
+        if expert_groups is not None:
+            for p in (self.a, self.b):
+                p.allreduce = getattr(base.weight, "allreduce", True)
         self.kind, self.key, self.scaling = kind, key, settings.scaling
-        self.sequence_parallel = sequence_parallel and tp_size > 1
-        self.tp_size = tp_size
+        self.sequence_parallel = sequence_parallel and tp_size > 1 and expert_groups is None
+        self.tp_size, self.expert_groups = tp_size, expert_groups
 
     def delta(self, x: torch.Tensor) -> torch.Tensor:
         """The adapter's output for the base layer's input `x` [s(/tp), b, in_local] (already normed):
         [s(/tp), b, out_local], what is added to the base layer's output."""
         from megatron.core.tensor_parallel import mappings
 
+        if self.expert_groups is not None:  # the token dispatcher does the expert-TP communication
+            a, b = self.a.to(x.dtype), self.b.to(x.dtype)
+            if self.tp_size > 1:  # the replicated tensor's gradient is partial over expert TP: sum it there
+                if self.kind == COLUMN:
+                    a = mappings.copy_to_tensor_model_parallel_region(a, group=self.expert_groups[0])
+                else:
+                    b = mappings.copy_to_tensor_model_parallel_region(b, group=self.expert_groups[0])
+            return torch.nn.functional.linear(torch.nn.functional.linear(x, a), b) * self.scaling
         h = torch.nn.functional.linear(x, self.a.to(x.dtype))
         if self.tp_size > 1:
             if self.kind == COLUMN:
@@ -159,14 +188,16 @@ class LoRAAdapter(torch.nn.Module):
 
     def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None, **_):
         """dist_checkpointing entries of ``a`` and ``b`` keyed ``lora.<key>.a|b``: the TP-sharded one with its
-        TP axis, the replicated one as a replica (global layer numbers: any TP/PP layout loads them)."""
+        TP axis, the replicated one as a replica (global layer numbers: any TP/PP layout loads them; a routed
+        expert's: its global expert index, sharded over expert TP, replicas over expert DP)."""
         from megatron.core.utils import make_sharded_tensor_for_checkpoint, make_tp_sharded_tensor_for_checkpoint
 
         out = {}
+        groups = {} if self.expert_groups is None else dict(zip(("tp_group", "dp_cp_group"), self.expert_groups))
         for name, axis in (("a", None if self.kind == COLUMN else 1), ("b", 0 if self.kind == COLUMN else None)):
             param, key = getattr(self, name), f"lora.{self.key}.{name}"
-            out[f"{prefix}{name}"] = (make_sharded_tensor_for_checkpoint(param, key) if axis is None
-                                      else make_tp_sharded_tensor_for_checkpoint(param, key, tp_axis=axis))
+            out[f"{prefix}{name}"] = (make_sharded_tensor_for_checkpoint(param, key, **groups) if axis is None
+                                      else make_tp_sharded_tensor_for_checkpoint(param, key, tp_axis=axis, **groups))
         return out
 
 
@@ -227,9 +258,11 @@ def _hook(container: LoRAContainer, adapter: LoRAAdapter):
 
 def apply_lora(chunks, settings: LoRASettings) -> int:
     """Freeze every parameter of `chunks` (GPTModel chunks, before DDP wrapping) and attach an adapter to each
-    targeted dense linear layer; returns how many adapters this rank holds.  Needs megatron's model parallel
-    state.  Raises ValueError for rank < 1, an unknown A init, a chunk that already has adapters, or targets that
-    match no layer (a MoE model's routed experts are not adapted: linear_fc1/fc2 then match nothing)."""
+    targeted linear layer: attention, dense MLP, shared experts and each local routed expert of megatron's
+    SequentialMLP (``linear_fc1`` / ``linear_fc2`` select dense and expert MLPs alike); returns how many adapters
+    this rank holds.  Needs megatron's model parallel state.  Raises ValueError for rank < 1, an unknown A init, a
+    chunk that already has adapters, a grouped-GEMM experts module (TEGroupedMLP / GroupedMLP) under an fc target,
+    or targets that match no layer."""
     from parallel import cpu_patches  # noqa: F401  (must precede megatron.core imports)
     from megatron.core import parallel_state as ps
 
@@ -237,36 +270,48 @@ def apply_lora(chunks, settings: LoRASettings) -> int:
         raise ValueError(f"lora rank={settings.rank}; use a positive rank (0 switches LoRA off)")
     if settings.a_init not in A_INITS:
         raise ValueError(f"lora A init {settings.a_init!r}; use one of {A_INITS}")
-    tp_rank, tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
-    count, seen = 0, set()
+    tp = (ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
+    count, seen, ep = 0, set(), None
     for chunk in chunks:
         if lora_container(chunk) is not None:
             raise ValueError("apply_lora: this model already has LoRA adapters")
         chunk.requires_grad_(False)
         container = LoRAContainer()
         for path, module in chunk.named_modules():
-            m = _PATH.match(path)
-            if m is None:
+            if (type(module).__name__ in ("TEGroupedMLP", "GroupedMLP") and
+                    {"linear_fc1", "linear_fc2"} & set(settings.targets)):
+                raise ValueError(f"{path}: LoRA on grouped-GEMM experts ({type(module).__name__}) is not implemented; "
+                                 f"build the experts as SequentialMLP (moe_grouped_gemm=False, parallel.models' "
+                                 f"default) or drop gate_proj/up_proj/down_proj from target_modules")
+            m, e = _PATH.match(path), _EXPERT_PATH.match(path)
+            if m is None and e is None:
                 continue
-            name = m.group(3) or m.group(4)
+            name = (m.group(3) or m.group(4)) if m is not None else e.group(3)
             seen.add(name)
             if name not in settings.targets:
                 continue
-            layer = chunk.decoder.layers[int(m.group(1))]
-            key = f"layers.{layer.layer_number - 1}.{m.group(2)}"
+            layer = chunk.decoder.layers[int((m or e).group(1))]
+            groups, ranks, sp = None, tp, bool(chunk.config.sequence_parallel)
+            if m is not None:
+                key = f"layers.{layer.layer_number - 1}.{m.group(2)}"
+            else:  # a routed expert: global expert index, expert-TP sharding, no forward collective
+                expert = layer.mlp.local_expert_indices[int(e.group(2))]
+                key = f"layers.{layer.layer_number - 1}.mlp.experts.{expert}.{name}"
+                if ep is None:
+                    ep = ((ps.get_expert_tensor_parallel_group(), ps.get_expert_data_parallel_group()),
+                          (ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()))
+                (groups, ranks), sp = ep, False
             if getattr(module, "gather_output", False):
                 raise ValueError(f"{path}: a column-parallel layer with gather_output=True is not supported by LoRA")
-            adapter = LoRAAdapter(module, MEGATRON_TARGETS[name], key, settings, tp_rank, tp_size,
-                                  bool(chunk.config.sequence_parallel), module.weight.device,
-                                  chunk.config.params_dtype)
+            adapter = LoRAAdapter(module, MEGATRON_TARGETS[name], key, settings, *ranks, sp, module.weight.device,
+                                  chunk.config.params_dtype, expert_groups=groups)
             container.adapters[path.replace(".", "__")] = adapter
             module.register_forward_hook(_hook(container, adapter), with_kwargs=True)
             count += 1
         setattr(chunk, CONTAINER, container)
     missing = [t for t in settings.targets if t not in seen]
     if missing and any(len(c.decoder.layers) for c in chunks):
-        raise ValueError(f"LoRA targets {missing} match no dense layer of this model (MoE experts are not adapted); "
-                         f"drop them from target_modules")
+        raise ValueError(f"LoRA targets {missing} match no layer of this model; drop them from target_modules")
     return count
 
 
