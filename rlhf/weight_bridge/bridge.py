@@ -68,6 +68,7 @@ class WeightSyncConfig:
     group_prefix: str = "weight_sync"
     master_address: str | None = None
     lora: Any = None  # parallel.lora.LoRASettings: the base weights once, then the adapters alone (_sync_adapters)
+    lora_merged_fallback: bool = False  # adapters asked but merged weights sent (MoE experts): a metric per sync
 
     def __post_init__(self):
         if self.transport not in ("tensor", "distributed"):
@@ -106,11 +107,17 @@ class SyncStats:
     engines: list[int] = field(default_factory=list)  # engines the sync reached
     skipped_buffers: list[str] = field(default_factory=list)
     check: CheckReport | None = None
+    lora_merged_fallback: bool = False  # WeightSyncConfig.lora_merged_fallback
 
     def metrics(self) -> dict[str, float]:
-        """``weight_sync/bytes`` (sent to each engine), ``weight_sync/buckets``, ``weight_sync/replanned``."""
-        return {"weight_sync/bytes": float(self.bytes), "weight_sync/buckets": float(self.num_buckets),
-                "weight_sync/replanned": float(self.replanned)}
+        """``weight_sync/bytes`` (sent to each engine), ``weight_sync/buckets``, ``weight_sync/replanned``; with
+        the LoRA MoE-expert fallback (merged weights sent instead of adapters) ``weight_sync/lora_merged_fallback``
+        = 1 (rlhf.workers.lora_reference.adapter_sync_settings)."""
+        out = {"weight_sync/bytes": float(self.bytes), "weight_sync/buckets": float(self.num_buckets),
+               "weight_sync/replanned": float(self.replanned)}
+        if self.lora_merged_fallback:
+            out["weight_sync/lora_merged_fallback"] = 1.0
+        return out
 
 
 @dataclass
@@ -173,7 +180,9 @@ class WeightBridge:
         last sync (:meth:`_replaced_engines`): they serve ``model.path``'s base, and the adapters' sync marks them
         fresh."""
         if self.cfg.lora is None:
-            return self._sync(engines)
+            stats = self._sync(engines)
+            stats.lora_merged_fallback = self.cfg.lora_merged_fallback
+            return stats
         full = None
         # any engine's base is unknown until a full sync ends; else only a replaced engine may lack it
         base_to = engines if engines is not None or not self.base_sent else self._replaced_engines()

@@ -39,7 +39,7 @@ import torch.distributed as dist
 
 from rlhf.rollout.types import FINISH_ABORT, FINISH_LENGTH
 
-from .lora_reference import lora_settings
+from .lora_reference import adapter_sync_settings
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def rollout_engine_config(cfg, model_path: str, device: str) -> dict:
     r = cfg.rollout
     extra = r.get("engine_kwargs", {}).get("sglang", {})
     extra = OmegaConf.to_container(extra, resolve=True) if OmegaConf.is_config(extra) else dict(extra)
-    lora = lora_settings(cfg)
-    if lora is not None and not cfg.model.lora.merge:  # the engines take the actor's adapters (WeightBridge)
+    lora, _ = adapter_sync_settings(cfg, model_path)
+    if lora is not None:  # the engines take the actor's adapters (WeightBridge)
         from parallel.lora_export import peft_target_modules
 
         extra = dict(enable_lora=True, max_lora_rank=lora.rank, lora_target_modules=peft_target_modules(lora.targets), **extra)
@@ -249,11 +249,12 @@ class RolloutWorker:
         self.host_group = dist.new_group(backend="gloo")
         self.manager = (manager if manager is not None else start_rollout(cfg, model_path)) if self.rank0 else None
         dist.barrier(group=self.host_group)
-        adapters = None if cfg.model.lora.merge else lora_settings(cfg)  # LoRA synced as adapters (bridge.py)
+        # LoRA synced as adapters (bridge.py), or merged (lora.merge, or the MoE-expert fallback: adapter_sync_settings)
+        adapters, merged_fallback = adapter_sync_settings(cfg, model_path)
         self.bridge = WeightBridge(actor_bundle.chunks, actor_bundle.spec, self.manager, WeightSyncConfig(
             transport="tensor" if r.mode == "colocated" else "distributed", bucket_bytes=r.weight_sync_bucket_mb << 20,
             check="sample" if r.weight_sync_check else None, master_address=r.weight_update_address,
-            lora=adapters))
+            lora=adapters, lora_merged_fallback=merged_fallback))
         # LoRA adapters (model.lora.merge false): the engines keep the frozen base weights between syncs (only
         # their KV cache is released), each sync sends the adapters alone
         self.release_tags = ["kv_cache"] if adapters is not None else None

@@ -43,3 +43,33 @@ def test_bad_lora_settings_are_named():
     for s in ["'q_proj' without ['k_proj', 'v_proj']", "list all of them", "lora.dropout=0.1 is not supported",
               "LoRA on the critic is not supported"]:
         assert s in msg, f"{s!r} not in\n{msg}"
+
+
+def test_moe_expert_adapters_fall_back_to_merged_sync(tmp_path, caplog):
+    """merge=false on a MoE model: expert targets (gate/up/down_proj, all-linear) make every sync send merged
+    weights (SGLang 0.5.23's MoE LoRA is CUDA/Triton only), logged once and flagged in the sync metrics; attention
+    targets alone still go as adapters."""
+    import logging
+
+    from transformers import Qwen3MoeConfig
+
+    from rlhf.weight_bridge.bridge import SyncStats
+    from rlhf.workers import lora_reference
+    from rlhf.workers.rollout import rollout_engine_config
+
+    Qwen3MoeConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                   head_dim=16, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2).save_pretrained(tmp_path)
+    lora_reference._logged_fallback = False
+    experts = compose_config(["model.lora.rank=8", "model.lora.target_modules=all-linear"])
+    attention = compose_config(["model.lora.rank=8", "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]"])
+    with caplog.at_level(logging.WARNING, logger=lora_reference.__name__):
+        assert lora_reference.adapter_sync_settings(experts, str(tmp_path)) == (None, True)
+        assert rollout_engine_config(experts, str(tmp_path), "cpu")["engine_overrides"] == {}
+    assert sum("MoE experts" in r.getMessage() for r in caplog.records) == 1  # logged once
+    settings, fallback = lora_reference.adapter_sync_settings(attention, str(tmp_path))
+    assert settings.targets == ("linear_qkv", "linear_proj") and not fallback
+    assert rollout_engine_config(attention, str(tmp_path), "cpu")["engine_overrides"]["enable_lora"] is True
+    assert lora_reference.adapter_sync_settings(experts, "/no/such/dense/model") == (
+        lora_reference.lora_settings(experts), False)
+    assert SyncStats(bytes=10, lora_merged_fallback=True).metrics()["weight_sync/lora_merged_fallback"] == 1.0
+    assert "weight_sync/lora_merged_fallback" not in SyncStats(bytes=10).metrics()
