@@ -1,4 +1,4 @@
-"""LoRA on the megatron actor, on CPU: one launch, two gloo processes, trainer TP1 (DP2) then TP2 (DP1).
+"""LoRA on the megatron actor, on CPU: one launch, two gloo processes, trainer TP1 (DP2) then TP2 (DP1), then MoE.
 
     torchrun --nproc_per_node=2 tests/support/dist/lora_checks.py --workdir DIR
 
@@ -20,6 +20,8 @@ reference is built) with the in-process HF engine double (tests/support/hf_sampl
 weight bridge; then the reference is the adapters-off actor, adapters changed, base bitwise unchanged, the
 engine's weights (what the bridge sent) equal the trainer's merged HF export bitwise and the PEFT adapter +
 HF base closely, and the trainer's checkpoint holds only adapters + optimizer state.
+Phases moe_ep1 / moe_ep2 / moe_tp2: LoRA on a tiny Qwen3-MoE's attention and every routed expert (run_moe_phase):
+EP2 and expert-TP2 give the unsharded (EP1) log-probs, PEFT export and adapter gradients.
 Each check prints `CHECK <phase>_<name> PASS|FAIL <detail>` on rank 0 (tests/e2e/test_lora_dist.py).
 """
 import argparse
@@ -328,7 +330,7 @@ def run_grpo_phase(path, workdir):
         trainer.close()
 
 
-def first_grads(path, settings, sequence_parallel=False):
+def first_grads(path, settings, sequence_parallel=False, seen=None):
     """Full (HF-layout) gradients of every adapter for one backward pass from seeded non-zero B (so A gets a
     gradient too); megatron's gradient reduction is switched off (every DP rank has the same batch), except under
     sequence parallelism (DP 1), where finalize_model_grads sums the sequence-parallel adapters' partial gradients."""
@@ -346,10 +348,15 @@ def first_grads(path, settings, sequence_parallel=False):
             if a.kind == COLUMN and tp > 1:
                 full = _tp_slice(full, a, tp, r, bundle.spec)
             a.b.copy_(full)
+    if seen is not None:  # the forward and the export with these adapters, before the backward
+        from parallel.lora_export import gather_peft_adapter
+
+        seen.update(log_probs=log_probs(bundle.chunks, bundle.spec.vocab_size), ads=ads,
+                    peft=gather_peft_adapter(bundle.chunks, bundle.spec))
     zero_grads(state)
     cfg = bundle.config
     saved = cfg.finalize_model_grads_func
-    if not sequence_parallel:
+    if not cfg.sequence_parallel:  # (a MoE model at TP > 1 runs with sequence parallelism: model_config)
         cfg.finalize_model_grads_func = None
     adv = torch.tensor([1.0, -0.5])
 
@@ -369,6 +376,58 @@ def first_grads(path, settings, sequence_parallel=False):
     return grads
 
 
+MOE_PHASES = {"moe_ep1": (1, 1), "moe_ep2": (1, 2), "moe_tp2": (2, 1)}  # (tp = expert tp, ep)
+
+
+def run_moe_phase(phase, path, memo):
+    """LoRA (all-linear: attention + every routed expert's fc1/fc2) on a tiny Qwen3-MoE, adapters from seeded B:
+    moe_ep1 (DP2, each rank all 8 experts) is the unsharded reference; moe_ep2 (each rank holds 4 experts' adapters,
+    expert params marked for expert-DP reduction) and moe_tp2 (expert TP2: B of fc1 / A of fc2 sharded, the
+    replicated tensor's gradient summed over expert TP) give the same log-probs, the same PEFT export and the same
+    adapter gradients (EP2: each expert sees both DP ranks' tokens before megatron's gradient scaling, so 2x)."""
+    from megatron.core import parallel_state as ps
+
+    from parallel.lora import LoRASettings
+
+    tp, ep = MOE_PHASES[phase]
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    init_model_parallel(tp=tp, pp=1, ep=ep)
+    set_seed(1234)
+    seen = {}
+    grads = first_grads(path, LoRASettings(rank=RANK, alpha=ALPHA), seen=seen)
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, grads)
+    grads = {k: v for p in parts for k, v in p.items()}  # EP: each rank's experts
+    experts = [a for a in seen["ads"] if a.expert_groups is not None]
+    if phase == "moe_ep1":
+        memo["moe"] = grads, seen
+        report(f"{phase}_adapters_on_every_expert", len(experts) == 2 * 8 * 2 and len(seen["ads"]) == 2 * (2 + 16),
+               f"{len(experts)} expert adapters of {len(seen['ads'])}")
+        return
+    ref_g, ref = memo["moe"]
+    lp_err = float((seen["log_probs"] - ref["log_probs"]).abs().max())
+    same_export = set(seen["peft"]) == set(ref["peft"]) and all(torch.equal(seen["peft"][k], ref["peft"][k])
+                                                                 for k in ref["peft"])
+    report(f"{phase}_log_probs_and_export_equal_unsharded", lp_err < 1e-5 and same_export,
+           f"max |log-prob diff| {lp_err:.2g}; {len(seen['peft'])} PEFT tensors, equal={same_export}")
+    factor = {k: 2.0 if ep == 2 and ".experts." in k else 1.0 for k in ref_g}
+    err = max(float((grads[k] / factor[k] - ref_g[k]).abs().max() / ref_g[k].abs().max().clamp(min=1e-12))
+              for k in ref_g) if set(grads) == set(ref_g) else float("inf")
+    zero = [k for k in ref_g if not ref_g[k].abs().max() > 0]
+    if ep == 2:
+        local = {a.key.split(".")[4] for a in experts}
+        layout_ok = (len(experts) == 2 * 4 * 2 and len(local) == 4
+                     and all(not p.allreduce for a in experts for p in (a.a, a.b)))
+        detail = f"rank 0's experts {sorted(local)}, allreduce=False on expert adapters"
+    else:
+        layout_ok = all(a.b.shape[0] == 32 for a in experts if a.kind == "column")  # 2 x 32 gate/up rows / 2
+        detail = "fc1 B rows 32 of 64 per rank"
+    report(f"{phase}_sharding", layout_ok, detail)
+    report(f"{phase}_grads_equal_unsharded", err < 1e-5 and len(zero) < len(ref_g) // 4,
+           f"max relative diff {err:.2g} over {len(grads)} tensors ({len(zero)} zero: experts no token reached)")
+
+
 def _tp_slice(full, adapter, tp, rank, spec):
     """This TP rank's rows of a column-parallel B given in TP1's megatron layout (q/k/v groups, or gate; up)."""
     if adapter.key.endswith("linear_fc1"):
@@ -386,7 +445,8 @@ def full_adapters(chunks, spec):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
-    ap.add_argument("--phases", default="tp1,tp2,tp2sp,grpo", help="comma-separated subset (debugging)")
+    ap.add_argument("--phases", default="tp1,tp2,tp2sp,grpo,moe_ep1,moe_ep2,moe_tp2",
+                    help="comma-separated subset (debugging)")
     args = ap.parse_args()
     init_distributed()
     os.makedirs(args.workdir, exist_ok=True)
@@ -397,12 +457,17 @@ def main():
 
         tok = make_tiny_tokenizer()
         make_tiny_hf_model(path, "llama_gqa", vocab_size=len(tok), hidden_size=64, num_layers=2, seed=7, tokenizer=tok)
+        from tests.support.model_families import make_family_model
+
+        make_family_model(os.path.join(args.workdir, "moe"), "qwen3_moe", num_layers=2, seed=3)
     dist.barrier()
     memo = {}
-    phases = (("tp1", 1), ("tp2", 2), ("tp2sp", 2), ("grpo", 2))
+    phases = (("tp1", 1), ("tp2", 2), ("tp2sp", 2), ("grpo", 2)) + tuple((p, 0) for p in MOE_PHASES)
     for phase, tp in [p for p in phases if p[0] in args.phases.split(",")]:
         try:
-            if phase == "tp2sp":
+            if phase in MOE_PHASES:
+                run_moe_phase(phase, os.path.join(args.workdir, "moe"), memo)
+            elif phase == "tp2sp":
                 run_sp_phase(path, memo)
             elif phase == "grpo":
                 run_grpo_phase(path, args.workdir)
