@@ -51,7 +51,8 @@ if __name__ == "__main__":  # (SGLang's and dist_checkpointing's processes impor
     out["sync_metrics"] = stats.metrics()
     out["export"] = trainer.export_hf()  # merged: W + alpha/r B A
     prompts = [rollout.tokenizer(t).input_ids for t in args["prompts"]]
-    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=12, stop_token_ids=stop_token_ids_for(trainer.model_path))
+    stop = stop_token_ids_for(trainer.model_path)
+    greedy = SamplingConfig(n=1, temperature=0.0, max_new_tokens=12, stop_token_ids=stop)
     out["prompts"], out["stop"] = prompts, list(greedy.stop_token_ids)
     out["engine"] = [s.response_ids for s in rollout.manager.generate(prompts, greedy)]
     with open(args["out"], "w") as f:
