@@ -176,3 +176,22 @@ def test_a_trained_step_changes_only_adapters(grid):
     assert changed and all(".lora_adapters." in f".{n}" or n.startswith("lora_adapters.") for n in changed)
     # B of experts that received tokens moved (A's gradient is zero while B = 0)
     assert sum(n.endswith(".b") for n in changed) >= 8
+
+
+def test_grouped_gemm_experts_are_refused_naming_the_fix(grid):
+    from parallel.lora import LoRASettings, apply_lora
+
+    class TEGroupedMLP(torch.nn.Module):  # megatron's grouped-GEMM experts module, by name
+        pass
+
+    chunk = torch.nn.Module()
+    chunk.decoder = torch.nn.Module()
+    chunk.decoder.layers = torch.nn.ModuleList([torch.nn.Module()])
+    chunk.decoder.layers[0].mlp = torch.nn.Module()
+    chunk.decoder.layers[0].mlp.experts = TEGroupedMLP()
+    with pytest.raises(ValueError, match=r"decoder\.layers\.0\.mlp\.experts: LoRA on grouped-GEMM experts "
+                                         r"\(TEGroupedMLP\).*moe_grouped_gemm=False.*drop gate_proj"):
+        apply_lora([chunk], LoRASettings(rank=4, alpha=8.0))
+    # attention-only targets pass the grouped experts by (this stand-in chunk has no attention: nothing matched)
+    with pytest.raises(ValueError, match=r"LoRA targets \['linear_qkv'\] match no layer"):
+        apply_lora([chunk], LoRASettings(rank=4, alpha=8.0, targets=("linear_qkv",)))
