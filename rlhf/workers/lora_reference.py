@@ -3,7 +3,6 @@ base weights are held once."""
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import contextmanager
 
 from parallel.lora import LoRASettings, adapters_disabled, resolve_targets
@@ -28,14 +27,11 @@ def lora_settings(cfg) -> LoRASettings | None:
 
 
 def _model_is_moe(model_path: str) -> bool:
-    """Whether `model_path`'s config.json describes routed experts (False without a config.json)."""
-    if not os.path.isfile(os.path.join(model_path, "config.json")):
-        return False
-    from transformers import AutoConfig
+    """Whether `model_path`'s config.json describes MoE layers (False without a readable config.json)."""
+    from rlhf.preflight import hf_config_at_hand, model_is_moe
 
-    from parallel.model_config import hf_model_spec
-
-    return hf_model_spec(AutoConfig.from_pretrained(model_path)).is_moe
+    hf = hf_config_at_hand(model_path)
+    return hf is not None and model_is_moe(hf)
 
 
 def adapter_sync_settings(cfg, model_path: str) -> tuple[LoRASettings | None, bool]:
