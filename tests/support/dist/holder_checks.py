@@ -225,7 +225,7 @@ def run_layout(tp, pp, ep, n, etp, path, counters):
         from rlhf.rollout.placement import job_placement_problem
 
         why = job_placement_problem(mode="colocated", num_engines=n, engine_tp=etp, gpus_per_node=2, nnodes=2,
-                                    trainer_world_size=world, pp=pp, ep=ep)
+                                    trainer_world_size=world)
         node_of = {pid: r // 2 for r, pid in enumerate(pids)}
         away = [(e, r, pid) for call in (f.creators if rank0 else []) for e, row in call.items()
                 for r, pid in enumerate(row) if node_of[pid] != (e * etp + r) // 2]
