@@ -30,7 +30,9 @@ entry with SGLang's serializer):
   conversion (fault point ``sync_convert_error``): the sync raises WeightBridgeError naming the fault on every
   rank within ``WATCHDOG_S`` (its TP peer goes on issuing gathers; a leader that stopped gathering left it in
   ``dist.gather`` until the process group's timeout: the watchdog prints FAIL and ends the launch), and the next
-  sync is fine on every rank (no collective left behind).
+  sync is fine on every rank (no collective left behind);
+* ``expert_peer_error_raises_on_every_rank`` (EP layouts): the same with the fault on stage 0's expert peer of TP
+  rank 0 (it converts its routed experts and holds: its error is kept until its last broadcast and collective).
 
 Prints ``CHECK holders_<layout>_<name> PASS|FAIL <detail>`` on rank 0.
 """
@@ -78,7 +80,7 @@ def layout_name(tp, pp, ep, n, etp):
 
 
 def checks(ep):
-    return CHECKS + (["placed_on_two_nodes"] if ep > 1 else [])
+    return CHECKS + (["placed_on_two_nodes", "expert_peer_error_raises_on_every_rank"] if ep > 1 else [])
 
 
 class Fleet:
@@ -249,14 +251,15 @@ def run_layout(tp, pp, ep, n, etp, path, counters):
     report(f"{lay}_broadcast_on_an_existing_group", not any(groups) and not isinstance(stats, str),
            f"new_group calls per rank in a sync with holders: {groups}")
 
-    # a production error mid-stage on the last stage's leader: every rank raises, nothing left in a collective
-    leader = stage_leaders(world, pp)[-1]
-    name = f"{lay}_production_error_raises_on_every_rank"
-    got = fault_sync(actor, fleet(), f"{lay}_fault", leader, name)
-    raised = gathered(isinstance(got, str) and "FAULT sync_convert_error" in got)
-    again = gathered(not isinstance(sync(actor, fleet(), f"{lay}_after_fault"), str))
-    report(name, all(raised) and all(again), f"fault on rank {leader}; raised naming it on ranks {raised}; the "
-           f"next sync fine on ranks {again}: {str(got)[:200]}")
+    # a production error mid-stage on the last stage's leader (under EP also on stage 0's expert peer of TP rank 0,
+    # rank tp, a holder converting its routed experts): every rank raises, nothing left in a collective
+    for check, rank in (("production_error", stage_leaders(world, pp)[-1]), ("expert_peer_error", tp))[:1 + (ep > 1)]:
+        name = f"{lay}_{check}_raises_on_every_rank"
+        got = fault_sync(actor, fleet(), f"{lay}_{check}", rank, name)
+        raised = gathered(isinstance(got, str) and "FAULT sync_convert_error" in got)
+        again = gathered(not isinstance(sync(actor, fleet(), f"{lay}_after_{check}"), str))
+        report(name, all(raised) and all(again), f"fault on rank {rank}; raised naming it on ranks {raised}; the "
+               f"next sync fine on ranks {again}: {str(got)[:200]}")
 
     # a failed sync and a replaced engine: nothing serialized that is not handed to an engine
     for name, engines in (("failed_sync", {"fail_at": {(0, 1)}}), ("replaced_engine", {"kill_at": {(n - 1, 1)}})):
