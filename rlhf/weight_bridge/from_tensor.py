@@ -13,9 +13,9 @@ a routed expert under EP: TP gather, then one EP gather per converted tensor) be
 broadcasts bucket k as soon as k's last tensor is packed, before the next entry's collectives (no overlap thread
 while holders hold).  So bucket k's broadcast comes right before the collectives of the first entry whose first HF
 tensor (its position in the stage's send order, ``entry_starts``) lies past bucket k.  A holder that also takes part
-in the leader's gathers (the leader's TP peer; under EP an expert peer of the stage and its TP peers, which hold only
-the routed experts: the leader's count of an expert entry is ``ep`` x its own) takes bucket k's broadcast right before
-its part in that entry (BucketHolder.run); other holders take every broadcast in bucket order.  Stages go one after
+in the leader's gathers (the leader's TP peer; under EP an expert peer of the stage and its TP peers, whose entries
+are only the routed experts, each ``ep`` x its tensors on the leader) takes bucket k's broadcast right before its part
+in that entry (BucketHolder.run); other holders take every broadcast in bucket order.  Stages go one after
 the other on every rank.  A copy is rewritten only once the engines loaded the bucket it held (the decision of
 bucket k comes after their answer to bucket ``k - count``; engine_loader.load_bucket answers after its copies).
 """
