@@ -5,6 +5,8 @@ do not combine with is refused at --cfg naming the key and the fix (exit code 2)
 batching, DeepEP) composes.  verl's DeepEP keys (tests/unit/config/test_deepep_config.py)."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 
 import pytest
@@ -60,7 +62,8 @@ def test_verl_r3_example_composes_on_a_qwen3_30b_a3b_config(paths, monkeypatch):
     colocated engines of TP4 (verl's replica count), whose pipeline-stage leaders sit on 6 nodes.  Before: exit 2,
     colocated engines under expert parallelism mapped the stage leaders' buckets (rank 0's node only); now each
     engine rank maps the trainer rank on its own GPU (rlhf/weight_bridge/from_tensor.py).  With its engines in a
-    pool of their own (verl's hybrid_engine=False + rollout.nnodes / n_gpus_per_node) it composes too."""
+    pool of their own (verl's hybrid_engine=False + rollout.nnodes / n_gpus_per_node) it composes too.  Its memory
+    plan fits 48 x 80 GiB."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     args = example_args(R3_EXAMPLE, paths)[1:]
     assert any("moe_enable_deepep=True" in a for a in args) and any("dispatcher_type=flex" in a for a in args)
@@ -75,6 +78,13 @@ def test_verl_r3_example_composes_on_a_qwen3_30b_a3b_config(paths, monkeypatch):
         assert paths["model"] in out
         if not extra:
             assert "num_engines: 12" in out and "mode: colocated" in out and "nnodes: 6" in out, out
+    # its memory plan: a holder on every engine GPU, no engine process's CUDA context on a stage leader's GPU
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        assert main([*args, "--plan-memory=80"]) == 0, err.getvalue()
+    table = out.getvalue()
+    assert "48 GPUs of 80 GiB" in table and "TP1 PP6 DP8 EP8" in table and table.rstrip().endswith("fits"), table
+    assert "weight sync " in table and "contexts on the stage leader" not in table, table
 
 
 @pytest.mark.parametrize("overrides, expected", [
