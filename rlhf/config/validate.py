@@ -140,9 +140,7 @@ def placement_problems(cfg: DictConfig, world_size: Optional[int] = None,
     src = (f"{'trainer.nnodes' if t.nnodes else 'nodes'} x "
            f"{'trainer.n_gpus_per_node' if declared else 'GPUs per node (trainer.n_gpus_per_node=null)'}")
     why = job_placement_problem(mode=r.mode, num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size,
-                                gpus_per_node=per_node, nnodes=nnodes, trainer_world_size=world_size,
-                                pp=cfg.parallel.pipeline_model_parallel_size,
-                                ep=cfg.parallel.expert_model_parallel_size, gpus_from=src)
+                                gpus_per_node=per_node, nnodes=nnodes, trainer_world_size=world_size, gpus_from=src)
     return [why] if why else []
 
 

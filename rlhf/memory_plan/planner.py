@@ -167,7 +167,7 @@ class MemoryPlan:
     kv_cache_tokens: float | None = None
     max_mem_fraction_static: float | None = None
     # colocated weight sync: the bucket copy on each engine GPU other than a stage leader's (bytes; a leader's GPU,
-    # in phase "weight sync", holds more); 0 with expert parallelism (the engines map the leaders' buckets)
+    # in phase "weight sync", holds more)
     sync_copy_bytes: float | None = None
     summary: str = ""
 
@@ -355,8 +355,7 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
         # the stage leader's GPU (the worst): its bucket pool plus a gathered parameter and its converted copy.
         # Every other engine GPU holds one copy of the pool (plan.sync_copy_bytes), which its engine rank maps:
         # the trainer rank there holds every stage's buckets (rlhf/weight_bridge/from_tensor.py; a stage leader
-        # that also holds uses its one pool).  With expert parallelism there are no holders: every engine rank maps
-        # the leaders' buckets, a CUDA context on each leader's GPU per engine process on another GPU
+        # that also holds uses its one pool), with or without expert parallelism
         sync = [Item("weight sync buckets on the stage leader's GPU (gathered + packed)", 2 * eng.sync_bucket_bytes)]
         lay, m = inp.layout, inp.model
         leader_big, holder_big = oversize_sync_bytes(vocab=m.vocab_size, hidden=m.hidden_size, tp=lay.tp,
@@ -366,12 +365,7 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
         if leader_big and (stage == 0 or (stage == lay.pp - 1 and not m.tie_word_embeddings)):
             sync.append(Item("weight sync: the embedding / LM head, a bucket of its own outside the pool (gathered "
                              "+ converted + in flight)", leader_big))
-        holders = inp.layout.ep == 1
-        plan.sync_copy_bytes = eng.sync_bucket_bytes + holder_big if holders else 0.0
-        if not holders and inp.cuda:
-            sync.append(Item("engine processes' CUDA contexts on the stage leader's GPU (expert parallelism: each "
-                             "engine rank maps the leaders' buckets)", (eng.num_engines * eng.tp - 1) *
-                             inp.cuda_context_bytes))
+        plan.sync_copy_bytes = eng.sync_bucket_bytes + holder_big
         actor = next((r for r in inp.roles if r.name == "actor"), None)
         sync += _loaded(actor, statics["actor"], ("params",)) if actor is not None else []  # offloaded: back for the sync
         phases.append(Phase("weight sync", ctx(stage) + at_start + adam + ([engine_ctx] if engine_ctx else []) +
@@ -423,7 +417,7 @@ def communicators(inp: PlanInput, stage: int = 0):
     trainable = [r for r in inp.roles if r.trainable]
     world = lay.tp * lay.cp * lay.pp * lay.dp
     sync_groups, engine_group = (), 0
-    if eng is not None and eng.colocated and lay.ep == 1:
+    if eng is not None and eng.colocated:
         sync_groups = sync_broadcast_groups(world, lay.pp, lay.tp, eng.num_engines, eng.tp)
     elif eng is not None and not eng.colocated:
         engine_group = 1 + eng.num_engines * eng.tp

@@ -7,11 +7,9 @@ GPU ``r % gpus_per_node``.
 * colocated: engine i shares the trainer's GPUs ``[i * tp, (i + 1) * tp)`` (global order), on every node of the
   trainer (verl's replica layout); the engines release their memory while the trainer computes.  The colocated
   weight sync hands each engine TP rank a CUDA IPC handle of memory of the trainer rank on its own GPU, which
-  receives every pipeline stage's buckets from that stage's leader (rlhf/weight_bridge/from_tensor.py): a bucket
-  crosses nodes once per node, by the trainer's broadcast, and goes by CUDA IPC within a node.  With expert
-  parallelism every engine maps the pipeline stage leaders' buckets instead (ranks ``s * W / PP``, megatron's
-  default rank order; rank 0 alone without PP), and CUDA IPC works only within a node: then every engine and
-  those leaders must be on rank 0's node (:func:`ipc_source_ranks`).
+  receives every pipeline stage's buckets from that stage's leader (rlhf/weight_bridge/from_tensor.py), with or
+  without expert parallelism: a bucket crosses nodes by the trainer's broadcast and goes by CUDA IPC only within a
+  node, so stage leaders and engines may be on any node of the trainer.
 * disaggregated: engines take the GPUs after the trainer's, ``W + i * tp ...``, one node each.
 
 A job's GPUs (:func:`job_placement_problem`, the config check of ``--cfg`` and ``--plan-memory``):
@@ -35,7 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "engines_start_early",
            "rank_ray_nodes", "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders",
-           "ipc_source_ranks", "holder_ranks",
+           "holder_ranks",
            "engine_gpus", "trainer_gpus", "job_placement_problem", "pool_engines", "pool_problems", "pool_placement",
            "pool_nodes"]
 
@@ -72,14 +70,6 @@ def stage_leaders(trainer_world_size: int, pp: int = 1) -> List[int]:
     return [s * (trainer_world_size // pp) for s in range(pp)]
 
 
-def ipc_source_ranks(trainer_world_size: int, pp: int = 1, ep: int = 1) -> List[int]:
-    """Trainer ranks whose GPU memory colocated engines map besides the ranks on their own GPUs: the pipeline stage
-    leaders with expert parallelism (``ep`` > 1: the weight sync's engine-local handles do not serve it, every
-    engine rank maps the leaders' buckets), else none (each engine rank maps the trainer rank on its own GPU,
-    which holds every stage's buckets: rlhf/weight_bridge/from_tensor.py)."""
-    return stage_leaders(trainer_world_size, pp) if ep > 1 else []
-
-
 def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> Dict[Tuple[int, int], int]:
     """``{(engine, engine TP rank): trainer global rank}`` whose GPU that colocated engine rank runs on: ``e * tp + r``,
     the stage ``leader`` for an index past the trainer's ``world`` ranks.  The colocated weight sync serves each engine
@@ -89,16 +79,13 @@ def holder_ranks(num_engines: int, engine_tp: int, world: int, leader: int) -> D
 
 
 def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, num_engines: int, engine_tp: int,
-                   mode: str, leaders: Sequence[int] = ()) -> PlacementPlan:
+                   mode: str) -> PlacementPlan:
     """The devices of every trainer rank and engine (see module docstring).
 
-    Args:
-        leaders: colocated: the trainer ranks whose GPU memory the engines map besides the ranks on their own GPUs
-            (:func:`ipc_source_ranks`); when there are any, they and every engine must be on trainer rank 0's node.
     Raises:
         PlacementError: more trainer ranks than GPUs, an engine wider than a node or spanning two nodes,
-            colocated engines beyond the trainer's GPUs (beyond rank 0's node when they map ``leaders``) or
-            ``leaders`` on other nodes, disaggregated engines beyond the free GPUs, or any GPU used twice.
+            colocated engines beyond the trainer's GPUs, disaggregated engines beyond the free GPUs, or any GPU
+            used twice.
     """
     total = nnodes * gpus_per_node
     if min(nnodes, gpus_per_node, trainer_world_size, num_engines, engine_tp) < 1:
@@ -121,9 +108,13 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
     gpu = lambda g: GPU(g // gpus_per_node, g % gpus_per_node)  # noqa: E731 - global index -> GPU
     first = 0 if mode == "colocated" else trainer_world_size
     need = num_engines * engine_tp
-    if mode == "colocated":
-        _check_colocated(gpus_per_node, trainer_world_size, num_engines, engine_tp, leaders)
-    elif first + need > total:
+    if mode == "colocated" and need > trainer_world_size:
+        tp_too = "" if trainer_world_size >= engine_tp else " and rollout.tensor_model_parallel_size"
+        raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit the trainer's "
+                             f"{trainer_world_size} GPUs (colocated engines share them): lower rollout.num_engines to "
+                             f"{max(trainer_world_size // engine_tp, 1)}{tp_too} or less, or use "
+                             f"rollout.mode=disaggregated")
+    if mode == "disaggregated" and first + need > total:
         raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit the "
                              f"{total - trainer_world_size} GPUs left after the trainer's {trainer_world_size} "
                              f"(disaggregated): lower rollout.num_engines or rollout.tensor_model_parallel_size, "
@@ -143,42 +134,6 @@ def plan_placement(*, nnodes: int, gpus_per_node: int, trainer_world_size: int, 
     if len(set(used)) != len(used) or (mode == "disaggregated" and set(used) & set(trainer)):
         raise PlacementError("a GPU would be used twice")  # unreachable by construction; kept as the invariant
     return PlacementPlan(trainer, engines)
-
-
-def _check_colocated(gpus_per_node: int, world: int, num_engines: int, engine_tp: int, leaders: Sequence[int]) -> None:
-    """Colocated engines on the trainer's GPUs; with ``leaders`` (ranks whose memory every engine maps), the engines
-    and those ranks on trainer rank 0's node."""
-    need = num_engines * engine_tp
-    if not leaders:
-        if need > world:
-            tp_too = "" if world >= engine_tp else " and rollout.tensor_model_parallel_size"
-            raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit the trainer's "
-                                 f"{world} GPUs (colocated engines share them): lower rollout.num_engines to "
-                                 f"{max(world // engine_tp, 1)}{tp_too} or less, or use rollout.mode=disaggregated")
-        return
-    local = min(world, gpus_per_node)  # trainer GPUs on rank 0's node
-    off = [r for r in leaders if r // gpus_per_node != 0]
-    if off:
-        raise PlacementError(f"colocated: the weight sync hands every engine CUDA IPC handles of the pipeline stage "
-                             f"leaders' memory with expert parallelism (parallel.expert_model_parallel_size > 1; "
-                             f"the {len(leaders)} stages of parallel.pipeline_model_parallel_size lead at trainer "
-                             f"ranks {list(leaders)}), and CUDA IPC works only within a node, but rank(s) {off} are "
-                             f"not on rank 0's node of {gpus_per_node} GPUs (stage leaders on several nodes with "
-                             f"colocated engines are not supported yet): give the engines GPUs of their own, "
-                             f"actor_rollout_ref.hybrid_engine=False with rollout.nnodes and rollout.n_gpus_per_node "
-                             f"(verl's rollout pool; or rollout.mode=disaggregated), or use fewer pipeline stages / "
-                             f"trainer ranks so that every stage leader is on the first node")
-    if need > local:
-        most = local // engine_tp
-        where = (f"the trainer's {world} GPUs" if world <= gpus_per_node else
-                 f"the trainer's {local} GPUs on rank 0's node (of {world} trainer GPUs on "
-                 f"{-(-world // gpus_per_node)} nodes)")
-        raise PlacementError(f"{num_engines} engine(s) x TP {engine_tp} = {need} GPUs do not fit {where} (colocated "
-                             f"with expert parallelism: the weight sync hands every engine CUDA IPC handles of the "
-                             f"stage leaders' memory, which work only within a node): lower rollout.num_engines to "
-                             f"{most or 1}"
-                             f"{'' if most else ' and rollout.tensor_model_parallel_size'} or less, or use "
-                             f"rollout.mode=disaggregated")
 
 
 def pool_engines(rollout_nnodes: int, rollout_per_node: int, engine_tp: int) -> int:
@@ -269,7 +224,7 @@ def trainer_gpus(mode: str, gpus: int, num_engines: int, engine_tp: int) -> int:
 
 
 def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_per_node: int, nnodes: int = 1,
-                          trainer_world_size: Optional[int] = None, pp: int = 1, ep: int = 1,
+                          trainer_world_size: Optional[int] = None,
                           gpus_from: str = "trainer.nnodes x trainer.n_gpus_per_node") -> Optional[str]:
     """Why the job does not place (one line naming the config values and the fix), None when it does.
 
@@ -278,8 +233,6 @@ def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_p
             came from, for the message.
         trainer_world_size: the trainer ranks (the launcher's); None: :func:`trainer_gpus` (what the launchers
             start).
-        pp, ep: the trainer's pipeline and expert parallel sizes (with ep > 1 its stage leaders' memory goes to
-            colocated engines: :func:`ipc_source_ranks`).
     """
     total = gpus_per_node * nnodes
     world = trainer_world_size if trainer_world_size is not None else trainer_gpus(mode, total, num_engines, engine_tp)
@@ -291,7 +244,7 @@ def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_p
                 f"or use rollout.mode=colocated.")
     try:
         plan_placement(nnodes=nnodes, gpus_per_node=gpus_per_node, trainer_world_size=world, num_engines=num_engines,
-                       engine_tp=engine_tp, mode=mode, leaders=ipc_source_ranks(world, pp, ep))
+                       engine_tp=engine_tp, mode=mode)
     except PlacementError as e:
         return f"{head}, trainer on {world}: {e}."
     return None

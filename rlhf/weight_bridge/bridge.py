@@ -39,7 +39,7 @@ from rlhf.rollout.readback import CheckReport, verify
 from rlhf.weight_bridge.bucketing import DEFAULT_BUCKET_BYTES, BucketPlan, BufferPool, MemoryMeter, bucket_views
 from rlhf.weight_bridge.from_distributed import DistributedDelivery, DistributedGroups
 from rlhf.weight_bridge.from_tensor import BucketHolder, StageServing, TensorDelivery, broadcast_group, prepare_sharing
-from rlhf.weight_bridge.hf_stream import hf_stream, stage_buckets
+from rlhf.weight_bridge.hf_stream import Production, hf_stream, stage_buckets
 from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build_send_plan, plan_local_tensors,
                                      sync_entries)
 from rlhf.weight_bridge.topology import MegatronTopology
@@ -346,12 +346,16 @@ class WeightBridge:
                 holds = self.cfg.transport == "tensor" and topo.rank in sv.participants(topo.controller)
                 if st is stage and topo.is_leader:
                     error = d.run_leader(plan, st, own, pool)
-                elif st is stage and holds:  # a TP peer of the leader holding engine ranks' entries
-                    BucketHolder(topo, sv, s.plan.engine_tp, pool, self.cfg.buffers).run(
-                        st.buckets, s.entries, self.spec, topo.tp_size,
-                        lambda e: collections.deque(hf_stream([e], topo, self.spec, self.meter), maxlen=0))
-                elif st is stage:  # a TP peer (an expert peer: EP > 1): its part in the leader's (EP) gathers
-                    collections.deque(hf_stream(s.entries, topo, self.spec, self.meter), maxlen=0)
+                elif st is stage:  # a TP peer of the leader, an expert peer (EP > 1) or its TP peer: its part in
+                    state = Production()  # the leader's gathers; holding, each broadcast in between (from_tensor.py)
+                    part = functools.partial(_peer_part, topo=topo, spec=self.spec, meter=self.meter, state=state)
+                    if holds:
+                        BucketHolder(topo, sv, s.plan.engine_tp, pool, self.cfg.buffers).run(
+                            st.buckets, s.entries, self.spec, topo.tp_size, topo.ep_size, lambda e: part([e]))
+                    else:
+                        part(s.entries)
+                    if state.error is not None:  # an expert peer's conversion: reported after every collective
+                        error = error or f"rank {topo.rank}: {type(state.error).__name__}: {state.error}"
                 elif holds:  # a rank of another stage or data-parallel replica on an engine rank's device
                     BucketHolder(topo, sv, s.plan.engine_tp, pool, self.cfg.buffers).run(st.buckets)
             return error
@@ -413,7 +417,7 @@ class WeightBridge:
 
     def _verdict(self, reports: list) -> tuple:
         """Controller: ``(validated plan, groups' rendezvous (if new), engines' fingerprint, engine TP size, each
-        stage's holders (colocated, EP 1))``."""
+        stage's holders (colocated))``."""
         cfg, fp = self.cfg, self.engines.fingerprint()
         plan = build_send_plan(reports, self.topo.controller, self.engines.expected_weights(), self.spec,
                                bucket_bytes=cfg.buffer_bytes, check=cfg.check)
@@ -421,7 +425,7 @@ class WeightBridge:
         if cfg.transport == "distributed" and self.dist.fingerprint != fp:
             groups = {r["pp_rank"]: r["group"] for r in reports if r}
         holders = {}
-        if cfg.transport == "tensor" and self.topo.ep_size == 1:
+        if cfg.transport == "tensor":
             for stage in plan.stages:
                 held = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, stage.leader)
                 if any(r != stage.leader for r in held.values()):
@@ -499,6 +503,16 @@ class WeightBridge:
             self._pool.close()
             self._pool = None
         self.dist.close()
+
+
+def _peer_part(entries, topo, spec, meter, state: Production) -> None:
+    """This rank's part in its stage leader's gathers of ``entries`` (hf_stream); a conversion error stays in
+    ``state`` (the rank goes on with its later collectives), any other error is raised."""
+    try:
+        collections.deque(hf_stream(entries, topo, spec, meter, state), maxlen=0)
+    except Exception:  # noqa: BLE001
+        if state.error is None:
+            raise
 
 
 def _close_sessions(engines, targets: list[int]) -> None:

@@ -3,12 +3,20 @@
 Engine e's TP rank r runs on the GPU of trainer rank ``e * tp + r`` (rlhf.rollout.placement.holder_ranks), its
 *holder*: it receives every bucket of every stage by a broadcast from the stage's leader, serializes ITS copy (a CUDA
 IPC handle on GPU, a shared-memory file name on CPU) and sends the bytes to the controller, which hands engine e its
-ranks' entries in TP-rank order: each engine rank maps memory on its own device only, and only bytes cross Ray.  An
-engine rank past the trainer's ranks (CPU tests), and every one under expert parallelism, gets the leader's buffer.
+ranks' entries in TP-rank order: each engine rank maps memory on its own device only, and only bytes cross Ray (so
+stage leaders may sit on any node, expert parallelism too).  An engine rank past the trainer's ranks (CPU tests) gets
+the leader's buffer.
 
-Ordering: every rank takes the broadcast of bucket k right after its part in the TP gathers of the last parameter
-bucket k holds, so all ranks issue the TP and broadcast groups' collectives in one global order (leaders then produce
-without the overlap thread).  A copy is rewritten only once the engines loaded the bucket it held (the decision of
+Ordering (one global order of the TP gather, EP gather and broadcast groups' collectives, so no rank waits on a
+group another rank has not reached): the leader streams its entries in order, each entry's collectives (TP gather;
+a routed expert under EP: TP gather, then one EP gather per converted tensor) before any of its HF tensors, and
+broadcasts bucket k as soon as k's last tensor is packed, before the next entry's collectives (no overlap thread
+while holders hold).  So bucket k's broadcast comes right before the collectives of the first entry whose first HF
+tensor (its position in the stage's send order, ``entry_starts``) lies past bucket k.  A holder that also takes part
+in the leader's gathers (the leader's TP peer; under EP an expert peer of the stage and its TP peers, whose entries
+are only the routed experts, each ``ep`` x its tensors on the leader) takes bucket k's broadcast right before its part
+in that entry (BucketHolder.run); other holders take every broadcast in bucket order.  Stages go one after
+the other on every rank.  A copy is rewritten only once the engines loaded the bucket it held (the decision of
 bucket k comes after their answer to bucket ``k - count``; engine_loader.load_bucket answers after its copies).
 """
 from __future__ import annotations
@@ -27,7 +35,7 @@ from rlhf.weight_bridge.delivery import Delivery
 from rlhf.weight_bridge.plan import plan_local_tensors
 
 __all__ = ["serialize_bucket", "prepare_sharing", "TensorDelivery", "broadcast_group",
-           "StageServing", "BucketHolder", "entry_tensor_counts"]
+           "StageServing", "BucketHolder", "entry_starts"]
 
 def prepare_sharing(device: torch.device) -> None:
     """Buffers of ``device`` shareable by handle: the ``file_system`` strategy on CPU (the engine's schedulers are
@@ -63,9 +71,16 @@ def broadcast_group(members: tuple[int, ...], world: int, existing: dict):
     return existing[members] if members in existing else dist.new_group(ranks=list(members))
 
 
-def entry_tensor_counts(entries: Sequence[LocalTensor], spec, tp: int) -> list[int]:
-    """How many HF tensors each entry converts to on the stage leader."""
-    return [len(plan_local_tensors([e], spec, tp)) for e in entries]
+def entry_starts(entries: Sequence[LocalTensor], buckets: Sequence[BucketPlan], spec, tp: int, ep: int) -> list[int]:
+    """Position in the stage's send order (``buckets``) of each entry's first HF tensor on the stage leader (for an
+    entry with none, of the next tensor); KeyError for an entry the plan does not send."""
+    pos = {m.name: i for i, m in enumerate(m for b in buckets for m in b.metas)}
+    out, nxt = [], 0
+    for e in entries:
+        names = [name for name, _, _ in plan_local_tensors([e], spec, tp, ep)]
+        out.append(pos[names[0]] if names else nxt)
+        nxt = pos[names[-1]] + 1 if names else nxt
+    return out
 
 
 @dataclass
@@ -181,18 +196,18 @@ class BucketHolder:
             _share(self.topo, self.serving, self.tp, bplan, engines, lambda: self.copies.take(bplan.nbytes))
 
     def run(self, buckets: Sequence[BucketPlan], entries: Sequence[LocalTensor] = (), spec=None, tp: int = 1,
-            gather: Callable | None = None) -> None:
-        """Every bucket in order, each right after this rank's part (``gather(entry)``, a TP peer of the leader) in the
-        TP gathers of the ``entries`` it holds tensors of; the copies go back when the stage's last one was answered."""
+            ep: int = 1, gather: Callable | None = None) -> None:
+        """Every bucket in order; on a rank with a part (``gather(entry)``) in the leader's gathers of ``entries``,
+        bucket k right before its part in the first entry starting past k (module docstring); the copies go back
+        when the stage's last one was answered."""
         try:
             ends = list(itertools.accumulate(len(b.metas) for b in buckets))  # HF tensors through bucket k
-            done = k = 0
-            for e, c in zip(entries, entry_tensor_counts(entries, spec, tp)):
-                gather(e)
-                done += c
-                while k < len(buckets) and ends[k] <= done:
+            k = 0
+            for e, start in zip(entries, entry_starts(entries, buckets, spec, tp, ep)):
+                while k < len(buckets) and ends[k] <= start:
                     self.step(buckets[k])
                     k += 1
+                gather(e)
             for b in buckets[k:]:
                 self.step(b)
             self.topo.recv_object(self.topo.controller)  # the engines answered this stage's last bucket

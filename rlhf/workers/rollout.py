@@ -138,7 +138,7 @@ def start_rollout(cfg, model_path: str):
     from parallel.distributed import compute_device, rank_nodes
     from rlhf.rollout import RolloutManager
     from rlhf.rollout.placement import (cpu_engine_nodes, describe_engine_nodes, gpu_engine_nodes, plan_placement,
-                                        ipc_source_ranks, rank_ray_nodes)
+                                        rank_ray_nodes)
     from rlhf.rollout.ray_cluster import init_ray
 
     init_ray()
@@ -154,9 +154,7 @@ def start_rollout(cfg, model_path: str):
         per_node = torch.cuda.device_count()
         nnodes, node_ids = gpu_engine_nodes(ranks, per_node, ray_nodes, r.mode)
         plan = plan_placement(nnodes=nnodes, gpus_per_node=per_node, trainer_world_size=world,
-                              num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode,
-                              leaders=ipc_source_ranks(world, cfg.parallel.pipeline_model_parallel_size,
-                                                       cfg.parallel.get("expert_model_parallel_size", 1)))
+                              num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size, mode=r.mode)
     else:
         node_ids = cpu_engine_nodes(ranks, ray_nodes, r.mode, r.num_engines, r.tensor_model_parallel_size)
     logger.info("[rollout] %s: %s (%d Ray node(s))", r.mode, describe_engine_nodes(r.num_engines, node_ids, ray_nodes,

@@ -3,8 +3,14 @@ Launched by tests/e2e/test_bridge_holders_dist.py (shared 4-rank launch, tests/e
 
     torchrun --nproc_per_node=4 tests/support/dist/holder_checks.py --workdir DIR
 
-Per trainer layout (tiny Llama, megatron-core, the real WeightBridge on every rank; the engines are
-tests/support/fakes.py's FakeEngines on rank 0, which deserialize every entry with SGLang's serializer):
+Per trainer layout (tiny Llama; under expert parallelism a tiny Qwen3-MoE of 8 experts; megatron-core, the real
+WeightBridge on every rank; the engines are tests/support/fakes.py's FakeEngines on rank 0, which deserialize every
+entry with SGLang's serializer):
+
+* ``placed_on_two_nodes`` (EP layouts): the 4 ranks as 2 simulated nodes of 2 GPUs (rank r on node ``r // 2``, the
+  placement's numbering; the bridge knows no nodes): the colocated placement check passes with stage leaders (PP2:
+  ranks 0 and 2) or engines on both nodes under EP (refused before: every engine mapped the leaders' buckets), and
+  every engine rank's entries of every bucket come from a rank of its own node (CUDA IPC works only within one);
 
 * ``entry_from_rank_on_its_device``: engine e's TP-rank-r entry of EVERY bucket (every pipeline stage's) is shared
   memory created by trainer rank ``e * engine_tp + r`` (the pid in torch's ``/torch_<pid>_`` file name);
@@ -24,7 +30,9 @@ tests/support/fakes.py's FakeEngines on rank 0, which deserialize every entry wi
   conversion (fault point ``sync_convert_error``): the sync raises WeightBridgeError naming the fault on every
   rank within ``WATCHDOG_S`` (its TP peer goes on issuing gathers; a leader that stopped gathering left it in
   ``dist.gather`` until the process group's timeout: the watchdog prints FAIL and ends the launch), and the next
-  sync is fine on every rank (no collective left behind).
+  sync is fine on every rank (no collective left behind);
+* ``expert_peer_error_raises_on_every_rank`` (EP layouts): the same with the fault on stage 0's expert peer of TP
+  rank 0 (it converts its routed experts and holds: its error is kept until its last broadcast and collective).
 
 Prints ``CHECK holders_<layout>_<name> PASS|FAIL <detail>`` on rank 0.
 """
@@ -45,12 +53,18 @@ import torch.distributed as dist  # noqa: E402
 from parallel.distributed import init_distributed, init_model_parallel, set_seed  # noqa: E402
 from tests.support.dist.checks import report_rank0 as report  # noqa: E402 (rank 0 decides)
 
-#: (trainer tp, trainer pp, engines, engine tp): world 4
+#: (trainer tp, trainer pp, trainer ep, engines, engine tp): world 4
 LAYOUTS = [
-    (2, 2, 2, 2),  # TP peers of both stage leaders hold engine ranks; stage 1's leader holds one of its own
-    (1, 2, 1, 4),  # data-parallel replica ranks (no part in any gather) hold engine ranks of both stages
-    (2, 1, 2, 2),  # PP 1: a TP peer and a data-parallel replica's ranks hold
-    (2, 1, 1, 2),  # PP 1, one engine: the leader and its TP peer hold (the holders are one TP group)
+    (2, 2, 1, 2, 2),  # TP peers of both stage leaders hold engine ranks; stage 1's leader holds one of its own
+    (1, 2, 1, 1, 4),  # data-parallel replica ranks (no part in any gather) hold engine ranks of both stages
+    (2, 1, 1, 2, 2),  # PP 1: a TP peer and a data-parallel replica's ranks hold
+    (2, 1, 1, 1, 2),  # PP 1, one engine: the leader and its TP peer hold (the holders are one TP group)
+    # EP: each stage's expert peer holds, its part in the leader's EP gathers between the broadcasts (stage 1's leader
+    # and expert peer hold stage 0's buckets on node 1)
+    (1, 2, 2, 2, 2),
+    # TP2 x EP2: the leader's TP peer (an expert entry is 2 x its tensors on the leader), the expert peer and its TP
+    # peer (routed experts only, TP gather then EP gathers) hold
+    (2, 1, 2, 2, 2),
 ]
 CHECKS = ["entry_from_rank_on_its_device", "entries_bitwise_equal_checkpoint",
           "failed_sync_serializes_only_what_is_delivered", "replaced_engine_serializes_only_what_is_delivered",
@@ -61,8 +75,12 @@ WATCHDOG_S = 120  # a sync of this tiny model takes seconds; a peer left in a ga
 LOAD_DELAY_S = 0.03  # the engines' loading of a bucket starts this long after the update call
 
 
-def layout_name(tp, pp, n, etp):
-    return f"tp{tp}pp{pp}_{n}x{etp}"
+def layout_name(tp, pp, ep, n, etp):
+    return f"tp{tp}pp{pp}{f'ep{ep}' if ep > 1 else ''}_{n}x{etp}"
+
+
+def checks(ep):
+    return CHECKS + (["placed_on_two_nodes", "expert_peer_error_raises_on_every_rank"] if ep > 1 else [])
 
 
 class Fleet:
@@ -162,7 +180,7 @@ def fault_sync(actor, fleet, tag, rank, name):
         return sync(actor, fleet, tag)
 
 
-def run_layout(tp, pp, n, etp, path, counters):
+def run_layout(tp, pp, ep, n, etp, path, counters):
     from transformers import AutoConfig
 
     from megatron.core import parallel_state as ps
@@ -173,14 +191,15 @@ def run_layout(tp, pp, n, etp, path, counters):
 
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    init_model_parallel(tp=tp, pp=pp)
+    init_model_parallel(tp=tp, pp=pp, ep=ep)
     set_seed(1234)
     rank0, world = dist.get_rank() == 0, dist.get_world_size()
-    lay = f"holders_{layout_name(tp, pp, n, etp)}"
+    lay = f"holders_{layout_name(tp, pp, ep, n, etp)}"
     actor = build_model_chunks(AutoConfig.from_pretrained(path), "actor", path)
     pids = [None] * world
     dist.all_gather_object(pids, os.getpid())
-    expected = expected_weights_from_spec(actor.spec)
+    expected = (expected_weights_from_spec(actor.spec) if ep == 1 else  # the MoE's own checkpoint names and shapes
+                {k: (tuple(v.shape), v.dtype) for k, v in load_checkpoint(path).items()})
 
     def fleet(**kw):
         return Fleet(FakeEngines(expected, n=n, tp_size=etp, **kw.pop("engines", {})), **kw) if rank0 else None
@@ -204,13 +223,19 @@ def run_layout(tp, pp, n, etp, path, counters):
         detail = (f"trainer pids {pids}; want {want}; per bucket: {calls[:1]} .. {calls[-1:]} ({len(calls)} "
                   f"buckets)")
     report(f"{lay}_entry_from_rank_on_its_device", ok, detail)
-    if rank0:
-        from safetensors.torch import load_file
+    if ep > 1:
+        from rlhf.rollout.placement import job_placement_problem
 
-        ckpt = {}
-        for name in sorted(os.listdir(path)):
-            if name.endswith(".safetensors"):
-                ckpt.update(load_file(os.path.join(path, name)))
+        why = job_placement_problem(mode="colocated", num_engines=n, engine_tp=etp, gpus_per_node=2, nnodes=2,
+                                    trainer_world_size=world)
+        node_of = {pid: r // 2 for r, pid in enumerate(pids)}
+        away = [(e, r, pid) for call in (f.creators if rank0 else []) for e, row in call.items()
+                for r, pid in enumerate(row) if node_of[pid] != (e * etp + r) // 2]
+        report(f"{lay}_placed_on_two_nodes", rank0 and why is None and bool(f.creators) and not away,
+               f"placement on 2 nodes x 2 GPUs: {why or 'places'}; stage leaders {stage_leaders(world, pp)}; "
+               f"entries from another node (engine, rank, pid): {away[:4]}")
+    if rank0:
+        ckpt = load_checkpoint(path)
         got = [e.by_rank for e in f.inner.engines]
         bad = [(e, r, x) for e in range(n) for r in range(etp) for x in expected
                if x not in got[e][r] or not torch.equal(got[e][r][x], ckpt[x].to(got[e][r][x].dtype))]
@@ -226,14 +251,15 @@ def run_layout(tp, pp, n, etp, path, counters):
     report(f"{lay}_broadcast_on_an_existing_group", not any(groups) and not isinstance(stats, str),
            f"new_group calls per rank in a sync with holders: {groups}")
 
-    # a production error mid-stage on the last stage's leader: every rank raises, nothing left in a collective
-    leader = stage_leaders(world, pp)[-1]
-    name = f"{lay}_production_error_raises_on_every_rank"
-    got = fault_sync(actor, fleet(), f"{lay}_fault", leader, name)
-    raised = gathered(isinstance(got, str) and "FAULT sync_convert_error" in got)
-    again = gathered(not isinstance(sync(actor, fleet(), f"{lay}_after_fault"), str))
-    report(name, all(raised) and all(again), f"fault on rank {leader}; raised naming it on ranks {raised}; the "
-           f"next sync fine on ranks {again}: {str(got)[:200]}")
+    # a production error mid-stage on the last stage's leader (under EP also on stage 0's expert peer of TP rank 0,
+    # rank tp, a holder converting its routed experts): every rank raises, nothing left in a collective
+    for check, rank in (("production_error", stage_leaders(world, pp)[-1]), ("expert_peer_error", tp))[:1 + (ep > 1)]:
+        name = f"{lay}_{check}_raises_on_every_rank"
+        got = fault_sync(actor, fleet(), f"{lay}_{check}", rank, name)
+        raised = gathered(isinstance(got, str) and "FAULT sync_convert_error" in got)
+        again = gathered(not isinstance(sync(actor, fleet(), f"{lay}_after_{check}"), str))
+        report(name, all(raised) and all(again), f"fault on rank {rank}; raised naming it on ranks {raised}; the "
+               f"next sync fine on ranks {again}: {str(got)[:200]}")
 
     # a failed sync and a replaced engine: nothing serialized that is not handed to an engine
     for name, engines in (("failed_sync", {"fail_at": {(0, 1)}}), ("replaced_engine", {"kill_at": {(n - 1, 1)}})):
@@ -257,11 +283,19 @@ def run_layout(tp, pp, n, etp, path, counters):
     dist.barrier()
 
 
+def load_checkpoint(path):
+    from safetensors.torch import load_file
+
+    return {k: v for name in sorted(os.listdir(path)) if name.endswith(".safetensors")
+            for k, v in load_file(os.path.join(path, name)).items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
     args = ap.parse_args()
     init_distributed()
+    from tests.support.model_families import make_family_model
     from tests.support.tiny_models import make_tiny_hf_model
     from tests.support.tiny_tokenizer import make_tiny_tokenizer
 
@@ -270,15 +304,16 @@ def main():
     if dist.get_rank() == 0:
         tok = make_tiny_tokenizer()
         make_tiny_hf_model(path, "llama_gqa", vocab_size=len(tok), hidden_size=64, num_layers=4, seed=7, tokenizer=tok)
+        make_family_model(path + "_moe", "qwen3_moe", num_layers=4, seed=7)
     dist.barrier()
     counters = Counters()
     try:
-        for tp, pp, n, etp in LAYOUTS:
+        for lay in LAYOUTS:
             try:
-                run_layout(tp, pp, n, etp, path, counters)
+                run_layout(*lay, path + ("_moe" if lay[2] > 1 else ""), counters)
             except Exception:
                 traceback.print_exc()
-                print(f"CHECK holders_{layout_name(tp, pp, n, etp)}_completed FAIL rank {dist.get_rank()}", flush=True)
+                print(f"CHECK holders_{layout_name(*lay)}_completed FAIL rank {dist.get_rank()}", flush=True)
                 raise
     finally:
         counters.restore()  # the launch may run other scripts in these processes

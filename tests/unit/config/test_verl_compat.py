@@ -760,8 +760,9 @@ def test_verl_offload_and_megatron_optimizer_keys_are_mapped():
 def test_verl_gpu_job_gets_one_engine_per_rollout_tp_group(caplog):
     """verl's hybrid engine runs one rollout replica per rollout TP group of the job's GPUs: 8 GPUs at rollout TP 2
     are 4 engines (before: our schema's default of 1 engine on 2 of the 8 GPUs), on every node (before: rank 0's
-    node only, 2 of verl's 4 at 2 nodes x 8, with a warning); with expert parallelism, where the engines map the
-    stage leaders' memory, the most that place on rank 0's node, with a warning."""
+    node only, 2 of verl's 4 at 2 nodes x 8, with a warning); with expert parallelism too (before: the most that
+    placed on rank 0's node, 2, with a warning: the engines mapped the stage leaders' memory); where verl's count does
+    not place (an engine of TP 3 would span nodes) the most that place, with a warning."""
     assert compose_config(["trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
                           ).rollout.num_engines == 4
     verl = ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=4"]
@@ -770,8 +771,11 @@ def test_verl_gpu_job_gets_one_engine_per_rollout_tp_group(caplog):
         guide = ["trainer.nnodes=4", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
         assert compose_config(guide).rollout.num_engines == 16  # the production guide's deployment (was 4)
         assert "this job places" not in caplog.text
-        assert compose_config([*verl, "parallel.expert_model_parallel_size=2"]).rollout.num_engines == 2
-    assert "verl would run 4 rollout replicas here; this job places 2" in caplog.text
+        assert compose_config([*verl, "parallel.expert_model_parallel_size=2"]).rollout.num_engines == 4
+        assert "this job places" not in caplog.text
+        odd = ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "actor_rollout_ref.rollout.tensor_model_parallel_size=3"]
+        assert compose_config(odd).rollout.num_engines == 2
+    assert "verl would run 5 rollout replicas here; this job places 2" in caplog.text
     # the user's own count wins, in either layout; our layout alone keeps our default; a CPU job keeps one engine
     assert compose_config([*verl, "rollout.num_engines=1"]).rollout.num_engines == 1
     assert compose_config(["trainer.n_gpus_per_node=8", "rollout.tensor_model_parallel_size=2"]

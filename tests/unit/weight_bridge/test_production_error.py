@@ -12,8 +12,7 @@ from rlhf import faults
 from rlhf.weight_bridge import WeightBridge, WeightBridgeError, WeightSyncConfig
 from rlhf.weight_bridge.bucketing import BufferPool, MemoryMeter
 from rlhf.weight_bridge.hf_stream import stage_buckets
-from rlhf.weight_bridge.from_tensor import entry_tensor_counts
-from rlhf.weight_bridge.plan import sync_entries
+from rlhf.weight_bridge.plan import plan_local_tensors, sync_entries
 from tests.support.fakes import FakeEngines, SimulatedTPTopology, expected_weights_from_spec
 from tests.unit.weight_bridge.test_weight_bridge_layout import make_spec, random_hf_state, simulated_trainer
 
@@ -76,7 +75,7 @@ def test_packing_error_yields_every_bucket_after_the_gathers_of_its_tensors():
     plans = WeightBridge(ranks[0], spec, FakeEngines(expected_weights_from_spec(spec)),
                          WeightSyncConfig(bucket_bytes=4096), topology=topo).plan().stages[0].buckets
     entries, _ = sync_entries(ranks[0], spec, None, topo)
-    counts = entry_tensor_counts(entries, spec, 2)
+    counts = [len(plan_local_tensors([e], spec, 2)) for e in entries]
     gathering = [GATHER_DIM[e.role.kind] is not None for e in entries]
     assert len(plans) > 3
 

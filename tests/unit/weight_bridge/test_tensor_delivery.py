@@ -70,7 +70,7 @@ def test_peer_holder_takes_each_broadcast_after_the_gathers_of_its_last_tensor(m
         bufs.append(buf.untyped_storage().data_ptr())
 
     monkeypatch.setattr(from_tensor.dist, "broadcast", broadcast)
-    monkeypatch.setattr(from_tensor, "entry_tensor_counts", lambda entries, spec, tp: [1, 3, 2])
+    monkeypatch.setattr(from_tensor, "entry_starts", lambda entries, buckets, spec, tp, ep: [0, 1, 4])
     monkeypatch.setattr(from_tensor, "serialize_bucket", lambda buf, bplan, n: [b"x"] * n)
     pool = BufferPool(48, count=2, shared=True)
     serving = StageServing(0, holder_ranks(2, 2, 4, 0), "group")
