@@ -1,9 +1,9 @@
 """Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3) into a real SGLang CPU
 engine: greedy generation after the sync equals HF's with the same weights, and every engine parameter is bitwise
-what SGLang's own loading from disk gives for an HF export of the same weights.  tests/support/dist/family_sync_e2e.py in a
-2-rank torchrun launch of its own (tests/e2e/conftest.py): trainer TP2, one engine per family, one at a time, then
-the MoE again at TP1 x EP2, then every family at trainer PP2 and TP1 into the same engine, then at trainer TP2, PP2
-and TP1 into an engine of TP2; each CHECK line is one test."""
+what SGLang's own loading from disk gives for an HF export of the same weights.  tests/support/dist/family_sync_e2e.py
+in a 2-rank torchrun launch of its own (tests/e2e/conftest.py): trainer TP2, one engine per family (the next one
+booting meanwhile), then the MoE again at TP1 x EP2, then every family at trainer PP2 and TP1 into the same engine,
+then at trainer TP2, PP2 and TP1 into an engine of TP2; each CHECK line is one test."""
 import os
 
 import pytest

@@ -6,9 +6,10 @@ Tiny random models shaped like real releases (tests/support/model_families.py): 
 Qwen3 (q/k norm, head_dim != hidden/heads), Qwen3-MoE (8 experts, top-2, norm_topk_prob), Mixtral (8
 experts, top-2, w1/w2/w3 expert names, theta 1e6) and DeepSeek-V3 (multi-latent attention, YaRN, 1 dense + 1 MoE
 layer: 8 routed experts in 2 groups, sigmoid router with correction bias, a shared expert).  Global rank 0
-starts one SGLang engine (rollout TP 1, fp32; later one of TP 2, below) per family from the initial weights, one
-at a time (memory).  First the trainer (TP2, gloo; the MoE's experts split over TP) builds each model from HF,
-takes one optimizer step, and the WeightBridge streams the new weights into that family's engine.  Per family:
+starts two SGLang engines per family from the initial weights (rollout TP 1, fp32; then one of TP 2, below), each
+booting while the engine before it is in use (at most two alive).  First the trainer (TP2, gloo; the MoE's
+experts split over TP) builds each model from HF, takes one optimizer step, and the WeightBridge streams the
+new weights into that family's engine.  Per family:
   <kind>_initial_equals_hf   the engine's greedy ids on the initial weights == HF `generate`
   deepseek_v3_cached_prefix_equals_hf   the same prompts again (the engine's prefix cache holds them: its
                              prefill takes the absorbed MLA form) == HF `generate`
@@ -41,7 +42,6 @@ import argparse
 import functools
 import os
 import sys
-import threading
 import traceback
 import warnings
 
@@ -74,16 +74,46 @@ def make_models(workdir, kinds=KINDS):
     return paths
 
 
-def start_engine(path, tp=1):
-    """Rank 0: one SGLang engine of ``tp`` TP ranks (a RolloutManager of one engine) starting in a background
-    thread."""
+def launch_engine(path, tp=1):
+    """Rank 0: one SGLang engine of ``tp`` TP ranks (a RolloutManager of one engine), its Ray actor created now: it
+    boots in the background (``engine.start()`` waits for it; the first call that needs it does too)."""
     from rlhf.rollout.manager import RolloutManager
 
     engine = RolloutManager(1, dict(model_path=path, tp_size=tp, dtype="float32", context_length=128, random_seed=0),
                             start=False)
-    thread = threading.Thread(target=engine.start, daemon=True)
-    thread.start()
-    return engine, thread
+    engine.launch()
+    return engine
+
+
+class EngineQueue:
+    """Rank 0: the run's engines in the order they are used, each launched one engine ahead: while one engine is
+    in use the next one boots (at most two alive; each is shut down before the one after the next is launched)."""
+
+    def __init__(self, order):
+        self.order, self.live = list(order), {}  # [(kind, tp)], {(kind, tp): RolloutManager}
+        self._next = 0
+        self._launch_next()
+        self._launch_next()
+
+    def _launch_next(self):
+        if self._next < len(self.order):
+            kind, tp, path = self.order[self._next]
+            self.live[(kind, tp)] = launch_engine(path, tp)
+            self._next += 1
+
+    def get(self, kind, tp):
+        return self.live[(kind, tp)]
+
+    def done(self, kind, tp):
+        """Shut the engine down and launch the one after the next."""
+        engine = self.live.pop((kind, tp), None)
+        if engine is not None:
+            engine.shutdown()
+            self._launch_next()
+
+    def shutdown(self):
+        for key in list(self.live):
+            self.live.pop(key).shutdown()
 
 
 def train_step(bundle, state, seed=11):
@@ -161,8 +191,9 @@ def initial_check(kind, path, engine, tag=""):
 
 
 def main():
-    """One engine at a time (memory): it boots while the trainer builds and steps that family's model (its initial
-    output is checked just before the sync)."""
+    """The engines boot one ahead (:class:`EngineQueue`): a family's TP1 engine boots while the trainer builds and
+    steps that family's model (its initial output is checked just before the sync), its TP2 engine while the TP1
+    engine's phases run, the next family's TP1 engine while the TP2 engine's run."""
     from megatron.core import parallel_state as ps
 
     ap = argparse.ArgumentParser()
@@ -173,24 +204,26 @@ def main():
     os.makedirs(args.workdir, exist_ok=True)
     paths = make_models(args.workdir, args.kinds.split(","))
     rank0 = dist.get_rank() == 0
+    engines = None
     if rank0:
         import ray
 
         os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # a loaded CI machine starts raylet slowly
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        engines = EngineQueue([(kind, tp, path) for kind, path in paths.items() for tp in (1, 2)])
     try:
         for kind, path in paths.items():
-            engine, thread = start_engine(path) if rank0 else (None, None)
+            engine = engines.get(kind, 1) if rank0 else None
             try:
                 if ps.model_parallel_is_initialized():
                     ps.destroy_model_parallel()
                 init_model_parallel(tp=2)
                 set_seed(1234)
 
-                def engine_ready(kind=kind, path=path, engine=engine, thread=thread, tag=""):
+                def engine_ready(kind=kind, path=path, engine=engine, tag=""):
                     initial = None
                     if rank0:
-                        thread.join()
+                        engine.start()
                         initial = initial_check(kind, path, engine, tag)
                     dist.barrier()
                     return initial
@@ -209,36 +242,37 @@ def main():
                 ps.destroy_model_parallel()
                 init_model_parallel(tp=1)
                 run_family(kind, path, engine, args.workdir, synced, tag="_tp1", steps=2)
-                # an engine of two TP ranks (in place of the TP1 one: one engine at a time), trainer TP2: each
-                # engine rank's shard of fused qkv / gate-up, experts and vocabulary, written by the trainer ranks
+                # the engine of two TP ranks (booted meanwhile; the next family's TP1 engine boots once the TP1
+                # one is shut down), trainer TP2: each engine rank's shard of fused qkv / gate-up, experts and
+                # vocabulary, written by the trainer ranks
                 if rank0:
-                    engine.shutdown()
-                    engine, thread = start_engine(path, tp=2)
+                    engines.done(kind, 1)
+                    engine = engines.get(kind, 2)
                 ps.destroy_model_parallel()
                 init_model_parallel(tp=2)
                 synced = run_family(kind, path, engine, args.workdir, None, tag="_etp2",
-                                    engine_ready=functools.partial(engine_ready, kind, path, engine, thread, "_etp2"))
+                                    engine_ready=functools.partial(engine_ready, kind, path, engine, "_etp2"))
                 # the same engine of TP2 from trainer PP2, then from trainer TP1 (engine rank r's shard cut out of
                 # whole tensors: one trainer rank writes both engine ranks' sections)
                 for tag, layout in (("_etp2_pp2", dict(tp=1, pp=2)), ("_etp2_tp1", dict(tp=1))):
                     ps.destroy_model_parallel()
                     init_model_parallel(**layout)
                     synced = run_family(kind, path, engine, args.workdir, synced, tag=tag, steps=2)
+                if rank0:
+                    engines.done(kind, 2)
             except Exception:
                 traceback.print_exc()
                 print(f"CHECK {kind}_completed FAIL rank {dist.get_rank()}: exception (see log)", flush=True)
                 raise
-            finally:
-                if engine is not None:
-                    engine.shutdown()
     finally:
         if rank0:
             import ray
 
+            if engines is not None:
+                engines.shutdown()
             ray.shutdown()
     dist.barrier()
     dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()
