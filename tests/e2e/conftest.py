@@ -8,9 +8,9 @@ order below.  A script that patches the process for good comes after every scrip
 (lora_checks.py and device_checks.py put the HF engine double in ``rlhf.workers.rollout.start_rollout``; the engine
 scripts after them drive ``RolloutManager`` directly and never call it).  The scripts that start real SGLang
 engines (bridge_e2e.py; Ray on rank 0) come last: a launch ends at its first failing script, and an engine that
-cannot start on a loaded machine then hides no engine-free check.  family_sync_e2e.py keeps a launch of its own: after
-bridge_e2e.py in the same processes its first sync failed with "Broken pipe" on rank 0 (a second Ray session in one
-process) and its TP peer waited in the bridge's broadcast.
+cannot start on a loaded machine then hides no engine-free check.  family_sync_e2e.py comes after bridge_e2e.py in the
+same processes, in the Ray session bridge_e2e.py started (run_scripts.py: one Ray session per launch; a second one in
+the same process broke its first sync with "Broken pipe" on rank 0).
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ GROUPS = {
         ("test_init_checkpoint_dist", "init_checkpoint_checks.py", 900),
         ("test_teacher_layout_dist", "teacher_layout_checks.py", 300),
         ("test_router_replay_dist", "router_replay_checks.py", 600), ("test_lora_dist", "lora_checks.py", 1500),
-        ("test_device_discipline", "device_checks.py", 900), ("test_weight_bridge_e2e", "bridge_e2e.py", 1200)],
+        ("test_device_discipline", "device_checks.py", 900), ("test_weight_bridge_e2e", "bridge_e2e.py", 1200),
+        ("test_family_sync_e2e", "family_sync_e2e.py", 1500)],
     4: [("test_foundation_dist", "foundation_checks.py", 900), ("test_model_families_dist", "family_checks.py", 1500),
         ("test_bridge_holders_dist", "holder_checks.py", 600)],
 }

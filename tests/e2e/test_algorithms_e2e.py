@@ -23,14 +23,18 @@ from tests.support.paths import ROOT
 
 pytestmark = [pytest.mark.slow]
 
+# a quarter of the samples fail: the first of the h == 1 ones (once per process: each hang costs a step
+# reward.timeout_s) hangs past reward.timeout_s, the others raise
 FLAKY_REWARD = """
 import time, zlib
+HUNG = []
 def compute_score(solution_str, ground_truth):
     h = zlib.crc32(solution_str.encode()) % 8
-    if h == 0:
-        raise RuntimeError("reward service unavailable")
-    if h == 1:
+    if h == 1 and not HUNG:
+        HUNG.append(1)
         time.sleep(5)  # past reward.timeout_s
+    if h in (0, 1):
+        raise RuntimeError("reward service unavailable")
     return 1.0
 """
 
@@ -95,6 +99,7 @@ def test_grpo_quickstart_python_api(tiny_model, tmp_path):
     assert all(s["reward/num_fallbacks"][k] == sum(s[t][k] for t in per_source) for k in range(1, 13))
     assert len(s["reward/model/mean"]) == 12
     assert "reward/num_fallbacks=" in out  # on the console too
+    assert "compute_score timed out (1.5s, reward.timeout_s)" in out, out[-4000:]  # the hang: a fallback too
 
 
 def test_dpo_quickstart_on_generated_pairs(tiny_model, tmp_path):

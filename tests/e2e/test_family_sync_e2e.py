@@ -1,15 +1,12 @@
 """Weight sync of each model family (Llama-3 rope, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3) into a real SGLang CPU
 engine: greedy generation after the sync equals HF's with the same weights, and every engine parameter is bitwise
 what SGLang's own loading from disk gives for an HF export of the same weights.  tests/support/dist/family_sync_e2e.py
-in a 2-rank torchrun launch of its own (tests/e2e/conftest.py): trainer TP2, one engine per family (the next one
-booting meanwhile), then the MoE again at TP1 x EP2, then every family at trainer PP2 and TP1 into the same engine,
-then at trainer TP2, PP2 and TP1 into an engine of TP2; each CHECK line is one test."""
-import os
-
+in the shared 2-rank torchrun launch, after bridge_e2e.py (tests/e2e/conftest.py): trainer TP2, one engine per
+family (the next one booting meanwhile), then the MoE again at TP1 x EP2, then every family at trainer PP2 and TP1
+into the same engine, then at trainer TP2, PP2 and TP1 into an engine of TP2; each CHECK line is one test."""
 import pytest
 
-from tests.support.dist_utils import assert_check, collect_checks, run_torchrun
-from tests.support.paths import DIST_SCRIPTS
+from tests.support.dist_utils import assert_check
 
 KINDS = ("llama3", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3")
 LAYOUT = ("every_engine_parameter_equals_disk_load",)
@@ -26,11 +23,9 @@ pytestmark = [pytest.mark.dist, pytest.mark.slow, pytest.mark.sglang]
 
 
 @pytest.fixture(scope="module")
-def checks(tmp_path_factory):
-    # a launch of its own (tests/e2e/conftest.py says why)
-    out = run_torchrun(os.path.join(DIST_SCRIPTS, "family_sync_e2e.py"), nproc=2,
-                       args=["--workdir", str(tmp_path_factory.mktemp("family_sync"))], timeout=1500)
-    return collect_checks(out)
+def checks(shared_dist_checks):
+    # one torchrun launch with the other collected check scripts of its world size (tests/e2e/conftest.py)
+    return shared_dist_checks("family_sync_e2e.py")
 
 
 @pytest.mark.parametrize("name", EXPECTED)

@@ -9,7 +9,7 @@ next point (rlhf/faults.py) and resumed by the next, the last one finishing:
                          dist_checkpointing's writer) must go by themselves                       -> fresh
     B  sync_weights@K    the whole process group, in step 3's weight sync after its first bucket: K = 2 x
                          (buckets per sync) + 1 (the resume sync and step 2's come first), the buckets per
-                         sync read from the reference run's RLHF_FAULT_TRACE lines               -> step 1
+                         sync read from run A's RLHF_FAULT_TRACE lines (the reference run's must agree) -> step 1
     C  no fault: resumes from step 2 and finishes step 3                                             -> step 2
 
 The other states a killed save can leave (a complete .tmp before its rename, renamed before the tracker was
@@ -35,7 +35,8 @@ degradation (reward_model_slow@1: a local reward model of weight 0 stalls 6 s > 
 first call -> its 8 samples get the rule fallback, reward/model/num_fallbacks = 8 at step 1), the gradient
 circuit breaker (actor.optim.breaker.grad_norm tiny: fires every 2 optimizer steps, once per step) and an
 alert (actor/entropy above 0 fires every step).  Cost: 4 runs, each starting an SGLang engine; the
-reference run runs alongside run A, and the orphan wait of the trainer-alone kill overlaps the next run.
+reference run runs alongside the chain (its checks come last), and the orphan wait of the trainer-alone kill (a
+watcher thread) overlaps the runs after it.
 """
 from __future__ import annotations
 
@@ -229,54 +230,42 @@ def test_fault_matrix(model, tmp_path):
     log_dir = str(tmp_path)
     t_start = time.monotonic()
     full, chain = tmp_path / "full", tmp_path / "chain"
-    pool = ThreadPoolExecutor(1)  # the reference run alongside the chain's first run (it needs nothing of it)
+    # the reference run alongside the chain (it needs nothing of it); a trainer-alone kill's orphans watched for
+    # GRACE_S["process"] while the chain goes on (Ray's agents leave ~61 s after the trainer)
+    pool = ThreadPoolExecutor(2)
     reference = pool.submit(launch, overrides(model, full), SAFEGUARD_FAULTS, log_dir)
     figures = {"faults_injected": 0, "runs_resumed": 0, "orphans_left": 0, "orphans_gone_after_s": {}}
-    deferred = []  # (label, procs, mode, killed at): a trainer-alone kill's children are checked after the next run
+    watched = []  # (label, future of leftovers(), killed at)
 
-    def check_orphans(label, procs, mode, killed_at):
-        left, _ = leftovers(procs, max(0.0, GRACE_S[mode] - (time.monotonic() - killed_at)))
+    def check_orphans(label, left, gone_after_s):
         figures["orphans_left"] += len(left)
-        # seconds from the kill until no process was left (a deferred check: until it was made)
-        figures["orphans_gone_after_s"][label[0]] = round(time.monotonic() - killed_at, 1)
+        figures["orphans_gone_after_s"][label[0]] = round(gone_after_s, 1)  # seconds from the kill until none left
         assert not left, f"{label}: processes of the killed run survive it: {left}"
 
-    run_seconds = []
+    run_seconds, buckets = [], None
     for label, fault, mode, resume_from, left_behind in CHAIN:
-        if "{hit}" in fault:  # the reference run tells how many buckets a sync has
-            rc, out, procs, secs = reference.result()
-            pool.shutdown()
-            assert rc == 0, out[-6000:]
-            left, _ = leftovers(procs)
-            assert not left, f"the uninterrupted run left processes behind: {left}"
-            run_seconds.insert(0, secs)
-            # the safeguards fired and were logged with the step
-            assert "FAULT reward_model_slow hit 1: stall 6 s" in out, out[-4000:]
-            assert re.search(r"WARNING step 1: actor gradient circuit breaker fired: grad norm above "
-                             r"actor.optim.breaker.grad_norm=1e-06 for 2 consecutive optimizer steps", out), out[-4000:]
-            assert re.search(rf"WARNING step {STEPS}: alert actor/entropy=[0-9.e-]+ above 0", out)
-            counts = buckets_per_sync(out)
-            assert len(counts) >= STEPS and len(set(counts)) == 1, counts  # one sync per step (same plan)
-            assert counts[0] >= 2, f"one bucket per sync {counts}: lower rollout.weight_sync_bucket_mb"
-            figures["buckets_per_sync"] = counts[0]
-            fault = fault.format(hit=2 * counts[0] + 1)
-        rc, out, procs, secs = launch(overrides(model, chain, OFFLOAD), {"RLHF_FAULT": fault,
-                                                                         "RLHF_FAULT_MODE": mode}, log_dir)
+        if "{hit}" in fault:  # run A's trace tells how many buckets a sync has (checked against the reference's)
+            fault = fault.format(hit=2 * buckets + 1)
+        trace = {"RLHF_FAULT_TRACE": "1"} if buckets is None else {}
+        rc, out, procs, secs = launch(overrides(model, chain, OFFLOAD), {"RLHF_FAULT": fault, "RLHF_FAULT_MODE": mode,
+                                                                         **trace}, log_dir)
         killed_at = time.monotonic()
         run_seconds.append(secs)
-        for d in deferred:
-            check_orphans(*d)
-        deferred = []
         point = fault.split("@")[0]
         assert rc == -signal.SIGKILL, f"{label}: exit {rc}\n{out[-6000:]}"
         assert re.search(rf"FAULT {point} hit \d+ .*: SIGKILL process", out), out[-4000:]
         if point == "sync_weights":
-            assert "last=False" in out  # after the first bucket, before the last
+            assert re.search(r"FAULT sync_weights hit \d+ last=False", out)  # after the first bucket, before the last
+        if buckets is None:
+            counts = buckets_per_sync(out)
+            assert counts and len(set(counts)) == 1, counts  # every sync before the kill: the same plan
+            assert counts[0] >= 2, f"one bucket per sync {counts}: lower rollout.weight_sync_bucket_mb"
+            buckets = counts[0]
         figures["faults_injected"] += 1
         if mode == "process":
-            deferred.append((label, procs, mode, killed_at))
+            watched.append((label, pool.submit(leftovers, procs, GRACE_S[mode]), killed_at))
         else:
-            check_orphans(label, procs, mode, killed_at)
+            check_orphans(label, *leftovers(procs, GRACE_S[mode]))
         if resume_from is None:
             assert "resumed from" not in out
         else:
@@ -286,8 +275,6 @@ def test_fault_matrix(model, tmp_path):
 
     rc, out, procs, secs = launch(overrides(model, chain, OFFLOAD), {}, log_dir)
     run_seconds.append(secs)
-    for d in deferred:
-        check_orphans(*d)
     assert rc == 0, out[-6000:]
     assert f"resumed from {chain}/checkpoints/global_step_{STEPS - 1} at step {STEPS - 1}" in out
     figures["runs_resumed"] += 1
@@ -295,6 +282,24 @@ def test_fault_matrix(model, tmp_path):
     assert not left, left
     assert sorted(os.listdir(chain / "checkpoints")) == [f"global_step_{STEPS - 1}", f"global_step_{STEPS}",
                                                           "latest_checkpointed_iteration.txt"]
+    for label, future, killed_at in watched:
+        check_orphans(label, *future.result())
+
+    rc, out, procs, secs = reference.result()
+    pool.shutdown()
+    assert rc == 0, out[-6000:]
+    left, _ = leftovers(procs)
+    assert not left, f"the uninterrupted run left processes behind: {left}"
+    run_seconds.insert(0, secs)
+    # the safeguards fired and were logged with the step
+    assert "FAULT reward_model_slow hit 1: stall 6 s" in out, out[-4000:]
+    assert re.search(r"WARNING step 1: actor gradient circuit breaker fired: grad norm above "
+                     r"actor.optim.breaker.grad_norm=1e-06 for 2 consecutive optimizer steps", out), out[-4000:]
+    assert re.search(rf"WARNING step {STEPS}: alert actor/entropy=[0-9.e-]+ above 0", out)
+    counts = buckets_per_sync(out)
+    assert len(counts) >= STEPS and len(set(counts)) == 1, counts  # one sync per step (same plan)
+    assert counts[0] == buckets, (counts, buckets)  # the plan run B's kill was aimed with
+    figures["buckets_per_sync"] = counts[0]
 
     a = load_file(str(full / "hf_export" / "model.safetensors"))
     b = load_file(str(chain / "hf_export" / "model.safetensors"))

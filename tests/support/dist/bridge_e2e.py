@@ -73,8 +73,9 @@ def start_engines(paths):
     import ray
 
     from rlhf.rollout.manager import RolloutManager
+    from rlhf.rollout.ray_cluster import LOCAL_SYSTEM_CONFIG
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=dict(LOCAL_SYSTEM_CONFIG))
     engines, threads = {}, []
     for key, path in paths.items():
         eng = RolloutManager(1, dict(model_path=path, tp_size=ENGINE_TP[key], dtype="float32", context_length=128,

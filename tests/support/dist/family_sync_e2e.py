@@ -209,7 +209,10 @@ def main():
         import ray
 
         os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # a loaded CI machine starts raylet slowly
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        from rlhf.rollout.ray_cluster import LOCAL_SYSTEM_CONFIG
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _system_config=dict(LOCAL_SYSTEM_CONFIG))  # no idle workers prestarted (the engines use none)
         engines = EngineQueue([(kind, tp, path) for kind, path in paths.items() for tp in (1, 2)])
     try:
         for kind, path in paths.items():

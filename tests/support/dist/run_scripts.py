@@ -12,7 +12,10 @@ would run it, except that:
 * megatron-core's model-parallel state is reset before each script (each script initialises its own grid);
 * the rank-to-node table of ``parallel.distributed.init_distributed`` is restored before each script (a
   script's ``destroy_distributed()`` clears it);
-* the check results of tests/support/dist/checks.py (``RESULTS``) are cleared before each script.
+* the check results of tests/support/dist/checks.py (``RESULTS``) are cleared before each script;
+* one Ray session per process: a script's ``ray.init()`` after an earlier script's joins the session that one started
+  (a second session in the same process broke the next engine's weight sync: "Broken pipe" on rank 0, its TP peer
+  left waiting in the bridge's broadcast), and ``ray.shutdown()`` is deferred to the end of the launch.
 
 Rank 0 prints ``SCRIPT <name> BEGIN`` / ``SCRIPT <name> END`` around each script.  A script that raises, or exits
 non-zero, ends the launch with its exit code (the other ranks are then stopped by torchrun), so the CHECK lines
@@ -43,6 +46,20 @@ def run_one(script: str, workdir: str) -> int:
         sys.argv = saved_argv
 
 
+def share_ray_session():
+    """Make ``ray.init`` join the session an earlier script of this launch started (the same arguments: each script
+    starts Ray the same way) and ``ray.shutdown`` a no-op; returns the real ``ray.shutdown`` (for the launch's end)."""
+    import ray
+
+    init, shutdown = ray.init, ray.shutdown
+
+    def init_once(*args, **kwargs):
+        return None if ray.is_initialized() else init(*args, **kwargs)
+
+    ray.init, ray.shutdown = init_once, lambda *args, **kwargs: None
+    return shutdown
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workdir", required=True)
@@ -63,6 +80,7 @@ def main() -> int:
             destroy(group)
 
     dist.destroy_process_group = deferred_destroy
+    ray_shutdown = share_ray_session()
     rank0 = dist.get_rank() == 0
     try:
         for script in args.scripts:
@@ -86,6 +104,7 @@ def main() -> int:
                 print(f"SCRIPT {name} END", flush=True)
     finally:
         dist.destroy_process_group = destroy
+        ray_shutdown()
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     dist.barrier()
