@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from tests.support.dist_utils import main_cmd, run_group
+from tests.support.dist_utils import finish_group, main_cmd, run_group, start_group
 from tests.support.tracking_readers import run_series
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
@@ -40,15 +40,20 @@ def _run(args, env=None, expect_rc=0):
 
 
 def test_rollout_correction_metrics_and_staleness_zero_equals_sync(tiny_model, tmp_path):
-    runs = {}
+    # the two runs at once (their start-ups and engine boots overlap); each in a process group of its own
+    procs = {}
     for name, extra in (("sync", []), ("off0", ["trainer.one_step_off_policy.enable=true",
                                                  "trainer.one_step_off_policy.staleness=0"])):
-        out = tmp_path / name
-        _run([*COMMON, f"model.path={tiny_model}", f"trainer.default_local_dir={out}",
-              "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=-1",
-              "algorithm.rollout_correction.rollout_is=token", *extra])
-        runs[name] = run_series(str(out))
-    sync, off0 = runs["sync"], runs["off0"]
+        args = [*COMMON, f"model.path={tiny_model}", f"trainer.default_local_dir={tmp_path / name}",
+                "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=-1",
+                "algorithm.rollout_correction.rollout_is=token", *extra]
+        procs[name] = start_group(main_cmd(args), tmp_path / f"{name}.log",
+                                  {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None})
+    rcs = {name: finish_group(proc, 900) for name, proc in procs.items()}
+    for name, rc in rcs.items():
+        log = (tmp_path / f"{name}.log").read_text()
+        assert rc == 0, f"{name}: exit {rc}:\n{log[-6000:]}"
+    sync, off0 = run_series(str(tmp_path / "sync")), run_series(str(tmp_path / "off0"))
     for tag in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/kl",
                 "rollout_corr/k3_kl", "rollout_corr/training_ppl", "rollout_corr/rollout_ppl", "rollout_corr/chi2_token",
                 "training/rollout_probs_diff_mean", "training/rollout_actor_probs_pearson_corr"):
