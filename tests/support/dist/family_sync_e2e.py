@@ -209,6 +209,7 @@ def main():
         import ray
 
         os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # a loaded CI machine starts raylet slowly
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")  # other jobs' memory must not kill engines
         from rlhf.rollout.ray_cluster import LOCAL_SYSTEM_CONFIG
 
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
