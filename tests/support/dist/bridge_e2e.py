@@ -78,6 +78,7 @@ def start_engines(paths):
     # Ray's OOM killer off: other jobs on a shared test machine must not get the engines killed (the family sync
     # script after this one in a shared launch runs in this session, two engines alive at a time)
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "300")  # a loaded CI machine starts raylet slowly
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _system_config=dict(LOCAL_SYSTEM_CONFIG))
     engines, threads = {}, []
     for key, path in paths.items():
