@@ -4,14 +4,12 @@
   ``rollout.n_gpus_per_node=1``: verl/experimental/one_step_off_policy) run the engine disaggregated, the trainer's one
   rank started by the command itself (no torchrun arithmetic), every weight sync read back;
 * the colocated quickstart saves a checkpoint with its engines released around the save (the memory plan's
-  "checkpoint save" phase), generates again after it on re-synced engines, and a second run resumes from it.
-
-The pool keys' run starts with the module (a fixture) and runs alongside the colocated test's two runs."""
+  "checkpoint save" phase), generates again after it on re-synced engines, and a second run resumes from it."""
 import os
 
 import pytest
 
-from tests.support.dist_utils import finish_group, main_cmd, run_group, start_group
+from tests.support.dist_utils import main_cmd, run_group
 
 pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
@@ -23,11 +21,8 @@ def tiny_model(tmp_path_factory):
     return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"), warmup_steps=40)
 
 
-ENV = {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None}
-
-
 def run(overrides, timeout=900):
-    rc, out = run_group(main_cmd(overrides), timeout, ENV)
+    rc, out = run_group(main_cmd(overrides), timeout, {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None})
     assert rc == 0, f"exit {rc}:\n{out[-6000:]}"
     return out
 
@@ -38,28 +33,16 @@ def common(tiny_model, out_dir):
             "trainer.val_before_train=false", "trainer.export_hf_at_end=false"]
 
 
-@pytest.fixture(scope="module")
-def pools_run(tiny_model, tmp_path_factory):
-    """The verl pool keys' run, started in the background (it overlaps the colocated test's runs, which ask for
-    this fixture first); ``finish()`` -> (exit code, output)."""
-    d = tmp_path_factory.mktemp("pools")
-    log = d / "run.log"
-    proc = start_group(main_cmd([*common(tiny_model, d / "pools"), "actor_rollout_ref.hybrid_engine=False",
-                                 "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "rollout.nnodes=1",
-                                 "rollout.n_gpus_per_node=1", "trainer.total_training_steps=2",
-                                 "trainer.save_freq=2"]), log, ENV)
-    result = []
-
-    def finish():
-        if not result:
-            result.append((finish_group(proc, 900), log.read_text()))
-        return result[0], d / "pools"
-
-    yield finish
-    finish()
+def test_verl_one_step_off_pool_keys_run_disaggregated(tiny_model, tmp_path):
+    out = run([*common(tiny_model, tmp_path / "pools"), "actor_rollout_ref.hybrid_engine=False",
+               "trainer.nnodes=1", "trainer.n_gpus_per_node=1", "rollout.nnodes=1", "rollout.n_gpus_per_node=1",
+               "trainer.total_training_steps=2", "trainer.save_freq=2"])
+    assert "[rollout] disaggregated: 1 engine(s)" in out, out[-4000:]
+    assert "[rlhf.main] starting" not in out  # trainer.n_gpus_per_node=1: one rank, trains in this process
+    assert "step 2:" in out and os.path.isdir(tmp_path / "pools" / "checkpoints" / "global_step_2")
 
 
-def test_colocated_save_releases_the_engines_and_the_run_resumes(tiny_model, pools_run, tmp_path):
+def test_colocated_save_releases_the_engines_and_the_run_resumes(tiny_model, tmp_path):
     args = [*common(tiny_model, tmp_path / "run"), "trainer.save_freq=1"]
     first = run([*args, "trainer.total_training_steps=2"])
     assert first.count("[rollout] colocated engines released for the checkpoint save") == 2, first[-4000:]
@@ -67,11 +50,3 @@ def test_colocated_save_releases_the_engines_and_the_run_resumes(tiny_model, poo
     second = run([*args, "trainer.total_training_steps=3"])
     assert "at step 2" in second and "step 3:" in second, second[-4000:]
     assert os.path.isdir(tmp_path / "run" / "checkpoints" / "global_step_3")
-
-
-def test_verl_one_step_off_pool_keys_run_disaggregated(pools_run):
-    (rc, out), run_dir = pools_run()
-    assert rc == 0, f"exit {rc}:\n{out[-6000:]}"
-    assert "[rollout] disaggregated: 1 engine(s)" in out, out[-4000:]
-    assert "[rlhf.main] starting" not in out  # trainer.n_gpus_per_node=1: one rank, trains in this process
-    assert "step 2:" in out and os.path.isdir(run_dir / "checkpoints" / "global_step_2")
