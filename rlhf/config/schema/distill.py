@@ -39,12 +39,3 @@ class DistillConfig(Checked):
     # subtract the batch's mean reverse KL from each token's (a constant baseline: unbiased, lower variance)
     center: bool = False
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
-
-    def rules(self, at: str = "") -> list[str]:
-        if self.enable and not self.teacher.path:
-            return [f"{at}enable=true needs {at}teacher.path: the teacher's HF directory, hub name or "
-                    f"tiny://quickstart."]
-        if not self.enable and self.teacher.path:
-            return [f"{at}teacher.path={self.teacher.path!r} is set but {at}enable=false: set {at}enable=true to "
-                    f"distil from it, or drop {at}teacher.path."]
-        return []

@@ -35,12 +35,6 @@ class DataConfig(Checked):
     embedded_num_val: int = 64
     embedded_max_operand: int = 9
 
-    def rules(self, at: str = "") -> list[str]:
-        return [f"{at}{k}={v!r} is empty; give a .jsonl/.parquet path (or a list of them), a hub dataset such as "
-                f"openai/gsm8k, or embedded://arithmetic." for k, v in (("train_files", self.train_files),
-                                                                         ("val_files", self.val_files))
-                if v is None or v == "" or (not isinstance(v, str) and hasattr(v, "__len__") and len(v) == 0)]
-
 
 @dataclass
 class LoRAConfig(Checked):
@@ -95,9 +89,6 @@ class ModelConfig(Checked):
     warmup_steps: int = 300
     warmup_lr: float = 3e-3
     lora: LoRAConfig = field(default_factory=LoRAConfig)
-
-    def rules(self, at: str = "") -> list[str]:
-        return [] if self.path else [f"{at}path is empty; give an HF directory, a hub name or tiny://quickstart."]
 
 
 @dataclass
@@ -179,12 +170,6 @@ class PPORoleConfig(Checked):
     # fresh), config.json and the tokenizer from model.path
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: Optional[str] = None
-
-    def rules(self, at: str = "") -> list[str]:
-        return [f"{at}use_dist_checkpointing=true needs {at}dist_checkpointing_path: a megatron-core dist checkpoint "
-                f"directory (scripts/convert_checkpoint.py hf-to-mcore writes one)."] if \
-            self.use_dist_checkpointing and not self.dist_checkpointing_path else []
-
 
 _CLIP = "must be > 0, or null to use {at}clip_ratio"
 

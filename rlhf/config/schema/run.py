@@ -93,10 +93,6 @@ class KLControlConfig(Checked):
     target_kl: float = 0.1
     horizon: int = 10000  # adaptive: responses over which the coefficient adapts
 
-    def rules(self, at: str = "") -> list[str]:
-        return [f"{at}{k}={getattr(self, k)!r} must be > 0 for {at}type=adaptive." for k in ("target_kl", "horizon")
-                if self.type == KLControlType.adaptive and (getattr(self, k) is None or getattr(self, k) <= 0)]
-
 
 @dataclass
 class FilterGroupsConfig(Checked):
@@ -177,7 +173,7 @@ class OverlongBufferConfig:
 
 
 @dataclass
-class RewardSourceConfig:
+class RewardSourceConfig(Checked):
     """One entry of reward.sources (rlhf/rewards/sources.py); the score is sum(weight x source)."""
     type: str = "rule"  # rule (registry by data_source) | model (HF sequence classifier) | custom (.py)
     weight: float = 1.0
@@ -236,17 +232,6 @@ class RewardConfig(Checked):
     gsm8k: Gsm8kRewardConfig = field(default_factory=Gsm8kRewardConfig)
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
-    def rules(self, at: str = "") -> list[str]:
-        slow = ([f"{at}timeout_s={self.timeout_s!r} with {at}sandbox_fusion.url={self.sandbox_fusion.url!r}: a code "
-                 f"reward runs the program on each test case (up to 10 s each, verl's limit), far past this limit "
-                 f"per sample; set {at}timeout_s=120 (or null for none)."]
-                if self.sandbox_fusion.url and self.timeout_s is not None and self.timeout_s < 30 else [])
-        return slow + [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in "
-                       f"the memory plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the "
-                       f"worker a GPU they use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs "
-                       f"outside this job and score with a custom source (type=custom) that calls it."
-                       for i, s in enumerate(self.sources or []) if s.type == "model" and s.num_gpus and s.num_gpus > 0]
-
 
 @dataclass
 class AlertConfig(Checked):
@@ -255,11 +240,6 @@ class AlertConfig(Checked):
     metric: str = ""  # a step metric, e.g. actor/entropy, actor/kl, critic/score/mean
     below: Optional[float] = None
     above: Optional[float] = None
-
-    def rules(self, at: str = "") -> list[str]:
-        return ([] if self.metric else [f"{at}metric is empty; name a step metric, e.g. actor/entropy."]) + (
-            [f"{at}below and {at}above are both null: give one or both (e.g. {{metric: actor/entropy, below: 0.05}})."]
-            if self.below is None and self.above is None else [])
 
 
 @dataclass
@@ -324,15 +304,6 @@ class TrainerConfig(Checked):
     n_gpus_per_node: Optional[int] = ge(1, None, "null: as launched", null=True)
     nnodes: Optional[int] = ge(1, None, "null: as launched", null=True)
     one_step_off_policy: OneStepOffPolicyConfig = field(default_factory=OneStepOffPolicyConfig)
-
-    def rules(self, at: str = "") -> list[str]:
-        mode, rfp = self.resume_mode, self.resume_from_path
-        out = [f"{at}resume_mode=resume_path needs {at}resume_from_path=<run>/checkpoints/global_step_N (a checkpoint, "
-               f"or a checkpoints directory for its latest)."] if mode == ResumeMode.resume_path and not rfp else []
-        out += [f"{at}resume_from_path={rfp!r} is ignored with {at}resume_mode=disable; set {at}resume_mode="
-                f"resume_path (or drop resume_from_path)."] if rfp and mode == ResumeMode.disable else []
-        return out + ([] if self.default_local_dir else [f"{at}default_local_dir is empty; give the output directory "
-                                                         f"for checkpoints and logs."])
 
 
 @dataclass

@@ -712,7 +712,7 @@ def test_hub_model_checked_only_from_the_local_cache(tmp_path, monkeypatch):
 
 
 def test_check_model_config_hook(tmp_path):
-    from rlhf.config.validate import check_model_config
+    from rlhf.preflight import check_model_config
 
     assert check_model_config(_model_dir(tmp_path / "a")) == []
     assert check_model_config(_model_dir(tmp_path / "b", "LlamaForCausalLM") / "config.json") == []
