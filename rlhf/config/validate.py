@@ -195,29 +195,9 @@ def _token_dispatcher(cfg: DictConfig) -> list[str]:
         p.tensor_model_parallel_size * p.expert_model_parallel_size < 2 else []
 
 
-#: sglang.Engine arguments the rollout sets from the config (rlhf/workers/rollout.py: rollout_engine_config), so
-#: rollout.engine_kwargs.sglang refuses them: the key that sets each, or why nothing may
-_PLACED = ("the placement plan gives each engine its device and GPUs, one engine of rollout.tensor_model_parallel_size "
-           "GPUs on one node, and the weight sync expects that layout; for more replicas raise the engine count "
-           "instead")
-ENGINE_OWNED = {
-    "model_path": "actor_rollout_ref.model.path", "tp_size": "rollout.tensor_model_parallel_size",
-    "dtype": "rollout.dtype", "mem_fraction_static": "rollout.mem_fraction_static",
-    "context_length": "data.max_prompt_length + data.max_response_length", "random_seed": "trainer.seed",
-    "max_total_tokens": "rollout.max_total_tokens", "enable_memory_saver": "rollout.enable_memory_saver",
-    "skip_tokenizer_init": (None, "the weight sync's token-in / token-out mode needs it"),
-    "custom_weight_loader": (None, "the weight sync loads each bucket through its own loader"),
-    "load_format": (None, "the engines start from the model path's weights and the weight sync replaces them; dummy "
-                          "weights would serve the first generation unsynced"),
-    **{k: (None, _PLACED) for k in ("device", "base_gpu_id", "gpu_id_step", "dp_size", "pp_size", "ep_size", "nnodes",
-                                    "node_rank", "dist_init_addr", "enable_dp_attention")},
-    **{k: (None, "each engine takes free ports of its own; a fixed one collides between engines")
-       for k in ("port", "nccl_port", "host")}}
-
-
 def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
     """``rollout.engine_kwargs.sglang``: each key a field of SGLang's ServerArgs (imports sglang, only when set) and
-    not one the rollout sets from the config (:data:`ENGINE_OWNED`)."""
+    not one the rollout sets from the config (rlhf/config/schema/rules.yaml ``engine_owned``)."""
     given = [str(k) for k in cfg.rollout.engine_kwargs.sglang]
     if not given:
         return []
@@ -227,11 +207,11 @@ def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
 
     fields, out = list(getattr(ServerArgs, "__struct_fields__", None) or ServerArgs.__dataclass_fields__), []
     for k in given:
-        key, owner = f"rollout.engine_kwargs.sglang.{k}", ENGINE_OWNED.get(k)
-        if isinstance(owner, tuple):
-            out.append(f"{key} cannot be set here ({owner[1]}); drop it.")
+        key, owner = f"rollout.engine_kwargs.sglang.{k}", table()["engine_owned"].get(k, {})
+        if "why" in owner:
+            out.append(f"{key} cannot be set here ({owner['why']}); drop it.")
         elif owner:
-            out.append(f"{key} is set from the config here; set {owner} instead.")
+            out.append(f"{key} is set from the config here; set {owner['set']} instead.")
         elif k not in fields:
             near = difflib.get_close_matches(k, fields, n=3, cutoff=0.6)
             out.append(f"{key}: {k!r} is not a field of SGLang's ServerArgs (sglang.srt.server_args); "
