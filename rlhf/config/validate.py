@@ -168,7 +168,7 @@ def teacher_dispatcher_message(cfg: Any) -> str:
 def _teacher_layout(cfg: Any, world_size: Optional[int]) -> list[str]:
     """The distillation teacher's own grid divides the ``world_size`` trainer ranks and its data-parallel size the
     batch (unchecked without a world size)."""
-    layout = teacher_layout(cfg)
+    layout = teacher_layout(cfg) if cfg.distill.enable else None
     if layout is None or world_size is None or min(layout) < 1:
         return []  # the fields' own rules report a size below 1
     tp, pp = layout
@@ -189,10 +189,11 @@ def _token_dispatcher(cfg: DictConfig) -> list[str]:
     built (DeepEP only with flex: rules.yaml; CUDA and the deep_ep package are checked at start,
     parallel.preflight.check_token_dispatcher)."""
     p = cfg.parallel
+    if cfg.model.moe_token_dispatcher_type != "flex" or p.tensor_model_parallel_size * p.expert_model_parallel_size > 1:
+        return []
     return ["model.moe_token_dispatcher_type=flex exchanges tokens over the TP x EP ranks and needs more than one "
             "(megatron-core: 'Flex token dispatcher requires TPxEP > 1'); set parallel.expert_model_parallel_size > 1, "
-            "or use alltoall."] if cfg.model.moe_token_dispatcher_type == "flex" and \
-        p.tensor_model_parallel_size * p.expert_model_parallel_size < 2 else []
+            "or use alltoall."]
 
 
 def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
