@@ -15,10 +15,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from rlhf.config import ConfigError, ConfigKeyError, ConfigValidationError, compose_config, validate_config
-from rlhf.config.config_file import find_config_file
+from rlhf.config import ConfigKeyError, ConfigValidationError, compose_config, validate_config
 from rlhf.data.refs import parse_data_ref, parse_model_ref
-from rlhf.main import UsageError, main, parse_args
+from rlhf.main import UsageError, find_config_file, main, parse_args
 
 from tests.support.paths import REPO
 VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
