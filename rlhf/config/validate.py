@@ -1,6 +1,7 @@
 """validate_config: what the schema's types and sections cannot check, all problems reported together: the rules
-across sections (batch sizes against the data-parallel size, an estimator against rollout.n, the engines' placement,
-token budgets against the lengths, on-policy distillation's trainer) and, with ``check_files``, the run's surroundings
+across sections (batch sizes against the data-parallel size, an estimator against rollout.n, the engines' placement
+from rlhf.rollout.placement, token budgets against the lengths, the distillation teacher's grid; the rules of
+rlhf/config/schema/rules.yaml) and, with ``check_files``, the run's surroundings
 (:mod:`rlhf.preflight`: data and model references, checkpoints, logger backends, data lengths; the distillation
 teacher's tokenizer against the student's, from the files).  No network, no torch.
 """
@@ -16,7 +17,7 @@ from rlhf.config.errors import ConfigValidationError
 from rlhf.config.schema import field_problems
 from rlhf.config.schema.rules import rule_problems, table
 from rlhf.preflight import critic_on, preflight_problems, surroundings
-from rlhf.rollout.placement import placement_problems, trainer_gpus
+from rlhf.rollout.placement import placement_problems, trainer_world_size
 
 
 def token_budget_problem(what: str, max_tokens: Optional[int], max_prompt_length: int,
@@ -49,35 +50,10 @@ def _response_sized(cfg: DictConfig) -> list[str]:
     return out
 
 
-def _world_size(cfg: DictConfig, world_size: Optional[int]) -> tuple[Optional[int], list[str], Optional[str]]:
-    """(trainer processes, problems, where they came from): the launcher's (source None), else what the launchers
-    start for the job's GPUs, with the keys that say so (for the messages)."""
-    gpus, nodes, r = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes or 1, cfg.rollout
-    declared = gpus * nodes if gpus and gpus >= 1 and nodes >= 1 else None
-    if declared is None or (world_size is not None and r.get("n_gpus_per_node")):
-        return world_size, [], None
-    keys = f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={gpus}"
-    if r.get("n_gpus_per_node"):  # verl's pools: trainer.* are the trainer's GPUs alone, the engines have their own
-        return declared, [], f"{keys} (verl's trainer pool)"
-    if r.mode != "colocated":
-        trainer = trainer_gpus(r.mode, declared, r.num_engines, r.tensor_model_parallel_size)
-        if world_size is not None or trainer < 1:
-            return world_size, [], None
-        return trainer, [], (f"{keys} less the engines' rollout.num_engines={r.num_engines} x "
-                             f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}")
-    if cfg.trainer.nnodes is None:
-        return world_size, [], None
-    if world_size is not None and world_size != declared:
-        return world_size, [f"trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} = {declared} but the job has "
-                            f"{world_size} trainer processes; launch {declared} (e.g. torchrun --nproc_per_node={gpus}"
-                            f" --nnodes={nodes}) or set both to null (as launched)."], None
-    return (declared, [], keys) if world_size is None else (world_size, [], None)
-
-
 def _batch_sizes(cfg: DictConfig, world_size: Optional[int]) -> list[str]:
     """Mini batches divide the train batch, and mini batch x rollout.n splits over data parallel (no check of the
     micro batch: the workers shrink it to a divisor of the local batch)."""
-    world_size, out, source = _world_size(cfg, world_size)
+    world_size, out, source = trainer_world_size(cfg, world_size)
     tp, pp, cp = (cfg.parallel[f"{k}_parallel_size"] for k in ("tensor_model", "pipeline_model", "context"))
     dp: Optional[int] = None
     if world_size is not None and min(tp, pp, cp) >= 1:
@@ -225,7 +201,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
             + _algorithm(cfg) + _token_dispatcher(cfg) + placement_problems(cfg, world_size, gpus_per_node)
-            + engine_kwargs_problems(cfg) + _teacher_layout(cfg, _world_size(cfg, world_size)[0])
+            + engine_kwargs_problems(cfg) + _teacher_layout(cfg, trainer_world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 
 

@@ -12,7 +12,8 @@ GPU ``r % gpus_per_node``.
   node, so stage leaders and engines may be on any node of the trainer.
 * disaggregated: engines take the GPUs after the trainer's, ``W + i * tp ...``, one node each.
 
-A job's GPUs (:func:`job_placement_problem`, the config check of ``--cfg`` and ``--plan-memory``):
+A job's GPUs (:func:`job_placement_problem`; on a config :func:`placement_problems` and :func:`trainer_world_size`,
+the config check of ``--cfg`` and ``--plan-memory``):
 ``trainer.nnodes x trainer.n_gpus_per_node``, the disaggregated engines' included: the trainer gets
 ``GPUs - rollout.num_engines x rollout.tensor_model_parallel_size`` of them (:func:`trainer_gpus`).
 
@@ -34,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "engines_start_early",
            "rank_ray_nodes", "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders",
            "holder_ranks", "engine_gpus", "trainer_gpus", "job_placement_problem", "placement_problems",
-           "pool_engines", "pool_problems", "pool_placement", "pool_nodes"]
+           "trainer_world_size", "pool_engines", "pool_problems", "pool_placement", "pool_nodes"]
 
 
 class PlacementError(ValueError):
@@ -247,6 +248,32 @@ def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_p
     except PlacementError as e:
         return f"{head}, trainer on {world}: {e}."
     return None
+
+
+def trainer_world_size(cfg: Any, world_size: Optional[int]) -> tuple[Optional[int], list[str], Optional[str]]:
+    """The trainer processes of config ``cfg`` as (count, problems, where it came from): ``world_size`` (the
+    launcher's; source None), else what the launchers start for the job's GPUs (:func:`trainer_gpus`), with the keys
+    that say so (for the messages); None when neither says."""
+    gpus, nodes, r = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes or 1, cfg.rollout
+    declared = gpus * nodes if gpus and gpus >= 1 and nodes >= 1 else None
+    if declared is None or (world_size is not None and r.get("n_gpus_per_node")):
+        return world_size, [], None
+    keys = f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={gpus}"
+    if r.get("n_gpus_per_node"):  # verl's pools: trainer.* are the trainer's GPUs alone, the engines have their own
+        return declared, [], f"{keys} (verl's trainer pool)"
+    if r.mode != "colocated":
+        trainer = trainer_gpus(r.mode, declared, r.num_engines, r.tensor_model_parallel_size)
+        if world_size is not None or trainer < 1:
+            return world_size, [], None
+        return trainer, [], (f"{keys} less the engines' rollout.num_engines={r.num_engines} x "
+                             f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}")
+    if cfg.trainer.nnodes is None:
+        return world_size, [], None
+    if world_size is not None and world_size != declared:
+        return world_size, [f"trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} = {declared} but the job has "
+                            f"{world_size} trainer processes; launch {declared} (e.g. torchrun --nproc_per_node={gpus}"
+                            f" --nnodes={nodes}) or set both to null (as launched)."], None
+    return (declared, [], keys) if world_size is None else (world_size, [], None)
 
 
 def placement_problems(cfg: Any, world_size: Optional[int] = None,
