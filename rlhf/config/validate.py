@@ -173,27 +173,15 @@ def _token_dispatcher(cfg: DictConfig) -> list[str]:
 
 
 def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
-    """``rollout.engine_kwargs.sglang``: each key a field of SGLang's ServerArgs (imports sglang, only when set) and
-    not one the rollout sets from the config (rlhf/config/schema/rules.yaml ``engine_owned``)."""
+    """``rollout.engine_kwargs.sglang`` against SGLang's ServerArgs and the arguments the rollout sets itself
+    (rules.yaml ``engine_owned``): :func:`rlhf.rollout.engine_args.server_args_problems`, only when set (it imports
+    sglang)."""
     given = [str(k) for k in cfg.rollout.engine_kwargs.sglang]
     if not given:
         return []
-    import difflib
+    from rlhf.rollout.engine_args import server_args_problems
 
-    from sglang.srt.server_args import ServerArgs  # a msgspec Struct in SGLang 0.5.2x, a dataclass before
-
-    fields, out = list(getattr(ServerArgs, "__struct_fields__", None) or ServerArgs.__dataclass_fields__), []
-    for k in given:
-        key, owner = f"rollout.engine_kwargs.sglang.{k}", table()["engine_owned"].get(k, {})
-        if "why" in owner:
-            out.append(f"{key} cannot be set here ({owner['why']}); drop it.")
-        elif owner:
-            out.append(f"{key} is set from the config here; set {owner['set']} instead.")
-        elif k not in fields:
-            near = difflib.get_close_matches(k, fields, n=3, cutoff=0.6)
-            out.append(f"{key}: {k!r} is not a field of SGLang's ServerArgs (sglang.srt.server_args); "
-                       + (f"did you mean {', '.join(near)}?" if near else "see python -m sglang.launch_server --help."))
-    return out
+    return server_args_problems(given, table()["engine_owned"])
 
 
 def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,
