@@ -104,17 +104,6 @@ class ParallelConfig(Checked):
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
 
-    def rules(self, at: str = "") -> list[str]:
-        out = [f"{at}account_for_embedding/loss_in_pipeline_split cannot be combined with {at}num_layers_in_first/"
-               f"last_pipeline_stage (megatron-core refuses both); set one of them."] if (
-            self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split) and (
-            self.num_layers_in_first_pipeline_stage is not None or self.num_layers_in_last_pipeline_stage is not None) \
-            else []
-        vpp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size
-        return out + ([f"{at}virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got "
-                       f"{pp}) and a value >= 1; set it to null."] if vpp is not None and (vpp < 1 or (pp or 1) < 2)
-                      else [])
-
 
 @dataclass
 class OffloadConfig(Checked):
