@@ -23,7 +23,7 @@ from rlhf.data.refs import cached_hub_file, parse_data_ref, parse_model_ref
 __all__ = ["SUPPORTED_ARCHITECTURES", "check_model_config", "model_context_length", "critic_on", "surroundings",
            "preflight_problems", "routing_replay_problems", "hf_config_at_hand", "model_is_moe", "hub_data_problems",
            "wandb_credentials", "hub_cached_dataset", "hub_unreachable", "vocab_mismatch", "files_vocab",
-           "tokenizer_dir", "mismatch_message"]
+           "tokenizer_dir", "mismatch_message", "teacher_file_problems"]
 
 #: architectures the megatron model builder maps (parallel.model_config.SUPPORTED_ARCHITECTURES, which imports
 #: torch; tests/unit/config/test_config.py keeps the two equal)
@@ -397,7 +397,7 @@ def mismatch_message(teacher_path: str, student_ref: str, why: str) -> str:
             f"distill.enable=false.")
 
 
-def _teacher_files(cfg: Any) -> list[str]:
+def teacher_file_problems(cfg: Any) -> list[str]:
     """The distillation teacher from its files: a MoE teacher (its config.json) that megatron's flex dispatcher
     refuses on a grid of its own (rlhf.config.validate.teacher_dispatcher_refused), and its tokenizer against the
     student's (``model.tokenizer_path``, else ``model.path``) when both are on disk (:func:`vocab_mismatch`)."""
@@ -427,4 +427,4 @@ def preflight_problems(cfg: Any) -> list[str]:
         if line not in _WARNED and launch_env().rank == 0:
             _WARNED.add(line)
             logging.getLogger("rlhf.config").warning("rlhf.config: %s", line)
-    return _teacher_files(cfg) + out + _loggers(cfg) + hub + lengths
+    return out + _loggers(cfg) + hub + lengths

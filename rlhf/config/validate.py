@@ -16,7 +16,7 @@ from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
 from rlhf.config.errors import ConfigValidationError
 from rlhf.config.schema import field_problems
 from rlhf.config.schema.rules import rule_problems, table
-from rlhf.preflight import critic_on, preflight_problems, surroundings
+from rlhf.preflight import critic_on, preflight_problems, surroundings, teacher_file_problems
 from rlhf.rollout.placement import placement_problems, trainer_world_size
 
 
@@ -160,6 +160,13 @@ def _teacher_layout(cfg: Any, world_size: Optional[int]) -> list[str]:
     return []
 
 
+def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[int] = None) -> list[str]:
+    """Problems of ``distill`` with the rest of the config (the DPO trainer: rules.yaml): the teacher's own grid
+    against the `world_size` trainer ranks and the batch; with `check_files` the teacher's files
+    (:func:`rlhf.preflight.teacher_file_problems`).  One line each (key, value, why, fix)."""
+    return _teacher_layout(cfg, world_size) + (teacher_file_problems(cfg) if check_files else [])
+
+
 def _token_dispatcher(cfg: DictConfig) -> list[str]:
     """MoE token dispatcher flex: megatron-core 0.16.1's MoEFlexTokenDispatcher refuses TP x EP = 1 when the model is
     built (DeepEP only with flex: rules.yaml; CUDA and the deep_ep package are checked at start,
@@ -189,7 +196,7 @@ def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_fil
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
             + _algorithm(cfg) + _token_dispatcher(cfg) + placement_problems(cfg, world_size, gpus_per_node)
-            + engine_kwargs_problems(cfg) + _teacher_layout(cfg, trainer_world_size(cfg, world_size)[0])
+            + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, trainer_world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 
 
