@@ -5,8 +5,8 @@ architecture and takes the parallel layout, hub names only against the local HF 
 the model's, a megatron checkpoint to start from, the checkpoint to resume from, in-process objects, the logger
 backends (packages, W&B credentials), a hub dataset that can be read neither from the cache nor from the hub, and the
 prompts' lengths against the data (:mod:`rlhf.data.length_check`, whose warnings are logged once per process on rank
-0), and the distillation teacher's files (its tokenizer against the student's, a MoE teacher's dispatcher).  No
-network but a TCP probe of the hub, no torch.
+0), and the distillation teacher's tokenizer against the student's.  No network but a TCP probe of the hub, no
+torch.
 """
 from __future__ import annotations
 
@@ -398,20 +398,15 @@ def mismatch_message(teacher_path: str, student_ref: str, why: str) -> str:
 
 
 def teacher_file_problems(cfg: Any) -> list[str]:
-    """The distillation teacher from its files: a MoE teacher (its config.json) that megatron's flex dispatcher
-    refuses on a grid of its own (rlhf.config.validate.teacher_dispatcher_refused), and its tokenizer against the
-    student's (``model.tokenizer_path``, else ``model.path``) when both are on disk (:func:`vocab_mismatch`)."""
+    """The distillation teacher's tokenizer against the student's (``model.tokenizer_path``, else ``model.path``)
+    when both are on disk (:func:`vocab_mismatch`)."""
     d = cfg.get("distill")
     if d is None or not d.enable or not d.teacher.path:
         return []
-    from rlhf.config.validate import teacher_dispatcher_message, teacher_dispatcher_refused
-
-    hf = hf_config_at_hand(d.teacher.path) if teacher_dispatcher_refused(cfg) else None  # None: checked at build
-    out = [teacher_dispatcher_message(cfg)] if hf is not None and model_is_moe(hf) else []  # a dense one has none
     student_ref = cfg.model.tokenizer_path or cfg.model.path
     student, teacher = (files_vocab(tokenizer_dir(cfg, p)) for p in (student_ref, d.teacher.path))
     why = vocab_mismatch(student, teacher) if student is not None and teacher is not None else None
-    return out + ([mismatch_message(d.teacher.path, student_ref, why)] if why else [])
+    return [mismatch_message(d.teacher.path, student_ref, why)] if why else []
 
 
 def preflight_problems(cfg: Any) -> list[str]:

@@ -16,7 +16,8 @@ from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
 from rlhf.config.errors import ConfigValidationError
 from rlhf.config.schema import field_problems
 from rlhf.config.schema.rules import rule_problems, table
-from rlhf.preflight import critic_on, preflight_problems, surroundings, teacher_file_problems
+from rlhf.preflight import (critic_on, hf_config_at_hand, model_is_moe, preflight_problems, surroundings,
+                            teacher_file_problems)
 from rlhf.rollout.placement import placement_problems, trainer_world_size
 
 
@@ -162,9 +163,14 @@ def _teacher_layout(cfg: Any, world_size: Optional[int]) -> list[str]:
 
 def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[int] = None) -> list[str]:
     """Problems of ``distill`` with the rest of the config (the DPO trainer: rules.yaml): the teacher's own grid
-    against the `world_size` trainer ranks and the batch; with `check_files` the teacher's files
-    (:func:`rlhf.preflight.teacher_file_problems`).  One line each (key, value, why, fix)."""
-    return _teacher_layout(cfg, world_size) + (teacher_file_problems(cfg) if check_files else [])
+    against the `world_size` trainer ranks and the batch; with `check_files` a MoE teacher (from its config.json) on
+    a grid of its own with the flex dispatcher, and the teacher's tokenizer (:func:`rlhf.preflight.
+    teacher_file_problems`).  One line each (key, value, why, fix)."""
+    out, d = _teacher_layout(cfg, world_size), cfg.distill
+    if check_files and d.enable and d.teacher.path and teacher_dispatcher_refused(cfg):
+        hf = hf_config_at_hand(d.teacher.path)  # a dense teacher has no dispatcher; unknown here: checked at build
+        out += [teacher_dispatcher_message(cfg)] if hf is not None and model_is_moe(hf) else []
+    return out + (teacher_file_problems(cfg) if check_files else [])
 
 
 def _token_dispatcher(cfg: DictConfig) -> list[str]:
