@@ -132,7 +132,7 @@ def find_config_file(config_path: Optional[str], config_name: str) -> Path:
 
     name = config_name.removesuffix(".yaml")
     relative = bool(config_path) and not os.path.isabs(config_path)
-    dirs = [Path(config_path or ".")] + [MODULE_DIR / config_path] * relative
+    dirs = [Path(config_path or ".")] + ([MODULE_DIR / config_path] if relative else [])
     if name in BASE_NAMES and relative:
         dirs.append(Path("verl") / "trainer" / config_path)  # the working directory is a verl checkout
     for p in (d / f"{name}.yaml" for d in dirs):
