@@ -16,6 +16,7 @@ group is touched.  rlhf's own options: ``--plan-memory[=GIB]``, ``--print-launch
 """
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -30,6 +31,8 @@ MODULE_DIR = Path(__file__).resolve().parent
 #: options whose value may be left out: a bare --cfg is --cfg job (argparse would take the next override as value)
 _BARE = {"--cfg": "--cfg=job", "-c": "--cfg=job", "--plan-memory": "--plan-memory=auto",
          "--print-launch": "--print-launch=auto"}
+#: names a ``defaults:`` list or ``--config-name`` may use for the base config (ours and verl's)
+BASE_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
 
 
 class UsageError(Exception):
@@ -96,8 +99,6 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
     opts = {"help": args.help, "cfg": args.cfg is not None, "config_file": _config_file(args),
             "config_dirs": [args.config_dir] if args.config_dir else []}
     if opts["config_file"] is not None:  # which config folder this run loads: one line, also at --cfg
-        from rlhf.config.config_file import describe_config_file
-
         opts["config_note"] = describe_config_file(opts["config_file"], args.config_path if args.config_name else None)
     opts.update({k: v for k, v in (("plan_memory", args.plan_memory), ("hydra", hydra)) if v})
     if args.print_launch is not None:
@@ -108,9 +109,6 @@ def parse_args(argv: Sequence[str]) -> tuple[dict, list[str]]:
 def _config_file(args) -> Optional[Path]:
     """The file of ``--config`` or ``--config-path``/``--config-name`` (verl's: its base names without a file of
     theirs are verl's defaults for them, rlhf/config/verl/), None for neither."""
-    from rlhf.config import ConfigError
-    from rlhf.config.config_file import find_config_file
-
     if args.config is not None and (args.config_name is not None or args.config_path is not None):
         raise UsageError("give either --config FILE or --config-path/--config-name, not both")
     if args.config is not None:
@@ -121,10 +119,42 @@ def _config_file(args) -> Optional[Path]:
         if args.config_path is not None:
             raise UsageError("--config-path needs --config-name NAME (the file NAME.yaml in that directory)")
         return None
-    try:
-        return find_config_file(args.config_path, args.config_name, MODULE_DIR)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
+    return find_config_file(args.config_path, args.config_name)
+
+
+def find_config_file(config_path: Optional[str], config_name: str) -> Path:
+    """The file ``--config-path``/``--config-name`` name: ``config_path`` relative to the working directory, then
+    (as Hydra does) to rlhf/; for verl's base names (:data:`BASE_NAMES`) then in a verl checkout
+    (``verl/trainer/<config_path>``), else verl's defaults for that name (rlhf/config/verl/), so verl's
+    ``--config-path=config --config-name=ppo_megatron_trainer`` gets verl's values anywhere.  Raises UsageError:
+    no such file (a name other than verl's base names)."""
+    from rlhf.config.config_file import VERL_DEFAULTS
+
+    name = config_name.removesuffix(".yaml")
+    relative = bool(config_path) and not os.path.isabs(config_path)
+    dirs = [Path(config_path or ".")] + ([MODULE_DIR / config_path] if relative else [])
+    if name in BASE_NAMES and relative:
+        dirs.append(Path("verl") / "trainer" / config_path)  # the working directory is a verl checkout
+    for p in (d / f"{name}.yaml" for d in dirs):
+        if p.is_file() and (p.resolve().parent != MODULE_DIR / "config" or name not in BASE_NAMES):
+            return p
+    if name in BASE_NAMES:
+        return VERL_DEFAULTS / f"{name}.yaml"
+    raise UsageError(f"--config-name={config_name}: no such config file (looked for "
+                     f"{', '.join(str(d / f'{name}.yaml') for d in dirs)}); give --config-path=<directory of the "
+                     f"file> or --config=<file>.")
+
+
+def describe_config_file(path: Path, config_path: Optional[str] = None) -> str:
+    """One line saying which config folder and file a run loaded (printed, also at ``--cfg``)."""
+    from rlhf.config.config_file import VERL_DEFAULTS
+
+    path = Path(path)
+    if path.resolve().parent == VERL_DEFAULTS:
+        looked = f"no {Path(config_path or '.') / path.name} in {Path.cwd()}; " if config_path is not None else ""
+        return (f"config: {looked}verl's defaults for --config-name={path.stem} ({path.resolve()}: verl's values "
+                f"where they differ from ours, e.g. bf16, weight decay 0.01) over rlhf's base config")
+    return f"config: folder {path.resolve().parent}, file {path.name} (over rlhf's base config)"
 
 
 def _jobs(overrides: list[str], multirun: bool) -> list[list[str]]:

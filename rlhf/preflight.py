@@ -5,7 +5,8 @@ architecture and takes the parallel layout, hub names only against the local HF 
 the model's, a megatron checkpoint to start from, the checkpoint to resume from, in-process objects, the logger
 backends (packages, W&B credentials), a hub dataset that can be read neither from the cache nor from the hub, and the
 prompts' lengths against the data (:mod:`rlhf.data.length_check`, whose warnings are logged once per process on rank
-0).  No network but a TCP probe of the hub, no torch.
+0), and the distillation teacher's tokenizer against the student's.  No network but a TCP probe of the hub, no
+torch.
 """
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from rlhf.data.refs import cached_hub_file, parse_data_ref, parse_model_ref
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "check_model_config", "model_context_length", "critic_on", "surroundings",
            "preflight_problems", "routing_replay_problems", "hf_config_at_hand", "model_is_moe", "hub_data_problems",
-           "wandb_credentials", "hub_cached_dataset", "hub_unreachable"]
+           "wandb_credentials", "hub_cached_dataset", "hub_unreachable", "vocab_mismatch", "files_vocab",
+           "tokenizer_dir", "mismatch_message", "teacher_file_problems"]
 
 #: architectures the megatron model builder maps (parallel.model_config.SUPPORTED_ARCHITECTURES, which imports
 #: torch; tests/unit/config/test_config.py keeps the two equal)
@@ -338,6 +340,73 @@ def hub_data_problems(cfg: Any, unreachable: Optional[Callable[[], Optional[str]
 
 
 _WARNED: set = set()  # warnings this process logged already (the checks run again for each entry point)
+
+
+def vocab_mismatch(student: Mapping[str, int], teacher: Mapping[str, int]) -> Optional[str]:
+    """Why the teacher's token -> id map `teacher` cannot score the student's (`student`), or None when they are equal.
+    Names the sizes and up to three tokens that differ (missing in the teacher, or another id)."""
+    if dict(student) == dict(teacher):
+        return None
+    differ = [t for t, i in student.items() if teacher.get(t) != i]
+    extra = [t for t in teacher if t not in student]
+    shown = ", ".join(f"{t!r}: {student[t]} vs {teacher.get(t, 'missing')}" for t in differ[:3]) or \
+        ", ".join(f"{t!r} (teacher only)" for t in extra[:3])
+    return (f"the teacher's tokenizer is not the student's ({len(student)} tokens vs {len(teacher)}; "
+            f"{len(differ)} of the student's tokens have another id or none in the teacher's, e.g. {shown})")
+
+
+def files_vocab(model_dir: Optional[str]) -> Optional[dict]:
+    """The token -> id map of the tokenizer saved in `model_dir` (tokenizer.json, read by HF ``tokenizers``, added
+    tokens included; else vocab.json plus added_tokens.json), or None when there is none readable."""
+    d = Path(model_dir or "")
+    try:
+        if model_dir and (d / "tokenizer.json").is_file():
+            from tokenizers import Tokenizer
+
+            return Tokenizer.from_file(str(d / "tokenizer.json")).get_vocab(with_added_tokens=True)
+        if model_dir and (d / "vocab.json").is_file():
+            extra = d / "added_tokens.json"
+            return {**json.loads((d / "vocab.json").read_text(encoding="utf-8")),
+                    **(json.loads(extra.read_text(encoding="utf-8")) if extra.is_file() else {})}
+    except Exception:  # noqa: BLE001 - unreadable (tokenizers raises its own Exception type): no check from files
+        return None
+    return None
+
+
+def tokenizer_dir(cfg: Any, path: Optional[str]) -> Optional[str]:
+    """The local directory of model reference `path`'s tokenizer (a local directory, a built tiny:// model, a hub
+    model's snapshot in the local cache), without building or downloading; else None."""
+    if not path:
+        return None
+    from rlhf.data.refs import cached_hub_file, parse_model_ref
+    from rlhf.quickstart.resolve import local_model_path
+
+    if local := local_model_path(cfg, path):
+        return local
+    ref = parse_model_ref(path)
+    found = ref.kind == "hub" and (cached_hub_file(ref.path, "tokenizer.json") or cached_hub_file(ref.path,
+                                                                                                  "vocab.json"))
+    return str(found.parent) if found else None
+
+
+def mismatch_message(teacher_path: str, student_ref: str, why: str) -> str:
+    """The one-line refusal of a teacher whose tokenizer is not the student's."""
+    return (f"distill.teacher.path={teacher_path!r}: {why}. On-policy distillation scores the student's sampled "
+            f"token ids with the teacher, so both must use the same tokenizer (the student's: {student_ref!r}); pick "
+            f"a teacher of the student's tokenizer family (e.g. a larger model of the same family), or set "
+            f"distill.enable=false.")
+
+
+def teacher_file_problems(cfg: Any) -> list[str]:
+    """The distillation teacher's tokenizer against the student's (``model.tokenizer_path``, else ``model.path``)
+    when both are on disk (:func:`vocab_mismatch`)."""
+    d = cfg.get("distill")
+    if d is None or not d.enable or not d.teacher.path:
+        return []
+    student_ref = cfg.model.tokenizer_path or cfg.model.path
+    student, teacher = (files_vocab(tokenizer_dir(cfg, p)) for p in (student_ref, d.teacher.path))
+    why = vocab_mismatch(student, teacher) if student is not None and teacher is not None else None
+    return [mismatch_message(d.teacher.path, student_ref, why)] if why else []
 
 
 def preflight_problems(cfg: Any) -> list[str]:

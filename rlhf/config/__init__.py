@@ -1,6 +1,6 @@
 """Training configuration: a Hydra config tree checked by a structured schema.
 
-    schema/            dataclasses: every key, its type (Enums of choices.py), default and range
+    schema/            dataclasses: every key, its type (Enums of choices.py) and default; rules.yaml: ranges, rules
     ppo_trainer.yaml   base config and Hydra's settings; algorithm/*.yaml: presets (``algorithm=NAME``);
                        ../../recipes/<NAME>/<NAME>.yaml: recipes (``recipe=NAME``)
     compose.py         compose_config: verl translation (verl/: keys.yaml applied by compat.py; config_file.py:

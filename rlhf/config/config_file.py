@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from rlhf.config.errors import ConfigError
 from rlhf.config.keys import is_dict_field, is_optional, schema_node
 from rlhf.config.verl.compat import INTERP_KEYS, Item, translate_key
 
-#: names a ``defaults:`` list or ``--config-name`` may use for the base config (ours and verl's)
-BASE_NAMES = ("ppo_trainer", "ppo_megatron_trainer")
 #: rlhf/config/verl: verl's defaults for its base names, in verl's keys (ppo_trainer.yaml, ppo_megatron_trainer.yaml)
 VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
 #: verl's one-step off-policy configs (verl/experimental/one_step_off_policy/config): read as a config file, they also
@@ -22,37 +20,6 @@ VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
 ONE_STEP_OFF_NAMES = ("one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer")
 #: verl's fully async configs (verl/experimental/fully_async_policy/config): they turn on async_training.enable
 FULLY_ASYNC_NAMES = ("fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer")
-
-
-def find_config_file(config_path: Optional[str], config_name: str, module_dir: Optional[Path] = None) -> Path:
-    """The file ``--config-path``/``--config-name`` name: ``config_path`` relative to the working directory, then
-    (as Hydra does) to ``module_dir`` (rlhf/); for verl's base names (:data:`BASE_NAMES`) then in a verl checkout
-    (``verl/trainer/<config_path>``), else verl's defaults for that name (:data:`VERL_DEFAULTS`), so verl's
-    ``--config-path=config --config-name=ppo_megatron_trainer`` gets verl's values anywhere.  Raises ConfigError:
-    no such file (a name other than verl's base names)."""
-    name = config_name.removesuffix(".yaml")
-    dirs = [Path(config_path or ".")] + ([module_dir / config_path] if config_path and module_dir and not
-                                         os.path.isabs(config_path) else [])
-    if name in BASE_NAMES and config_path and not os.path.isabs(config_path):
-        dirs.append(Path("verl") / "trainer" / config_path)  # the working directory is a verl checkout
-    for p in (d / f"{name}.yaml" for d in dirs):
-        if p.is_file() and (p.resolve().parent != Path(__file__).resolve().parent or name not in BASE_NAMES):
-            return p
-    if name in BASE_NAMES:
-        return VERL_DEFAULTS / f"{name}.yaml"
-    raise ConfigError(f"--config-name={config_name}: no such config file (looked for "
-                      f"{', '.join(str(d / f'{name}.yaml') for d in dirs)}); give --config-path=<directory of the "
-                      f"file> or --config=<file>.")
-
-
-def describe_config_file(path: Path, config_path: Optional[str] = None) -> str:
-    """One line saying which config folder and file a run loaded (``rlhf.main`` prints it, also at ``--cfg``)."""
-    path = Path(path)
-    if path.resolve().parent == VERL_DEFAULTS:
-        looked = f"no {Path(config_path or '.') / path.name} in {Path.cwd()}; " if config_path is not None else ""
-        return (f"config: {looked}verl's defaults for --config-name={path.stem} ({path.resolve()}: verl's values "
-                f"where they differ from ours, e.g. bf16, weight decay 0.01) over rlhf's base config")
-    return f"config: folder {path.resolve().parent}, file {path.name} (over rlhf's base config)"
 
 
 def _dict_leaf(key: str) -> bool:

@@ -1,8 +1,9 @@
-"""What Python hands the config and takes from it.  In-process objects referenced by ``object://<kind>/<id>`` URIs: what a Python user hands to
-:class:`rlhf.Trainer` with no YAML form (a reward function, a ``datasets.Dataset`` or list of row dicts, a tokenizer)
-is registered here, the config holds its URI and the trainer's builders call :func:`get_object`.  They live in this
-process only (a job started from a command line cannot see them; validation says so).  Kinds: ``reward``
-(``fn(data_source, solution_str, ground_truth, extra_info=None) -> float``), ``dataset``, ``tokenizer``.
+"""What Python hands the config and takes from it.  In-process objects referenced by ``object://<kind>/<id>`` URIs: what
+a Python user hands to :class:`rlhf.Trainer` with no YAML form (a reward function, a ``datasets.Dataset`` or list of
+row dicts, a tokenizer) is registered here, the config holds its URI and the trainer's builders call
+:func:`get_object`.  They live in this process only (a job started from a command line cannot see them; validation
+says so).  Kinds: ``reward`` (``fn(data_source, solution_str, ground_truth, extra_info=None) -> float``),
+``dataset``, ``tokenizer``.
 Python values as Hydra override strings (:func:`format_value`: rlhf.Trainer's arguments, the verl layer's rewrites).
 ``<trainer.default_local_dir>/config.yaml`` (:func:`write_run_config`): the composed config of a run, written at its
 start by ``python -m rlhf.main`` and ``rlhf.Trainer.run`` (global rank 0), so the run's outputs say what was trained

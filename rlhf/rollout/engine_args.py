@@ -3,16 +3,16 @@ and the weights it will accept (from the checkpoint's safetensors headers, read 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from rlhf.rollout import sglang_cpu
 from rlhf.rollout.engine_loader import LOADER
 
-__all__ = ["engine_kwargs", "engine_env", "TP_MEMORY_CHECK_ENV", "NCCL_SHARED_ENV", "share_nccl_env",
-           "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES", "resolve_engine_dtype",
-           "batch_kv_tokens", "rollout_context_length", "MAX_BATCH_KV_TOKENS"]
+__all__ = ["engine_kwargs", "server_args_problems", "engine_env", "TP_MEMORY_CHECK_ENV", "NCCL_SHARED_ENV",
+           "share_nccl_env", "expected_weights_from_checkpoint", "engine_compute_dtype", "ENGINE_DTYPES",
+           "resolve_engine_dtype", "batch_kv_tokens", "rollout_context_length", "MAX_BATCH_KV_TOKENS"]
 
 ENGINE_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                  "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -74,6 +74,28 @@ def rollout_context_length(max_prompt_length: int, max_response_length: int) -> 
     the context, prompt + ``max_new_tokens`` within it) and no more, since SGLang refuses to start with a context
     longer than the model's (``max_position_embeddings``, checked at ``--cfg`` by rlhf.preflight)."""
     return int(max_prompt_length) + int(max_response_length)
+
+
+def server_args_problems(given: Sequence[str], owned: Mapping[str, Mapping[str, str]]) -> List[str]:
+    """The problems of the ``rollout.engine_kwargs.sglang`` keys ``given``, one line each: a key the rollout sets
+    itself (``owned``: key -> ``{set: the config key that sets it}`` or ``{why: nothing may}``), or one that is not a
+    field of SGLang's ServerArgs (with the nearest fields)."""
+    import difflib
+
+    from sglang.srt.server_args import ServerArgs  # a msgspec Struct in SGLang 0.5.2x, a dataclass before
+
+    fields, out = list(getattr(ServerArgs, "__struct_fields__", None) or ServerArgs.__dataclass_fields__), []
+    for k in given:
+        key, owner = f"rollout.engine_kwargs.sglang.{k}", owned.get(k, {})
+        if "why" in owner:
+            out.append(f"{key} cannot be set here ({owner['why']}); drop it.")
+        elif owner:
+            out.append(f"{key} is set from the config here; set {owner['set']} instead.")
+        elif k not in fields:
+            near = difflib.get_close_matches(k, fields, n=3, cutoff=0.6)
+            out.append(f"{key}: {k!r} is not a field of SGLang's ServerArgs (sglang.srt.server_args); "
+                       + (f"did you mean {', '.join(near)}?" if near else "see python -m sglang.launch_server --help."))
+    return out
 
 
 def engine_kwargs(model_path: str, tp_size: int = 1, dtype: str = "auto", mem_fraction_static: Optional[float] = None,

@@ -12,7 +12,8 @@ GPU ``r % gpus_per_node``.
   node, so stage leaders and engines may be on any node of the trainer.
 * disaggregated: engines take the GPUs after the trainer's, ``W + i * tp ...``, one node each.
 
-A job's GPUs (:func:`job_placement_problem`, the config check of ``--cfg`` and ``--plan-memory``):
+A job's GPUs (:func:`job_placement_problem`; on a config :func:`placement_problems` and :func:`trainer_world_size`,
+the config check of ``--cfg`` and ``--plan-memory``):
 ``trainer.nnodes x trainer.n_gpus_per_node``, the disaggregated engines' included: the trainer gets
 ``GPUs - rollout.num_engines x rollout.tensor_model_parallel_size`` of them (:func:`trainer_gpus`).
 
@@ -33,9 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["GPU", "PlacementPlan", "PlacementError", "plan_placement", "engine_actor_options", "engines_start_early",
            "rank_ray_nodes", "gpu_engine_nodes", "cpu_engine_nodes", "describe_engine_nodes", "stage_leaders",
-           "holder_ranks",
-           "engine_gpus", "trainer_gpus", "job_placement_problem", "pool_engines", "pool_problems", "pool_placement",
-           "pool_nodes"]
+           "holder_ranks", "engine_gpus", "trainer_gpus", "job_placement_problem", "placement_problems",
+           "trainer_world_size", "pool_engines", "pool_problems", "pool_placement", "pool_nodes"]
 
 
 class PlacementError(ValueError):
@@ -248,6 +248,60 @@ def job_placement_problem(*, mode: str, num_engines: int, engine_tp: int, gpus_p
     except PlacementError as e:
         return f"{head}, trainer on {world}: {e}."
     return None
+
+
+def trainer_world_size(cfg: Any, world_size: Optional[int]) -> tuple[Optional[int], list[str], Optional[str]]:
+    """The trainer processes of config ``cfg`` as (count, problems, where it came from): ``world_size`` (the
+    launcher's; source None), else what the launchers start for the job's GPUs (:func:`trainer_gpus`), with the keys
+    that say so (for the messages); None when neither says."""
+    gpus, nodes, r = cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes or 1, cfg.rollout
+    declared = gpus * nodes if gpus and gpus >= 1 and nodes >= 1 else None
+    if declared is None or (world_size is not None and r.get("n_gpus_per_node")):
+        return world_size, [], None
+    keys = f"trainer.nnodes={nodes} x trainer.n_gpus_per_node={gpus}"
+    if r.get("n_gpus_per_node"):  # verl's pools: trainer.* are the trainer's GPUs alone, the engines have their own
+        return declared, [], f"{keys} (verl's trainer pool)"
+    if r.mode != "colocated":
+        trainer = trainer_gpus(r.mode, declared, r.num_engines, r.tensor_model_parallel_size)
+        if world_size is not None or trainer < 1:
+            return world_size, [], None
+        return trainer, [], (f"{keys} less the engines' rollout.num_engines={r.num_engines} x "
+                             f"rollout.tensor_model_parallel_size={r.tensor_model_parallel_size}")
+    if cfg.trainer.nnodes is None:
+        return world_size, [], None
+    if world_size is not None and world_size != declared:
+        return world_size, [f"trainer.n_gpus_per_node={gpus} x trainer.nnodes={nodes} = {declared} but the job has "
+                            f"{world_size} trainer processes; launch {declared} (e.g. torchrun --nproc_per_node={gpus}"
+                            f" --nnodes={nodes}) or set both to null (as launched)."], None
+    return (declared, [], keys) if world_size is None else (world_size, [], None)
+
+
+def placement_problems(cfg: Any, world_size: Optional[int] = None,
+                       gpus_per_node: Optional[int] = None) -> list[str]:
+    """The engines and trainer ranks of config ``cfg`` fit the job's GPUs: trainer.n_gpus_per_node (else
+    ``gpus_per_node``) x trainer.nnodes (else the nodes the ranks fill); no check without a GPU count, nor for
+    disaggregated engines of a job as launched on several nodes (they may run on Ray nodes beyond the trainer's).
+    verl's trainer and rollout pools: :func:`pool_problems`, on nodes of ``gpus_per_node``
+    GPUs (known at the start of a run)."""
+    r, t = cfg.rollout, cfg.trainer
+    if r.get("n_gpus_per_node"):  # the fields' own rules report a size below 1
+        return [] if min(r.n_gpus_per_node, r.nnodes or 1, r.tensor_model_parallel_size) < 1 else pool_problems(
+            mode=r.mode, num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size,
+            rollout_nnodes=r.nnodes or 1, rollout_per_node=r.n_gpus_per_node, trainer_nnodes=t.nnodes or 1,
+            trainer_per_node=t.n_gpus_per_node, gpus_per_node=gpus_per_node)
+    declared = t.n_gpus_per_node if t.n_gpus_per_node and t.n_gpus_per_node >= 1 else None
+    per_node = declared or gpus_per_node
+    if min(r.num_engines, r.tensor_model_parallel_size, cfg.parallel.pipeline_model_parallel_size) < 1 or \
+            not per_node or (t.nnodes is not None and t.nnodes < 1):
+        return []  # the sections' own rules report a bad size
+    nnodes = t.nnodes or (-(-world_size // per_node) if world_size else 1)
+    if r.mode == "disaggregated" and not t.nnodes and nnodes > 1:
+        return []
+    src = (f"{'trainer.nnodes' if t.nnodes else 'nodes'} x "
+           f"{'trainer.n_gpus_per_node' if declared else 'GPUs per node (trainer.n_gpus_per_node=null)'}")
+    why = job_placement_problem(mode=r.mode, num_engines=r.num_engines, engine_tp=r.tensor_model_parallel_size,
+                                gpus_per_node=per_node, nnodes=nnodes, trainer_world_size=world_size, gpus_from=src)
+    return [why] if why else []
 
 
 def engines_start_early(mode: str, device: str) -> bool:

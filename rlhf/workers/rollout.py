@@ -100,7 +100,7 @@ def rollout_engine_config(cfg, model_path: str, device: str) -> dict:
     arguments): TP, dtype, memory fraction, context length, KV tokens and seed from the config, and
     ``rollout.engine_kwargs.sglang`` (verl's actor_rollout_ref.rollout.engine_kwargs.sglang.*) as
     ``engine_overrides``, passed to ``sglang.Engine`` as given (checked against SGLang's ServerArgs at start-up:
-    rlhf.config.validate.engine_kwargs_problems).  ``device``: "cpu" or "cuda"."""
+    rlhf.rollout.engine_args.server_args_problems).  ``device``: "cpu" or "cuda"."""
     from omegaconf import OmegaConf
 
     from rlhf.rollout.engine_args import batch_kv_tokens, resolve_engine_dtype, rollout_context_length

@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 from parallel.layouts import ParallelLayout
 from parallel.model_config import hf_model_spec
 from parallel.models import build_model_chunks
-from rlhf.config.validate import (mismatch_message, teacher_dispatcher_message, teacher_dispatcher_refused,
-                                  teacher_layout, vocab_mismatch)
+from rlhf.config.validate import teacher_dispatcher_message, teacher_dispatcher_refused, teacher_layout
+from rlhf.preflight import mismatch_message, vocab_mismatch
 from rlhf.config.errors import ConfigValidationError
 
 from .actor import MegatronActor

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from rlhf.config.schema.rules import Checked, ge
+from rlhf.config.schema.rules import Checked
 
 
 @dataclass
@@ -19,13 +19,13 @@ class TeacherConfig(Checked):
     from the files, and again at start before any model is built)."""
     path: Optional[str] = None  # HF directory, hub name or tiny://quickstart (slime: --opd-teacher-load)
     # sequences per no-grad forward; null: actor.log_prob_micro_batch_size_per_gpu
-    log_prob_micro_batch_size_per_gpu: Optional[int] = ge(1, None, "null uses the actor's", null=True)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
     param_offload: bool = False  # the teacher's parameters off the device outside its forward (like the reference's)
     # the teacher's own megatron grid over the trainer's ranks (verl's teacher: inference.tensor_model_parallel_size;
     # slime's megatron teacher shares the actor's); null: the trainer's parallel.* size.  A second grid has expert
     # and context parallel size 1 and no virtual pipeline (parallel.layouts)
-    tensor_model_parallel_size: Optional[int] = ge(1, None, "null uses parallel.tensor_model_parallel_size", True)
-    pipeline_model_parallel_size: Optional[int] = ge(1, None, "null uses parallel.pipeline_model_parallel_size", True)
+    tensor_model_parallel_size: Optional[int] = None
+    pipeline_model_parallel_size: Optional[int] = None
 
 
 @dataclass
@@ -33,18 +33,9 @@ class DistillConfig(Checked):
     """On-policy distillation: A_hat_t = A_t - kl_coef x (log pi_student(a_t) - log pi_teacher(a_t)) per response
     token of the student's rollouts (slime's apply_opd_kl_to_advantages); ``distill/`` metrics."""
     enable: bool = False  # slime: --use-opd
-    kl_coef: float = ge(0, 1.0)  # slime: --opd-kl-coef (default 1.0)
+    kl_coef: float = 1.0  # slime: --opd-kl-coef (default 1.0)
     # true: the task reward's advantages plus the distillation term; false: pure distillation (the reward is logged)
     task_reward: bool = True
     # subtract the batch's mean reverse KL from each token's (a constant baseline: unbiased, lower variance)
     center: bool = False
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
-
-    def rules(self, at: str = "") -> list[str]:
-        if self.enable and not self.teacher.path:
-            return [f"{at}enable=true needs {at}teacher.path: the teacher's HF directory, hub name or "
-                    f"tiny://quickstart."]
-        if not self.enable and self.teacher.path:
-            return [f"{at}teacher.path={self.teacher.path!r} is set but {at}enable=false: set {at}enable=true to "
-                    f"distil from it, or drop {at}teacher.path."]
-        return []

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 from parallel.optim_config import OptimConfig
 from rlhf.config.choices import KLEstimator, LossAggMode, ModelDtype, Recompute, Truncation
-from rlhf.config.schema.rules import Checked, check, ge, gt
+from rlhf.config.schema.rules import Checked
 
 
 @dataclass
@@ -17,13 +17,13 @@ class DataConfig(Checked):
     train_files: Any = "embedded://arithmetic"
     val_files: Any = "embedded://arithmetic"
     prompt_key: str = "prompt"
-    max_prompt_length: int = ge(1, 64)
-    max_response_length: int = ge(1, 32)
-    train_batch_size: int = ge(1, 8)  # prompts per PPO step (each gets rollout.n responses)
-    val_batch_size: int = ge(1, 32)
-    max_train_samples: Optional[int] = ge(1, None, "use null for all samples", null=True)
+    max_prompt_length: int = 64
+    max_response_length: int = 32
+    train_batch_size: int = 8  # prompts per PPO step (each gets rollout.n responses)
+    val_batch_size: int = 32
+    max_train_samples: Optional[int] = None
     # null: the whole validation set (verl); recipes may cap it
-    max_val_samples: Optional[int] = ge(1, None, "use null for all samples", null=True)
+    max_val_samples: Optional[int] = None
     shuffle: bool = True
     seed: int = 1
     # prompts longer than max_prompt_length: dropped (true), else handled by `truncation`
@@ -35,18 +35,12 @@ class DataConfig(Checked):
     embedded_num_val: int = 64
     embedded_max_operand: int = 9
 
-    def rules(self, at: str = "") -> list[str]:
-        return [f"{at}{k}={v!r} is empty; give a .jsonl/.parquet path (or a list of them), a hub dataset such as "
-                f"openai/gsm8k, or embedded://arithmetic." for k, v in (("train_files", self.train_files),
-                                                                         ("val_files", self.val_files))
-                if v is None or v == "" or (not isinstance(v, str) and hasattr(v, "__len__") and len(v) == 0)]
-
 
 @dataclass
 class LoRAConfig(Checked):
     # LoRA on the actor (parallel.lora): rank 0 = off; the update B A is scaled by alpha / rank; base weights frozen,
     # the reference is the actor with its adapters off
-    rank: int = ge(0, 0, "0 switches LoRA off")
+    rank: int = 0
     alpha: float = 16.0
     # all-linear, or a list of HF names (q/k/v and gate/up together) or megatron names (linear_qkv, linear_fc1, ...)
     target_modules: Any = "all-linear"
@@ -60,14 +54,11 @@ class LoRAConfig(Checked):
             return []
         from parallel.lora import resolve_targets
 
-        out = [f"{at}alpha={self.alpha!r} must be > 0."] if self.alpha is None or self.alpha <= 0 else []
-        out += [] if self.a_init in ("xavier", "kaiming") else [f"{at}a_init={self.a_init!r} must be one of [xavier, "
-                                                                f"kaiming]."]
         try:
             resolve_targets(self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules))
         except ValueError as e:
-            out.append(f"{at}{e}.")
-        return out
+            return [f"{at}{e}."]
+        return []
 
 
 @dataclass
@@ -81,14 +72,12 @@ class ModelConfig(Checked):
     # MoE: the router's aux (load-balancing) loss coefficient; null: config.json's router_aux_loss_coef, 0: off
     moe_aux_loss_coef: Optional[float] = None
     # MoE: the router z-loss coefficient (ST-MoE, Zoph et al. 2022); null: off
-    moe_z_loss_coeff: Optional[float] = check(None, lambda v: v >= 0, "must be >= 0 (or null: off)", null=True)
+    moe_z_loss_coeff: Optional[float] = None
     # MoE: the dtype of the router's softmax / top-k; null: the model dtype
-    moe_router_dtype: Optional[str] = check(None, lambda v: v in ("fp32", "fp64"), "must be fp32, fp64 or null (the "
-                                            "model dtype)", null=True)
+    moe_router_dtype: Optional[str] = None
     # MoE: how experts exchange tokens: alltoall (megatron's all-to-all), or flex (megatron's fused dispatch /
     # combine over the TP x EP ranks, backend DeepEP: CUDA and the deep_ep package, checked at start)
-    moe_token_dispatcher_type: str = check("alltoall", lambda v: v in ("alltoall", "flex"), "must be alltoall or "
-                                           "flex (DeepEP)")
+    moe_token_dispatcher_type: str = "alltoall"
     # MoE: megatron's DeepEP switch (verl's override_transformer_config.moe_enable_deepep); needs flex
     moe_enable_deepep: bool = False
     # tiny://quickstart only: supervised warm-up so PPO starts with some signal
@@ -96,38 +85,24 @@ class ModelConfig(Checked):
     warmup_lr: float = 3e-3
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
-    def rules(self, at: str = "") -> list[str]:
-        return [] if self.path else [f"{at}path is empty; give an HF directory, a hub name or tiny://quickstart."]
-
 
 @dataclass
 class ParallelConfig(Checked):
-    tensor_model_parallel_size: int = ge(1, 1)
-    pipeline_model_parallel_size: int = ge(1, 1)
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: Optional[int] = None
     sequence_parallel: bool = False
     recompute: Optional[Recompute] = None
     # MoE: experts split over this many ranks (divides the data-parallel x tensor-parallel ranks and the experts)
-    expert_model_parallel_size: int = ge(1, 1)
+    expert_model_parallel_size: int = 1
     # each rank holds 1/cp of every sequence (GPU with Transformer Engine only); dp = world / (tp * cp * pp)
-    context_parallel_size: int = ge(1, 1)
+    context_parallel_size: int = 1
     # uneven pipelines (30 layers at PP4: 6 + 8 + 8 + 8): layers of the first / last stage; null: an even split
-    num_layers_in_first_pipeline_stage: Optional[int] = ge(1, None, "null splits the layers evenly", null=True)
-    num_layers_in_last_pipeline_stage: Optional[int] = ge(1, None, "null splits the layers evenly", null=True)
+    num_layers_in_first_pipeline_stage: Optional[int] = None
+    num_layers_in_last_pipeline_stage: Optional[int] = None
     # count the embedding / the loss as one layer each when splitting the layers over the stages
     account_for_embedding_in_pipeline_split: bool = False
     account_for_loss_in_pipeline_split: bool = False
-
-    def rules(self, at: str = "") -> list[str]:
-        out = [f"{at}account_for_embedding/loss_in_pipeline_split cannot be combined with {at}num_layers_in_first/"
-               f"last_pipeline_stage (megatron-core refuses both); set one of them."] if (
-            self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split) and (
-            self.num_layers_in_first_pipeline_stage is not None or self.num_layers_in_last_pipeline_stage is not None) \
-            else []
-        vpp, pp = self.virtual_pipeline_model_parallel_size, self.pipeline_model_parallel_size
-        return out + ([f"{at}virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 (got "
-                       f"{pp}) and a value >= 1; set it to null."] if vpp is not None and (vpp < 1 or (pp or 1) < 2)
-                      else [])
 
 
 @dataclass
@@ -139,19 +114,16 @@ class OffloadConfig(Checked):
     optimizer: bool = False  # the optimizer's main parameters (when not the model's) and its state (Adam moments)
 
 
-_FRACTION = (lambda v: 0 < v <= 1, "must be in (0, 1] (a fraction of the response tokens; verl uses 0.0002)")
-
-
 @dataclass
 class PolicyLossConfig(Checked):
     """The actor's policy loss (rlhf.algorithms.get_policy_loss_fn; docs/algorithms.md)."""
     # a name in rlhf.algorithms.POLICY_LOSS_REGISTRY (vanilla, gspo, sapo, ...; checked by rlhf.config.validate)
     loss_mode: str = "vanilla"
-    clip_cov_ratio: float = check(0.0002, *_FRACTION)  # clip_cov: fraction of tokens whose gradient is cut
+    clip_cov_ratio: float = 0.0002  # clip_cov: fraction of tokens whose gradient is cut
     clip_cov_lb: float = 1.0  # clip_cov: covariance window [lb, ub] the cut tokens are drawn from
     clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = check(0.0002, *_FRACTION)  # kl_cov: fraction of tokens that get the KL penalty
-    ppo_kl_coef: float = ge(0, 0.1)  # kl_cov: coefficient of that penalty
+    kl_cov_ratio: float = 0.0002  # kl_cov: fraction of tokens that get the KL penalty
+    ppo_kl_coef: float = 0.1  # kl_cov: coefficient of that penalty
 
     def rules(self, at: str = "") -> list[str]:
         lb, ub = self.clip_cov_lb, self.clip_cov_ub
@@ -163,9 +135,9 @@ class PolicyLossConfig(Checked):
 class PPORoleConfig(Checked):
     """The fields the actor and the critic share (verl's names)."""
     optim: OptimConfig = field(default_factory=OptimConfig)
-    ppo_mini_batch_size: int = ge(1, 8)  # prompts per optimizer step (x rollout.n sequences)
-    ppo_micro_batch_size_per_gpu: int = ge(1, 4)  # sequences per forward/backward micro batch
-    ppo_epochs: int = ge(1, 1)
+    ppo_mini_batch_size: int = 8  # prompts per optimizer step (x rollout.n sequences)
+    ppo_micro_batch_size_per_gpu: int = 4  # sequences per forward/backward micro batch
+    ppo_epochs: int = 1
     # verl's: every pass visits the rows in a fresh permutation (seeded by the step); false: one epoch in order
     # (a mini batch is whole prompt groups), several epochs each in a permutation
     shuffle: bool = False
@@ -173,20 +145,12 @@ class PPORoleConfig(Checked):
     # dynamic batching (verl's): micro batches of at most ppo_max_token_len_per_gpu tokens instead of
     # ppo_micro_batch_size_per_gpu rows (docs/dynamic_batching.md)
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = ge(1, 16384)
+    ppo_max_token_len_per_gpu: int = 16384
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     # initial weights from a megatron-core dist checkpoint (parallel.init_checkpoint; the critic's value head starts
     # fresh), config.json and the tokenizer from model.path
     use_dist_checkpointing: bool = False
     dist_checkpointing_path: Optional[str] = None
-
-    def rules(self, at: str = "") -> list[str]:
-        return [f"{at}use_dist_checkpointing=true needs {at}dist_checkpointing_path: a megatron-core dist checkpoint "
-                f"directory (scripts/convert_checkpoint.py hf-to-mcore writes one)."] if \
-            self.use_dist_checkpointing and not self.dist_checkpointing_path else []
-
-
-_CLIP = "must be > 0, or null to use {at}clip_ratio"
 
 
 @dataclass
@@ -195,27 +159,27 @@ class RouterReplayConfig(Checked):
     replays the routing of the old-log-prob forward; ``R3``: the old-log-prob and update forwards replay the
     engines' routing (needs ``rollout.enable_rollout_routing_replay=true``)."""
 
-    mode: str = check("disabled", lambda v: v in ("disabled", "R2", "R3"), "must be disabled, R2 or R3 (verl's)")
+    mode: str = "disabled"
 
 
 @dataclass
 class ActorConfig(PPORoleConfig):
-    clip_ratio: float = check(0.2, lambda v: v > 0, "must be > 0 (PPO uses 0.2)")
-    clip_ratio_low: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)  # DAPO decoupled clip
-    clip_ratio_high: Optional[float] = check(None, lambda v: v > 0, _CLIP, null=True)
-    clip_ratio_c: float = check(3.0, lambda v: v > 1, "must be > 1 (dual-clip lower bound; verl uses 3.0)")
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None  # DAPO decoupled clip
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    tau_pos: float = gt(0, 1.0, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: soft gate, positive advantages
-    tau_neg: float = gt(0, 1.05, "sapo's gate temperatures (verl: 1.0, 1.05)")  # sapo: ... negative advantages
+    tau_pos: float = 1.0  # sapo: soft gate, positive advantages
+    tau_neg: float = 1.05  # sapo: ... negative advantages
     # seq-mean-token-sum-norm: the constant the token sums are divided by (Dr.GRPO); null: max_response_length
-    loss_scale_factor: Optional[float] = gt(0, None, "null uses the response length", null=True)
+    loss_scale_factor: Optional[float] = None
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
-    kl_loss_coef: float = ge(0, 0.001)
+    kl_loss_coef: float = 0.001
     kl_loss_type: KLEstimator = KLEstimator.low_var_kl
-    log_prob_micro_batch_size_per_gpu: int = ge(1, 8)
+    log_prob_micro_batch_size_per_gpu: int = 8
     # old / ref log-prob forwards; null: ppo_max_token_len_per_gpu
-    log_prob_max_token_len_per_gpu: Optional[int] = gt(0, None, "null uses ppo_max_token_len_per_gpu", null=True)
+    log_prob_max_token_len_per_gpu: Optional[int] = None
     ref_param_offload: bool = False  # the reference's parameters off the device outside its log-prob forward
     router_replay: RouterReplayConfig = field(default_factory=RouterReplayConfig)
 
@@ -224,7 +188,7 @@ class ActorConfig(PPORoleConfig):
 class CriticConfig(PPORoleConfig):
     enable: Optional[bool] = None  # None: on when algorithm.adv_estimator == gae
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_max_token_len_per_gpu: int = ge(1, 32768)
-    cliprange_value: float = check(0.5, lambda v: v > 0, "must be > 0 (verl uses 0.5)")
+    ppo_max_token_len_per_gpu: int = 32768
+    cliprange_value: float = 0.5
     # the value forward's token budget (dynamic batching); null: ppo_max_token_len_per_gpu
-    forward_max_token_len_per_gpu: Optional[int] = gt(0, None, "null uses ppo_max_token_len_per_gpu", null=True)
+    forward_max_token_len_per_gpu: Optional[int] = None

@@ -1,34 +1,70 @@
-"""The schema's checks: :class:`Checked`, the base of its dataclasses, and :func:`check` / :func:`ge` / :func:`gt`,
-which declare a field's range beside its default (``ppo_epochs: int = ge(1, 1)``); :func:`field_problems` runs them
-all on a composed config.  A problem reads ``"{at}{key}={value!r} {must}."``."""
+"""The schema's checks: a table (rules.yaml beside this module: each field's range, a section's rules across its
+fields, the rules across sections) applied by :func:`rule_problems`; :class:`Checked`, the base of the schema's
+dataclasses, applies a section's; :func:`field_problems` runs them on every section of a composed config."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+import functools
+import operator
+from pathlib import Path
+from typing import Any
 
 from rlhf.config.errors import ConfigValidationError
 
 
-def check(default: Any, ok: Callable[[Any], bool], must: str, null: bool = False) -> Any:
-    """A dataclass field with ``default`` whose value must pass ``ok`` (None passes when ``null``); ``must`` words
-    the rule (``{at}`` in it: the section's prefix)."""
-    return dataclasses.field(default=default, metadata={"ok": ok, "must": must, "null": null})
+@functools.lru_cache(maxsize=1)
+def table() -> dict:
+    """rules.yaml: ``fields`` and ``sections`` (``{schema class name: [rule, ...]}``), ``across`` (``[rule, ...]``),
+    ``engine_owned`` (its header: the form)."""
+    import yaml
+
+    return yaml.safe_load(Path(__file__).with_name("rules.yaml").read_text(encoding="utf-8"))
 
 
-def ge(lo: float, default: Any, fix: str = "", null: bool = False) -> Any:
-    """:func:`check` of ``value >= lo`` (``null``: or None); ``fix`` follows the rule."""
-    return check(default, lambda v: v >= lo, f"must be >= {lo}{' (or null)' * null}{f'; {fix}' * bool(fix)}", null)
+#: the comparisons of a rule's condition, ``{OP: ARG}``
+_OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le,
+        "len": lambda v, n: hasattr(v, "__len__") and len(v) == n,
+        "startswith": lambda v, prefixes: str(v).startswith(tuple(prefixes))}
 
 
-def gt(lo: float, default: Any, fix: str = "", null: bool = False) -> Any:
-    """:func:`check` of ``value > lo``, as :func:`ge`."""
-    return check(default, lambda v: v > lo, f"must be > {lo}{' (or null)' * null}{f'; {fix}' * bool(fix)}", null)
+def _holds(value: Any, want: Any) -> bool:
+    """A rule's condition on ``value``: a list holds for any item; a dict for all its items, ``not: X`` when X does
+    not hold, ``gt|ge|lt|le: N`` for a number so compared, ``len: N`` for a string, list or dict of that length,
+    ``startswith: [PREFIX, ...]`` (null fails them all); true / false / null for that very value; else when equal."""
+    if isinstance(want, list):
+        return any(_holds(value, w) for w in want)
+    if isinstance(want, dict):
+        return all(not _holds(value, arg) if op == "not" else value is not None and _OPS[op](value, arg)
+                   for op, arg in want.items())
+    return value is want if want is None or isinstance(want, bool) else value == want
+
+
+class _Fields(dict):
+    """``{at}`` and the fields of ``node`` (read when a problem names them), for ``str.format_map``."""
+
+    def __init__(self, node: Any, at: str):
+        super().__init__(at=at)
+        self.node = node
+
+    def __missing__(self, key: str) -> Any:
+        return getattr(self.node, key)
+
+
+def rule_problems(node: Any, rules: list, at: str = "") -> list[str]:
+    """The problem line of each rule of rules.yaml in ``rules`` whose conditions all hold on ``node`` (a config, a
+    section, a dataclass; keys under it), keys in the line prefixed with ``at``."""
+    def get(key: str) -> Any:
+        return functools.reduce(lambda n, part: getattr(n, part, None), key.split("."), node)
+
+    return [r["then"].format_map(_Fields(node, at)) for r in rules
+            if all(_holds(get(k), w) for k, w in r["if"].items())]
 
 
 class Checked:
-    """Base of the schema's dataclasses: :meth:`problems` lists a section's bad values, keys prefixed with ``at``
-    (each field's :func:`check`, then the section's :meth:`rules` across its fields); ``__post_init__`` raises them.
-    Both only read attributes, so :func:`field_problems` runs them on an OmegaConf node of the type too."""
+    """Base of the schema's dataclasses: :meth:`problems` lists a section's bad values, keys prefixed with ``at`` (the
+    rules.yaml ``fields`` and ``sections`` rules of its class and base classes, then its :meth:`rules` in Python);
+    ``__post_init__`` raises them.  All only read attributes, so :func:`field_problems` runs them on an OmegaConf node
+    of the type too."""
 
     def __post_init__(self) -> None:
         if problems := type(self).problems(self):
@@ -38,9 +74,8 @@ class Checked:
         from omegaconf import OmegaConf
 
         kind = type(self) if dataclasses.is_dataclass(self) else OmegaConf.get_type(self)
-        return [f"{at}{f.name}={v!r} {f.metadata['must'].format(at=at)}." for f in dataclasses.fields(kind)
-                if "ok" in f.metadata and not ((v := getattr(self, f.name)) is None and f.metadata["null"])
-                and (v is None or not f.metadata["ok"](v))] + kind.rules(self, at)
+        return rule_problems(self, [r for part in ("fields", "sections") for c in reversed(kind.__mro__)
+                                    for r in table()[part].get(c.__name__, [])], at) + kind.rules(self, at)
 
     def rules(self, at: str = "") -> list[str]:
         """The section's rules across its fields (none here)."""

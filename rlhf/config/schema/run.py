@@ -10,22 +10,15 @@ from typing import Any, Optional
 from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEstimator, LoggerBackend, ResumeMode,
                                  RolloutDtype, RolloutMode, RolloutName)
 from rlhf.agent.config import MultiTurnSettings
-from rlhf.config.schema.rules import Checked, check, ge, gt
-
-# the checks of temperature, top_p, top_k, n (rollout, rollout.val_kwargs), a [0, 1] factor, a step interval
-_T, _P = (lambda v: v >= 0, "must be >= 0; 0 is greedy"), (lambda v: 0 < v <= 1, "must be in (0, 1] (1.0 disables "
-                                                                                  "nucleus sampling)")
-_K, _N = (lambda v: v == -1 or v >= 1, "must be -1 (disabled) or >= 1"), (lambda v: v >= 1, "must be >= 1")
-_UNIT = (lambda v: 0 <= v <= 1, "must be in [0, 1] (1.0 for outcome rewards)")
-_STEPS = (lambda v: v == -1 or v >= 1, "must be -1 (never) or a number of steps >= 1")
+from rlhf.config.schema.rules import Checked
 
 
 @dataclass
 class RolloutValConfig(Checked):
-    temperature: float = check(0.0, *_T)
-    top_p: float = check(1.0, *_P)
-    top_k: int = check(-1, *_K)
-    n: int = check(1, *_N)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
 
 
 @dataclass
@@ -49,27 +42,26 @@ class EngineKwargsConfig:
 class RolloutConfig(Checked):
     name: RolloutName = RolloutName.sglang
     mode: RolloutMode = RolloutMode.colocated
-    tensor_model_parallel_size: int = ge(1, 1)
-    num_engines: int = ge(1, 1)
+    tensor_model_parallel_size: int = 1
+    num_engines: int = 1
     # verl's rollout pool (one-step-off recipes): the disaggregated engines' own GPUs, num_engines = nnodes x
     # n_gpus_per_node / TP; trainer.nnodes x trainer.n_gpus_per_node is then the trainer's alone (rollout/placement.py)
-    n_gpus_per_node: Optional[int] = ge(1, None, "null: the engines' GPUs from rollout.num_engines", null=True)
-    nnodes: Optional[int] = ge(1, None, "null: 1 with rollout.n_gpus_per_node", null=True)
-    n: int = check(1, *_N)  # ppo_trainer.yaml: 4 for GROUP_ESTIMATORS unless a recipe or override sets it
-    temperature: float = check(1.0, *_T)
-    top_p: float = check(1.0, *_P)
-    top_k: int = check(-1, *_K)
+    n_gpus_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
+    n: int = 1  # ppo_trainer.yaml: 4 for GROUP_ESTIMATORS unless a recipe or override sets it
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
     # also settable as verl's rollout.gpu_memory_utilization
-    mem_fraction_static: float = check(0.5, lambda v: 0 < v < 1, "must be in (0, 1) (fraction of device memory for "
-                                       "SGLang's weights + KV cache; ~0.5 when colocated with the trainer)")
+    mem_fraction_static: float = 0.5
     # SGLang's memory saver: colocated engines free weights and KV cache while the trainer computes; null: on with
     # CUDA (the CPU engine has none)
     enable_memory_saver: Optional[bool] = None
     dtype: RolloutDtype = RolloutDtype.auto  # auto: model.dtype (rlhf.rollout.engine_args.resolve_engine_dtype)
     # KV-cache tokens of each engine at most; null: sized to its batch (rlhf.rollout.engine_args.batch_kv_tokens)
-    max_total_tokens: Optional[int] = ge(1, None, "null sizes the KV cache to the rollout batch", null=True)
-    max_restarts: int = ge(0, 2)
-    weight_sync_bucket_mb: int = ge(1, 512)
+    max_total_tokens: Optional[int] = None
+    max_restarts: int = 2
+    weight_sync_bucket_mb: int = 512
     weight_sync_check: bool = False
     # disaggregated weight sync: the address engines dial to join a stage leader's group.  null: the IP of the
     # leader's outward interface; "iface:<name>" (e.g. iface:ib0): that interface's IPv4; an IP or host name as is
@@ -88,14 +80,10 @@ class KLControlConfig(Checked):
     """KL penalty in the reward (algorithm.use_kl_in_reward): kl_coef x KL(actor || reference) per token."""
 
     type: KLControlType = KLControlType.fixed
-    kl_coef: float = ge(0, 0.001)
+    kl_coef: float = 0.001
     # adaptive: target KL in nats per whole response (not per token; Ziegler et al. 2019, arXiv:1909.08593 sec. 2.2)
     target_kl: float = 0.1
     horizon: int = 10000  # adaptive: responses over which the coefficient adapts
-
-    def rules(self, at: str = "") -> list[str]:
-        return [f"{at}{k}={getattr(self, k)!r} must be > 0 for {at}type=adaptive." for k in ("target_kl", "horizon")
-                if self.type == KLControlType.adaptive and (getattr(self, k) is None or getattr(self, k) <= 0)]
 
 
 @dataclass
@@ -104,8 +92,7 @@ class FilterGroupsConfig(Checked):
     more prompt batches until data.train_batch_size groups are kept."""
     enable: bool = False
     # score (reward) | seq_reward (reward + overlong shaping) | acc (the reward's acc extra info, else its score)
-    metric: str = check("score", lambda v: v in ("score", "seq_reward", "acc"), "must be score, seq_reward or acc "
-                        "(the reward's acc, as verl's DAPO recipes use)")
+    metric: str = "score"
     max_num_gen_batches: int = 10  # generation rounds per step at most (<= 0: no cap)
 
 
@@ -121,14 +108,12 @@ class DPOConfig:
 class RolloutCorrectionConfig(Checked):
     """verl's algorithm.rollout_correction (rlhf/algorithms/rollout_corr.py): truncated importance sampling and
     rejection sampling from the engine's per-token log-probs, or bypass mode (old_log_probs = the engine's)."""
-    rollout_is: Optional[str] = check(None, lambda v: v in ("token", "sequence"), "must be null, token or sequence",
-                                      null=True)  # null: off
-    rollout_is_threshold: float = gt(0, 2.0)  # upper truncation of the IS weights
+    rollout_is: Optional[str] = None  # null: off
+    rollout_is_threshold: float = 2.0  # upper truncation of the IS weights
     rollout_rs: Optional[str] = None  # null (off) | comma-separated token_k1, seq_sum_k3, ... (rollout_rs.py)
     rollout_rs_threshold: Optional[str] = None  # one per rollout_rs option (comma separated); k1: "lower_upper"
     bypass_mode: bool = False  # true: no old-log-prob forward; the loss trains against the engine's log-probs
-    loss_type: str = check("ppo_clip", lambda v: v in ("ppo_clip", "reinforce"), "must be ppo_clip or reinforce "
-                           "(bypass mode's loss)")
+    loss_type: str = "ppo_clip"
     rollout_is_batch_normalize: bool = False  # IS weights divided by their batch mean
 
     def rules(self, at: str = "") -> list[str]:
@@ -148,8 +133,8 @@ class AlgorithmConfig(Checked):
     name: AlgorithmName = AlgorithmName.ppo
     # a name in rlhf.algorithms' registry (checked by rlhf.config.validate)
     adv_estimator: str = "gae"
-    gamma: float = check(1.0, *_UNIT)
-    lam: float = check(1.0, *_UNIT)
+    gamma: float = 1.0
+    lam: float = 1.0
     norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
     kl_penalty: KLEstimator = KLEstimator.kl
@@ -177,7 +162,7 @@ class OverlongBufferConfig:
 
 
 @dataclass
-class RewardSourceConfig:
+class RewardSourceConfig(Checked):
     """One entry of reward.sources (rlhf/rewards/sources.py); the score is sum(weight x source)."""
     type: str = "rule"  # rule (registry by data_source) | model (HF sequence classifier) | custom (.py)
     weight: float = 1.0
@@ -203,29 +188,27 @@ class Gsm8kRewardConfig(Checked):
 class RewardFallbackConfig(Checked):
     """What a sample gets from a source that failed on it (rlhf/rewards/fallback.py): rule (else static), static
     (fallback_score + keyword_score x [a keyword in it] - length_penalty x chars past max_chars) or constant."""
-    type: str = check("rule", lambda v: v in ("rule", "static", "constant"), "must be rule (the data source's rule "
-                      "reward), static or constant")
+    type: str = "rule"
     keywords: list[str] = field(default_factory=list)
     keyword_score: float = 0.0
-    length_penalty: float = ge(0, 0.0)  # per character past max_chars
-    max_chars: Optional[int] = check(None, lambda v: v >= 0, "must be >= 0", null=True)  # null: no length penalty
+    length_penalty: float = 0.0  # per character past max_chars
+    max_chars: Optional[int] = None  # null: no length penalty
 
 
 @dataclass
 class SandboxFusionConfig(Checked):
     """Code data sources scored by running the response on the test cases in a SandboxFusion service (verl's
     reward_model.sandbox_fusion; rlhf/rewards/sandbox_code.py).  url null: refused; local: rlhf/sandbox/."""
-    url: Optional[str] = check(None, lambda v: v == "local" or str(v).startswith(("http://", "https://")),
-                               "must be null, local, or the http(s):// URL of a SandboxFusion /run_code", null=True)
-    max_concurrent: int = ge(1, 64)  # requests in flight to the sandbox
-    memory_limit_mb: int = ge(1, 1024)  # per run
+    url: Optional[str] = None
+    max_concurrent: int = 64  # requests in flight to the sandbox
+    memory_limit_mb: int = 1024  # per run
 
 
 @dataclass
 class RewardConfig(Checked):
     custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     # a rule/custom source gets timeout_s per sample, a model source per micro batch; slower is a fallback
-    timeout_s: Optional[float] = check(3.0, lambda v: v > 0, "must be > 0, or null for no timeout", null=True)
+    timeout_s: Optional[float] = 3.0
     fallback_score: float = 0.0
     fallback: RewardFallbackConfig = field(default_factory=RewardFallbackConfig)
     # true: a sample no source could score is left out of its group's baseline and the loss (reward/num_unscorable)
@@ -236,17 +219,6 @@ class RewardConfig(Checked):
     gsm8k: Gsm8kRewardConfig = field(default_factory=Gsm8kRewardConfig)
     sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)
 
-    def rules(self, at: str = "") -> list[str]:
-        slow = ([f"{at}timeout_s={self.timeout_s!r} with {at}sandbox_fusion.url={self.sandbox_fusion.url!r}: a code "
-                 f"reward runs the program on each test case (up to 10 s each, verl's limit), far past this limit "
-                 f"per sample; set {at}timeout_s=120 (or null for none)."]
-                if self.sandbox_fusion.url and self.timeout_s is not None and self.timeout_s < 30 else [])
-        return slow + [f"{at}sources[{i}].num_gpus={s.num_gpus!r}: a reward model on GPUs is neither placed nor in "
-                       f"the memory plan (trainer ranks and rollout engines claim no Ray GPUs, so Ray would give the "
-                       f"worker a GPU they use); set num_gpus=0 (the model runs on the CPU), or serve it on GPUs "
-                       f"outside this job and score with a custom source (type=custom) that calls it."
-                       for i, s in enumerate(self.sources or []) if s.type == "model" and s.num_gpus and s.num_gpus > 0]
-
 
 @dataclass
 class AlertConfig(Checked):
@@ -256,11 +228,6 @@ class AlertConfig(Checked):
     below: Optional[float] = None
     above: Optional[float] = None
 
-    def rules(self, at: str = "") -> list[str]:
-        return ([] if self.metric else [f"{at}metric is empty; name a step metric, e.g. actor/entropy."]) + (
-            [f"{at}below and {at}above are both null: give one or both (e.g. {{metric: actor/entropy, below: 0.05}})."]
-            if self.below is None and self.above is None else [])
-
 
 @dataclass
 class OneStepOffPolicyConfig(Checked):
@@ -268,7 +235,7 @@ class OneStepOffPolicyConfig(Checked):
     engines generate the next batch while the trainer trains on this one (verl: one_step_off_ppo_trainer)."""
     enable: bool = False
     # 1: batch k+1 is generated during step k's update, from the weights before it; 0: after the weight sync
-    staleness: int = check(1, lambda v: v in (0, 1), "must be 0 or 1 (one step off at most)")
+    staleness: int = 1
 
 
 @dataclass
@@ -280,13 +247,13 @@ class AsyncTrainingConfig(Checked):
     enable: bool = False
     # at most (1 + this) x trigger_parameter_sync_step x require_batches x ppo_mini_batch_size groups are generated
     # between two weight syncs, minus those left over from the last one (0: on-policy)
-    staleness_threshold: float = ge(0.0, 0.1)
-    trigger_parameter_sync_step: int = ge(1, 4)  # trainer steps between two weight syncs into the engines
-    require_batches: int = ge(1, 1)  # ppo mini batches per trainer step
+    staleness_threshold: float = 0.1
+    trigger_parameter_sync_step: int = 4  # trainer steps between two weight syncs into the engines
+    require_batches: int = 1  # ppo mini batches per trainer step
     # a sync pauses the requests in flight at their next chunk of partial_rollout_chunk_tokens tokens; they continue
     # on the new weights (each token keeps its log-prob and weight version); false: the sync waits for them
     partial_rollout: bool = True
-    partial_rollout_chunk_tokens: Optional[int] = ge(1, None, "null: data.max_response_length / 4", null=True)
+    partial_rollout_chunk_tokens: Optional[int] = None
     # true: old_log_probs are the engine's (no trainer forward) unless compute_prox_log_prob
     use_rollout_log_probs: bool = True
     compute_prox_log_prob: bool = False  # true: old_log_probs from the trainer (rollout IS against the engine's)
@@ -298,21 +265,21 @@ class TrainerConfig(Checked):
     experiment_name: str = "run"  # wandb / mlflow run name
     # checkpoints, TensorBoard, HF export, .hydra/ (hydra.run.dir sets it)
     default_local_dir: str = "outputs/run"
-    total_epochs: int = ge(1, 1)
-    total_training_steps: Optional[int] = ge(1, None, "null trains for {at}total_epochs", null=True)
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
     # console, tensorboard, wandb, mlflow: a list, or one name
     logger: list[LoggerBackend] = field(default_factory=lambda: [LoggerBackend.console, LoggerBackend.tensorboard])
-    log_freq: int = ge(1, 1)  # write the step metrics to the loggers every this many steps
-    log_val_generations: int = ge(0, 0)  # validation samples (prompt, response, score) logged as a table
-    save_freq: int = check(-1, *_STEPS)
-    test_freq: int = check(-1, *_STEPS)
+    log_freq: int = 1  # write the step metrics to the loggers every this many steps
+    log_val_generations: int = 0  # validation samples (prompt, response, score) logged as a table
+    save_freq: int = -1
+    test_freq: int = -1
     val_before_train: bool = True
-    critic_warmup: int = ge(0, 0)  # first steps that train only the critic (the actor is not updated)
+    critic_warmup: int = 0  # first steps that train only the critic (the actor is not updated)
     # auto: the latest checkpoint under default_local_dir, or resume_from_path when given; resume_path: resume_from_path
     resume_mode: ResumeMode = ResumeMode.auto
     # a checkpoint (<run>/checkpoints/global_step_N), or a checkpoints directory / run directory (its latest)
     resume_from_path: Optional[str] = None
-    max_ckpt_to_keep: Optional[int] = ge(1, 2, "null keeps all", null=True)
+    max_ckpt_to_keep: Optional[int] = 2
     # true: checkpoints hold only what resuming needs (no frozen weights); either resumes bitwise
     slim_checkpoint: bool = True
     export_hf_at_end: bool = True
@@ -321,30 +288,19 @@ class TrainerConfig(Checked):
     # warnings when a step metric crosses a threshold (rlhf/trainer/alerts.py): [{metric: actor/kl, above: 1.0}]
     alerts: list[AlertConfig] = field(default_factory=list)
     # the job's size (verl's keys): null = as launched; when set, checked and used by `rlhf launch`
-    n_gpus_per_node: Optional[int] = ge(1, None, "null: as launched", null=True)
-    nnodes: Optional[int] = ge(1, None, "null: as launched", null=True)
+    n_gpus_per_node: Optional[int] = None
+    nnodes: Optional[int] = None
     one_step_off_policy: OneStepOffPolicyConfig = field(default_factory=OneStepOffPolicyConfig)
-
-    def rules(self, at: str = "") -> list[str]:
-        mode, rfp = self.resume_mode, self.resume_from_path
-        out = [f"{at}resume_mode=resume_path needs {at}resume_from_path=<run>/checkpoints/global_step_N (a checkpoint, "
-               f"or a checkpoints directory for its latest)."] if mode == ResumeMode.resume_path and not rfp else []
-        out += [f"{at}resume_from_path={rfp!r} is ignored with {at}resume_mode=disable; set {at}resume_mode="
-                f"resume_path (or drop resume_from_path)."] if rfp and mode == ResumeMode.disable else []
-        return out + ([] if self.default_local_dir else [f"{at}default_local_dir is empty; give the output directory "
-                                                         f"for checkpoints and logs."])
 
 
 @dataclass
 class GlobalProfilerConfig(Checked):
     """verl's ``global_profiler``: torch.profiler traces (or an nsys capture range) of the listed training steps
     (rlhf/trainer/profiling.py)."""
-    tool: Optional[str] = check(None, lambda v: v in ("torch", "nsys"), "is not supported here; use torch (trace "
-                                "files) or nsys, or null", null=True)
+    tool: Optional[str] = None
     steps: Optional[list[int]] = None  # training steps to profile, e.g. [1, 5, 10]; null: none
     save_path: Optional[str] = None  # traces' directory; null: <trainer.default_local_dir>/profile
-    profile_continuous_steps: bool = check(False, lambda v: not v, "is not supported: each listed step gets its own "
-                                           "trace; set it to false")
+    profile_continuous_steps: bool = False
 
     def rules(self, at: str = "") -> list[str]:
         bad = [s for s in (self.steps or []) if s is None or s < 1]

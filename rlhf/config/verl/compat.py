@@ -343,8 +343,7 @@ def _engine_count(cfg: Any, t: Translated) -> None:
     ``trainer.n_gpus_per_node`` GPUs get verl's replica count (one per ``rollout.tensor_model_parallel_size`` GPUs of
     ``trainer.nnodes x trainer.n_gpus_per_node``: 2 nodes x 8 GPUs at TP 4 run 4), or the most engines below it that
     this job places (rlhf/rollout/placement.py), with a warning naming both counts."""
-    from rlhf.config.validate import placement_problems
-    from rlhf.rollout.placement import pool_engines
+    from rlhf.rollout.placement import placement_problems, pool_engines
 
     r, tr = cfg.rollout, cfg.trainer
     tp, nodes = r.tensor_model_parallel_size, r.nnodes or 1

@@ -566,7 +566,7 @@ def test_torch_free_name_lists_equal_the_algorithm_registries():
         policy_loss_names,
     )
     from rlhf.config import choices
-    from rlhf.config.validate import SUPPORTED_ARCHITECTURES
+    from rlhf.preflight import SUPPORTED_ARCHITECTURES
     from parallel.model_config import SUPPORTED_ARCHITECTURES as MCORE_ARCHITECTURES
 
     assert adv_estimator_names() == sorted(ADV_ESTIMATOR_REGISTRY) == sorted(e.value for e in AdvantageEstimator)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from rlhf.config import ConfigValidationError, compose_config, validate_config
-from rlhf.config.validate import config_problems, files_vocab, vocab_mismatch
+from rlhf.config.validate import config_problems
+from rlhf.preflight import files_vocab, vocab_mismatch
 from rlhf.main import main
 from rlhf.quickstart.tiny import make_tiny_hf_model, make_tiny_tokenizer
 

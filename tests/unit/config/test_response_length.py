@@ -15,7 +15,8 @@ import logging
 import pytest
 
 from rlhf.config import ConfigValidationError, compose_config, validate_config
-from rlhf.config.validate import config_problems, model_context_length
+from rlhf.config.validate import config_problems
+from rlhf.preflight import model_context_length
 
 
 def _model(path, **hf):

@@ -15,10 +15,9 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from rlhf.config import ConfigError, ConfigKeyError, ConfigValidationError, compose_config, validate_config
-from rlhf.config.config_file import find_config_file
+from rlhf.config import ConfigKeyError, ConfigValidationError, compose_config, validate_config
 from rlhf.data.refs import parse_data_ref, parse_model_ref
-from rlhf.main import UsageError, main, parse_args
+from rlhf.main import UsageError, find_config_file, main, parse_args
 
 from tests.support.paths import REPO
 VERL_MIRROR = Path("/work/.mirror/volcengine+verl/repo")
@@ -712,7 +711,7 @@ def test_hub_model_checked_only_from_the_local_cache(tmp_path, monkeypatch):
 
 
 def test_check_model_config_hook(tmp_path):
-    from rlhf.config.validate import check_model_config
+    from rlhf.preflight import check_model_config
 
     assert check_model_config(_model_dir(tmp_path / "a")) == []
     assert check_model_config(_model_dir(tmp_path / "b", "LlamaForCausalLM") / "config.json") == []
