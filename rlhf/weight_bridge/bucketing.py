@@ -147,11 +147,10 @@ class BufferPool:
     def scratch(self, nbytes: int, device: torch.device) -> torch.Tensor:
         """A uint8 view of ``nbytes`` of one reused buffer on ``device`` (the leader's TP receive buffer: valid until
         the next call), grown to the largest request, kept like the bucket buffers."""
-        old = self._scratch
-        if old is None or old.numel() < nbytes or old.device != torch.device(device):
-            self._scratch = None
-            self.meter.free(old.numel() if old is not None else 0)
-            self.meter.alloc(nbytes)
+        old = self._scratch.numel() if self._scratch is not None else 0
+        if self._scratch is None or old < nbytes or self._scratch.device != torch.device(device):
+            self._scratch = None  # freed before the larger one is allocated
+            self.meter.alloc(nbytes - old)
             self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return self._scratch[:nbytes]
 

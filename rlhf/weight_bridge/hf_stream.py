@@ -1,9 +1,8 @@
 """The HF tensor stream of a stage: TP gather -> convert -> (name, HF tensor), and buckets of it.  Only the stage
-leader yields; it holds one parameter's shards at a time (its own in model memory, its peers' in one reused receive
-buffer), converted straight into the bucket (HFTensorParts: no concatenated copy).  A production error on
-the leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of the embedding, a stream out of
-plan) does not end its part in its TP and EP peers' collectives: it goes on gathering without converting and yields
-the error in place of each later tensor and bucket; the delivery reports it and moves nothing more.
+leader yields, one parameter's shards at a time (its own in place, its peers' in one reused receive buffer), written
+straight into the bucket (HFTensorParts).  A production error on the leader (a conversion or a packing that raised: a
+CUDA OOM allocating an oversize bucket, a stream out of plan) does not end its part in its TP and EP peers'
+collectives: it goes on gathering without converting and yields the error in place of each later tensor and bucket.
 """
 from __future__ import annotations
 
@@ -50,9 +49,8 @@ def _meta(shards: list) -> list:
 
 def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production,
              convert=None) -> list[tuple[str, object]]:
-    """``convert`` (hf_parts_from_shards or hf_tensors_from_shards) of one entry; after a production error (this or
-    an earlier one) ``(HF name, the error)`` per HF tensor.  Fault point ``sync_convert_error`` (rlhf.faults): this
-    conversion raises."""
+    """``convert`` (default hf_parts_from_shards) of one entry; after a production error (this or an earlier one)
+    ``(HF name, the error)`` per HF tensor.  Fault point ``sync_convert_error`` (rlhf.faults): the conversion raises."""
     if state.error is None:
         try:
             if faults.fires("sync_convert_error"):
@@ -66,10 +64,9 @@ def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production,
 
 def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter,
               state: Production | None = None, scratch=None) -> Iterator[tuple[str, object, bool]]:
-    """``(HF name, HFTensorParts or full tensor, owned)`` on the stage leader (HFTensorParts: to write before the next
-    item is taken; they view model memory and ``scratch``, BufferPool.scratch, the TP receive buffer); collective over
-    the TP group (every TP rank iterates it to the end).  After a production error ``(name, the error, False)`` per
-    tensor, the error raised once every entry was gathered (an EP peer's error reaches its caller so)."""
+    """``(HF name, HFTensorParts or full tensor, owned)`` on the stage leader (HFTensorParts view model memory and
+    ``scratch``, BufferPool.scratch: write each before taking the next); collective over the TP group (every TP rank
+    iterates it to the end).  After a production error ``(name, the error, False)`` per tensor, raised at the end."""
     state = state if state is not None else Production()
     for e in entries:
         dim = GATHER_DIM[e.role.kind]

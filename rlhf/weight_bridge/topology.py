@@ -5,8 +5,6 @@ experts for the EP group to gather them on the leader.  Control messages use a g
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
 import torch.distributed as dist
 
@@ -50,12 +48,10 @@ class MegatronTopology:
         if self._ctrl is None:
             self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
-    def gather(self, entry, scratch: Callable[[int, torch.device], torch.Tensor] | None = None) -> list | None:
-        """TP shards of ``entry.values()`` on the stage leader (rank order), None elsewhere.  The leader's own shard
-        is its tensor as it is (no copy); each peer's is received into ``scratch(nbytes, device)`` (a reused uint8
-        buffer: the shards are valid until the next gather) or a new tensor.  One batch of point-to-point transfers
-        (NCCL: in the TP group's communicator, as its ``gather``): gloo's ``gather`` staged every shard through a new
-        flat tensor, 4-8x slower on CPU (benchmarks/runs/2026-12-07-weight-sync.md)."""
+    def gather(self, entry, scratch=None) -> list[torch.Tensor] | None:
+        """TP shards of ``entry.values()`` on the stage leader (rank order), None elsewhere: its own as it is, each
+        peer's received (one batch_isend_irecv; gloo's ``gather`` was 4-8x slower) into ``scratch(nbytes, device)``
+        (a reused buffer: valid until the next gather) or a new tensor."""
         if self.tp_size == 1:
             return [entry.values().contiguous()]
         t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
@@ -63,8 +59,7 @@ class MegatronTopology:
             send = [dist.P2POp(dist.isend, t, self.tp_ranks[0], self.tp_group)]
             for w in dist.batch_isend_irecv(send) if t.nbytes else ():
                 w.wait()
-            # NCCL only enqueues the send: its input (e.g. a merged LoRA weight) stays alive until done; CPU: no-op
-            torch.get_device_module(t.device).synchronize(t.device)
+            torch.get_device_module(t.device).synchronize(t.device)  # NCCL only enqueued it (keep a merged LoRA input)
             return None
         n, k = t.nbytes, self.tp_size - 1
         flat = scratch(n * k, t.device) if scratch else torch.empty(n * k, dtype=torch.uint8, device=t.device)
