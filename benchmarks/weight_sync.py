@@ -21,8 +21,10 @@ and the engine's first load are excluded; the warm-up is reported):
                    conversion, packing), engine load (waiting for the engines), end (closing the sessions);
   * copy        -- `dst.copy_(src)` of a flat buffer with the same number of bytes (rank 0), timed right after the
                    big-model syncs;
-  * gather      -- a gloo `dist.gather` of half those bytes from rank 1 (what rank 1 holds at TP2): the floor of the
-                   sync's TP gathers on this machine (on GPUs the gathers are NCCL's);
+  * gather      -- a gloo `dist.gather` of half those bytes from rank 1 (what rank 1 holds at TP2): the TP gathers'
+                   transport before 2026-12-07;
+  * recv        -- the same bytes received into a preallocated buffer (one `batch_isend_irecv`): the transport of
+                   the sync's TP gathers and their floor on this machine (on GPUs the same calls go to NCCL);
   * load        -- the engine's `update_weights_from_disk(dir)` of the same weights (safetensors written by
                    `save_hf_checkpoint`, file pages hot in the OS cache);
   * export_load -- `save_hf_checkpoint` from the TP shards + `update_weights_from_disk`: what a user without a
@@ -37,7 +39,7 @@ increase of resident memory during a timed sync (VmHWM after the sync minus VmRS
 The machine's load average (1 min) is read before and after the timed part.
 
 The LAST line printed is exactly
-    weight_sync: vs_copy=<bridge/copy> gather_floor_vs_copy=<gather/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> first_sync_s=<bridge's first sync> load1=<start>/<end>
+    weight_sync: vs_copy=<bridge/copy> gather_floor_vs_copy=<gather/copy> recv_floor_vs_copy=<recv/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> first_sync_s=<bridge's first sync> load1=<start>/<end>
 """
 import argparse
 import os
@@ -129,9 +131,10 @@ def time_copy(rank, nbytes, repeats):
     return times
 
 
-def time_gather(nbytes, repeats):
+def time_gather(nbytes, repeats, p2p=False):
     """Seconds (rank 0) of `repeats` gloo gathers of a flat buffer of `nbytes` from each rank of the world (after
-    one untimed gather): the floor of the sync's TP gathers on this machine; [] elsewhere."""
+    one untimed gather); ``p2p``: rank 1's buffer received into a preallocated one (one batch_isend_irecv), the
+    transport of the sync's TP gathers (MegatronTopology.gather) and their floor on this machine; [] elsewhere."""
     import torch
     import torch.distributed as dist
 
@@ -141,7 +144,12 @@ def time_gather(nbytes, repeats):
     for i in range(repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        dist.gather(t, gather_list=out, dst=0)
+        if p2p:
+            op = dist.irecv if dist.get_rank() == 0 else dist.isend
+            for w in dist.batch_isend_irecv([dist.P2POp(op, out[1] if out else t, 1 - dist.get_rank())]):
+                w.wait()
+        else:
+            dist.gather(t, gather_list=out, dst=0)
         if i:
             times.append(time.perf_counter() - t0)
     return times if dist.get_rank() == 0 else []
@@ -226,14 +234,16 @@ def main(args):
     nbytes = stats.bytes
     copies += time_copy(rank, nbytes, args.repeats)
     gathers = time_gather(nbytes // 2, args.repeats)  # TP2: the half of the weights rank 1 holds
+    recvs = time_gather(nbytes // 2, args.repeats, p2p=True)
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
     t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(3 * args.repeats, 45), log, "tiny")
 
     t_copy = t_load = t_export_load = None
     if rank == 0:
-        t_copy, t_gather = median(copies), median(gathers)
-        log(f"gloo gather of {nbytes / 2e6:.1f} MB from rank 1 (the TP gathers' floor): median {t_gather * 1e3:.1f} ms "
-            f"-> {nbytes / 2 / t_gather / 1e9:.2f} GB/s")
+        t_copy, t_gather, t_recv = median(copies), median(gathers), median(recvs)
+        log(f"gloo gather of {nbytes / 2e6:.1f} MB from rank 1: median {t_gather * 1e3:.1f} ms "
+            f"-> {nbytes / 2 / t_gather / 1e9:.2f} GB/s; gloo receive (the TP gathers' transport and floor): median "
+            f"{t_recv * 1e3:.1f} ms -> {nbytes / 2 / t_recv / 1e9:.2f} GB/s")
         log(f"plain copy of {nbytes / 1e6:.1f} MB: median {t_copy * 1e3:.1f} ms "
             f"of {len(copies)} (min {min(copies) * 1e3:.1f}) -> {nbytes / t_copy / 1e9:.2f} GB/s")
     if args.quick:
@@ -244,6 +254,7 @@ def main(args):
 
             ray.shutdown()
             print(f"weight_sync_quick: vs_copy={t_bridge / t_copy:.2f} gather_floor_vs_copy={t_gather / t_copy:.2f} "
+                  f"recv_floor_vs_copy={t_recv / t_copy:.2f} "
                   f"tiny_sync_ms={t_tiny * 1e3:.1f} "
                   f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}", flush=True)
         dist.barrier()
@@ -280,6 +291,7 @@ def main(args):
     dist.barrier()
     if rank == 0:
         print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} gather_floor_vs_copy={t_gather / t_copy:.2f} "
+              f"recv_floor_vs_copy={t_recv / t_copy:.2f} "
               f"vs_export_load={t_bridge / t_export_load:.3f} "
               f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f} "
               f"first_sync_s={t_first:.2f} "

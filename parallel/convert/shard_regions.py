@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from parallel.convert.layout import FC1_KINDS, ParamRole
+from parallel.convert.layout import FC1_KINDS, ParamRole, hf_tensors_from_shards
 
-__all__ = ["Region", "shard_regions"]
+__all__ = ["HFTensorParts", "Region", "hf_parts_from_shards", "shard_regions"]
 
 
 @dataclass
@@ -69,3 +69,29 @@ def shard_regions(role: ParamRole, shard: torch.Tensor, spec, tp_rank: int, tp: 
         return [Region(names[0], 0, g0 * nq * d, gpr * nq * d, q), Region(names[1], 0, g0 * d, gpr * d, k),
                 Region(names[2], 0, g0 * d, gpr * d, v)]
     raise ValueError(f"unknown tensor kind {kind!r}")
+
+
+@dataclass
+class HFTensorParts:
+    """One full HF tensor as the regions its TP shards fill, never materialised: :meth:`write` copies (and casts)
+    each region straight into a destination (a weight-sync bucket's view), one copy per element."""
+
+    shape: torch.Size
+    dtype: torch.dtype
+    regions: list[Region]
+
+    def write(self, dst: torch.Tensor) -> None:
+        """Fill ``dst`` (shaped like the HF tensor, any dtype) from the shards."""
+        for r in self.regions:
+            r.write(dst)
+
+
+def hf_parts_from_shards(role: ParamRole, shards: list[torch.Tensor], spec) -> list[tuple[str, HFTensorParts]]:
+    """`layout.hf_tensors_from_shards` without its concatenations: ``[(HF name, HFTensorParts)]`` in
+    ``role.hf_names`` order, the same names, shapes and dtypes (taken from it on meta tensors), whose ``write``
+    gives bitwise the same values.  ``shards``: one per (expert-)TP rank in rank order (one for ``replicated``).
+    Raises ValueError for an unknown kind."""
+    meta = [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
+    regions = [g for r, s in enumerate(shards) for g in shard_regions(role, s, spec, r, len(shards))]
+    return [(name, HFTensorParts(t.shape, t.dtype, [g for g in regions if g.name == name]))
+            for name, t in hf_tensors_from_shards(role, meta, spec)]

@@ -124,6 +124,7 @@ class BufferPool:
         self._free: queue.Queue[int] = queue.Queue()
         self._buffers: list[torch.Tensor | None] = [None] * count
         self._oversize: dict[int, torch.Tensor] = {}
+        self._scratch: torch.Tensor | None = None
         for i in range(count):
             self._free.put(i)
 
@@ -143,6 +144,16 @@ class BufferPool:
             return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
+    def scratch(self, nbytes: int, device: torch.device) -> torch.Tensor:
+        """A uint8 view of ``nbytes`` of one reused buffer on ``device`` (the leader's TP receive buffer: valid until
+        the next call), grown to the largest request, kept like the bucket buffers."""
+        old = self._scratch.numel() if self._scratch is not None else 0
+        if self._scratch is None or old < nbytes or self._scratch.device != torch.device(device):
+            self._scratch = None  # freed before the larger one is allocated
+            self.meter.alloc(nbytes - old)
+            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return self._scratch[:nbytes]
+
     def release(self, slot: int | None) -> None:
         """Give a buffer back (None: a bucket that owns no pool buffer)."""
         if slot is not None:
@@ -151,14 +162,15 @@ class BufferPool:
 
     def close(self) -> None:
         """Drop the buffers (their memory returns once no view is referenced)."""
-        self.meter.free(sum(b.numel() for b in self._buffers if b is not None))
-        self._buffers = [None] * len(self._buffers)
+        self.meter.free(sum(b.numel() for b in [*self._buffers, self._scratch] if b is not None))
+        self._buffers, self._scratch = [None] * len(self._buffers), None
 
 
 def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
                  pool: BufferPool) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
-    """Copy a stream of ``(name, tensor[, owned])`` into flat buckets following `plans`, each tensor cast to its
-    planned dtype; yields ``(plan, slot, flat uint8 buffer)`` per bucket (the consumer releases the slot).  A bucket of
+    """Write a stream of ``(name, tensor or HFTensorParts[, owned])`` into flat buckets following `plans`, each
+    tensor cast to its planned dtype (HFTensorParts, parallel.convert.shard_regions: converted straight into its
+    bucket view); yields ``(plan, slot, flat uint8 buffer)`` per bucket (the consumer releases the slot).  A bucket of
     one tensor larger than the pool's buffers is sent without a copy when the stream marks it ``owned`` (slot None).
     An exception in place of a tensor is raised; ValueError when the stream disagrees with the plan."""
     it = iter(named_tensors)
@@ -179,7 +191,7 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
         pending = None
         if len(plan.metas) == 1 and plan.nbytes > pool.max_bytes:
             t, owned = take(plan.metas[0], plan)
-            if owned or t.dtype != plan.metas[0].dtype:  # its own converted copy is the bucket
+            if torch.is_tensor(t) and (owned or t.dtype != plan.metas[0].dtype):  # its own copy is the bucket
                 buf = t.to(plan.metas[0].dtype).contiguous().reshape(-1).view(torch.uint8)
                 del t
                 yield plan, None, buf
@@ -190,7 +202,7 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
         try:
             for meta, (_name, view) in zip(plan.metas, bucket_views(buf, plan)):
                 t = pending.pop() if pending else take(meta, plan)[0]
-                view.copy_(t)
+                view.copy_(t) if torch.is_tensor(t) else t.write(view)
                 del t
         except BaseException:
             pool.release(slot)

@@ -1,8 +1,8 @@
-"""The HF tensor stream of a stage: TP gather -> convert -> (name, full HF tensor), and buckets of it.  Only the
-stage leader yields; it holds one parameter's gathered shards and converted copy at a time.  A production error on
-the leader (a conversion or a packing that raised: a CUDA OOM in ``torch.cat`` of the embedding, a stream out of
-plan) does not end its part in its TP and EP peers' collectives: it goes on gathering without converting and yields
-the error in place of each later tensor and bucket; the delivery reports it and moves nothing more.
+"""The HF tensor stream of a stage: TP gather -> convert -> (name, HF tensor), and buckets of it.  Only the stage
+leader yields, one parameter's shards at a time (its own in place, its peers' in one reused receive buffer), written
+straight into the bucket (HFTensorParts).  A production error on the leader (a conversion or a packing that raised: a
+CUDA OOM allocating an oversize bucket, a stream out of plan) does not end its part in its TP and EP peers'
+collectives: it goes on gathering without converting and yields the error in place of each later tensor and bucket.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch
 
 from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards
 from parallel.convert.params import param_role
+from parallel.convert.shard_regions import hf_parts_from_shards
 from parallel.model_config import HFModelSpec
 from rlhf import faults
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
@@ -46,25 +47,26 @@ def _meta(shards: list) -> list:
     return [torch.empty(tuple(s.shape), dtype=s.dtype, device="meta") for s in shards]
 
 
-def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production) -> list[tuple[str, object]]:
-    """``hf_tensors_from_shards`` of one entry; after a production error (this or an earlier one) ``(HF name, the
-    error)`` per HF tensor.  Fault point ``sync_convert_error`` (rlhf.faults): this conversion raises."""
+def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production,
+             convert=None) -> list[tuple[str, object]]:
+    """``convert`` (default hf_parts_from_shards) of one entry; after a production error (this or an earlier one)
+    ``(HF name, the error)`` per HF tensor.  Fault point ``sync_convert_error`` (rlhf.faults): the conversion raises."""
     if state.error is None:
         try:
             if faults.fires("sync_convert_error"):
                 raise RuntimeError(f"FAULT sync_convert_error: converting {e.local_name}")
             with torch.no_grad():
-                return hf_tensors_from_shards(e.role, shards, spec)
+                return (convert or hf_parts_from_shards)(e.role, shards, spec)
         except Exception as err:  # noqa: BLE001 - the leader keeps step with its peers' gathers
             state.error = _detached(err)
     return [(name, state.error) for name, _ in hf_tensors_from_shards(e.role, _meta(shards), spec)]
 
 
 def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter,
-              state: Production | None = None) -> Iterator[tuple[str, torch.Tensor, bool]]:
-    """``(HF name, full tensor, owned)`` on the stage leader (``owned=False``: it aliases model memory); collective
-    over the TP group (every TP rank iterates it to the end).  After a production error ``(name, the error, False)``
-    per tensor, the error raised once every entry was gathered (an EP peer's error reaches its caller so)."""
+              state: Production | None = None, scratch=None) -> Iterator[tuple[str, object, bool]]:
+    """``(HF name, HFTensorParts or full tensor, owned)`` on the stage leader (HFTensorParts view model memory and
+    ``scratch``, BufferPool.scratch: write each before taking the next); collective over the TP group (every TP rank
+    iterates it to the end).  After a production error ``(name, the error, False)`` per tensor, raised at the end."""
     state = state if state is not None else Production()
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
@@ -73,26 +75,11 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
             continue
         if dim is None and not topo.is_leader:
             continue
-        shards = [e.values()] if dim is None else topo.gather(e)
-        if not topo.is_leader:
-            continue
-        gathered = sum(x.nbytes for x in shards) if dim is not None and topo.tp_size > 1 else 0
-        outs = _convert(e, shards, spec, state)
-        del shards
-        if state.error is not None:
-            yield from ((name, err, False) for name, err in outs)
-            continue
-        converted = 0 if dim is None else sum(t.nbytes for _, t in outs)
-        meter.alloc(gathered + converted)  # the high-water mark: both alive while converting
-        meter.free(gathered)
-        try:
-            while outs:
-                name, t = outs.pop(0)
-                yield name, t, dim is not None
-                del t
-        finally:
-            del outs
-            meter.free(converted)
+        shards = [e.values()] if dim is None else topo.gather(e, scratch)
+        if topo.is_leader:
+            outs = _convert(e, shards, spec, state)
+            del shards
+            yield from ((name, t, False) for name, t in outs)
     if state.error is not None:
         raise state.error
 
@@ -104,7 +91,7 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
     shards = topo.gather(e)
     if topo.tp_rank != 0:
         return
-    outs = _convert(e, shards, spec, state)
+    outs = _convert(e, shards, spec, state, hf_tensors_from_shards)
     if state.error is not None:
         outs = [(n, torch.empty(tuple(t.shape), dtype=t.dtype, device=shards[0].device))
                 for n, t in hf_tensors_from_shards(e.role, _meta(shards), spec)]
@@ -166,7 +153,7 @@ def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPoo
     state, taken, end = Production(), [0], 0
 
     def counted():
-        for x in hf_stream(entries, topo, spec, meter, state):
+        for x in hf_stream(entries, topo, spec, meter, state, pool.scratch):
             taken[0] += 1
             yield x
 

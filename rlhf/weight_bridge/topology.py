@@ -28,6 +28,7 @@ class MegatronTopology:
         self.is_leader = self.active and self.tp_rank == 0
         self.controller, self.is_controller = 0, self.rank == 0
         self.tp_group = ps.get_tensor_model_parallel_group()
+        self.tp_ranks = dist.get_process_group_ranks(self.tp_group)  # global ranks, TP-rank order
         self.ep_size = ps.get_expert_model_parallel_world_size()
         self.ep_rank = ps.get_expert_model_parallel_rank() if self.ep_size > 1 else 0
         self.ep_group = ps.get_expert_model_parallel_group() if self.ep_size > 1 else None
@@ -47,16 +48,26 @@ class MegatronTopology:
         if self._ctrl is None:
             self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
-    def gather(self, entry) -> list[torch.Tensor] | None:
-        """TP shards of ``entry.tensor`` on the stage leader (rank order), None elsewhere."""
+    def gather(self, entry, scratch=None) -> list[torch.Tensor] | None:
+        """TP shards of ``entry.values()`` on the stage leader (rank order), None elsewhere: its own as it is, each
+        peer's received (one batch_isend_irecv; gloo's ``gather`` was 4-8x slower) into ``scratch(nbytes, device)``
+        (a reused buffer: valid until the next gather) or a new tensor."""
         if self.tp_size == 1:
             return [entry.values().contiguous()]
         t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
-        out = [torch.empty_like(t) for _ in range(self.tp_size)] if self.tp_rank == 0 else None
-        dist.gather(t, gather_list=out, dst=dist.get_global_rank(self.tp_group, 0), group=self.tp_group)
-        if out is None:  # a TP peer waits for its gather (NCCL only enqueues it, its input, e.g. a merged LoRA
-            torch.get_device_module(t.device).synchronize(t.device)  # weight, alive until done); a no-op on CPU
-        return out
+        if self.tp_rank != 0:
+            send = [dist.P2POp(dist.isend, t, self.tp_ranks[0], self.tp_group)]
+            for w in dist.batch_isend_irecv(send) if t.nbytes else ():
+                w.wait()
+            torch.get_device_module(t.device).synchronize(t.device)  # NCCL only enqueued it (keep a merged LoRA input)
+            return None
+        n, k = t.nbytes, self.tp_size - 1
+        flat = scratch(n * k, t.device) if scratch else torch.empty(n * k, dtype=torch.uint8, device=t.device)
+        peers = [flat[i * n:(i + 1) * n].view(t.dtype).view(t.shape) for i in range(k)]
+        ops = [dist.P2POp(dist.irecv, p, r, self.tp_group) for p, r in zip(peers, self.tp_ranks[1:])]
+        for w in dist.batch_isend_irecv(ops) if n else ():
+            w.wait()
+        return [t, *peers]
 
     def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:
         """Collective over the EP group: ``t`` of every EP rank (EP-rank order) on the stage leader, None elsewhere."""

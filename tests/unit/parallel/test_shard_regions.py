@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from parallel.convert import ParamRole, hf_tensors_from_shards
-from parallel.convert.shard_regions import shard_regions
+from parallel.convert.shard_regions import hf_parts_from_shards, shard_regions
 from parallel.model_config import HFModelSpec
 
 SPEC = HFModelSpec(architecture="LlamaForCausalLM", vocab_size=1000, hidden_size=32, ffn_hidden_size=48,
@@ -50,6 +50,26 @@ def test_regions_of_all_ranks_rebuild_the_hf_tensors(kind, names, tp):
             reg.write(got[reg.name])
     for n in want:
         assert torch.equal(got[n], want[n]), (kind, tp, n)  # every element written once (no NaN left)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("kind,names", [("replicated", ("n",)), ("vocab", ("e",)), ("row", ("o",)),
+                                        ("fc1", ("gate", "up")), ("qkv", QKV), ("qkv_bias", QKV)])
+def test_parts_write_bitwise_what_concatenation_then_copy_gives(kind, names, tp, dtype):
+    """The weight sync's conversion straight into a bucket (hf_parts_from_shards, each part's write into a view of
+    the planned dtype) gives bitwise the bytes of gather -> hf_tensors_from_shards -> copy_ into the bucket (the
+    path before), names, shapes and dtypes included."""
+    shards = shards_for(kind, tp, torch.Generator().manual_seed(7 + tp))
+    shards = shards if kind != "replicated" else shards[:1]
+    role = ParamRole(kind, names)
+    want = hf_tensors_from_shards(role, shards, SPEC)
+    parts = hf_parts_from_shards(role, shards, SPEC)
+    assert [(n, tuple(p.shape), p.dtype) for n, p in parts] == [(n, tuple(t.shape), t.dtype) for n, t in want]
+    for (name, t), (_, p) in zip(want, parts):
+        ref, got = torch.empty(t.shape, dtype=dtype).copy_(t), torch.full(t.shape, float("nan"), dtype=dtype)
+        p.write(got)
+        assert torch.equal(got.view(torch.uint8), ref.view(torch.uint8)), name  # bitwise (a NaN left fails)
 
 
 def test_regions_cast_on_write_and_unknown_kind():

@@ -24,9 +24,9 @@ class CountingTopology(SimulatedTPTopology):
         super().__init__(rank_chunks)
         self.gathers = 0
 
-    def gather(self, entry):
+    def gather(self, entry, scratch=None):
         self.gathers += 1
-        return super().gather(entry)
+        return super().gather(entry, scratch)
 
 
 @pytest.fixture
@@ -118,6 +118,7 @@ def test_a_conversion_error_keeps_no_gathered_shards_alive(monkeypatch):
         return [("model.embed_tokens.weight", shards[0])]
 
     monkeypatch.setattr(hs, "hf_tensors_from_shards", oom)
+    monkeypatch.setattr(hs, "hf_parts_from_shards", oom)
     spec, ranks = _trainer()
     entry = next(e for e in sync_entries(ranks[0], spec, None, SimulatedTPTopology(ranks))[0])
     shards = [torch.zeros(64, 8), torch.zeros(64, 8)]

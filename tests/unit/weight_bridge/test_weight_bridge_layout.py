@@ -568,3 +568,39 @@ def test_plan_is_checked_by_fingerprint_and_reused():
     engines.expected["model.norm.weight"] = ((5,), torch.float32)
     with pytest.raises(WeightBridgeError, match="model.norm.weight"):
         bridge.sync()
+
+
+def test_fill_buckets_writes_parts_as_the_concatenated_tensors_and_one_receive_buffer():
+    """A stream of HFTensorParts (the sync's conversion straight into the bucket) fills bitwise the buckets a stream
+    of the concatenated tensors fills, cast to the planned dtype, an oversize bucket (one tensor above the pool's
+    buffers) included.  The pool's receive buffer (BufferPool.scratch) is one buffer, grown to the largest request,
+    metered, and freed with the pool."""
+    from parallel.convert import ParamRole, hf_tensors_from_shards
+    from parallel.convert.shard_regions import hf_parts_from_shards
+    from rlhf.weight_bridge.bucketing import MemoryMeter
+
+    g = torch.Generator().manual_seed(3)
+    row, fc1 = ParamRole("row", ("o",)), ParamRole("fc1", ("gate", "up"))
+    rs, fs = [torch.randn(4, 3, generator=g) for _ in range(2)], [torch.randn(4, 3, generator=g) for _ in range(2)]
+    tensors = hf_tensors_from_shards(row, rs, None) + hf_tensors_from_shards(fc1, fs, None)
+    parts = hf_parts_from_shards(row, rs, None) + hf_parts_from_shards(fc1, fs, None)
+    plans = plan_buckets([TensorMeta(n, tuple(t.shape), torch.bfloat16) for n, t in tensors], 40)
+    assert [b.names for b in plans] == [["o"], ["gate"], ["up"]] and plans[0].nbytes > 40  # "o" is oversize
+
+    def buckets(stream):
+        pool, out = BufferPool(40), []
+        for _plan, slot, buf in fill_buckets(iter(stream), plans, pool):
+            out.append(buf.clone())
+            pool.release(slot)
+        return out
+
+    want, got = buckets(tensors), buckets(parts)
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert torch.equal(want[0].view(torch.bfloat16).view(4, 6), torch.cat(rs, 1).to(torch.bfloat16))
+    meter = MemoryMeter()
+    pool = BufferPool(8, meter=meter)
+    a, b = pool.scratch(100, torch.device("cpu")), pool.scratch(50, torch.device("cpu"))
+    assert b.data_ptr() == a.data_ptr() and b.numel() == 50 and meter.current == 100
+    assert pool.scratch(200, torch.device("cpu")).numel() == 200 and meter.current == 200 == meter.peak
+    pool.close()
+    assert meter.current == 0
