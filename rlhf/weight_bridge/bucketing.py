@@ -144,14 +144,14 @@ class BufferPool:
             return torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage._new_shared(nbytes))
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
-    def scratch(self, nbytes: int, device: torch.device) -> torch.Tensor:
-        """A uint8 view of ``nbytes`` of one reused buffer on ``device`` (the leader's TP receive buffer: valid until
-        the next call), grown to the largest request, kept like the bucket buffers."""
+    def scratch(self, nbytes: int, like: torch.Tensor) -> torch.Tensor:
+        """A uint8 view of ``nbytes`` of one reused buffer made as ``like`` (``new_empty``: its device; the leader's
+        TP receive buffer: valid until the next call), grown to the largest request, kept like the bucket buffers."""
         old = self._scratch.numel() if self._scratch is not None else 0
-        if self._scratch is None or old < nbytes or self._scratch.device != torch.device(device):
+        if self._scratch is None or old < nbytes or self._scratch.device != like.device:
             self._scratch = None  # freed before the larger one is allocated
             self.meter.alloc(nbytes - old)
-            self._scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            self._scratch = like.new_empty(nbytes, dtype=torch.uint8)
         return self._scratch[:nbytes]
 
     def release(self, slot: int | None) -> None:

@@ -50,7 +50,7 @@ class MegatronTopology:
 
     def gather(self, entry, scratch=None) -> list[torch.Tensor] | None:
         """TP shards of ``entry.values()`` on the stage leader (rank order), None elsewhere: its own as it is, each
-        peer's received (one batch_isend_irecv; gloo's ``gather`` was 4-8x slower) into ``scratch(nbytes, device)``
+        peer's received (one batch_isend_irecv; gloo's ``gather`` was 4-8x slower) into ``scratch(nbytes, like)``
         (a reused buffer: valid until the next gather) or a new tensor."""
         if self.tp_size == 1:
             return [entry.values().contiguous()]
@@ -62,7 +62,7 @@ class MegatronTopology:
             torch.get_device_module(t.device).synchronize(t.device)  # NCCL only enqueued it (keep a merged LoRA input)
             return None
         n, k = t.nbytes, self.tp_size - 1
-        flat = scratch(n * k, t.device) if scratch else torch.empty(n * k, dtype=torch.uint8, device=t.device)
+        flat = scratch(n * k, t) if scratch else t.new_empty(n * k, dtype=torch.uint8)  # on t's device
         peers = [flat[i * n:(i + 1) * n].view(t.dtype).view(t.shape) for i in range(k)]
         ops = [dist.P2POp(dist.irecv, p, r, self.tp_group) for p, r in zip(peers, self.tp_ranks[1:])]
         for w in dist.batch_isend_irecv(ops) if n else ():

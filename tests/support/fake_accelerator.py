@@ -144,7 +144,33 @@ class FakeAccelerator:
                 guard.unchecked += 1
             return original(*args, **kwargs)
 
+        collective.__wrapped__ = original  # P2POp accepts only torch's own isend / irecv (see _p2p_op)
         return collective
+
+    def _wrap_batch_p2p(self, original):
+        """``batch_isend_irecv`` checked as a collective: each P2POp's tensor on its group's device."""
+        guard = self
+
+        def batch_isend_irecv(p2p_op_list):
+            caller = sys._getframe(1).f_code.co_filename
+            if caller.startswith(OURS):
+                where = f"batch_isend_irecv at {os.path.relpath(caller, ROOT)}:{sys._getframe(1).f_lineno}"
+                for op in p2p_op_list:
+                    guard.check_tensors([op.tensor], guard.group_device(op.group), where)
+                guard.checked["batch_isend_irecv"] = guard.checked.get("batch_isend_irecv", 0) + 1
+            else:
+                guard.unchecked += 1
+            return original(p2p_op_list)
+
+        return batch_isend_irecv
+
+    @staticmethod
+    def _p2p_op(original):
+        """``dist.P2POp`` given the guard's isend / irecv: built with torch's own (its constructor checks identity)."""
+        def p2p_op(op, *args, **kwargs):
+            return original(getattr(op, "__wrapped__", op), *args, **kwargs)
+
+        return p2p_op
 
     def group_device(self, group=None) -> torch.device:
         """parallel.devices.group_device on the fake accelerator: every group takes the accelerator's tensors
@@ -178,6 +204,8 @@ class FakeAccelerator:
                                      self._wrap_forward_backward(rlhf.workers.worker.forward_backward))]
         patches += [mock.patch.object(dist, name, self._wrap_collective(name, getattr(dist, name)))
                     for name in COLLECTIVES]
+        patches += [mock.patch.object(dist, "batch_isend_irecv", self._wrap_batch_p2p(dist.batch_isend_irecv)),
+                    mock.patch.object(dist, "P2POp", self._p2p_op(dist.P2POp))]
         for p in patches:
             self._stack.enter_context(p)
         return self

@@ -12,7 +12,7 @@ in-process HF engine double (tests/support/hf_sampling_engine.py, fed by the rea
        device; a role method without its door (the seam) and a DP gather without parallel.devices' placement
        (today's main before the fix) are refused with DeviceError.
   tp2: PPOTrainer (GRPO, actor only) at TP2, one train_step: vocab-parallel log-probs (TP all-reduces), the
-       update, and the weight sync's TP gathers (rlhf.weight_bridge.topology), as on a GPU run.
+       update, and the weight sync's TP gathers (rlhf.weight_bridge.topology: batch_isend_irecv), as on a GPU run.
 
 Each check prints `CHECK <name> PASS|FAIL <detail>` on rank 0 (tests/e2e/test_device_discipline.py).
 """
@@ -144,7 +144,7 @@ def main():
                     ["algorithm.adv_estimator=grpo", "parallel.tensor_model_parallel_size=2"])
         log("tp2 trainer built")
         run_check("tp2_grpo_step_every_collective_on_its_group_device",
-                  step_check(fa, t, ["all_reduce", "gather"]))
+                  step_check(fa, t, ["all_reduce", "batch_isend_irecv"]))
         t.close()
         log("tp2 done")
     from parallel.distributed import destroy_distributed
