@@ -76,6 +76,18 @@ class Request:
     finish_reason: Optional[str] = None
     extra: dict = field(default_factory=dict)
 
+    def extend(self, out, version: int, max_len: int) -> bool:
+        """Append one generate call's continuation ``out`` (a RolloutSample) made by weights ``version``; true when
+        that finished the request (a stop, or ``max_len`` response tokens), whose finish_reason it then takes."""
+        self.response_ids += list(out.response_ids)
+        self.log_probs += list(out.response_log_probs)
+        self.versions += [version] * len(out.response_ids)
+        self.extra.update(out.extra)
+        if out.finish_reason != FINISH_LENGTH or len(self.response_ids) >= max_len:
+            self.finish_reason = out.finish_reason
+            return True
+        return False
+
 
 @dataclass
 class Group:
@@ -341,15 +353,7 @@ class FullyAsync:
                 outs[out.prompt_index] = out
         with self.cond:
             for (g, r), out in zip(todo, outs):
-                if out is None:
-                    continue
-                r.response_ids += list(out.response_ids)
-                r.log_probs += list(out.response_log_probs)
-                r.versions += [version] * len(out.response_ids)
-                r.extra.update(out.extra)
-                full = len(r.response_ids) >= self.max_len
-                if out.finish_reason != FINISH_LENGTH or full:
-                    r.finish_reason = out.finish_reason
+                if out is not None and r.extend(out, version, self.max_len):
                     self.generated += 1
             for g in [g for g in self.active if g.done]:
                 self.active.remove(g)
@@ -428,14 +432,8 @@ class FullyAsync:
                 with self.cond:
                     self._hand_back(e.engines)
             for r, out in zip(todo, outs):
-                if out is None:
-                    continue
-                r.response_ids += list(out.response_ids)
-                r.log_probs += list(out.response_log_probs)
-                r.versions += [version] * len(out.response_ids)
-                r.extra.update(out.extra)
-                if out.finish_reason != FINISH_LENGTH or len(r.response_ids) >= want:
-                    r.finish_reason = out.finish_reason
+                if out is not None:
+                    r.extend(out, version, want)
         return [RolloutSample(prompt_ids=r.prompt_ids, response_ids=r.response_ids, response_log_probs=r.log_probs,
                               finish_reason=r.finish_reason, prompt_index=i, sample_index=0,
                               weight_version=r.versions[0] if r.versions else version,
