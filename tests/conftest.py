@@ -24,6 +24,15 @@ def ray_local():
         ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def tok():
+    """The quickstart tokenizer (rlhf.quickstart.tokenizer; its chat template speaks hermes tool calls).  A module
+    that needs another tokenizer defines its own ``tok``."""
+    from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
+
+    return make_quickstart_tokenizer()
+
+
 @pytest.fixture
 def gsm8k_row_file(tmp_path):
     """A one-row GSM8K-shaped jsonl ("2 + 3?", answer "#### 5") for tests that compose a config around a data file."""

@@ -43,6 +43,13 @@ class ScriptedFleet:
         return out
 
 
+#: verl's GSM8K tool schema (examples/sglang_multiturn/config/tool_config/gsm8k_tool_config.yaml)
+GSM8K_SCHEMA = {"type": "function", "function": {
+    "name": "calc_gsm8k_reward", "description": "A tool for calculating the reward of gsm8k.",
+    "parameters": {"type": "object", "properties": {"answer": {"type": "string", "description": "The answer"}},
+                   "required": ["answer"]}}}
+
+
 def tool_call(name: str, arguments: str) -> str:
     """A hermes tool call of ``name`` with the JSON text ``arguments``."""
     return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'

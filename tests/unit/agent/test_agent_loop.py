@@ -11,20 +11,7 @@ from rlhf.agent.loop import AgentLoop, truncate_tool_text
 from rlhf.agent.tools import Gsm8kTool, build_tools
 from rlhf.rollout.sampling import SamplingConfig
 from rlhf.workers.batch import build_rollout_batch, outcome_token_scores
-from tests.support.agent_fakes import ScriptedFleet, tool_call
-
-GSM8K_SCHEMA = {"type": "function", "function": {
-    "name": "calc_gsm8k_reward", "description": "A tool for calculating the reward of gsm8k.",
-    "parameters": {"type": "object", "properties": {"answer": {"type": "string", "description": "The answer"}},
-                   "required": ["answer"]}}}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
-
-    return make_quickstart_tokenizer()
-
+from tests.support.agent_fakes import GSM8K_SCHEMA, ScriptedFleet, tool_call
 
 def rows(k=2):
     return [{"raw_prompt": [{"role": "user", "content": f"What is {i} + {5 - i}?"}], "ground_truth": "5",

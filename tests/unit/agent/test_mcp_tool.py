@@ -50,13 +50,6 @@ def tools(tmp_path_factory):
     return build_tools(load_tool_specs(path))
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
-
-    return make_quickstart_tokenizer()
-
-
 def test_servers_tools_with_their_schemas(tools):
     assert sorted(tools) == ["add", "fail"] and all(isinstance(t, MCPTool) for t in tools.values())
     params = tools["add"].tool_schema["function"]["parameters"]

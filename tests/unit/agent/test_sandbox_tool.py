@@ -48,13 +48,6 @@ SCHEMA = {"type": "function", "function": {
 
 
 @pytest.fixture(scope="module")
-def tok():
-    from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
-
-    return make_quickstart_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def tool_config(tmp_path_factory):
     """verl's sandbox_fusion_tool_config.yaml with ``sandbox_fusion_url: local`` (verl's holds a cloud URL)."""
     cfg = yaml.safe_load(VERL_TOOL_CONFIG)

@@ -64,13 +64,6 @@ def corpus(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
-
-    return make_quickstart_tokenizer()
-
-
 def verl_config(tmp_path, **config) -> str:
     cfg = yaml.safe_load(VERL_TOOL_CONFIG)
     cfg["tools"][0]["config"].update(config)

@@ -16,22 +16,9 @@ from rlhf.agent.tools import Gsm8kTool
 from rlhf.config import compose_config
 from rlhf.rollout.sampling import SamplingConfig
 from rlhf.trainer.fully_async import FullyAsync
-from tests.support.agent_fakes import VersionedFleet, tool_call
+from tests.support.agent_fakes import GSM8K_SCHEMA, VersionedFleet, tool_call
 
 MAX_LEN = 400
-SCHEMA = {"type": "function", "function": {
-    "name": "calc_gsm8k_reward", "description": "A tool for calculating the reward of gsm8k.",
-    "parameters": {"type": "object", "properties": {"answer": {"type": "string", "description": "The answer"}},
-                   "required": ["answer"]}}}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from rlhf.quickstart.tokenizer import make_quickstart_tokenizer
-
-    return make_quickstart_tokenizer()
-
-
 def three_turns(turn, prompt):
     calls = [tool_call("calc_gsm8k_reward", '{"answer": "%s"}' % a) for a in "45"]
     return ["Let me try. " + calls[0], "Again. " + calls[1], "The answer is 5. #### 5"][turn]
@@ -61,7 +48,7 @@ class Rollout:
     def __init__(self, tok, before):
         self.manager = VersionedFleet(tok, three_turns, before)
         self.agent = AgentLoop(MultiTurnSettings(enable=True), tok, MAX_LEN,
-                               tools={"calc_gsm8k_reward": Gsm8kTool({}, SCHEMA)})
+                               tools={"calc_gsm8k_reward": Gsm8kTool({}, GSM8K_SCHEMA)})
         self.train_sampling = SamplingConfig(n=1, max_new_tokens=MAX_LEN, seed=0)
         self.syncs = []  # (new version, fleet calls made before it)
 
