@@ -1,16 +1,9 @@
-"""WeightBridge: stream the actor's megatron weights into the rollout engines after each update.
-
-:meth:`WeightBridge.sync`, a collective over every trainer rank, the same on CPU and GPU, reads top to bottom:
-
-1. **open**: every rank lists its tensors (plan.py).  The first sync, and the first after the engines or a rank's
-   tensors changed, plans: the stage leaders report the HF tensors their chunks convert to, the controller (global
-   rank 0, the only rank holding the engines' handle) validates them against the engines and lays out the buckets;
-   a mismatch raises WeightBridgeError on every rank with nothing sent.  Later syncs reuse the plan after one small
-   tensor all_gather.  The controller opens the engines' weight-update sessions.
-2. **gather -> convert -> bucket** on each stage's leader (hf_stream.py, bucketing.py), overlapped with 3.
-3. **send** bucket by bucket under the controller's decision (delivery.py; from_tensor.py / from_distributed.py).
-4. **commit**: the controller closes the sessions (the last bucket flushed the KV cache) and tells the fleet which
-   engines are fresh; every rank learns whether any rank failed; check mode reads sent rows back.
+"""WeightBridge: stream the actor's megatron weights into the rollout engines after each update (docs/gpu.md,
+"Weight sync").  :meth:`WeightBridge.sync`, a collective over every trainer rank, the same on CPU and GPU, reads top
+to bottom: 1. **open**: plan (plan.py) or reuse the plan, open the engines' sessions; 2. **gather -> convert ->
+bucket** on each stage's leader (hf_stream.py, bucketing.py), overlapped with 3. **send** bucket by bucket under the
+controller's decision (delivery.py; from_tensor.py / from_distributed.py); 4. **commit**: close the sessions, mark the
+reached engines fresh, every rank learns whether any rank failed; check mode reads sent rows back.
 
 Tied embeddings: only ``model.embed_tokens.weight`` is sent.  Unmapped persistent buffers are skipped
 (``SyncStats.skipped_buffers``), an unmapped parameter is an error.  Typical use::
@@ -22,10 +15,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -44,7 +36,7 @@ from rlhf.weight_bridge.plan import (NameMap, SendPlan, WeightBridgeError, build
                                      sync_entries)
 from rlhf.weight_bridge.topology import MegatronTopology
 
-__all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats", "CheckReport", "sample_rows", "verify"]
+__all__ = ["WeightBridge", "WeightSyncConfig", "SyncStats", "sample_rows"]
 
 _NOT_OPENED, _OPENED, _OPEN_FAILED = 0, 1, 2  # the controller's session code in a sync's first exchange
 _CHECK_ROWS = 4  # check mode: rows read back per tensor
@@ -110,14 +102,11 @@ class SyncStats:
     lora_merged_fallback: bool = False  # WeightSyncConfig.lora_merged_fallback
 
     def metrics(self) -> dict[str, float]:
-        """``weight_sync/bytes`` (sent to each engine), ``weight_sync/buckets``, ``weight_sync/replanned``; with
-        the LoRA MoE-expert fallback (merged weights sent instead of adapters) ``weight_sync/lora_merged_fallback``
-        = 1 (rlhf.workers.lora_reference.adapter_sync_settings)."""
-        out = {"weight_sync/bytes": float(self.bytes), "weight_sync/buckets": float(self.num_buckets),
-               "weight_sync/replanned": float(self.replanned)}
-        if self.lora_merged_fallback:
-            out["weight_sync/lora_merged_fallback"] = 1.0
-        return out
+        """``weight_sync/bytes`` (sent to each engine), ``weight_sync/buckets``, ``weight_sync/replanned``;
+        ``weight_sync/lora_merged_fallback`` = 1 with lora_reference.adapter_sync_settings' merged fallback."""
+        return {"weight_sync/bytes": float(self.bytes), "weight_sync/buckets": float(self.num_buckets),
+                "weight_sync/replanned": float(self.replanned),
+                **({"weight_sync/lora_merged_fallback": 1.0} if self.lora_merged_fallback else {})}
 
 
 @dataclass
@@ -177,49 +166,38 @@ class WeightBridge:
         weights: sync again; the next sync plans afresh), or when check mode finds a mismatch.  With ``lora``:
         the (unmerged) base weights when some engine may lack them (the first sync, replaced engines, after an
         error), then the adapters.  A sync of all engines sends the base first to the engines replaced since their
-        last sync (:meth:`_replaced_engines`): they serve ``model.path``'s base, and the adapters' sync marks them
+        last sync (the fleet's ``stale_engines``): they serve ``model.path``'s base, and the adapters' sync marks them
         fresh."""
         if self.cfg.lora is None:
-            stats = self._sync(engines)
-            stats.lora_merged_fallback = self.cfg.lora_merged_fallback
-            return stats
+            return self._sync(engines)
         full = None
-        # any engine's base is unknown until a full sync ends; else only a replaced engine may lack it
-        base_to = engines if engines is not None or not self.base_sent else self._replaced_engines()
+        # any engine's base is unknown until a full sync ends; else only a stale engine may lack it
+        base_to = (engines if engines is not None or not self.base_sent
+                   else list(self._decided(lambda: self.engines.stale_engines())))
         if base_to is None or base_to:
             had, self.base_sent = self.base_sent, False
             full, self.base_sent = self._sync(base_to), had or base_to is None
         return self._sync_adapters(engines, full or SyncStats())
 
-    def _replaced_engines(self) -> list[int]:
-        """Collective (one object broadcast): the controller's engines replaced (restarted) since the last sync that
-        reached them (``stale_engines``), on every rank.  Every sync that marks an engine fresh sent it the base
-        first, so these are the engines that may lack the current base."""
-        self.topo.init_collective()
-        return list(self.topo.broadcast_object(self.engines.stale_engines() if self.topo.is_controller else None))
-
     def _sync_adapters(self, engines, stats: SyncStats) -> SyncStats:
         """Every rank: the adapters in PEFT's layout (parallel.lora_export) from each stage's leader go to the engines
-        in one SGLang ``load_lora_adapter_from_tensors`` each (the controller's engine calls, no bucket transport:
-        SGLang loads an adapter whole, a small part of the weights); ``stats`` (the base's sync) count them too."""
+        in one SGLang ``load_lora_adapter_from_tensors`` each (SGLang loads an adapter whole); ``stats`` count them."""
         from parallel.lora_export import peft_adapter_tensors, peft_config
 
-        t0, error, topo = time.perf_counter(), None, self.topo
+        t0, topo = time.perf_counter(), self.topo
         topo.init_collective()
         mine = peft_adapter_tensors(self.chunks, self.spec) if topo.active else {}  # collective over TP
         tensors = {k: v for part in topo.all_gather_object(mine if topo.is_leader else {}) for k, v in part.items()}
         stats.bytes += sum(t.nbytes for t in tensors.values())
         stats.num_tensors += len(tensors)
-        if topo.is_controller:
-            try:
-                stats.engines, token = self._targets(engines), self.engines.begin_sync()
-                self.engines.wait(self.engines.load_lora_adapter(tensors, peft_config(self.cfg.lora), stats.engines),
-                                  "load_lora_adapter")
-                self.engines.end_sync(token, stats.engines)
-            except Exception as e:  # noqa: BLE001 - every rank raises it
-                error = WeightBridgeError(f"LoRA adapter sync failed: {type(e).__name__}: {e}")
-        if (error := topo.broadcast_object(error)) is not None:
-            raise error
+
+        def load():
+            stats.engines, token = self._targets(engines), self.engines.begin_sync()
+            self.engines.wait(self.engines.load_lora_adapter(tensors, peft_config(self.cfg.lora), stats.engines),
+                              "load_lora_adapter")
+            self.engines.end_sync(token, stats.engines)
+
+        self._decided(load, "LoRA adapter sync failed: ")
         stats.seconds += time.perf_counter() - t0
         return stats
 
@@ -242,12 +220,14 @@ class WeightBridge:
             outcome = self.topo.all_gather_object((error, samples if names else None)) if failed else []
         finally:  # every rank is past end_weight_update: the engines dropped every handle
             self._free_pool()
-        errors = [e for e, _ in outcome if e]
-        if errors:
-            self._plan = None
-            raise WeightBridgeError("weight sync failed: " + "; ".join(dict.fromkeys(errors)))
-        if names:
-            self._check(plan, outcome, stats)
+        try:
+            if errors := [e for e, _ in outcome if e]:
+                raise WeightBridgeError("weight sync failed: " + "; ".join(dict.fromkeys(errors)))
+            if names:  # check mode: the controller reads the sampled rows back
+                self._decided(functools.partial(self._check, plan, outcome, stats))
+        except WeightBridgeError:
+            self._plan = None  # the next sync plans afresh
+            raise
         stats.engines, stats.peak_extra_bytes = list(s.targets), self.meter.peak
         stats.produce_seconds, stats.receive_seconds, stats.deliver_seconds = s.times.values()
         stats.seconds = time.perf_counter() - t0
@@ -255,12 +235,12 @@ class WeightBridge:
 
     def _list(self) -> _Sync:
         """This rank's tensors (an error in their place is reported through the planning exchange)."""
-        s = _Sync()
+        s = _Sync(stats=SyncStats(lora_merged_fallback=self.cfg.lora_merged_fallback))
         self.topo.init_collective()
         try:
             s.entries, s.stats.skipped_buffers = sync_entries(self.chunks, self.spec, self.cfg.name_map, self.topo)
             if self.cfg.lora is not None:  # the engines add the adapters themselves: the base weights unmerged
-                s.entries = [dataclasses.replace(e, merge=None) for e in s.entries]
+                s.entries = [replace(e, merge=None) for e in s.entries]
             s.tensors_key = hash(tuple((e.chunk_index, e.local_name, tuple(e.tensor.shape), e.tensor.dtype)
                                        for e in s.entries))
         except Exception as e:  # noqa: BLE001
@@ -384,21 +364,8 @@ class WeightBridge:
         except Exception as e:  # noqa: BLE001 - reported through the exchange so no rank hangs
             report = {"error": f"rank {topo.rank}: {type(e).__name__}: {e}"}
         reports = topo.all_gather_object(report)
-        verdict = None
-        if topo.is_controller:
-            try:
-                errors = [r["error"] for r in reports if r is not None and "error" in r]
-                if errors:
-                    raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
-                verdict = self._verdict(reports)
-                if open_sessions_too and not s.sessions_open and (err := self._open_sessions(s)) is not None:
-                    raise err
-            except Exception as e:  # noqa: BLE001 - every rank must learn about it
-                verdict = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{type(e).__name__}: {e}")
-        verdict = topo.broadcast_object(verdict)
-        if isinstance(verdict, BaseException):
-            raise verdict
-        plan, groups, fingerprint, engine_tp, holders = verdict
+        plan, groups, fingerprint, engine_tp, holders = self._decided(
+            lambda: self._verdict(reports, s if open_sessions_too else None))
         if groups is not None:
             self.dist.setup(plan, groups, fingerprint)
         s.stats.replanned = True
@@ -415,28 +382,45 @@ class WeightBridge:
         return {"pp_rank": topo.pp_rank, "rank": topo.rank, "group": group,
                 "tensors": plan_local_tensors(entries, self.spec, topo.tp_size, topo.ep_size)}
 
-    def _verdict(self, reports: list) -> tuple:
-        """Controller: ``(validated plan, groups' rendezvous (if new), engines' fingerprint, engine TP size, each
-        stage's holders (colocated))``."""
+    def _verdict(self, reports: list, s: _Sync | None) -> tuple:
+        """Controller: the reports validated (a rank's error raised) -> ``(plan, groups' rendezvous (if new), engines'
+        fingerprint, engine TP size, each stage's holders (colocated))``; then ``s``'s sessions opened (not None)."""
+        if errors := [r["error"] for r in reports if r is not None and "error" in r]:
+            raise WeightBridgeError("weight sync refused before sending anything: " + "; ".join(errors))
         cfg, fp = self.cfg, self.engines.fingerprint()
         plan = build_send_plan(reports, self.topo.controller, self.engines.expected_weights(), self.spec,
                                bucket_bytes=cfg.buffer_bytes, check=cfg.check)
-        groups = None
-        if cfg.transport == "distributed" and self.dist.fingerprint != fp:
-            groups = {r["pp_rank"]: r["group"] for r in reports if r}
+        new_groups = cfg.transport == "distributed" and self.dist.fingerprint != fp
+        groups = {r["pp_rank"]: r["group"] for r in reports if r} if new_groups else None
         holders = {}
         if cfg.transport == "tensor":
             for stage in plan.stages:
                 held = holder_ranks(self.engines.num_engines, self.engines.tp_size, self.topo.world, stage.leader)
                 if any(r != stage.leader for r in held.values()):
                     holders[stage.pp_rank] = held
-        return plan, groups, fp, self.engines.tp_size, holders or None
+        if s is not None and not s.sessions_open and (err := self._open_sessions(s)) is not None:
+            raise err
+        return plan, groups, fp, self.engines.tp_size, holders
 
-    def _serving(self, plan: SendPlan, holders: dict | None) -> dict[int, StageServing]:
+    def _decided(self, decide: Callable[[], Any], what: str = "") -> Any:
+        """Collective (one object broadcast): the controller's ``decide()`` on every rank; when it raised, every rank
+        raises it as a WeightBridgeError (another error wrapped, after ``what``)."""
+        self.topo.init_collective()
+        out = None
+        if self.topo.is_controller:
+            try:
+                out = decide()
+            except Exception as e:  # noqa: BLE001 - every rank must learn about it
+                out = e if isinstance(e, WeightBridgeError) else WeightBridgeError(f"{what}{type(e).__name__}: {e}")
+        if isinstance(out := self.topo.broadcast_object(out), BaseException):
+            raise out
+        return out
+
+    def _serving(self, plan: SendPlan, holders: dict) -> dict[int, StageServing]:
         """Every rank: ``{pp_rank: StageServing}`` (collective once per new member set, in stage order)."""
         serving = {}
         for stage in plan.stages:
-            held, group = (holders or {}).get(stage.pp_rank), None
+            held, group = holders.get(stage.pp_rank), None
             if held is not None:
                 members = tuple(sorted({stage.leader, *held.values()}))
                 if members not in self._holder_groups:
@@ -453,10 +437,9 @@ class WeightBridge:
         """``{member ranks: group}`` of every TP group (``NON_GROUP_MEMBER`` where this rank is not in it, as
         ``new_group`` returns there), for the holders' groups to reuse.  Collective, once per bridge."""
         if self._tp_known is None:
-            group = getattr(self.topo, "tp_group", None)
-            mine = tuple(dist.get_process_group_ranks(group)) if group is not None else None
-            self._tp_known = {m: (group if m == mine else dist.GroupMember.NON_GROUP_MEMBER)
-                              for m in self.topo.all_gather_object(mine) if m}
+            mine = tuple(self.topo.tp_ranks)
+            self._tp_known = {m: (self.topo.tp_group if m == mine else dist.GroupMember.NON_GROUP_MEMBER)
+                              for m in self.topo.all_gather_object(mine)}
         return self._tp_known
 
     def plan(self) -> SendPlan:
@@ -485,16 +468,11 @@ class WeightBridge:
                 torch.cuda.ipc_collect()  # blocks shared through CUDA IPC wait in torch's limbo until collected
 
     def _check(self, plan: SendPlan, outcome: list, stats: SyncStats) -> None:
-        verdict = None
-        if self.topo.is_controller:
-            sent = {k: v for _, smp in outcome for k, v in (smp or {}).items()}
-            stats.check = verify(self.engines, plan.check_names, sent, _CHECK_ROWS)
-            if stats.check.mismatched:
-                verdict = WeightBridgeError(f"engine weights differ from what was sent: {stats.check.mismatched[:10]}")
-        verdict = self.topo.broadcast_object(verdict)
-        if verdict is not None:
-            self._plan = None
-            raise verdict
+        """Controller: ``plan.check_names`` read back against the ranks' samples; WeightBridgeError on a mismatch."""
+        sent = {k: v for _, smp in outcome for k, v in (smp or {}).items()}
+        stats.check = verify(self.engines, plan.check_names, sent, _CHECK_ROWS)
+        if stats.check.mismatched:
+            raise WeightBridgeError(f"engine weights differ from what was sent: {stats.check.mismatched[:10]}")
 
     def close(self) -> None:
         """Every rank, before rank 0 stops the engines: free the buckets, leave the groups; a later sync replans."""
@@ -506,13 +484,9 @@ class WeightBridge:
 
 
 def _peer_part(entries, topo, spec, meter, state: Production) -> None:
-    """This rank's part in its stage leader's gathers of ``entries`` (hf_stream); a conversion error stays in
-    ``state`` (the rank goes on with its later collectives), any other error is raised."""
-    try:
-        collections.deque(hf_stream(entries, topo, spec, meter, state), maxlen=0)
-    except Exception:  # noqa: BLE001
-        if state.error is None:
-            raise
+    """This rank's part in its stage leader's gathers of ``entries`` (hf_stream; a conversion error stays in
+    ``state``: the rank goes on with its later collectives)."""
+    collections.deque(hf_stream(entries, topo, spec, meter, state), maxlen=0)
 
 
 def _close_sessions(engines, targets: list[int]) -> None:

@@ -1,8 +1,7 @@
-"""The HF tensor stream of a stage: TP gather -> convert -> (name, HF tensor), and buckets of it.  Only the stage
-leader yields, one parameter's shards at a time (its own in place, its peers' in one reused receive buffer), written
-straight into the bucket (HFTensorParts).  A production error on the leader (a conversion or a packing that raised: a
-CUDA OOM allocating an oversize bucket, a stream out of plan) does not end its part in its TP and EP peers'
-collectives: it goes on gathering without converting and yields the error in place of each later tensor and bucket.
+"""The HF tensor stream of a stage: TP gather -> convert -> (name, HF tensor), and buckets of it, on the stage leader
+(docs/gpu.md, "Weight sync" 2.).  A production error on the leader (a conversion or a packing that raised: a CUDA OOM
+allocating an oversize bucket, a stream out of plan) does not end its part in its TP and EP peers' collectives: it
+goes on gathering without converting and yields the error in place of each later tensor and bucket.
 """
 from __future__ import annotations
 
@@ -62,12 +61,11 @@ def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production,
     return [(name, state.error) for name, _ in hf_tensors_from_shards(e.role, _meta(shards), spec)]
 
 
-def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter,
-              state: Production | None = None, scratch=None) -> Iterator[tuple[str, object, bool]]:
+def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter, state: Production,
+              scratch=None) -> Iterator[tuple[str, object, bool]]:
     """``(HF name, HFTensorParts or full tensor, owned)`` on the stage leader (HFTensorParts view model memory and
     ``scratch``, BufferPool.scratch: write each before taking the next); collective over the TP group (every TP rank
-    iterates it to the end).  After a production error ``(name, the error, False)`` per tensor, raised at the end."""
-    state = state if state is not None else Production()
+    iterates it to the end).  After a production error ``(name, the error, False)`` per tensor, raised last (leader)."""
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
         if topo.ep_size > 1 and e.role.is_expert:
@@ -80,7 +78,7 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
             outs = _convert(e, shards, spec, state)
             del shards
             yield from ((name, t, False) for name, t in outs)
-    if state.error is not None:
+    if state.error is not None and topo.is_leader:
         raise state.error
 
 
