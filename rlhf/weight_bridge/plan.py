@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -32,12 +32,11 @@ def normalize_expected(expected: Mapping) -> dict[str, tuple[tuple[int, ...], to
 
 
 def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tuple, Any]]], expected: Mapping,
-                              tie_word_embeddings: bool, allow_missing: Callable | None = None) -> list[str]:
+                              tie_word_embeddings: bool) -> list[str]:
     """Check ``stage_tensors`` ``{pp_rank: [(HF name, shape, dtype), ...]}`` against the rollout engines' ``expected``
-    ``{HF name: (shape, dtype)}``; ``lm_head.weight`` may stay unsent with ``tie_word_embeddings``, and so may the
-    names ``allow_missing`` accepts.  Returns one line per problem (none: everything matches): a name the engine does
-    not have (with the closest expected names), a shape differing from the engine's, a name sent by two stages, an
-    engine weight nothing maps to."""
+    ``{HF name: (shape, dtype)}``; ``lm_head.weight`` may stay unsent with ``tie_word_embeddings``.  Returns one line
+    per problem (none: everything matches): a name the engine does not have (with the closest expected names), a
+    shape differing from the engine's, a name sent by two stages, an engine weight nothing maps to."""
     exp = normalize_expected(expected)
     problems, owner = [], {}
     for pp_rank in sorted(stage_tensors):
@@ -55,8 +54,7 @@ def validate_against_expected(stage_tensors: Mapping[int, Sequence[tuple[str, tu
                 problems.append(f"weight {name!r}: the bridge would send shape {shape} but the rollout engines expects "
                                 f"{exp[name][0]} (SGLang would crash on it)")
     for name, (shape, _dt) in exp.items():
-        tied = name == "lm_head.weight" and tie_word_embeddings
-        if name not in owner and not tied and not (allow_missing and allow_missing(name)):
+        if name not in owner and not (name == "lm_head.weight" and tie_word_embeddings):
             problems.append(f"the rollout engines expects weight {name!r} (shape {shape}) but no trainer tensor "
                             f"maps to it: it would keep stale values")
     return problems
