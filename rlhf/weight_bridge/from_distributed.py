@@ -1,10 +1,9 @@
-"""Disaggregated transport: ``update_weights_from_distributed`` over one weight-update group per PP stage.
+"""Disaggregated transport: ``update_weights_from_distributed`` over one weight-update group per PP stage (docs/gpu.md).
 
 Group ``{prefix}_{uuid}_pp{p}``: rank 0 is stage p's leader (SGLang broadcasts from group rank 0), engine i's TP
-ranks follow at ``1 + i * tp_size`` (NCCL on GPU, gloo on CPU).  Each stage broadcasts its buckets straight to the
-engines, one flat message each (``load_format="flattened_bucket"``), after the controller asked the engines to
-receive it (delivery.py).  The groups are rebuilt when the engines change.  Not covered: an engine that accepted a
-request and fails before it joins the broadcast (its refusal comes back after the data).
+ranks follow at ``1 + i * tp_size`` (NCCL on GPU, gloo on CPU); one flat message per bucket
+(``load_format="flattened_bucket"``).  Not covered: an engine that accepted a request and fails before it joins the
+broadcast (its refusal comes back after the data).
 """
 from __future__ import annotations
 
@@ -50,28 +49,25 @@ class DistributedGroups:
         world, names = topo.broadcast_object(None if not topo.is_controller else (1 + n * tp, {
             s.pp_rank: f"{self.prefix}_{uuid.uuid4().hex[:8]}_pp{s.pp_rank}" for s in plan.stages}))
 
-        def join(p):
-            from sglang.srt.utils.common import init_custom_process_group
-
-            r = reports[p]
-            return init_custom_process_group(backend=self.backend, init_method=f"tcp://{r['addr']}:{r['port']}",
-                                             world_size=world, rank=0, group_name=names[p], timeout=timeout)
-
-        error = None
+        error, pending = None, []
         try:
-            if topo.is_controller:
-                pending = []
+            if topo.is_controller:  # the engines' joins first: a leader's blocks until they come
                 for s in plan.stages:
                     r = reports[s.pp_rank]
                     pending += self.engines.init_weights_update_group(
                         r["addr"], r["port"], world_size=world, group_name=names[s.pp_rank], backend=self.backend,
                         rank_offsets=[1 + i * tp for i in range(n)])
-                self.pg = join(plan.stages[0].pp_rank)
+            if topo.is_leader:  # the controller leads stage 0
+                from sglang.srt.utils.common import init_custom_process_group
+
+                r = reports[topo.pp_rank]
+                self.pg = init_custom_process_group(backend=self.backend, init_method=f"tcp://{r['addr']}:{r['port']}",
+                                                    world_size=world, rank=0, group_name=names[topo.pp_rank],
+                                                    timeout=timeout)
+            if topo.is_controller:
                 self.engines.wait(pending, "init_weights_update_group")
                 if self.engines.fingerprint() != fingerprint:
                     raise RuntimeError("an engine was replaced while joining; sync again")
-            elif topo.is_leader:
-                self.pg = join(topo.pp_rank)
         except Exception as e:  # noqa: BLE001 - every rank must learn about it
             error = f"rank {topo.rank}: {type(e).__name__}: {e}"
         errors = [e for e in topo.all_gather_object(error) if e]

@@ -264,7 +264,7 @@ def test_group_setup_refuses_an_engine_replaced_while_joining(monkeypatch):
     monkeypatch.setattr(common, "init_custom_process_group", lambda **kw: "pg")
 
     class Topo(_Topo):
-        is_leader = True
+        is_leader, pp_rank = True, 0
 
         def broadcast_object(self, obj):
             return obj
