@@ -3,10 +3,9 @@
 SGLang 0.5.23 calls ``loader(model, named_tensors)`` from ``update_weights_from_tensor`` when the request's
 ``load_format`` is an import path listed in ``custom_weight_loader`` (model_runner_components/weight_updater.py);
 :data:`LOADER` is ours (rlhf.rollout.engine_args).  ``named_tensors`` is one ``(JSON header, tensor)``; operations:
-``bucket``, the colocated sync's load of one bucket (:func:`load_bucket`: unlike SGLang's ``flattened_bucket``,
-which replies while its queued copies may still read the sender's buffer, the reply means every copy is done), and
-``dump``, every parameter of this rank to a file (tests).  Imports only torch and the standard library at module
-level (the scheduler imports it on each call).
+``bucket``, the colocated sync's load of one bucket (:func:`load_bucket`; docs/gpu.md D3), and ``dump``, every
+parameter of this rank to a file (tests).  Imports only torch and the standard library at module level (the
+scheduler imports it on each call).
 """
 from __future__ import annotations
 
@@ -30,13 +29,12 @@ def keep_mapped(t: torch.Tensor, last: bool) -> None:
     the trainer reuses its CPU buffers every sync, and a buffer mapped again faults in every 4 KiB page on the first
     read (the engine's copy ran at a third of memcpy speed so).  A no-op for CUDA tensors (a held IPC handle would
     pin the sender's memory; GPU buffers are freed after each sync)."""
+    global _HELD, _USED
     st = t.untyped_storage()
     if t.device.type == "cpu" and st.is_shared():
         _USED[st.data_ptr()] = st
     if last:  # keep exactly this sync's
-        _HELD.clear()
-        _HELD.update(_USED)
-        _USED.clear()
+        _HELD, _USED = _USED, {}
 
 
 def bucket_header(payloads: Sequence, last: bool = False) -> str:

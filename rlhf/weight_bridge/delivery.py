@@ -3,8 +3,7 @@
 1. the stage's leader produces the bucket; a leader other than the controller reports None or its first error;
 2. the controller decides (the transport's ``start(plan, stage, bplan)``, falsy: no go): nothing after any error,
    else the bucket starts on the engines; the decision goes to the stage's leader and holders (``participants``), so
-   nothing is serialized or broadcast that no engine takes (an IPC handle never opened keeps its block in torch's
-   limbo; an engine waiting for a broadcast nobody sends holds the group until its timeout);
+   nothing is serialized or broadcast that no engine takes (docs/gpu.md D8, an engine's group held until timeout);
 3. on a go the data moves: ``move(plan, stage, bplan, buf, go)`` on the controller (``buf`` when it leads the stage),
    ``lead(stage, bplan, buf, go)`` on another leader;
 4. the controller waits for the engines (``wait(call)`` on what ``move`` returned; its own stage keeps up to
