@@ -33,9 +33,9 @@ def token_budget_problem(what: str, max_tokens: Optional[int], max_prompt_length
             f"dynamic batching off")
 
 
-def _response_sized(cfg: DictConfig) -> list[str]:
-    """The dynamic-batching token budgets (one whole prompt + response each) and DAPO's overlong buffer (tokens
-    before the response limit), which the ranks would refuse after the launch."""
+def _token_budgets(cfg: DictConfig) -> list[str]:
+    """The dynamic-batching token budgets (one whole prompt + response each), which the ranks would refuse after the
+    launch."""
     p, r, out = cfg.data.max_prompt_length, cfg.data.max_response_length, []
     critic = [("critic", "forward_max_token_len_per_gpu")] * critic_on(cfg)
     for role, forward in [("actor", "log_prob_max_token_len_per_gpu"), *critic]:
@@ -43,11 +43,6 @@ def _response_sized(cfg: DictConfig) -> list[str]:
             if key == "ppo_max_token_len_per_gpu" or cfg[role][key] is not None:  # null: the update's budget
                 problem = token_budget_problem(f"{role}.{key}", cfg[role][key], p, r)
                 out += [problem + "."] if problem else []
-    ob = cfg.reward.overlong_buffer
-    if ob.enable and ob.len is not None and not 0 < ob.len <= r:
-        out.append(f"reward.overlong_buffer.len={ob.len} must be in (0, data.max_response_length={r}]: the buffer is "
-                   f"the last tokens before the response limit; set reward.overlong_buffer.len<={r} (verl's DAPO "
-                   f"scripts use a quarter to a half of it), or null for a quarter.")
     return out
 
 
@@ -104,10 +99,6 @@ def _algorithm(cfg: DictConfig) -> list[str]:
     if cfg.algorithm.name == "ppo" and est in GROUP_ESTIMATORS and n < 2:
         out.append(f"algorithm.adv_estimator={est} computes its baseline over the responses of each prompt and needs "
                    f"rollout.n >= 2 (got {n}); set rollout.n=4 or more, or use algorithm.adv_estimator=gae.")
-    if cfg.trainer.critic_warmup > 0 and not critic_on(cfg):
-        out.append(f"trainer.critic_warmup={cfg.trainer.critic_warmup} trains only the critic first, but this run has "
-                   f"no critic (algorithm.adv_estimator={est}, critic.enable={cfg.critic.enable}); set "
-                   f"trainer.critic_warmup=0.")
     return out
 
 
@@ -173,18 +164,6 @@ def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[i
     return out + (teacher_file_problems(cfg) if check_files else [])
 
 
-def _token_dispatcher(cfg: DictConfig) -> list[str]:
-    """MoE token dispatcher flex: megatron-core 0.16.1's MoEFlexTokenDispatcher refuses TP x EP = 1 when the model is
-    built (DeepEP only with flex: rules.yaml; CUDA and the deep_ep package are checked at start,
-    parallel.preflight.check_token_dispatcher)."""
-    p = cfg.parallel
-    if cfg.model.moe_token_dispatcher_type != "flex" or p.tensor_model_parallel_size * p.expert_model_parallel_size > 1:
-        return []
-    return ["model.moe_token_dispatcher_type=flex exchanges tokens over the TP x EP ranks and needs more than one "
-            "(megatron-core: 'Flex token dispatcher requires TPxEP > 1'); set parallel.expert_model_parallel_size > 1, "
-            "or use alltoall."]
-
-
 def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
     """``rollout.engine_kwargs.sglang`` against SGLang's ServerArgs and the arguments the rollout sets itself
     (rules.yaml ``engine_owned``): :func:`rlhf.rollout.engine_args.server_args_problems`, only when set (it imports
@@ -200,8 +179,8 @@ def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
 def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
-    return (field_problems(cfg) + surroundings(cfg) + _response_sized(cfg) + _batch_sizes(cfg, world_size)
-            + _algorithm(cfg) + _token_dispatcher(cfg) + placement_problems(cfg, world_size, gpus_per_node)
+    return (field_problems(cfg) + surroundings(cfg) + _token_budgets(cfg) + _batch_sizes(cfg, world_size)
+            + _algorithm(cfg) + placement_problems(cfg, world_size, gpus_per_node)
             + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, trainer_world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 

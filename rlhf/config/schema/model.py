@@ -125,11 +125,6 @@ class PolicyLossConfig(Checked):
     kl_cov_ratio: float = 0.0002  # kl_cov: fraction of tokens that get the KL penalty
     ppo_kl_coef: float = 0.1  # kl_cov: coefficient of that penalty
 
-    def rules(self, at: str = "") -> list[str]:
-        lb, ub = self.clip_cov_lb, self.clip_cov_ub
-        return [f"{at}clip_cov_lb={lb} is above {at}clip_cov_ub={ub}; the window is [lb, ub] (verl: 1.0, 5.0)."] if \
-            lb is not None and ub is not None and lb > ub else []
-
 
 @dataclass
 class PPORoleConfig(Checked):

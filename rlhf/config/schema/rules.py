@@ -27,15 +27,16 @@ _OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.
         "startswith": lambda v, prefixes: str(v).startswith(tuple(prefixes))}
 
 
-def _holds(value: Any, want: Any) -> bool:
+def _holds(value: Any, want: Any, get: Any) -> bool:
     """A rule's condition on ``value``: a list holds for any item; a dict for all its items, ``not: X`` when X does
-    not hold, ``gt|ge|lt|le: N`` for a number so compared, ``len: N`` for a string, list or dict of that length,
-    ``startswith: [PREFIX, ...]`` (null fails them all); true / false / null for that very value; else when equal."""
+    not hold, ``gt|ge|lt|le: N`` for a number so compared (``$KEY``: the value of KEY, ``get(KEY)``), ``len: N`` for
+    a string, list or dict of that length, ``startswith: [PREFIX, ...]`` (null fails them all); true / false / null
+    for that very value; else when equal."""
     if isinstance(want, list):
-        return any(_holds(value, w) for w in want)
+        return any(_holds(value, w, get) for w in want)
     if isinstance(want, dict):
-        return all(not _holds(value, arg) if op == "not" else value is not None and _OPS[op](value, arg)
-                   for op, arg in want.items())
+        return all(not _holds(value, arg, get) if op == "not" else value is not None and _OPS[op](
+            value, get(arg[1:]) if isinstance(arg, str) and arg.startswith("$") else arg) for op, arg in want.items())
     return value is want if want is None or isinstance(want, bool) else value == want
 
 
@@ -57,7 +58,7 @@ def rule_problems(node: Any, rules: list, at: str = "") -> list[str]:
         return functools.reduce(lambda n, part: getattr(n, part, None), key.split("."), node)
 
     return [r["then"].format_map(_Fields(node, at)) for r in rules
-            if all(_holds(get(k), w) for k, w in r["if"].items())]
+            if all(_holds(get(k), w, get) for k, w in r["if"].items())]
 
 
 class Checked:
