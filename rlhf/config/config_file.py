@@ -11,15 +11,11 @@ from typing import Any, Union
 
 from rlhf.config.errors import ConfigError
 from rlhf.config.keys import is_dict_field, is_optional, schema_node
-from rlhf.config.verl.compat import INTERP_KEYS, Item, translate_key
+from rlhf.config.objects import format_value
+from rlhf.config.verl.compat import INTERP_KEYS, Item, _table, translate_key
 
 #: rlhf/config/verl: verl's defaults for its base names, in verl's keys (ppo_trainer.yaml, ppo_megatron_trainer.yaml)
 VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
-#: verl's one-step off-policy configs (verl/experimental/one_step_off_policy/config): read as a config file, they also
-#: turn on trainer.one_step_off_policy.enable (verl picks that trainer by its entry point, which loads them)
-ONE_STEP_OFF_NAMES = ("one_step_off_ppo_trainer", "one_step_off_ppo_megatron_trainer")
-#: verl's fully async configs (verl/experimental/fully_async_policy/config): they turn on async_training.enable
-FULLY_ASYNC_NAMES = ("fully_async_ppo_trainer", "fully_async_ppo_megatron_trainer")
 
 
 def _dict_leaf(key: str) -> bool:
@@ -80,10 +76,8 @@ def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
     OmegaConf.set_struct(conf, False)
     run_dir = OmegaConf.select(raw, "hydra.run.dir", throw_on_resolution_failure=False)
     items = [Item(g, n, n, source=source) for g, n in groups]
-    if path.stem in ONE_STEP_OFF_NAMES:  # verl's one-step-off trainer reads this config (its entry point's)
-        items.append(Item("trainer.one_step_off_policy.enable", True, "true", source=source))
-    if path.stem in FULLY_ASYNC_NAMES:  # verl's fully async trainer reads this config (its entry point's)
-        items.append(Item("async_training.enable", True, "true", source=source))
+    # verl picks a trainer by the entry point that loads a config of this name (keys.yaml config_names)
+    items += [Item(k, v, format_value(v), source=source) for k, v in _table()[4].get(path.stem, {}).items()]
     items += [Item("hydra.run.dir", run_dir, None, source=source)] if run_dir else []
     _flatten(conf, conf, "", source, items)
     return items

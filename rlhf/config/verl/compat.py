@@ -67,9 +67,9 @@ def _fill(x: Any, names: dict) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _table() -> tuple[dict, list, dict, dict]:
-    """(exact verl keys, patterns by priority, our own keys, verl's defaults) of keys.yaml; a rule is a dict, its first
-    item the action."""
+def _table() -> tuple[dict, list, dict, dict, dict]:
+    """(exact verl keys, patterns by priority, our own keys, verl's defaults, {verl config name: {our key: value}})
+    of keys.yaml; a rule is a dict, its first item the action."""
     import yaml
 
     doc = yaml.safe_load(Path(__file__).with_name("keys.yaml").read_text(encoding="utf-8"))
@@ -90,13 +90,14 @@ def _table() -> tuple[dict, list, dict, dict]:
     patterns.sort(key=lambda p: p[0])
     return ({k: norm(s) for k, s in flat.items() if "*" not in k}, [p[1:] for p in patterns],
             {k: norm(s) for key, s in doc["ours"].items() for k in _expand(key)},
-            {k: v for key, v in doc["verl_defaults"].items() for k in _expand(key)})
+            {k: v for key, v in doc["verl_defaults"].items() for k in _expand(key)},
+            {k: v for key, v in doc["config_names"].items() for k in _expand(key)})
 
 
 @functools.lru_cache(maxsize=8192)
 def rule_for(key: str, ours: bool = False) -> Optional[tuple[dict, str]]:
     """(keys.yaml rule, the key's matched prefix) for ``key`` (``ours``: among the rules of our own keys), or None."""
-    exact, patterns, own, _ = _table()
+    exact, patterns, own, *_ = _table()
     if ours or key in exact:
         return ((own if ours else exact)[key], key) if key in (own if ours else exact) else None
     kp = key.split(".")

@@ -21,7 +21,7 @@ def _reverse() -> tuple[dict, list]:
     prefix rules)."""
     from rlhf.config.keys import schema_node
 
-    exact, patterns, _, _ = _table()
+    exact, patterns, *_ = _table()
     renames: dict = {}
     for key, rule in exact.items():
         if "map" in rule or (keeps_value(rule) and rule.get("to")):
