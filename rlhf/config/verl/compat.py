@@ -8,7 +8,6 @@ import json
 import logging
 import re
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 from string import Template
 from typing import Any, Optional, Sequence
@@ -68,8 +67,9 @@ def _fill(x: Any, names: dict) -> Any:
 
 @functools.lru_cache(maxsize=1)
 def _table() -> tuple[dict, list, dict, dict, dict]:
-    """(exact verl keys, patterns by priority, our own keys, verl's defaults, {verl config name: {our key: value}})
-    of keys.yaml; a rule is a dict, its first item the action."""
+    """(exact verl keys, patterns by priority as (pattern, regex: group 1 the matched prefix, rule), our own keys,
+    verl's defaults, {verl config name: {our key: value}}) of keys.yaml; a rule is a dict, its first item the
+    action."""
     import yaml
 
     doc = yaml.safe_load(Path(__file__).with_name("keys.yaml").read_text(encoding="utf-8"))
@@ -86,7 +86,9 @@ def _table() -> tuple[dict, list, dict, dict, dict]:
         parts = k.split(".")
         deep = parts[-1] == "**" and parts[0] != "**"
         lead = next((i for i, p in enumerate(parts) if "*" in p), len(parts))
-        patterns += [((parts[0] != "**", -lead, deep), parts[:-1] if deep else parts, deep, norm(spec))] * ("*" in k)
+        glob = r"\.".join(re.escape(p).replace(r"\*", "[^.]*") for p in parts[parts[0] == "**":len(parts) - deep])
+        head = rf"((?:[^.]+\.)*{glob})" if parts[0] == "**" else rf"({glob})(?:\..+)?" if deep else f"({glob})"
+        patterns += [((parts[0] != "**", -lead, deep), k, re.compile(head), norm(spec))] * ("*" in k)
     patterns.sort(key=lambda p: p[0])
     return ({k: norm(s) for k, s in flat.items() if "*" not in k}, [p[1:] for p in patterns],
             {k: norm(s) for key, s in doc["ours"].items() for k in _expand(key)},
@@ -100,15 +102,7 @@ def rule_for(key: str, ours: bool = False) -> Optional[tuple[dict, str]]:
     exact, patterns, own, *_ = _table()
     if ours or key in exact:
         return ((own if ours else exact)[key], key) if key in (own if ours else exact) else None
-    kp = key.split(".")
-    for pp, deep, rule in patterns:
-        if pp[0] == "**":  # any depth, a fixed tail
-            if len(kp) >= len(pp) - 1 and kp[len(kp) - len(pp) + 1:] == pp[1:]:
-                return rule, key
-        elif (len(kp) >= len(pp) if deep else len(kp) == len(pp)) and all(
-                p == k or p == "*" or ("*" in p and fnmatchcase(k, p)) for p, k in zip(pp, kp)):
-            return rule, ".".join(kp[:len(pp)])
-    return None
+    return next(((rule, m.group(1)) for _, rx, rule in patterns if (m := rx.fullmatch(key))), None)
 
 
 @functools.lru_cache(maxsize=8192)

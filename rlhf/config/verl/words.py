@@ -28,8 +28,8 @@ def _reverse() -> tuple[dict, list]:
             ours = _ours(rule.get("map") or rule["to"], key, key, rule)
             if schema_node(ours.split(".")) is None:  # a leaf, not a section (betas -> actor.optim)
                 renames.setdefault(ours, []).append(key)
-    prefixes = [(".".join(pp), rule["prefix"]) for pp, deep, rule in patterns
-                if deep and "prefix" in rule and not any("*" in p for p in pp)]
+    prefixes = [(k[:-3], rule["prefix"]) for k, _, rule in patterns
+                if k.endswith(".**") and "prefix" in rule and "*" not in k[:-3]]
     return renames, prefixes
 
 
