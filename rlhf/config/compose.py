@@ -89,12 +89,11 @@ def check_overrides(overrides: Sequence[str], sources: Optional[dict] = None) ->
     (group choices ``{"recipe": [...], "algorithm": [...]}``, a line per bad value, the lines to leave out when
     composing, a ConfigKeyError per unknown key).  ``sources``: where a line came from (default the command line).
     Raises ConfigError: an override Hydra cannot parse, a package override (``key@pkg``), a deleted schema key."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.core.override_parser.types import ValueType
     from hydra.errors import HydraException
 
     try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        parsed = compat._parser().parse_overrides(list(overrides))
     except HydraException as e:
         raise ConfigError(f"Cannot parse command-line override: {e}\nOverrides look like key=value, e.g. "
                           "trainer.total_training_steps=10 or data.train_files=[a.jsonl,b.jsonl].") from None
@@ -179,12 +178,9 @@ def compose_config(overrides: Sequence[str] = (), recipe: Optional[str] = None, 
     finally:
         restore_gh_from_backup(backup)
     try:
+        OmegaConf.to_container(cfg, resolve=True)  # a bad interpolation's error names the key that holds it
         OmegaConf.resolve(cfg)
-    except OmegaConfBaseException:
-        try:  # the same error again, this time naming the key that holds the interpolation
-            OmegaConf.to_container(cfg, resolve=True)
-        except OmegaConfBaseException as named:
-            e = named
+    except OmegaConfBaseException as e:
         raise compose_error(e) from None
     verl_problems, notes = compat.after_compose(cfg, t)
     problems = t.problems + problems + verl_problems

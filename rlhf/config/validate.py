@@ -164,24 +164,12 @@ def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[i
     return out + (teacher_file_problems(cfg) if check_files else [])
 
 
-def engine_kwargs_problems(cfg: DictConfig) -> list[str]:
-    """``rollout.engine_kwargs.sglang`` against SGLang's ServerArgs and the arguments the rollout sets itself
-    (rules.yaml ``engine_owned``): :func:`rlhf.rollout.engine_args.server_args_problems`, only when set (it imports
-    sglang)."""
-    given = [str(k) for k in cfg.rollout.engine_kwargs.sglang]
-    if not given:
-        return []
-    from rlhf.rollout.engine_args import server_args_problems
-
-    return server_args_problems(given, table()["engine_owned"])
-
-
 def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,
                     gpus_per_node: Optional[int] = None) -> list[str]:
     """Every problem of ``cfg``, one line each (key, value, why, fix); the arguments as :func:`validate_config`'s."""
     return (field_problems(cfg) + surroundings(cfg) + _token_budgets(cfg) + _batch_sizes(cfg, world_size)
             + _algorithm(cfg) + placement_problems(cfg, world_size, gpus_per_node)
-            + engine_kwargs_problems(cfg) + distill_problems(cfg, check_files, trainer_world_size(cfg, world_size)[0])
+            + distill_problems(cfg, check_files, trainer_world_size(cfg, world_size)[0])
             + (preflight_problems(cfg) if check_files else []))
 
 

@@ -10,7 +10,7 @@ from typing import Any, Optional
 from rlhf.config.choices import (AlgorithmName, Gsm8kMethod, KLControlType, KLEstimator, LoggerBackend, ResumeMode,
                                  RolloutDtype, RolloutMode, RolloutName)
 from rlhf.agent.config import MultiTurnSettings
-from rlhf.config.schema.rules import Checked
+from rlhf.config.schema.rules import Checked, table
 
 
 @dataclass
@@ -32,10 +32,19 @@ class MultiTurnConfig(MultiTurnSettings, Checked):
 
 
 @dataclass
-class EngineKwargsConfig:
-    """verl's rollout.engine_kwargs: ``sglang`` goes to ``sglang.Engine`` (fields of SGLang's ServerArgs, checked by
-    rlhf.config.validate); verl's ``vllm`` entries have no effect (rlhf/config/verl/keys.yaml)."""
+class EngineKwargsConfig(Checked):
+    """verl's rollout.engine_kwargs: ``sglang`` goes to ``sglang.Engine``; verl's ``vllm`` entries have no effect
+    (rlhf/config/verl/keys.yaml)."""
     sglang: dict[str, Any] = field(default_factory=dict)
+
+    def rules(self, at: str = "") -> list[str]:
+        """Fields of SGLang's ServerArgs that the rollout does not set itself (rules.yaml ``engine_owned``;
+        rlhf.rollout.engine_args.server_args_problems, which imports sglang: only when set)."""
+        if not self.sglang:
+            return []
+        from rlhf.rollout.engine_args import server_args_problems
+
+        return server_args_problems([str(k) for k in self.sglang], table()["engine_owned"])
 
 
 @dataclass
