@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
