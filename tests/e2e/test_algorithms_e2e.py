@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -52,16 +51,15 @@ def run(cmd, timeout=900):
     return out
 
 
-def _grpo(tiny_model, root):
-    """The docs/api.md example as a script (GRPO, 12 steps, a flaky custom reward and a Ray reward model):
-    (its output, its output dir)."""
+@pytest.mark.sglang
+def test_grpo_quickstart_python_api(tiny_model, tmp_path):
     from tests.unit.rewards.test_reward_sources import make_tiny_rm
 
-    rm = make_tiny_rm(root / "rm")
-    flaky = root / "flaky_reward.py"
+    rm = make_tiny_rm(tmp_path / "rm")
+    flaky = tmp_path / "flaky_reward.py"
     flaky.write_text(FLAKY_REWARD)
-    out_dir = root / "grpo"
-    script = root / "api_example.py"
+    out_dir = tmp_path / "grpo"
+    script = tmp_path / "api_example.py"
     script.write_text(textwrap.dedent(f"""
         import json
         from rlhf import Trainer
@@ -78,44 +76,7 @@ def _grpo(tiny_model, root):
         metrics = trainer.run()
         print("FINAL_METRICS " + json.dumps(metrics))
     """))
-    return run([sys.executable, str(script)]), out_dir
-
-
-def _dpo(tiny_model, root):
-    """DPO on generated pairs, 40 steps, then resumed to step 42: (first output, resumed output, output dir)."""
-    from rlhf.data.preference import write_preference_parquet
-    from rlhf.quickstart.arithmetic import make_synthetic_preference_dataset, quickstart_task_kwargs
-
-    pairs = write_preference_parquet(make_synthetic_preference_dataset(640, seed=5, **quickstart_task_kwargs()),
-                                     root / "pairs" / "train.parquet")
-    out_dir = root / "dpo"
-    common = ["recipe=quickstart", "algorithm.name=dpo", f"model.path={tiny_model}", f"data.train_files={pairs}",
-              "data.val_files=embedded://preference", "data.train_batch_size=16",
-              "actor.ppo_mini_batch_size=16", "actor.optim.lr=3e-4", f"trainer.default_local_dir={out_dir}",
-              "trainer.test_freq=20", "trainer.save_freq=20", "trainer.progress_bar=false"]
-    first = run([sys.executable, "-m", "rlhf.main", *common, "trainer.total_training_steps=40"])
-    # checkpoints resume (actor, optimizer, data position)
-    resumed = run([sys.executable, "-m", "rlhf.main", *common, "trainer.total_training_steps=42",
-                   "trainer.val_before_train=false", "trainer.export_hf_at_end=false"])
-    return first, resumed, out_dir
-
-
-@pytest.fixture(scope="module")
-def runs(request, tiny_model, tmp_path_factory):
-    """{"grpo": future of _grpo, "dpo": future of _dpo}, side by side in two threads; a run whose test this session
-    did not collect (say ``-m "not sglang"``) does not start."""
-    collected = {item.name for item in request.session.items if getattr(item, "module", None) is not None
-                 and item.module.__name__ == __name__}
-    jobs = {"grpo": _grpo, "dpo": _dpo}
-    pool = ThreadPoolExecutor(2)
-    yield {name: pool.submit(job, tiny_model, tmp_path_factory.mktemp(name)) for name, job in jobs.items()
-           if any(n.startswith(f"test_{name}_") for n in collected)}
-    pool.shutdown()
-
-
-@pytest.mark.sglang
-def test_grpo_quickstart_python_api(runs):
-    out, out_dir = runs["grpo"].result()
+    out = run([sys.executable, str(script)])
     final = json.loads(out.split("FINAL_METRICS ", 1)[1].splitlines()[0])
     # no critic anywhere
     assert not any(k.startswith("critic/v") for k in final) and "critic.enable=true with" not in out
@@ -139,8 +100,18 @@ def test_grpo_quickstart_python_api(runs):
     assert "compute_score timed out (1.5s, reward.timeout_s)" in out, out[-4000:]  # the hang: a fallback too
 
 
-def test_dpo_quickstart_on_generated_pairs(runs):
-    out, resumed, out_dir = runs["dpo"].result()
+def test_dpo_quickstart_on_generated_pairs(tiny_model, tmp_path):
+    from rlhf.data.preference import write_preference_parquet
+    from rlhf.quickstart.arithmetic import make_synthetic_preference_dataset, quickstart_task_kwargs
+
+    pairs = write_preference_parquet(make_synthetic_preference_dataset(640, seed=5, **quickstart_task_kwargs()),
+                                     tmp_path / "pairs" / "train.parquet")
+    out_dir = tmp_path / "dpo"
+    common = ["recipe=quickstart", "algorithm.name=dpo", f"model.path={tiny_model}", f"data.train_files={pairs}",
+              "data.val_files=embedded://preference", "data.train_batch_size=16",
+              "actor.ppo_mini_batch_size=16", "actor.optim.lr=3e-4", f"trainer.default_local_dir={out_dir}",
+              "trainer.test_freq=20", "trainer.save_freq=20", "trainer.progress_bar=false"]
+    out = run([sys.executable, "-m", "rlhf.main", *common, "trainer.total_training_steps=40"])
     assert "Ray" not in out and "sglang" not in out.lower()  # no rollout engine
     s = scalars(out_dir)
     acc, loss = s["val/preference_accuracy"], s["val/dpo_loss"]
@@ -150,5 +121,7 @@ def test_dpo_quickstart_on_generated_pairs(runs):
         assert sorted(s[tag]) == list(range(1, 41)), tag
     assert (out_dir / "hf_export" / "model.safetensors").exists()
     # checkpoints resume (actor, optimizer, data position)
-    assert "resumed from" in resumed and "global_step_40" in resumed
+    out = run([sys.executable, "-m", "rlhf.main", *common, "trainer.total_training_steps=42",
+               "trainer.val_before_train=false", "trainer.export_hf_at_end=false"])
+    assert "resumed from" in out and "global_step_40" in out
     assert sorted(scalars(out_dir)["dpo/loss"]) == list(range(1, 43))

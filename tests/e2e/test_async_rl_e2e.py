@@ -10,13 +10,8 @@ megatron actor + critic, the tiny quickstart model built once here):
   group) at the start of step 4 with batch 4 in flight, then resumed: batch 4's prompts are drawn again and
   generated from the resumed weights; every step trains a different prompt batch (none twice, none lost); the
   staleness of steps 2-3 is 1, of the regenerated step 4 is 0.
-
-The last two tests' kill-and-resume chains run side by side (``chains``: each chain's killed run, then its resumed
-run, in a thread of its own), as the first test's two runs do: a run is mostly start-up (Ray, the engine boot) that
-a second run overlaps.
 """
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -40,39 +35,6 @@ def _run(args, env=None, expect_rc=0):
     rc, out = run_group(main_cmd(args), 900, {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None, **(env or {})})
     assert rc == expect_rc, f"exit {rc}:\n{out[-6000:]}"
     return out
-
-
-KILL_AT_STEP_4 = {"RLHF_FAULT": "step_start@4", "RLHF_FAULT_RANK": "0"}
-
-
-def _kill_and_resume(args):
-    """The run killed (SIGKILL, whole group) at the start of step 4, then the same command resumed:
-    (killed run's output, resumed run's output)."""
-    return _run(args, env=KILL_AT_STEP_4, expect_rc=-9), _run(args)
-
-
-@pytest.fixture(scope="module")
-def chains(tiny_model, tmp_path_factory):
-    """{name: (run dir, future of (killed output, resumed output))}: the one-step-off (staleness 1) and the fully
-    async chains, started side by side on first use."""
-    root = tmp_path_factory.mktemp("async_chains")
-    off1, fully_async = root / "off1", root / "fully_async"
-    args = {
-        "off1": [*COMMON, f"model.path={tiny_model}", f"trainer.default_local_dir={off1}",
-                 "trainer.total_training_steps=4", "trainer.save_freq=1", "trainer.test_freq=2",
-                 "trainer.one_step_off_policy.enable=true", "algorithm.rollout_correction.rollout_is=token"],
-        # partial rollout in chunks of 4 tokens, staleness_threshold 1
-        "fully_async": [*COMMON, "algorithm=grpo", f"model.path={tiny_model}",
-                        f"trainer.default_local_dir={fully_async}", "trainer.total_training_steps=6",
-                        "trainer.save_freq=1", "trainer.test_freq=-1", "data.train_batch_size=4",
-                        "async_training.enable=true", "async_training.require_batches=1",
-                        "async_training.staleness_threshold=1", "async_training.trigger_parameter_sync_step=1",
-                        "async_training.partial_rollout_chunk_tokens=4"],
-    }
-    pool = ThreadPoolExecutor(2)
-    yield {"off1": (off1, pool.submit(_kill_and_resume, args["off1"])),
-           "fully_async": (fully_async, pool.submit(_kill_and_resume, args["fully_async"]))}
-    pool.shutdown()
 
 
 def test_rollout_correction_metrics_and_staleness_zero_equals_sync(tiny_model, tmp_path):
@@ -104,15 +66,19 @@ def test_rollout_correction_metrics_and_staleness_zero_equals_sync(tiny_model, t
     assert off0["async/staleness/max"] == {1: 0.0, 2: 0.0}
 
 
-def test_one_step_off_killed_with_a_batch_in_flight_resumes_without_losing_it(chains):
-    out, chain = chains["off1"]
-    killed, resumed = chain.result()
+def test_one_step_off_killed_with_a_batch_in_flight_resumes_without_losing_it(tiny_model, tmp_path):
+    out = tmp_path / "off1"
+    args = [*COMMON, f"model.path={tiny_model}", f"trainer.default_local_dir={out}", "trainer.total_training_steps=4",
+            "trainer.save_freq=1", "trainer.test_freq=2", "trainer.one_step_off_policy.enable=true",
+            "algorithm.rollout_correction.rollout_is=token"]
+    killed = _run(args, env={"RLHF_FAULT": "step_start@4", "RLHF_FAULT_RANK": "0"}, expect_rc=-9)
     assert "FAULT step_start hit 4" in killed
     started = dict(re.findall(r"started step (\d+)'s prompts (\[[^\]]*\])", killed))
     trained = re.findall(r"step (\d+) trains prompts (\[[^\]]*\]), generated from weight version (\d+) \(actor "
                          r"version (\d+)\)", killed)
     assert [(s, v, a) for s, _, v, a in trained] == [("1", "0", "0"), ("2", "0", "1"), ("3", "1", "2")]
     assert "4" in started  # batch 4 was generating when the run was killed
+    resumed = _run(args)
     assert "resumed from" in resumed
     again = re.findall(r"step (\d+) trains prompts (\[[^\]]*\]), generated from weight version (\d+) \(actor "
                        r"version (\d+)\)", resumed)
@@ -124,16 +90,21 @@ def test_one_step_off_killed_with_a_batch_in_flight_resumes_without_losing_it(ch
     assert s["async/staleness/max"][4] == 0.0 and "val/score" in s and 2 in s["val/score"]
 
 
-def test_fully_async_killed_mid_stream_resumes_without_training_a_prompt_twice_or_losing_one(chains):
+def test_fully_async_killed_mid_stream_resumes_without_training_a_prompt_twice_or_losing_one(tiny_model, tmp_path):
     """Fully async (async_training.*, partial rollout in chunks of 4 tokens, staleness_threshold 1): killed (SIGKILL)
     at the start of step 4 with prompts queued and generating, resumed: the prompts drawn and not trained at the
     step-3 checkpoint are generated again first; 6 steps x 4 prompts train 24 different prompts."""
-    out, chain = chains["fully_async"]
-    killed, resumed = chain.result()
+    out = tmp_path / "fully_async"
+    args = [*COMMON, "algorithm=grpo", f"model.path={tiny_model}", f"trainer.default_local_dir={out}",
+            "trainer.total_training_steps=6", "trainer.save_freq=1", "trainer.test_freq=-1", "data.train_batch_size=4",
+            "async_training.enable=true", "async_training.require_batches=1", "async_training.staleness_threshold=1",
+            "async_training.trigger_parameter_sync_step=1", "async_training.partial_rollout_chunk_tokens=4"]
+    killed = _run(args, env={"RLHF_FAULT": "step_start@4", "RLHF_FAULT_RANK": "0"}, expect_rc=-9)
     assert "FAULT step_start hit 4" in killed
     trained = re.findall(r"fully async: step (\d+) trains prompts \[([^\]]*)\]", killed)
     assert [s for s, _ in trained] == ["1", "2", "3"]
     pending = re.findall(r"fully async: checkpoint keeps pending prompts \[([^\]]*)\]", killed)[-1]
+    resumed = _run(args)
     assert "resumed from" in resumed
     assert f"fully async: resumed with pending prompts [{pending}]" in resumed
     again = re.findall(r"fully async: step (\d+) trains prompts \[([^\]]*)\]", resumed)
