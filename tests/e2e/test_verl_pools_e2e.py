@@ -6,9 +6,8 @@
 * the colocated quickstart saves a checkpoint with its engines released around the save (the memory plan's
   "checkpoint save" phase) and generates again after it on re-synced engines.
 
-The two runs start together (their start-ups and engine boots overlap).  A colocated quickstart resuming from such a
-checkpoint: tests/e2e/test_fault_matrix.py (its last run resumes from step 2, finishes step 3, and equals an
-uninterrupted run bitwise)."""
+A colocated quickstart resuming from such a checkpoint: tests/e2e/test_fault_matrix.py (its last run resumes from
+step 2, finishes step 3, and equals an uninterrupted run bitwise)."""
 import os
 
 import pytest
@@ -20,16 +19,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 @pytest.fixture(scope="module")
 def runs(quickstart_model, tmp_path_factory):
-    """{name: (exit code, output, run dir)} of the two runs, started at once, each in a process group of its own."""
+    """{name: (exit code, output, run dir)} of the two runs, one after the other, each in a process group of its own."""
     root, model = tmp_path_factory.mktemp("pools"), quickstart_model(warmup_steps=40)
     jobs = {"pools": ["actor_rollout_ref.hybrid_engine=False", "trainer.nnodes=1", "trainer.n_gpus_per_node=1",
                       "rollout.nnodes=1", "rollout.n_gpus_per_node=1", "trainer.total_training_steps=2",
                       "trainer.save_freq=2"],
             "colocated": ["trainer.save_freq=1", "trainer.total_training_steps=2"]}
-    procs = {name: start_group(main_cmd([*common(model, root / name), *extra]), root / f"{name}.log",
-                               {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None})
-             for name, extra in jobs.items()}
-    rcs = {name: finish_group(proc, 900) for name, proc in procs.items()}
+    rcs = {name: finish_group(start_group(main_cmd([*common(model, root / name), *extra]), root / f"{name}.log",
+                                          {"RANK": None, "WORLD_SIZE": None, "LOCAL_RANK": None}), 900)
+           for name, extra in jobs.items()}
     return {name: (rcs[name], (root / f"{name}.log").read_text(errors="replace"), root / name) for name in jobs}
 
 
