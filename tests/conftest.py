@@ -33,6 +33,25 @@ def tok():
     return make_quickstart_tokenizer()
 
 
+@pytest.fixture(scope="session")
+def quickstart_model(tmp_path_factory):
+    """``get(**kwargs) -> path``: the tiny quickstart model of ``rlhf.quickstart.model.build_quickstart_model(path,
+    **kwargs)``, built once per set of arguments for the whole session (a build of the default 300 warm-up steps
+    takes ~10 s on an idle 2-core machine; several e2e modules use the same one).  Read-only: a test that writes into
+    a model directory builds its own."""
+    from rlhf.quickstart.model import build_quickstart_model
+
+    built: dict = {}
+
+    def get(**kwargs) -> str:
+        key = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))
+        if key not in built:
+            built[key] = build_quickstart_model(str(tmp_path_factory.mktemp("quickstart_model") / "model"), **kwargs)
+        return built[key]
+
+    return get
+
+
 @pytest.fixture
 def gsm8k_row_file(tmp_path):
     """A one-row GSM8K-shaped jsonl ("2 + 3?", answer "#### 5") for tests that compose a config around a data file."""

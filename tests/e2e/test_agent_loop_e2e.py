@@ -41,10 +41,8 @@ interaction:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rlhf.quickstart.model import build_quickstart_model
-
-    return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny_model(quickstart_model):
+    return quickstart_model()
 
 
 def test_two_step_multi_turn_quickstart_logs_turn_and_tool_metrics(tiny_model, tmp_path):

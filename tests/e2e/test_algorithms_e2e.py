@@ -40,10 +40,8 @@ def compute_score(solution_str, ground_truth):
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rlhf.quickstart.model import build_quickstart_model
-
-    return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny_model(quickstart_model):
+    return quickstart_model()
 
 
 def run(cmd, timeout=900):

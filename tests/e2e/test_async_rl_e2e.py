@@ -27,10 +27,8 @@ UNTIMED = re.compile(r"^(timing_s/|timing_per_token_ms/|perf/|memory/|weight_syn
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rlhf.quickstart.model import build_quickstart_model
-
-    return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"))
+def tiny_model(quickstart_model):
+    return quickstart_model()
 
 
 def _run(args, env=None, expect_rc=0):

@@ -21,10 +21,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.sglang]
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rlhf.quickstart.model import build_quickstart_model
-
-    return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"), warmup_steps=40)
+def tiny_model(quickstart_model):
+    return quickstart_model(warmup_steps=40)
 
 
 def test_quickstart_lora_rank8_syncs_adapters_and_engine_equals_merged_model(tiny_model, tmp_path):

@@ -46,10 +46,8 @@ STEP2_NAMES = ["timing_s/reward", "timing_s/testing", "timing_s/save_checkpoint"
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rlhf.quickstart.model import build_quickstart_model
-
-    return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"), warmup_steps=40)
+def tiny_model(quickstart_model):
+    return quickstart_model(warmup_steps=40)
 
 
 def _overrides(model, out, micro):

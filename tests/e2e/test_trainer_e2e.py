@@ -36,10 +36,8 @@ DYNAMIC = ["actor.use_dynamic_bsz=true", "actor.ppo_max_token_len_per_gpu=1088",
 
 
 @pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from rlhf.quickstart.model import build_quickstart_model
-
-    return build_quickstart_model(str(tmp_path_factory.mktemp("tiny") / "model"), warmup_steps=40)
+def tiny_model(quickstart_model):
+    return quickstart_model(warmup_steps=40)
 
 
 @pytest.mark.dist
