@@ -352,7 +352,7 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
         phases.append(Phase("engine start", ctx0(stage) + at_start + engine_hold, "lower rollout.mem_fraction_static",
                             stage))
         phases.append(Phase("generate", ctx(stage) + at_start + adam + engine_hold, "", stage))
-        # the stage leader's GPU (the worst): its bucket pool plus a gathered parameter and its converted copy.
+        # the stage leader's GPU (the worst): its bucket pool plus its receive buffer (a parameter's TP peers' part).
         # Every other engine GPU holds one copy of the pool (plan.sync_copy_bytes), which its engine rank maps:
         # the trainer rank there holds every stage's buckets (rlhf/weight_bridge/from_tensor.py; a stage leader
         # that also holds uses its one pool), with or without expert parallelism
@@ -363,8 +363,8 @@ def plan_memory(inp: PlanInput) -> MemoryPlan:
                                                      weight_bytes=eng.weight_bytes,
                                                      bucket_bytes=eng.sync_bucket_bytes)
         if leader_big and (stage == 0 or (stage == lay.pp - 1 and not m.tie_word_embeddings)):
-            sync.append(Item("weight sync: the embedding / LM head, a bucket of its own outside the pool (gathered "
-                             "+ converted + in flight)", leader_big))
+            sync.append(Item("weight sync: the embedding / LM head, a bucket of its own outside the pool (its TP "
+                             "peers' rows received + the bucket)", leader_big))
         plan.sync_copy_bytes = eng.sync_bucket_bytes + holder_big
         actor = next((r for r in inp.roles if r.name == "actor"), None)
         sync += _loaded(actor, statics["actor"], ("params",)) if actor is not None else []  # offloaded: back for the sync

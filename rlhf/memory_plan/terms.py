@@ -393,23 +393,24 @@ def sync_broadcast_groups(world: int, pp: int, tp: int, num_engines: int, engine
 def oversize_sync_bytes(*, vocab: int, hidden: int, tp: int, divisible_by: int, params_bytes: int, weight_bytes: int,
                         bucket_bytes: float) -> tuple[float, float]:
     """``(on the stage leader's GPU, on a holder's GPU)``: the bytes the weight sync's largest tensor (an
-    embedding or LM head, vocab x hidden) takes beyond the bucket pool and one gathered + converted parameter
-    (2 x ``bucket_bytes`` on the leader, ``bucket_bytes`` on a holder), or (0, 0) when it fits one pool buffer
-    (``bucket_bytes / 2``: the bridge's two buffers).
+    embedding or LM head, vocab x hidden) takes beyond the plan's "gathered + packed" item (2 x ``bucket_bytes``:
+    the bucket pool, two buffers of ``bucket_bytes / 2``, and ``bucket_bytes`` for the leader's receive buffer), or
+    (0, 0) when it fits one pool buffer.
 
     A larger tensor gets a bucket of its own outside the pool (rlhf.weight_bridge.bucketing.fill_buckets,
-    BufferPool.acquire).  On the leader: its TP shards gathered (tp > 1) and their concatenation, both of the padded
-    vocabulary in the trainer's dtype, alive together in ``torch.cat``; then the concatenation and, when the engine
-    dtype differs, its cast copy; then, while the engines load it (one bucket in flight), the bytes they map next to
-    the next parameter gathered and converted.  On a holder: one copy of the bucket (vocab x hidden in the engine
-    dtype).  SGLang's loaders need the whole HF tensor (``VocabParallelEmbedding.weight_loader`` asserts the full
-    vocabulary and narrows it itself), so it cannot be sent in slices through the pool."""
+    BufferPool.acquire), taken from the stream before its buffer exists, so on the leader its TP peers' rows (tp > 1;
+    the unpadded vocabulary past rank 0's ``padded / tp`` rows, in the trainer's dtype) are received into the receive
+    buffer (BufferPool.scratch, grown to them and kept through the sync), then written with the leader's own rows
+    straight into the bucket (``vocab x hidden`` in the engine dtype, cast there: no concatenated or cast copy,
+    parallel.convert.shard_regions.HFTensorParts), which stays mapped by the engines while the next parameter is
+    received and written into the pool.  The receive buffer is max(those rows, the ``bucket_bytes`` the item allows
+    for the other parameters' receives); with tp = 1 there is none, and the allowance holds part of the bucket.  On
+    a holder: one copy of the bucket.  SGLang's loaders need the whole HF tensor
+    (``VocabParallelEmbedding.weight_loader`` asserts the full vocabulary and narrows it itself), so it cannot be
+    sent in slices through the pool."""
     sent = vocab * hidden * weight_bytes
     if sent <= bucket_bytes / 2:
         return 0.0, 0.0
-    converted = padded_vocab(vocab, divisible_by, tp) * hidden * params_bytes
-    gathered = converted if tp > 1 else 0.0
-    cast = sent if weight_bytes != params_bytes else 0.0
-    held = cast or converted
-    leader = max(gathered + converted, converted + cast, held + bucket_bytes)
-    return float(leader - bucket_bytes), float(sent)
+    gathered = max(vocab - padded_vocab(vocab, divisible_by, tp) // tp, 0) * hidden * params_bytes if tp > 1 else 0
+    receive = max(gathered, bucket_bytes) if tp > 1 else 0.0
+    return float(max(receive + sent - bucket_bytes, 0.0)), float(sent)

@@ -125,6 +125,7 @@ class BufferPool:
         self._buffers: list[torch.Tensor | None] = [None] * count
         self._oversize: dict[int, torch.Tensor] = {}
         self._scratch: torch.Tensor | None = None
+        self.filling: dict[str, torch.Tensor] = {}  # views of the bucket fill_buckets writes (TP receives land there)
         for i in range(count):
             self._free.put(i)
 
@@ -200,13 +201,16 @@ def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
             pending = [t]
         slot, buf = pool.acquire(plan.nbytes)
         try:
-            for meta, (_name, view) in zip(plan.metas, bucket_views(buf, plan)):
+            pool.filling = dict(bucket_views(buf, plan))
+            for meta, view in zip(plan.metas, pool.filling.values()):
                 t = pending.pop() if pending else take(meta, plan)[0]
                 view.copy_(t) if torch.is_tensor(t) else t.write(view)
                 del t
         except BaseException:
             pool.release(slot)
             raise
+        finally:
+            pool.filling = {}
         yield plan, slot, buf
     for extra in it:
         raise ValueError(f"tensor {extra[0]!r} is not in the send plan")

@@ -16,7 +16,7 @@ import torch
 
 from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards
 from parallel.convert.params import param_role
-from parallel.convert.shard_regions import hf_parts_from_shards
+from parallel.convert.shard_regions import hf_parts_from_shards, hf_tensors_from_parts
 from parallel.model_config import HFModelSpec
 from rlhf import faults
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
@@ -62,9 +62,9 @@ def _convert(e: LocalTensor, shards: list, spec: HFModelSpec, state: Production,
 
 
 def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: MemoryMeter, state: Production,
-              scratch=None) -> Iterator[tuple[str, object, bool]]:
-    """``(HF name, HFTensorParts or full tensor, owned)`` on the stage leader (HFTensorParts view model memory and
-    ``scratch``, BufferPool.scratch: write each before taking the next); collective over the TP group (every TP rank
+              pool: BufferPool | None = None) -> Iterator[tuple[str, object, bool]]:
+    """``(HF name, HFTensorParts or full tensor, owned)`` on the stage leader (HFTensorParts view model memory, the
+    bucket, ``pool``'s receive buffer: write each before taking the next); collective over the TP group (every TP rank
     iterates it to the end).  After a production error ``(name, the error, False)`` per tensor, raised last (leader)."""
     for e in entries:
         dim = GATHER_DIM[e.role.kind]
@@ -73,7 +73,7 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
             continue
         if dim is None and not topo.is_leader:
             continue
-        shards = [e.values()] if dim is None else topo.gather(e, scratch)
+        shards = [e.values()] if dim is None else topo.gather(e, pool, spec)
         if topo.is_leader:
             outs = _convert(e, shards, spec, state)
             del shards
@@ -86,10 +86,10 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
     """Expert parallelism: each EP rank's TP rank 0 gathers and converts a routed expert tensor, the EP group gathers
     the results on the stage leader, which yields them in EP-rank order under each rank's expert names.  After a
     production error the EP gathers still run, on uninitialised tensors of the converted shapes."""
-    shards = topo.gather(e)
+    shards = topo.gather(e, spec=spec)
     if topo.tp_rank != 0:
         return
-    outs = _convert(e, shards, spec, state, hf_tensors_from_shards)
+    outs = _convert(e, shards, spec, state, hf_tensors_from_parts)
     if state.error is not None:
         outs = [(n, torch.empty(tuple(t.shape), dtype=t.dtype, device=shards[0].device))
                 for n, t in hf_tensors_from_shards(e.role, _meta(shards), spec)]
@@ -151,7 +151,7 @@ def _produce(entries, buckets: Sequence[BucketPlan], topo, spec, pool: BufferPoo
     state, taken, end = Production(), [0], 0
 
     def counted():
-        for x in hf_stream(entries, topo, spec, meter, state, pool.scratch):
+        for x in hf_stream(entries, topo, spec, meter, state, pool):
             taken[0] += 1
             yield x
 

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from parallel import devices
+from parallel.convert.shard_regions import Gathered, Receipt, peer_regions, shard_regions
 from rlhf.weight_bridge.plan import WeightBridgeError
 
 __all__ = ["MegatronTopology"]
@@ -48,26 +49,25 @@ class MegatronTopology:
         if self._ctrl is None:
             self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
-    def gather(self, entry, scratch=None) -> list[torch.Tensor] | None:
-        """TP shards of ``entry.values()`` on the stage leader (rank order), None elsewhere: its own as it is, each
-        peer's received (one batch_isend_irecv; gloo's ``gather`` was 4-8x slower) into ``scratch(nbytes, like)``
-        (a reused buffer: valid until the next gather) or a new tensor."""
+    def gather(self, entry, pool=None, spec=None) -> list[torch.Tensor] | None:
+        """TP shards of ``entry.values()`` on the stage leader (a Gathered: its own read in place, each peer's as
+        shard_regions, received by one batch_isend_irecv, waited when first written: Region.pending), None elsewhere.
+        A peer region lands straight in its view of the bucket being filled (``pool.filling``) where peer_regions
+        allows, else in ``pool.scratch`` (valid until the next gather) or, without ``pool``, a new tensor."""
         if self.tp_size == 1:
             return [entry.values().contiguous()]
         t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
+        role, tp, got = entry.role, self.tp_size, Receipt(())
         if self.tp_rank != 0:
-            send = [dist.P2POp(dist.isend, t, self.tp_ranks[0], self.tp_group)]
-            for w in dist.batch_isend_irecv(send) if t.nbytes else ():
-                w.wait()
+            ops = [dist.P2POp(dist.isend, g.src, self.tp_ranks[0], self.tp_group)
+                   for g in shard_regions(role, t, spec, self.tp_rank, tp)]
+            Receipt(dist.batch_isend_irecv(ops) if t.nbytes else ()).wait()
             torch.get_device_module(t.device).synchronize(t.device)  # NCCL only enqueued it (keep a merged LoRA input)
             return None
-        n, k = t.nbytes, self.tp_size - 1
-        flat = scratch(n * k, t) if scratch else t.new_empty(n * k, dtype=torch.uint8)  # on t's device
-        peers = [flat[i * n:(i + 1) * n].view(t.dtype).view(t.shape) for i in range(k)]
-        ops = [dist.P2POp(dist.irecv, p, r, self.tp_group) for p, r in zip(peers, self.tp_ranks[1:])]
-        for w in dist.batch_isend_irecv(ops) if n else ():
-            w.wait()
-        return [t, *peers]
+        recv = peer_regions(role, t, spec, tp, got, pool and pool.filling.get, pool and (lambda n: pool.scratch(n, t)))
+        got.works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, into, self.tp_ranks[r], self.tp_group)
+                                            for r, _, into in recv]) if t.nbytes else []
+        return Gathered([t] * tp, shard_regions(role, t, spec, 0, tp) + [g for _, g, _ in recv])
 
     def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:
         """Collective over the EP group: ``t`` of every EP rank (EP-rank order) on the stage leader, None elsewhere."""

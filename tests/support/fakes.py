@@ -199,7 +199,7 @@ class SimulatedTPTopology:
     def init_collective(self):
         pass
 
-    def gather(self, entry, scratch=None):
+    def gather(self, entry, pool=None, spec=None):
         return [sd[entry.chunk_index][entry.local_name].detach() for sd in self._sd]
 
     def all_gather_object(self, obj):

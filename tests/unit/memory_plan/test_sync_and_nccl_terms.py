@@ -9,7 +9,8 @@ from rlhf.memory_plan.terms import (NCCL_COMM_BYTES, NCCL_PAIR_COMM_BYTES, nccl_
 from tests.unit.memory_plan.test_memory_plan import QWEN2_7B, small_input
 
 MiB = 1 << 20
-BIG = "weight sync: the embedding / LM head, a bucket of its own outside the pool (gathered + converted + in flight)"
+BIG = ("weight sync: the embedding / LM head, a bucket of its own outside the pool (its TP peers' rows received + "
+       "the bucket)")
 
 
 def _sync_items(plan):
@@ -17,14 +18,14 @@ def _sync_items(plan):
 
 
 @pytest.mark.parametrize("tp,weight_bytes,leader,holder", [
-    # TP2: shards (1024 padded rows x 64 x 2 B) + their concatenation during torch.cat = 262144, of which the plan's
-    # "gathered + packed" item (2 x bucket, bucket = pool) already counts one bucket (100000)
-    (2, 2, 262144 - 100000, 128000),
-    # TP1: no gathered copy; the concatenation stays mapped by the engines while the next parameter is gathered and
-    # converted (the bucket the plan counts): 131072
-    (1, 2, 131072, 128000),
-    # an fp32 engine: the bf16 concatenation and its fp32 copy (1000 x 64 x 4 = 256000) together
-    (2, 4, 131072 + 256000 - 100000, 256000),
+    # TP2: rank 1's rows (1000 - 1024 / 2 = 488 x 64 x 2 B = 62464) go to the receive buffer, which the plan's
+    # "gathered + packed" item allows 100000 (one bucket), then the bucket itself (1000 x 64 x 2 = 128000): no
+    # concatenation (torch.cat) any more
+    (2, 2, 100000 + 128000 - 100000, 128000),
+    # TP1: no receive buffer: the item's 100000 hold part of the bucket
+    (1, 2, 128000 - 100000, 128000),
+    # an fp32 engine: the bf16 rows are cast straight into the fp32 bucket (1000 x 64 x 4 = 256000), no cast copy
+    (2, 4, 100000 + 256000 - 100000, 256000),
 ])
 def test_largest_tensor_of_the_weight_sync_by_hand(tp, weight_bytes, leader, holder):
     """SMALL's embedding (1000 x 64 in bf16 = 128000 B) does not fit a pool buffer (bucket 100000 B / 2): a bucket
@@ -43,14 +44,15 @@ def test_largest_tensor_of_the_weight_sync_by_hand(tp, weight_bytes, leader, hol
 
 
 def test_qwen2_7b_weight_sync_counts_the_embedding():
-    """gsm8k_ppo_qwen2_7b (TP4, 512 MiB buckets): the embedding / LM head is 152064 x 3584 bf16 = 1.015 GiB, its
-    shards and concatenation 2.03 GiB on the leader during torch.cat (the plan had 1 GiB for the whole sync);
-    every other engine GPU holds the pool and one copy of it."""
+    """gsm8k_ppo_qwen2_7b (TP4, 512 MiB buckets): the embedding / LM head is 152064 x 3584 bf16 = 1.015 GiB (no
+    vocabulary padding at TP4); on the leader ranks 1-3's rows (114048 x 3584 bf16 = 0.76 GiB, more than the item's
+    512 MiB receive buffer) and the bucket (the plan had 1 GiB for the whole sync); every other engine GPU holds the
+    pool and one copy of it."""
     from rlhf.config import compose_config
 
     plan = plan_from_config(compose_config([], recipe="gsm8k_ppo_qwen2_7b"), QWEN2_7B, world_size=8)
     x = 152064 * 3584 * 2
-    assert _sync_items(plan)[BIG] == 2 * x - 512 * MiB
+    assert _sync_items(plan)[BIG] == 114048 * 3584 * 2 + x - 512 * MiB
     assert plan.sync_copy_bytes == 512 * MiB + x
 
 

@@ -24,9 +24,9 @@ class CountingTopology(SimulatedTPTopology):
         super().__init__(rank_chunks)
         self.gathers = 0
 
-    def gather(self, entry, scratch=None):
+    def gather(self, entry, pool=None, spec=None):
         self.gathers += 1
-        return super().gather(entry, scratch)
+        return super().gather(entry, pool, spec)
 
 
 @pytest.fixture
