@@ -125,7 +125,7 @@ class BufferPool:
         self._buffers: list[torch.Tensor | None] = [None] * count
         self._oversize: dict[int, torch.Tensor] = {}
         self._scratch: torch.Tensor | None = None
-        self.filling: dict[str, torch.Tensor] = {}  # views of the bucket fill_buckets writes (TP receives land there)
+        self.filling: dict[str, torch.Tensor] = {}  # fill_buckets
         for i in range(count):
             self._free.put(i)
 
@@ -146,8 +146,8 @@ class BufferPool:
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def scratch(self, nbytes: int, like: torch.Tensor) -> torch.Tensor:
-        """A uint8 view of ``nbytes`` of one reused buffer made as ``like`` (``new_empty``: its device; the leader's
-        TP receive buffer: valid until the next call), grown to the largest request, kept like the bucket buffers."""
+        """A uint8 view of ``nbytes`` of one reused buffer made as ``like`` (its device; the leader's TP receive
+        buffer, valid until the next call), grown to the largest request, kept like the bucket buffers."""
         old = self._scratch.numel() if self._scratch is not None else 0
         if self._scratch is None or old < nbytes or self._scratch.device != like.device:
             self._scratch = None  # freed before the larger one is allocated
@@ -170,10 +170,11 @@ class BufferPool:
 def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
                  pool: BufferPool) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
     """Write a stream of ``(name, tensor or HFTensorParts[, owned])`` into flat buckets following `plans`, each
-    tensor cast to its planned dtype (HFTensorParts, parallel.convert.shard_regions: converted straight into its
-    bucket view); yields ``(plan, slot, flat uint8 buffer)`` per bucket (the consumer releases the slot).  A bucket of
-    one tensor larger than the pool's buffers is sent without a copy when the stream marks it ``owned`` (slot None).
-    An exception in place of a tensor is raised; ValueError when the stream disagrees with the plan."""
+    tensor cast to its planned dtype (HFTensorParts, parallel.convert.shard_regions: written straight into its bucket
+    view, where, named in ``pool.filling`` while the bucket is written, the TP gather also receives the peers' regions);
+    yields ``(plan, slot, flat uint8 buffer)`` per bucket (the consumer releases the slot).  A bucket of one tensor
+    larger than the pool's buffers is sent without a copy when the stream marks it ``owned`` (slot None).  An
+    exception in place of a tensor is raised; ValueError when the stream disagrees with the plan."""
     it = iter(named_tensors)
 
     def take(meta: TensorMeta, plan: BucketPlan):

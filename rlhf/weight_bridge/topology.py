@@ -50,10 +50,9 @@ class MegatronTopology:
             self._ctrl = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
     def gather(self, entry, pool=None, spec=None) -> list[torch.Tensor] | None:
-        """TP shards of ``entry.values()`` on the stage leader (a Gathered: its own read in place, each peer's as
-        shard_regions, received by one batch_isend_irecv, waited when first written: Region.pending), None elsewhere.
-        A peer region lands straight in its view of the bucket being filled (``pool.filling``) where peer_regions
-        allows, else in ``pool.scratch`` (valid until the next gather) or, without ``pool``, a new tensor."""
+        """TP shards of ``entry.values()`` on the stage leader, None elsewhere: a Gathered (each peer's shard_regions by
+        one batch_isend_irecv, into ``pool.filling``'s bucket views where peer_regions allows, else ``pool.scratch``,
+        valid until the next gather, or a new tensor; waited on first write, Region.pending), its own read in place."""
         if self.tp_size == 1:
             return [entry.values().contiguous()]
         t = devices.to_group_device(entry.values().contiguous(), self.tp_group)
