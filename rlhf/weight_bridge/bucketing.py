@@ -170,11 +170,10 @@ class BufferPool:
 def fill_buckets(named_tensors: Iterable[tuple], plans: Sequence[BucketPlan],
                  pool: BufferPool) -> Iterator[tuple[BucketPlan, int | None, torch.Tensor]]:
     """Write a stream of ``(name, tensor or HFTensorParts[, owned])`` into flat buckets following `plans`, each
-    tensor cast to its planned dtype (HFTensorParts, parallel.convert.shard_regions: written straight into its bucket
-    view, where, named in ``pool.filling`` while the bucket is written, the TP gather also receives the peers' regions);
-    yields ``(plan, slot, flat uint8 buffer)`` per bucket (the consumer releases the slot).  A bucket of one tensor
-    larger than the pool's buffers is sent without a copy when the stream marks it ``owned`` (slot None).  An
-    exception in place of a tensor is raised; ValueError when the stream disagrees with the plan."""
+    tensor cast to its planned dtype (HFTensorParts: written into its bucket view, which ``pool.filling`` names while
+    its bucket is written: the TP gather's receives land there too); yields ``(plan, slot, flat uint8 buffer)`` per
+    bucket (the consumer releases the slot).  A bucket of one tensor above the pool's buffers is sent without a copy
+    when the stream marks it ``owned`` (slot None).  A streamed exception is raised; ValueError when out of plan."""
     it = iter(named_tensors)
 
     def take(meta: TensorMeta, plan: BucketPlan):
