@@ -2,7 +2,8 @@
 into its view of the bucket being filled where that view is contiguous and of the shard's dtype, else into the
 pool's receive buffer; the bucket then holds bitwise what gather -> hf_tensors_from_shards -> copy_ gives, for every
 kind, an fp32 (in place) and a bf16 bucket (cast from the receive buffer), and an entry whose later HF tensors lie in
-the next bucket (not yet acquired: received into the receive buffer)."""
+the next bucket (not yet acquired: received into the receive buffer); without a pool (the expert path) the parts
+materialise the HF tensors."""
 import os
 import socket
 
@@ -11,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from parallel.convert import ParamRole, hf_tensors_from_shards
-from parallel.convert.shard_regions import hf_parts_from_shards
+from parallel.convert.shard_regions import hf_parts_from_shards, hf_tensors_from_parts
 from rlhf.weight_bridge.bucketing import BufferPool, MemoryMeter
 from rlhf.weight_bridge.topology import MegatronTopology
 from tests.unit.parallel.test_shard_regions import QKV, SPEC, shards_for
@@ -57,9 +58,11 @@ def _run(rank, port, out):
                              for n, t in want)
                     results[(kind, dtype, split)] = (ok, meter.peak)
     fc1 = shards_for("fc1", 2, torch.Generator().manual_seed(5))
-    whole = topo.gather(_Entry(ParamRole("fc1", ("gate", "up")), fc1[rank]), spec=SPEC)  # no pool: whole shards
+    role = ParamRole("fc1", ("gate", "up"))
+    whole = topo.gather(_Entry(role, fc1[rank]), spec=SPEC)  # no pool (the expert path): into a new buffer
     if rank == 0:
-        results["whole"] = len(whole) == 2 and all(torch.equal(a, b) for a, b in zip(whole, fc1))
+        results["whole"] = all(torch.equal(a[1], b[1]) for a, b in zip(hf_tensors_from_parts(role, whole, SPEC),
+                                                                       hf_tensors_from_shards(role, fc1, SPEC)))
         out.put(results)
     dist.destroy_process_group()
 
