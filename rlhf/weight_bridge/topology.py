@@ -60,12 +60,12 @@ class MegatronTopology:
         if self.tp_rank != 0:
             ops = [dist.P2POp(dist.isend, g.src, self.tp_ranks[0], self.tp_group)
                    for g in shard_regions(role, t, spec, self.tp_rank, tp)]
-            Receipt(dist.batch_isend_irecv(ops) if t.nbytes else ()).wait()
+            Receipt(dist.batch_isend_irecv(ops) if t.nbytes and ops else ()).wait()  # none: vocabulary padding
             torch.get_device_module(t.device).synchronize(t.device)  # NCCL only enqueued it (keep a merged LoRA input)
             return None
         recv = peer_regions(role, t, spec, tp, got, pool and pool.filling.get, pool and (lambda n: pool.scratch(n, t)))
         got.works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, into, self.tp_ranks[r], self.tp_group)
-                                            for r, _, into in recv]) if t.nbytes else []
+                                            for r, _, into in recv]) if t.nbytes and recv else []
         return Gathered([t] * tp, shard_regions(role, t, spec, 0, tp) + [g for _, g, _ in recv])
 
     def gather_experts(self, t: torch.Tensor) -> list[torch.Tensor] | None:

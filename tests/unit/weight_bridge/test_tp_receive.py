@@ -4,6 +4,7 @@ pool's receive buffer; the bucket then holds bitwise what gather -> hf_tensors_f
 kind, an fp32 (in place) and a bf16 bucket (cast from the receive buffer), and an entry whose later HF tensors lie in
 the next bucket (not yet acquired: received into the receive buffer); without a pool (the expert path) the parts
 materialise the HF tensors."""
+import dataclasses
 import os
 import socket
 
@@ -57,6 +58,16 @@ def _run(rank, port, out):
                     ok = all(torch.equal(got[n].view(torch.uint8), torch.empty_like(got[n]).copy_(t).view(torch.uint8))
                              for n, t in want)
                     results[(kind, dtype, split)] = (ok, meter.peak)
+    # a vocabulary of 100 rows: rank 1's 128-row shard is all padding, so it sends nothing and the leader posts nothing
+    small, emb = dataclasses.replace(SPEC, vocab_size=100), torch.randn(128, 32, generator=torch.Generator())
+    got = torch.zeros(100, 32)
+    pool = BufferPool(1 << 20)
+    pool.filling = {"e": got}
+    gathered = topo.gather(_Entry(ParamRole("vocab", ("e",)), emb if rank == 0 else torch.zeros(128, 32)), pool, small)
+    if rank == 0:
+        [(_, part)] = hf_parts_from_shards(ParamRole("vocab", ("e",)), gathered, small)
+        part.write(got)
+        results["padding"] = torch.equal(got, emb[:100])
     fc1 = shards_for("fc1", 2, torch.Generator().manual_seed(5))
     role = ParamRole("fc1", ("gate", "up"))
     whole = topo.gather(_Entry(role, fc1[rank]), spec=SPEC)  # no pool (the expert path): into a new buffer
@@ -80,7 +91,7 @@ def test_peer_regions_land_in_the_bucket_bitwise():
     for p in procs:
         p.join(60)
     assert all(p.exitcode == 0 for p in procs)
-    assert results.pop("whole")
+    assert results.pop("whole") and results.pop("padding")
     bad = [k for k, (ok, _) in results.items() if not ok]
     assert not bad, bad
     # fp32, everything in the bucket: the row kind alone (strided columns) goes through the receive buffer
