@@ -114,14 +114,14 @@ def peer_regions(role: ParamRole, shard: torch.Tensor, spec, tp: int, pending: R
     """``(peer TP rank, Region, where to receive it)`` for every region of every peer's shard (shaped like the
     leader's ``shard``), peers in rank order, each peer's regions in :func:`shard_regions` order (the order that peer
     sends them), each Region's ``pending`` set: ``dest(name)``'s view of the region (``name``'s view in the bucket
-    being filled, or None) where it is contiguous and of the shard's dtype and device (the Region's ``src`` None:
+    being filled, or None; no ``dest``: none) where it is contiguous and of the shard's dtype and device (``src`` None:
     received in place), else the Region's ``src``, a view of one uint8 buffer of ``scratch(nbytes)`` (default: a new
     one on the shard's device) shared by all such regions."""
     meta = torch.empty(tuple(shard.shape), dtype=shard.dtype, device="meta")
     out, rest, off = [], [], 0
     for rank in range(1, tp):
         for g in shard_regions(role, meta, spec, rank, tp):
-            hf = dest(g.name) if dest is not None else None
+            hf = dest(g.name) if dest else None
             into = hf.narrow(g.dim, g.start, g.length) if hf is not None else None
             if into is not None and into.is_contiguous() and (into.dtype, into.device) == (shard.dtype, shard.device):
                 g.src = None

@@ -63,7 +63,8 @@ class MegatronTopology:
             Receipt(dist.batch_isend_irecv(ops) if t.nbytes and ops else ()).wait()  # none: vocabulary padding
             torch.get_device_module(t.device).synchronize(t.device)  # NCCL only enqueued it (keep a merged LoRA input)
             return None
-        recv = peer_regions(role, t, spec, tp, got, pool and pool.filling.get, pool and (lambda n: pool.scratch(n, t)))
+        here = pool is not None and pool.device == devices.group_device(self.tp_group)  # the bucket the group writes
+        recv = peer_regions(role, t, spec, tp, got, here and pool.filling.get, pool and (lambda n: pool.scratch(n, t)))
         got.works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, into, self.tp_ranks[r], self.tp_group)
                                             for r, _, into in recv]) if t.nbytes and recv else []
         return Gathered([t] * tp, shard_regions(role, t, spec, 0, tp) + [g for _, g, _ in recv])
