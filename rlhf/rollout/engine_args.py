@@ -199,11 +199,15 @@ def engine_env(kwargs: Dict[str, Any], colocated: bool = False) -> Dict[str, str
     (Qwen2-7B at TP1 x PP2 x DP4 under one engine of TP 8: ~23 vs ~27 GiB free, docs/gpu.md D13).  SGLang sizes
     its static share from that least free memory anyway (``measure_pre_model_load_memory`` reduces it over the
     ranks), so the check only turns an expected imbalance into a refused start; with it off SGLang logs the same
-    message as a warning.  Disaggregated engines own their GPUs: the check stays."""
+    message as a warning.  Disaggregated engines own their GPUs: the check stays.  A CPU engine of TP > 1: off too
+    (its ranks measure the same host memory, each at its own moment: on a shared machine other processes' memory
+    moved by more than 10 % in between and refused a TP2 engine's start, tests/support/dist/family_sync_e2e.py)."""
     env: Dict[str, str] = {k: os.environ.get(k, v) for k, v in NCCL_SHARED_ENV.items()}  # the trainer's
     if kwargs.get("device") == "cpu":
         full = sglang_cpu.cpu_engine_env(int(kwargs.get("tp_size", 1)), base_env={})
         env.update(full)
+        if int(kwargs.get("tp_size", 1)) > 1:  # every rank measures the same host memory, at another moment
+            env[TP_MEMORY_CHECK_ENV] = "false"
     elif colocated and int(kwargs.get("tp_size", 1)) > 1:
         env[TP_MEMORY_CHECK_ENV] = "false"
     parts = [p for p in (env.get("PYTHONPATH", "") + os.pathsep + os.environ.get("PYTHONPATH", "")).split(os.pathsep)

@@ -121,6 +121,15 @@ def test_colocated_gpu_engines_start_without_sglangs_tp_memory_balance_check(tmp
         assert envs.SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK.get() is False
 
 
+def test_cpu_engine_of_tp2_runs_without_the_tp_memory_balance_check():
+    """A CPU engine's TP ranks measure the same host memory, each at its own moment; another process's memory moving
+    by 10 % in between refused a TP2 engine's start ("The memory capacity is unbalanced")."""
+    from rlhf.rollout.engine_args import TP_MEMORY_CHECK_ENV, engine_env
+
+    assert engine_env(dict(device="cpu", tp_size=2))[TP_MEMORY_CHECK_ENV] == "false"
+    assert TP_MEMORY_CHECK_ENV not in engine_env(dict(device="cpu", tp_size=1))
+
+
 def test_cpu_engine_threads_split_the_cores_between_the_engine_ranks():
     from rlhf.rollout.sglang_cpu import cpu_engine_env, engine_threads
 
