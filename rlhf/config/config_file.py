@@ -12,7 +12,7 @@ from typing import Any, Union
 from rlhf.config.errors import ConfigError
 from rlhf.config.keys import is_dict_field, is_optional, schema_node
 from rlhf.config.objects import format_value
-from rlhf.config.verl.compat import INTERP_KEYS, Item, _table, translate_key
+from rlhf.config.verl.compat import INTERP_KEYS, Item, key_table, translate_key
 
 #: rlhf/config/verl: verl's defaults for its base names, in verl's keys (ppo_trainer.yaml, ppo_megatron_trainer.yaml)
 VERL_DEFAULTS = Path(__file__).resolve().parent / "verl"
@@ -77,7 +77,7 @@ def load_config_file(path: Union[str, os.PathLike]) -> list[Item]:
     run_dir = OmegaConf.select(raw, "hydra.run.dir", throw_on_resolution_failure=False)
     items = [Item(g, n, n, source=source) for g, n in groups]
     # verl picks a trainer by the entry point that loads a config of this name (keys.yaml config_names)
-    items += [Item(k, v, format_value(v), source=source) for k, v in _table()[4].get(path.stem, {}).items()]
+    items += [Item(k, v, format_value(v), source=source) for k, v in key_table()[4].get(path.stem, {}).items()]
     items += [Item("hydra.run.dir", run_dir, None, source=source)] if run_dir else []
     _flatten(conf, conf, "", source, items)
     return items

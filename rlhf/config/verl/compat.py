@@ -66,7 +66,7 @@ def _fill(x: Any, names: dict) -> Any:
 
 
 @functools.lru_cache(maxsize=1)
-def _table() -> tuple[dict, list, dict, dict, dict]:
+def key_table() -> tuple[dict, list, dict, dict, dict]:
     """(exact verl keys, patterns by priority as (pattern, regex: group 1 the matched prefix, rule), our own keys,
     verl's defaults, {verl config name: {our key: value}}) of keys.yaml; a rule is a dict, its first item the
     action."""
@@ -99,7 +99,7 @@ def _table() -> tuple[dict, list, dict, dict, dict]:
 @functools.lru_cache(maxsize=8192)
 def rule_for(key: str, ours: bool = False) -> Optional[tuple[dict, str]]:
     """(keys.yaml rule, the key's matched prefix) for ``key`` (``ours``: among the rules of our own keys), or None."""
-    exact, patterns, own, *_ = _table()
+    exact, patterns, own, *_ = key_table()
     if ours or key in exact:
         return ((own if ours else exact)[key], key) if key in (own if ours else exact) else None
     return next(((rule, m.group(1)) for _, rx, rule in patterns if (m := rx.fullmatch(key))), None)
@@ -290,7 +290,7 @@ def translate(overrides: Sequence[str], file_items: Sequence[Item] = ()) -> Tran
         raw, single = line.split("=", 1)[1] if "=" in line else "", ov.value_type == ValueType.ELEMENT
         items.append(Item(ov.key_or_group, ov.value() if single else raw, raw, "++" if line.startswith("++") else
                           "+" * line.startswith("+"), f"command-line override {line!r}", single))
-    out, reward_model, defaults, setters = Translated(), {}, _table()[3], {}
+    out, reward_model, defaults, setters = Translated(), {}, key_table()[3], {}
     last = {item.key: i for i, item in enumerate(items)}
     for i, item in enumerate(items):
         key = item.key

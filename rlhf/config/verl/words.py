@@ -9,7 +9,7 @@ import functools
 import re
 from typing import Optional
 
-from rlhf.config.verl.compat import Translated, _ours, _table, keeps_value, translate_key
+from rlhf.config.verl.compat import Translated, _ours, key_table, keeps_value, translate_key
 
 _KEY = re.compile(r"(?<![\w.\-/'])([A-Za-z_]\w*(?:\.\w+)+)(?![\w(])")
 _ENGINES = "rollout.num_engines"
@@ -21,7 +21,7 @@ def _reverse() -> tuple[dict, list]:
     prefix rules)."""
     from rlhf.config.keys import schema_node
 
-    exact, patterns, *_ = _table()
+    exact, patterns, *_ = key_table()
     renames: dict = {}
     for key, rule in exact.items():
         if "map" in rule or (keeps_value(rule) and rule.get("to")):
@@ -41,7 +41,7 @@ def verl_key_for(ours: str) -> Optional[str]:
     renames, prefixes = _reverse()
     by_prefix = [v + ours[len(o):] for v, o in prefixes if ours.startswith(o + ".")]
     fields = [c for c in renames.get(ours, []) if "override_" in c]  # override_*_config.<field>: the long way
-    plain = [c for c in renames.get(ours, []) if c not in fields and c not in _table()[3]]  # not verl's FSDP-only
+    plain = [c for c in renames.get(ours, []) if c not in fields and c not in key_table()[3]]  # not verl's FSDP-only
     if not plain and ours in by_prefix:  # verl's key is ours (critic.optim.lr)
         return None
     rank = lambda c: (not c.startswith("actor_rollout_ref."), len(c), c)  # noqa: E731
