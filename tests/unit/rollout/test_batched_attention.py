@@ -110,7 +110,14 @@ def test_engine_processes_get_the_patches():
              "assert s.sampling_from_probs_torch._rlhf_inverse_cdf; "
              "import sys, sglang.srt.entrypoints.engine; "
              "assert not [n for n in sys.modules if n.split('.')[0] in ('flashinfer', 'cutlass')]; print('patched')")
-    for first in ("import sgl_kernel; ", "import sglang.srt.layers.sampler; import sgl_kernel; "):
-        out = subprocess.run([sys.executable, "-c", first + check], env=env, capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 0 and out.stdout.strip().endswith("patched"), (first, out.stderr[-2000:])
+    # the two import orders in two fresh processes at once (each imports SGLang's engine, one core apiece)
+    firsts = ("import sgl_kernel; ", "import sglang.srt.layers.sampler; import sgl_kernel; ")
+    procs = [subprocess.Popen([sys.executable, "-c", first + check], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for first in firsts]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for first, p, (stdout, stderr) in zip(firsts, procs, outs):
+        assert p.returncode == 0 and stdout.strip().endswith("patched"), (first, stderr[-2000:])
