@@ -5,8 +5,9 @@ architecture and takes the parallel layout, hub names only against the local HF 
 the model's, a megatron checkpoint to start from, the checkpoint to resume from, in-process objects, the logger
 backends (packages, W&B credentials), a hub dataset that can be read neither from the cache nor from the hub, and the
 prompts' lengths against the data (:mod:`rlhf.data.length_check`, whose warnings are logged once per process on rank
-0), and the distillation teacher's tokenizer against the student's.  No network but a TCP probe of the hub, no
-torch.
+0); and the distillation teacher's checks before it is built (:func:`distill_problems`: its own grid against the
+trainer ranks and the batch, from the config alone; a MoE teacher's flex dispatcher from its config.json, and its
+tokenizer against the student's).  No network but a TCP probe of the hub, no torch.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from rlhf.data.refs import cached_hub_file, parse_data_ref, parse_model_ref
 __all__ = ["SUPPORTED_ARCHITECTURES", "check_model_config", "model_context_length", "critic_on", "surroundings",
            "preflight_problems", "routing_replay_problems", "hf_config_at_hand", "model_is_moe", "hub_data_problems",
            "wandb_credentials", "hub_cached_dataset", "hub_unreachable", "vocab_mismatch", "files_vocab",
-           "tokenizer_dir", "mismatch_message", "teacher_file_problems"]
+           "tokenizer_dir", "mismatch_message", "teacher_layout", "teacher_dispatcher_refused",
+           "teacher_dispatcher_message", "teacher_file_problems", "distill_problems"]
 
 #: architectures the megatron model builder maps (parallel.model_config.SUPPORTED_ARCHITECTURES, which imports
 #: torch; tests/unit/config/test_config.py keeps the two equal)
@@ -397,16 +399,76 @@ def mismatch_message(teacher_path: str, student_ref: str, why: str) -> str:
             f"distill.enable=false.")
 
 
+def teacher_layout(cfg: Any) -> Optional[tuple[int, int]]:
+    """The teacher's own (tp, pp) when ``distill.teacher.tensor/pipeline_model_parallel_size`` differ from the
+    trainer's ``parallel.*`` (null: the trainer's size), else None (the teacher is sharded like the actor)."""
+    t, p = cfg.distill.teacher, cfg.parallel
+    tp = t.get("tensor_model_parallel_size") or p.tensor_model_parallel_size
+    pp = t.get("pipeline_model_parallel_size") or p.pipeline_model_parallel_size
+    return None if (tp, pp) == (p.tensor_model_parallel_size, p.pipeline_model_parallel_size) else (tp, pp)
+
+
+def teacher_dispatcher_refused(cfg: Any) -> bool:
+    """Whether a MoE teacher on a grid of its own (:func:`teacher_layout`; expert parallel size 1 there,
+    parallel.layouts) would run megatron-core's flex dispatcher at TP x EP = 1, which it refuses when the model is
+    built (megatron-core 0.16.1 token_dispatcher.py MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP >
+    1'; its TP is the expert tensor parallel size, the teacher's TP)."""
+    layout = teacher_layout(cfg)
+    return layout is not None and layout[0] < 2 and cfg.model.get("moe_token_dispatcher_type") == "flex"
+
+
+def teacher_dispatcher_message(cfg: Any) -> str:
+    """The one-line refusal of :func:`teacher_dispatcher_refused`, naming the keys and the fixes."""
+    t, p = cfg.distill.teacher, cfg.parallel
+    tp = t.tensor_model_parallel_size
+    tp = tp if tp is not None else f"null (parallel.tensor_model_parallel_size={p.tensor_model_parallel_size})"
+    return (f"model.moe_token_dispatcher_type=flex with the MoE teacher distill.teacher.path={t.path!r} on a grid of "
+            f"its own (distill.teacher.tensor_model_parallel_size={tp}, distill.teacher.pipeline_model_parallel_size="
+            f"{t.pipeline_model_parallel_size}): that grid has expert parallel size 1, so TP x EP = 1 there, and "
+            f"megatron-core's flex dispatcher needs more than one ('Flex token dispatcher requires TPxEP > 1'); set "
+            f"distill.teacher.tensor_model_parallel_size > 1, or both distill.teacher sizes to null (the teacher "
+            f"sharded like the actor, with its expert parallelism), or model.moe_token_dispatcher_type=alltoall.")
+
+
 def teacher_file_problems(cfg: Any) -> list[str]:
-    """The distillation teacher's tokenizer against the student's (``model.tokenizer_path``, else ``model.path``)
-    when both are on disk (:func:`vocab_mismatch`)."""
+    """The distillation teacher from its files: a MoE teacher (its config.json) that megatron's flex dispatcher
+    refuses on a grid of its own (:func:`teacher_dispatcher_refused`), and its tokenizer against the student's
+    (``model.tokenizer_path``, else ``model.path``) when both are on disk (:func:`vocab_mismatch`)."""
     d = cfg.get("distill")
     if d is None or not d.enable or not d.teacher.path:
         return []
+    hf = hf_config_at_hand(d.teacher.path) if teacher_dispatcher_refused(cfg) else None  # None: checked at build
+    out = [teacher_dispatcher_message(cfg)] if hf is not None and model_is_moe(hf) else []  # a dense one has none
     student_ref = cfg.model.tokenizer_path or cfg.model.path
     student, teacher = (files_vocab(tokenizer_dir(cfg, p)) for p in (student_ref, d.teacher.path))
     why = vocab_mismatch(student, teacher) if student is not None and teacher is not None else None
-    return [mismatch_message(d.teacher.path, student_ref, why)] if why else []
+    return out + ([mismatch_message(d.teacher.path, student_ref, why)] if why else [])
+
+
+def _teacher_grid(cfg: Any, world_size: Optional[int]) -> list[str]:
+    """The distillation teacher's own grid divides the ``world_size`` trainer ranks and its data-parallel size the
+    batch (unchecked without a world size)."""
+    layout = teacher_layout(cfg) if cfg.distill.enable else None
+    if layout is None or world_size is None or min(layout) < 1:
+        return []  # the fields' own rules report a size below 1
+    tp, pp = layout
+    keys = (f"distill.teacher.tensor_model_parallel_size={tp} x distill.teacher.pipeline_model_parallel_size={pp}"
+            " (null: the parallel.* size)")
+    if world_size % (tp * pp):
+        return [f"{keys} = {tp * pp} does not divide the {world_size} trainer ranks the teacher runs on; choose "
+                f"sizes whose product divides {world_size}, or null for the trainer's."]
+    dp, n = world_size // (tp * pp), cfg.data.train_batch_size * cfg.rollout.n
+    if n % dp:
+        return [f"{keys}: the teacher's data-parallel size {dp} does not divide the batch of data.train_batch_size x "
+                f"rollout.n = {n} sequences it scores; make that a multiple of {dp} or change the teacher's sizes."]
+    return []
+
+
+def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[int] = None) -> list[str]:
+    """Problems of ``distill`` with the rest of the config (the DPO trainer: rules.yaml): the teacher's own grid
+    against the `world_size` trainer ranks and the batch; with `check_files` the teacher's files
+    (:func:`teacher_file_problems`).  One line each (key, value, why, fix)."""
+    return _teacher_grid(cfg, world_size) + (teacher_file_problems(cfg) if check_files else [])
 
 
 def preflight_problems(cfg: Any) -> list[str]:

@@ -1,13 +1,10 @@
-"""validate_config: what the schema's types and sections cannot check, all problems reported together: the rules
-across sections (batch sizes against the data-parallel size, an estimator against rollout.n, the engines' placement
-from rlhf.rollout.placement, token budgets against the lengths, the distillation teacher's grid; the rules of
-rlhf/config/schema/rules.yaml) and, with ``check_files``, the run's surroundings
-(:mod:`rlhf.preflight`: data and model references, checkpoints, logger backends, data lengths; the distillation
-teacher's tokenizer against the student's, from the files).  No network, no torch.
+"""validate_config: the rules across sections that the schema cannot check (batch sizes against data parallel,
+token budgets against the lengths, the engines' placement, rules.yaml ``across``) and the distillation teacher and,
+with ``check_files``, the run's surroundings (:mod:`rlhf.preflight`), all problems together.  No network, no torch.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import DictConfig
 
@@ -16,8 +13,7 @@ from rlhf.config.choices import GROUP_ESTIMATORS, choice_problem
 from rlhf.config.errors import ConfigValidationError
 from rlhf.config.schema import field_problems
 from rlhf.config.schema.rules import rule_problems, table
-from rlhf.preflight import (critic_on, hf_config_at_hand, model_is_moe, preflight_problems, surroundings,
-                            teacher_file_problems)
+from rlhf.preflight import critic_on, distill_problems, preflight_problems, surroundings
 from rlhf.rollout.placement import placement_problems, trainer_world_size
 
 
@@ -100,68 +96,6 @@ def _algorithm(cfg: DictConfig) -> list[str]:
         out.append(f"algorithm.adv_estimator={est} computes its baseline over the responses of each prompt and needs "
                    f"rollout.n >= 2 (got {n}); set rollout.n=4 or more, or use algorithm.adv_estimator=gae.")
     return out
-
-
-def teacher_layout(cfg: Any) -> Optional[tuple[int, int]]:
-    """The teacher's own (tp, pp) when ``distill.teacher.tensor/pipeline_model_parallel_size`` differ from the
-    trainer's ``parallel.*`` (null: the trainer's size), else None (the teacher is sharded like the actor)."""
-    t, p = cfg.distill.teacher, cfg.parallel
-    tp = t.get("tensor_model_parallel_size") or p.tensor_model_parallel_size
-    pp = t.get("pipeline_model_parallel_size") or p.pipeline_model_parallel_size
-    return None if (tp, pp) == (p.tensor_model_parallel_size, p.pipeline_model_parallel_size) else (tp, pp)
-
-
-def teacher_dispatcher_refused(cfg: Any) -> bool:
-    """Whether a MoE teacher on a grid of its own (:func:`teacher_layout`; expert parallel size 1 there,
-    parallel.layouts) would run megatron-core's flex dispatcher at TP x EP = 1, which it refuses when the model is
-    built (megatron-core 0.16.1 token_dispatcher.py MoEFlexTokenDispatcher: 'Flex token dispatcher requires TPxEP >
-    1'; its TP is the expert tensor parallel size, the teacher's TP)."""
-    layout = teacher_layout(cfg)
-    return layout is not None and layout[0] < 2 and cfg.model.get("moe_token_dispatcher_type") == "flex"
-
-
-def teacher_dispatcher_message(cfg: Any) -> str:
-    """The one-line refusal of :func:`teacher_dispatcher_refused`, naming the keys and the fixes."""
-    t, p = cfg.distill.teacher, cfg.parallel
-    tp = t.tensor_model_parallel_size
-    tp = tp if tp is not None else f"null (parallel.tensor_model_parallel_size={p.tensor_model_parallel_size})"
-    return (f"model.moe_token_dispatcher_type=flex with the MoE teacher distill.teacher.path={t.path!r} on a grid of "
-            f"its own (distill.teacher.tensor_model_parallel_size={tp}, distill.teacher.pipeline_model_parallel_size="
-            f"{t.pipeline_model_parallel_size}): that grid has expert parallel size 1, so TP x EP = 1 there, and "
-            f"megatron-core's flex dispatcher needs more than one ('Flex token dispatcher requires TPxEP > 1'); set "
-            f"distill.teacher.tensor_model_parallel_size > 1, or both distill.teacher sizes to null (the teacher "
-            f"sharded like the actor, with its expert parallelism), or model.moe_token_dispatcher_type=alltoall.")
-
-
-def _teacher_layout(cfg: Any, world_size: Optional[int]) -> list[str]:
-    """The distillation teacher's own grid divides the ``world_size`` trainer ranks and its data-parallel size the
-    batch (unchecked without a world size)."""
-    layout = teacher_layout(cfg) if cfg.distill.enable else None
-    if layout is None or world_size is None or min(layout) < 1:
-        return []  # the fields' own rules report a size below 1
-    tp, pp = layout
-    keys = (f"distill.teacher.tensor_model_parallel_size={tp} x distill.teacher.pipeline_model_parallel_size={pp}"
-            " (null: the parallel.* size)")
-    if world_size % (tp * pp):
-        return [f"{keys} = {tp * pp} does not divide the {world_size} trainer ranks the teacher runs on; choose "
-                f"sizes whose product divides {world_size}, or null for the trainer's."]
-    dp, n = world_size // (tp * pp), cfg.data.train_batch_size * cfg.rollout.n
-    if n % dp:
-        return [f"{keys}: the teacher's data-parallel size {dp} does not divide the batch of data.train_batch_size x "
-                f"rollout.n = {n} sequences it scores; make that a multiple of {dp} or change the teacher's sizes."]
-    return []
-
-
-def distill_problems(cfg: Any, check_files: bool = False, world_size: Optional[int] = None) -> list[str]:
-    """Problems of ``distill`` with the rest of the config (the DPO trainer: rules.yaml): the teacher's own grid
-    against the `world_size` trainer ranks and the batch; with `check_files` a MoE teacher (from its config.json) on
-    a grid of its own with the flex dispatcher, and the teacher's tokenizer (:func:`rlhf.preflight.
-    teacher_file_problems`).  One line each (key, value, why, fix)."""
-    out, d = _teacher_layout(cfg, world_size), cfg.distill
-    if check_files and d.enable and d.teacher.path and teacher_dispatcher_refused(cfg):
-        hf = hf_config_at_hand(d.teacher.path)  # a dense teacher has no dispatcher; unknown here: checked at build
-        out += [teacher_dispatcher_message(cfg)] if hf is not None and model_is_moe(hf) else []
-    return out + (teacher_file_problems(cfg) if check_files else [])
 
 
 def config_problems(cfg: DictConfig, world_size: Optional[int] = None, check_files: bool = False,

@@ -15,9 +15,9 @@ from omegaconf import OmegaConf
 from parallel.layouts import ParallelLayout
 from parallel.model_config import hf_model_spec
 from parallel.models import build_model_chunks
-from rlhf.config.validate import teacher_dispatcher_message, teacher_dispatcher_refused, teacher_layout
-from rlhf.preflight import mismatch_message, vocab_mismatch
 from rlhf.config.errors import ConfigValidationError
+from rlhf.preflight import (mismatch_message, teacher_dispatcher_message, teacher_dispatcher_refused, teacher_layout,
+                            vocab_mismatch)
 
 from .actor import MegatronActor
 from .build import attach_offload, load_hf_config, model_config_kwargs, resolve_model_path
@@ -89,7 +89,7 @@ def build_teacher(cfg, path: str, hf_config, *, temperature: float) -> MegatronA
     sequence parallel only at TP > 1, the student's uneven pipeline split not applied).  Raises ValueError when its
     sizes do not divide the world or the teacher's model (before any allocation), ConfigValidationError (rlhf.main:
     exit 2) for a MoE teacher on a grid of its own at TP 1 with model.moe_token_dispatcher_type=flex (megatron's flex
-    dispatcher needs TP x EP > 1; rlhf.config.validate.teacher_dispatcher_message)."""
+    dispatcher needs TP x EP > 1; rlhf.preflight.teacher_dispatcher_message)."""
     section = OmegaConf.create(OmegaConf.to_container(cfg.actor, resolve=True))
     mbs = cfg.distill.teacher.log_prob_micro_batch_size_per_gpu
     if mbs is not None:

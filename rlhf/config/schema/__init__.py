@@ -1,10 +1,7 @@
-"""Structured schema of the training config (names follow verl's): every key, its type, default and checks.  The
-YAML tree is composed onto these dataclasses in struct mode, so OmegaConf rejects an unknown key, a wrong type, a
-value outside an Enum; each field's range and a section's rules across its fields are the table schema/rules.yaml, a
-section's code rules its ``rules`` (schema/rules.py: both run when a dataclass is built and on the composed config,
-:func:`field_problems`).
-model.py: data, model, parallel, actor, critic; run.py: rollout, algorithm, reward, trainer, global_profiler;
-distill.py: distill (on-policy distillation)."""
+"""Structured schema of the training config (verl's names): every key's type and default, composed in struct mode
+(OmegaConf rejects an unknown key, a wrong type, a value outside an Enum); ranges and rules in rules.yaml and the
+sections' ``rules`` (rules.py, :func:`field_problems`).  model.py: data, model, parallel, actor, critic; run.py:
+rollout, algorithm, reward, trainer, global_profiler; distill.py: distill (on-policy distillation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -95,7 +95,7 @@ def test_distill_settings_are_checked(tmp_path):
 
 
 def test_teacher_grid_of_its_own_is_checked_against_the_world(tmp_path):
-    from rlhf.config.validate import teacher_layout
+    from rlhf.preflight import teacher_layout
 
     on = ["distill.enable=true", "distill.teacher.path=tiny://quickstart", f"trainer.default_local_dir={tmp_path}",
           "data.train_batch_size=2", "rollout.n=2", "actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2"]
@@ -139,7 +139,7 @@ def test_moe_teacher_on_its_own_grid_with_the_flex_dispatcher_is_refused_at_cfg(
     the trainer's grid (with its EP 2) pass."""
     import json
 
-    from rlhf.config.validate import distill_problems
+    from rlhf.preflight import distill_problems
     from tests.support.verl_examples import problems, run_cfg
     from tests.unit.config.test_router_replay_config import QWEN3_30B_A3B, QWEN3_DENSE
 
