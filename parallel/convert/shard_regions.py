@@ -108,6 +108,13 @@ class Gathered(list):
         super().__init__(shards)
         self.regions = regions
 
+    def wait(self) -> None:
+        """Wait for every receive (a no-op once written).  One left unwaited (nothing wrote it after a production
+        error) would let gloo hand its peer's send to a later receive: the next sync's data shifted, a hang."""
+        for r in self.regions:
+            if r.pending is not None:
+                r.pending.wait()
+
 
 def peer_regions(role: ParamRole, shard: torch.Tensor, spec, tp: int, pending: Receipt, dest=None,
                  scratch=None) -> list[tuple[int, Region, torch.Tensor]]:

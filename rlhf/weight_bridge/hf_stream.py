@@ -16,7 +16,7 @@ import torch
 
 from parallel.convert import GATHER_DIM, LocalTensor, hf_tensors_from_shards
 from parallel.convert.params import param_role
-from parallel.convert.shard_regions import hf_parts_from_shards, hf_tensors_from_parts
+from parallel.convert.shard_regions import Gathered, hf_parts_from_shards, hf_tensors_from_parts
 from parallel.model_config import HFModelSpec
 from rlhf import faults
 from rlhf.weight_bridge.bucketing import BucketPlan, BufferPool, MemoryMeter, fill_buckets
@@ -76,10 +76,16 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
         shards = [e.values()] if dim is None else topo.gather(e, pool, spec)
         if topo.is_leader:
             outs = _convert(e, shards, spec, state)
-            del shards
             yield from ((name, t, False) for name, t in outs)
+            _landed(shards)  # written by now, but not after a production error
+            del shards
     if state.error is not None and topo.is_leader:
         raise state.error
+
+
+def _landed(shards) -> None:
+    if isinstance(shards, Gathered):
+        shards.wait()
 
 
 def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, state: Production):
@@ -90,6 +96,7 @@ def _expert_stream(e: LocalTensor, topo, spec: HFModelSpec, meter: MemoryMeter, 
     if topo.tp_rank != 0:
         return
     outs = _convert(e, shards, spec, state, hf_tensors_from_parts)
+    _landed(shards)
     if state.error is not None:
         outs = [(n, torch.empty(tuple(t.shape), dtype=t.dtype, device=shards[0].device))
                 for n, t in hf_tensors_from_shards(e.role, _meta(shards), spec)]
