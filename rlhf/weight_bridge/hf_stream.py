@@ -76,8 +76,10 @@ def hf_stream(entries: Sequence[LocalTensor], topo, spec: HFModelSpec, meter: Me
         shards = [e.values()] if dim is None else topo.gather(e, pool, spec)
         if topo.is_leader:
             outs = _convert(e, shards, spec, state)
-            yield from ((name, t, False) for name, t in outs)
-            _landed(shards)  # written by now, but not after a production error
+            try:
+                yield from ((name, t, False) for name, t in outs)
+            finally:  # written by now, but not after a production error (nor when the drained stream is closed)
+                _landed(shards)
             del shards
     if state.error is not None and topo.is_leader:
         raise state.error
