@@ -3,8 +3,8 @@ loading from disk, on the same weights, in the same run.
 
     python benchmarks/weight_sync.py                # launches torchrun with 2 processes itself
     python benchmarks/weight_sync.py --layers 4     # smaller/faster
-    python benchmarks/weight_sync.py --quick        # iteration: the sync, tiny and the plain copy only; its last
-                                                    # line is `weight_sync_quick: vs_copy=... tiny_sync_ms=... load1=...`
+    python benchmarks/weight_sync.py --quick        # iteration: the sync, tiny and the plain copy only; its
+                                                    # last line: `weight_sync_quick: vs_copy=... load1=...`
 
 Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, untied, fp32; 8 layers =
 159 M parameters, 636 MB).  Trainer: megatron-core TP2 on 2 gloo processes.  Engine: one SGLang engine (rollout
@@ -36,10 +36,17 @@ peak_extra_mb: the largest, over the two trainer ranks, of the memory the sync n
 increase of resident memory during a timed sync (VmHWM after the sync minus VmRSS before it, VmHWM reset via
 /proc/self/clear_refs) or, when larger, the bridge's persistent bucket buffers (allocated once, kept across syncs).
 
-The machine's load average (1 min) is read before and after the timed part.
+The machine's load average (1 min) is read before and after the timed part.  cpu_floor_vs_copy: the CPU the big
+syncs keep busy, machine-wide (/proc/stat: the trainer ranks, the engine, Ray and the kernel's TCP work, in core-ms
+per sync), divided by the number of cores and the plain copy: the vs_copy this path would reach with every core
+busy all the time, its floor on this machine.
 
 The LAST line printed is exactly
-    weight_sync: vs_copy=<bridge/copy> gather_floor_vs_copy=<gather/copy> recv_floor_vs_copy=<recv/copy> vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB> first_sync_s=<bridge's first sync> load1=<start>/<end>
+    weight_sync: vs_copy=<bridge/copy> cpu_floor_vs_copy=<CPU per sync/cores/copy>
+      gather_floor_vs_copy=<gather/copy> recv_floor_vs_copy=<recv/copy>
+      vs_export_load=<bridge/export_load> vs_load=<bridge/load> tiny_sync_ms=<ms> peak_extra_mb=<MB>
+      first_sync_s=<bridge's first sync> load1=<start>/<end>
+(one line).
 """
 import argparse
 import os
@@ -68,6 +75,14 @@ def _reset_hwm():
         return False
 
 
+def _busy_seconds():
+    """Core-seconds this machine's CPUs were busy since boot (every process and the kernel: /proc/stat's user, nice,
+    system, irq, softirq and steal; idle and iowait left out)."""
+    with open("/proc/stat") as f:
+        user, nice, system, _idle, _iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 def median(xs):
     return sorted(xs)[len(xs) // 2]
 
@@ -86,6 +101,8 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
     t_first = time.perf_counter() - t0
     log(f"bridge {label}: first sync {t_first:.2f} s (plan {first.plan_seconds:.2f} s)")
     times, rss_peaks, phases = [], [], []
+    dist.barrier()
+    busy0, t_all = _busy_seconds(), time.perf_counter()
     for _ in range(repeats):
         dist.barrier()
         hwm_ok = _reset_hwm()
@@ -101,6 +118,7 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
         peak = torch.tensor([max(rss, stats.peak_extra_bytes / 2**20)], dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         rss_peaks.append(peak.item())
+    busy, t_all = _busy_seconds() - busy0, time.perf_counter() - t_all
     bridge.close()
     med = median(times)
     plan, writes, load, end, opening = (median([p[i] for p in phases]) * 1e3 for i in range(5))
@@ -108,10 +126,12 @@ def time_bridge(chunks, spec, engine, repeats, log, label, bucket_mb=512):
         f"(min {min(times) * 1e3:.1f}) of {[round(t * 1e3, 1) for t in times]} -> {stats.bytes / med / 1e9:.2f} GB/s; "
         f"rank 0 medians: plan "
         f"{plan:.1f} ms (of which waiting for the engines' sessions to open {opening:.1f} ms; "
-        f"{sum(p[5] for p in phases):.0f} of {len(phases)} syncs planned afresh), writes {writes:.1f} ms, engine load {load:.1f} ms, end {end:.1f} ms; peak extra "
+        f"{sum(p[5] for p in phases):.0f} of {len(phases)} syncs planned afresh), writes {writes:.1f} ms, "
+        f"engine load {load:.1f} ms, end {end:.1f} ms; peak extra "
         f"{max(rss_peaks):.0f} MB (bridge-accounted {stats.peak_extra_bytes / 2**20:.0f} MB, largest tensor "
-        f"{max(p.numel() * p.element_size() for c in chunks for p in c.parameters()) * 2 / 2**20:.0f} MB gathered)")
-    return med, max(rss_peaks), stats, t_first
+        f"{max(p.numel() * p.element_size() for c in chunks for p in c.parameters()) * 2 / 2**20:.0f} MB gathered); "
+        f"CPU busy {busy / repeats * 1e3:.0f} core-ms per sync ({busy / t_all:.2f} of {os.cpu_count()} cores busy)")
+    return med, max(rss_peaks), stats, t_first, busy / repeats
 
 
 def time_copy(rank, nbytes, repeats):
@@ -229,14 +249,14 @@ def main(args):
     load_start = os.getloadavg()[0]
     log(f"load average (1 min) at start: {load_start:.1f} on {os.cpu_count()} cores")
     copies = []
-    t_bridge, peak_mb, stats, t_first = time_bridge(actor.chunks, actor.spec, engines.get("big"), args.repeats, log,
-                                                    "big")
+    t_bridge, peak_mb, stats, t_first, cpu_sync = time_bridge(actor.chunks, actor.spec, engines.get("big"),
+                                                              args.repeats, log, "big")
     nbytes = stats.bytes
     copies += time_copy(rank, nbytes, args.repeats)
     gathers = time_gather(nbytes // 2, args.repeats)  # TP2: the half of the weights rank 1 holds
     recvs = time_gather(nbytes // 2, args.repeats, p2p=True)
     small = build_model_chunks(AutoConfig.from_pretrained(tiny), "actor", tiny)
-    t_tiny, _, _, _ = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(3 * args.repeats, 45), log, "tiny")
+    t_tiny = time_bridge(small.chunks, small.spec, engines.get("tiny"), max(3 * args.repeats, 45), log, "tiny")[0]
 
     t_copy = t_load = t_export_load = None
     if rank == 0:
@@ -246,6 +266,7 @@ def main(args):
             f"{t_recv * 1e3:.1f} ms -> {nbytes / 2 / t_recv / 1e9:.2f} GB/s")
         log(f"plain copy of {nbytes / 1e6:.1f} MB: median {t_copy * 1e3:.1f} ms "
             f"of {len(copies)} (min {min(copies) * 1e3:.1f}) -> {nbytes / t_copy / 1e9:.2f} GB/s")
+        cpu_floor = cpu_sync / os.cpu_count() / t_copy  # the sync's CPU work spread perfectly over every core
     if args.quick:
         if rank == 0:
             for e in engines.values():
@@ -253,7 +274,8 @@ def main(args):
             import ray
 
             ray.shutdown()
-            print(f"weight_sync_quick: vs_copy={t_bridge / t_copy:.2f} gather_floor_vs_copy={t_gather / t_copy:.2f} "
+            print(f"weight_sync_quick: vs_copy={t_bridge / t_copy:.2f} cpu_floor_vs_copy={cpu_floor:.2f} "
+                  f"gather_floor_vs_copy={t_gather / t_copy:.2f} "
                   f"recv_floor_vs_copy={t_recv / t_copy:.2f} "
                   f"tiny_sync_ms={t_tiny * 1e3:.1f} "
                   f"load1={load_start:.1f}/{os.getloadavg()[0]:.1f}", flush=True)
@@ -290,7 +312,8 @@ def main(args):
         ray.shutdown()
     dist.barrier()
     if rank == 0:
-        print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} gather_floor_vs_copy={t_gather / t_copy:.2f} "
+        print(f"weight_sync: vs_copy={t_bridge / t_copy:.2f} cpu_floor_vs_copy={cpu_floor:.2f} "
+              f"gather_floor_vs_copy={t_gather / t_copy:.2f} "
               f"recv_floor_vs_copy={t_recv / t_copy:.2f} "
               f"vs_export_load={t_bridge / t_export_load:.3f} "
               f"vs_load={t_bridge / t_load:.2f} tiny_sync_ms={t_tiny * 1e3:.1f} peak_extra_mb={peak_mb:.0f} "
