@@ -3,12 +3,14 @@ loading from disk, on the same weights, in the same run.
 
     python benchmarks/weight_sync.py                # launches torchrun with 2 processes itself
     python benchmarks/weight_sync.py --layers 4     # smaller/faster
-    python benchmarks/weight_sync.py --quick        # iteration: the sync, tiny and the plain copy only; its
-                                                    # last line: `weight_sync_quick: vs_copy=... load1=...`
+    python benchmarks/weight_sync.py --quick        # iteration: no disk load / export_load; its last line is
+                                                    # `weight_sync_quick: vs_copy=... cpu_floor_vs_copy=...
+                                                    # gather_floor_vs_copy=... recv_floor_vs_copy=...
+                                                    # tiny_sync_ms=... load1=...`
 
 Model: random Llama (hidden 1024, 16 heads / 8 KV heads, FFN 2816, vocab 32000, untied, fp32; 8 layers =
-159 M parameters, 636 MB).  Trainer: megatron-core TP2 on 2 gloo processes.  Engine: one SGLang engine (rollout
-TP 1, fp32; a RolloutManager on rank 0).  A second engine serves the quickstart-sized model (0.5 MB).
+160 M parameters, 640 MB).  Trainer: megatron-core TP2 on 2 gloo processes.  Engine: one SGLang engine (rollout
+TP 1, fp32; a RolloutManager on rank 0).  A second engine serves the quickstart-sized model (0.25 MB synced).
 
 Timed (medians of --repeats syncs, 15 by default, after one untimed warm-up, so imports, first-touch page faults
 and the engine's first load are excluded; the warm-up is reported):
@@ -327,7 +329,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=15, help="timed syncs per path (medians)")
-    ap.add_argument("--quick", action="store_true", help="zero copy, tiny and the plain copy only (iteration)")
+    ap.add_argument("--quick", action="store_true", help="leave out the disk load and export_load (iteration)")
     ap.add_argument("--export-repeats", type=int, default=3, help="timed save_hf_checkpoint + disk loads")
     ap.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "rlhf_weight_sync_bench"))
     a = ap.parse_args()
