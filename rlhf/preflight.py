@@ -173,17 +173,23 @@ def _init_weights(cfg: Any) -> list[str]:
     return out
 
 
+_TINY_DENSE = ("tiny://quickstart", "tiny://quickstart-init", "tiny://calc")  # built at run time, no MoE layer
+
+
 def routing_replay_problems(cfg: Any) -> list[str]:
     """MoE routing replay (``actor.router_replay.mode`` R2 / R3 or ``rollout.enable_rollout_routing_replay``) on a
     ``model.path`` without MoE layers, from its config.json; [] when replay is off, the model has MoE layers, or its
-    config.json is not at hand (a hub model not downloaded, a tiny model, whose config.json is made at run time) or
-    cannot be read (model.path's own check says so).  The build refuses it too (rlhf.workers.build.routing_replay_on,
-    a ConfigValidationError: exit 2), after the engines launched."""
+    config.json is not at hand (a hub model not downloaded) or cannot be read (model.path's own check says so).  A
+    tiny model is known by its name: the dense tiny Llamas built at run time (``tiny://quickstart``, ``-init``,
+    ``calc``) are refused, ``tiny://quickstart-moe`` passes.  The build refuses it too
+    (rlhf.workers.build.routing_replay_on, a ConfigValidationError: exit 2), after the engines launched."""
     mode = cfg.actor.get("router_replay", {}).get("mode", "disabled")
     engines = bool(cfg.rollout.get("enable_rollout_routing_replay"))
     path = cfg.model.path
     if mode == "disabled" and not engines:
         return []
+    if str(path).rstrip("/") in _TINY_DENSE:  # rlhf.quickstart.model: kind "llama_gqa"
+        return [routing_replay_message(mode, engines, path, "LlamaForCausalLM")]
     hf = hf_config_at_hand(path)
     if hf is None or model_is_moe(hf):
         return []

@@ -164,6 +164,18 @@ def test_replay_on_a_dense_model_is_refused_at_cfg(tmp_path, verl):
     assert code == 0, err  # replay off: the dense model is fine
 
 
+@pytest.mark.parametrize("path", ["tiny://quickstart", "tiny://calc"])
+def test_replay_on_a_dense_tiny_model_is_refused_at_cfg(tmp_path, path):
+    """A tiny model has no config.json before the run builds it: the dense ones are known by name and refused at
+    --cfg (exit 2), not after the engines launched; tiny://quickstart-moe passes (test_recipe_composes_at_cfg)."""
+    code, _, err = run_cfg(["job", "recipe=quickstart", f"model.path={path}", "actor.router_replay.mode=R2",
+                            f"trainer.default_local_dir={tmp_path}"])
+    assert code == 2, err
+    lines = [p for p in problems(err) if "MoE" in p]
+    assert len(lines) == 1 and "actor.router_replay.mode=R2" in lines[0], err
+    assert f"model.path='{path}' (LlamaForCausalLM) has no MoE layer" in lines[0], lines
+
+
 def test_the_build_time_check_is_a_config_error():
     """A caller without check_files (rlhf.workers.build.routing_replay_on): a ConfigError (rlhf.main: exit 2)."""
     from rlhf.config import ConfigError
