@@ -173,9 +173,6 @@ def _init_weights(cfg: Any) -> list[str]:
     return out
 
 
-_TINY_DENSE = ("tiny://quickstart", "tiny://quickstart-init", "tiny://calc")  # built at run time, no MoE layer
-
-
 def routing_replay_problems(cfg: Any) -> list[str]:
     """MoE routing replay (``actor.router_replay.mode`` R2 / R3 or ``rollout.enable_rollout_routing_replay``) on a
     ``model.path`` without MoE layers, from its config.json; [] when replay is off, the model has MoE layers, or its
@@ -188,7 +185,9 @@ def routing_replay_problems(cfg: Any) -> list[str]:
     path = cfg.model.path
     if mode == "disabled" and not engines:
         return []
-    if str(path).rstrip("/") in _TINY_DENSE:  # rlhf.quickstart.model: kind "llama_gqa"
+    from rlhf.quickstart.model import CALC_SCHEME, QUICKSTART_INIT_SCHEME, QUICKSTART_SCHEME
+
+    if str(path).rstrip("/") in (QUICKSTART_SCHEME, QUICKSTART_INIT_SCHEME, CALC_SCHEME):  # kind "llama_gqa"
         return [routing_replay_message(mode, engines, path, "LlamaForCausalLM")]
     hf = hf_config_at_hand(path)
     if hf is None or model_is_moe(hf):
